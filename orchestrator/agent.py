@@ -1,0 +1,201 @@
+"""The agent: runs on the host inside the run's tmux session and owns one attempt of one run.
+
+It restores the run folder from the store, starts the command in a tmux window "run" (so
+`orch attach` shows it live), writes status.json with heartbeats, syncs the run folder to the
+store, enforces the timeout, and records how the attempt ended. Usage:
+
+    python -m orchestrator.agent TASK.json
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from . import tmux
+from .backends.base import RunTask
+from .status import CANCELLED, FAILED, RUNNING, STOPPED, SUCCEEDED, read_status, write_status
+from .store import Store, open_store
+from .wait import Timeout, retry_until
+
+log = logging.getLogger("orch.agent")
+
+POLL_S = 0.05  # how often the agent looks for the command's exit
+KILL_GRACE_S = 10.0  # SIGTERM -> SIGKILL
+TAIL_LINES = 20
+STOP_REASON_FILE = "stop-reason"  # written by whoever stops the run before signalling the agent
+
+
+def wrapper_script(task: RunTask) -> str:
+    """The script the "run" window executes: env, the command teed into the log, the exit code."""
+    ctl = Path(task.ctl_dir)
+    exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(task.env.items()))
+    log_file = f"logs/{task.attempt}.log"
+    exit_file = ctl / f"exit.{task.attempt}"
+    return f"""#!/usr/bin/env bash
+# attempt {task.attempt} of {task.sweep}/{task.run_id}, written by the orch agent
+{exports}
+cd {shlex.quote(task.run_dir)} || exit 97
+mkdir -p logs
+echo "[orch] $(date -u +%FT%TZ) attempt {task.attempt} of {task.run_id}: {task.command.replace('"', "'").replace('$', '')}" >> {log_file}
+( echo $BASHPID > {shlex.quote(str(ctl / 'cmd.pid'))}; exec bash -c {shlex.quote(task.command)} ) 2>&1 | tee -a {log_file}
+code=${{PIPESTATUS[0]}}
+echo $code > {shlex.quote(str(exit_file))}.tmp && mv {shlex.quote(str(exit_file))}.tmp {shlex.quote(str(exit_file))}
+"""
+
+
+def tail(path: Path, lines: int = TAIL_LINES, max_bytes: int = 16384) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except FileNotFoundError:
+        return ""
+    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+
+
+def last_metrics(path: Path) -> dict:
+    for line in reversed(tail(path, lines=5).splitlines()):
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            return obj
+    return {}
+
+
+class Agent:
+    def __init__(self, task: RunTask, store: Optional[Store] = None):
+        self.task = task
+        self.store = store or open_store(task.store_url)
+        self.run_dir = Path(task.run_dir)
+        self.ctl = Path(task.ctl_dir)
+        self.prefix = f"{task.sweep}/{task.run_id}"
+        self.exit_file = self.ctl / f"exit.{task.attempt}"
+        self.stop_requested: Optional[str] = None
+        self.stop_sent_at: Optional[float] = None
+
+    # --- signals ---------------------------------------------------------------------------
+
+    def _on_signal(self, signum, _frame) -> None:
+        reason_file = self.ctl / STOP_REASON_FILE
+        reason = reason_file.read_text().strip() if reason_file.exists() else STOPPED
+        self.stop_requested = self.stop_requested or reason
+
+    def _cmd_pid(self) -> Optional[int]:
+        try:
+            return int((self.ctl / "cmd.pid").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def _signal_command(self, sig: int) -> None:
+        pid = self._cmd_pid()
+        if pid is None:
+            return
+        try:
+            if sig == signal.SIGKILL:
+                os.killpg(os.getpgid(pid), sig)  # the whole tree, wrapper included
+            else:
+                os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    # --- the attempt ---------------------------------------------------------------------------
+
+    def run(self) -> int:
+        t = self.task
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        self.ctl.mkdir(parents=True, exist_ok=True)
+        (self.ctl / "agent.pid").write_text(str(os.getpid()))
+        (self.ctl / STOP_REASON_FILE).unlink(missing_ok=True)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        # A new attempt continues from what earlier attempts left in the store (checkpoints).
+        self.store.sync_down(self.prefix, self.run_dir)
+        (self.run_dir / "status.json").unlink(missing_ok=True)
+
+        status = read_status(self.store, t.sweep, t.run_id)
+        now = time.time()
+        status.state, status.attempt, status.host = RUNNING, t.attempt, t.host
+        status.started_at, status.heartbeat, status.finished_at = now, now, None
+        status.exit_code, status.reason, status.log_tail = None, "", ""
+        write_status(self.store, t.sweep, status)
+
+        script = self.ctl / f"attempt-{t.attempt}.sh"
+        script.write_text(wrapper_script(t))
+        self.exit_file.unlink(missing_ok=True)
+        tmux.new_window(t.session, "run", f"bash {shlex.quote(str(script))}", cwd=str(self.run_dir))
+
+        next_beat, next_sync = now + t.heartbeat_s, now + t.sync_s
+        deadline = now + t.timeout_s if t.timeout_s else None
+
+        def step() -> bool:
+            nonlocal next_beat, next_sync
+            if self.exit_file.exists():
+                return True
+            now = time.time()
+            if deadline and now > deadline and not self.stop_requested:
+                self.stop_requested = "timeout"
+            if self.stop_requested and self.stop_sent_at is None:
+                self._signal_command(signal.SIGTERM)
+                self.stop_sent_at = now
+            elif self.stop_sent_at and now - self.stop_sent_at > KILL_GRACE_S:
+                self._signal_command(signal.SIGKILL)
+                return True
+            if now >= next_beat:
+                status.heartbeat = now
+                status.last_metrics = last_metrics(self.run_dir / "metrics.jsonl")
+                write_status(self.store, t.sweep, status)
+                next_beat = now + t.heartbeat_s
+            if now >= next_sync:
+                self.store.sync_up(self.run_dir, self.prefix)
+                next_sync = now + t.sync_s
+            return False
+
+        retry_until(step, timeout=None, interval=POLL_S)
+        try:
+            code: Optional[int] = int(retry_until(lambda: self.exit_file.exists() and self.exit_file.read_text().strip(), 2.0, POLL_S, "exit code"))
+        except (Timeout, ValueError):
+            code = None
+
+        self.store.sync_up(self.run_dir, self.prefix)
+        status.finished_at = status.heartbeat = time.time()
+        status.exit_code = code
+        status.last_metrics = last_metrics(self.run_dir / "metrics.jsonl")
+        status.log_tail = tail(self.run_dir / "logs" / f"{t.attempt}.log")
+        if self.stop_requested == "timeout":
+            status.state, status.failures = FAILED, status.failures + 1
+            status.reason = f"timed out after {t.timeout_s / 60:.1f} min"
+        elif self.stop_requested in (CANCELLED, STOPPED):
+            status.state = self.stop_requested
+            status.reason = "cancelled by orch cancel" if status.state == CANCELLED else "stopped by orch down"
+        elif code == 0:
+            status.state, status.reason, status.log_tail = SUCCEEDED, "", ""
+        else:
+            status.state, status.failures = FAILED, status.failures + 1
+            status.reason = f"exit code {code}" if code is not None else "command vanished without an exit code"
+        write_status(self.store, t.sweep, status)
+        return 0
+
+
+def main(argv=None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(message)s")
+    if len(args) != 1:
+        log.error("usage: python -m orchestrator.agent TASK.json")
+        return 2
+    return Agent(RunTask.load(Path(args[0]))).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""The backend interface: typed stubs and the plain dataclasses that cross it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Protocol
+
+
+@dataclass
+class RunTask:
+    """Everything an agent needs to run one attempt of one run; written as JSON for the agent."""
+
+    sweep: str  # sweep name
+    run_id: str  # run id within the sweep
+    attempt: int  # 1-based attempt number
+    command: str  # shell command, placeholders already substituted
+    store_url: str  # where status, metrics, logs and the run folder are synced
+    run_dir: str  # ORCH_RUN_DIR on the host
+    ctl_dir: str  # the agent's private folder on the host (script, pids, exit code)
+    session: str  # tmux session the agent runs in; the command gets a window "run" in it
+    env: Dict[str, str] = field(default_factory=dict)  # environment of the command
+    timeout_s: Optional[float] = None  # stop and fail the command after this long
+    heartbeat_s: float = 2.0  # status.json heartbeat period
+    sync_s: float = 5.0  # run folder -> store period
+    host: str = "localhost"  # shown in status
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, path: Path) -> "RunTask":
+        return cls(**json.loads(Path(path).read_text()))
+
+
+@dataclass(frozen=True)
+class Host:
+    """A live host running one run's agent."""
+
+    run_id: str  # the run it serves
+    host_id: str  # tmux session name (local) or instance id (aws)
+    address: str  # where to reach it ("localhost" or an IP)
+
+
+class Backend(Protocol):
+    """What the controller needs from a place that runs commands."""
+
+    name: str
+
+    def list(self) -> List[Host]:
+        """Live hosts of this sweep (one call, whatever the number of runs)."""
+
+    def new_task(self, run_id: str, attempt: int, command: str, params_json: str) -> RunTask:
+        """The task for one attempt of a run on this backend (paths, environment, periods)."""
+
+    def start(self, task: RunTask) -> Host:
+        """Start the agent for task; raises OrchError when the run already has a live host."""
+
+    def stop(self, run_id: str, reason: str) -> bool:
+        """Ask the run's agent to stop its command, record `reason` as the state, and wait; False if none ran."""
+
+    def attach_argv(self, run_id: str) -> List[str]:
+        """argv of an interactive terminal in the run's tmux session."""

@@ -1,0 +1,210 @@
+"""The reconcile loop: compare the runs a sweep wants with what the backend and the store show, then act.
+
+One pass: list live hosts (one backend call), read every run's status, decide per run (a pure
+function), then start what may start. A controller that died and is started again does the same
+pass and so adopts whatever still runs. Live hosts are listed *before* statuses are read: an agent
+writes its final status before its host goes away, so "status says running, host gone" really
+means the host was lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Set, Tuple
+
+from .backends.base import Backend
+from .errors import OrchError
+from .spec import Sweep
+from .state import State
+from .status import (
+    ACTIVE,
+    CANCELLED,
+    FAILED,
+    INTERRUPTED,
+    LOST,
+    STARTING,
+    STOPPED,
+    SUCCEEDED,
+    RunStatus,
+    read_status,
+    write_status,
+)
+from .store import Store, get_json, put_json
+from .wait import retry_until
+
+log = logging.getLogger("orch.controller")
+
+WAIT, START, DONE = "wait", "start", "done"
+
+
+@dataclass
+class RunView:
+    """One row of the live table."""
+
+    run_id: str
+    state: str  # as in status.json, or "queued"
+    attempt: int
+    failures: int
+    preemptions: int
+    elapsed: Optional[float]  # seconds in the current/last attempt
+    metrics: Dict[str, object]  # newest metrics line
+    reason: str = ""  # why it failed or stopped
+    exit_code: Optional[int] = None
+    log_tail: str = ""
+    final: bool = False  # no further attempt will be made
+
+
+@dataclass
+class Progress:
+    """What one pass saw and did."""
+
+    sweep: str
+    runs: List[RunView] = field(default_factory=list)
+    started: List[str] = field(default_factory=list)  # run ids started in this pass
+
+    @property
+    def done(self) -> bool:
+        return all(r.final for r in self.runs)
+
+    def count(self, state: str) -> int:
+        return sum(1 for r in self.runs if r.state == state)
+
+    @property
+    def failed(self) -> List[RunView]:
+        return [r for r in self.runs if r.final and r.state == FAILED]
+
+
+def decide(status: RunStatus, alive: bool, max_restarts: int) -> str:
+    """What a run needs now: wait (it runs, or must not run again yet), start, or done."""
+    if status.state in (SUCCEEDED, CANCELLED):
+        return DONE
+    if alive:
+        return WAIT
+    if status.state == FAILED:
+        return DONE if status.failures > max_restarts else START
+    return START  # queued, stopped, interrupted, lost, or active with its host gone
+
+
+class Controller:
+    def __init__(self, sweep: Sweep, backend: Backend, store: Store, state: State):
+        self.sweep, self.backend, self.store, self.state = sweep, backend, store, state
+        self.name = sweep.spec.name
+
+    def prepare(self) -> bool:
+        """Record the sweep in the store; refuse if a different sweep of that name is already there.
+
+        Returns True when the sweep is new.
+        """
+        key = f"{self.name}/sweep.json"
+        existing = get_json(self.store, key)
+        resolved = self.sweep.resolved()
+        if existing is not None:
+            changed = sorted(k for k in set(existing.get("spec", {})) | set(resolved) if existing.get("spec", {}).get(k) != resolved.get(k))
+            if changed:
+                raise OrchError(
+                    f"{self.sweep.path}: a different sweep named {self.name!r} already exists in {self.store.url} "
+                    f"(changed: {', '.join(changed)}). Its results are kept: give this sweep a new `name:`, "
+                    f"or restore the old settings to continue it."
+                )
+        else:
+            put_json(self.store, key, {"spec": resolved, "launched_at": time.time(), "spec_file": str(self.sweep.path)})
+        self.state.remember(self.name, str(self.sweep.path), self.sweep.store_url, self.sweep.spec.backend)
+        return existing is None
+
+    def step(self) -> Progress:
+        alive, rows = survey(self.sweep, self.backend, self.store)
+        progress = Progress(sweep=self.name, runs=[view for *_, view in rows])
+        free = self.sweep.spec.max_parallel - len(alive)
+        for run, status, action, view in rows:
+            if action == START and free > 0:
+                if self._start(run, status, view):
+                    progress.started.append(run.run_id)
+                free -= 1
+        return progress
+
+    def _start(self, run, previous: RunStatus, view: RunView) -> bool:
+        was_lost = previous.state in ACTIVE or previous.state in (INTERRUPTED, LOST)
+        status = RunStatus(
+            run_id=run.run_id,
+            state=STARTING,
+            attempt=previous.attempt + 1,
+            failures=previous.failures,
+            preemptions=previous.preemptions + (1 if was_lost else 0),
+            started_at=time.time(),
+            heartbeat=time.time(),
+        )
+        write_status(self.store, self.name, status)  # claim it before a host exists
+        task = self.backend.new_task(run.run_id, status.attempt, run.command, json.dumps(run.params, sort_keys=True))
+        try:
+            self.backend.start(task)
+        except OrchError as exc:
+            log.warning("could not start %s: %s", run.run_id, exc)
+            self.state.journal(self.name, "start-failed", run.run_id, str(exc))
+            return False
+        self.state.journal(self.name, "start", run.run_id, f"attempt {status.attempt}" + (f" after {previous.state}" if previous.attempt else ""))
+        view.state, view.attempt, view.elapsed, view.final = STARTING, status.attempt, 0.0, False
+        return True
+
+    def run(self, on_progress: Callable[[Progress], None] = lambda p: None, interval: float = 0.25) -> Progress:
+        """Pass after pass until every run is final."""
+        last: List[Progress] = []
+
+        def one_pass() -> bool:
+            progress = self.step()
+            last[:] = [progress]
+            on_progress(progress)
+            return progress.done
+
+        retry_until(one_pass, timeout=None, interval=interval)
+        return last[0]
+
+
+def survey(sweep: Sweep, backend: Backend, store: Store) -> Tuple[Set[str], List[tuple]]:
+    """Live hosts, then per run (run, status, action, view) — a read-only look."""
+    alive = {h.run_id for h in backend.list()}
+    rows = []
+    for run in sweep.runs:
+        status = read_status(store, sweep.spec.name, run.run_id)
+        action = decide(status, run.run_id in alive, sweep.spec.max_restarts)
+        lost = status.state in ACTIVE and run.run_id not in alive
+        view = RunView(
+            run_id=run.run_id, state=LOST if lost else status.state, attempt=status.attempt,
+            failures=status.failures, preemptions=status.preemptions, elapsed=status.elapsed,
+            metrics=status.last_metrics, reason=status.reason, exit_code=status.exit_code,
+            log_tail=status.log_tail, final=action == DONE,
+        )
+        rows.append((run, status, action, view))
+    return alive, rows
+
+
+def observe(sweep: Sweep, backend: Backend, store: Store) -> Progress:
+    """What each run is doing, without acting (for `orch status`)."""
+    _, rows = survey(sweep, backend, store)
+    return Progress(sweep=sweep.spec.name, runs=[view for *_, view in rows])
+
+
+def cancel_run(sweep: Sweep, backend: Backend, store: Store, run_id: str) -> bool:
+    """Stop one run for good; True if it was running."""
+    was_running = backend.stop(run_id, CANCELLED)
+    status = read_status(store, sweep.spec.name, run_id)
+    if status.state != CANCELLED:
+        status.state, status.reason, status.finished_at = CANCELLED, "cancelled by orch cancel", time.time()
+        write_status(store, sweep.spec.name, status)
+    return was_running
+
+
+def stop_sweep(sweep: Sweep, backend: Backend, store: Store) -> List[str]:
+    """Stop every live run of the sweep (resumable by the next launch); idempotent. Returns what was stopped."""
+    stopped = []
+    for host in backend.list():
+        if backend.stop(host.run_id, STOPPED):
+            stopped.append(host.run_id)
+    for run in sweep.runs:  # claims whose host never came up
+        status = read_status(store, sweep.spec.name, run.run_id)
+        if status.state in ACTIVE:
+            status.state, status.reason = STOPPED, "stopped by orch down"
+            write_status(store, sweep.spec.name, status)
+    return stopped

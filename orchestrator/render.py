@@ -1,0 +1,77 @@
+"""Rich renderables for the CLI (tables of runs and sweeps). Builds, never prints."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+from rich.table import Table
+from rich.text import Text
+
+from .collect import Results
+from .controller import Progress, RunView
+
+STYLE = {
+    "succeeded": "green", "failed": "red", "running": "cyan", "starting": "cyan",
+    "queued": "dim", "cancelled": "yellow", "stopped": "yellow", "lost": "magenta", "interrupted": "magenta",
+}
+SHOWN_METRICS = 4
+
+
+def fmt_seconds(s: Any) -> str:
+    if s is None:
+        return "-"
+    s = int(s)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def fmt_value(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def metrics_text(m: Dict[str, Any]) -> str:
+    items = [(k, v) for k, v in m.items() if isinstance(v, (int, float, str)) and k not in ("elapsed_s", "time")]
+    return "  ".join(f"{k}={fmt_value(v)}" for k, v in items[:SHOWN_METRICS])
+
+
+def summary_line(p: Progress) -> str:
+    counts: Dict[str, int] = {}
+    for r in p.runs:
+        counts[r.state] = counts.get(r.state, 0) + 1
+    return ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+
+
+def runs_table(p: Progress) -> Table:
+    table = Table(title=f"sweep {p.sweep} — {summary_line(p)}", title_justify="left")
+    for col in ("run", "state", "attempt", "elapsed", "last metrics"):
+        table.add_column(col, overflow="fold")
+    for r in p.runs:
+        state = Text(r.state, style=STYLE.get(r.state, ""))
+        if r.state == "failed" and r.exit_code is not None:
+            state.append(f" ({r.exit_code})")
+        note = metrics_text(r.metrics) or (r.reason or "")
+        table.add_row(r.run_id, state, str(r.attempt or "-"), fmt_seconds(r.elapsed), note)
+    return table
+
+
+def failure_report(views: List[RunView]) -> List[str]:
+    out = []
+    for r in views:
+        out.append(f"run {r.run_id} failed after {r.attempt} attempt(s): {r.reason}")
+        out += [f"  | {line}" for line in r.log_tail.splitlines()[-10:]]
+    return out
+
+
+def results_table(res: Results) -> Table:
+    metrics = [m for m in res.metric_names() if m not in ("step", "elapsed_s")][:6]
+    table = Table(title=f"results of sweep {res.sweep}", title_justify="left")
+    for col in ["run", "state", *metrics, *[f"best {m}" for m in metrics if m.endswith("acc")], "time"]:
+        table.add_column(col)
+    for r in res.runs:
+        row = [r.run_id, Text(r.state, style=STYLE.get(r.state, ""))]
+        row += [fmt_value(r.final.get(m, "-")) for m in metrics]
+        row += [fmt_value(r.best.get(m, "-")) for m in metrics if m.endswith("acc")]
+        row.append(fmt_seconds(r.elapsed_s))
+        table.add_row(*row)
+    return table

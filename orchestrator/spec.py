@@ -1,0 +1,344 @@
+"""sweep.yaml -> validated SweepSpec -> the runs it expands to.
+
+Every error names file:line, the field and a fix, and is raised before anything is launched.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import shlex
+import string
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Literal, Optional, Tuple, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
+
+from .errors import SpecError
+
+Scalar = Union[StrictBool, StrictInt, StrictFloat, StrictStr]
+
+# The bundled trainer reads ORCH_PARAMS_JSON, so every param and grid key becomes a trainer option.
+DEFAULT_COMMAND = "{python} -m trainer"
+# Placeholders every command may use besides its params.
+BUILTINS = ("python", "sweep", "run_id", "seed")
+NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$"
+KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LocalSection(Strict):
+    """Settings of the local backend (`backend: local`)."""
+
+    workdir: Optional[str] = Field(
+        None, description="Folder for the runs' working copies (default: $ORCH_HOME/work)."
+    )
+    threads_per_run: Optional[int] = Field(
+        None, ge=1, description="OMP/torch threads per run (default: CPU cores / max_parallel)."
+    )
+
+
+class SweepSpec(Strict):
+    """One sweep: a command run once per point of `grid` x `seeds`."""
+
+    name: str = Field(
+        ..., pattern=NAME_RE, description="Sweep name: letters, digits, '-' and '_'; names the store folder."
+    )
+    description: str = Field("", description="Free text, shown by `orch status`.")
+    backend: Literal["local", "aws"] = Field("local", description="Where runs execute: local or aws.")
+    command: str = Field(
+        DEFAULT_COMMAND,
+        min_length=1,
+        description="Shell command of one run; {name} placeholders take params, grid values and builtins.",
+    )
+    params: Dict[str, Scalar] = Field(default_factory=dict, description="Fixed values shared by every run.")
+    grid: Dict[str, List[Scalar]] = Field(
+        default_factory=dict, description="Lists of values; the sweep runs their cartesian product."
+    )
+    seeds: Union[StrictInt, List[StrictInt]] = Field(
+        1, description="A count N (seeds 0..N-1) or an explicit list of seeds; each point runs once per seed."
+    )
+    max_parallel: int = Field(2, ge=1, description="How many runs execute at the same time.")
+    max_restarts: int = Field(1, ge=0, description="Restarts of a run whose command fails (preemptions are free).")
+    timeout_minutes: Optional[float] = Field(None, gt=0, description="A run still going after this is stopped and failed.")
+    store: str = Field(
+        "",
+        description="Where results go: a folder (relative to this file) or s3://bucket/prefix. Default $ORCH_HOME/store.",
+    )
+    env: Dict[str, str] = Field(default_factory=dict, description="Extra environment variables for every run.")
+    local: LocalSection = Field(default_factory=LocalSection, description="Local backend settings.")
+    aws: Optional[Dict[str, Any]] = Field(None, description="AWS backend settings (not available in this version).")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of a sweep, fully resolved."""
+
+    run_id: str  # readable and stable: grid values (and seed) joined, e.g. "lr=0.1,seed=0"
+    params: Dict[str, Any]  # params + this point's grid values + seed
+    command: str  # the shell command with placeholders substituted
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A loaded sweep: the validated spec, where it came from, and its runs."""
+
+    spec: SweepSpec
+    path: Path  # the sweep file
+    store_url: str  # resolved: absolute folder or s3:// URL
+    runs: List[RunSpec] = field(default_factory=list)
+
+    def resolved(self) -> Dict[str, Any]:
+        """What is recorded as sweep.json; a relaunch must match it."""
+        data = self.spec.model_dump(mode="json")
+        data["store"] = self.store_url
+        data["runs"] = [r.run_id for r in self.runs]
+        return data
+
+
+# --- YAML with line numbers -------------------------------------------------------------------
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently)."""
+
+
+def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> Dict[Any, Any]:
+    seen: Dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.MarkedYAMLError(
+                problem=f"duplicate key '{key}' (first at line {seen[key] + 1})", problem_mark=key_node.start_mark
+            )
+        seen[key] = key_node.start_mark.line
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _line_of(root: Optional[yaml.Node], loc: Tuple[Any, ...]) -> int:
+    """1-based line of the deepest node along `loc` (a pydantic error location)."""
+    node, line = root, 1
+    if node is not None:
+        line = node.start_mark.line + 1
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = [(k, v) for k, v in node.value if k.value == str(part)]
+            if not match:
+                break
+            key, node = match[0]
+            line = key.start_mark.line + 1
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+def _dotted(loc: Tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if not (isinstance(p, str) and p in _TYPE_TAGS)]
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)
+    return out or "(top level)"
+
+
+# Union members pydantic appends to error locations; they mean nothing to a user.
+_TYPE_TAGS = {"bool", "int", "float", "str", "list[int]", "function-after[_check(), str]"}
+
+_FIXES = {
+    "extra_forbidden": "remove it or fix its spelling; allowed here: {allowed}",
+    "missing": "add it",
+    "literal_error": "use one of the allowed values",
+}
+
+
+def _allowed_fields(loc: Tuple[Any, ...]) -> str:
+    model: Any = SweepSpec
+    for part in loc[:-1]:
+        f = getattr(model, "model_fields", {}).get(part)
+        model = getattr(f, "annotation", None) if f else None
+    fields = getattr(model, "model_fields", None) or SweepSpec.model_fields
+    return ", ".join(fields)
+
+
+# --- loading ----------------------------------------------------------------------------------
+
+
+def load_sweep(path: Union[str, Path]) -> Sweep:
+    """Read, validate and expand a sweep file; raise SpecError naming file:line, field and fix."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"{path}: sweep file not found. Check the path (try `ls {path.parent or '.'}`).")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{path}: cannot read the sweep file: {exc}") from None
+    try:
+        root = yaml.compose(text, Loader=_Loader)
+        data = yaml.load(text, Loader=_Loader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise SpecError(f"{where}: invalid YAML: {exc.problem}. Fix the syntax at that line.") from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: invalid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        kind = "empty" if data is None else f"a {type(data).__name__}"
+        raise SpecError(f"{path}:1: the sweep must be a mapping of fields (name:, command:, grid: ...), not {kind}.")
+
+    try:
+        spec = SweepSpec.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors()[:5]:
+            loc = tuple(err["loc"])
+            fix = _FIXES.get(err["type"], "").format(allowed=_allowed_fields(loc))
+            msg = err["msg"] + (f" (got {err['input']!r})" if err["type"] not in ("extra_forbidden", "missing") and not isinstance(err.get("input"), dict) else "")
+            lines.append(f"{path}:{_line_of(root, loc)}: {_dotted(loc)}: {msg}" + (f". Fix: {fix}." if fix else ""))
+        raise SpecError("\n".join(lines)) from None
+
+    problems = _check(spec)
+    if problems:
+        raise SpecError("\n".join(f"{path}:{_line_of(root, loc)}: {_dotted(loc)}: {msg}" for loc, msg in problems))
+
+    store_url = resolve_store(spec.store, path.parent)
+    runs = expand(spec)
+    return Sweep(spec=spec, path=path.resolve(), store_url=store_url, runs=runs)
+
+
+def orch_home() -> Path:
+    return Path(os.environ.get("ORCH_HOME") or Path.home() / ".orch")
+
+
+def resolve_store(store: str, base: Path) -> str:
+    if store.startswith("s3://"):
+        return store.rstrip("/")
+    if not store:
+        return str(orch_home() / "store")
+    p = Path(os.path.expanduser(store))
+    return str((p if p.is_absolute() else base / p).resolve())
+
+
+def seeds_of(spec: SweepSpec) -> List[int]:
+    return list(range(spec.seeds)) if isinstance(spec.seeds, int) else list(spec.seeds)
+
+
+def placeholders(command: str) -> List[str]:
+    """Field names used in a command template; raises ValueError on malformed braces."""
+    names = []
+    for _, name, _, _ in string.Formatter().parse(command):
+        if name is None:
+            continue
+        if name == "" or name.isdigit():
+            raise ValueError("positional placeholder '{}' is not allowed: name a param, e.g. {lr}")
+        names.append(re.split(r"[.\[]", name)[0])
+    return names
+
+
+def _check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
+    """Cross-field rules pydantic cannot express; each problem is (location, message with fix)."""
+    out: List[Tuple[Tuple[Any, ...], str]] = []
+    for section in ("params", "grid"):
+        for key in getattr(spec, section):
+            if not KEY_RE.match(key):
+                out.append(((section, key), "not a valid name; use letters, digits and '_' (it becomes {%s})" % key))
+            if key in BUILTINS:
+                out.append(((section, key), f"'{key}' is reserved by orch; use the `seeds:` field for seeds" if key == "seed" else f"'{key}' is reserved by orch; rename it"))
+    for key, values in spec.grid.items():
+        if not values:
+            out.append((("grid", key), "empty list: a grid axis needs at least one value"))
+        elif len({json.dumps(v) for v in values}) != len(values):
+            out.append((("grid", key), "repeats a value; every value of an axis must differ"))
+        if key in spec.params:
+            out.append((("grid", key), f"'{key}' is also in params; keep it in one of the two"))
+    if not spec.grid and "grid" in spec.model_fields_set:
+        out.append((("grid",), "empty grid; give at least one axis, e.g. `lr: [0.1, 0.2]`, or remove `grid:`"))
+    seeds = seeds_of(spec)
+    if isinstance(spec.seeds, int) and spec.seeds < 1:
+        out.append((("seeds",), "must be a count >= 1 or a non-empty list of seeds"))
+    elif not seeds:
+        out.append((("seeds",), "empty list; give at least one seed, e.g. [0]"))
+    elif len(set(seeds)) != len(seeds):
+        out.append((("seeds",), "repeats a seed; every seed must differ"))
+    try:
+        names = placeholders(spec.command)
+        known = set(spec.params) | set(spec.grid) | set(BUILTINS)
+        for name in names:
+            if name not in known:
+                out.append((("command",), f"placeholder {{{name}}} has no param; add `{name}` to params or grid, or write {{{{{name}}}}} for a literal brace"))
+    except ValueError as exc:
+        out.append((("command",), f"{exc}; write {{{{ and }}}} for literal braces"))
+    if spec.backend == "aws":
+        out.append((("backend",), "the aws backend is not available in this version yet (see issue #4); use `backend: local`"))
+    if spec.aws is not None and spec.backend != "aws":
+        out.append((("aws",), "an aws section with backend local; remove it or set `backend: aws`"))
+    if spec.store.startswith("s3://") and spec.backend == "local":
+        out.append((("store",), "an s3:// store needs the aws backend (not available yet); use a folder"))
+    if not out:
+        ids = [r.run_id for r in expand(spec)]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        safe = [session_safe(i) for i in ids]
+        dup += sorted({i for i, s in zip(ids, safe) if safe.count(s) > 1} - set(dup))
+        if dup:
+            out.append((("grid",), f"two runs get the same id {dup[0]!r}; make the values differ in letters, digits, '.', '+' or '-'"))
+    return out
+
+
+# --- expansion --------------------------------------------------------------------------------
+
+
+def _id_value(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, bool) else str(value)
+    return re.sub(r"[^A-Za-z0-9.+-]", "_", text)[:40]
+
+
+def session_safe(run_id: str) -> str:
+    """tmux treats '.' and ':' in targets as separators."""
+    return run_id.replace(".", "_").replace(":", "_")
+
+
+def _shell_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, str):
+        return shlex.quote(value)
+    return str(value)
+
+
+def expand(spec: SweepSpec, python: Optional[str] = None) -> List[RunSpec]:
+    """grid x seeds -> runs, in a deterministic order with stable, readable ids."""
+    seeds = seeds_of(spec)
+    axes = list(spec.grid.items())
+    runs = []
+    for point in itertools.product(*(values for _, values in axes)):
+        for seed in seeds:
+            chosen = dict(zip((k for k, _ in axes), point))
+            parts = [f"{k}={_id_value(v)}" for k, v in chosen.items()]
+            if len(seeds) > 1:
+                parts.append(f"seed={seed}")
+            run_id = ",".join(parts) or "run"
+            params = {**spec.params, **chosen, "seed": seed}
+            values = {k: _shell_value(v) for k, v in params.items()}
+            values.update(python=shlex.quote(python or sys.executable), sweep=spec.name, run_id=shlex.quote(run_id))
+            runs.append(RunSpec(run_id=run_id, params=params, command=spec.command.format(**values)))
+    return runs
+
+
+def sweep_from_record(record: Dict[str, Any], path: str) -> Sweep:
+    """Rebuild a Sweep from the resolved spec kept in the store's sweep.json."""
+    resolved = record.get("spec", {})
+    fields_ = {k: v for k, v in resolved.items() if k in SweepSpec.model_fields}
+    spec = SweepSpec.model_validate(fields_)
+    return Sweep(spec=spec, path=Path(path), store_url=resolved.get("store", spec.store), runs=expand(spec))
