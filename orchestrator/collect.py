@@ -98,7 +98,9 @@ def write_outputs(results: Results, out_dir: Path) -> List[Path]:
         writer.writerows(rows)
     json_path.write_text(json.dumps({"sweep": results.sweep, "runs": rows}, indent=2) + "\n")
     paths = [csv_path, json_path]
-    curves = [m for m in metrics if m not in X_KEYS]
+    from .render import ranked
+
+    curves = ranked(metrics) + [m for m in metrics if m not in X_KEYS and m not in ranked(metrics)]
     if curves and any(r.curves for r in results.runs):
         paths.append(plot(results, curves, out_dir / "curves.png"))
     return paths

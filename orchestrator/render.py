@@ -15,6 +15,14 @@ STYLE = {
     "queued": "dim", "cancelled": "yellow", "stopped": "yellow", "lost": "magenta", "interrupted": "magenta",
 }
 SHOWN_METRICS = 4
+PREFERRED = ("epoch", "test_acc", "val_acc", "acc", "train_loss", "val_loss", "loss")
+NOISE = ("lr", "images_per_s", "image_size", "step", "elapsed_s", "elapsed", "time")
+
+
+def ranked(names) -> List[str]:
+    """Metric names worth a column, the familiar ones first."""
+    names = [n for n in names if n not in NOISE]
+    return sorted(names, key=lambda n: (PREFERRED.index(n) if n in PREFERRED else len(PREFERRED), names.index(n)))
 
 
 def fmt_seconds(s: Any) -> str:
@@ -31,8 +39,8 @@ def fmt_value(v: Any) -> str:
 
 
 def metrics_text(m: Dict[str, Any]) -> str:
-    items = [(k, v) for k, v in m.items() if isinstance(v, (int, float, str)) and k not in ("elapsed_s", "time")]
-    return "  ".join(f"{k}={fmt_value(v)}" for k, v in items[:SHOWN_METRICS])
+    keys = ranked([k for k, v in m.items() if isinstance(v, (int, float, str))])
+    return "  ".join(f"{k}={fmt_value(m[k])}" for k in keys[:SHOWN_METRICS])
 
 
 def summary_line(p: Progress) -> str:
@@ -64,7 +72,7 @@ def failure_report(views: List[RunView]) -> List[str]:
 
 
 def results_table(res: Results) -> Table:
-    metrics = [m for m in res.metric_names() if m not in ("step", "elapsed_s")][:6]
+    metrics = ranked(res.metric_names())[:4]
     table = Table(title=f"results of sweep {res.sweep}", title_justify="left")
     for col in ["run", "state", *metrics, *[f"best {m}" for m in metrics if m.endswith("acc")], "time"]:
         table.add_column(col)

@@ -1,0 +1,99 @@
+"""Config resolution: defaults < --preset < --config FILE < $ORCH_PARAMS_JSON < flags."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+# orch's run contract puts the seed and every sweep param here; these keys are orch's own.
+ORCH_ONLY_KEYS: tuple = ()
+
+
+def _parse_bool(text: str) -> bool:
+    low = str(text).lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _coerce(key: str, value: Any, default: Any, source: str) -> Any:
+    kind = type(default)
+    try:
+        if kind is bool:
+            return value if isinstance(value, bool) else _parse_bool(value)
+        if kind is float:
+            return float(value)
+        if kind is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value)
+        return str(value)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise SystemExit(f"trainer: {source}: {key}={value!r} is not a valid {kind.__name__}") from None
+
+
+def _merge(cfg: Dict[str, Any], updates: Dict[str, Any], defaults: Dict[str, Any], source: str) -> None:
+    for key, value in updates.items():
+        key = key.replace("-", "_")
+        if key in ("preset", *ORCH_ONLY_KEYS):
+            continue
+        if key not in defaults:
+            close = [k for k in defaults if k.startswith(key[:3])]
+            hint = f" (did you mean {', '.join(close[:3])}?)" if close else ""
+            raise SystemExit(f"trainer: {source}: unknown option {key!r}{hint}. See `python -m trainer --help`.")
+        cfg[key] = _coerce(key, value, defaults[key], source)
+
+
+def _read_file(path: str) -> Dict[str, Any]:
+    text = Path(path).read_text()
+    if path.endswith((".yaml", ".yml")):
+        import yaml
+
+        data = yaml.safe_load(text) or {}
+    else:
+        data = json.loads(text)
+    if not isinstance(data, dict):
+        raise SystemExit(f"trainer: {path}: expected a mapping of options")
+    return data
+
+
+def build_parser(defaults: Dict[str, Any], presets: Dict[str, Any]) -> argparse.ArgumentParser:
+    from .train import __doc__ as doc
+
+    p = argparse.ArgumentParser(prog="python -m trainer", description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=sorted(presets), help="a named recipe (applied before the other options)")
+    p.add_argument("--config", help="a YAML or JSON file of options")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    for key, default in defaults.items():
+        kind = _parse_bool if isinstance(default, bool) else type(default)
+        p.add_argument(f"--{key.replace('_', '-')}", dest=key, type=kind, default=None, metavar=type(default).__name__.upper(),
+                       help=f"(default: {default!r})")
+    return p
+
+
+def resolve_config(defaults: Dict[str, Any], presets: Dict[str, Any], argv: List[str]) -> Optional[Dict[str, Any]]:
+    args = build_parser(defaults, presets).parse_args(argv)
+    flags = {k: v for k, v in vars(args).items() if k in defaults and v is not None}
+    env = json.loads(os.environ.get("ORCH_PARAMS_JSON") or "{}")
+    file_cfg = _read_file(args.config) if args.config else {}
+    preset = args.preset or env.get("preset") or file_cfg.get("preset")
+    if preset is not None and preset not in presets:
+        raise SystemExit(f"trainer: unknown preset {preset!r}; choose one of {', '.join(sorted(presets))}")
+    cfg = dict(defaults)
+    if preset:
+        cfg.update(presets[preset])
+    _merge(cfg, file_cfg, defaults, args.config or "")
+    _merge(cfg, env, defaults, "ORCH_PARAMS_JSON")
+    cfg.update(flags)
+    cfg["preset"] = preset or ""
+    if not cfg["out"]:
+        cfg["out"] = os.environ.get("ORCH_RUN_DIR") or "runs/trainer"
+    if args.print_config:
+        print(json.dumps(cfg, indent=2))
+        return None
+    return cfg

@@ -1,0 +1,181 @@
+"""Datasets as uint8 tensors resident on the device, with augmentation done on the device.
+
+No DataLoader in the hot path: a whole data set (CIFAR-10 is 150 MB as uint8) is moved to the
+device once; batches are index_select + random crop (reflect pad) + flip on the device.
+"""
+
+from __future__ import annotations
+
+import pickle
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR_STD = (0.2470, 0.2435, 0.2616)
+CIFAR_DIR = "cifar-10-batches-py"
+
+
+@dataclass
+class Split:
+    """Images as uint8 N x C x H x W and labels as int64 N, on one device."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+
+    def to(self, device) -> "Split":
+        return Split(self.images.to(device, non_blocking=True), self.labels.to(device, non_blocking=True))
+
+    def __len__(self) -> int:
+        return self.labels.shape[0]
+
+
+@dataclass
+class Dataset:
+    train: Split
+    test: Split
+    num_classes: int
+    mean: tuple  # per-channel, of images scaled to [0, 1]
+    std: tuple
+
+
+# --- CIFAR-10 (the standard python-pickle format) -------------------------------------------------
+
+
+def _read_batch(path: Path):
+    with open(path, "rb") as f:
+        d = pickle.load(f, encoding="bytes")
+    data = np.asarray(d[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+    return data, np.asarray(d[b"labels"], dtype=np.int64)
+
+
+def load_cifar10(data_dir: str, download: bool = True) -> Dataset:
+    """Read cifar-10-batches-py under data_dir; download it with torchvision when it is missing."""
+    root = Path(data_dir).expanduser()
+    folder = root / CIFAR_DIR
+    if not (folder / "test_batch").exists():
+        if not download:
+            raise FileNotFoundError(f"{folder} not found and download is off")
+        from torchvision.datasets.utils import download_and_extract_archive
+
+        download_and_extract_archive(
+            "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz", str(root),
+            md5="c58f30108f718f92721af3b95e74349a",
+        )
+    parts = [_read_batch(folder / f"data_batch_{i}") for i in range(1, 6)]
+    x_test, y_test = _read_batch(folder / "test_batch")
+    train = Split(torch.from_numpy(np.concatenate([p[0] for p in parts])), torch.from_numpy(np.concatenate([p[1] for p in parts])))
+    return Dataset(train, Split(torch.from_numpy(x_test), torch.from_numpy(y_test)), 10, CIFAR_MEAN, CIFAR_STD)
+
+
+def write_cifar10_like(root: str, n_train: int = 500, n_test: int = 100, seed: int = 0) -> Path:
+    """Write files in the real cifar-10-batches-py format (for tests; nothing is downloaded)."""
+    rng = np.random.default_rng(seed)
+    folder = Path(root) / CIFAR_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def dump(name: str, n: int):
+        labels = rng.integers(0, 10, n).tolist()
+        data = rng.integers(0, 256, (n, 3072), dtype=np.uint8)
+        with open(folder / name, "wb") as f:
+            pickle.dump({b"batch_label": name.encode(), b"labels": labels, b"data": data, b"filenames": [b"x.png"] * n}, f)
+
+    per = max(1, n_train // 5)
+    for i in range(1, 6):
+        dump(f"data_batch_{i}", per)
+    dump("test_batch", n_test)
+    with open(folder / "batches.meta", "wb") as f:
+        pickle.dump({b"label_names": [b"c%d" % i for i in range(10)], b"num_cases_per_batch": per}, f)
+    return folder
+
+
+# --- synthetic and digits -----------------------------------------------------------------------
+
+
+def load_synthetic(n_train: int = 2048, n_test: int = 512, size: int = 32, num_classes: int = 10, seed: int = 0) -> Dataset:
+    """CIFAR-shaped, learnable: each class is a fixed random low-frequency pattern plus noise."""
+    g = torch.Generator().manual_seed(seed)
+    protos = torch.rand(num_classes, 3, 4, 4, generator=g)
+    protos = F.interpolate(protos, size=(size, size), mode="bilinear", align_corners=False)
+
+    def make(n: int) -> Split:
+        y = torch.randint(0, num_classes, (n,), generator=g)
+        x = protos[y] * 0.6 + torch.rand(n, 3, size, size, generator=g) * 0.4
+        return Split((x * 255).round().to(torch.uint8), y)
+
+    return Dataset(make(n_train), make(n_test), num_classes, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+
+
+def load_digits(size: int = 16, test_fraction: float = 0.2) -> Dataset:
+    """scikit-learn's 8x8 handwritten digits (1,797 images), upscaled to size x size, 3 channels."""
+    from sklearn.datasets import load_digits as sk_digits
+
+    d = sk_digits()
+    x = torch.from_numpy(d.images.astype(np.float32) / 16.0).unsqueeze(1)
+    x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False).clamp(0, 1).repeat(1, 3, 1, 1)
+    x = (x * 255).round().to(torch.uint8)
+    y = torch.from_numpy(d.target.astype(np.int64))
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(1234))  # one fixed split for every run
+    n_test = int(len(y) * test_fraction)
+    test, train = perm[:n_test], perm[n_test:]
+    mean = tuple(float(v) for v in (x[train].float() / 255).mean(dim=(0, 2, 3)))
+    std = tuple(float(v) for v in (x[train].float() / 255).std(dim=(0, 2, 3)))
+    return Dataset(Split(x[train], y[train]), Split(x[test], y[test]), 10, mean, std)
+
+
+def load(name: str, data_dir: str, seed: int, size: int) -> Dataset:
+    if name == "cifar10":
+        return load_cifar10(data_dir)
+    if name == "synthetic":
+        return load_synthetic(size=size, seed=seed)
+    if name == "digits":
+        return load_digits(size=size)
+    raise ValueError(f"unknown dataset {name!r}: use cifar10, synthetic or digits")
+
+
+# --- on-device batches ----------------------------------------------------------------------------
+
+
+def normalize(images: torch.Tensor, mean: tuple, std: tuple, dtype=torch.float32) -> torch.Tensor:
+    m = torch.tensor(mean, device=images.device, dtype=dtype).view(1, -1, 1, 1)
+    s = torch.tensor(std, device=images.device, dtype=dtype).view(1, -1, 1, 1)
+    return (images.to(dtype) / 255.0 - m) / s
+
+
+def augment(x: torch.Tensor, pad: int, flip: bool, generator: torch.Generator) -> torch.Tensor:
+    """Random crop after reflect padding, and random horizontal flip, for a float batch on its device."""
+    n, _, h, w = x.shape
+    if pad > 0:
+        padded = F.pad(x, (pad, pad, pad, pad), mode="reflect")
+        dx = torch.randint(0, 2 * pad + 1, (n,), generator=generator).to(x.device)
+        dy = torch.randint(0, 2 * pad + 1, (n,), generator=generator).to(x.device)
+        rows = (dy.view(n, 1) + torch.arange(h, device=x.device).view(1, h))  # n x h
+        cols = (dx.view(n, 1) + torch.arange(w, device=x.device).view(1, w))  # n x w
+        idx_rows = rows.view(n, 1, h, 1).expand(n, x.shape[1], h, w + 2 * pad)
+        x = padded.gather(2, idx_rows)
+        idx_cols = cols.view(n, 1, 1, w).expand(n, x.shape[1], h, w)
+        x = x.gather(3, idx_cols)
+    if not flip:
+        return x
+    mirrored = (torch.rand(n, generator=generator) < 0.5).to(x.device).view(n, 1, 1, 1)
+    return torch.where(mirrored, x.flip(3), x)
+
+
+def resize(x: torch.Tensor, size: int) -> torch.Tensor:
+    if x.shape[-1] == size:
+        return x
+    return F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=False)
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
+    """The permutation of one epoch: a function of (seed, epoch) only, so a resumed run replays it."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+
+
+def step_generator(seed: int, step: int) -> torch.Generator:
+    """Augmentation randomness of one step, a function of (seed, step) only."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + step + 17)

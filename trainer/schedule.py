@@ -1,0 +1,68 @@
+"""Schedules as plain functions of training progress: one-cycle LR/momentum, piecewise-linear, image size."""
+
+from __future__ import annotations
+
+import math
+from typing import List, Tuple
+
+
+def parse_points(text: str) -> List[Tuple[float, float]]:
+    """'24@0,32@0.5' -> [(0.0, 24.0), (0.5, 32.0)]: value@progress pairs, progress in [0, 1]."""
+    points = []
+    for part in str(text).split(","):
+        value, _, at = part.strip().partition("@")
+        points.append((float(at or 0), float(value)))
+    points.sort()
+    if not points or points[0][0] != 0:
+        raise ValueError(f"{text!r}: the first point must be at progress 0, e.g. '24@0,32@0.5'")
+    return points
+
+
+def piecewise_linear(points: List[Tuple[float, float]], t: float) -> float:
+    """Linear between (progress, value) points, flat outside them."""
+    if t <= points[0][0]:
+        return points[0][1]
+    for (t0, v0), (t1, v1) in zip(points, points[1:]):
+        if t <= t1:
+            return v0 + (v1 - v0) * (t - t0) / max(t1 - t0, 1e-12)
+    return points[-1][1]
+
+
+def step_value(points: List[Tuple[float, float]], t: float) -> float:
+    """The value of the last point whose progress is <= t (for image sizes: no in-between sizes)."""
+    value = points[0][1]
+    for at, v in points:
+        if t >= at:
+            value = v
+    return value
+
+
+def one_cycle(t: float, peak: float, warmup: float = 0.25, div: float = 25.0, final_div: float = 1e3,
+              momentum: Tuple[float, float] = (0.95, 0.85)) -> Tuple[float, float]:
+    """Smith's one-cycle at progress t: (lr, momentum). LR rises then anneals (cosine); momentum does the inverse."""
+    hi_m, lo_m = momentum
+    if t < warmup:
+        p = t / warmup
+        lr = peak / div + (peak - peak / div) * p
+        m = hi_m - (hi_m - lo_m) * p
+    else:
+        p = (t - warmup) / max(1 - warmup, 1e-12)
+        cos = (1 + math.cos(math.pi * min(p, 1.0))) / 2
+        lr = peak / final_div + (peak - peak / final_div) * cos
+        m = lo_m + (hi_m - lo_m) * (1 - cos)
+    return lr, m
+
+
+class LRSchedule:
+    """lr (and momentum) at a given progress, from a config: kind one_cycle or piecewise."""
+
+    def __init__(self, kind: str, peak: float, warmup: float, momentum: Tuple[float, float], points: str = ""):
+        if kind not in ("one_cycle", "piecewise"):
+            raise ValueError(f"schedule {kind!r}: use one_cycle or piecewise")
+        self.kind, self.peak, self.warmup, self.momentum = kind, peak, warmup, momentum
+        self.points = parse_points(points) if kind == "piecewise" else []
+
+    def __call__(self, t: float) -> Tuple[float, float]:
+        if self.kind == "one_cycle":
+            return one_cycle(t, self.peak, self.warmup, momentum=self.momentum)
+        return self.peak * piecewise_linear(self.points, t), self.momentum[1]

@@ -1,0 +1,367 @@
+"""The bundled trainer: DAWNBench-class image classification, resumable at any moment.
+
+    python -m trainer --preset digits                      # one process, CPU or one GPU
+    torchrun --nproc_per_node 8 -m trainer --preset dawnbench-rn18 --data-dir ~/data
+
+Config, later overriding earlier: the defaults below < --preset < --config FILE (YAML/JSON) <
+$ORCH_PARAMS_JSON (set by orch for each run) < command-line flags. Output goes to --out (default
+$ORCH_RUN_DIR): config.json, metrics.jsonl, summary.json and ckpt/<step>/ with MANIFEST.json.
+SIGUSR1 checkpoints at once and goes on; SIGTERM checkpoints and exits with 143.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from . import checkpoint, data, models
+from .config import resolve_config
+from .schedule import LRSchedule, parse_points, step_value
+
+# fmt: off
+DEFAULTS = dict(
+    dataset="cifar10",            # cifar10 | synthetic | digits
+    data_dir="~/.cache/orch/data",  # where cifar-10-batches-py is (downloaded there when missing)
+    image_size=32,                # side the data set is loaded at (digits and synthetic are resized to it)
+    model="resnet9",              # resnet9 | preact_resnet18 | wide_resnet | airbench
+    width=1.0,                    # channel multiplier (resnet9, preact_resnet18, airbench)
+    depth=22,                     # wide_resnet depth (6n+4)
+    widen=6,                      # wide_resnet widening factor
+    concat_pool=True,             # preact_resnet18: concat average and max pooling
+    epochs=24,                    # passes over the training set
+    batch_size=512,               # global batch, split evenly over DDP ranks
+    lr=0.4,                       # peak learning rate
+    schedule="one_cycle",         # one_cycle | piecewise
+    lr_points="0@0,1@0.2,0@1",    # piecewise: lr multiplier at progress points
+    warmup=0.25,                  # one_cycle: fraction of training spent rising to the peak
+    momentum_max=0.95,            # one_cycle: momentum at the start and end (cycled inversely to lr)
+    momentum_min=0.85,            # one_cycle: momentum at the lr peak (also piecewise's momentum)
+    nesterov=True,                # Nesterov momentum
+    weight_decay=5e-4,            # on conv/linear weights only
+    label_smoothing=0.0,          # cross-entropy label smoothing
+    sizes="",                     # progressive resizing 'side@progress,...' e.g. '24@0,32@0.5' ('' = image_size)
+    crop_pad=4,                   # random-crop reflect padding (0 = no crop)
+    flip=True,                    # random horizontal flips
+    tta=False,                    # evaluate on image + its mirror
+    ema=0.0,                      # EMA decay of weights used for evaluation (0 = off)
+    whiten_bias_epochs=3,         # airbench: epochs the whitening conv's bias trains before it freezes
+    precision="auto",             # auto | fp32 | fp16 | bf16 (auto: bf16 on Ampere+, fp16 older GPUs, fp32 CPU)
+    compile=False,                # torch.compile the model
+    device="auto",                # auto | cpu | cuda
+    threads=0,                    # CPU threads (0 = torch's default / OMP_NUM_THREADS)
+    seed=0,                       # seeds init, data order and augmentation
+    out="",                       # output folder ('' = $ORCH_RUN_DIR, else runs/trainer)
+    resume="auto",                # auto (newest verified checkpoint in out) | never | a checkpoint folder
+    ckpt_every_s=300.0,           # checkpoint at least this often (0 = not by time)
+    ckpt_every_epochs=1,          # checkpoint every N epochs (0 = not by epoch)
+    ckpt_keep=2,                  # checkpoints kept in out/ckpt
+    target_acc=0.94,              # summary.json reports the training time to reach it
+    log_every=0,                  # also write a metrics line every N steps (0 = once per epoch)
+    max_steps=0,                  # stop after this many steps (0 = run all epochs); for tests
+    synthetic_train=2048,         # synthetic: training images (test: a quarter)
+)
+# fmt: on
+
+PRESETS = {
+    "dawnbench-rn18": dict(model="preact_resnet18", concat_pool=True, epochs=30, batch_size=512, lr=0.4,
+                           weight_decay=5e-4, sizes="24@0,32@0.5", label_smoothing=0.0),
+    "dawnbench-wrn": dict(model="wide_resnet", depth=22, widen=6, epochs=30, batch_size=512, lr=0.4, weight_decay=5e-4),
+    "resnet9": dict(model="resnet9", epochs=24, batch_size=512, lr=0.4, weight_decay=5e-4, label_smoothing=0.2),
+    "fast": dict(model="airbench", epochs=10, batch_size=1024, lr=0.6, weight_decay=5e-4, label_smoothing=0.2,
+                 tta=True, ema=0.99, crop_pad=2, warmup=0.2),
+    "digits": dict(dataset="digits", image_size=16, model="resnet9", width=0.25, epochs=12, batch_size=64, lr=0.2,
+                   crop_pad=1, flip=False, label_smoothing=0.1, weight_decay=5e-4, sizes="12@0,16@0.4",
+                   ckpt_every_s=0.0, ckpt_every_epochs=2),
+}
+
+log = logging.getLogger("trainer")
+
+
+# --- environment -----------------------------------------------------------------------------------
+
+
+def setup_distributed(device_kind: str):
+    """(rank, world, local_rank) from the torchrun environment; one process without it."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.init_process_group(backend="nccl" if device_kind == "cuda" else "gloo")
+    return rank, world, local
+
+
+def pick_device(cfg, local_rank: int) -> torch.device:
+    kind = cfg["device"]
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if kind == "cuda":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def pick_precision(cfg, device: torch.device) -> str:
+    p = cfg["precision"]
+    if p != "auto":
+        return p
+    if device.type != "cuda":
+        return "fp32"
+    return "bf16" if torch.cuda.get_device_capability(device)[0] >= 8 else "fp16"
+
+
+def code_hash() -> str:
+    h = hashlib.sha256()
+    for p in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+# --- pieces of the loop ----------------------------------------------------------------------------
+
+
+def param_groups(model: nn.Module, weight_decay: float):
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.ndim > 1 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, split: data.Split, ds: data.Dataset, cfg, autocast, size: int) -> float:
+    model.eval()
+    correct = 0
+    for i in range(0, len(split), 1000):
+        x = data.resize(data.normalize(split.images[i:i + 1000], ds.mean, ds.std), size)
+        with autocast():
+            logits = model(x).float()
+            if cfg["tta"]:
+                logits = logits + model(x.flip(3)).float()
+        correct += (logits.argmax(1) == split.labels[i:i + 1000]).sum().item()
+    model.train()
+    return correct / len(split)
+
+
+class Signals:
+    """SIGUSR1: checkpoint now and go on. SIGTERM: checkpoint now and exit."""
+
+    def __init__(self):
+        self.checkpoint = False
+        self.exit = False
+        signal.signal(signal.SIGUSR1, self._usr1)
+        signal.signal(signal.SIGTERM, self._term)
+
+    def _usr1(self, *_):
+        self.checkpoint = True
+
+    def _term(self, *_):
+        self.checkpoint = self.exit = True
+
+
+class MetricsLog:
+    def __init__(self, path: Path, enabled: bool):
+        self.path, self.enabled = path, enabled
+
+    def write(self, row: dict) -> None:
+        if self.enabled:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+# --- training --------------------------------------------------------------------------------------
+
+
+def train(cfg: dict) -> dict:
+    device_kind = "cuda" if (cfg["device"] == "cuda" or (cfg["device"] == "auto" and torch.cuda.is_available())) else "cpu"
+    rank, world, local_rank = setup_distributed(device_kind)
+    device = pick_device(cfg, local_rank)
+    precision = pick_precision(cfg, device)
+    if cfg["threads"]:
+        torch.set_num_threads(int(cfg["threads"]))
+    out = Path(cfg["out"]).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    is_main = rank == 0
+    if is_main:
+        (out / "config.json").write_text(json.dumps({**cfg, "code_sha256": code_hash()}, indent=2) + "\n")
+
+    torch.manual_seed(cfg["seed"])
+    ds = data.load(cfg["dataset"], cfg["data_dir"], cfg["seed"], cfg["image_size"])
+    if cfg["dataset"] == "synthetic":
+        ds = data.load_synthetic(n_train=cfg["synthetic_train"], n_test=max(64, cfg["synthetic_train"] // 4),
+                                 size=cfg["image_size"], seed=cfg["seed"])
+    train_split, test_split = ds.train.to(device), ds.test.to(device)
+
+    model = models.build(cfg["model"], ds.num_classes, cfg["width"], cfg["concat_pool"], cfg["depth"], cfg["widen"]).to(device)
+    if isinstance(model, models.AirBench):
+        model.init_whitening(data.normalize(train_split.images[:5000], ds.mean, ds.std))
+    if device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)
+    ema_model = copy.deepcopy(model).eval() if cfg["ema"] > 0 else None
+    optimizer = torch.optim.SGD(param_groups(model, cfg["weight_decay"]), lr=cfg["lr"], momentum=cfg["momentum_max"],
+                                nesterov=cfg["nesterov"])
+    scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+
+    def autocast():
+        return torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
+
+    net: nn.Module = model
+    if cfg["compile"]:
+        net = torch.compile(net)
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        net = DDP(net, device_ids=[local_rank] if device.type == "cuda" else None)
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg["label_smoothing"])
+    sched = LRSchedule(cfg["schedule"], cfg["lr"], cfg["warmup"], (cfg["momentum_max"], cfg["momentum_min"]), cfg["lr_points"])
+    sizes = parse_points(cfg["sizes"] or f"{cfg['image_size']}@0")
+
+    B = cfg["batch_size"]
+    if B % world:
+        raise SystemExit(f"batch_size {B} must divide evenly over {world} ranks")
+    steps_per_epoch = len(train_split) // B
+    if steps_per_epoch < 1:
+        raise SystemExit(f"batch_size {B} is larger than the training set ({len(train_split)} images)")
+    total = cfg["epochs"] * steps_per_epoch
+    if cfg["max_steps"]:
+        total = min(total, cfg["max_steps"])
+
+    st = dict(step=0, loss_sum=0.0, loss_n=0, train_time=0.0, best_acc=0.0, time_to_target=None, acc=None)
+    resume_from = None if cfg["resume"] == "never" else (checkpoint.latest(out) if cfg["resume"] == "auto" else Path(cfg["resume"]))
+    if resume_from is not None:
+        saved = checkpoint.load(resume_from, map_location=device)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        scaler.load_state_dict(saved["scaler"])
+        if ema_model is not None and saved.get("ema") is not None:
+            ema_model.load_state_dict(saved["ema"])
+        st.update(saved["progress"])
+        torch.set_rng_state(saved["rng"]["torch"])
+        if is_main:
+            log.info("resumed from %s (step %d of %d)", resume_from, st["step"], total)
+
+    metrics = MetricsLog(out / "metrics.jsonl", is_main)
+    sig = Signals()
+    last_ckpt = time.time()
+
+    def save_checkpoint():
+        nonlocal last_ckpt
+        if is_main:
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+                     "ema": ema_model.state_dict() if ema_model is not None else None, "progress": dict(st),
+                     "rng": {"torch": torch.get_rng_state()}, "config": cfg}
+            folder = checkpoint.save(out, st["step"], state, keep=cfg["ckpt_keep"])
+            log.info("checkpoint %s", folder)
+        if world > 1:
+            torch.distributed.barrier()
+        last_ckpt = time.time()
+
+    order, order_epoch = None, -1
+    epoch_images, epoch_time = 0, 0.0
+    while st["step"] < total:
+        step = st["step"]
+        epoch, i = divmod(step, steps_per_epoch)
+        if epoch != order_epoch:
+            order, order_epoch = data.epoch_order(len(train_split), cfg["seed"], epoch).to(device), epoch
+        if isinstance(model, models.AirBench) and model.whiten.bias.requires_grad and epoch >= cfg["whiten_bias_epochs"]:
+            model.whiten.bias.requires_grad_(False)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        progress = step / total
+        lr, momentum = sched(progress)
+        for group in optimizer.param_groups:
+            group["lr"], group["momentum"] = lr, momentum
+        idx = order[i * B:(i + 1) * B]
+        x = data.normalize(train_split.images[idx], ds.mean, ds.std)
+        x = data.augment(x, cfg["crop_pad"], cfg["flip"], data.step_generator(cfg["seed"], step))
+        x, y = x[rank::world], train_split.labels[idx][rank::world]
+        size = int(step_value(sizes, progress))
+        x = data.resize(x, size)
+        if device.type == "cuda":
+            x = x.contiguous(memory_format=torch.channels_last)
+        with autocast():
+            loss = loss_fn(net(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        if ema_model is not None:
+            with torch.no_grad():
+                for e, p in zip(ema_model.state_dict().values(), model.state_dict().values()):
+                    e.copy_(e * cfg["ema"] + p.detach() * (1 - cfg["ema"])) if e.dtype.is_floating_point else e.copy_(p)
+        loss_value = loss.detach()
+        if world > 1:
+            torch.distributed.all_reduce(loss_value)
+            loss_value /= world
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        st["train_time"] += dt
+        epoch_time += dt
+        epoch_images += B
+        st["loss_sum"] += float(loss_value)
+        st["loss_n"] += 1
+        st["step"] = step + 1
+        end_of_epoch = st["step"] % steps_per_epoch == 0 or st["step"] == total
+        row = None
+        if end_of_epoch or (cfg["log_every"] and st["step"] % cfg["log_every"] == 0):
+            row = dict(step=st["step"], epoch=round(st["step"] / steps_per_epoch, 4), elapsed_s=round(st["train_time"], 3),
+                       lr=lr, train_loss=st["loss_sum"] / max(st["loss_n"], 1), image_size=size,
+                       images_per_s=round(epoch_images / max(epoch_time, 1e-9), 1))
+        if end_of_epoch:
+            acc = evaluate(ema_model if ema_model is not None else model, test_split, ds, cfg, autocast, cfg["image_size"])
+            st["acc"], st["best_acc"] = acc, max(st["best_acc"], acc)
+            if st["time_to_target"] is None and acc >= cfg["target_acc"]:
+                st["time_to_target"] = st["train_time"]
+            row["test_acc"] = acc
+            st["loss_sum"], st["loss_n"] = 0.0, 0
+            epoch_images, epoch_time = 0, 0.0
+            if is_main:
+                log.info("epoch %.2f step %d/%d loss %.4f acc %.4f lr %.4f size %d %.0f img/s", row["epoch"], st["step"],
+                         total, row["train_loss"], acc, lr, size, row["images_per_s"])
+        if row is not None:
+            metrics.write(row)
+        by_epoch = end_of_epoch and cfg["ckpt_every_epochs"] and (st["step"] // steps_per_epoch) % cfg["ckpt_every_epochs"] == 0
+        by_time = cfg["ckpt_every_s"] and time.time() - last_ckpt >= cfg["ckpt_every_s"]
+        if sig.checkpoint or by_epoch or by_time:
+            sig.checkpoint = False
+            save_checkpoint()
+        if sig.exit:
+            log.info("SIGTERM: checkpointed at step %d, exiting", st["step"])
+            sys.exit(143)
+
+    summary = dict(final_acc=st["acc"], best_acc=st["best_acc"], target_acc=cfg["target_acc"],
+                   time_to_target_s=st["time_to_target"], train_time_s=round(st["train_time"], 3), steps=st["step"],
+                   epochs=cfg["epochs"], world_size=world, device=str(device), precision=precision,
+                   model=cfg["model"], dataset=cfg["dataset"])
+    if is_main:
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        log.info("done: final acc %.4f, best %.4f, %.1f s training", summary["final_acc"] or 0, summary["best_acc"], summary["train_time_s"])
+    if world > 1:
+        torch.distributed.destroy_process_group()
+    return summary
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    rank = int(os.environ.get("RANK", "0"))
+    if rank != 0:
+        logging.getLogger().setLevel(logging.WARNING)
+    cfg = resolve_config(DEFAULTS, PRESETS, sys.argv[1:] if argv is None else argv)
+    if cfg is None:
+        return 0
+    train(cfg)
+    return 0
