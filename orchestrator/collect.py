@@ -15,6 +15,15 @@ from .store import Store, read_jsonl
 
 X_KEYS = ("step", "epoch", "elapsed_s", "elapsed")  # axes, not curves
 
+PREFERRED = ("epoch", "test_acc", "val_acc", "acc", "train_loss", "val_loss", "loss")
+NOISE = ("lr", "images_per_s", "image_size", "step", "elapsed_s", "elapsed", "time")
+
+
+def ranked(names) -> List[str]:
+    """Metric names worth a column, the familiar ones first."""
+    names = [n for n in names if n not in NOISE]
+    return sorted(names, key=lambda n: (PREFERRED.index(n) if n in PREFERRED else len(PREFERRED), names.index(n)))
+
 
 @dataclass
 class RunResult:
@@ -98,8 +107,6 @@ def write_outputs(results: Results, out_dir: Path) -> List[Path]:
         writer.writerows(rows)
     json_path.write_text(json.dumps({"sweep": results.sweep, "runs": rows}, indent=2) + "\n")
     paths = [csv_path, json_path]
-    from .render import ranked
-
     curves = ranked(metrics) + [m for m in metrics if m not in X_KEYS and m not in ranked(metrics)]
     if curves and any(r.curves for r in results.runs):
         paths.append(plot(results, curves, out_dir / "curves.png"))

@@ -7,7 +7,7 @@ from typing import Any, Dict, List
 from rich.table import Table
 from rich.text import Text
 
-from .collect import Results
+from .collect import Results, ranked
 from .controller import Progress, RunView
 
 STYLE = {
@@ -15,16 +15,6 @@ STYLE = {
     "queued": "dim", "cancelled": "yellow", "stopped": "yellow", "lost": "magenta", "interrupted": "magenta",
 }
 SHOWN_METRICS = 4
-PREFERRED = ("epoch", "test_acc", "val_acc", "acc", "train_loss", "val_loss", "loss")
-NOISE = ("lr", "images_per_s", "image_size", "step", "elapsed_s", "elapsed", "time")
-
-
-def ranked(names) -> List[str]:
-    """Metric names worth a column, the familiar ones first."""
-    names = [n for n in names if n not in NOISE]
-    return sorted(names, key=lambda n: (PREFERRED.index(n) if n in PREFERRED else len(PREFERRED), names.index(n)))
-
-
 def fmt_seconds(s: Any) -> str:
     if s is None:
         return "-"

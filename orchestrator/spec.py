@@ -5,6 +5,7 @@ Every error names file:line, the field and a fix, and is raised before anything 
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import json
 import os
@@ -173,6 +174,37 @@ def _allowed_fields(loc: Tuple[Any, ...]) -> str:
     return ", ".join(fields)
 
 
+def _format_errors(exc: ValidationError, path: Path, root: Optional[yaml.Node]) -> List[str]:
+    """One line per field: file:line: field: message. Fix: ...; union alternatives merged."""
+    merged: Dict[Tuple[Any, ...], List[dict]] = {}
+    for err in exc.errors():
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p in _TYPE_TAGS))
+        merged.setdefault(loc, []).append(err)
+    lines = []
+    for loc, errs in list(merged.items())[:5]:
+        err = errs[0]
+        if len(errs) > 1:
+            msg = "must be a number, a string or true/false" if err["type"] in _SCALAR_ERRORS else err["msg"]
+        elif err["type"] == "string_pattern_mismatch" and loc == ("name",):
+            msg = "use letters, digits, '-' and '_', starting with a letter or digit"
+        else:
+            msg = err["msg"]
+        if err["type"] not in ("extra_forbidden", "missing") and not isinstance(err.get("input"), (dict, list)):
+            msg += f" (got {err['input']!r})"
+        elif isinstance(err.get("input"), (dict, list)) and err["type"] not in ("extra_forbidden", "missing"):
+            msg += f" (got {json.dumps(err['input'])[:60]})"
+        fix = _FIXES.get(err["type"], "").format(allowed=_allowed_fields(loc))
+        if err["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(str(loc[-1]), _allowed_fields(loc).split(", "), n=1)
+            if close:
+                fix = f"did you mean `{close[0]}`? Allowed here: {_allowed_fields(loc)}"
+        lines.append(f"{path}:{_line_of(root, loc)}: {_dotted(loc)}: {msg}" + (f". Fix: {fix}." if fix else ""))
+    return lines
+
+
+_SCALAR_ERRORS = {"bool_type", "int_type", "float_type", "string_type", "bool_parsing", "int_parsing", "float_parsing"}
+
+
 # --- loading ----------------------------------------------------------------------------------
 
 
@@ -201,13 +233,7 @@ def load_sweep(path: Union[str, Path]) -> Sweep:
     try:
         spec = SweepSpec.model_validate(data)
     except ValidationError as exc:
-        lines = []
-        for err in exc.errors()[:5]:
-            loc = tuple(err["loc"])
-            fix = _FIXES.get(err["type"], "").format(allowed=_allowed_fields(loc))
-            msg = err["msg"] + (f" (got {err['input']!r})" if err["type"] not in ("extra_forbidden", "missing") and not isinstance(err.get("input"), dict) else "")
-            lines.append(f"{path}:{_line_of(root, loc)}: {_dotted(loc)}: {msg}" + (f". Fix: {fix}." if fix else ""))
-        raise SpecError("\n".join(lines)) from None
+        raise SpecError("\n".join(_format_errors(exc, path, root))) from None
 
     problems = _check(spec)
     if problems:

@@ -1,0 +1,154 @@
+"""Shared fixtures: a private ORCH_HOME, a private tmux server (torn down by socket), the real CLI."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _never_real_aws():
+    """Fail closed: a test may only ever talk to an AWS endpoint on loopback."""
+    url = os.environ.get("AWS_ENDPOINT_URL")
+    if url:
+        host = urlparse(url).hostname or ""
+        if host != "localhost" and not ipaddress.ip_address(host).is_loopback:
+            pytest.exit(f"AWS_ENDPOINT_URL={url} is not loopback; refusing to run tests", returncode=3)
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+
+class Orch:
+    """The real `orch` CLI in a private home, with its own tmux socket."""
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.home = tmp / "orch-home"
+        self.socket = f"orch-test-{uuid.uuid4().hex[:8]}"
+        self.env = dict(os.environ, ORCH_HOME=str(self.home), ORCH_TMUX_SOCKET=self.socket, COLUMNS="200")
+        self.env.pop("TMUX", None)
+        self.env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+
+    def argv(self, *args: str):
+        return [sys.executable, "-m", "orchestrator.cli", *args]
+
+    def __call__(self, *args: str, timeout: float = 300, cwd: Path | None = None) -> CliResult:
+        p = subprocess.run(self.argv(*args), env=self.env, cwd=cwd or self.tmp, capture_output=True, text=True, timeout=timeout)
+        return CliResult(p.returncode, p.stdout, p.stderr)
+
+    def popen(self, *args: str, **kw) -> subprocess.Popen:
+        return subprocess.Popen(self.argv(*args), env=self.env, cwd=self.tmp, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, **kw)
+
+    def tmux(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, env=self.env)
+
+    def sweep(self, text: str, name: str = "sweep.yaml") -> Path:
+        path = self.tmp / name
+        path.write_text(textwrap.dedent(text))
+        return path
+
+    def store(self, *parts: str) -> Path:
+        return self.tmp.joinpath("store", *parts)
+
+    def close(self) -> None:
+        self.tmux("kill-server")
+        lock_dir = self.home / "locks"
+        for lock in lock_dir.glob("*.lock") if lock_dir.exists() else []:
+            pid = lock.read_text().strip()
+            if pid.isdigit():
+                subprocess.run(["kill", "-9", pid], capture_output=True)
+
+
+@pytest.fixture
+def orch(tmp_path):
+    o = Orch(tmp_path)
+    yield o
+    o.close()
+
+
+@pytest.fixture
+def script(tmp_path):
+    """Write a small python program for sweeps to run; returns its path."""
+
+    def write(body: str, name: str = "job.py") -> Path:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(body))
+        return path
+
+    return write
+
+
+JOB = '''
+import json, os, signal, sys, time
+run, out = os.environ["ORCH_RUN_ID"], os.environ["ORCH_RUN_DIR"]
+marks, steps, release = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+code = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+lock = os.path.join(marks, run + ".running")
+try:
+    os.mkdir(lock)
+except FileExistsError:  # another copy of this run is running right now
+    open(os.path.join(marks, "DUPLICATE"), "a").write(run + "\\n")
+def bye(*_):
+    os.rmdir(lock)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, bye)
+with open(os.path.join(marks, "starts.log"), "a") as f:
+    f.write(f"{run} {os.environ['ORCH_ATTEMPT']} {os.environ['ORCH_PARAMS_JSON']}\\n")
+i = 0
+while i < steps or (release and not os.path.exists(release)):
+    print(f"tick {i} of {run}", flush=True)
+    with open(os.path.join(out, "metrics.jsonl"), "a") as f:
+        f.write(json.dumps({"step": i, "loss": 1.0 / (i + 1), "acc": i / (i + 1)}) + "\\n")
+    i += 1
+    time.sleep(0.1)
+print(f"finished {run} with code {code}", flush=True)
+os.rmdir(lock)
+sys.exit(code)
+'''
+
+
+@pytest.fixture
+def job(tmp_path):
+    """A sweep command template for a job that ticks, writes metrics, guards against running twice at once.
+
+    job(steps, release=False, code=0) -> command string; markers land in tmp_path/marks
+    (starts.log: one line per start; DUPLICATE: written if a run ever ran twice at once).
+    Runs with release=True keep going until `tmp_path/release` exists.
+    """
+    path = tmp_path / "job.py"
+    path.write_text(JOB)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+
+    def command(steps: int = 5, release: bool = False, code: int = 0) -> str:
+        rel = str(tmp_path / "release") if release else "''"
+        return f"{{python}} {path} {marks} {steps} {rel} {code}"
+
+    command.marks = marks
+    command.release = tmp_path / "release"
+    return command
+
+
+def starts(marks: Path) -> list:
+    f = marks / "starts.log"
+    return [line.split(" ", 2)[:2] for line in f.read_text().splitlines()] if f.exists() else []

@@ -1,0 +1,222 @@
+"""The local backend end to end through the real CLI, on a real tmux server with a private socket."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from orchestrator.wait import retry_until
+from tests.conftest import starts
+
+pytestmark = pytest.mark.slow
+
+
+def status(orch, sweep):
+    r = orch("status", sweep, "--json")
+    if "no sweep named" in r.err:  # the controller has not registered it yet
+        return {}
+    assert r.code == 0, r.err
+    return {run["run_id"]: run for run in json.loads(r.out)["runs"]}
+
+
+def wait_states(orch, sweep, want, timeout=60):
+    """Wait until every run's state is in `want` (a set); returns the last status."""
+    last = {}
+
+    def check():
+        last.clear()
+        last.update(status(orch, sweep))
+        return bool(last) and all(r["state"] in want for r in last.values())
+
+    retry_until(check, timeout, 0.3, f"runs of {sweep} to be {want}: {last}")
+    return last
+
+
+def test_launch_status_attach_logs_collect_down(orch, job):
+    path = orch.sweep(f"""
+        name: flow
+        command: "{job(steps=3, release=True)}"
+        grid:
+          a: [1, 2]
+        max_parallel: 2
+        store: store
+    """)
+    r = orch("launch", str(path), "--detach")
+    assert r.code == 0, r.err
+    assert "background" in r.out
+    wait_states(orch, "flow", {"running"})
+
+    table = orch("status", "flow")
+    assert table.code == 0 and "a=1" in table.out and "running" in table.out
+    overview = orch("status")
+    assert "flow (local, controller pid" in overview.out
+
+    # attach: a real terminal, driven through an outer tmux on another socket
+    outer = f"outer-{uuid.uuid4().hex[:6]}"
+    try:
+        cmd = " ".join(orch.argv("attach", "a=1"))
+        subprocess.run(["tmux", "-L", outer, "new-session", "-d", "-s", "t", "-x", "160", "-y", "40", cmd], env=orch.env, check=True)
+
+        def screen():
+            return subprocess.run(["tmux", "-L", outer, "capture-pane", "-p", "-t", "t"], capture_output=True, text=True).stdout
+
+        retry_until(lambda: "tick" in screen() and "of a=1" in screen(), 20, 0.2, "the run's output in the attached terminal")
+        subprocess.run(["tmux", "-L", outer, "send-keys", "-t", "t", "C-b", "d"], check=True)
+        retry_until(lambda: subprocess.run(["tmux", "-L", outer, "has-session", "-t", "t"]).returncode != 0 or "detached" in screen(),
+                    10, 0.2, "the attach client to detach")
+    finally:
+        subprocess.run(["tmux", "-L", outer, "kill-server"], capture_output=True)
+    assert orch.tmux("has-session", "-t", "=orch_flow_a=1").returncode == 0  # detaching left the run alone
+
+    job.release.touch()
+    final = wait_states(orch, "flow", {"succeeded"})
+    assert all(r["attempt"] == 1 and r["exit_code"] == 0 for r in final.values())
+
+    logs = orch("logs", "a=2")
+    assert logs.code == 0 and "tick 0 of a=2" in logs.out and "finished a=2 with code 0" in logs.out
+
+    out = orch.tmp / "results"
+    col = orch("collect", "flow", "--out", str(out))
+    assert col.code == 0, col.err
+    assert "a=1" in col.out and "wrote" in col.out
+    rows = list(csv.DictReader(open(out / "runs.csv")))
+    assert [row["run_id"] for row in rows] == ["a=1", "a=2"]
+    assert all(row["state"] == "succeeded" and float(row["best_acc"]) > 0.5 for row in rows)
+    assert json.loads((out / "runs.json").read_text())["sweep"] == "flow"
+    assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+    # the store holds what DESIGN.md says
+    run_dir = orch.store("flow", "a=1")
+    assert (orch.store("flow", "sweep.json")).exists()
+    assert {p.name for p in run_dir.iterdir()} >= {"status.json", "metrics.jsonl", "logs"}
+    assert (run_dir / "logs" / "1.log").exists()
+
+    # a second launch of a finished sweep launches nothing
+    before = starts(job.marks)
+    again = orch("launch", str(path))
+    assert again.code == 0, again.err
+    assert "2 of 2 runs succeeded" in again.out
+    assert starts(job.marks) == before
+
+    d1, d2 = orch("down", "flow"), orch("down", "flow")
+    assert d1.code == d2.code == 0
+    assert "nothing of sweep flow is running" in d2.out
+    assert not (job.marks / "DUPLICATE").exists()
+
+
+def test_down_stops_everything_and_launch_resumes(orch, job):
+    path = orch.sweep(f"""
+        name: stoppy
+        command: "{job(steps=2, release=True)}"
+        grid:
+          a: [1, 2, 3]
+        max_parallel: 2
+        store: store
+    """)
+    assert orch("launch", str(path), "--detach").code == 0
+    retry_until(lambda: sum(r["state"] == "running" for r in status(orch, "stoppy").values()) == 2, 30, 0.3, "2 running")
+    d = orch("down", "stoppy")
+    assert d.code == 0 and "stopped controller pid" in d.out and "stopped 2 run(s)" in d.out, d.out + d.err
+    assert not any(s.startswith("orch_stoppy") for s in orch.tmux("list-sessions", "-F", "#{session_name}").stdout.split())
+    st = status(orch, "stoppy")
+    assert sorted(r["state"] for r in st.values()) == ["queued", "stopped", "stopped"]
+    again = orch("down", "stoppy")
+    assert again.code == 0 and "nothing of sweep stoppy is running" in again.out
+
+    job.release.touch()
+    r = orch("launch", str(path))
+    assert r.code == 0, r.out + r.err
+    final = status(orch, "stoppy")
+    assert all(r["state"] == "succeeded" for r in final.values())
+    assert sorted(r["attempt"] for r in final.values()) == [1, 2, 2]
+    assert not (job.marks / "DUPLICATE").exists()
+
+
+def test_controller_killed_mid_sweep_then_relaunched(orch, job):
+    path = orch.sweep(f"""
+        name: crashy
+        command: "{job(steps=15)}"
+        grid:
+          a: [1, 2, 3, 4, 5, 6]
+        max_parallel: 2
+        store: store
+    """)
+    ctl = orch.popen("launch", str(path))
+    # kill the controller once some runs finished and others run
+    retry_until(lambda: sum(r["state"] == "succeeded" for r in status(orch, "crashy").values()) >= 1, 60, 0.2, "a finished run")
+    ctl.send_signal(signal.SIGKILL)
+    ctl.wait(10)
+    mid = status(orch, "crashy")
+    finished_before = {k: v for k, v in mid.items() if v["state"] == "succeeded"}
+    snapshot = {k: orch.store("crashy", k, "metrics.jsonl").read_bytes() for k in finished_before}
+
+    r = orch("launch", str(path))
+    assert r.code == 0, r.out + r.err
+    final = status(orch, "crashy")
+    assert all(v["state"] == "succeeded" for v in final.values())
+    # no run ran twice at once, and every run ran exactly once: running ones were adopted
+    assert not (job.marks / "DUPLICATE").exists()
+    assert sorted(run for run, _ in starts(job.marks)) == sorted(final)
+    assert all(v["attempt"] == 1 for v in final.values())
+    for k, data in snapshot.items():  # finished results untouched
+        assert orch.store("crashy", k, "metrics.jsonl").read_bytes() == data
+
+
+def test_failing_command_retried_then_reported(orch, job):
+    path = orch.sweep(f"""
+        name: faily
+        command: "{job(steps=2, code=3)}"
+        max_restarts: 2
+        store: store
+    """)
+    r = orch("launch", str(path))
+    assert r.code == 1
+    assert "run run failed after 3 attempt(s): exit code 3" in r.out
+    assert "finished run with code 3" in r.out  # the log's tail
+    final = status(orch, "faily")["run"]
+    assert final["state"] == "failed" and final["exit_code"] == 3 and final["failures"] == 3 and final["attempt"] == 3
+    assert len(starts(job.marks)) == 3
+    # a relaunch does not retry a run that used up its restarts
+    assert orch("launch", str(path)).code == 1
+    assert len(starts(job.marks)) == 3
+
+
+def test_cancel_and_timeout(orch, job):
+    path = orch.sweep(f"""
+        name: cancelly
+        command: "{job(steps=1, release=True)}"
+        grid:
+          a: [1, 2]
+        max_parallel: 2
+        max_restarts: 0
+        timeout_minutes: 0.05
+        store: store
+    """)
+    assert orch("launch", str(path), "--detach").code == 0
+    wait_states(orch, "cancelly", {"running"})
+    c = orch("cancel", "cancelly/a=1")
+    assert c.code == 0 and "cancelled cancelly/a=1" in c.out
+    # a=2 runs into its 3-second timeout
+    final = wait_states(orch, "cancelly", {"cancelled", "failed"}, timeout=40)
+    assert final["a=1"]["state"] == "cancelled"
+    assert final["a=2"]["state"] == "failed" and "timed out" in final["a=2"]["reason"]
+    assert len(starts(job.marks)) == 2
+
+
+def test_unknown_run_and_sweep_are_clear_errors(orch):
+    for args in (["attach", "nope"], ["logs", "nope"], ["status", "nope"], ["collect", "nope"], ["down", "nope"]):
+        r = orch(*args)
+        assert r.code == 2 and "Traceback" not in r.err and "nope" in r.err, (args, r.err)
+
+
+def test_help_has_examples(orch):
+    for cmd in ("launch", "status", "attach", "logs", "collect", "cancel", "down"):
+        r = orch(cmd, "--help")
+        assert r.code == 0 and "Example:" in r.out and "orch " in r.out, cmd

@@ -1,0 +1,126 @@
+"""sweep.yaml validation and expansion, through load_sweep and through the real CLI."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from orchestrator.errors import SpecError
+from orchestrator.spec import expand, load_sweep
+
+
+def write(tmp_path, text, name="s.yaml"):
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def test_grid_times_seeds_gives_stable_readable_ids(tmp_path):
+    p = write(tmp_path, """
+        name: demo
+        command: "train --lr {lr} --bs {bs} --seed {seed} --tag {tag}"
+        params: {tag: "a b"}
+        grid:
+          lr: [0.1, 0.01]
+          bs: [128]
+        seeds: [3, 7]
+    """)
+    sweep = load_sweep(p)
+    ids = [r.run_id for r in sweep.runs]
+    assert ids == ["lr=0.1,bs=128,seed=3", "lr=0.1,bs=128,seed=7", "lr=0.01,bs=128,seed=3", "lr=0.01,bs=128,seed=7"]
+    assert [r.run_id for r in load_sweep(p).runs] == ids  # stable across loads
+    first = sweep.runs[0]
+    assert first.command == "train --lr 0.1 --bs 128 --seed 3 --tag 'a b'"
+    assert first.params == {"tag": "a b", "lr": 0.1, "bs": 128, "seed": 3}
+    assert sweep.store_url.endswith("orch-home/store") or sweep.store_url.endswith(".orch/store") or sweep.store_url
+
+
+def test_defaults_single_run(tmp_path):
+    sweep = load_sweep(write(tmp_path, "name: one\n"))
+    assert [r.run_id for r in sweep.runs] == ["run"]
+    assert "-m trainer" in sweep.runs[0].command
+    assert sweep.spec.max_parallel == 2 and sweep.spec.max_restarts == 1
+
+
+def test_store_relative_to_sweep_file(tmp_path):
+    (tmp_path / "sub").mkdir()
+    sweep = load_sweep(write(tmp_path, "name: x\nstore: ../out\n", name="sub/s.yaml"))
+    assert sweep.store_url == str((tmp_path / "out").resolve())
+
+
+def test_seed_count(tmp_path):
+    sweep = load_sweep(write(tmp_path, "name: x\nseeds: 3\ncommand: echo {seed}\n"))
+    assert [r.run_id for r in sweep.runs] == ["seed=0", "seed=1", "seed=2"]
+    assert [r.command for r in sweep.runs] == ["echo 0", "echo 1", "echo 2"]
+
+
+def test_literal_braces(tmp_path):
+    sweep = load_sweep(write(tmp_path, "name: x\ncommand: \"echo {{x}} {run_id}\"\n"))
+    assert sweep.runs[0].command == "echo {x} run"
+
+
+# Each case: YAML text, the line the error must name, a fragment naming the field.
+BAD = {
+    "invalid_yaml": ("name: x\ngrid: [1, 2\n", 3, "invalid YAML"),
+    "unknown_field": ("name: x\nmax_paralel: 2\n", 2, "max_paralel"),
+    "wrong_type": ("name: x\nmax_parallel: many\n", 2, "max_parallel"),
+    "empty_grid_axis": ("name: x\ncommand: echo {lr}\ngrid:\n  lr: []\n", 4, "grid.lr"),
+    "empty_grid": ("name: x\ngrid: {}\n", 2, "grid"),
+    "grid_clashes_params": ("name: x\ncommand: echo {lr}\nparams:\n  lr: 1\ngrid:\n  lr: [1, 2]\n", 6, "grid.lr"),
+    "duplicate_run_ids": ("name: x\ncommand: echo {t}\ngrid:\n  t: ['a b', 'a_b']\n", 3, "grid"),
+    "negative_max_parallel": ("name: x\nmax_parallel: -1\n", 2, "max_parallel"),
+    "unknown_backend": ("name: x\nbackend: gcp\n", 2, "backend"),
+    "placeholder_without_param": ("name: x\ncommand: train --lr {lr}\n", 2, "command"),
+    "missing_name": ("command: echo hi\n", 1, "name"),
+    "bad_name": ("name: 'my sweep!'\n", 1, "name"),
+    "duplicate_yaml_key": ("name: x\nseeds: 2\nseeds: 3\n", 3, "duplicate key"),
+    "not_a_mapping": ("- name: x\n", 1, "mapping"),
+    "empty_file": ("", 1, "mapping"),
+    "reserved_seed_in_grid": ("name: x\ngrid:\n  seed: [1, 2]\n", 3, "grid.seed"),
+    "zero_seeds": ("name: x\nseeds: 0\n", 2, "seeds"),
+    "repeated_grid_value": ("name: x\ncommand: echo {a}\ngrid:\n  a: [1, 1]\n", 4, "grid.a"),
+    "negative_timeout": ("name: x\ntimeout_minutes: -5\n", 2, "timeout_minutes"),
+    "unknown_local_field": ("name: x\nlocal:\n  slots: 4\n", 3, "local.slots"),
+    "nested_grid_value": ("name: x\ngrid:\n  a: [{b: 1}]\n", 3, "grid.a"),
+    "positional_placeholder": ("name: x\ncommand: echo {}\n", 2, "command"),
+    "aws_backend_not_yet": ("name: x\nbackend: aws\n", 2, "backend"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_sweep_direct(tmp_path, case):
+    text, line, field = BAD[case]
+    p = write(tmp_path, text)
+    with pytest.raises(SpecError) as info:
+        load_sweep(p)
+    msg = str(info.value)
+    assert f"{p}:{line}:" in msg, msg
+    assert field in msg, msg
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(SpecError, match="not found"):
+        load_sweep(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_sweep_cli_exits_2_without_traceback_and_launches_nothing(orch, case):
+    text, line, field = BAD[case]
+    path = orch.sweep(text)
+    r = orch("launch", str(path))
+    assert r.code == 2, (r.out, r.err)
+    assert "Traceback" not in r.err + r.out
+    assert f"{path}:{line}:" in r.err and field in r.err, r.err
+    assert not (orch.home / "store").exists()
+    assert orch.tmux("list-sessions").returncode != 0  # no tmux server was even started
+
+
+def test_missing_file_cli(orch):
+    r = orch("launch", str(orch.tmp / "missing.yaml"))
+    assert r.code == 2 and "not found" in r.err and "Traceback" not in r.err
+
+
+def test_expand_is_deterministic(tmp_path):
+    sweep = load_sweep(write(tmp_path, "name: x\ncommand: echo {a} {b}\ngrid:\n  b: [2, 1]\n  a: [x, y]\n"))
+    assert [r.run_id for r in expand(sweep.spec)] == ["b=2,a=x", "b=2,a=y", "b=1,a=x", "b=1,a=y"]
