@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# README command 2: set up (tmux, sshd, orch with trainer+dev extras) and run the whole test suite.
+# Extra arguments go to pytest, e.g. scripts/test.sh -k spec
+set -uo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh trainer,dev || exit 1
+export PATH="$PWD/.venv/bin:$PATH"
+.venv/bin/python -m pytest tests "$@"
+rc=$?
+if [ "$rc" -eq 5 ]; then
+  echo "test.sh: pytest collected no tests; that is a failure" >&2
+  exit 1
+fi
+exit "$rc"

@@ -1,0 +1,310 @@
+"""The bundled trainer on the CPU: models, data, schedules, DDP, exact resume, checkpoints, metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from orchestrator.wait import retry_until
+from trainer import checkpoint, data, models
+from trainer.schedule import one_cycle, parse_points, step_value
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Small but real: 16 steps per epoch of a narrow resnet9 at 16 px, fp32, one thread (bitwise reproducible).
+SMALL = ["--dataset", "synthetic", "--synthetic-train", "1024", "--image-size", "16", "--model", "resnet9",
+         "--width", "0.25", "--batch-size", "64", "--epochs", "3", "--precision", "fp32", "--threads", "1",
+         "--ckpt-every-s", "0", "--ckpt-every-epochs", "1", "--ckpt-keep", "10", "--seed", "5", "--lr", "0.2"]
+STEPS_PER_EPOCH = 16
+
+
+def trainer_env(**extra):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env.pop("ORCH_PARAMS_JSON", None)
+    env.pop("ORCH_RUN_DIR", None)
+    env.update(extra)
+    return env
+
+
+def run_trainer(args, timeout=300, **env):
+    p = subprocess.run([sys.executable, "-m", "trainer", *args], env=trainer_env(**env), capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p
+
+
+def metrics(out: Path):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def final_weights(out: Path):
+    return checkpoint.load(checkpoint.latest(out))["model"]
+
+
+def assert_same_weights(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+# --- pieces ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", models.MODELS)
+@pytest.mark.parametrize("size", [16, 24])
+def test_models_forward_backward(name, size):
+    torch.manual_seed(0)
+    model = models.build(name, 10, width=0.25, depth=10, widen=1)
+    x = torch.randn(4, 3, size, size)
+    if isinstance(model, models.AirBench):
+        model.init_whitening(x)
+    out = model(x)
+    assert out.shape == (4, 10)
+    F.cross_entropy(out, torch.tensor([0, 1, 2, 3])).backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert grads and all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+def test_one_cycle_and_sizes():
+    lrs = [one_cycle(t / 100, peak=1.0, warmup=0.25)[0] for t in range(101)]
+    moms = [one_cycle(t / 100, peak=1.0, warmup=0.25)[1] for t in range(101)]
+    assert lrs[0] == pytest.approx(0.04) and max(lrs) == pytest.approx(1.0) and lrs.index(max(lrs)) == 25
+    assert lrs[-1] < 0.01 and moms[0] == pytest.approx(0.95) and moms[25] == pytest.approx(0.85) and moms[-1] == pytest.approx(0.95)
+    pts = parse_points("24@0,32@0.5")
+    assert step_value(pts, 0.2) == 24 and step_value(pts, 0.5) == 32
+    with pytest.raises(ValueError):
+        parse_points("32@0.5")
+
+
+def test_augment_is_a_function_of_the_step():
+    x = torch.rand(8, 3, 16, 16)
+    a = data.augment(x, 2, True, data.step_generator(1, 7))
+    b = data.augment(x, 2, True, data.step_generator(1, 7))
+    c = data.augment(x, 2, True, data.step_generator(1, 8))
+    assert torch.equal(a, b) and not torch.equal(a, c) and a.shape == x.shape
+    assert torch.equal(data.epoch_order(100, 3, 2), data.epoch_order(100, 3, 2))
+
+
+def test_cifar10_loader_reads_the_real_format(tmp_path):
+    data.write_cifar10_like(str(tmp_path), n_train=500, n_test=100)
+    ds = data.load_cifar10(str(tmp_path), download=False)
+    assert ds.train.images.shape == (500, 3, 32, 32) and ds.train.images.dtype == torch.uint8
+    assert ds.test.labels.shape == (100,) and ds.test.labels.dtype == torch.int64
+    with pytest.raises(FileNotFoundError):
+        data.load_cifar10(str(tmp_path / "empty"), download=False)
+    out = tmp_path / "run"
+    run_trainer(["--dataset", "cifar10", "--data-dir", str(tmp_path), "--width", "0.125", "--batch-size", "100",
+                 "--epochs", "1", "--out", str(out), "--ckpt-every-epochs", "0"])
+    assert metrics(out)[-1]["step"] == 5
+
+
+# --- runs -----------------------------------------------------------------------------------------
+
+
+def test_metrics_and_summary_schema(tmp_path):
+    out = tmp_path / "run"
+    run_trainer([*SMALL, "--epochs", "2", "--out", str(out), "--sizes", "24@0,32@0.5"])
+    rows = metrics(out)
+    assert len(rows) == 2
+    for row in rows:
+        assert {"step", "epoch", "elapsed_s", "lr", "train_loss", "test_acc", "images_per_s", "image_size"} <= set(row)
+        assert 0 <= row["test_acc"] <= 1 and row["images_per_s"] > 0
+    assert [r["image_size"] for r in rows] == [24, 32]
+    summary = json.loads((out / "summary.json").read_text())
+    assert {"final_acc", "best_acc", "time_to_target_s", "train_time_s", "world_size", "device", "precision"} <= set(summary)
+    assert summary["precision"] == "fp32" and summary["world_size"] == 1 and summary["device"] == "cpu"
+    config = json.loads((out / "config.json").read_text())
+    assert config["sizes"] == "24@0,32@0.5" and config["code_sha256"]
+
+
+def test_config_precedence_and_errors(tmp_path):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("epochs: 5\nlr: 0.3\n")
+    env = trainer_env(ORCH_PARAMS_JSON=json.dumps({"lr": 0.7, "seed": 3, "preset": "digits"}))
+    p = subprocess.run([sys.executable, "-m", "trainer", "--config", str(cfg_file), "--seed", "9", "--print-config"],
+                       env=env, capture_output=True, text=True)
+    cfg = json.loads(p.stdout)
+    assert (cfg["preset"], cfg["dataset"], cfg["epochs"], cfg["lr"], cfg["seed"]) == ("digits", "digits", 5, 0.7, 9)
+    bad = subprocess.run([sys.executable, "-m", "trainer", "--print-config"], capture_output=True, text=True,
+                         env=trainer_env(ORCH_PARAMS_JSON='{"learning_rate": 1}'))
+    assert bad.returncode != 0 and "unknown option 'learning_rate'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_resume_after_sigusr1_then_sigkill_is_bitwise_identical(tmp_path):
+    ref, cut = tmp_path / "ref", tmp_path / "cut"
+    run_trainer([*SMALL, "--out", str(ref)])
+
+    proc = subprocess.Popen([sys.executable, "-m", "trainer", *SMALL, "--out", str(cut), "--log-every", "1"],
+                            env=trainer_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def step_now():
+            try:
+                return metrics(cut)[-1]["step"] if (cut / "metrics.jsonl").exists() else 0
+            except ValueError:
+                return 0
+
+        retry_until(lambda: step_now() >= STEPS_PER_EPOCH + 3, 120, 0.01, "training to pass into epoch 2")
+        at = step_now()
+        proc.send_signal(signal.SIGUSR1)
+
+        def new_checkpoint():
+            done = [int(p.name) for p in checkpoint.candidates(cut) if (p / checkpoint.MANIFEST).exists() and int(p.name) > at]
+            return min(done) if done else None
+
+        ckpt_step = retry_until(new_checkpoint, 60, 0.005, "the SIGUSR1 checkpoint")
+        proc.kill()  # SIGKILL right after the checkpoint
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert ckpt_step % STEPS_PER_EPOCH != 0, "the checkpoint should be mid-epoch"
+    assert not (cut / "summary.json").exists()
+
+    run_trainer([*SMALL, "--out", str(cut)])  # --resume auto
+    assert_same_weights(final_weights(ref), final_weights(cut))
+    r, c = metrics(ref)[-1], metrics(cut)[-1]
+    assert (r["step"], r["test_acc"], r["train_loss"]) == (c["step"], c["test_acc"], c["train_loss"])
+    assert json.loads((ref / "summary.json").read_text())["final_acc"] == json.loads((cut / "summary.json").read_text())["final_acc"]
+
+
+def test_sigterm_checkpoints_and_exits_then_resumes(tmp_path):
+    ref, cut = tmp_path / "ref", tmp_path / "cut"
+    run_trainer([*SMALL, "--epochs", "2", "--out", str(ref)])
+    proc = subprocess.Popen([sys.executable, "-m", "trainer", *SMALL, "--epochs", "2", "--out", str(cut), "--log-every", "1"],
+                            env=trainer_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    retry_until(lambda: (cut / "metrics.jsonl").exists() and len((cut / "metrics.jsonl").read_text().splitlines()) >= 5, 120, 0.01, "steps")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 143
+    assert checkpoint.latest(cut) is not None
+    run_trainer([*SMALL, "--epochs", "2", "--out", str(cut)])
+    assert_same_weights(final_weights(ref), final_weights(cut))
+
+
+def test_corrupted_or_incomplete_newest_checkpoint_is_skipped(tmp_path):
+    out = tmp_path / "run"
+    run_trainer([*SMALL, "--epochs", "2", "--out", str(out)])
+    newest, previous = checkpoint.candidates(out)[:2]
+    assert int(newest.name) == 2 * STEPS_PER_EPOCH
+    state = newest / "state.pt"
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])  # truncated upload
+    assert checkpoint.latest(out) == previous
+    ok, why = checkpoint.verify(newest)
+    assert not ok and "bytes" in why
+    # same size, flipped bytes: only the checksum can tell
+    prev_state = previous / "state.pt"
+    blob = bytearray(prev_state.read_bytes())
+    blob[-100] ^= 0xFF
+    (out / "ckpt" / "7").mkdir()
+    (out / "ckpt" / "7" / "state.pt").write_bytes(b"no manifest: never committed")
+    good = previous
+    assert checkpoint.latest(out) == good
+    prev_state.write_bytes(bytes(blob))
+    assert checkpoint.latest(out) is None
+    assert "checksum" in checkpoint.verify(previous)[1]
+
+
+def test_resume_skips_a_broken_checkpoint_and_still_matches(tmp_path):
+    ref, cut = tmp_path / "ref", tmp_path / "cut"
+    run_trainer([*SMALL, "--out", str(ref)])
+    run_trainer([*SMALL, "--out", str(cut)])
+    newest = checkpoint.candidates(cut)[0]
+    (newest / checkpoint.MANIFEST).unlink()  # as if the host died before the commit marker
+    (newest / "state.pt").write_bytes(b"garbage")
+    p = run_trainer([*SMALL, "--out", str(cut)])
+    assert "skipping checkpoint" in p.stderr and f"resumed from {cut}/ckpt/{2 * STEPS_PER_EPOCH}" in p.stderr
+    assert_same_weights(final_weights(ref), final_weights(cut))
+
+
+def test_digits_preset_reaches_97_percent(tmp_path):
+    out = tmp_path / "digits"
+    p = run_trainer(["--preset", "digits", "--out", str(out)], OMP_NUM_THREADS="2")
+    summary = json.loads((out / "summary.json").read_text())
+    print(f"\ndigits: final {summary['final_acc']:.4f} best {summary['best_acc']:.4f} in {summary['train_time_s']:.1f} s training")
+    assert summary["final_acc"] >= 0.97, p.stderr[-2000:]
+
+
+def test_bf16_autocast_runs_on_cpu(tmp_path):
+    out = tmp_path / "bf16"
+    run_trainer([*SMALL, "--epochs", "1", "--precision", "bf16", "--out", str(out)])
+    assert json.loads((out / "summary.json").read_text())["precision"] == "bf16"
+
+
+# --- DDP ------------------------------------------------------------------------------------------
+
+
+def _ddp_grads(rank, world, init, x, y, out):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = models.build("resnet9", 10, width=0.25).eval()  # BN on running stats: per-rank batch stats differ by design
+    net = DDP(model)
+    F.cross_entropy(net(x[rank::world]), y[rank::world]).backward()  # the trainer's sharding
+    if rank == 0:
+        torch.save({k: p.grad for k, p in model.named_parameters()}, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_ddp_gradient_equals_single_process_gradient(tmp_path):
+    import torch.multiprocessing as mp
+
+    torch.manual_seed(1)
+    x, y = torch.randn(8, 3, 16, 16), torch.randint(0, 10, (8,))
+    torch.manual_seed(0)
+    model = models.build("resnet9", 10, width=0.25).eval()
+    F.cross_entropy(model(x), y).backward()
+    single = {k: p.grad for k, p in model.named_parameters()}
+
+    ctx = mp.get_context("spawn")
+    init, out = f"file://{tmp_path}/rendezvous", tmp_path / "grads.pt"
+    procs = [ctx.Process(target=_ddp_grads, args=(r, 2, init, x, y, str(out))) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    got = torch.load(out)
+    for k in single:
+        assert torch.allclose(single[k], got[k], atol=1e-6, rtol=1e-5), k
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_process_torchrun_lands_in_the_same_band(tmp_path):
+    args = ["--preset", "digits", "--epochs", "8", "--ckpt-every-epochs", "0"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    run_trainer([*args, "--out", str(one)])
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                        "--master_port", str(_free_port()), "-m", "trainer", *args, "--out", str(two)],
+                       env=trainer_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (one, two))
+    assert s2["world_size"] == 2 and s1["world_size"] == 1
+    print(f"\n1 process: {s1['final_acc']:.4f}, 2 processes: {s2['final_acc']:.4f}")
+    assert s1["final_acc"] >= 0.95 and s2["final_acc"] >= 0.95
+    assert abs(s1["final_acc"] - s2["final_acc"]) <= 0.03
+    assert len(metrics(two)) == 8  # rank 0 alone writes metrics
+
+
+def test_bench_reports_throughput_and_ratio():
+    p = subprocess.run([sys.executable, "-m", "trainer.bench", "--preset", "fast", "--steps", "3", "--warmup", "1",
+                        "--batch-size", "32", "--width", "0.25", "--json"], env=trainer_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    r = json.loads(p.stdout)
+    assert r["images_per_s"] > 0 and r["baseline_images_per_s"] > 0 and r["gflops_per_image_fwd"] > 0
+    assert r["speedup_vs_baseline"] == pytest.approx(r["images_per_s"] / r["baseline_images_per_s"], rel=0.02)
