@@ -148,7 +148,7 @@ class Controller:
         view.state, view.attempt, view.elapsed, view.final = STARTING, status.attempt, 0.0, False
         return True
 
-    def run(self, on_progress: Callable[[Progress], None] = lambda p: None, interval: float = 0.25) -> Progress:
+    def run(self, on_progress: Callable[[Progress], None] = lambda p: None, interval: float = 0.1) -> Progress:
         """Pass after pass until every run is final."""
         last: List[Progress] = []
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from ..spec import Sweep
+from typing import TYPE_CHECKING
+
 from .base import Backend
 
+if TYPE_CHECKING:  # the agent imports this package on hosts; keep pydantic out of its start-up
+    from ..spec import Sweep
 
-def backend_for(sweep: Sweep) -> Backend:
+
+def backend_for(sweep: "Sweep") -> Backend:
     if sweep.spec.backend == "local":
         from .local import LocalBackend
 
