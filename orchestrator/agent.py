@@ -76,6 +76,8 @@ def last_metrics(path: Path) -> dict:
 
 class Agent:
     def __init__(self, task: RunTask, store: Optional[Store] = None):
+        task.run_dir, task.ctl_dir = (str(Path(p).expanduser()) for p in (task.run_dir, task.ctl_dir))  # "~/..." on hosts
+        task.env["ORCH_RUN_DIR"] = task.run_dir
         self.task = task
         self.store = store or open_store(task.store_url)
         self.run_dir = Path(task.run_dir)
@@ -126,7 +128,7 @@ class Agent:
 
         status = read_status(self.store, t.sweep, t.run_id)
         now = time.time()
-        status.state, status.attempt, status.host = RUNNING, t.attempt, t.host
+        status.state, status.attempt, status.host = RUNNING, t.attempt, t.host or "localhost"
         status.started_at, status.heartbeat, status.finished_at = now, now, None
         status.exit_code, status.reason, status.log_tail = None, "", ""
         write_status(self.store, t.sweep, status)
@@ -185,7 +187,18 @@ class Agent:
             status.state, status.failures = FAILED, status.failures + 1
             status.reason = f"exit code {code}" if code is not None else "command vanished without an exit code"
         write_status(self.store, t.sweep, status)
+        if t.terminate_on_exit:
+            self._terminate_host()
         return 0
+
+    def _terminate_host(self) -> None:
+        """The run is over and nothing else needs this machine: stop paying for it."""
+        from .ec2 import terminate_self
+
+        try:
+            log.info("run ended; terminating this instance %s", terminate_self())
+        except Exception as exc:  # the safety-net shutdown and `orch down` still catch it
+            log.error("could not terminate this instance: %s", exc)
 
 
 def main(argv=None) -> int:

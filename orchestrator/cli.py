@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -62,6 +63,15 @@ def resolve_run(arg: str) -> Tuple[object, str]:
     """RUN or SWEEP/RUN -> (sweep, run id), searching the sweeps launched from here."""
     from .state import State
 
+    if re.match(r"^i-[0-9a-f]{8,17}$", arg):  # an instance id, as users of the seed tooling type it
+        for rec in State().sweeps():
+            if rec.backend != "aws":
+                continue
+            sweep = load_sweep_arg(rec.name)
+            run_id = _parts(sweep)[0].run_of_instance(arg)
+            if run_id:
+                return sweep, run_id
+        raise NotFound(f"instance {arg} belongs to no running run of a sweep launched from here.")
     if "/" in arg:
         name, run_id = arg.split("/", 1)
         candidates = [load_sweep_arg(name)]
@@ -139,6 +149,7 @@ def launch(sweep_file: str, dry_run: bool, detach: bool):
     backend, store, state = _parts(sweep)
     lock = SweepLock(state.home, sweep.spec.name)
     lock.acquire()
+    backend.preflight()
     controller = Controller(sweep, backend, store, state)
     new = controller.prepare()
     con.print(f"{'launching' if new else 'continuing'} sweep [bold]{sweep.spec.name}[/]: {len(sweep.runs)} runs, "
@@ -320,9 +331,7 @@ def attach(run: str):
     """
     sweep, run_id = resolve_run(run)
     backend, _, _ = _parts(sweep)
-    argv = backend.attach_argv(run_id)
-    env = {k: v for k, v in os.environ.items() if k != "TMUX"}
-    os.execvpe(argv[0], argv, env)
+    sys.exit(backend.attach(run_id))
 
 
 @main.command()
@@ -439,6 +448,9 @@ def down(sweep: str):
         click.echo(f"stopped controller pid {pid}")
     stopped = stop_sweep(sw, backend, store)
     click.echo(f"stopped {len(stopped)} run(s): {', '.join(stopped)}" if stopped else f"nothing of sweep {sw.spec.name} is running.")
+    removed = backend.teardown()
+    if removed:
+        click.echo(f"removed {len(removed)} resource(s): {', '.join(removed)}")
 
 
 if __name__ == "__main__":

@@ -148,8 +148,9 @@ class Controller:
         view.state, view.attempt, view.elapsed, view.final = STARTING, status.attempt, 0.0, False
         return True
 
-    def run(self, on_progress: Callable[[Progress], None] = lambda p: None, interval: float = 0.1) -> Progress:
+    def run(self, on_progress: Callable[[Progress], None] = lambda p: None, interval: Optional[float] = None) -> Progress:
         """Pass after pass until every run is final."""
+        interval = interval or getattr(self.backend, "poll_s", 0.1)
         last: List[Progress] = []
 
         def one_pass() -> bool:

@@ -47,6 +47,45 @@ class LocalSection(Strict):
     )
 
 
+class SshSection(Strict):
+    """How the controller reaches instances over SSH."""
+
+    user: str = Field("ubuntu", description="Login user on the image.")
+    port: int = Field(22, ge=1, le=65535, description="sshd port.")
+    address: Literal["public_ip", "private_ip"] = Field("public_ip", description="Which instance address to dial.")
+    identity: str = Field(
+        "~/.ssh/id_ed25519", description="Private key file; its .pub goes into the instance's authorized keys."
+    )
+
+
+class AwsSection(Strict):
+    """Settings of the aws backend (`backend: aws`)."""
+
+    region: str = Field("us-east-1", description="AWS region.")
+    instance_types: List[str] = Field(
+        ["g5.xlarge", "g6.xlarge"], min_length=1, description="Acceptable instance types, best first."
+    )
+    subnet_ids: List[str] = Field(
+        default_factory=list, description="Subnets to launch into (one per AZ); default: the default VPC's."
+    )
+    image: str = Field(..., min_length=1, description="An AMI id (ami-...) or a name pattern resolved to the newest match.")
+    image_owner: str = Field("amazon", description="Owner of `image` when it is a name pattern.")
+    market: Literal["spot", "on-demand", "spot-then-on-demand"] = Field("spot", description="Capacity market.")
+    max_minutes: int = Field(240, ge=5, description="Safety net: every instance powers off (terminates) after this.")
+    security_group: Optional[str] = Field(None, description="Use this security group instead of creating one.")
+    ssh_cidr: Optional[str] = Field(
+        None, description="Who may reach port 22 (default: this machine's public address /32)."
+    )
+    instance_profile: Optional[str] = Field(
+        None, description="'create' for a profile limited to this sweep's S3 prefix, or an existing profile name."
+    )
+    python: str = Field("python3", description="Python interpreter on the instance.")
+    volume_gb: int = Field(100, ge=8, description="Root volume size (deleted with the instance).")
+    keep_alive: bool = Field(False, description="Keep an instance after its run ends (debugging); `orch down` removes it.")
+    boot_timeout_s: float = Field(600, gt=0, description="How long to wait for an instance's sshd.")
+    ssh: SshSection = Field(default_factory=SshSection, description="SSH settings.")
+
+
 class SweepSpec(Strict):
     """One sweep: a command run once per point of `grid` x `seeds`."""
 
@@ -76,7 +115,7 @@ class SweepSpec(Strict):
     )
     env: Dict[str, str] = Field(default_factory=dict, description="Extra environment variables for every run.")
     local: LocalSection = Field(default_factory=LocalSection, description="Local backend settings.")
-    aws: Optional[Dict[str, Any]] = Field(None, description="AWS backend settings (not available in this version).")
+    aws: Optional[AwsSection] = Field(None, description="AWS backend settings (required with backend: aws).")
 
 
 @dataclass(frozen=True)
@@ -240,8 +279,13 @@ def load_sweep(path: Union[str, Path]) -> Sweep:
         raise SpecError("\n".join(f"{path}:{_line_of(root, loc)}: {_dotted(loc)}: {msg}" for loc, msg in problems))
 
     store_url = resolve_store(spec.store, path.parent)
-    runs = expand(spec)
+    runs = expand(spec, python=host_python(spec))
     return Sweep(spec=spec, path=path.resolve(), store_url=store_url, runs=runs)
+
+
+def host_python(spec: SweepSpec) -> Optional[str]:
+    """The interpreter `{python}` means: the instance's on aws, this one's locally."""
+    return spec.aws.python if spec.backend == "aws" and spec.aws else None
 
 
 def orch_home() -> Path:
@@ -307,11 +351,14 @@ def _check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
     except ValueError as exc:
         out.append((("command",), f"{exc}; write {{{{ and }}}} for literal braces"))
     if spec.backend == "aws":
-        out.append((("backend",), "the aws backend is not available in this version yet (see issue #4); use `backend: local`"))
+        if spec.aws is None:
+            out.append((("backend",), "backend aws needs an `aws:` section (at least `image:`); see README"))
+        if not spec.store.startswith("s3://"):
+            out.append((("store",) if spec.store else ("backend",), "backend aws needs `store: s3://bucket/prefix`: instances sync results there"))
     if spec.aws is not None and spec.backend != "aws":
         out.append((("aws",), "an aws section with backend local; remove it or set `backend: aws`"))
-    if spec.store.startswith("s3://") and spec.backend == "local":
-        out.append((("store",), "an s3:// store needs the aws backend (not available yet); use a folder"))
+    if spec.store.startswith("s3://") and not re.match(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$", spec.store):
+        out.append((("store",), "not a valid s3://bucket/prefix URL (bucket names: lowercase letters, digits, '.', '-')"))
     if not out:
         ids = [r.run_id for r in expand(spec)]
         dup = sorted({i for i in ids if ids.count(i) > 1})
@@ -367,4 +414,4 @@ def sweep_from_record(record: Dict[str, Any], path: str) -> Sweep:
     resolved = record.get("spec", {})
     fields_ = {k: v for k, v in resolved.items() if k in SweepSpec.model_fields}
     spec = SweepSpec.model_validate(fields_)
-    return Sweep(spec=spec, path=Path(path), store_url=resolved.get("store", spec.store), runs=expand(spec))
+    return Sweep(spec=spec, path=Path(path), store_url=resolved.get("store", spec.store), runs=expand(spec, python=host_python(spec)))

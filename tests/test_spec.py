@@ -84,7 +84,10 @@ BAD = {
     "unknown_local_field": ("name: x\nlocal:\n  slots: 4\n", 3, "local.slots"),
     "nested_grid_value": ("name: x\ngrid:\n  a: [{b: 1}]\n", 3, "grid.a"),
     "positional_placeholder": ("name: x\ncommand: echo {}\n", 2, "command"),
-    "aws_backend_not_yet": ("name: x\nbackend: aws\n", 2, "backend"),
+    "aws_backend_without_section": ("name: x\nbackend: aws\n", 2, "backend"),
+    "aws_backend_local_store": ("name: x\nbackend: aws\nstore: out\naws:\n  image: ami-1\n", 3, "store"),
+    "bad_s3_url": ("name: x\nstore: s3://Bad_Bucket\n", 2, "store"),
+    "aws_unknown_market": ("name: x\nbackend: aws\nstore: s3://b/p\naws:\n  image: ami-1\n  market: cheap\n", 6, "aws.market"),
 }
 
 

@@ -15,6 +15,6 @@ def backend_for(sweep: "Sweep") -> Backend:
         from .local import LocalBackend
 
         return LocalBackend(sweep)
-    from ..errors import OrchError
+    from .aws import AwsBackend
 
-    raise OrchError(f"backend {sweep.spec.backend!r} is not available in this version; use `backend: local`.")
+    return AwsBackend(sweep)

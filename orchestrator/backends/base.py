@@ -25,6 +25,7 @@ class RunTask:
     heartbeat_s: float = 2.0  # status.json heartbeat period
     sync_s: float = 5.0  # run folder -> store period
     host: str = "localhost"  # shown in status
+    terminate_on_exit: bool = False  # aws: the agent terminates its own instance when the attempt ends
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -62,5 +63,11 @@ class Backend(Protocol):
     def stop(self, run_id: str, reason: str) -> bool:
         """Ask the run's agent to stop its command, record `reason` as the state, and wait; False if none ran."""
 
-    def attach_argv(self, run_id: str) -> List[str]:
-        """argv of an interactive terminal in the run's tmux session."""
+    def attach(self, run_id: str) -> int:
+        """Give this terminal to the run's tmux window (exec or bridge); returns an exit code."""
+
+    def preflight(self) -> None:
+        """Fail early, with the next step, on what would make every start fail."""
+
+    def teardown(self) -> List[str]:
+        """Remove the sweep's per-sweep resources (after its runs stopped); returns what went."""

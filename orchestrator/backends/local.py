@@ -109,11 +109,19 @@ class LocalBackend:
             tmux.kill_session(session)
         return True
 
-    def attach_argv(self, run_id: str) -> List[str]:
+    def attach(self, run_id: str) -> int:
         session = self.session(run_id)
         if not tmux.has_session(session):
             raise OrchError(f"run {run_id} is not running (no tmux session {session}). See its log with `orch logs {run_id}`.")
-        return tmux.attach_argv(session, "run")
+        argv = tmux.attach_argv(session, "run")
+        os.execvpe(argv[0], argv, {k: v for k, v in os.environ.items() if k != "TMUX"})  # TMUX set: we may be inside tmux
+        return 0
+
+    def preflight(self) -> None:
+        """Nothing to check beyond tmux, which the first tmux call checks."""
+
+    def teardown(self) -> List[str]:
+        return []
 
 
 def _package_root() -> str:

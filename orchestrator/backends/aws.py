@@ -1,0 +1,252 @@
+"""The aws backend: each attempt of a run gets its own EC2 (spot) instance.
+
+start() returns at once; a worker thread acquires the instance (CreateFleet), waits for its sshd,
+checks its pinned host key, uploads the code bundle once and starts the agent in tmux. The
+instance is tagged with its run from birth, so list() — one DescribeInstances per pass — counts it
+as the run's host while it boots, and a controller started again after a crash adopts it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import yaml
+
+from .. import bundle as code_bundle
+from .. import ec2 as api
+from ..errors import OrchError
+from ..spec import Sweep, orch_home, session_safe
+from ..ssh import Target, attach_argv, connect, interactive, known_hosts_file, new_host_key, public_key_of
+from ..status import FAILED, QUEUED, read_status, write_status
+from ..store import open_store
+from .base import Host, RunTask
+
+log = logging.getLogger("orch.aws")
+STOP_WAIT_S = 30.0
+
+
+def cloud_config(host_private: str, host_public: str, user_public: str, max_minutes: int) -> str:
+    """User data: the pinned host key, the user's key, and the safety-net shutdown."""
+    doc = {
+        "ssh_deletekeys": True,
+        "ssh_keys": {"ed25519_private": host_private, "ed25519_public": host_public},
+        "ssh_authorized_keys": [user_public],
+        "runcmd": [["shutdown", "-h", f"+{max_minutes}"]],
+    }
+    return "#cloud-config\n" + yaml.safe_dump(doc, sort_keys=False)
+
+
+class AwsBackend:
+    name = "aws"
+    poll_s = 2.0
+
+    def __init__(self, sweep: Sweep):
+        self.sweep = sweep
+        self.cfg = sweep.spec.aws
+        self.name_ = sweep.spec.name
+        self.ec2 = api.client("ec2", self.cfg.region)
+        self.blocklist = api.Blocklist()
+        self.pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="orch-provision")
+        self.fatal: Optional[OrchError] = None
+        self.pending: Dict[str, float] = {}  # run -> when its provisioning began (before the instance shows up)
+        self.lock = threading.Lock()
+        self._setup: Optional[dict] = None
+
+    # --- per-sweep resources ---------------------------------------------------------------------
+
+    def bootstrap(self) -> dict:
+        """Subnets, image, security group, instance profile and launch template (created once)."""
+        if self._setup is None:
+            from botocore.exceptions import BotoCoreError, ClientError
+
+            cfg, sweep = self.cfg, self.name_
+            try:
+                subnets = api.resolve_subnets(self.ec2, cfg.subnet_ids, cfg.region)
+                image = api.resolve_image(self.ec2, cfg.image, cfg.image_owner, cfg.region)
+                sg = cfg.security_group or api.ensure_security_group(self.ec2, sweep, subnets[0]["VpcId"], cfg.ssh_cidr or api.caller_cidr())
+                profile = cfg.instance_profile
+                if profile == "create":
+                    bucket, _, prefix = self.sweep.store_url[len("s3://"):].partition("/")
+                    profile = api.ensure_instance_profile(api.client("iam", cfg.region), sweep, bucket, prefix.strip("/"))
+                template = api.ensure_launch_template(self.ec2, sweep, image, sg, cfg.volume_gb, profile)
+            except (ClientError, BotoCoreError) as exc:
+                raise api.explain(exc, "preparing the sweep's AWS resources") from None
+            choices = [api.Choice(t, s["SubnetId"], s["AvailabilityZone"]) for t in cfg.instance_types for s in subnets]
+            self._setup = {"template": template, "choices": choices, "image": image, "sg": sg}
+        return self._setup
+
+    def preflight(self) -> None:
+        """Everything that can fail before a launch: credentials, bucket, AMI, subnets."""
+        store = open_store(self.sweep.store_url)
+        store.check()
+        public_key_of(self.cfg.ssh.identity)
+        self.bootstrap()
+
+    # --- the Backend interface ------------------------------------------------------------------
+
+    def list(self) -> List[Host]:
+        if self.fatal is not None:
+            raise self.fatal
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            instances = api.sweep_instances(self.ec2, self.name_, ["pending", "running"])
+        except (ClientError, BotoCoreError) as exc:
+            raise api.explain(exc, "listing the sweep's instances") from None
+        hosts = [Host(run_id=i["run"], host_id=i["instance_id"], address=self._address(i)) for i in instances if i["run"]]
+        seen = {h.run_id for h in hosts}
+        with self.lock:
+            hosts += [Host(run_id=r, host_id="(acquiring)", address="") for r in self.pending if r not in seen]
+        return hosts
+
+    def new_task(self, run_id: str, attempt: int, command: str, params_json: str) -> RunTask:
+        spec = self.sweep.spec
+        root = f"~/orch/runs/{spec.name}/{run_id}"
+        env = dict(spec.env)
+        env.update(ORCH_SWEEP=spec.name, ORCH_RUN_ID=run_id, ORCH_ATTEMPT=str(attempt), ORCH_RUN_DIR=f"{root}/run",
+                   ORCH_PARAMS_JSON=params_json, PYTHONUNBUFFERED="1")
+        return RunTask(sweep=spec.name, run_id=run_id, attempt=attempt, command=command, store_url=self.sweep.store_url,
+                       run_dir=f"{root}/run", ctl_dir=f"{root}/ctl", session=f"orch_{spec.name}_{session_safe(run_id)}",
+                       env=env, timeout_s=spec.timeout_minutes * 60 if spec.timeout_minutes else None,
+                       heartbeat_s=10.0, sync_s=30.0, host="", terminate_on_exit=not self.cfg.keep_alive)
+
+    def start(self, task: RunTask) -> Host:
+        with self.lock:
+            if task.run_id in self.pending:
+                raise OrchError(f"run {task.run_id} is already being provisioned")
+            self.pending[task.run_id] = time.time()
+        self.pool.submit(self._provision, task)
+        return Host(run_id=task.run_id, host_id="(acquiring)", address="")
+
+    def stop(self, run_id: str, reason: str) -> bool:
+        inst = self._instance_of(run_id)
+        if inst is None:
+            return False
+        try:
+            conn = connect(self._target(inst), timeout=20)
+            ctl = f"~/orch/runs/{self.name_}/{run_id}/ctl".replace("~/", "$HOME/")
+            conn.run(f'echo {shlex.quote(reason)} > "{ctl}/stop-reason"; kill -TERM "$(cat "{ctl}/agent.pid")"')
+            conn.run(f"for i in $(seq {int(STOP_WAIT_S)}); do tmux -L orch has-session -t ={task_session(self.name_, run_id)} 2>/dev/null || exit 0; sleep 1; done")
+            conn.close()
+        except OrchError as exc:
+            log.warning("could not stop %s gracefully: %s", run_id, exc)
+        api.terminate(self.ec2, [inst["instance_id"]])
+        return True
+
+    def attach(self, run_id: str) -> int:
+        """An interactive terminal in the run's tmux window: system ssh when there is one, paramiko otherwise."""
+        import shutil
+
+        inst = self._instance_of(run_id)
+        if inst is None:
+            raise OrchError(f"run {run_id} has no running instance. See its log with `orch logs {run_id}`.")
+        target = self._target(inst)
+        remote = f"tmux -L orch attach-session -t '={task_session(self.name_, inst['run'])}:run'"
+        if shutil.which("ssh") is None:
+            return interactive(target, remote)
+        argv = attach_argv(target, remote, known_hosts_file(target, orch_home() / "known_hosts"))
+        os.execvp(argv[0], argv)
+        return 0
+
+    def teardown(self) -> List[str]:
+        return api.teardown(self.ec2, api.client("iam", self.cfg.region), self.name_)
+
+    # --- provisioning (worker threads) ----------------------------------------------------------
+
+    def _provision(self, task: RunTask) -> None:
+        instance_id = None
+        try:
+            setup = self.bootstrap()
+            host_private, host_public = new_host_key()
+            user_data = cloud_config(host_private, host_public, public_key_of(self.cfg.ssh.identity), self.cfg.max_minutes)
+            tags = api.sweep_tags(self.name_, run=task.run_id, attempt=str(task.attempt), hostkey=host_public) + [
+                {"Key": "Name", "Value": f"orch {self.name_} {task.run_id} #{task.attempt}"}]
+            markets = {"spot": ["spot"], "on-demand": ["on-demand"], "spot-then-on-demand": ["spot", "on-demand"]}[self.cfg.market]
+            got = api.acquire(self.ec2, setup["template"], user_data, setup["choices"], markets, tags, self.blocklist)
+            instance_id = got.instance_id
+            log.info("%s: %s %s in %s (%s)", task.run_id, got.instance_id, got.instance_type, got.az, got.market)
+            from ..wait import retry_until
+
+            info = retry_until(lambda: (lambda d: d if d["state"] == "running" and self._address(d) else None)(api.describe(self.ec2, instance_id)),
+                               self.cfg.boot_timeout_s, 1.0, f"{instance_id} to run")
+            target = Target(self._address(info), self.cfg.ssh.port, self.cfg.ssh.user, self.cfg.ssh.identity, host_public)
+            conn = connect(target, timeout=self.cfg.boot_timeout_s, interval=1.0)
+            try:
+                self._start_agent(conn, task, instance_id)
+            finally:
+                conn.close()
+        except api.CapacityUnavailable as exc:
+            self._requeue(task, str(exc))
+        except api.AwsFatal as exc:
+            self.fatal = exc  # fail fast: the controller's next pass raises it
+            self._requeue(task, str(exc))
+        except OrchError as exc:  # host key mismatch, sshd never came up, remote command failed
+            self._fail(task, str(exc), instance_id)
+        except Exception as exc:  # a bug or an unexpected API answer: record it on the run, keep the sweep going
+            log.exception("provisioning %s failed", task.run_id)
+            self._fail(task, f"provisioning failed: {type(exc).__name__}: {exc}", instance_id)
+        finally:
+            with self.lock:
+                self.pending.pop(task.run_id, None)
+
+    def _start_agent(self, conn, task: RunTask, instance_id: str) -> None:
+        b = code_bundle.build()
+        if conn.run(f'test -f "{b.remote_dir.replace("~/", "$HOME/")}/.complete"').code != 0:
+            conn.check(code_bundle.install_command(b), stdin=b.data)
+        task.host = instance_id
+        ctl = task.ctl_dir
+        task_path = f"{ctl}/task-{task.attempt}.json"
+        conn.put_bytes(json.dumps(task.__dict__, indent=2).encode(), task_path)
+        py = self.cfg.python
+        home_path = lambda p: p.replace("~/", "$HOME/")  # noqa: E731
+        agent = (f'PYTHONPATH="{home_path(b.remote_dir)}" {shlex.quote(py)} -m orchestrator.agent "{home_path(task_path)}" '
+                 f'2>&1 | tee -a "{home_path(ctl)}/agent.log"')
+        conn.check(f'cd "$HOME" && tmux -L orch new-session -d -s {shlex.quote(task.session)} -n agent -x 200 -y 50 {shlex.quote(agent)}')
+
+    def _requeue(self, task: RunTask, reason: str) -> None:
+        store = open_store(self.sweep.store_url)
+        status = read_status(store, self.name_, task.run_id)
+        status.state, status.reason, status.attempt = QUEUED, reason, task.attempt - 1
+        write_status(store, self.name_, status)
+
+    def _fail(self, task: RunTask, reason: str, instance_id: Optional[str]) -> None:
+        log.warning("%s: %s", task.run_id, reason)
+        if instance_id:
+            api.terminate(self.ec2, [instance_id])
+        store = open_store(self.sweep.store_url)
+        status = read_status(store, self.name_, task.run_id)
+        status.state, status.reason, status.failures = FAILED, reason, status.failures + 1
+        status.finished_at = time.time()
+        write_status(store, self.name_, status)
+
+    # --- helpers ----------------------------------------------------------------------------------
+
+    def _address(self, inst: dict) -> str:
+        return inst.get("private_ip" if self.cfg.ssh.address == "private_ip" else "public_ip") or ""
+
+    def _instance_of(self, run_id: str) -> Optional[dict]:
+        for inst in api.sweep_instances(self.ec2, self.name_, ["pending", "running"]):
+            if inst["run"] == run_id or inst["instance_id"] == run_id:
+                return inst
+        return None
+
+    def _target(self, inst: dict) -> Target:
+        if not inst.get("host_key"):
+            raise OrchError(f"{inst['instance_id']} carries no pinned host key (tag orch:hostkey); refusing to connect.")
+        return Target(self._address(inst), self.cfg.ssh.port, self.cfg.ssh.user, self.cfg.ssh.identity, inst["host_key"])
+
+    def run_of_instance(self, instance_id: str) -> Optional[str]:
+        inst = self._instance_of(instance_id)
+        return inst["run"] if inst else None
+
+
+def task_session(sweep: str, run_id: str) -> str:
+    return f"orch_{sweep}_{session_safe(run_id)}"
