@@ -141,6 +141,16 @@ def launch(sweep_file: str, dry_run: bool, detach: bool):
                   f"max_parallel {sweep.spec.max_parallel}, store {sweep.store_url}")
         for run in sweep.runs:
             con.print(f"  {run.run_id}: {run.command}", markup=False)
+        if sweep.spec.backend == "aws":
+            from .backends import backend_for
+
+            plan = backend_for(sweep).plan()
+            for row in plan["choices"]:
+                price = f"${row['spot_usd_per_h']:.4f}/h" if row["spot_usd_per_h"] is not None else "no spot price"
+                con.print(f"  choice {row['type']} in {row['az']}: {price}", markup=False)
+            est = plan["estimate_usd_max"]
+            con.print(f"estimated cost at most ${est:.2f} ({plan['runs']} runs x {plan['hours_per_run_max']:.1f} h at the cheapest spot price; "
+                      "runs that end sooner cost less)" if est is not None else "estimated cost unknown: no spot price history", markup=False)
         con.print("dry run: nothing launched.")
         return
     from .controller import Controller

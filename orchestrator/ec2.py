@@ -257,7 +257,12 @@ def _fleet(ec2, template_id: str, version: str, choices: List[Choice], market: s
     )
 
 
-def acquire(ec2, template_id: str, user_data: str, choices: List[Choice], markets: List[str], tags: List[dict],
+def template_data(ec2, template_id: str) -> dict:
+    """The base launch template data (version 1), which each per-instance version repeats with its user data."""
+    return ec2.describe_launch_template_versions(LaunchTemplateId=template_id, Versions=["1"])["LaunchTemplateVersions"][0]["LaunchTemplateData"]
+
+
+def acquire(ec2, template_id: str, base: dict, user_data: str, choices: List[Choice], markets: List[str], tags: List[dict],
             blocklist: Blocklist) -> Acquired:
     """One instance from the first market and (type, subnet) that has capacity.
 
@@ -270,8 +275,8 @@ def acquire(ec2, template_id: str, user_data: str, choices: List[Choice], market
         raise CapacityUnavailable(f"no capacity for {', '.join(sorted({c.instance_type for c in choices}))} right now (all choices cooling down); will retry")
     try:
         version = str(ec2.create_launch_template_version(
-            LaunchTemplateId=template_id, SourceVersion="1",
-            LaunchTemplateData={"UserData": base64.b64encode(user_data.encode()).decode()},
+            LaunchTemplateId=template_id,
+            LaunchTemplateData={**base, "UserData": base64.b64encode(user_data.encode()).decode()},
         )["LaunchTemplateVersion"]["VersionNumber"])
     except ClientError as exc:
         raise explain(exc, "creating a launch template version") from None

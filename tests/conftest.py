@@ -152,3 +152,28 @@ def job(tmp_path):
 def starts(marks: Path) -> list:
     f = marks / "starts.log"
     return [line.split(" ", 2)[:2] for line in f.read_text().splitlines()] if f.exists() else []
+
+
+@pytest.fixture
+def identity(tmp_path) -> Path:
+    """An ed25519 key pair for SSH to fake hosts (private key file; its .pub beside it)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    path = tmp_path / "id_ed25519"
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()))
+    path.chmod(0o600)
+    pub = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+    path.with_name("id_ed25519.pub").write_text(pub + " orch-test\n")
+    return path
+
+
+@pytest.fixture
+def cloud(tmp_path, orch):
+    """A fake cloud (moto + loopback hosts); the orch fixture's CLI is pointed at it."""
+    from tests.fakecloud import FakeCloud
+
+    with FakeCloud(tmp_path / "cloud") as c:
+        orch.env.update(c.env())
+        yield c

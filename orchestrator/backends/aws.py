@@ -80,7 +80,7 @@ class AwsBackend:
             except (ClientError, BotoCoreError) as exc:
                 raise api.explain(exc, "preparing the sweep's AWS resources") from None
             choices = [api.Choice(t, s["SubnetId"], s["AvailabilityZone"]) for t in cfg.instance_types for s in subnets]
-            self._setup = {"template": template, "choices": choices, "image": image, "sg": sg}
+            self._setup = {"template": template, "base": api.template_data(self.ec2, template), "choices": choices, "image": image, "sg": sg}
         return self._setup
 
     def preflight(self) -> None:
@@ -89,6 +89,23 @@ class AwsBackend:
         store.check()
         public_key_of(self.cfg.ssh.identity)
         self.bootstrap()
+
+    def plan(self) -> dict:
+        """What a launch would ask for: (type, AZ) choices with their current spot price, and a cost bound."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            subnets = api.resolve_subnets(self.ec2, self.cfg.subnet_ids, self.cfg.region)
+            azs = sorted({s["AvailabilityZone"] for s in subnets})
+            prices = api.spot_prices(self.ec2, self.cfg.instance_types, azs)
+        except (ClientError, BotoCoreError) as exc:
+            raise api.explain(exc, "reading spot prices") from None
+        rows = [{"type": t, "az": az, "spot_usd_per_h": prices.get((t, az))} for t in self.cfg.instance_types for az in azs]
+        known = [r["spot_usd_per_h"] for r in rows if r["spot_usd_per_h"] is not None]
+        hours = (self.sweep.spec.timeout_minutes or self.cfg.max_minutes) / 60
+        cheapest = min(known) if known else None
+        return {"choices": rows, "runs": len(self.sweep.runs), "hours_per_run_max": hours,
+                "estimate_usd_max": round(cheapest * hours * len(self.sweep.runs), 2) if cheapest is not None else None}
 
     # --- the Backend interface ------------------------------------------------------------------
 
@@ -170,7 +187,7 @@ class AwsBackend:
             tags = api.sweep_tags(self.name_, run=task.run_id, attempt=str(task.attempt), hostkey=host_public) + [
                 {"Key": "Name", "Value": f"orch {self.name_} {task.run_id} #{task.attempt}"}]
             markets = {"spot": ["spot"], "on-demand": ["on-demand"], "spot-then-on-demand": ["spot", "on-demand"]}[self.cfg.market]
-            got = api.acquire(self.ec2, setup["template"], user_data, setup["choices"], markets, tags, self.blocklist)
+            got = api.acquire(self.ec2, setup["template"], setup["base"], user_data, setup["choices"], markets, tags, self.blocklist)
             instance_id = got.instance_id
             log.info("%s: %s %s in %s (%s)", task.run_id, got.instance_id, got.instance_type, got.az, got.market)
             from ..wait import retry_until

@@ -1,0 +1,132 @@
+"""The aws backend end to end through the CLI, on the fake cloud (moto + sshd hosts on loopback)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import uuid
+
+import pytest
+
+from orchestrator.wait import retry_until
+from tests.conftest import starts
+from tests.fakecloud import BUCKET
+
+pytestmark = pytest.mark.slow
+
+TRAIN = ("{python} -m trainer --dataset synthetic --synthetic-train 256 --image-size 16 --width 0.125 "
+         "--batch-size 64 --epochs 2 --lr {lr} --ckpt-every-epochs 1 --threads 1")
+
+
+def status(orch, sweep):
+    r = orch("status", sweep, "--json")
+    if "no sweep named" in r.err:
+        return {}
+    assert r.code == 0, r.err
+    return {run["run_id"]: run for run in json.loads(r.out)["runs"]}
+
+
+def s3_objects(cloud, prefix):
+    s3 = cloud.client("s3")
+    keys = [o["Key"] for p in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix) for o in p.get("Contents", [])]
+    return {k: s3.get_object(Bucket=BUCKET, Key=k)["Body"].read() for k in keys}
+
+
+def test_sweep_runs_on_fake_spot_instances_and_leaves_nothing(orch, cloud, identity):
+    path = orch.sweep(cloud.sweep_yaml("fc", identity, TRAIN, extra="grid:\n  lr: [0.05, 0.1, 0.2]\nmax_parallel: 2\nmax_restarts: 0"))
+    dry = orch("launch", str(path), "--dry-run")
+    assert dry.code == 0 and "g5.xlarge" in dry.out and "estimated" in dry.out, dry.out + dry.err
+    r = orch("launch", str(path), timeout=600)
+    assert r.code == 0, r.out[-3000:] + r.err[-3000:]
+    final = status(orch, "fc")
+    assert sorted(final) == ["lr=0.05", "lr=0.1", "lr=0.2"]
+    assert all(v["state"] == "succeeded" and v["attempt"] == 1 for v in final.values())
+
+    objects = s3_objects(cloud, "sweeps/fc/")
+    for run in final:
+        base = f"sweeps/fc/{run}/"
+        assert base + "metrics.jsonl" in objects and base + "logs/1.log" in objects and base + "status.json" in objects
+        manifests = [k for k in objects if k.startswith(base + "ckpt/") and k.endswith("MANIFEST.json")]
+        assert manifests, f"no checkpoint of {run} in S3"
+        for m in manifests:  # every manifested checkpoint verifies against what S3 holds
+            folder = m.rsplit("/", 1)[0]
+            for name, meta in json.loads(objects[m])["files"].items():
+                blob = objects[f"{folder}/{name}"]
+                assert len(blob) == meta["size"] and hashlib.sha256(blob).hexdigest() == meta["sha256"]
+
+    # every instance ended (the agents terminated their own hosts), after recording the safety net
+    assert cloud.instances("fc") == []
+    assert len(cloud.gone) == 3
+    assert all(h.runcmd == [["shutdown", "-h", "+60"]] for h in cloud.gone.values())
+
+    col = orch("collect", "fc", "--out", str(orch.tmp / "res"))
+    assert col.code == 0 and "lr=0.2" in col.out, col.err
+    assert (orch.tmp / "res" / "curves.png").exists()
+
+    d = orch("down", "fc")
+    assert d.code == 0, d.err
+    assert cloud.leftovers("fc") == {"instances": [], "security_groups": [], "launch_templates": [], "instance_profiles": []}
+    assert orch("down", "fc").code == 0
+
+
+def test_attach_shows_the_live_run_over_ssh(orch, cloud, identity, job):
+    path = orch.sweep(cloud.sweep_yaml("fcattach", identity, job(steps=2, release=True), extra="max_restarts: 0"))
+    assert orch("launch", str(path), "--detach").code == 0
+    retry_until(lambda: status(orch, "fcattach").get("run", {}).get("state") == "running", 120, 0.5, "the run to start on its instance")
+    outer = f"outer-{uuid.uuid4().hex[:6]}"
+    try:
+        subprocess.run(["tmux", "-L", outer, "new-session", "-d", "-s", "t", "-x", "160", "-y", "40", " ".join(orch.argv("attach", "run"))],
+                       env=orch.env, check=True)
+
+        def screen():
+            return subprocess.run(["tmux", "-L", outer, "capture-pane", "-p", "-t", "t"], capture_output=True, text=True).stdout
+
+        retry_until(lambda: "tick" in screen(), 30, 0.3, "the trainer's output through ssh + tmux")
+        # orch attach also takes the instance id, as users of the seed tooling expect
+        iid = cloud.instances("fcattach")[0]["id"]
+        subprocess.run(["tmux", "-L", outer, "new-window", "-t", "t", " ".join(orch.argv("attach", iid))], env=orch.env, check=True)
+        retry_until(lambda: "tick" in subprocess.run(["tmux", "-L", outer, "capture-pane", "-p", "-t", "t:1"], capture_output=True, text=True).stdout,
+                    30, 0.3, "attach by instance id")
+    finally:
+        subprocess.run(["tmux", "-L", outer, "kill-server"], capture_output=True)
+    job.release.touch()
+    retry_until(lambda: status(orch, "fcattach")["run"]["state"] == "succeeded", 60, 0.5, "the run to finish")
+    assert len(starts(job.marks)) == 1
+    assert orch("down", "fcattach").code == 0
+    assert not any(cloud.leftovers("fcattach").values())
+
+
+def test_host_key_mismatch_refuses_and_terminates(orch, cloud, identity):
+    cloud.wrong_host_keys = True
+    path = orch.sweep(cloud.sweep_yaml("fckey", identity, "true", extra="max_restarts: 0"))
+    r = orch("launch", str(path), timeout=300)
+    assert r.code == 1
+    final = status(orch, "fckey")["run"]
+    assert final["state"] == "failed" and "host key" in final["reason"]
+    assert cloud.instances("fckey") == [] and len(cloud.gone) == 1
+    orch("down", "fckey")
+
+
+@pytest.mark.parametrize("case, aws_fields, store, message", [
+    ("no_bucket", {}, "s3://no-such-bucket/x", "bucket no-such-bucket does not exist"),
+    ("no_ami", {"image": "ami-12345678"}, None, "AMI 'ami-12345678' not found"),
+    ("no_subnet", {"subnet_ids": "[subnet-0123456789abcdef0]"}, None, "subnet not found"),
+])
+def test_bad_cloud_settings_fail_clearly_and_leave_nothing(orch, cloud, identity, case, aws_fields, store, message):
+    text = cloud.sweep_yaml(f"fc{case.replace('_', '')}", identity, "true", **aws_fields)
+    if store:
+        text = text.replace(f"s3://{BUCKET}/sweeps", store)
+    r = orch("launch", str(orch.sweep(text)))
+    assert r.code != 0 and message in r.err and "Traceback" not in r.err, r.err
+    assert not any(cloud.leftovers(f"fc{case.replace('_', '')}").values())
+
+
+def test_missing_credentials(orch, cloud, identity):
+    path = orch.sweep(cloud.sweep_yaml("fccreds", identity, "true"))
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        orch.env.pop(k, None)
+    orch.env.update(AWS_SHARED_CREDENTIALS_FILE=str(orch.tmp / "none"), AWS_CONFIG_FILE=str(orch.tmp / "none"))
+    r = orch("launch", str(path))
+    assert r.code != 0 and "No AWS credentials found" in r.err and "Traceback" not in r.err, r.err
+    assert not any(cloud.leftovers("fccreds").values())
