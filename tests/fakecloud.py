@@ -40,6 +40,7 @@ REGION = "us-east-1"
 AZS = ("us-east-1a", "us-east-1b")
 SSH_PORT = 2222  # not 22: a real sshd on 0.0.0.0:22 must not collide with the fake hosts
 BUCKET = "orch-fake"
+IMAGE_NAME = "orch-fake-ubuntu-gpu"  # registered by the account itself: `image_owner: self`
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 
@@ -144,6 +145,8 @@ class FakeHost:
             "HOME": str(self.home), "AWS_ENDPOINT_URL": self.endpoint, "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds_url,
             "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION,
             "ORCH_FAKE_HOST": self.instance_id, "TMUX_TMPDIR": str(self.tmux_dir),
+            # the "image" has orch's Python: the interpreter running the fake cloud comes first on PATH
+            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
         }
         config = "\n".join([
             f"ListenAddress {self.ip}", f"Port {SSH_PORT}", f"HostKey {host_key}",
@@ -222,15 +225,20 @@ class FakeCloud:
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
         self.server.start()
         self.endpoint = f"http://127.0.0.1:{port}"
+        self._reset()  # moto keeps its state per process: every fake cloud starts empty
         for k, v in self.env().items():
             self._saved_env[k] = os.environ.get(k)
             os.environ[k] = v
         ec2 = self.client("ec2")
-        vpc = ec2.create_vpc(CidrBlock="127.0.0.0/16")["Vpc"]["VpcId"]
+        # The default VPC gets loopback subnets instead of its own, so sweeps need no subnet ids.
+        vpc = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"][0]["VpcId"]
+        for sub in ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"]:
+            ec2.delete_subnet(SubnetId=sub["SubnetId"])
+        ec2.associate_vpc_cidr_block(VpcId=vpc, CidrBlock="127.0.0.0/16")
         self.vpc = vpc
         for i, az in enumerate(AZS, start=1):
             self.subnets.append(ec2.create_subnet(VpcId=vpc, CidrBlock=f"127.0.{i}.0/24", AvailabilityZone=az)["Subnet"]["SubnetId"])
-        self.image = ec2.register_image(Name="orch-fake-ubuntu-gpu", Description="fake DL AMI")["ImageId"]
+        self.image = ec2.register_image(Name=IMAGE_NAME, Description="fake DL AMI")["ImageId"]
         self.client("s3").create_bucket(Bucket=BUCKET)
         self._watcher = threading.Thread(target=self._watch, name="fakecloud-watcher", daemon=True)
         self._watcher.start()
@@ -240,12 +248,18 @@ class FakeCloud:
         self._watcher.join(10)
         for host in list(self.hosts.values()):
             host.stop()
+        self._reset()
         self.server.stop()
         for k, v in self._saved_env.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+    def _reset(self) -> None:
+        import urllib.request
+
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"), timeout=10).read()
 
     def env(self) -> Dict[str, str]:
         return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
@@ -319,8 +333,8 @@ class FakeCloud:
 
     def sweep_yaml(self, name: str, identity: Path, command: str, extra: str = "", **aws: str) -> str:
         """A sweep for this cloud (what experiments/fakecloud-smoke.yaml holds, with this cloud's ids)."""
-        fields = {"region": REGION, "instance_types": "[g5.xlarge, g6.xlarge]", "subnet_ids": f"[{', '.join(self.subnets)}]",
-                  "image": self.image, "ssh_cidr": "127.0.0.1/32", "python": sys.executable, "max_minutes": "60", **aws}
+        fields = {"region": REGION, "instance_types": "[g5.xlarge, g6.xlarge]", "image": IMAGE_NAME, "image_owner": "self",
+                  "ssh_cidr": "127.0.0.1/32", "max_minutes": "60", **aws}
         lines = "\n".join(f"  {k}: {v}" for k, v in fields.items())
         user = os.environ.get("USER") or "root"
         return (f"name: {name}\nbackend: aws\ncommand: \"{command}\"\nstore: s3://{BUCKET}/sweeps\n{extra}\naws:\n{lines}\n"

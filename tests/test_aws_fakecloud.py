@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import uuid
 
 import pytest
+import yaml
 
 from orchestrator.wait import retry_until
-from tests.conftest import starts
+from tests.conftest import ROOT, starts
 from tests.fakecloud import BUCKET
 
 pytestmark = pytest.mark.slow
 
-TRAIN = ("{python} -m trainer --dataset synthetic --synthetic-train 256 --image-size 16 --width 0.125 "
-         "--batch-size 64 --epochs 2 --lr {lr} --ckpt-every-epochs 1 --threads 1")
 
 
 def status(orch, sweep):
@@ -33,8 +33,17 @@ def s3_objects(cloud, prefix):
     return {k: s3.get_object(Bucket=BUCKET, Key=k)["Body"].read() for k in keys}
 
 
+def smoke_sweep(orch, identity, name="fc"):
+    """experiments/fakecloud-smoke.yaml as the README runs it, with this test's key and user."""
+    spec = yaml.safe_load((ROOT / "experiments" / "fakecloud-smoke.yaml").read_text())
+    spec["name"] = name
+    spec["store"] = f"s3://{BUCKET}/sweeps"
+    spec["aws"]["ssh"].update(identity=str(identity), user=os.environ.get("USER") or "root")
+    return orch.sweep(yaml.safe_dump(spec))
+
+
 def test_sweep_runs_on_fake_spot_instances_and_leaves_nothing(orch, cloud, identity):
-    path = orch.sweep(cloud.sweep_yaml("fc", identity, TRAIN, extra="grid:\n  lr: [0.05, 0.1, 0.2]\nmax_parallel: 2\nmax_restarts: 0"))
+    path = smoke_sweep(orch, identity)
     dry = orch("launch", str(path), "--dry-run")
     assert dry.code == 0 and "g5.xlarge" in dry.out and "estimated" in dry.out, dry.out + dry.err
     r = orch("launch", str(path), timeout=600)
