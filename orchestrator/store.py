@@ -72,32 +72,40 @@ def _files(root: Path) -> Iterable[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and not p.name.endswith(".tmp"))
 
 
-def _same(src: Path, dst: Path) -> bool:
-    """Cheap check first (size + mtime, which copies preserve), content hash only when they disagree."""
-    if not dst.is_file():
-        return False
-    a, b = src.stat(), dst.stat()
-    if a.st_size != b.st_size:
-        return False
-    if a.st_mtime_ns == b.st_mtime_ns:
-        return True
-    return sha256_file(src) == sha256_file(dst)
+class HashCache:
+    """sha256 of files, recomputed only when (size, mtime, ctime, inode) change.
+
+    ctime cannot be set by a writer, so a rewrite with the same size and a restored mtime is
+    still noticed: syncs compare content while hashing each file once per change.
+    """
+
+    def __init__(self):
+        self._seen: dict = {}
+
+    def digest(self, path: Path) -> str:
+        st = path.stat()
+        key = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+        hit = self._seen.get(path)
+        if hit and hit[0] == key:
+            return hit[1]
+        value = sha256_file(path)
+        self._seen[path] = (key, value)
+        return value
 
 
-def _copy_tree(src_root: Path, dst_root: Path) -> SyncResult:
+def _copy_tree(src_root: Path, dst_root: Path, hashes: HashCache) -> SyncResult:
     result = SyncResult()
     for src in _files(src_root):
         dst = dst_root / src.relative_to(src_root)
-        if _same(src, dst):
-            result.skipped += 1
-            continue
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(f".{dst.name}.sync.tmp")
         try:
+            if dst.is_file() and dst.stat().st_size == src.stat().st_size and hashes.digest(dst) == hashes.digest(src):
+                result.skipped += 1
+                continue
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dst.with_name(f".{dst.name}.sync.tmp")
             shutil.copy2(src, tmp)
             os.replace(tmp, dst)
-        except FileNotFoundError:  # the writer replaced or removed it meanwhile; next sync catches up
-            tmp.unlink(missing_ok=True)
+        except FileNotFoundError:  # the writer replaced or removed it meanwhile; the next sync catches up
             continue
         result.copied += 1
         result.bytes += dst.stat().st_size
@@ -110,6 +118,7 @@ class LocalStore:
     def __init__(self, root: str):
         self.root = Path(root)
         self.url = str(self.root)
+        self.hashes = HashCache()
 
     def _path(self, key: str) -> Path:
         return self.root / key
@@ -132,10 +141,10 @@ class LocalStore:
         return sorted(p.name for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
 
     def sync_up(self, local_dir: Path, prefix: str) -> SyncResult:
-        return _copy_tree(Path(local_dir), self._path(prefix))
+        return _copy_tree(Path(local_dir), self._path(prefix), self.hashes)
 
     def sync_down(self, prefix: str, local_dir: Path) -> SyncResult:
-        return _copy_tree(self._path(prefix), Path(local_dir))
+        return _copy_tree(self._path(prefix), Path(local_dir), self.hashes)
 
     def delete_prefix(self, prefix: str) -> int:
         base = self._path(prefix)
@@ -168,7 +177,7 @@ class S3Store:
         self.client = client or boto3.client("s3")
         self.workers = workers
         self.transfer = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_THRESHOLD, max_concurrency=8)
-        self._hashes: dict = {}
+        self.hashes = HashCache()
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
@@ -214,15 +223,6 @@ class S3Store:
                 out.append(obj["Key"][len(self.prefix) + 1:] if self.prefix else obj["Key"])
         return out
 
-    def _sha(self, path: Path) -> str:
-        st = path.stat()
-        cached = self._hashes.get(path)
-        if cached and cached[0] == (st.st_size, st.st_mtime_ns):
-            return cached[1]
-        digest = sha256_file(path)
-        self._hashes[path] = ((st.st_size, st.st_mtime_ns), digest)
-        return digest
-
     def _index(self, prefix: str) -> dict:
         data = self.get_bytes(f"{prefix}/{SYNC_INDEX}")
         try:
@@ -243,7 +243,7 @@ class S3Store:
         for path in _files(local_dir):
             rel = str(path.relative_to(local_dir))
             try:
-                digest = self._sha(path)
+                digest = self.hashes.digest(path)
             except FileNotFoundError:
                 continue
             if index.get(rel, {}).get("sha256") == digest:
@@ -268,7 +268,7 @@ class S3Store:
         todo = []
         for rel, meta in self._index(prefix).items():
             dst = local_dir / rel
-            if dst.is_file() and self._sha(dst) == meta.get("sha256"):
+            if dst.is_file() and self.hashes.digest(dst) == meta.get("sha256"):
                 result.skipped += 1
                 continue
             todo.append((rel, dst))

@@ -114,6 +114,8 @@ class FakeHost:
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
     spot_notice: Optional[str] = None  # JSON served at spot/instance-action once set
     runcmd: List = field(default_factory=list)
+    user_data: str = ""
+    secret: str = "testing"  # the credentials hosts get from sshd (never from user data)
     wrong_key: bool = False  # fault injection: present a host key other than the pinned one
     sshd: Optional[subprocess.Popen] = None
     imds: Optional[ThreadingHTTPServer] = None
@@ -123,6 +125,7 @@ class FakeHost:
         return self.root / "home"
 
     def start(self, user_data: str) -> None:
+        self.user_data = user_data
         cfg = yaml.safe_load(user_data.split("\n", 1)[1]) if user_data.startswith("#cloud-config") else {}
         keys = cfg.get("ssh_keys", {})
         self.runcmd = cfg.get("runcmd", [])
@@ -143,7 +146,7 @@ class FakeHost:
         imds_url = f"http://{self.ip}:{self.imds.server_address[1]}"
         env = {
             "HOME": str(self.home), "AWS_ENDPOINT_URL": self.endpoint, "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds_url,
-            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION,
+            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": self.secret, "AWS_DEFAULT_REGION": REGION,
             "ORCH_FAKE_HOST": self.instance_id, "TMUX_TMPDIR": str(self.tmux_dir),
             # the "image" has orch's Python: the interpreter running the fake cloud comes first on PATH
             "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
@@ -202,6 +205,7 @@ class FakeCloud:
         self.gone: Dict[str, FakeHost] = {}
         self.subnets: List[str] = []
         self.wrong_host_keys = False  # set by a test: new hosts answer with a different host key
+        self.secret = f"fake-secret-{uuid.uuid4().hex}"  # distinctive, so tests can look for leaks
         self._stop = threading.Event()
         self._saved_env: Dict[str, Optional[str]] = {}
 
@@ -262,14 +266,14 @@ class FakeCloud:
         urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"), timeout=10).read()
 
     def env(self) -> Dict[str, str]:
-        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": self.secret,
                 "AWS_DEFAULT_REGION": REGION, "AWS_EC2_METADATA_DISABLED": "true"}
 
     def client(self, service: str):
         import boto3
 
         return boto3.client(service, region_name=REGION, endpoint_url=self.endpoint,
-                            aws_access_key_id="testing", aws_secret_access_key="testing")
+                            aws_access_key_id="testing", aws_secret_access_key=self.secret)
 
     # the watcher
 
@@ -291,7 +295,7 @@ class FakeCloud:
             if iid not in self.hosts and iid not in self.gone:
                 ud = ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData").get("UserData", {}).get("Value", "")
                 host = FakeHost(iid, inst["PrivateIpAddress"], inst["Placement"]["AvailabilityZone"], self.root / "hosts" / iid,
-                                self.endpoint, wrong_key=self.wrong_host_keys)
+                                self.endpoint, secret=self.secret, wrong_key=self.wrong_host_keys)
                 host.start(base64.b64decode(ud).decode() if ud else "")
                 self.hosts[iid] = host
         for iid in [i for i in self.hosts if i not in running]:

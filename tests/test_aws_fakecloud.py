@@ -68,6 +68,9 @@ def test_sweep_runs_on_fake_spot_instances_and_leaves_nothing(orch, cloud, ident
     assert cloud.instances("fc") == []
     assert len(cloud.gone) == 3
     assert all(h.runcmd == [["shutdown", "-h", "+60"]] for h in cloud.gone.values())
+    # no AWS credential in user data, logs or anything else in the store
+    assert all(cloud.secret not in h.user_data and "AWS_SECRET" not in h.user_data for h in cloud.gone.values())
+    assert not [k for k, v in objects.items() if cloud.secret.encode() in v]
 
     col = orch("collect", "fc", "--out", str(orch.tmp / "res"))
     assert col.code == 0 and "lr=0.2" in col.out, col.err

@@ -1,0 +1,138 @@
+"""Capacity fallback and fail-fast errors of CreateFleet, injected with botocore's Stubber
+(the spot market's answers cannot exist here), plus the security settings, checked on moto."""
+
+from __future__ import annotations
+
+import json
+
+import boto3
+import pytest
+from botocore.stub import ANY, Stubber
+
+from orchestrator import ec2 as api
+from orchestrator.errors import OrchError
+
+CHOICES = [api.Choice("g5.xlarge", "subnet-a", "us-east-1a"), api.Choice("g5.xlarge", "subnet-b", "us-east-1b"),
+           api.Choice("g6.xlarge", "subnet-a", "us-east-1a")]
+BASE = {"ImageId": "ami-12345678"}
+
+
+def stubbed():
+    client = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    stub = Stubber(client)
+    stub.add_response("create_launch_template_version", {"LaunchTemplateVersion": {"VersionNumber": 7}},
+                      {"LaunchTemplateId": "lt-1", "LaunchTemplateData": ANY})
+    return client, stub
+
+
+def fleet_ok(itype, subnet):
+    return {"FleetId": "fleet-1", "Instances": [{"InstanceIds": ["i-0123456789abcdef0"], "InstanceType": itype, "Lifecycle": "spot",
+                                                  "LaunchTemplateAndOverrides": {"Overrides": {"InstanceType": itype, "SubnetId": subnet}}}]}
+
+
+def fleet_error(code, itype, subnet):
+    return {"FleetId": "fleet-1", "Instances": [], "Errors": [{"ErrorCode": code, "ErrorMessage": "no",
+            "LaunchTemplateAndOverrides": {"Overrides": {"InstanceType": itype, "SubnetId": subnet}}}]}
+
+
+def overrides(choices):
+    return [{"InstanceType": c.instance_type, "SubnetId": c.subnet_id} for c in choices]
+
+
+def expect_fleet(stub, choices, answer, market="spot"):
+    stub.add_response("create_fleet", answer, {
+        "Type": "instant", "ClientToken": ANY, "TargetCapacitySpecification": {"TotalTargetCapacity": 1, "DefaultTargetCapacityType": market},
+        "SpotOptions": {"AllocationStrategy": "price-capacity-optimized"}, "OnDemandOptions": {"AllocationStrategy": "lowest-price"},
+        "LaunchTemplateConfigs": [{"LaunchTemplateSpecification": {"LaunchTemplateId": "lt-1", "Version": "7"}, "Overrides": overrides(choices)}],
+        "TagSpecifications": ANY})
+
+
+def expect_cleanup(stub):
+    stub.add_response("delete_launch_template_versions", {}, {"LaunchTemplateId": "lt-1", "Versions": ["7"]})
+
+
+def test_a_200_with_errors_and_no_instances_falls_back_to_the_next_choice():
+    client, stub = stubbed()
+    expect_fleet(stub, CHOICES, fleet_error("InsufficientInstanceCapacity", "g5.xlarge", "subnet-a"))
+    expect_fleet(stub, CHOICES[1:], fleet_ok("g5.xlarge", "subnet-b"))
+    expect_cleanup(stub)
+    blocklist = api.Blocklist()
+    with stub:
+        got = api.acquire(client, "lt-1", BASE, "#cloud-config\n", CHOICES, ["spot"], [], blocklist)
+    stub.assert_no_pending_responses()
+    assert (got.instance_type, got.az, got.market) == ("g5.xlarge", "us-east-1b", "spot")
+    assert blocklist.allowed(CHOICES) == CHOICES[1:]  # (g5, us-east-1a) stays blocked for a while
+
+
+def test_insufficient_capacity_exception_for_one_choice_falls_back():
+    client, stub = stubbed()
+    stub.add_client_error("create_fleet", "InsufficientInstanceCapacity", "no g5 in 1a")
+    expect_fleet(stub, CHOICES[1:], fleet_ok("g6.xlarge", "subnet-a"))
+    expect_cleanup(stub)
+    with stub:
+        got = api.acquire(client, "lt-1", BASE, "x", CHOICES, ["spot"], [], api.Blocklist())
+    assert got.instance_type == "g6.xlarge"
+
+
+def test_spot_then_on_demand_when_spot_is_exhausted():
+    client, stub = stubbed()
+    one = CHOICES[:1]
+    expect_fleet(stub, one, fleet_error("UnfulfillableCapacity", "g5.xlarge", "subnet-a"))
+    expect_cleanup(stub)
+    blocklist = api.Blocklist()
+    with stub, pytest.raises(api.CapacityUnavailable):
+        api.acquire(client, "lt-1", BASE, "x", one, ["spot", "on-demand"], [], blocklist)
+    # while everything is blocked, no API call at all
+    with pytest.raises(api.CapacityUnavailable):
+        api.acquire(client, "lt-1", BASE, "x", one, ["spot"], [], blocklist)
+
+
+@pytest.mark.parametrize("code, words", [("VcpuLimitExceeded", "quota reached"), ("UnauthorizedOperation", "permission denied")])
+def test_quota_and_permission_fail_fast_with_the_next_step(code, words):
+    client, stub = stubbed()
+    expect_fleet(stub, CHOICES, fleet_error(code, "g5.xlarge", "subnet-a"))
+    expect_cleanup(stub)
+    with stub, pytest.raises(api.AwsFatal) as info:
+        api.acquire(client, "lt-1", BASE, "x", CHOICES, ["spot"], [], api.Blocklist())
+    assert words in str(info.value)
+    stub.assert_no_pending_responses()  # no second CreateFleet
+
+
+def test_quota_as_an_exception_also_fails_fast():
+    client, stub = stubbed()
+    stub.add_client_error("create_fleet", "VcpuLimitExceeded", "You have requested more vCPU capacity")
+    expect_cleanup(stub)
+    with stub, pytest.raises(api.AwsFatal, match="Service Quotas"):
+        api.acquire(client, "lt-1", BASE, "x", CHOICES, ["spot"], [], api.Blocklist())
+
+
+# --- security settings, on moto --------------------------------------------------------------------
+
+
+def test_security_group_launch_template_and_instance_profile(cloud):
+    ec2, iam = cloud.client("ec2"), cloud.client("iam")
+    sg = api.ensure_security_group(ec2, "sec", cloud.vpc, "203.0.113.7/32")
+    assert api.ensure_security_group(ec2, "sec", cloud.vpc, "203.0.113.7/32") == sg  # idempotent
+    perms = ec2.describe_security_groups(GroupIds=[sg])["SecurityGroups"][0]["IpPermissions"]
+    assert perms == [{"FromPort": 22, "ToPort": 22, "IpProtocol": "tcp", "IpRanges": [{"CidrIp": "203.0.113.7/32", "Description": "orch controller"}],
+                      "Ipv6Ranges": [], "PrefixListIds": [], "UserIdGroupPairs": []}]
+
+    profile = api.ensure_instance_profile(iam, "sec", "bucket", "team/orch")
+    policy = iam.get_role_policy(RoleName=profile, PolicyName="orch-sweep")["PolicyDocument"]
+    policy = policy if isinstance(policy, dict) else json.loads(policy)
+    objects, listing, terminate = policy["Statement"]
+    assert objects["Resource"] == ["arn:aws:s3:::bucket/team/orch/sec/*"]
+    assert listing["Condition"] == {"StringLike": {"s3:prefix": ["team/orch/sec/*"]}}
+    assert terminate["Action"] == ["ec2:TerminateInstances"] and terminate["Condition"] == {"StringEquals": {"aws:ResourceTag/orch:sweep": "sec"}}
+
+    lt = api.ensure_launch_template(ec2, "sec", cloud.image, sg, 50, profile)
+    data = api.template_data(ec2, lt)
+    assert data["MetadataOptions"]["HttpTokens"] == "required" and data["MetadataOptions"]["HttpPutResponseHopLimit"] == 1
+    assert data["InstanceInitiatedShutdownBehavior"] == "terminate"
+    assert all(b["Ebs"]["DeleteOnTermination"] for b in data["BlockDeviceMappings"])
+    assert "UserData" not in data  # the host keys live only in short-lived per-instance versions
+
+    removed = api.teardown(ec2, iam, "sec")
+    assert lt in removed and sg in removed and "instance-profile/orch-sec" in removed
+    assert not any(cloud.leftovers("sec").values())
+    assert api.teardown(ec2, iam, "sec") == []
