@@ -15,11 +15,24 @@ def socket_name() -> str:
     return os.environ.get(SOCKET_ENV) or "orch"
 
 
+class _Plain:
+    """tmux without libtmux (an instance whose Python lacks it): the same `cmd` through subprocess."""
+
+    def cmd(self, *args: str):
+        import subprocess
+        from types import SimpleNamespace
+
+        p = subprocess.run(["tmux", "-L", socket_name(), *args], capture_output=True, text=True)
+        return SimpleNamespace(returncode=p.returncode, stdout=p.stdout.splitlines(), stderr=p.stderr.splitlines())
+
+
 def _server():
     if shutil.which("tmux") is None:
         raise OrchError("tmux is not installed. Install it (`apt-get install tmux` or `brew install tmux`) and retry.")
-    import libtmux  # imported here so `orch --help` stays instant
-
+    try:
+        import libtmux  # imported here so `orch --help` stays instant
+    except ImportError:
+        return _Plain()
     return libtmux.Server(socket_name=socket_name())
 
 
