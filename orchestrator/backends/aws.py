@@ -58,12 +58,18 @@ class AwsBackend:
         self.fatal: Optional[OrchError] = None
         self.pending: Dict[str, float] = {}  # run -> when its provisioning began (before the instance shows up)
         self.lock = threading.Lock()
+        self._setup_lock = threading.Lock()  # provisioning threads share one bootstrap
         self._setup: Optional[dict] = None
+        self._bundle: Optional[code_bundle.Bundle] = None
 
     # --- per-sweep resources ---------------------------------------------------------------------
 
     def bootstrap(self) -> dict:
         """Subnets, image, security group, instance profile and launch template (created once)."""
+        with self._setup_lock:
+            return self._bootstrap()
+
+    def _bootstrap(self) -> dict:
         if self._setup is None:
             from botocore.exceptions import BotoCoreError, ClientError
 
@@ -215,7 +221,10 @@ class AwsBackend:
                 self.pending.pop(task.run_id, None)
 
     def _start_agent(self, conn, task: RunTask, instance_id: str) -> None:
-        b = code_bundle.build()
+        with self._setup_lock:
+            if self._bundle is None:
+                self._bundle = code_bundle.build()  # once per controller, not per host
+        b = self._bundle
         if conn.run(f'test -f "{b.remote_dir.replace("~/", "$HOME/")}/.complete"').code != 0:
             conn.check(code_bundle.install_command(b), stdin=b.data)
         task.host = instance_id
