@@ -21,7 +21,7 @@ from typing import Optional
 
 from . import tmux
 from .backends.base import RunTask
-from .status import CANCELLED, FAILED, RUNNING, STOPPED, SUCCEEDED, read_status, write_status
+from .status import CANCELLED, FAILED, INTERRUPTED, RUNNING, STOPPED, SUCCEEDED, read_status, write_status
 from .store import Store, open_store
 from .wait import Timeout, retry_until
 
@@ -31,6 +31,8 @@ POLL_S = 0.05  # how often the agent looks for the command's exit
 KILL_GRACE_S = 10.0  # SIGTERM -> SIGKILL
 TAIL_LINES = 20
 STOP_REASON_FILE = "stop-reason"  # written by whoever stops the run before signalling the agent
+NOTICE_FILE = "spot-notice"  # `orch chaos interrupt` (and tests) deliver a spot notice here
+NOTICE_GRACE_S = 60.0  # after a notice, how long to wait for the command's checkpoint before syncing anyway
 
 
 def wrapper_script(task: RunTask) -> str:
@@ -63,6 +65,12 @@ def tail(path: Path, lines: int = TAIL_LINES, max_bytes: int = 16384) -> str:
     return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
 
 
+def newest_checkpoint(run_dir: Path) -> Optional[int]:
+    """Step of the newest checkpoint that has its manifest (ckpt/<step>/MANIFEST.json), if any."""
+    steps = [int(p.parent.name) for p in run_dir.glob("ckpt/*/MANIFEST.json") if p.parent.name.isdigit()]
+    return max(steps) if steps else None
+
+
 def last_metrics(path: Path) -> dict:
     for line in reversed(tail(path, lines=5).splitlines()):
         try:
@@ -86,6 +94,8 @@ class Agent:
         self.exit_file = self.ctl / f"exit.{task.attempt}"
         self.stop_requested: Optional[str] = None
         self.stop_sent_at: Optional[float] = None
+        self.notice_at: Optional[float] = None
+        self.ckpt_at_notice: Optional[int] = None
 
     # --- signals ---------------------------------------------------------------------------
 
@@ -93,6 +103,39 @@ class Agent:
         reason_file = self.ctl / STOP_REASON_FILE
         reason = reason_file.read_text().strip() if reason_file.exists() else STOPPED
         self.stop_requested = self.stop_requested or reason
+
+    def _notice(self) -> bool:
+        """A spot interruption notice: the ctl file, or IMDS spot/instance-action on an instance."""
+        if (self.ctl / NOTICE_FILE).exists():
+            return True
+        if not self.task.imds:
+            return False
+        from .ec2 import imds_get
+
+        try:
+            return imds_get("spot/instance-action") is not None
+        except OSError as exc:
+            log.warning("IMDS not reachable: %s", exc)
+            return False
+
+    def _on_notice(self, status, now: float) -> None:
+        """Checkpoint now (SIGUSR1), then, once it is on disk, get it to the store and stop."""
+        t = self.task
+        if self.notice_at is None:
+            self.notice_at, self.ckpt_at_notice = now, newest_checkpoint(self.run_dir)
+            log.info("spot interruption notice: asking the command to checkpoint (SIGUSR1)")
+            self._signal_command(signal.SIGUSR1)
+            return
+        newest = newest_checkpoint(self.run_dir)
+        if newest == self.ckpt_at_notice and now - self.notice_at < NOTICE_GRACE_S and not self.exit_file.exists():
+            return
+        self.store.sync_up(self.run_dir, self.prefix)
+        status.state = INTERRUPTED
+        status.reason = (f"spot interruption notice; checkpoint step {newest} in the store {time.time() - self.notice_at:.1f} s later"
+                         if newest is not None else "spot interruption notice; the command left no checkpoint")
+        status.heartbeat = time.time()
+        write_status(self.store, t.sweep, status)
+        self.stop_requested = INTERRUPTED
 
     def _cmd_pid(self) -> Optional[int]:
         try:
@@ -120,7 +163,8 @@ class Agent:
             signal.signal(sig, self._on_signal)
         self.ctl.mkdir(parents=True, exist_ok=True)
         (self.ctl / "agent.pid").write_text(str(os.getpid()))
-        (self.ctl / STOP_REASON_FILE).unlink(missing_ok=True)
+        for stale in (STOP_REASON_FILE, NOTICE_FILE):  # meant for an earlier attempt
+            (self.ctl / stale).unlink(missing_ok=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # A new attempt continues from what earlier attempts left in the store (checkpoints).
         self.store.sync_down(self.prefix, self.run_dir)
@@ -138,14 +182,18 @@ class Agent:
         self.exit_file.unlink(missing_ok=True)
         tmux.new_window(t.session, "run", f"bash {shlex.quote(str(script))}", cwd=str(self.run_dir))
 
-        next_beat, next_sync = now + t.heartbeat_s, now + t.sync_s
+        next_beat, next_sync, next_notice = now + t.heartbeat_s, now + t.sync_s, now
         deadline = now + t.timeout_s if t.timeout_s else None
 
         def step() -> bool:
-            nonlocal next_beat, next_sync
+            nonlocal next_beat, next_sync, next_notice
             if self.exit_file.exists():
                 return True
             now = time.time()
+            if not self.stop_requested and (self.notice_at is not None or (now >= next_notice and self._notice())):
+                self._on_notice(status, now)
+            if now >= next_notice:
+                next_notice = now + t.notice_poll_s
             if deadline and now > deadline and not self.stop_requested:
                 self.stop_requested = "timeout"
             if self.stop_requested and self.stop_sent_at is None:
@@ -154,7 +202,7 @@ class Agent:
             elif self.stop_sent_at and now - self.stop_sent_at > KILL_GRACE_S:
                 self._signal_command(signal.SIGKILL)
                 return True
-            if now >= next_beat:
+            if now >= next_beat and status.state != INTERRUPTED:
                 status.heartbeat = now
                 status.last_metrics = last_metrics(self.run_dir / "metrics.jsonl")
                 write_status(self.store, t.sweep, status)
@@ -178,6 +226,8 @@ class Agent:
         if self.stop_requested == "timeout":
             status.state, status.failures = FAILED, status.failures + 1
             status.reason = f"timed out after {t.timeout_s / 60:.1f} min"
+        elif self.stop_requested == INTERRUPTED:
+            status.state = INTERRUPTED  # not a failure: the next attempt resumes elsewhere
         elif self.stop_requested in (CANCELLED, STOPPED):
             status.state = self.stop_requested
             status.reason = "cancelled by orch cancel" if status.state == CANCELLED else "stopped by orch down"

@@ -427,6 +427,35 @@ def cancel(run: str):
     click.echo(f"cancelled {sweep.spec.name}/{run_id}" + ("" if was else " (it was not running)"))
 
 
+@main.group()
+def chaos():
+    """Fault injection: prove that your training code survives what spot instances do to it."""
+
+
+@chaos.command("interrupt")
+@click.argument("run")
+@click.option("--grace", default=120.0, show_default=True, help="Seconds the run gets to checkpoint before its host goes.")
+@expected_errors
+def chaos_interrupt_cmd(run: str, grace: float):
+    """Send RUN a spot interruption notice, then take its host away.
+
+    The agent asks the command to checkpoint (SIGUSR1), syncs it to the store and
+    marks the run interrupted; then the host is terminated (locally: its tmux
+    session is killed). The controller resumes the run on a new host from the
+    newest verified checkpoint; preemptions do not count against max_restarts.
+
+    \b
+    Example:
+      orch chaos interrupt 'lr=0.1,seed=0'
+    """
+    from .controller import chaos_interrupt
+
+    sweep, run_id = resolve_run(run)
+    backend, store, _ = _parts(sweep)
+    st = chaos_interrupt(sweep, backend, store, run_id, grace)
+    click.echo(f"interrupted {sweep.spec.name}/{run_id}: {st.reason or st.state}")
+
+
 @main.command()
 @click.argument("sweep")
 @expected_errors

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
-from .backends.base import Backend
+from .backends.base import Backend, Host
 from .errors import OrchError
 from .spec import Sweep
 from .state import State
@@ -25,6 +25,7 @@ from .status import (
     FAILED,
     INTERRUPTED,
     LOST,
+    RUNNING,
     STARTING,
     STOPPED,
     SUCCEEDED,
@@ -37,7 +38,9 @@ from .wait import retry_until
 
 log = logging.getLogger("orch.controller")
 
-WAIT, START, DONE = "wait", "start", "done"
+WAIT, START, DONE, REPLACE = "wait", "start", "done", "replace"
+STALE_S = 60.0  # default: a running agent silent this long has lost its host
+START_TIMEOUT_S = 60.0  # default: a host nobody is provisioning whose agent never reported
 
 
 @dataclass
@@ -77,11 +80,15 @@ class Progress:
         return [r for r in self.runs if r.final and r.state == FAILED]
 
 
-def decide(status: RunStatus, alive: bool, max_restarts: int) -> str:
-    """What a run needs now: wait (it runs, or must not run again yet), start, or done."""
+def decide(status: RunStatus, host: Optional[Host], max_restarts: int, now: float, stale_s: float, start_timeout_s: float) -> str:
+    """What a run needs now: wait (it runs, or must not run again yet), start, replace its host, or done."""
     if status.state in (SUCCEEDED, CANCELLED):
         return DONE
-    if alive:
+    if host is not None:
+        if status.state == RUNNING and status.heartbeat and now - status.heartbeat > stale_s:
+            return REPLACE  # its agent stopped talking: treat the host as lost
+        if status.state == STARTING and not host.provisioning and now - (status.started_at or now) > start_timeout_s:
+            return REPLACE  # e.g. a controller died between CreateFleet and starting the agent
         return WAIT
     if status.state == FAILED:
         return DONE if status.failures > max_restarts else START
@@ -115,15 +122,39 @@ class Controller:
         return existing is None
 
     def step(self) -> Progress:
-        alive, rows = survey(self.sweep, self.backend, self.store)
+        hosts, every, rows = survey(self.sweep, self.backend, self.store)
         progress = Progress(sweep=self.name, runs=[view for *_, view in rows])
-        free = self.sweep.spec.max_parallel - len(alive)
+        for run, status, action, view in rows:
+            if action == REPLACE:
+                self._replace(hosts[run.run_id], status, view)
+        self._release_unclaimed(every, {run.run_id: status for run, status, _, _ in rows})
+        free = self.sweep.spec.max_parallel - len(hosts)
         for run, status, action, view in rows:
             if action == START and free > 0:
                 if self._start(run, status, view):
                     progress.started.append(run.run_id)
                 free -= 1
         return progress
+
+    def _replace(self, host: Host, status: RunStatus, view: RunView) -> None:
+        silent = time.time() - (status.heartbeat or status.started_at or time.time())
+        reason = f"host {host.host_id} lost: no sign of life for {silent:.0f} s"
+        log.warning("%s: %s; releasing it", status.run_id, reason)
+        self.backend.release(host)
+        status.state, status.reason = LOST, reason
+        write_status(self.store, self.name, status)
+        self.state.journal(self.name, "replace", status.run_id, reason)
+        view.state, view.reason = LOST, reason
+
+    def _release_unclaimed(self, hosts: List[Host], statuses: Dict[str, RunStatus]) -> None:
+        """Hosts of an older attempt than the run's current one serve nobody: release them."""
+        for host in hosts:
+            status = statuses.get(host.run_id)
+            if host.attempt is not None and status is not None and host.attempt < status.attempt:
+                log.warning("%s: host %s of attempt %s is unclaimed (current attempt %s); releasing it",
+                            host.run_id, host.host_id, host.attempt, status.attempt)
+                self.backend.release(host)
+                self.state.journal(self.name, "release-unclaimed", host.run_id, host.host_id)
 
     def _start(self, run, previous: RunStatus, view: RunView) -> bool:
         was_lost = previous.state in ACTIVE or previous.state in (INTERRUPTED, LOST)
@@ -138,6 +169,7 @@ class Controller:
         )
         write_status(self.store, self.name, status)  # claim it before a host exists
         task = self.backend.new_task(run.run_id, status.attempt, run.command, json.dumps(run.params, sort_keys=True))
+        task.replaces = previous.host if was_lost and previous.host not in ("", "localhost") else ""
         try:
             self.backend.start(task)
         except OrchError as exc:
@@ -163,14 +195,22 @@ class Controller:
         return last[0]
 
 
-def survey(sweep: Sweep, backend: Backend, store: Store) -> Tuple[Set[str], List[tuple]]:
-    """Live hosts, then per run (run, status, action, view) — a read-only look."""
-    alive = {h.run_id for h in backend.list()}
+def survey(sweep: Sweep, backend: Backend, store: Store) -> Tuple[Dict[str, Host], List[Host], List[tuple]]:
+    """Live hosts (newest per run, and all), then per run (run, status, action, view) — a read-only look."""
+    hosts: Dict[str, Host] = {}
+    every = backend.list()  # one call, before any status is read (see the module doc)
+    for h in every:
+        if h.run_id not in hosts or (h.attempt or 0) > (hosts[h.run_id].attempt or 0):
+            hosts[h.run_id] = h
+    stale_s = getattr(backend, "stale_s", STALE_S)
+    start_timeout_s = getattr(backend, "start_timeout_s", START_TIMEOUT_S)
+    now = time.time()
     rows = []
     for run in sweep.runs:
         status = read_status(store, sweep.spec.name, run.run_id)
-        action = decide(status, run.run_id in alive, sweep.spec.max_restarts)
-        lost = status.state in ACTIVE and run.run_id not in alive
+        host = hosts.get(run.run_id)
+        action = decide(status, host, sweep.spec.max_restarts, now, stale_s, start_timeout_s)
+        lost = status.state in ACTIVE and host is None
         view = RunView(
             run_id=run.run_id, state=LOST if lost else status.state, attempt=status.attempt,
             failures=status.failures, preemptions=status.preemptions, elapsed=status.elapsed,
@@ -178,12 +218,12 @@ def survey(sweep: Sweep, backend: Backend, store: Store) -> Tuple[Set[str], List
             log_tail=status.log_tail, final=action == DONE,
         )
         rows.append((run, status, action, view))
-    return alive, rows
+    return hosts, every, rows
 
 
 def observe(sweep: Sweep, backend: Backend, store: Store) -> Progress:
     """What each run is doing, without acting (for `orch status`)."""
-    _, rows = survey(sweep, backend, store)
+    _, _, rows = survey(sweep, backend, store)
     return Progress(sweep=sweep.spec.name, runs=[view for *_, view in rows])
 
 
@@ -209,3 +249,20 @@ def stop_sweep(sweep: Sweep, backend: Backend, store: Store) -> List[str]:
             status.state, status.reason = STOPPED, "stopped by orch down"
             write_status(store, sweep.spec.name, status)
     return stopped
+
+
+def chaos_interrupt(sweep: Sweep, backend: Backend, store: Store, run_id: str, grace_s: float = 120.0) -> RunStatus:
+    """A spot interruption, as the agent sees one: the notice, then (after it checkpointed) the host goes away."""
+    from .errors import NotFound
+    from .wait import Timeout
+
+    if not backend.notify_interruption(run_id):
+        raise NotFound(f"run {run_id} has no live host to interrupt. `orch status {sweep.spec.name}` shows what runs.")
+    try:
+        retry_until(lambda: read_status(store, sweep.spec.name, run_id).state == INTERRUPTED, grace_s, 0.5, "the agent to checkpoint")
+    except Timeout:
+        log.warning("%s did not report the checkpoint within %.0f s; taking the host anyway", run_id, grace_s)
+    hosts = [h for h in backend.list() if h.run_id == run_id]
+    for h in hosts:
+        backend.release(h)
+    return read_status(store, sweep.spec.name, run_id)

@@ -355,6 +355,15 @@ def describe(ec2, instance_id: str) -> dict:
     return {"state": i["State"]["Name"], "private_ip": i.get("PrivateIpAddress", ""), "public_ip": i.get("PublicIpAddress", "")}
 
 
+def instance_placement(ec2, instance_id: str) -> Optional[Tuple[str, str]]:
+    """(instance type, subnet id) of an instance, terminated ones included (while EC2 still lists them)."""
+    res = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+    if not res:
+        return None
+    i = res[0]["Instances"][0]
+    return i.get("InstanceType", ""), i.get("SubnetId", "")
+
+
 def tag(ec2, instance_id: str, **tags: str) -> None:
     ec2.create_tags(Resources=[instance_id], Tags=[{"Key": f"orch:{k}", "Value": v} for k, v in tags.items()])
 

@@ -83,6 +83,8 @@ class AwsSection(Strict):
     volume_gb: int = Field(100, ge=8, description="Root volume size (deleted with the instance).")
     keep_alive: bool = Field(False, description="Keep an instance after its run ends (debugging); `orch down` removes it.")
     boot_timeout_s: float = Field(600, gt=0, description="How long to wait for an instance's sshd.")
+    heartbeat_s: float = Field(10, gt=0, description="How often the agent writes status.json to S3.")
+    sync_s: float = Field(30, gt=0, description="How often the agent syncs the run folder to S3 (and at once on a spot notice).")
     ssh: SshSection = Field(default_factory=SshSection, description="SSH settings.")
 
 

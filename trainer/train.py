@@ -343,6 +343,7 @@ def train(cfg: dict) -> dict:
             log.info("SIGTERM: checkpointed at step %d, exiting", st["step"])
             sys.exit(143)
 
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # a late notice must not kill a finished run on its way out
     summary = dict(final_acc=st["acc"], best_acc=st["best_acc"], target_acc=cfg["target_acc"],
                    time_to_target_s=st["time_to_target"], train_time_s=round(st["train_time"], 3), steps=st["step"],
                    epochs=cfg["epochs"], world_size=world, device=str(device), precision=precision,

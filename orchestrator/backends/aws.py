@@ -27,7 +27,7 @@ from ..spec import Sweep, orch_home, session_safe
 from ..ssh import Target, attach_argv, connect, interactive, known_hosts_file, new_host_key, public_key_of
 from ..status import FAILED, QUEUED, read_status, write_status
 from ..store import open_store
-from .base import Host, RunTask
+from .base import ACQUIRING, Host, RunTask
 
 log = logging.getLogger("orch.aws")
 STOP_WAIT_S = 30.0
@@ -47,7 +47,7 @@ def cloud_config(host_private: str, host_public: str, user_public: str, max_minu
 class AwsBackend:
     name = "aws"
     poll_s = 2.0
-
+    stale_s = 180.0  # agents heartbeat every 10 s
     def __init__(self, sweep: Sweep):
         self.sweep = sweep
         self.cfg = sweep.spec.aws
@@ -56,9 +56,10 @@ class AwsBackend:
         self.blocklist = api.Blocklist()
         self.pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="orch-provision")
         self.fatal: Optional[OrchError] = None
-        self.pending: Dict[str, float] = {}  # run -> when its provisioning began (before the instance shows up)
+        self.pending: Dict[str, int] = {}  # run -> attempt being provisioned (before its instance shows up)
         self.lock = threading.Lock()
         self._setup_lock = threading.Lock()  # provisioning threads share one bootstrap
+        self.start_timeout_s = 60.0  # after provisioning ended (or in another, dead controller)
         self._setup: Optional[dict] = None
         self._bundle: Optional[code_bundle.Bundle] = None
 
@@ -124,11 +125,31 @@ class AwsBackend:
             instances = api.sweep_instances(self.ec2, self.name_, ["pending", "running"])
         except (ClientError, BotoCoreError) as exc:
             raise api.explain(exc, "listing the sweep's instances") from None
-        hosts = [Host(run_id=i["run"], host_id=i["instance_id"], address=self._address(i)) for i in instances if i["run"]]
-        seen = {h.run_id for h in hosts}
         with self.lock:
-            hosts += [Host(run_id=r, host_id="(acquiring)", address="") for r in self.pending if r not in seen]
+            pending = dict(self.pending)
+        hosts = [Host(run_id=i["run"], host_id=i["instance_id"], address=self._address(i),
+                      attempt=int(i["attempt"]) if i["attempt"].isdigit() else None,
+                      provisioning=pending.get(i["run"]) == (int(i["attempt"]) if i["attempt"].isdigit() else None))
+                 for i in instances if i["run"]]
+        seen = {h.run_id for h in hosts}
+        hosts += [Host(run_id=r, host_id=ACQUIRING, address="", attempt=a, provisioning=True) for r, a in pending.items() if r not in seen]
         return hosts
+
+    def notify_interruption(self, run_id: str) -> bool:
+        """The agent's view of a spot notice (IMDS cannot be faked on a real instance): its ctl file."""
+        inst = self._instance_of(run_id)
+        if inst is None:
+            return False
+        conn = connect(self._target(inst), timeout=30)
+        try:
+            conn.put_bytes(b"chaos\n", f"~/orch/runs/{self.name_}/{run_id}/ctl/spot-notice", mode=0o644)
+        finally:
+            conn.close()
+        return True
+
+    def release(self, host: Host) -> None:
+        if host.host_id != ACQUIRING:
+            api.terminate(self.ec2, [host.host_id])
 
     def new_task(self, run_id: str, attempt: int, command: str, params_json: str) -> RunTask:
         spec = self.sweep.spec
@@ -139,13 +160,14 @@ class AwsBackend:
         return RunTask(sweep=spec.name, run_id=run_id, attempt=attempt, command=command, store_url=self.sweep.store_url,
                        run_dir=f"{root}/run", ctl_dir=f"{root}/ctl", session=f"orch_{spec.name}_{session_safe(run_id)}",
                        env=env, timeout_s=spec.timeout_minutes * 60 if spec.timeout_minutes else None,
-                       heartbeat_s=10.0, sync_s=30.0, host="", terminate_on_exit=not self.cfg.keep_alive)
+                       heartbeat_s=self.cfg.heartbeat_s, sync_s=self.cfg.sync_s, host="",
+                       terminate_on_exit=not self.cfg.keep_alive, imds=True, notice_poll_s=5.0)
 
     def start(self, task: RunTask) -> Host:
         with self.lock:
             if task.run_id in self.pending:
                 raise OrchError(f"run {task.run_id} is already being provisioned")
-            self.pending[task.run_id] = time.time()
+            self.pending[task.run_id] = task.attempt
         self.pool.submit(self._provision, task)
         return Host(run_id=task.run_id, host_id="(acquiring)", address="")
 
@@ -188,6 +210,8 @@ class AwsBackend:
         instance_id = None
         try:
             setup = self.bootstrap()
+            if task.replaces:  # that (type, AZ) just took its instance back: try elsewhere first
+                self._block_reclaimed(task.replaces)
             host_private, host_public = new_host_key()
             user_data = cloud_config(host_private, host_public, public_key_of(self.cfg.ssh.identity), self.cfg.max_minutes)
             tags = api.sweep_tags(self.name_, run=task.run_id, attempt=str(task.attempt), hostkey=host_public) + [
@@ -236,6 +260,17 @@ class AwsBackend:
         agent = (f'PYTHONPATH="{home_path(b.remote_dir)}" {shlex.quote(py)} -m orchestrator.agent "{home_path(task_path)}" '
                  f'2>&1 | tee -a "{home_path(ctl)}/agent.log"')
         conn.check(f'cd "$HOME" && tmux -L orch new-session -d -s {shlex.quote(task.session)} -n agent -x 200 -y 50 {shlex.quote(agent)}')
+
+    def _block_reclaimed(self, instance_id: str) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            prev = api.instance_placement(self.ec2, instance_id)
+        except ClientError:
+            return
+        if prev:
+            self.blocklist.block(*prev)
+            log.info("blocking %s in %s for a while: it just reclaimed %s", prev[0], prev[1], instance_id)
 
     def _requeue(self, task: RunTask, reason: str) -> None:
         store = open_store(self.sweep.store_url)

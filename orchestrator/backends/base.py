@@ -26,6 +26,9 @@ class RunTask:
     sync_s: float = 5.0  # run folder -> store period
     host: str = "localhost"  # shown in status
     terminate_on_exit: bool = False  # aws: the agent terminates its own instance when the attempt ends
+    replaces: str = ""  # host of the previous attempt when that one was preempted or lost
+    notice_poll_s: float = 5.0  # how often the agent looks for a spot interruption notice
+    imds: bool = False  # also ask the instance metadata service (aws), not only ctl/spot-notice
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -37,13 +40,18 @@ class RunTask:
         return cls(**json.loads(Path(path).read_text()))
 
 
+ACQUIRING = "(acquiring)"  # host_id of a run whose host is still being acquired
+
+
 @dataclass(frozen=True)
 class Host:
     """A live host running one run's agent."""
 
     run_id: str  # the run it serves
-    host_id: str  # tmux session name (local) or instance id (aws)
+    host_id: str  # tmux session name (local), instance id (aws), or ACQUIRING
     address: str  # where to reach it ("localhost" or an IP)
+    attempt: Optional[int] = None  # the attempt it was started for, when the backend knows
+    provisioning: bool = False  # this controller is still setting it up (acquire, boot, ssh, agent)
 
 
 class Backend(Protocol):
@@ -59,6 +67,9 @@ class Backend(Protocol):
 
     def start(self, task: RunTask) -> Host:
         """Start the agent for task; raises OrchError when the run already has a live host."""
+
+    def release(self, host: Host) -> None:
+        """Get rid of a host at once (lost, or serving no current attempt); no grace."""
 
     def stop(self, run_id: str, reason: str) -> bool:
         """Ask the run's agent to stop its command, record `reason` as the state, and wait; False if none ran."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import List
 
 from .. import tmux
-from ..agent import STOP_REASON_FILE
+from ..agent import NOTICE_FILE, STOP_REASON_FILE
 from ..errors import OrchError
 from ..spec import Sweep, orch_home, session_safe
 from ..wait import Timeout, retry_until
@@ -25,6 +25,8 @@ STOP_WAIT_S = 20.0  # the agent's own kill grace is 10 s
 
 class LocalBackend:
     name = "local"
+    stale_s = 30.0  # agents heartbeat every second here
+    start_timeout_s = 60.0
 
     def __init__(self, sweep: Sweep):
         self.sweep = sweep
@@ -89,9 +91,20 @@ class LocalBackend:
             env=self.task_env(params_json, run_id, attempt, run_dir),
             timeout_s=spec.timeout_minutes * 60 if spec.timeout_minutes else None,
             heartbeat_s=1.0,
+            notice_poll_s=1.0,
             sync_s=2.0,
             host="localhost",
         )
+
+    def release(self, host: Host) -> None:
+        tmux.kill_session(host.host_id)
+
+    def notify_interruption(self, run_id: str) -> bool:
+        """Deliver a spot notice the way the agent looks for one; False if the run has no live agent."""
+        if not tmux.has_session(self.session(run_id)):
+            return False
+        (self.run_root(run_id) / "ctl" / NOTICE_FILE).write_text("chaos\n")
+        return True
 
     def stop(self, run_id: str, reason: str) -> bool:
         session = self.session(run_id)

@@ -1,0 +1,111 @@
+"""Spot reliability on the local backend: chaos interrupt -> resume, broken checkpoint in the store,
+and the controller's decisions (pure function)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+from orchestrator.backends.base import Host
+from orchestrator.controller import DONE, REPLACE, START, WAIT, decide
+from orchestrator.status import RunStatus
+from orchestrator.wait import retry_until
+from tests.conftest import ROOT
+from tests.test_trainer import SMALL, run_trainer
+
+pytestmark = pytest.mark.slow
+
+LONGER = [*SMALL, "--epochs", "8"]  # 128 steps: time to interrupt it mid-run
+TRAIN = " ".join(["{python}", "-m", "trainer", *LONGER, "--log-every", "1"])
+
+
+def status(orch, sweep):
+    r = orch("status", sweep, "--json")
+    if r.code != 0:
+        return {}
+    return {x["run_id"]: x for x in json.loads(r.out)["runs"]}
+
+
+def final_weights(folder):
+    from trainer import checkpoint
+
+    return checkpoint.load(checkpoint.latest(folder))["model"]
+
+
+def same(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture
+def reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref")
+    run_trainer([*LONGER, "--out", str(out)])
+    return out
+
+
+def test_chaos_interrupt_resumes_to_the_same_result(orch, reference):
+    path = orch.sweep(f'name: chaos\ncommand: "{TRAIN}"\nmax_restarts: 0\nstore: store\n')
+    assert orch("launch", str(path), "--detach").code == 0
+    retry_until(lambda: status(orch, "chaos").get("run", {}).get("metrics", {}).get("step", 0) >= 20, 120, 0.2, "training past step 20")
+    r = orch("chaos", "interrupt", "run")
+    assert r.code == 0 and "spot interruption notice; checkpoint step" in r.out, r.out + r.err
+    retry_until(lambda: status(orch, "chaos")["run"]["state"] in ("succeeded", "failed"), 180, 0.5, "the resumed run to end")
+    final = status(orch, "chaos")["run"]
+    assert (final["state"], final["attempt"], final["preemptions"], final["failures"]) == ("succeeded", 2, 1, 0)
+    log2 = orch("logs", "run", "--attempt", "2").out
+    assert "resumed from" in log2
+    assert same(final_weights(reference), final_weights(orch.store("chaos", "run")))
+    ref_last = json.loads((reference / "metrics.jsonl").read_text().splitlines()[-1])
+    got_last = json.loads(orch.store("chaos", "run", "metrics.jsonl").read_text().splitlines()[-1])
+    assert (ref_last["test_acc"], ref_last["train_loss"]) == (got_last["test_acc"], got_last["train_loss"])
+
+
+def test_corrupted_newest_checkpoint_in_the_store_falls_back(orch, reference):
+    path = orch.sweep(f'name: corrupt\ncommand: "{TRAIN}"\nstore: store\n')
+    assert orch("launch", str(path), "--detach").code == 0
+
+    def two_checkpoints():
+        found = sorted(int(p.parent.name) for p in orch.store("corrupt", "run").glob("ckpt/*/MANIFEST.json"))
+        return found if len(found) >= 2 else None
+
+    steps = retry_until(two_checkpoints, 120, 0.2, "two checkpoints in the store")
+    assert orch("down", "corrupt").code == 0
+    newest = max(int(p.parent.name) for p in orch.store("corrupt", "run").glob("ckpt/*/MANIFEST.json"))
+    blob = orch.store("corrupt", "run", "ckpt", str(newest), "state.pt")
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, other bytes: as a bad upload would leave it
+    blob.write_bytes(bytes(data))
+    r = orch("launch", str(path), timeout=300)
+    assert r.code == 0, r.out + r.err
+    log2 = orch("logs", "run", "--attempt", "2").out
+    assert f"skipping checkpoint" in log2 and "checksum" in log2
+    assert same(final_weights(reference), final_weights(orch.store("corrupt", "run")))
+
+
+# --- decisions ------------------------------------------------------------------------------------
+
+NOW = 1_000_000.0
+
+
+def st(state, **kw):
+    return RunStatus(run_id="r", state=state, **kw)
+
+
+@pytest.mark.parametrize("status, host, want", [
+    (st("succeeded"), None, DONE),
+    (st("cancelled"), Host("r", "h", "a"), DONE),
+    (st("running", heartbeat=NOW - 5), Host("r", "h", "a"), WAIT),
+    (st("running", heartbeat=NOW - 500), Host("r", "h", "a"), REPLACE),        # silent agent: host lost
+    (st("running", heartbeat=NOW - 5), None, START),                          # host vanished
+    (st("interrupted"), None, START),
+    (st("starting", started_at=NOW - 500), Host("r", "i-1", "a"), REPLACE),   # orphan of a dead controller
+    (st("starting", started_at=NOW - 500), Host("r", "i-1", "a", provisioning=True), WAIT),
+    (st("failed", failures=1), None, START),
+    (st("failed", failures=2), None, DONE),
+    (st("stopped"), None, START),
+])
+def test_decide(status, host, want):
+    assert decide(status, host, max_restarts=1, now=NOW, stale_s=60, start_timeout_s=60) == want
