@@ -205,6 +205,7 @@ class FakeCloud:
         self.gone: Dict[str, FakeHost] = {}
         self.subnets: List[str] = []
         self.wrong_host_keys = False  # set by a test: new hosts answer with a different host key
+        self.no_sshd = False  # set by a test: new hosts never bring sshd up
         self.secret = f"fake-secret-{uuid.uuid4().hex}"  # distinctive, so tests can look for leaks
         self._stop = threading.Event()
         self._saved_env: Dict[str, Optional[str]] = {}
@@ -296,6 +297,9 @@ class FakeCloud:
                 ud = ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData").get("UserData", {}).get("Value", "")
                 host = FakeHost(iid, inst["PrivateIpAddress"], inst["Placement"]["AvailabilityZone"], self.root / "hosts" / iid,
                                 self.endpoint, secret=self.secret, wrong_key=self.wrong_host_keys)
+                if self.no_sshd:
+                    self.hosts[iid] = FakeHost(iid, inst["PrivateIpAddress"], "", self.root / "hosts" / iid, self.endpoint)
+                    continue
                 host.start(base64.b64decode(ud).decode() if ud else "")
                 self.hosts[iid] = host
         for iid in [i for i in self.hosts if i not in running]:

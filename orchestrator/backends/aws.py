@@ -59,7 +59,7 @@ class AwsBackend:
         self.pending: Dict[str, int] = {}  # run -> attempt being provisioned (before its instance shows up)
         self.lock = threading.Lock()
         self._setup_lock = threading.Lock()  # provisioning threads share one bootstrap
-        self.start_timeout_s = 60.0  # after provisioning ended (or in another, dead controller)
+        self.start_timeout_s = min(60.0, self.cfg.boot_timeout_s)  # after provisioning ended (or in a dead controller)
         self._setup: Optional[dict] = None
         self._bundle: Optional[code_bundle.Bundle] = None
 

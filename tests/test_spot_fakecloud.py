@@ -1,0 +1,215 @@
+"""The spot failure scenarios on the fake cloud: notice -> resume, host lost, controller crash,
+controller gone for good, sshd never up, throttling, teardown failing halfway."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+
+import pytest
+import torch
+
+from orchestrator.wait import retry_until
+from tests.test_trainer import SMALL, run_trainer
+
+pytestmark = pytest.mark.slow
+
+LONGER = [*SMALL, "--epochs", "16"]  # 256 steps: time to interrupt mid-run (the agent looks every 5 s)
+TRAIN = " ".join(["{python}", "-m", "trainer", *[a for a in LONGER if a not in ("--seed", "5")], "--seed", "{seed}", "--log-every", "1"])
+FAST_SYNC = {"heartbeat_s": "1", "sync_s": "2"}
+
+
+def status(orch, sweep):
+    r = orch("status", sweep, "--json")
+    if r.code != 0:
+        return {}
+    return {x["run_id"]: x for x in json.loads(r.out)["runs"]}
+
+
+def weights_in_s3(cloud, prefix):
+    """Model weights of the newest manifested checkpoint under an S3 prefix."""
+    import io
+
+    from tests.fakecloud import BUCKET
+
+    s3 = cloud.client("s3")
+    keys = [o["Key"] for p in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix) for o in p.get("Contents", [])]
+    steps = [int(k.split("/")[-2]) for k in keys if k.endswith("/MANIFEST.json") and "/ckpt/" in k]
+    blob = s3.get_object(Bucket=BUCKET, Key=f"{prefix}ckpt/{max(steps)}/state.pt")["Body"].read()
+    return torch.load(io.BytesIO(blob), weights_only=False)["model"], max(steps)
+
+
+def reference(tmp_path, seed):
+    out = tmp_path / f"ref{seed}"
+    args = [a if a != "5" else str(seed) for a in LONGER]
+    run_trainer([*args, "--out", str(out)])
+    from trainer import checkpoint
+
+    return checkpoint.load(checkpoint.latest(out))["model"]
+
+
+def same(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def steps_lost(cloud, key):
+    """Steps done twice: where metrics.jsonl (one line per step) jumps back, attempt 2 resumed."""
+    from tests.fakecloud import BUCKET
+
+    body = cloud.client("s3").get_object(Bucket=BUCKET, Key=key)["Body"].read().decode()
+    steps = [json.loads(line)["step"] for line in body.splitlines()]
+    drops = [(a, b) for a, b in zip(steps, steps[1:]) if b <= a]
+    return sum(a - (b - 1) for a, b in drops)
+
+
+def instance_of(cloud, sweep, run, attempt):
+    for i in cloud.instances(sweep):
+        if i["tags"].get("orch:run") == run and i["tags"].get("orch:attempt") == str(attempt):
+            return i["id"]
+    return None
+
+
+@pytest.mark.timeout(900)
+def test_every_run_interrupted_once_finishes_with_uninterrupted_results(orch, cloud, identity, tmp_path):
+    rng = random.Random(7)
+    path = orch.sweep(cloud.sweep_yaml("spot3", identity, TRAIN, extra="seeds: 3\nmax_parallel: 3\nmax_restarts: 0", **FAST_SYNC))
+    assert orch("launch", str(path), "--detach").code == 0
+    runs = ("seed=0", "seed=1", "seed=2")
+    target = {run: rng.randint(10, 150) for run in runs}  # a random moment per run, in steps
+    noticed, reclaimed, lost = {}, set(), {}
+
+    def chaos_pass() -> bool:
+        now = status(orch, "spot3")
+        for run in runs:
+            v = now.get(run, {})
+            if run not in noticed and v.get("attempt") == 1 and v.get("metrics", {}).get("step", 0) >= target[run]:
+                iid = instance_of(cloud, "spot3", run, 1)
+                cloud.spot_notice(iid)  # through the fake IMDS, as AWS gives it
+                noticed[run] = (iid, time.time())
+            elif run in noticed and run not in reclaimed and (v.get("state") == "interrupted" or v.get("preemptions", 0) >= 1):
+                iid, t_notice = noticed[run]
+                lost[run] = {"notice_to_checkpoint_in_s3_s": round(time.time() - t_notice, 2)}
+                cloud.reclaim(iid)  # the two minutes are up
+                reclaimed.add(run)
+        return len(reclaimed) == len(runs)
+
+    try:
+        retry_until(chaos_pass, 300, 0.2, f"each run to be interrupted once (targets {target})")
+    except Exception:
+        snap = {k: (v["state"], v["attempt"], v["metrics"].get("step"), v["reason"]) for k, v in status(orch, "spot3").items()}
+        logs = {iid: (cloud.root / "hosts" / iid / "home" / "orch").exists() and
+                [p.read_text()[-800:] for p in (cloud.root / "hosts" / iid / "home").rglob("agent.log")] for iid, _ in noticed.values()}
+        raise AssertionError(f"runs: {snap}\nnoticed: {noticed}\nagent logs: {logs}")
+    retry_until(lambda: all(v["state"] in ("succeeded", "failed") for v in status(orch, "spot3").values()), 600, 1.0, "the sweep to finish")
+    final = status(orch, "spot3")
+    for seed, run in enumerate(runs):
+        v = final[run]
+        assert (v["state"], v["attempt"], v["preemptions"], v["failures"]) == ("succeeded", 2, 1, 0), v
+        got, _ = weights_in_s3(cloud, f"sweeps/spot3/{run}/")
+        assert same(reference(tmp_path, seed), got), f"{run} differs from an uninterrupted run"
+        lost[run]["steps_lost"] = steps_lost(cloud, f"sweeps/spot3/{run}/metrics.jsonl")
+    print("\ninterruptions:", json.dumps(lost))
+    assert all(x["steps_lost"] <= 16 for x in lost.values())  # at most one checkpoint interval (an epoch)
+    assert orch("down", "spot3").code == 0
+    assert not any(cloud.leftovers("spot3").values())
+
+
+def test_host_lost_without_notice_resumes(orch, cloud, identity, tmp_path):
+    path = orch.sweep(cloud.sweep_yaml("lost1", identity, TRAIN.replace("{seed}", "5"), extra="max_restarts: 0", **FAST_SYNC))
+    assert orch("launch", str(path), "--detach").code == 0
+    retry_until(lambda: status(orch, "lost1").get("run", {}).get("metrics", {}).get("step", 0) >= 60, 300, 0.2, "step 60")
+    cloud.reclaim(instance_of(cloud, "lost1", "run", 1))  # no notice: gone
+    retry_until(lambda: status(orch, "lost1")["run"]["state"] in ("succeeded", "failed"), 600, 1.0, "the run to end")
+    v = status(orch, "lost1")["run"]
+    assert (v["state"], v["attempt"], v["preemptions"], v["failures"]) == ("succeeded", 2, 1, 0)
+    got, _ = weights_in_s3(cloud, "sweeps/lost1/run/")
+    assert same(reference(tmp_path, 5), got)
+    assert orch("down", "lost1").code == 0 and not any(cloud.leftovers("lost1").values())
+
+
+def test_controller_killed_right_after_createfleet_is_adopted(orch, cloud, identity, job):
+    path = orch.sweep(cloud.sweep_yaml("crash", identity, job(steps=3), extra="grid:\n  a: [1, 2]\nmax_parallel: 2\nmax_restarts: 0",
+                                       boot_timeout_s="20"))
+    ctl = orch.popen("launch", str(path))
+    retry_until(lambda: len(cloud.instances("crash")) >= 1, 60, 0.02, "CreateFleet to return")
+    ctl.send_signal(signal.SIGKILL)
+    ctl.wait(10)
+    r = orch("launch", str(path), timeout=300)
+    assert r.code == 0, r.out + r.err
+    final = status(orch, "crash")
+    assert all(v["state"] == "succeeded" for v in final.values())
+    assert not (job.marks / "DUPLICATE").exists()  # never two copies of a run at once
+    assert cloud.instances("crash") == []  # the orphan was released, the rest terminated themselves
+    assert orch("down", "crash").code == 0 and not any(cloud.leftovers("crash").values())
+
+
+def test_controller_gone_for_good_hosts_terminate_themselves(orch, cloud, identity, job):
+    path = orch.sweep(cloud.sweep_yaml("orphan", identity, job(steps=2, release=True), extra="max_restarts: 0"))
+    assert orch("launch", str(path), "--detach").code == 0
+    retry_until(lambda: status(orch, "orphan").get("run", {}).get("state") == "running", 120, 0.3, "the run to start")
+    pid = int((orch.home / "locks" / "orphan.lock").read_text())
+    os.kill(pid, signal.SIGKILL)  # no controller from here on
+    job.release.touch()
+    retry_until(lambda: cloud.instances("orphan") == [], 120, 0.5, "the instance to terminate itself")
+    assert status(orch, "orphan")["run"]["state"] == "succeeded"
+    orch("down", "orphan")
+
+
+def test_sshd_never_up_fails_the_attempt_and_terminates(orch, cloud, identity):
+    cloud.no_sshd = True
+    path = orch.sweep(cloud.sweep_yaml("nossh", identity, "true", extra="max_restarts: 0", boot_timeout_s="5"))
+    r = orch("launch", str(path), timeout=300)
+    assert r.code == 1
+    v = status(orch, "nossh")["run"]
+    assert v["state"] == "failed" and "could not reach sshd" in v["reason"]
+    assert cloud.instances("nossh") == []
+    orch("down", "nossh")
+
+
+def test_throttling_is_retried_with_backoff(cloud):
+    from botocore.awsrequest import AWSResponse
+
+    from orchestrator import ec2 as api
+
+    client = api.client("ec2", "us-east-1")
+    calls = []
+
+    def throttle_first(request, **_):
+        calls.append(request.url)
+        if len(calls) == 1:
+            body = (b'<?xml version="1.0"?><Response><Errors><Error><Code>RequestLimitExceeded</Code>'
+                    b"<Message>Request limit exceeded.</Message></Error></Errors></Response>")
+            return AWSResponse(request.url, 503, {}, type("Raw", (), {"stream": lambda *a, **k: iter([body]), "read": lambda *a: body})())
+        return None
+
+    client.meta.events.register("before-send.ec2.DescribeInstances", throttle_first)
+    assert api.sweep_instances(client, "nothing") == []
+    assert len(calls) == 2  # one throttled, one retried
+
+
+def test_teardown_failing_halfway_is_finished_by_a_rerun(cloud):
+    from botocore.exceptions import ClientError
+
+    from orchestrator import ec2 as api
+
+    ec2, iam = api.client("ec2", "us-east-1"), api.client("iam", "us-east-1")
+    sg = api.ensure_security_group(ec2, "half", cloud.vpc, "127.0.0.1/32")
+    api.ensure_instance_profile(iam, "half", "b", "p")
+    api.ensure_launch_template(ec2, "half", cloud.image, sg, 20, "orch-half")
+    failures = []
+
+    def fail_once(**_):
+        if not failures:
+            failures.append(1)
+            raise ClientError({"Error": {"Code": "InternalError", "Message": "injected"}}, "DeleteSecurityGroup")
+
+    ec2.meta.events.register("before-call.ec2.DeleteSecurityGroup", fail_once)
+    with pytest.raises(Exception):
+        api.teardown(ec2, iam, "half")
+    left = cloud.leftovers("half")
+    assert left["security_groups"] and left["instance_profiles"] and not left["launch_templates"]  # halfway
+    api.teardown(ec2, iam, "half")
+    assert not any(cloud.leftovers("half").values())
