@@ -457,22 +457,46 @@ def chaos_interrupt_cmd(run: str, grace: float):
 
 
 @main.command()
-@click.argument("sweep")
+@click.argument("sweep", required=False)
+@click.option("--all", "everything", is_flag=True, help="Every sweep launched from here, and anything orch made in their regions.")
 @expected_errors
-def down(sweep: str):
-    """Stop everything of SWEEP: its controller and every run. Safe to repeat.
+def down(sweep: Optional[str], everything: bool):
+    """Stop everything of SWEEP: its controller, every run, and (aws) its instances,
+    launch template, security group and instance profile. Safe to repeat, and to rerun
+    after a failure halfway.
 
     Stopped runs resume (from their checkpoints) on the next `orch launch`.
 
     \b
     Example:
       orch down local-smoke
+      orch down --all
     """
+    from .state import State
+
+    if everything == bool(sweep):
+        raise OrchError("name one SWEEP, or pass --all (not both).")
+    names = [sweep] if sweep else [rec.name for rec in State().sweeps()]
+    for name in names:
+        for line in _down_one(load_sweep_arg(name)):
+            click.echo(line)
+    if everything:
+        for region, by_sweep in _scan_regions().items():
+            for name in sorted(set(by_sweep) - set(names)):
+                from . import ec2 as api
+
+                removed = api.teardown(api.client("ec2", region), api.client("iam", region), name)
+                click.echo(f"{region}: removed {len(removed)} resource(s) of unknown sweep {name}: {', '.join(removed)}")
+    if not names and not everything:
+        click.echo("no sweeps launched from here.")
+
+
+def _down_one(sw) -> List[str]:
     from .controller import stop_sweep
     from .state import SweepLock
     from .wait import Timeout, retry_until
 
-    sw = load_sweep_arg(sweep)
+    out = []
     backend, store, state = _parts(sw)
     lock = SweepLock(state.home, sw.spec.name)
     pid = lock.holder()
@@ -484,12 +508,60 @@ def down(sweep: str):
             pass
         except Timeout:
             os.kill(pid, signal.SIGKILL)
-        click.echo(f"stopped controller pid {pid}")
+        out.append(f"stopped controller pid {pid}")
     stopped = stop_sweep(sw, backend, store)
-    click.echo(f"stopped {len(stopped)} run(s): {', '.join(stopped)}" if stopped else f"nothing of sweep {sw.spec.name} is running.")
+    out.append(f"stopped {len(stopped)} run(s): {', '.join(stopped)}" if stopped else f"nothing of sweep {sw.spec.name} is running.")
     removed = backend.teardown()
     if removed:
-        click.echo(f"removed {len(removed)} resource(s): {', '.join(removed)}")
+        out.append(f"removed {len(removed)} resource(s): {', '.join(removed)}")
+    return out
+
+
+def _scan_regions():
+    """{region: {sweep: [resource, ...]}} over the regions of every aws sweep launched from here."""
+    from . import ec2 as api
+    from .state import State
+
+    regions = set()
+    for rec in State().sweeps():
+        if rec.backend == "aws":
+            try:
+                regions.add(load_sweep_arg(rec.name).spec.aws.region)
+            except OrchError:
+                continue
+    out = {}
+    for region in sorted(regions):
+        try:
+            out[region] = api.orch_resources(api.client("ec2", region), api.client("iam", region))
+        except Exception as exc:  # botocore errors: say which region, keep going
+            raise api.explain(exc, f"scanning {region}") from None
+    return out
+
+
+@main.command()
+@expected_errors
+def gc():
+    """List what orch made and what still exists (instances, security groups, launch
+    templates, instance profiles), by sweep, in the regions of the sweeps launched from
+    here. Removes nothing: `orch down SWEEP` or `orch down --all` does.
+
+    \b
+    Example:
+      orch gc
+    """
+    from .state import State
+
+    known = {rec.name for rec in State().sweeps()}
+    found = False
+    for region, by_sweep in _scan_regions().items():
+        for name, items in sorted(by_sweep.items()):
+            found = True
+            tag = "" if name in known else " (not launched from here)"
+            click.echo(f"{region} {name}{tag}: {len(items)} resource(s)")
+            for item in items:
+                click.echo(f"  {item}")
+    if not found:
+        click.echo("nothing of orch's exists in the regions of your sweeps.")
 
 
 if __name__ == "__main__":

@@ -430,6 +430,27 @@ def teardown(ec2, iam, sweep: str) -> List[str]:
     return removed
 
 
+def orch_resources(ec2, iam) -> Dict[str, List[str]]:
+    """Everything orch made in this region, by sweep: what `orch gc` lists and `orch down --all` removes."""
+    found: Dict[str, List[str]] = {}
+    for page in ec2.get_paginator("describe_instances").paginate(Filters=[{"Name": "tag-key", "Values": ["orch:sweep"]},
+                                                                         {"Name": "instance-state-name", "Values": LIVE_STATES}]):
+        for res in page["Reservations"]:
+            for i in res["Instances"]:
+                sweep = {t["Key"]: t["Value"] for t in i.get("Tags", [])}.get("orch:sweep", "?")
+                found.setdefault(sweep, []).append(f"instance {i['InstanceId']} ({i['State']['Name']})")
+    for sg in ec2.describe_security_groups(Filters=[{"Name": "tag-key", "Values": ["orch:sweep"]}])["SecurityGroups"]:
+        sweep = {t["Key"]: t["Value"] for t in sg.get("Tags", [])}.get("orch:sweep", "?")
+        found.setdefault(sweep, []).append(f"security-group {sg['GroupId']}")
+    for lt in ec2.describe_launch_templates()["LaunchTemplates"]:
+        if lt["LaunchTemplateName"].startswith("orch-"):
+            found.setdefault(lt["LaunchTemplateName"][5:], []).append(f"launch-template {lt['LaunchTemplateId']}")
+    for prof in iam.list_instance_profiles().get("InstanceProfiles", []):
+        if prof["InstanceProfileName"].startswith("orch-"):
+            found.setdefault(prof["InstanceProfileName"][5:], []).append(f"instance-profile {prof['InstanceProfileName']}")
+    return found
+
+
 def _try_delete_sg(ec2, group_id: str) -> bool:
     from botocore.exceptions import ClientError
 

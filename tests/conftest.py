@@ -177,3 +177,6 @@ def cloud(tmp_path, orch):
     with FakeCloud(tmp_path / "cloud") as c:
         orch.env.update(c.env())
         yield c
+        # nothing of any sweep may outlive its test: instances, security groups, templates, profiles
+        leaks = c.all_leftovers()
+        assert not leaks, f"left behind: {leaks}"

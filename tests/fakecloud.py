@@ -339,6 +339,11 @@ class FakeCloud:
             "instance_profiles": [p["InstanceProfileName"] for p in iam.list_instance_profiles()["InstanceProfiles"] if p["InstanceProfileName"] == name],
         }
 
+    def all_leftovers(self) -> Dict[str, list]:
+        from orchestrator.ec2 import orch_resources
+
+        return orch_resources(self.client("ec2"), self.client("iam"))
+
     def sweep_yaml(self, name: str, identity: Path, command: str, extra: str = "", **aws: str) -> str:
         """A sweep for this cloud (what experiments/fakecloud-smoke.yaml holds, with this cloud's ids)."""
         fields = {"region": REGION, "instance_types": "[g5.xlarge, g6.xlarge]", "image": IMAGE_NAME, "image_owner": "self",

@@ -213,3 +213,22 @@ def test_teardown_failing_halfway_is_finished_by_a_rerun(cloud):
     assert left["security_groups"] and left["instance_profiles"] and not left["launch_templates"]  # halfway
     api.teardown(ec2, iam, "half")
     assert not any(cloud.leftovers("half").values())
+
+
+def test_gc_lists_and_down_all_removes_everything(orch, cloud, identity, job):
+    from orchestrator import ec2 as api
+
+    for name in ("gca", "gcb"):
+        path = orch.sweep(cloud.sweep_yaml(name, identity, job(steps=1, release=True), extra="max_restarts: 0"), name=f"{name}.yaml")
+        assert orch("launch", str(path), "--detach").code == 0
+    retry_until(lambda: all(status(orch, n).get("run", {}).get("state") == "running" for n in ("gca", "gcb")), 120, 0.5, "both running")
+    api.ensure_security_group(cloud.client("ec2"), "ghost", cloud.vpc, "127.0.0.1/32")  # left by a lost controller
+    g = orch("gc")
+    assert g.code == 0 and "us-east-1 gca:" in g.out and "us-east-1 gcb:" in g.out and "ghost (not launched from here)" in g.out, g.out
+    assert "instance i-" in g.out and "launch-template lt-" in g.out
+    d = orch("down", "--all", timeout=600)
+    assert d.code == 0, d.err
+    assert "unknown sweep ghost" in d.out
+    assert orch("gc").out.startswith("nothing of orch's exists")
+    assert not any(cloud.leftovers(n)[k] for n in ("gca", "gcb", "ghost") for k in cloud.leftovers(n))
+    assert orch("down", "--all").code == 0  # idempotent
