@@ -212,8 +212,12 @@ def _finish(con, progress):
     failed = progress.failed
     for line in failure_report(failed):
         con.print(line, markup=False)
-    con.print(f"sweep {progress.sweep} done: {len(progress.runs) - len(failed)} of {len(progress.runs)} runs succeeded. "
-              f"Results: `orch collect {progress.sweep}`.")
+    from .render import spend_text
+
+    ok = sum(1 for r in progress.runs if r.state == "succeeded")
+    spend = spend_text(progress)
+    con.print(f"sweep {progress.sweep} done: {ok} of {len(progress.runs)} runs succeeded"
+              + (f", {spend}" if spend else "") + f". Results: `orch collect {progress.sweep}`.")
     if failed:
         sys.exit(1)
 
@@ -308,7 +312,8 @@ def status(sweep: Optional[str], as_json: bool, watch: bool):
     backend, store, _ = _parts(sw)
     if as_json:
         p = observe(sw, backend, store)
-        click.echo(json.dumps({"sweep": p.sweep, "done": p.done, "runs": [asdict(r) for r in p.runs]}, indent=2))
+        click.echo(json.dumps({"sweep": p.sweep, "done": p.done, "spend_usd": p.spend_usd, "budget_usd": p.budget_usd,
+                               "runs": [asdict(r) for r in p.runs]}, indent=2))
         return
     if watch:
         def run_fn(on_progress):

@@ -67,6 +67,8 @@ class Progress:
     sweep: str
     runs: List[RunView] = field(default_factory=list)
     started: List[str] = field(default_factory=list)  # run ids started in this pass
+    spend_usd: float = 0.0  # realized cost so far (aws)
+    budget_usd: Optional[float] = None  # the sweep's budget, if any
 
     @property
     def done(self) -> bool:
@@ -123,18 +125,33 @@ class Controller:
 
     def step(self) -> Progress:
         hosts, every, rows = survey(self.sweep, self.backend, self.store)
-        progress = Progress(sweep=self.name, runs=[view for *_, view in rows])
+        budget = self.sweep.spec.budget_usd
+        spend = getattr(self.backend, "spend", lambda: 0.0)()
+        progress = Progress(sweep=self.name, runs=[view for *_, view in rows], spend_usd=spend, budget_usd=budget)
         for run, status, action, view in rows:
             if action == REPLACE:
                 self._replace(hosts[run.run_id], status, view)
         self._release_unclaimed(every, {run.run_id: status for run, status, _, _ in rows})
         free = self.sweep.spec.max_parallel - len(hosts)
+        if budget is not None and spend >= budget:
+            self._stop_for_budget(rows, spend, budget)
+            return progress
         for run, status, action, view in rows:
             if action == START and free > 0:
                 if self._start(run, status, view):
                     progress.started.append(run.run_id)
                 free -= 1
         return progress
+
+    def _stop_for_budget(self, rows, spend: float, budget: float) -> None:
+        """The budget is spent: what has not started never will (running attempts finish)."""
+        for run, status, action, view in rows:
+            if action == START:
+                status.state, status.reason = CANCELLED, f"not started: budget ${budget:.2f} reached (spent ${spend:.2f})"
+                status.finished_at = time.time()
+                write_status(self.store, self.name, status)
+                self.state.journal(self.name, "budget", run.run_id, status.reason)
+                view.state, view.reason, view.final = CANCELLED, status.reason, True
 
     def _replace(self, host: Host, status: RunStatus, view: RunView) -> None:
         silent = time.time() - (status.heartbeat or status.started_at or time.time())
@@ -223,8 +240,12 @@ def survey(sweep: Sweep, backend: Backend, store: Store) -> Tuple[Dict[str, Host
 
 def observe(sweep: Sweep, backend: Backend, store: Store) -> Progress:
     """What each run is doing, without acting (for `orch status`)."""
+    from .pricing import ledger_cost
+
     _, _, rows = survey(sweep, backend, store)
-    return Progress(sweep=sweep.spec.name, runs=[view for *_, view in rows])
+    ledger = get_json(store, f"{sweep.spec.name}/cost.json") or {}
+    return Progress(sweep=sweep.spec.name, runs=[view for *_, view in rows], spend_usd=ledger_cost(ledger),
+                    budget_usd=sweep.spec.budget_usd)
 
 
 def cancel_run(sweep: Sweep, backend: Backend, store: Store, run_id: str) -> bool:

@@ -40,8 +40,16 @@ def summary_line(p: Progress) -> str:
     return ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
 
 
+def spend_text(p: Progress) -> str:
+    if p.budget_usd is None and not p.spend_usd:
+        return ""
+    text = f"spent ${p.spend_usd:.4f}" if p.spend_usd < 1 else f"spent ${p.spend_usd:.2f}"
+    return text + (f" of budget ${p.budget_usd:.2f}" if p.budget_usd is not None else "")
+
+
 def runs_table(p: Progress) -> Table:
-    table = Table(title=f"sweep {p.sweep} — {summary_line(p)}", title_justify="left")
+    spend = spend_text(p)
+    table = Table(title=f"sweep {p.sweep} — {summary_line(p)}" + (f" — {spend}" if spend else ""), title_justify="left")
     for col in ("run", "state", "attempt", "elapsed", "last metrics"):
         table.add_column(col, overflow="fold")
     for r in p.runs:

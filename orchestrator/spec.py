@@ -111,6 +111,9 @@ class SweepSpec(Strict):
     max_parallel: int = Field(2, ge=1, description="How many runs execute at the same time.")
     max_restarts: int = Field(1, ge=0, description="Restarts of a run whose command fails (preemptions are free).")
     timeout_minutes: Optional[float] = Field(None, gt=0, description="A run still going after this is stopped and failed.")
+    budget_usd: Optional[float] = Field(
+        None, gt=0, description="aws: once the realized cost reaches this, no new run or attempt starts."
+    )
     store: str = Field(
         "",
         description="Where results go: a folder (relative to this file) or s3://bucket/prefix. Default $ORCH_HOME/store.",
@@ -357,6 +360,8 @@ def _check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
             out.append((("backend",), "backend aws needs an `aws:` section (at least `image:`); see README"))
         if not spec.store.startswith("s3://"):
             out.append((("store",) if spec.store else ("backend",), "backend aws needs `store: s3://bucket/prefix`: instances sync results there"))
+    if spec.budget_usd is not None and spec.backend != "aws":
+        out.append((("budget_usd",), "a budget needs backend aws (local runs cost nothing orch can count); remove it"))
     if spec.aws is not None and spec.backend != "aws":
         out.append((("aws",), "an aws section with backend local; remove it or set `backend: aws`"))
     if spec.store.startswith("s3://") and not re.match(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$", spec.store):

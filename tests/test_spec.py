@@ -86,6 +86,7 @@ BAD = {
     "positional_placeholder": ("name: x\ncommand: echo {}\n", 2, "command"),
     "aws_backend_without_section": ("name: x\nbackend: aws\n", 2, "backend"),
     "aws_backend_local_store": ("name: x\nbackend: aws\nstore: out\naws:\n  image: ami-1\n", 3, "store"),
+    "budget_on_local": ("name: x\nbudget_usd: 5\n", 2, "budget_usd"),
     "bad_s3_url": ("name: x\nstore: s3://Bad_Bucket\n", 2, "store"),
     "aws_unknown_market": ("name: x\nbackend: aws\nstore: s3://b/p\naws:\n  image: ami-1\n  market: cheap\n", 6, "aws.market"),
 }

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from orchestrator.wait import retry_until
+from tests.conftest import starts
 from tests.test_trainer import SMALL, run_trainer
 
 pytestmark = pytest.mark.slow
@@ -232,3 +233,21 @@ def test_gc_lists_and_down_all_removes_everything(orch, cloud, identity, job):
     assert orch("gc").out.startswith("nothing of orch's exists")
     assert not any(cloud.leftovers(n)[k] for n in ("gca", "gcb", "ghost") for k in cloud.leftovers(n))
     assert orch("down", "--all").code == 0  # idempotent
+
+
+def test_budget_stops_new_launches_and_status_shows_spend(orch, cloud, identity, job):
+    from tests.fakecloud import BUCKET
+
+    path = orch.sweep(cloud.sweep_yaml("budget", identity, job(steps=10), extra="grid:\n  a: [1, 2, 3]\nmax_parallel: 1\nbudget_usd: 0.000000000001"))
+    r = orch("launch", str(path), timeout=300)
+    assert r.code == 0, r.out + r.err
+    st = json.loads(orch("status", "budget", "--json").out)
+    states = sorted(v["state"] for v in st["runs"])
+    assert states == ["cancelled", "cancelled", "succeeded"], st
+    assert all("budget" in v["reason"] for v in st["runs"] if v["state"] == "cancelled")
+    assert st["spend_usd"] > 0 and st["budget_usd"] == 1e-12
+    ledger = json.loads(cloud.client("s3").get_object(Bucket=BUCKET, Key="sweeps/budget/cost.json")["Body"].read())
+    assert len(ledger) == 1 and list(ledger.values())[0]["market"] == "spot"
+    assert "of budget" in orch("status", "budget").out
+    assert len(starts(job.marks)) == 1
+    orch("down", "budget")

@@ -26,7 +26,8 @@ from ..errors import OrchError
 from ..spec import Sweep, orch_home, session_safe
 from ..ssh import Target, attach_argv, connect, interactive, known_hosts_file, new_host_key, public_key_of
 from ..status import FAILED, QUEUED, read_status, write_status
-from ..store import open_store
+from ..pricing import PriceBook, ledger_cost
+from ..store import get_json, open_store, put_json
 from .base import ACQUIRING, Host, RunTask
 
 log = logging.getLogger("orch.aws")
@@ -62,6 +63,9 @@ class AwsBackend:
         self.start_timeout_s = min(60.0, self.cfg.boot_timeout_s)  # after provisioning ended (or in a dead controller)
         self._setup: Optional[dict] = None
         self._bundle: Optional[code_bundle.Bundle] = None
+        self.store = open_store(sweep.store_url)
+        self.ledger: Dict[str, dict] = get_json(self.store, f"{self.name_}/cost.json") or {}
+        self.prices = PriceBook(lambda types, azs: api.spot_prices(self.ec2, types, azs))
 
     # --- per-sweep resources ---------------------------------------------------------------------
 
@@ -127,6 +131,7 @@ class AwsBackend:
             raise api.explain(exc, "listing the sweep's instances") from None
         with self.lock:
             pending = dict(self.pending)
+        self._observe_usage(instances)
         hosts = [Host(run_id=i["run"], host_id=i["instance_id"], address=self._address(i),
                       attempt=int(i["attempt"]) if i["attempt"].isdigit() else None,
                       provisioning=pending.get(i["run"]) == (int(i["attempt"]) if i["attempt"].isdigit() else None))
@@ -146,6 +151,41 @@ class AwsBackend:
         finally:
             conn.close()
         return True
+
+    # --- cost -------------------------------------------------------------------------------------
+
+    def _record_acquired(self, got) -> None:
+        try:
+            price = self.prices.price(got.instance_type, got.az, got.market)
+        except Exception as exc:  # a missing price must not lose the instance
+            log.warning("no price for %s in %s: %s", got.instance_type, got.az, exc)
+            price = None
+        now = time.time()
+        with self.lock:
+            self.ledger[got.instance_id] = {"type": got.instance_type, "az": got.az, "market": got.market,
+                                            "price_per_h": price, "start": now, "end": now}
+            self._save_ledger()
+
+    def _observe_usage(self, instances: List[dict]) -> None:
+        """Running instances bill until the last time they are seen (one poll of error at most)."""
+        now = time.time()
+        with self.lock:
+            for i in instances:
+                entry = self.ledger.get(i["instance_id"])
+                if entry is not None:
+                    entry["end"] = now
+            live = {i["instance_id"] for i in instances}
+            if live != getattr(self, "_live", set()) or (live and now - getattr(self, "_saved_at", 0) > 30):
+                self._save_ledger()  # an instance came or went, or 30 s passed
+            self._live = live
+
+    def _save_ledger(self) -> None:
+        put_json(self.store, f"{self.name_}/cost.json", self.ledger)
+        self._saved_at = time.time()
+
+    def spend(self) -> float:
+        with self.lock:
+            return ledger_cost(self.ledger, now=time.time())
 
     def release(self, host: Host) -> None:
         if host.host_id != ACQUIRING:
@@ -219,6 +259,7 @@ class AwsBackend:
             markets = {"spot": ["spot"], "on-demand": ["on-demand"], "spot-then-on-demand": ["spot", "on-demand"]}[self.cfg.market]
             got = api.acquire(self.ec2, setup["template"], setup["base"], user_data, setup["choices"], markets, tags, self.blocklist)
             instance_id = got.instance_id
+            self._record_acquired(got)
             log.info("%s: %s %s in %s (%s)", task.run_id, got.instance_id, got.instance_type, got.az, got.market)
             from ..wait import retry_until
 
