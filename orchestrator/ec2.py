@@ -230,16 +230,26 @@ class Acquired:
 
 @dataclass
 class Blocklist:
-    """(type, subnet) pairs that just answered with a capacity error, and until when."""
+    """(type, subnet) pairs to avoid for a while.
+
+    Hard blocks follow a capacity error (AWS just said no). Soft blocks follow a reclaim: that
+    pool is tight, so other choices go first, but it is still tried when nothing else is left.
+    """
 
     until: Dict[Tuple[str, str], float] = field(default_factory=dict)
+    soft_until: Dict[Tuple[str, str], float] = field(default_factory=dict)
 
     def block(self, instance_type: str, subnet_id: str, seconds: float = BLOCK_S) -> None:
         self.until[(instance_type, subnet_id)] = time.time() + seconds
 
+    def avoid(self, instance_type: str, subnet_id: str, seconds: float = BLOCK_S) -> None:
+        self.soft_until[(instance_type, subnet_id)] = time.time() + seconds
+
     def allowed(self, choices: List[Choice]) -> List[Choice]:
         now = time.time()
-        return [c for c in choices if self.until.get((c.instance_type, c.subnet_id), 0) <= now]
+        open_ = [c for c in choices if self.until.get((c.instance_type, c.subnet_id), 0) <= now]
+        preferred = [c for c in open_ if self.soft_until.get((c.instance_type, c.subnet_id), 0) <= now]
+        return preferred or open_
 
 
 def _fleet(ec2, template_id: str, version: str, choices: List[Choice], market: str, tags: List[dict]) -> dict:

@@ -136,3 +136,14 @@ def test_security_group_launch_template_and_instance_profile(cloud):
     assert lt in removed and sg in removed and "instance-profile/orch-sec" in removed
     assert not any(cloud.leftovers("sec").values())
     assert api.teardown(ec2, iam, "sec") == []
+
+
+def test_a_reclaimed_pool_is_avoided_but_not_refused():
+    blocklist = api.Blocklist()
+    for c in CHOICES[:2]:
+        blocklist.avoid(c.instance_type, c.subnet_id)
+    assert blocklist.allowed(CHOICES) == CHOICES[2:]
+    blocklist.avoid(CHOICES[2].instance_type, CHOICES[2].subnet_id)
+    assert blocklist.allowed(CHOICES) == CHOICES  # all avoided: all still worth a try
+    blocklist.block(CHOICES[0].instance_type, CHOICES[0].subnet_id)
+    assert blocklist.allowed(CHOICES) == CHOICES[1:]  # a capacity error is a hard no

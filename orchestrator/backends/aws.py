@@ -310,8 +310,8 @@ class AwsBackend:
         except ClientError:
             return
         if prev:
-            self.blocklist.block(*prev)
-            log.info("blocking %s in %s for a while: it just reclaimed %s", prev[0], prev[1], instance_id)
+            self.blocklist.avoid(*prev)
+            log.info("avoiding %s in %s for a while: it just reclaimed %s", prev[0], prev[1], instance_id)
 
     def _requeue(self, task: RunTask, reason: str) -> None:
         store = open_store(self.sweep.store_url)
