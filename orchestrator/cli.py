@@ -37,6 +37,13 @@ def expected_errors(fn):
         except OrchError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(exc.exit_code)
+        except Exception as exc:  # an AWS answer nobody turned into words yet: still no traceback
+            if not type(exc).__module__.startswith("botocore"):
+                raise
+            from .ec2 import explain
+
+            click.echo(f"error: {explain(exc, 'an AWS call')}", err=True)
+            sys.exit(1)
 
     return wrapper
 

@@ -64,7 +64,7 @@ class AwsBackend:
         self._setup: Optional[dict] = None
         self._bundle: Optional[code_bundle.Bundle] = None
         self.store = open_store(sweep.store_url)
-        self.ledger: Dict[str, dict] = get_json(self.store, f"{self.name_}/cost.json") or {}
+        self._ledger: Optional[Dict[str, dict]] = None  # read from the store on first use (after preflight)
         self.prices = PriceBook(lambda types, azs: api.spot_prices(self.ec2, types, azs))
 
     # --- per-sweep resources ---------------------------------------------------------------------
@@ -153,6 +153,12 @@ class AwsBackend:
         return True
 
     # --- cost -------------------------------------------------------------------------------------
+
+    @property
+    def ledger(self) -> Dict[str, dict]:
+        if self._ledger is None:
+            self._ledger = get_json(self.store, f"{self.name_}/cost.json") or {}
+        return self._ledger
 
     def _record_acquired(self, got) -> None:
         try:
