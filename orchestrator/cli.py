@@ -1,111 +1,20 @@
-"""orch command line. Each command parses, calls one function, prints. Only this module prints."""
+"""orch command line. Each command parses, calls one function, prints. Only the CLI (this module, cli_ops) prints."""
 
 from __future__ import annotations
 
-import functools
 import json
-import os
-import re
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Optional
 
 import click
 
 from .errors import NotFound, OrchError
-
-EPILOG = "Docs: README.md. Runs keep going when orch exits; `orch down SWEEP` stops everything."
-
-
-def _console():
-    from rich.console import Console
-
-    return Console(highlight=False, soft_wrap=True)
-
-
-def expected_errors(fn):
-    """Expected errors print their message and exit with their code; no traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except OrchError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(exc.exit_code)
-        except Exception as exc:  # an AWS answer nobody turned into words yet: still no traceback
-            if not type(exc).__module__.startswith("botocore"):
-                raise
-            from .ec2 import explain
-
-            click.echo(f"error: {explain(exc, 'an AWS call')}", err=True)
-            sys.exit(1)
-
-    return wrapper
-
-
-# --- resolving arguments ------------------------------------------------------------------------
-
-
-def load_sweep_arg(arg: str):
-    """A sweep file path, or the name of a sweep launched from this machine."""
-    from .spec import load_sweep, sweep_from_record
-    from .state import State
-    from .store import get_json, open_store
-
-    if arg.endswith((".yaml", ".yml")) or os.sep in arg or Path(arg).is_file():
-        return load_sweep(arg)
-    rec = State().sweep(arg)
-    data = get_json(open_store(rec.store_url), f"{rec.name}/sweep.json")
-    if data is None:
-        raise NotFound(f"sweep {arg!r}: its store {rec.store_url} has no sweep.json any more. Launch its file again.")
-    return sweep_from_record(data, rec.spec_path)
-
-
-def resolve_run(arg: str) -> Tuple[object, str]:
-    """RUN or SWEEP/RUN -> (sweep, run id), searching the sweeps launched from here."""
-    from .state import State
-
-    if re.match(r"^i-[0-9a-f]{8,17}$", arg):  # an instance id, as users of the seed tooling type it
-        for rec in State().sweeps():
-            if rec.backend != "aws":
-                continue
-            sweep = load_sweep_arg(rec.name)
-            run_id = _parts(sweep)[0].run_of_instance(arg)
-            if run_id:
-                return sweep, run_id
-        raise NotFound(f"instance {arg} belongs to no running run of a sweep launched from here.")
-    if "/" in arg:
-        name, run_id = arg.split("/", 1)
-        candidates = [load_sweep_arg(name)]
-    else:
-        run_id = arg
-        candidates = []
-        for rec in State().sweeps():
-            try:
-                candidates.append(load_sweep_arg(rec.name))
-            except OrchError:
-                continue
-    hits = [s for s in candidates if any(r.run_id == run_id for r in s.runs)]
-    if not hits:
-        raise NotFound(f"no run {run_id!r} in {'that sweep' if '/' in arg else 'any sweep launched from here'}. List runs with `orch status SWEEP`.")
-    if len(hits) > 1:
-        names = ", ".join(f"{s.spec.name}/{run_id}" for s in hits)
-        raise NotFound(f"run {run_id!r} exists in several sweeps; name one: {names}")
-    return hits[0], run_id
-
-
-def _parts(sweep):
-    from .backends import backend_for
-    from .state import State
-    from .store import open_store
-
-    return backend_for(sweep), open_store(sweep.store_url), State()
-
+from .cli_common import EPILOG, _console, _parts, expected_errors, load_sweep_arg, resolve_run  # noqa: F401
 
 # --- commands -----------------------------------------------------------------------------------
 
@@ -439,141 +348,11 @@ def cancel(run: str):
     click.echo(f"cancelled {sweep.spec.name}/{run_id}" + ("" if was else " (it was not running)"))
 
 
-@main.group()
-def chaos():
-    """Fault injection: prove that your training code survives what spot instances do to it."""
+from .cli_ops import chaos, down, gc  # noqa: E402  (registered below)
 
-
-@chaos.command("interrupt")
-@click.argument("run")
-@click.option("--grace", default=120.0, show_default=True, help="Seconds the run gets to checkpoint before its host goes.")
-@expected_errors
-def chaos_interrupt_cmd(run: str, grace: float):
-    """Send RUN a spot interruption notice, then take its host away.
-
-    The agent asks the command to checkpoint (SIGUSR1), syncs it to the store and
-    marks the run interrupted; then the host is terminated (locally: its tmux
-    session is killed). The controller resumes the run on a new host from the
-    newest verified checkpoint; preemptions do not count against max_restarts.
-
-    \b
-    Example:
-      orch chaos interrupt 'lr=0.1,seed=0'
-    """
-    from .controller import chaos_interrupt
-
-    sweep, run_id = resolve_run(run)
-    backend, store, _ = _parts(sweep)
-    st = chaos_interrupt(sweep, backend, store, run_id, grace)
-    click.echo(f"interrupted {sweep.spec.name}/{run_id}: {st.reason or st.state}")
-
-
-@main.command()
-@click.argument("sweep", required=False)
-@click.option("--all", "everything", is_flag=True, help="Every sweep launched from here, and anything orch made in their regions.")
-@expected_errors
-def down(sweep: Optional[str], everything: bool):
-    """Stop everything of SWEEP: its controller, every run, and (aws) its instances,
-    launch template, security group and instance profile. Safe to repeat, and to rerun
-    after a failure halfway.
-
-    Stopped runs resume (from their checkpoints) on the next `orch launch`.
-
-    \b
-    Example:
-      orch down local-smoke
-      orch down --all
-    """
-    from .state import State
-
-    if everything == bool(sweep):
-        raise OrchError("name one SWEEP, or pass --all (not both).")
-    names = [sweep] if sweep else [rec.name for rec in State().sweeps()]
-    for name in names:
-        for line in _down_one(load_sweep_arg(name)):
-            click.echo(line)
-    if everything:
-        for region, by_sweep in _scan_regions().items():
-            for name in sorted(set(by_sweep) - set(names)):
-                from . import ec2 as api
-
-                removed = api.teardown(api.client("ec2", region), api.client("iam", region), name)
-                click.echo(f"{region}: removed {len(removed)} resource(s) of unknown sweep {name}: {', '.join(removed)}")
-    if not names and not everything:
-        click.echo("no sweeps launched from here.")
-
-
-def _down_one(sw) -> List[str]:
-    from .controller import stop_sweep
-    from .state import SweepLock
-    from .wait import Timeout, retry_until
-
-    out = []
-    backend, store, state = _parts(sw)
-    lock = SweepLock(state.home, sw.spec.name)
-    pid = lock.holder()
-    if pid and pid > 0:
-        try:
-            os.kill(pid, signal.SIGTERM)
-            retry_until(lambda: lock.holder() is None, 15, 0.1, f"controller {pid} to exit")
-        except ProcessLookupError:
-            pass
-        except Timeout:
-            os.kill(pid, signal.SIGKILL)
-        out.append(f"stopped controller pid {pid}")
-    stopped = stop_sweep(sw, backend, store)
-    out.append(f"stopped {len(stopped)} run(s): {', '.join(stopped)}" if stopped else f"nothing of sweep {sw.spec.name} is running.")
-    removed = backend.teardown()
-    if removed:
-        out.append(f"removed {len(removed)} resource(s): {', '.join(removed)}")
-    return out
-
-
-def _scan_regions():
-    """{region: {sweep: [resource, ...]}} over the regions of every aws sweep launched from here."""
-    from . import ec2 as api
-    from .state import State
-
-    regions = set()
-    for rec in State().sweeps():
-        if rec.backend == "aws":
-            try:
-                regions.add(load_sweep_arg(rec.name).spec.aws.region)
-            except OrchError:
-                continue
-    out = {}
-    for region in sorted(regions):
-        try:
-            out[region] = api.orch_resources(api.client("ec2", region), api.client("iam", region))
-        except Exception as exc:  # botocore errors: say which region, keep going
-            raise api.explain(exc, f"scanning {region}") from None
-    return out
-
-
-@main.command()
-@expected_errors
-def gc():
-    """List what orch made and what still exists (instances, security groups, launch
-    templates, instance profiles), by sweep, in the regions of the sweeps launched from
-    here. Removes nothing: `orch down SWEEP` or `orch down --all` does.
-
-    \b
-    Example:
-      orch gc
-    """
-    from .state import State
-
-    known = {rec.name for rec in State().sweeps()}
-    found = False
-    for region, by_sweep in _scan_regions().items():
-        for name, items in sorted(by_sweep.items()):
-            found = True
-            tag = "" if name in known else " (not launched from here)"
-            click.echo(f"{region} {name}{tag}: {len(items)} resource(s)")
-            for item in items:
-                click.echo(f"  {item}")
-    if not found:
-        click.echo("nothing of orch's exists in the regions of your sweeps.")
+main.add_command(chaos)
+main.add_command(down)
+main.add_command(gc)
 
 
 if __name__ == "__main__":

@@ -6,12 +6,10 @@ instance, hands it over in the cloud-config user data, and accepts only that key
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import shlex
 import socket
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Tuple

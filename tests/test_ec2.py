@@ -10,7 +10,6 @@ import pytest
 from botocore.stub import ANY, Stubber
 
 from orchestrator import ec2 as api
-from orchestrator.errors import OrchError
 
 CHOICES = [api.Choice("g5.xlarge", "subnet-a", "us-east-1a"), api.Choice("g5.xlarge", "subnet-b", "us-east-1b"),
            api.Choice("g6.xlarge", "subnet-a", "us-east-1a")]

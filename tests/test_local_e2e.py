@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import signal
 import subprocess
-import time
 import uuid
 
 import pytest

@@ -4,7 +4,6 @@ and the controller's decisions (pure function)."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import torch
@@ -13,7 +12,6 @@ from orchestrator.backends.base import Host
 from orchestrator.controller import DONE, REPLACE, START, WAIT, decide
 from orchestrator.status import RunStatus
 from orchestrator.wait import retry_until
-from tests.conftest import ROOT
 from tests.test_trainer import SMALL, run_trainer
 
 pytestmark = pytest.mark.slow
@@ -71,7 +69,7 @@ def test_corrupted_newest_checkpoint_in_the_store_falls_back(orch, reference):
         found = sorted(int(p.parent.name) for p in orch.store("corrupt", "run").glob("ckpt/*/MANIFEST.json"))
         return found if len(found) >= 2 else None
 
-    steps = retry_until(two_checkpoints, 120, 0.2, "two checkpoints in the store")
+    retry_until(two_checkpoints, 120, 0.2, "two checkpoints in the store")
     assert orch("down", "corrupt").code == 0
     newest = max(int(p.parent.name) for p in orch.store("corrupt", "run").glob("ckpt/*/MANIFEST.json"))
     blob = orch.store("corrupt", "run", "ckpt", str(newest), "state.pt")
@@ -81,7 +79,7 @@ def test_corrupted_newest_checkpoint_in_the_store_falls_back(orch, reference):
     r = orch("launch", str(path), timeout=300)
     assert r.code == 0, r.out + r.err
     log2 = orch("logs", "run", "--attempt", "2").out
-    assert f"skipping checkpoint" in log2 and "checksum" in log2
+    assert "skipping checkpoint" in log2 and "checksum" in log2
     assert same(final_weights(reference), final_weights(orch.store("corrupt", "run")))
 
 

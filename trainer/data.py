@@ -7,7 +7,6 @@ device once; batches are index_select + random crop (reflect pad) + flip on the 
 from __future__ import annotations
 
 import pickle
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -15,7 +15,6 @@ import copy
 import hashlib
 import json
 import logging
-import math
 import os
 import signal
 import sys

@@ -15,7 +15,6 @@ import shlex
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Dict, List, Optional
 
 import yaml

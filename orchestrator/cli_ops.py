@@ -1,0 +1,148 @@
+"""CLI commands that stop or break things on purpose: down, gc, chaos."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import List, Optional
+
+import click
+
+from .cli_common import _parts, expected_errors, load_sweep_arg, resolve_run
+from .errors import OrchError
+
+@click.group()
+def chaos():
+    """Fault injection: prove that your training code survives what spot instances do to it."""
+
+
+@chaos.command("interrupt")
+@click.argument("run")
+@click.option("--grace", default=120.0, show_default=True, help="Seconds the run gets to checkpoint before its host goes.")
+@expected_errors
+def chaos_interrupt_cmd(run: str, grace: float):
+    """Send RUN a spot interruption notice, then take its host away.
+
+    The agent asks the command to checkpoint (SIGUSR1), syncs it to the store and
+    marks the run interrupted; then the host is terminated (locally: its tmux
+    session is killed). The controller resumes the run on a new host from the
+    newest verified checkpoint; preemptions do not count against max_restarts.
+
+    \b
+    Example:
+      orch chaos interrupt 'lr=0.1,seed=0'
+    """
+    from .controller import chaos_interrupt
+
+    sweep, run_id = resolve_run(run)
+    backend, store, _ = _parts(sweep)
+    st = chaos_interrupt(sweep, backend, store, run_id, grace)
+    click.echo(f"interrupted {sweep.spec.name}/{run_id}: {st.reason or st.state}")
+
+
+@click.command()
+@click.argument("sweep", required=False)
+@click.option("--all", "everything", is_flag=True, help="Every sweep launched from here, and anything orch made in their regions.")
+@expected_errors
+def down(sweep: Optional[str], everything: bool):
+    """Stop everything of SWEEP: its controller, every run, and (aws) its instances,
+    launch template, security group and instance profile. Safe to repeat, and to rerun
+    after a failure halfway.
+
+    Stopped runs resume (from their checkpoints) on the next `orch launch`.
+
+    \b
+    Example:
+      orch down local-smoke
+      orch down --all
+    """
+    from .state import State
+
+    if everything == bool(sweep):
+        raise OrchError("name one SWEEP, or pass --all (not both).")
+    names = [sweep] if sweep else [rec.name for rec in State().sweeps()]
+    for name in names:
+        for line in _down_one(load_sweep_arg(name)):
+            click.echo(line)
+    if everything:
+        for region, by_sweep in _scan_regions().items():
+            for name in sorted(set(by_sweep) - set(names)):
+                from . import ec2 as api
+
+                removed = api.teardown(api.client("ec2", region), api.client("iam", region), name)
+                click.echo(f"{region}: removed {len(removed)} resource(s) of unknown sweep {name}: {', '.join(removed)}")
+    if not names and not everything:
+        click.echo("no sweeps launched from here.")
+
+
+def _down_one(sw) -> List[str]:
+    from .controller import stop_sweep
+    from .state import SweepLock
+    from .wait import Timeout, retry_until
+
+    out = []
+    backend, store, state = _parts(sw)
+    lock = SweepLock(state.home, sw.spec.name)
+    pid = lock.holder()
+    if pid and pid > 0:
+        try:
+            os.kill(pid, signal.SIGTERM)
+            retry_until(lambda: lock.holder() is None, 15, 0.1, f"controller {pid} to exit")
+        except ProcessLookupError:
+            pass
+        except Timeout:
+            os.kill(pid, signal.SIGKILL)
+        out.append(f"stopped controller pid {pid}")
+    stopped = stop_sweep(sw, backend, store)
+    out.append(f"stopped {len(stopped)} run(s): {', '.join(stopped)}" if stopped else f"nothing of sweep {sw.spec.name} is running.")
+    removed = backend.teardown()
+    if removed:
+        out.append(f"removed {len(removed)} resource(s): {', '.join(removed)}")
+    return out
+
+
+def _scan_regions():
+    """{region: {sweep: [resource, ...]}} over the regions of every aws sweep launched from here."""
+    from . import ec2 as api
+    from .state import State
+
+    regions = set()
+    for rec in State().sweeps():
+        if rec.backend == "aws":
+            try:
+                regions.add(load_sweep_arg(rec.name).spec.aws.region)
+            except OrchError:
+                continue
+    out = {}
+    for region in sorted(regions):
+        try:
+            out[region] = api.orch_resources(api.client("ec2", region), api.client("iam", region))
+        except Exception as exc:  # botocore errors: say which region, keep going
+            raise api.explain(exc, f"scanning {region}") from None
+    return out
+
+
+@click.command()
+@expected_errors
+def gc():
+    """List what orch made and what still exists (instances, security groups, launch
+    templates, instance profiles), by sweep, in the regions of the sweeps launched from
+    here. Removes nothing: `orch down SWEEP` or `orch down --all` does.
+
+    \b
+    Example:
+      orch gc
+    """
+    from .state import State
+
+    known = {rec.name for rec in State().sweeps()}
+    found = False
+    for region, by_sweep in _scan_regions().items():
+        for name, items in sorted(by_sweep.items()):
+            found = True
+            tag = "" if name in known else " (not launched from here)"
+            click.echo(f"{region} {name}{tag}: {len(items)} resource(s)")
+            for item in items:
+                click.echo(f"  {item}")
+    if not found:
+        click.echo("nothing of orch's exists in the regions of your sweeps.")
