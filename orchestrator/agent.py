@@ -239,7 +239,22 @@ class Agent:
         write_status(self.store, t.sweep, status)
         if t.terminate_on_exit:
             self._terminate_host()
+        elif t.idle_s:
+            self._linger(t.idle_s)
         return 0
+
+    def _linger(self, idle_s: float) -> None:
+        """keep_alive: stay for whoever attaches; once nobody was attached for idle_s, terminate."""
+        last_seen = [time.time()]
+
+        def idle_enough() -> bool:
+            if tmux.clients(self.task.session):
+                last_seen[0] = time.time()
+            return time.time() - last_seen[0] >= idle_s
+
+        log.info("run ended; keeping this instance until nobody was attached for %.0f s", idle_s)
+        retry_until(idle_enough, timeout=None, interval=min(10.0, idle_s / 3))
+        self._terminate_host()
 
     def _terminate_host(self) -> None:
         """The run is over and nothing else needs this machine: stop paying for it."""

@@ -82,6 +82,9 @@ class AwsSection(Strict):
     python: str = Field("python3", description="Python interpreter on the instance.")
     volume_gb: int = Field(100, ge=8, description="Root volume size (deleted with the instance).")
     keep_alive: bool = Field(False, description="Keep an instance after its run ends (debugging); `orch down` removes it.")
+    idle_minutes: Optional[float] = Field(
+        None, gt=0, description="With keep_alive: the instance terminates itself once its run ended and nobody was attached for this long."
+    )
     boot_timeout_s: float = Field(600, gt=0, description="How long to wait for an instance's sshd.")
     heartbeat_s: float = Field(10, gt=0, description="How often the agent writes status.json to S3.")
     sync_s: float = Field(30, gt=0, description="How often the agent syncs the run folder to S3 (and at once on a spot notice).")

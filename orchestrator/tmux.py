@@ -67,6 +67,12 @@ def new_window(session: str, window: str, command: str, cwd: str) -> None:
     _run("new-window", "-d", "-t", f"={session}:", "-n", window, "-c", cwd, command)
 
 
+def clients(session: str) -> int:
+    """How many terminals are attached to a session."""
+    result = _server().cmd("list-clients", "-t", f"={session}", "-F", "#{client_name}")
+    return len(result.stdout) if result.returncode == 0 else 0
+
+
 def kill_session(name: str) -> bool:
     """Kill a session (its processes get SIGHUP); False when it did not exist."""
     return _server().cmd("kill-session", "-t", f"={name}").returncode == 0

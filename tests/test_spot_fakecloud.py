@@ -251,3 +251,15 @@ def test_budget_stops_new_launches_and_status_shows_spend(orch, cloud, identity,
     assert "of budget" in orch("status", "budget").out
     assert len(starts(job.marks)) == 1
     orch("down", "budget")
+
+
+def test_keep_alive_instance_terminates_itself_once_idle(orch, cloud, identity):
+    path = orch.sweep(cloud.sweep_yaml("idle", identity, "echo done", extra="max_restarts: 0", keep_alive="true", idle_minutes="0.1"))
+    r = orch("launch", str(path), timeout=300)
+    assert r.code == 0, r.out + r.err
+    assert status(orch, "idle")["run"]["state"] == "succeeded"
+    assert len(cloud.instances("idle")) == 1  # kept after its run...
+    t0 = time.time()
+    retry_until(lambda: cloud.instances("idle") == [], 60, 0.5, "the idle instance to terminate itself")
+    assert time.time() - t0 >= 2  # ...for about idle_minutes (6 s), with no controller involved
+    orch("down", "idle")

@@ -206,7 +206,8 @@ class AwsBackend:
                        run_dir=f"{root}/run", ctl_dir=f"{root}/ctl", session=f"orch_{spec.name}_{session_safe(run_id)}",
                        env=env, timeout_s=spec.timeout_minutes * 60 if spec.timeout_minutes else None,
                        heartbeat_s=self.cfg.heartbeat_s, sync_s=self.cfg.sync_s, host="",
-                       terminate_on_exit=not self.cfg.keep_alive, imds=True, notice_poll_s=5.0)
+                       terminate_on_exit=not self.cfg.keep_alive, imds=True, notice_poll_s=5.0,
+                       idle_s=self.cfg.idle_minutes * 60 if self.cfg.keep_alive and self.cfg.idle_minutes else None)
 
     def start(self, task: RunTask) -> Host:
         with self.lock:

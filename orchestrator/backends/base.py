@@ -26,6 +26,7 @@ class RunTask:
     sync_s: float = 5.0  # run folder -> store period
     host: str = "localhost"  # shown in status
     terminate_on_exit: bool = False  # aws: the agent terminates its own instance when the attempt ends
+    idle_s: Optional[float] = None  # with terminate_on_exit off: terminate after this long unattached once the run ended
     replaces: str = ""  # host of the previous attempt when that one was preempted or lost
     notice_poll_s: float = 5.0  # how often the agent looks for a spot interruption notice
     imds: bool = False  # also ask the instance metadata service (aws), not only ctl/spot-notice
