@@ -5,7 +5,6 @@ Every error names file:line, the field and a fix, and is raised before anything 
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import json
 import os
@@ -21,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
 from .errors import SpecError
+from .spec_errors import Loader, dotted, format_errors, line_of
 
 Scalar = Union[StrictBool, StrictInt, StrictFloat, StrictStr]
 
@@ -152,106 +152,6 @@ class Sweep:
         return data
 
 
-# --- YAML with line numbers -------------------------------------------------------------------
-
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently)."""
-
-
-def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> Dict[Any, Any]:
-    seen: Dict[Any, int] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.MarkedYAMLError(
-                problem=f"duplicate key '{key}' (first at line {seen[key] + 1})", problem_mark=key_node.start_mark
-            )
-        seen[key] = key_node.start_mark.line
-    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-def _line_of(root: Optional[yaml.Node], loc: Tuple[Any, ...]) -> int:
-    """1-based line of the deepest node along `loc` (a pydantic error location)."""
-    node, line = root, 1
-    if node is not None:
-        line = node.start_mark.line + 1
-    for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            match = [(k, v) for k, v in node.value if k.value == str(part)]
-            if not match:
-                break
-            key, node = match[0]
-            line = key.start_mark.line + 1
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            node = node.value[part]
-            line = node.start_mark.line + 1
-        else:
-            break
-    return line
-
-
-def _dotted(loc: Tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if not (isinstance(p, str) and p in _TYPE_TAGS)]
-    out = ""
-    for p in parts:
-        out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)
-    return out or "(top level)"
-
-
-# Union members pydantic appends to error locations; they mean nothing to a user.
-_TYPE_TAGS = {"bool", "int", "float", "str", "list[int]", "function-after[_check(), str]"}
-
-_FIXES = {
-    "extra_forbidden": "remove it or fix its spelling; allowed here: {allowed}",
-    "missing": "add it",
-    "literal_error": "use one of the allowed values",
-}
-
-
-def _allowed_fields(loc: Tuple[Any, ...]) -> str:
-    model: Any = SweepSpec
-    for part in loc[:-1]:
-        f = getattr(model, "model_fields", {}).get(part)
-        model = getattr(f, "annotation", None) if f else None
-    fields = getattr(model, "model_fields", None) or SweepSpec.model_fields
-    return ", ".join(fields)
-
-
-def _format_errors(exc: ValidationError, path: Path, root: Optional[yaml.Node]) -> List[str]:
-    """One line per field: file:line: field: message. Fix: ...; union alternatives merged."""
-    merged: Dict[Tuple[Any, ...], List[dict]] = {}
-    for err in exc.errors():
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p in _TYPE_TAGS))
-        merged.setdefault(loc, []).append(err)
-    lines = []
-    for loc, errs in list(merged.items())[:5]:
-        err = errs[0]
-        if len(errs) > 1:
-            msg = "must be a number, a string or true/false" if err["type"] in _SCALAR_ERRORS else err["msg"]
-        elif err["type"] == "string_pattern_mismatch" and loc == ("name",):
-            msg = "use letters, digits, '-' and '_', starting with a letter or digit"
-        else:
-            msg = err["msg"]
-        if err["type"] not in ("extra_forbidden", "missing") and not isinstance(err.get("input"), (dict, list)):
-            msg += f" (got {err['input']!r})"
-        elif isinstance(err.get("input"), (dict, list)) and err["type"] not in ("extra_forbidden", "missing"):
-            msg += f" (got {json.dumps(err['input'])[:60]})"
-        fix = _FIXES.get(err["type"], "").format(allowed=_allowed_fields(loc))
-        if err["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(str(loc[-1]), _allowed_fields(loc).split(", "), n=1)
-            if close:
-                fix = f"did you mean `{close[0]}`? Allowed here: {_allowed_fields(loc)}"
-        lines.append(f"{path}:{_line_of(root, loc)}: {_dotted(loc)}: {msg}" + (f". Fix: {fix}." if fix else ""))
-    return lines
-
-
-_SCALAR_ERRORS = {"bool_type", "int_type", "float_type", "string_type", "bool_parsing", "int_parsing", "float_parsing"}
-
-
 # --- loading ----------------------------------------------------------------------------------
 
 
@@ -265,8 +165,8 @@ def load_sweep(path: Union[str, Path]) -> Sweep:
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(f"{path}: cannot read the sweep file: {exc}") from None
     try:
-        root = yaml.compose(text, Loader=_Loader)
-        data = yaml.load(text, Loader=_Loader)
+        root = yaml.compose(text, Loader=Loader)
+        data = yaml.load(text, Loader=Loader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"{path}:{mark.line + 1}" if mark else str(path)
@@ -280,11 +180,11 @@ def load_sweep(path: Union[str, Path]) -> Sweep:
     try:
         spec = SweepSpec.model_validate(data)
     except ValidationError as exc:
-        raise SpecError("\n".join(_format_errors(exc, path, root))) from None
+        raise SpecError("\n".join(format_errors(exc, path, root, SweepSpec))) from None
 
     problems = _check(spec)
     if problems:
-        raise SpecError("\n".join(f"{path}:{_line_of(root, loc)}: {_dotted(loc)}: {msg}" for loc, msg in problems))
+        raise SpecError("\n".join(f"{path}:{line_of(root, loc)}: {dotted(loc)}: {msg}" for loc, msg in problems))
 
     store_url = resolve_store(spec.store, path.parent)
     runs = expand(spec, python=host_python(spec))

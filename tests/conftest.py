@@ -149,6 +149,17 @@ def job(tmp_path):
     return command
 
 
+def run_states(orch: "Orch", sweep: str) -> dict:
+    """`orch status SWEEP --json` as {run_id: run}; {} until the controller has registered the sweep."""
+    import json
+
+    r = orch("status", sweep, "--json")
+    if "no sweep named" in r.err:
+        return {}
+    assert r.code == 0, r.err
+    return {run["run_id"]: run for run in json.loads(r.out)["runs"]}
+
+
 def starts(marks: Path) -> list:
     f = marks / "starts.log"
     return [line.split(" ", 2)[:2] for line in f.read_text().splitlines()] if f.exists() else []

@@ -12,19 +12,11 @@ import pytest
 import yaml
 
 from orchestrator.wait import retry_until
-from tests.conftest import ROOT, starts
+from tests.conftest import ROOT, starts, run_states as status
 from tests.fakecloud import BUCKET
 
 pytestmark = pytest.mark.slow
 
-
-
-def status(orch, sweep):
-    r = orch("status", sweep, "--json")
-    if "no sweep named" in r.err:
-        return {}
-    assert r.code == 0, r.err
-    return {run["run_id"]: run for run in json.loads(r.out)["runs"]}
 
 
 def s3_objects(cloud, prefix):

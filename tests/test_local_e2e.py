@@ -11,17 +11,9 @@ import uuid
 import pytest
 
 from orchestrator.wait import retry_until
-from tests.conftest import starts
+from tests.conftest import starts, run_states as status
 
 pytestmark = pytest.mark.slow
-
-
-def status(orch, sweep):
-    r = orch("status", sweep, "--json")
-    if "no sweep named" in r.err:  # the controller has not registered it yet
-        return {}
-    assert r.code == 0, r.err
-    return {run["run_id"]: run for run in json.loads(r.out)["runs"]}
 
 
 def wait_states(orch, sweep, want, timeout=60):

@@ -13,21 +13,14 @@ import pytest
 import torch
 
 from orchestrator.wait import retry_until
-from tests.conftest import starts
-from tests.test_trainer import SMALL, run_trainer
+from tests.conftest import starts, run_states as status
+from tests.test_trainer import SMALL, run_trainer, same
 
 pytestmark = pytest.mark.slow
 
 LONGER = [*SMALL, "--epochs", "16"]  # 256 steps: time to interrupt mid-run (the agent looks every 5 s)
 TRAIN = " ".join(["{python}", "-m", "trainer", *[a for a in LONGER if a not in ("--seed", "5")], "--seed", "{seed}", "--log-every", "1"])
 FAST_SYNC = {"heartbeat_s": "1", "sync_s": "2"}
-
-
-def status(orch, sweep):
-    r = orch("status", sweep, "--json")
-    if r.code != 0:
-        return {}
-    return {x["run_id"]: x for x in json.loads(r.out)["runs"]}
 
 
 def weights_in_s3(cloud, prefix):
@@ -50,10 +43,6 @@ def reference(tmp_path, seed):
     from trainer import checkpoint
 
     return checkpoint.load(checkpoint.latest(out))["model"]
-
-
-def same(a, b):
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def steps_lost(cloud, key):

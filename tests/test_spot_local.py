@@ -6,35 +6,18 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from orchestrator.backends.base import Host
 from orchestrator.controller import DONE, REPLACE, START, WAIT, decide
 from orchestrator.status import RunStatus
 from orchestrator.wait import retry_until
-from tests.test_trainer import SMALL, run_trainer
+from tests.conftest import run_states as status
+from tests.test_trainer import SMALL, final_weights, run_trainer, same
 
 pytestmark = pytest.mark.slow
 
-LONGER = [*SMALL, "--epochs", "8"]  # 128 steps: time to interrupt it mid-run
+LONGER = [*SMALL, "--epochs", "16"]  # 256 steps: time to interrupt it mid-run, even on a loaded machine
 TRAIN = " ".join(["{python}", "-m", "trainer", *LONGER, "--log-every", "1"])
-
-
-def status(orch, sweep):
-    r = orch("status", sweep, "--json")
-    if r.code != 0:
-        return {}
-    return {x["run_id"]: x for x in json.loads(r.out)["runs"]}
-
-
-def final_weights(folder):
-    from trainer import checkpoint
-
-    return checkpoint.load(checkpoint.latest(folder))["model"]
-
-
-def same(a, b):
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 @pytest.fixture

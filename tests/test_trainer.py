@@ -49,10 +49,12 @@ def final_weights(out: Path):
     return checkpoint.load(checkpoint.latest(out))["model"]
 
 
+def same(a, b) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def assert_same_weights(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
+    assert same(a, b), [k for k in a if not torch.equal(a[k], b.get(k, torch.empty(0)))][:5]
 
 
 # --- pieces ---------------------------------------------------------------------------------------
