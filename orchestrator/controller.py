@@ -277,13 +277,18 @@ def chaos_interrupt(sweep: Sweep, backend: Backend, store: Store, run_id: str, g
     from .errors import NotFound
     from .wait import Timeout
 
+    before = read_status(store, sweep.spec.name, run_id).attempt
+    hosts = [h for h in backend.list() if h.run_id == run_id]  # the hosts of the attempt being interrupted
     if not backend.notify_interruption(run_id):
         raise NotFound(f"run {run_id} has no live host to interrupt. `orch status {sweep.spec.name}` shows what runs.")
     try:
         retry_until(lambda: read_status(store, sweep.spec.name, run_id).state == INTERRUPTED, grace_s, 0.5, "the agent to checkpoint")
     except Timeout:
         log.warning("%s did not report the checkpoint within %.0f s; taking the host anyway", run_id, grace_s)
-    hosts = [h for h in backend.list() if h.run_id == run_id]
-    for h in hosts:
-        backend.release(h)
+    # Take the host away, unless the controller already moved the run on: a new attempt's host
+    # may carry the same name (a local tmux session) and must not be touched.
+    # Locally the agent ends its session itself once interrupted, and the next attempt reuses the name.
+    if backend.name != "local" and read_status(store, sweep.spec.name, run_id).attempt == before:
+        for h in hosts:
+            backend.release(h)
     return read_status(store, sweep.spec.name, run_id)

@@ -16,7 +16,7 @@ from tests.test_trainer import SMALL, final_weights, run_trainer, same
 
 pytestmark = pytest.mark.slow
 
-LONGER = [*SMALL, "--epochs", "16"]  # 256 steps: time to interrupt it mid-run, even on a loaded machine
+LONGER = [*SMALL, "--epochs", "8"]  # 128 steps: time to interrupt it mid-run
 TRAIN = " ".join(["{python}", "-m", "trainer", *LONGER, "--log-every", "1"])
 
 
