@@ -374,10 +374,6 @@ def instance_placement(ec2, instance_id: str) -> Optional[Tuple[str, str]]:
     return i.get("InstanceType", ""), i.get("SubnetId", "")
 
 
-def tag(ec2, instance_id: str, **tags: str) -> None:
-    ec2.create_tags(Resources=[instance_id], Tags=[{"Key": f"orch:{k}", "Value": v} for k, v in tags.items()])
-
-
 def terminate(ec2, instance_ids: List[str]) -> None:
     if instance_ids:
         ec2.terminate_instances(InstanceIds=instance_ids)

@@ -136,10 +136,6 @@ class LocalStore:
         base = self._path(prefix)
         return [str(p.relative_to(self.root)) for p in _files(base)]
 
-    def list_dirs(self, prefix: str) -> List[str]:
-        base = self._path(prefix)
-        return sorted(p.name for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
-
     def sync_up(self, local_dir: Path, prefix: str) -> SyncResult:
         return _copy_tree(Path(local_dir), self._path(prefix), self.hashes)
 

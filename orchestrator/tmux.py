@@ -78,10 +78,6 @@ def kill_session(name: str) -> bool:
     return _server().cmd("kill-session", "-t", f"={name}").returncode == 0
 
 
-def capture(target: str, lines: int = 50) -> str:
-    return "\n".join(_run("capture-pane", "-p", "-t", target, "-S", f"-{lines}"))
-
-
 def attach_argv(session: str, window: str) -> List[str]:
     """argv for an interactive attach (the CLI execs it in the user's terminal)."""
     return ["tmux", "-L", socket_name(), "attach-session", "-t", f"={session}:{window}"]

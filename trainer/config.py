@@ -8,8 +8,6 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-# orch's run contract puts the seed and every sweep param here; these keys are orch's own.
-ORCH_ONLY_KEYS: tuple = ()
 
 
 def _parse_bool(text: str) -> bool:
@@ -40,7 +38,7 @@ def _coerce(key: str, value: Any, default: Any, source: str) -> Any:
 def _merge(cfg: Dict[str, Any], updates: Dict[str, Any], defaults: Dict[str, Any], source: str) -> None:
     for key, value in updates.items():
         key = key.replace("-", "_")
-        if key in ("preset", *ORCH_ONLY_KEYS):
+        if key == "preset":
             continue
         if key not in defaults:
             close = [k for k in defaults if k.startswith(key[:3])]
