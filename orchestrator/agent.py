@@ -21,7 +21,7 @@ from typing import Optional
 
 from . import tmux
 from .backends.base import RunTask
-from .status import CANCELLED, FAILED, INTERRUPTED, RUNNING, STOPPED, SUCCEEDED, read_status, write_status
+from .status import CANCELLED, FAILED, INTERRUPTED, RUNNING, STARTING, STOPPED, SUCCEEDED, read_status, write_status
 from .store import Store, open_store
 from .wait import Timeout, retry_until
 
@@ -96,6 +96,8 @@ class Agent:
         self.stop_sent_at: Optional[float] = None
         self.notice_at: Optional[float] = None
         self.ckpt_at_notice: Optional[int] = None
+        self.rebalance_at: Optional[float] = None  # when the rebalance recommendation was seen; -1 once handled
+        self.ckpt_at_rebalance: Optional[int] = None
 
     # --- signals ---------------------------------------------------------------------------
 
@@ -108,15 +110,32 @@ class Agent:
         """A spot interruption notice: the ctl file, or IMDS spot/instance-action on an instance."""
         if (self.ctl / NOTICE_FILE).exists():
             return True
+        return self._imds("spot/instance-action")
+
+    def _imds(self, path: str) -> bool:
         if not self.task.imds:
             return False
-        from .ec2 import imds_get
+        from .imds import imds_get
 
         try:
-            return imds_get("spot/instance-action") is not None
+            return imds_get(path) is not None
         except OSError as exc:
             log.warning("IMDS not reachable: %s", exc)
             return False
+
+    def _on_rebalance(self, now: float) -> None:
+        """EC2's rebalance recommendation comes before the two-minute notice, when it comes at all:
+        checkpoint and sync now, and keep running, so that a notice later has little left to move."""
+        if self.rebalance_at is None:
+            if not self._imds("events/recommendations/rebalance"):
+                return
+            self.rebalance_at, self.ckpt_at_rebalance = now, newest_checkpoint(self.run_dir)
+            log.info("rebalance recommendation: asking the command for a checkpoint (SIGUSR1) and syncing it early")
+            self._signal_command(signal.SIGUSR1)
+        elif self.rebalance_at > 0 and (newest_checkpoint(self.run_dir) != self.ckpt_at_rebalance or now - self.rebalance_at > NOTICE_GRACE_S):
+            self.store.sync_up(self.run_dir, self.prefix)
+            log.info("rebalance recommendation: checkpoint step %s in the store %.1f s later", newest_checkpoint(self.run_dir), time.time() - self.rebalance_at)
+            self.rebalance_at = -1.0  # handled; once per attempt
 
     def _on_notice(self, status, now: float) -> None:
         """Checkpoint now (SIGUSR1), then, once it is on disk, get it to the store and stop."""
@@ -135,6 +154,7 @@ class Agent:
                          if newest is not None else "spot interruption notice; the command left no checkpoint")
         status.heartbeat = time.time()
         write_status(self.store, t.sweep, status)
+        log.info("%s", status.reason)
         self.stop_requested = INTERRUPTED
 
     def _cmd_pid(self) -> Optional[int]:
@@ -166,11 +186,17 @@ class Agent:
         for stale in (STOP_REASON_FILE, NOTICE_FILE):  # meant for an earlier attempt
             (self.ctl / stale).unlink(missing_ok=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        # A new attempt continues from what earlier attempts left in the store (checkpoints).
-        self.store.sync_down(self.prefix, self.run_dir)
+        # Report before any slow work: the controller gives a silent new host only a short while.
+        status = read_status(self.store, t.sweep, t.run_id)
+        status.state, status.attempt, status.host = STARTING, t.attempt, t.host or "localhost"
+        status.heartbeat, status.no_shows, status.reason = time.time(), 0, "restoring the run folder from the store"
+        write_status(self.store, t.sweep, status)
+        # A new attempt continues from what earlier attempts left in the store (checkpoints);
+        # a large restore keeps heartbeating, so it never looks like a lost host.
+        with _heartbeats(lambda: self._beat(status), t.heartbeat_s):
+            self.store.sync_down(self.prefix, self.run_dir)
         (self.run_dir / "status.json").unlink(missing_ok=True)
 
-        status = read_status(self.store, t.sweep, t.run_id)
         now = time.time()
         status.state, status.attempt, status.host = RUNNING, t.attempt, t.host or "localhost"
         status.started_at, status.heartbeat, status.finished_at = now, now, None
@@ -192,6 +218,8 @@ class Agent:
             now = time.time()
             if not self.stop_requested and (self.notice_at is not None or (now >= next_notice and self._notice())):
                 self._on_notice(status, now)
+            elif not self.stop_requested and (now >= next_notice or (self.rebalance_at or 0) > 0):
+                self._on_rebalance(now)
             if now >= next_notice:
                 next_notice = now + t.notice_poll_s
             if deadline and now > deadline and not self.stop_requested:
@@ -243,6 +271,10 @@ class Agent:
             self._linger(t.idle_s)
         return 0
 
+    def _beat(self, status) -> None:
+        status.heartbeat = time.time()
+        write_status(self.store, self.task.sweep, status)
+
     def _linger(self, idle_s: float) -> None:
         """keep_alive: stay for whoever attaches; once nobody was attached for idle_s, terminate."""
         last_seen = [time.time()]
@@ -258,12 +290,37 @@ class Agent:
 
     def _terminate_host(self) -> None:
         """The run is over and nothing else needs this machine: stop paying for it."""
-        from .ec2 import terminate_self
+        from .imds import terminate_self
 
         try:
             log.info("run ended; terminating this instance %s", terminate_self())
         except Exception as exc:  # the safety-net shutdown and `orch down` still catch it
             log.error("could not terminate this instance: %s", exc)
+
+
+class _heartbeats:
+    """Call beat() every period seconds on a thread while the block runs."""
+
+    def __init__(self, beat, period: float):
+        import threading
+
+        self.beat, self.period, self.done = beat, period, threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True, name="orch-heartbeat")
+
+    def _loop(self) -> None:
+        while not self.done.wait(self.period):
+            try:
+                self.beat()
+            except Exception as exc:  # a failed beat is retried next period; the main work goes on
+                log.warning("heartbeat failed: %s", exc)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.thread.join()
 
 
 def main(argv=None) -> int:

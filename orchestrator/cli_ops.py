@@ -67,9 +67,10 @@ def down(sweep: Optional[str], everything: bool):
     if everything:
         for region, by_sweep in _scan_regions().items():
             for name in sorted(set(by_sweep) - set(names)):
-                from . import ec2 as api
+                from .ec2 import client
+                from .teardown import teardown
 
-                removed = api.teardown(api.client("ec2", region), api.client("iam", region), name)
+                removed = teardown(client("ec2", region), client("iam", region), name)
                 click.echo(f"{region}: removed {len(removed)} resource(s) of unknown sweep {name}: {', '.join(removed)}")
     if not names and not everything:
         click.echo("no sweeps launched from here.")
@@ -116,7 +117,9 @@ def _scan_regions():
     out = {}
     for region in sorted(regions):
         try:
-            out[region] = api.orch_resources(api.client("ec2", region), api.client("iam", region))
+            from .teardown import orch_resources
+
+            out[region] = orch_resources(api.client("ec2", region), api.client("iam", region))
         except Exception as exc:  # botocore errors: say which region, keep going
             raise api.explain(exc, f"scanning {region}") from None
     return out

@@ -41,6 +41,7 @@ log = logging.getLogger("orch.controller")
 WAIT, START, DONE, REPLACE = "wait", "start", "done", "replace"
 STALE_S = 60.0  # default: a running agent silent this long has lost its host
 START_TIMEOUT_S = 60.0  # default: a host nobody is provisioning whose agent never reported
+MAX_NO_SHOWS = 3  # attempts whose host never reported before the run fails for good
 
 
 @dataclass
@@ -83,17 +84,24 @@ class Progress:
 
 
 def decide(status: RunStatus, host: Optional[Host], max_restarts: int, now: float, stale_s: float, start_timeout_s: float) -> str:
-    """What a run needs now: wait (it runs, or must not run again yet), start, replace its host, or done."""
+    """What a run needs now: wait (it runs, or must not run again yet), start, replace its host, or done.
+
+    A host is given until its start deadline (counted from when its agent was started, which on
+    AWS comes after a boot of minutes) for the agent's first report; after that the agent must
+    keep heartbeating.
+    """
     if status.state in (SUCCEEDED, CANCELLED):
         return DONE
     if host is not None:
-        if status.state == RUNNING and status.heartbeat and now - status.heartbeat > stale_s:
+        if status.state in ACTIVE and status.heartbeat and now - status.heartbeat > stale_s:
             return REPLACE  # its agent stopped talking: treat the host as lost
-        if status.state == STARTING and not host.provisioning and now - (status.started_at or now) > start_timeout_s:
-            return REPLACE  # e.g. a controller died between CreateFleet and starting the agent
+        if status.state == STARTING and not status.heartbeat and not host.provisioning:
+            deadline = host.start_deadline or ((status.started_at or now) + start_timeout_s)
+            if now > deadline:
+                return REPLACE  # its agent never reported, e.g. a controller died between CreateFleet and the agent
         return WAIT
     if status.state == FAILED:
-        return DONE if status.failures > max_restarts else START
+        return DONE if status.failures > max_restarts or status.no_shows >= MAX_NO_SHOWS else START
     return START  # queued, stopped, interrupted, lost, or active with its host gone
 
 
@@ -154,14 +162,24 @@ class Controller:
                 view.state, view.reason, view.final = CANCELLED, status.reason, True
 
     def _replace(self, host: Host, status: RunStatus, view: RunView) -> None:
-        silent = time.time() - (status.heartbeat or status.started_at or time.time())
-        reason = f"host {host.host_id} lost: no sign of life for {silent:.0f} s"
+        never = not status.heartbeat
+        if never:
+            status.no_shows += 1
+            reason = f"host {host.host_id} never reported: its agent did not start ({status.no_shows} of {MAX_NO_SHOWS} such attempts)"
+        else:
+            reason = f"host {host.host_id} lost: no sign of life for {time.time() - status.heartbeat:.0f} s"
         log.warning("%s: %s; releasing it", status.run_id, reason)
         self.backend.release(host)
-        status.state, status.reason = LOST, reason
+        if never and status.no_shows >= MAX_NO_SHOWS:  # a replacement loop would pay for instance after instance
+            status.state, status.finished_at = FAILED, time.time()
+            status.reason = (f"failed for good: {MAX_NO_SHOWS} hosts in a row never reported. Check the agent's log on an instance "
+                             f"(`aws.keep_alive: true`, then `orch attach`), the image's interpreter (`aws.python`) and tmux.")
+            view.final = True
+        else:
+            status.state, status.reason = LOST, reason
         write_status(self.store, self.name, status)
         self.state.journal(self.name, "replace", status.run_id, reason)
-        view.state, view.reason = LOST, reason
+        view.state, view.reason = status.state, status.reason
 
     def _release_unclaimed(self, hosts: List[Host], statuses: Dict[str, RunStatus]) -> None:
         """Hosts of an older attempt than the run's current one serve nobody: release them."""
@@ -181,8 +199,8 @@ class Controller:
             attempt=previous.attempt + 1,
             failures=previous.failures,
             preemptions=previous.preemptions + (1 if was_lost else 0),
+            no_shows=previous.no_shows,
             started_at=time.time(),
-            heartbeat=time.time(),
         )
         write_status(self.store, self.name, status)  # claim it before a host exists
         task = self.backend.new_task(run.run_id, status.attempt, run.command, json.dumps(run.params, sort_keys=True))

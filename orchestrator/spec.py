@@ -28,6 +28,7 @@ Scalar = Union[StrictBool, StrictInt, StrictFloat, StrictStr]
 DEFAULT_COMMAND = "{python} -m trainer"
 # Placeholders every command may use besides its params.
 BUILTINS = ("python", "sweep", "run_id", "seed")
+AUTO_PYTHON = "auto"
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$"
 KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -77,9 +78,12 @@ class AwsSection(Strict):
         None, description="Who may reach port 22 (default: this machine's public address /32)."
     )
     instance_profile: Optional[str] = Field(
-        None, description="'create' for a profile limited to this sweep's S3 prefix, or an existing profile name."
+        "create", description="'create' (default): a profile limited to this sweep's S3 prefix and to terminating its own instances; or an existing profile's name."
     )
-    python: str = Field("python3", description="Python interpreter on the instance.")
+    python: str = Field(
+        "auto", min_length=1,
+        description="Interpreter on the instance ({python}); 'auto' finds the image's PyTorch interpreter (DLAMI: /opt/pytorch/bin/python) on the first host.",
+    )
     volume_gb: int = Field(100, ge=8, description="Root volume size (deleted with the instance).")
     keep_alive: bool = Field(False, description="Keep an instance after its run ends (debugging); `orch down` removes it.")
     idle_minutes: Optional[float] = Field(
@@ -263,6 +267,9 @@ def _check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
             out.append((("backend",), "backend aws needs an `aws:` section (at least `image:`); see README"))
         if not spec.store.startswith("s3://"):
             out.append((("store",) if spec.store else ("backend",), "backend aws needs `store: s3://bucket/prefix`: instances sync results there"))
+    if spec.aws is not None and not (spec.aws.instance_profile or "").strip():
+        out.append((("aws", "instance_profile"), "an instance without a profile has no AWS credentials: it can neither sync results to S3 "
+                    "nor terminate itself. Use `create` (the default) or the name of a profile that may do both"))
     if spec.budget_usd is not None and spec.backend != "aws":
         out.append((("budget_usd",), "a budget needs backend aws (local runs cost nothing orch can count); remove it"))
     if spec.aws is not None and spec.backend != "aws":
@@ -314,7 +321,9 @@ def expand(spec: SweepSpec, python: Optional[str] = None) -> List[RunSpec]:
             run_id = ",".join(parts) or "run"
             params = {**spec.params, **chosen, "seed": seed}
             values = {k: _shell_value(v) for k, v in params.items()}
-            values.update(python=shlex.quote(python or sys.executable), sweep=spec.name, run_id=shlex.quote(run_id))
+            # "auto": the interpreter is found on the first host; the run reads it from $ORCH_PYTHON
+            py = '"$ORCH_PYTHON"' if python == AUTO_PYTHON else shlex.quote(python or sys.executable)
+            values.update(python=py, sweep=spec.name, run_id=shlex.quote(run_id))
             runs.append(RunSpec(run_id=run_id, params=params, command=spec.command.format(**values)))
     return runs
 

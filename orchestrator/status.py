@@ -24,9 +24,10 @@ class RunStatus:
     attempt: int = 0  # 1 for the first attempt; each restart or resume adds one
     failures: int = 0  # attempts whose command failed (they count against max_restarts)
     preemptions: int = 0  # attempts lost to interruption or a vanished host (free)
+    no_shows: int = 0  # attempts whose host never reported (its agent did not start); a few end the run
     host: str = ""  # where the current attempt runs
     started_at: Optional[float] = None  # of the current attempt, unix seconds
-    heartbeat: Optional[float] = None  # last sign of life from the agent
+    heartbeat: Optional[float] = None  # last sign of life from the agent (None until it first reported)
     finished_at: Optional[float] = None
     exit_code: Optional[int] = None
     reason: str = ""  # why it ended, in words

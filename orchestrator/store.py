@@ -209,7 +209,15 @@ class S3Store:
         except ClientError as exc:
             if self._missing(exc):
                 return None
+            if exc.response.get("Error", {}).get("Code") in ("AccessDenied", "403") and not self._exists(key):
+                return None  # S3 answers 403, not 404, for a missing key to a caller that may not list the bucket itself
             raise
+
+    def _exists(self, key: str) -> bool:
+        """Whether a key exists, by listing its own prefix (what an instance role may do where it may not GET a missing key)."""
+        full = self._key(key)
+        answer = self.client.list_objects_v2(Bucket=self.bucket, Prefix=full, MaxKeys=1)
+        return any(o["Key"] == full for o in answer.get("Contents", []))
 
     def list(self, prefix: str) -> List[str]:
         base = self._key(prefix).rstrip("/") + "/"

@@ -1,15 +1,28 @@
-"""The fake cloud: a moto server whose EC2 instances become real hosts on loopback.
+"""The fake cloud: a moto server whose EC2 instances become real hosts on loopback — as strict as EC2.
 
-- moto's ThreadedMotoServer serves EC2, S3 and IAM; boto3 (ours, the CLI's, the agents') reaches
-  it through the standard AWS_ENDPOINT_URL.
+- moto's server serves EC2, S3 and IAM behind a gate (tests/fakecloud_gate.py) that adds what moto
+  leaves out and real sweeps trip over: eventual consistency of new instances, security groups and
+  instance profiles; `pending` and `shutting-down`; DependencyViolation; IAM evaluated for the
+  hosts' role credentials, with S3's 403-for-a-missing-key rule; CreateFleet errors injected per
+  (market, type, AZ). boto3 (ours, the CLI's, the agents') reaches it through AWS_ENDPOINT_URL.
 - A VPC 127.0.0.0/16 with one subnet per AZ (127.0.1.0/24, 127.0.2.0/24, ...) gives every
-  instance a loopback private IP.
-- A watcher turns each running instance into a host: an sshd bound to its IP, configured from its
-  cloud-config (HostKey from ssh_keys, AuthorizedKeysFile from ssh_authorized_keys), its own HOME
-  and tmux socket folder, and a fake IMDSv2 (token PUT included) that serves its instance id and,
-  on demand, a spot interruption notice. runcmd is recorded, never executed (it holds `shutdown`).
+  instance a loopback private IP. The subnets do not map public IPs on launch (like a custom
+  VPC's); `default_vpc=False` gives an account without a default VPC.
+- A watcher turns each running instance into a host once `boot_s` passed (real: 30-120 s): an
+  sshd bound to its IP, configured from its cloud-config (HostKey from ssh_keys,
+  AuthorizedKeysFile from ssh_authorized_keys), its own HOME and tmux socket folder, and a fake
+  IMDSv2 (token PUT included) that serves its instance id, placement, its instance profile's role
+  credentials (the only credentials a host has, as on EC2), and on demand a spot interruption
+  notice or a rebalance recommendation. runcmd is recorded, never executed (it holds `shutdown`).
+- The image is shaped like the AWS Deep Learning AMI (OSS PyTorch, Ubuntu): plain `python3` cannot
+  import torch; `/opt/pytorch/bin/python` can. DescribeImages gives root device `/dev/sda1` and a
+  75 GB snapshot. The first interpreter start on a host takes `cold_s` longer (a cold EBS volume).
 - When an instance stops being running, its sshd and every process started on the host (found by
   the ORCH_FAKE_HOST variable sshd puts in their environment) are killed.
+
+Not imitated: real capacity and prices, real boot and network speeds, KMS, CloudTrail, the
+rebalance/notice timing of the real spot market (tests decide when), NetworkInterfaces of launch
+templates (moto ignores them, so public IPs are checked on the template only).
 
 Use it as a context manager (`with FakeCloud(tmp) as cloud:`), through the pytest fixtures in
 tests/conftest.py, or stand-alone: `python -m tests.fakecloud` prints the environment to export.
@@ -32,9 +45,11 @@ import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import yaml
+
+from tests.fakecloud_gate import Gate, Strictness, policies_from_moto
 
 REGION = "us-east-1"
 AZS = ("us-east-1a", "us-east-1b")
@@ -42,6 +57,14 @@ SSH_PORT = 2222  # not 22: a real sshd on 0.0.0.0:22 must not collide with the f
 BUCKET = "orch-fake"
 IMAGE_NAME = "orch-fake-ubuntu-gpu"  # registered by the account itself: `image_owner: self`
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+FRAMEWORK_PYTHON = Path("/opt/pytorch/bin/python")  # where the DLAMI keeps PyTorch's interpreter
+IMAGE_SNAPSHOT_GB = 75
+PYTHON_WRAPPER = """#!/bin/bash
+# orch fake cloud: an interpreter of the fake Deep Learning AMI (see tests/fakecloud.py)
+[ -n "$ORCH_FAKE_PYTHON" ] || {{ echo "$0: not on a fake-cloud host" >&2; exit 127; }}
+if [ -n "$ORCH_FAKE_COLD_S" ] && mkdir "$ORCH_FAKE_HOST_ROOT/.warm" 2>/dev/null; then sleep "$ORCH_FAKE_COLD_S"; fi
+{block}exec "$ORCH_FAKE_PYTHON" "$@"
+"""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -89,11 +112,20 @@ class _Imds(BaseHTTPRequestHandler):
         if self.headers.get("X-aws-ec2-metadata-token") != self.host.token:
             return self._send(401, "")
         path = self.path.removeprefix("/latest/meta-data/")
+        host = self.host
         value = {
-            "instance-id": self.host.instance_id, "placement/region": REGION,
-            "placement/availability-zone": self.host.az, "local-ipv4": self.host.ip,
-            "spot/instance-action": self.host.spot_notice,
+            "instance-id": host.instance_id, "placement/region": REGION,
+            "placement/availability-zone": host.az, "local-ipv4": host.ip,
+            "spot/instance-action": host.spot_notice, "events/recommendations/rebalance": host.rebalance,
         }.get(path)
+        if path.startswith("iam/security-credentials/") and host.credentials is not None:
+            role, creds = host.credentials()
+            if role is None:
+                value = None  # no instance profile: no credentials, as on EC2
+            elif path == "iam/security-credentials/":
+                value = role
+            elif path == f"iam/security-credentials/{role}":
+                value = json.dumps(creds)
         self._send(200, value) if value is not None else self._send(404, "")
 
     def _send(self, code: int, body: str):
@@ -113,9 +145,12 @@ class FakeHost:
     endpoint: str  # moto
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
     spot_notice: Optional[str] = None  # JSON served at spot/instance-action once set
+    rebalance: Optional[str] = None  # JSON served at events/recommendations/rebalance once set
     runcmd: List = field(default_factory=list)
     user_data: str = ""
-    secret: str = "testing"  # the credentials hosts get from sshd (never from user data)
+    credentials: Optional[Callable[[], tuple]] = None  # () -> (role or None, IMDS credentials document)
+    image: Optional[Path] = None  # the fake AMI's bin folder (plain python3 without torch)
+    cold_s: float = 0.0  # extra seconds of the first interpreter start (a cold EBS volume)
     wrong_key: bool = False  # fault injection: present a host key other than the pinned one
     sshd: Optional[subprocess.Popen] = None
     imds: Optional[ThreadingHTTPServer] = None
@@ -144,12 +179,12 @@ class FakeHost:
         self.imds = ThreadingHTTPServer((self.ip, 0), handler)
         threading.Thread(target=self.imds.serve_forever, daemon=True).start()
         imds_url = f"http://{self.ip}:{self.imds.server_address[1]}"
+        # No AWS keys: like an EC2 instance, a host has only what its instance profile gives (IMDS).
         env = {
             "HOME": str(self.home), "AWS_ENDPOINT_URL": self.endpoint, "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds_url,
-            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": self.secret, "AWS_DEFAULT_REGION": REGION,
-            "ORCH_FAKE_HOST": self.instance_id, "TMUX_TMPDIR": str(self.tmux_dir),
-            # the "image" has orch's Python: the interpreter running the fake cloud comes first on PATH
-            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+            "AWS_DEFAULT_REGION": REGION, "ORCH_FAKE_HOST": self.instance_id, "TMUX_TMPDIR": str(self.tmux_dir),
+            "ORCH_FAKE_HOST_ROOT": str(self.root), "ORCH_FAKE_PYTHON": sys.executable, "ORCH_FAKE_COLD_S": str(self.cold_s or ""),
+            "PATH": f"{self.image or Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
         }
         config = "\n".join([
             f"ListenAddress {self.ip}", f"Port {SSH_PORT}", f"HostKey {host_key}",
@@ -197,18 +232,47 @@ def processes_of(instance_id: str) -> List[int]:
 # --- the cloud ------------------------------------------------------------------------------------
 
 
+class _GatedMotoServer:
+    """moto's ThreadedMotoServer, with the strict gate in front of its app."""
+
+    def __init__(self, port: int, gate_args: dict):
+        self.port, self.gate_args = port, gate_args
+        self.ready = threading.Event()
+
+    def start(self) -> "Gate":
+        from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+        from werkzeug.serving import make_server
+
+        self.gate = Gate(DomainDispatcherApplication(create_backend_app), **self.gate_args)
+        self.server = make_server("127.0.0.1", self.port, self.gate, True, request_handler=MotoRequestHandler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True, name="fakecloud-moto")
+        self.thread.start()
+        return self.gate
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.thread.join(10)
+
+
 class FakeCloud:
-    def __init__(self, root: Path, poll_s: float = 0.2):
+    def __init__(self, root: Path, poll_s: float = 0.2, boot_s: float = 0.0, cold_s: float = 0.0,
+                 strict: Optional[Strictness] = None, default_vpc: bool = True):
         self.root = Path(root)
         self.poll_s = poll_s
+        self.boot_s = boot_s  # seconds from `running` until sshd answers (real: 30-120)
+        self.cold_s = cold_s  # extra seconds of a host's first interpreter start (real: 10-30 on a cold volume)
+        self.strict = strict or Strictness()
+        self.default_vpc = default_vpc
         self.hosts: Dict[str, FakeHost] = {}
         self.gone: Dict[str, FakeHost] = {}
+        self.seen: Dict[str, float] = {}  # instance id -> when the watcher first saw it running
         self.subnets: List[str] = []
         self.wrong_host_keys = False  # set by a test: new hosts answer with a different host key
         self.no_sshd = False  # set by a test: new hosts never bring sshd up
         self.secret = f"fake-secret-{uuid.uuid4().hex}"  # distinctive, so tests can look for leaks
         self._stop = threading.Event()
         self._saved_env: Dict[str, Optional[str]] = {}
+        self._creds: Dict[str, tuple] = {}
 
     # lifecycle
 
@@ -220,16 +284,15 @@ class FakeCloud:
         self.stop()
 
     def start(self) -> None:
-        from moto.server import ThreadedMotoServer
-
         import logging
 
         logging.getLogger("werkzeug").setLevel(logging.ERROR)
         _extend_moto()
         port = free_port()
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-        self.server.start()
+        self.server = _GatedMotoServer(port, {"strict": self.strict})
+        self.gate = self.server.start()
         self.endpoint = f"http://127.0.0.1:{port}"
+        self.gate.policy_source = policies_from_moto(self.endpoint, self.secret)
         self._reset()  # moto keeps its state per process: every fake cloud starts empty
         for k, v in self.env().items():
             self._saved_env[k] = os.environ.get(k)
@@ -243,10 +306,78 @@ class FakeCloud:
         self.vpc = vpc
         for i, az in enumerate(AZS, start=1):
             self.subnets.append(ec2.create_subnet(VpcId=vpc, CidrBlock=f"127.0.{i}.0/24", AvailabilityZone=az)["Subnet"]["SubnetId"])
-        self.image = ec2.register_image(Name=IMAGE_NAME, Description="fake DL AMI")["ImageId"]
+            ec2.modify_subnet_attribute(SubnetId=self.subnets[-1], MapPublicIpOnLaunch={"Value": False})  # moto maps them; custom VPCs do not
+        if not self.default_vpc:  # an account whose default VPC was deleted: sweeps must name subnets
+            from tests.fakecloud_gate import _ec2_backend
+
+            _ec2_backend().get_vpc(vpc).is_default = False
+        self.image = self.register_image(IMAGE_NAME)
+        self.image_bin = self._install_image()
         self.client("s3").create_bucket(Bucket=BUCKET)
         self._watcher = threading.Thread(target=self._watch, name="fakecloud-watcher", daemon=True)
         self._watcher.start()
+
+    def register_image(self, name: str, root_device: str = "/dev/sda1", snapshot_gb: int = IMAGE_SNAPSHOT_GB) -> str:
+        """An image shaped like the DLAMI in DescribeImages: its root device name and snapshot size."""
+        from tests.fakecloud_gate import _ec2_backend
+
+        image_id = self.client("ec2").register_image(Name=name, Description="fake Deep Learning AMI (OSS PyTorch, Ubuntu)")["ImageId"]
+        ami = _ec2_backend().amis[image_id]
+        ami.root_device_name = root_device
+
+        class _Dlami(type(ami)):  # moto gives every registered image a 15 GB standard volume
+            @property
+            def block_device_mappings(self):
+                return [{"DeviceName": self.root_device_name, "Ebs": {"SnapshotId": self.ebs_snapshot.id, "VolumeSize": snapshot_gb,
+                                                                     "DeleteOnTermination": True, "VolumeType": "gp3"}}]
+
+        ami.__class__ = _Dlami
+        return image_id
+
+    def _install_image(self) -> Path:
+        """The fake AMI's interpreters: plain python3 without torch, /opt/pytorch/bin/python with it."""
+        bin_dir = self.root / "image" / "bin"
+        notorch = self.root / "image" / "notorch" / "torch"
+        notorch.mkdir(parents=True, exist_ok=True)
+        (notorch / "__init__.py").write_text('raise ModuleNotFoundError("No module named \'torch\'", name="torch")\n')
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        plain = bin_dir / "python3"
+        plain.write_text(PYTHON_WRAPPER.format(block=f'export PYTHONPATH="{notorch.parent}${{PYTHONPATH:+:$PYTHONPATH}}"\n'))
+        plain.chmod(0o755)
+        (bin_dir / "python").symlink_to("python3")
+        framework = PYTHON_WRAPPER.format(block="")
+        marker = FRAMEWORK_PYTHON.parents[1] / ".orch-fakecloud"
+        if not FRAMEWORK_PYTHON.parents[1].exists() or marker.exists():  # never touch a real /opt/pytorch
+            try:
+                FRAMEWORK_PYTHON.parent.mkdir(parents=True, exist_ok=True)
+                marker.touch()
+                if not FRAMEWORK_PYTHON.exists() or FRAMEWORK_PYTHON.read_text() != framework:
+                    tmp = FRAMEWORK_PYTHON.with_name(f".python.{os.getpid()}")
+                    tmp.write_text(framework)
+                    tmp.chmod(0o755)
+                    os.replace(tmp, FRAMEWORK_PYTHON)
+            except OSError as exc:
+                print(f"fakecloud: cannot provide {FRAMEWORK_PYTHON} ({exc}); hosts have only python3", file=sys.stderr)
+        return bin_dir
+
+    def host_credentials(self, instance_id: str) -> tuple:
+        """(role, IMDS credentials document) of an instance's profile, minted through STS; (None, None) without one."""
+        if instance_id in self._creds:
+            return self._creds[instance_id]
+        name = self.gate.profile_of.get(instance_id)
+        if not name:
+            return None, None
+        roles = self.client("iam").get_instance_profile(InstanceProfileName=name)["InstanceProfile"]["Roles"]
+        if not roles:
+            return None, None
+        role = roles[0]
+        c = self.client("sts").assume_role(RoleArn=role["Arn"], RoleSessionName=instance_id)["Credentials"]
+        self.gate.roles[c["AccessKeyId"]] = role["RoleName"]
+        doc = {"Code": "Success", "Type": "AWS-HMAC", "AccessKeyId": c["AccessKeyId"], "SecretAccessKey": c["SecretAccessKey"],
+               "Token": c["SessionToken"], "Expiration": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 6 * 3600)),
+               "LastUpdated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        self._creds[instance_id] = (role["RoleName"], doc)
+        return self._creds[instance_id]
 
     def stop(self) -> None:
         self._stop.set()
@@ -292,11 +423,14 @@ class FakeCloud:
             for i in res["Instances"]:
                 if i["State"]["Name"] == "running":
                     running[i["InstanceId"]] = i
+        now = time.time()
         for iid, inst in running.items():
-            if iid not in self.hosts and iid not in self.gone:
+            self.seen.setdefault(iid, now)
+            if iid not in self.hosts and iid not in self.gone and now - self.seen[iid] >= self.boot_s:
                 ud = ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData").get("UserData", {}).get("Value", "")
                 host = FakeHost(iid, inst["PrivateIpAddress"], inst["Placement"]["AvailabilityZone"], self.root / "hosts" / iid,
-                                self.endpoint, secret=self.secret, wrong_key=self.wrong_host_keys)
+                                self.endpoint, wrong_key=self.wrong_host_keys, image=self.image_bin, cold_s=self.cold_s,
+                                credentials=lambda iid=iid: self.host_credentials(iid))
                 if self.no_sshd:
                     self.hosts[iid] = FakeHost(iid, inst["PrivateIpAddress"], "", self.root / "hosts" / iid, self.endpoint)
                     continue
@@ -312,6 +446,10 @@ class FakeCloud:
     def spot_notice(self, instance_id: str, action: str = "terminate") -> None:
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 120))
         self.hosts[instance_id].spot_notice = json.dumps({"action": action, "time": when})
+
+    def rebalance_recommendation(self, instance_id: str) -> None:
+        """EC2's earlier, softer signal that this spot instance is at elevated risk."""
+        self.hosts[instance_id].rebalance = json.dumps({"noticeTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
 
     def reclaim(self, instance_id: str) -> None:
         """The spot market takes the instance back."""
@@ -340,7 +478,7 @@ class FakeCloud:
         }
 
     def all_leftovers(self) -> Dict[str, list]:
-        from orchestrator.ec2 import orch_resources
+        from orchestrator.teardown import orch_resources
 
         return orch_resources(self.client("ec2"), self.client("iam"))
 

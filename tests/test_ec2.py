@@ -10,9 +10,11 @@ import pytest
 from botocore.stub import ANY, Stubber
 
 from orchestrator import ec2 as api
+from orchestrator import fleet
+from orchestrator.teardown import teardown
 
-CHOICES = [api.Choice("g5.xlarge", "subnet-a", "us-east-1a"), api.Choice("g5.xlarge", "subnet-b", "us-east-1b"),
-           api.Choice("g6.xlarge", "subnet-a", "us-east-1a")]
+CHOICES = [fleet.Choice("g5.xlarge", "subnet-a", "us-east-1a"), fleet.Choice("g5.xlarge", "subnet-b", "us-east-1b"),
+           fleet.Choice("g6.xlarge", "subnet-a", "us-east-1a")]
 BASE = {"ImageId": "ami-12345678"}
 
 
@@ -55,12 +57,13 @@ def test_a_200_with_errors_and_no_instances_falls_back_to_the_next_choice():
     expect_fleet(stub, CHOICES, fleet_error("InsufficientInstanceCapacity", "g5.xlarge", "subnet-a"))
     expect_fleet(stub, CHOICES[1:], fleet_ok("g5.xlarge", "subnet-b"))
     expect_cleanup(stub)
-    blocklist = api.Blocklist()
+    blocklist = fleet.Blocklist()
     with stub:
-        got = api.acquire(client, "lt-1", BASE, "#cloud-config\n", CHOICES, ["spot"], [], blocklist)
+        got = fleet.acquire(client, "lt-1", BASE, "#cloud-config\n", CHOICES, ["spot"], [], blocklist)
     stub.assert_no_pending_responses()
     assert (got.instance_type, got.az, got.market) == ("g5.xlarge", "us-east-1b", "spot")
-    assert blocklist.allowed(CHOICES) == CHOICES[1:]  # (g5, us-east-1a) stays blocked for a while
+    assert blocklist.allowed(CHOICES, "spot") == CHOICES[1:]  # (g5, us-east-1a) stays blocked for a while
+    assert blocklist.allowed(CHOICES, "on-demand") == CHOICES  # on-demand capacity was never asked
 
 
 def test_insufficient_capacity_exception_for_one_choice_falls_back():
@@ -69,21 +72,26 @@ def test_insufficient_capacity_exception_for_one_choice_falls_back():
     expect_fleet(stub, CHOICES[1:], fleet_ok("g6.xlarge", "subnet-a"))
     expect_cleanup(stub)
     with stub:
-        got = api.acquire(client, "lt-1", BASE, "x", CHOICES, ["spot"], [], api.Blocklist())
+        got = fleet.acquire(client, "lt-1", BASE, "x", CHOICES, ["spot"], [], fleet.Blocklist())
     assert got.instance_type == "g6.xlarge"
 
 
 def test_spot_then_on_demand_when_spot_is_exhausted():
+    """(d) capacity blocks are per market: a spot refusal says nothing about on-demand capacity."""
     client, stub = stubbed()
     one = CHOICES[:1]
     expect_fleet(stub, one, fleet_error("UnfulfillableCapacity", "g5.xlarge", "subnet-a"))
+    expect_fleet(stub, one, fleet_ok("g5.xlarge", "subnet-a") | {"Instances": [{**fleet_ok("g5.xlarge", "subnet-a")["Instances"][0],
+                                                                            "Lifecycle": "on-demand"}]}, market="on-demand")
     expect_cleanup(stub)
-    blocklist = api.Blocklist()
-    with stub, pytest.raises(api.CapacityUnavailable):
-        api.acquire(client, "lt-1", BASE, "x", one, ["spot", "on-demand"], [], blocklist)
-    # while everything is blocked, no API call at all
-    with pytest.raises(api.CapacityUnavailable):
-        api.acquire(client, "lt-1", BASE, "x", one, ["spot"], [], blocklist)
+    blocklist = fleet.Blocklist()
+    with stub:
+        got = fleet.acquire(client, "lt-1", BASE, "x", one, ["spot", "on-demand"], [], blocklist)
+    stub.assert_no_pending_responses()
+    assert got.market == "on-demand"
+    # spot stays blocked for a while, without an API call
+    with pytest.raises(fleet.CapacityUnavailable):
+        fleet.acquire(client, "lt-1", BASE, "x", one, ["spot"], [], blocklist)
 
 
 @pytest.mark.parametrize("code, words", [("VcpuLimitExceeded", "quota reached"), ("UnauthorizedOperation", "permission denied")])
@@ -92,7 +100,7 @@ def test_quota_and_permission_fail_fast_with_the_next_step(code, words):
     expect_fleet(stub, CHOICES, fleet_error(code, "g5.xlarge", "subnet-a"))
     expect_cleanup(stub)
     with stub, pytest.raises(api.AwsFatal) as info:
-        api.acquire(client, "lt-1", BASE, "x", CHOICES, ["spot"], [], api.Blocklist())
+        fleet.acquire(client, "lt-1", BASE, "x", CHOICES, ["spot"], [], fleet.Blocklist())
     assert words in str(info.value)
     stub.assert_no_pending_responses()  # no second CreateFleet
 
@@ -102,7 +110,7 @@ def test_quota_as_an_exception_also_fails_fast():
     stub.add_client_error("create_fleet", "VcpuLimitExceeded", "You have requested more vCPU capacity")
     expect_cleanup(stub)
     with stub, pytest.raises(api.AwsFatal, match="Service Quotas"):
-        api.acquire(client, "lt-1", BASE, "x", CHOICES, ["spot"], [], api.Blocklist())
+        fleet.acquire(client, "lt-1", BASE, "x", CHOICES, ["spot"], [], fleet.Blocklist())
 
 
 # --- security settings, on moto --------------------------------------------------------------------
@@ -124,25 +132,26 @@ def test_security_group_launch_template_and_instance_profile(cloud):
     assert listing["Condition"] == {"StringLike": {"s3:prefix": ["team/orch/sec/*"]}}
     assert terminate["Action"] == ["ec2:TerminateInstances"] and terminate["Condition"] == {"StringEquals": {"aws:ResourceTag/orch:sweep": "sec"}}
 
-    lt = api.ensure_launch_template(ec2, "sec", cloud.image, sg, 50, profile)
+    image = api.resolve_image(ec2, cloud.image, "self", "us-east-1")
+    lt = api.ensure_launch_template(ec2, "sec", api.launch_template_data(image, sg, 50, profile, public_ip=False))
     data = api.template_data(ec2, lt)
     assert data["MetadataOptions"]["HttpTokens"] == "required" and data["MetadataOptions"]["HttpPutResponseHopLimit"] == 1
     assert data["InstanceInitiatedShutdownBehavior"] == "terminate"
     assert all(b["Ebs"]["DeleteOnTermination"] for b in data["BlockDeviceMappings"])
     assert "UserData" not in data  # the host keys live only in short-lived per-instance versions
 
-    removed = api.teardown(ec2, iam, "sec")
+    removed = teardown(ec2, iam, "sec")
     assert lt in removed and sg in removed and "instance-profile/orch-sec" in removed
     assert not any(cloud.leftovers("sec").values())
-    assert api.teardown(ec2, iam, "sec") == []
+    assert teardown(ec2, iam, "sec") == []
 
 
 def test_a_reclaimed_pool_is_avoided_but_not_refused():
-    blocklist = api.Blocklist()
+    blocklist = fleet.Blocklist()
     for c in CHOICES[:2]:
         blocklist.avoid(c.instance_type, c.subnet_id)
-    assert blocklist.allowed(CHOICES) == CHOICES[2:]
+    assert blocklist.allowed(CHOICES, "spot") == CHOICES[2:]
     blocklist.avoid(CHOICES[2].instance_type, CHOICES[2].subnet_id)
-    assert blocklist.allowed(CHOICES) == CHOICES  # all avoided: all still worth a try
-    blocklist.block(CHOICES[0].instance_type, CHOICES[0].subnet_id)
-    assert blocklist.allowed(CHOICES) == CHOICES[1:]  # a capacity error is a hard no
+    assert blocklist.allowed(CHOICES, "spot") == CHOICES  # all avoided: all still worth a try
+    blocklist.block("spot", CHOICES[0].instance_type, CHOICES[0].subnet_id)
+    assert blocklist.allowed(CHOICES, "spot") == CHOICES[1:]  # a capacity error is a hard no

@@ -163,6 +163,7 @@ def test_throttling_is_retried_with_backoff(cloud):
     from botocore.awsrequest import AWSResponse
 
     from orchestrator import ec2 as api
+    from orchestrator.teardown import teardown
 
     client = api.client("ec2", "us-east-1")
     calls = []
@@ -184,11 +185,13 @@ def test_teardown_failing_halfway_is_finished_by_a_rerun(cloud):
     from botocore.exceptions import ClientError
 
     from orchestrator import ec2 as api
+    from orchestrator.teardown import teardown
 
     ec2, iam = api.client("ec2", "us-east-1"), api.client("iam", "us-east-1")
     sg = api.ensure_security_group(ec2, "half", cloud.vpc, "127.0.0.1/32")
     api.ensure_instance_profile(iam, "half", "b", "p")
-    api.ensure_launch_template(ec2, "half", cloud.image, sg, 20, "orch-half")
+    image = api.resolve_image(ec2, cloud.image, "self", "us-east-1")
+    api.ensure_launch_template(ec2, "half", api.launch_template_data(image, sg, 20, "orch-half", public_ip=False))
     failures = []
 
     def fail_once(**_):
@@ -198,15 +201,16 @@ def test_teardown_failing_halfway_is_finished_by_a_rerun(cloud):
 
     ec2.meta.events.register("before-call.ec2.DeleteSecurityGroup", fail_once)
     with pytest.raises(Exception):
-        api.teardown(ec2, iam, "half")
+        teardown(ec2, iam, "half")
     left = cloud.leftovers("half")
     assert left["security_groups"] and left["instance_profiles"] and not left["launch_templates"]  # halfway
-    api.teardown(ec2, iam, "half")
+    teardown(ec2, iam, "half")
     assert not any(cloud.leftovers("half").values())
 
 
 def test_gc_lists_and_down_all_removes_everything(orch, cloud, identity, job):
     from orchestrator import ec2 as api
+    from orchestrator.teardown import teardown
 
     for name in ("gca", "gcb"):
         path = orch.sweep(cloud.sweep_yaml(name, identity, job(steps=1, release=True), extra="max_restarts: 0"), name=f"{name}.yaml")

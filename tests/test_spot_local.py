@@ -87,6 +87,12 @@ def st(state, **kw):
     (st("failed", failures=1), None, START),
     (st("failed", failures=2), None, DONE),
     (st("stopped"), None, START),
+    # (a) the start timeout counts from the agent's start (a boot of minutes before it is not the agent's fault)
+    (st("starting", started_at=NOW - 500), Host("r", "i-1", "a", start_deadline=NOW + 10), WAIT),
+    (st("starting", started_at=NOW - 500), Host("r", "i-1", "a", start_deadline=NOW - 1), REPLACE),
+    (st("starting", started_at=NOW - 500, heartbeat=NOW - 5), Host("r", "i-1", "a", start_deadline=NOW - 1), WAIT),  # it reported: restoring
+    (st("starting", started_at=NOW - 500, heartbeat=NOW - 500), Host("r", "i-1", "a"), REPLACE),  # reported, then went silent
+    (st("failed", no_shows=3), None, DONE),  # hosts that never report end the run: no replacement loop
 ])
 def test_decide(status, host, want):
     assert decide(status, host, max_restarts=1, now=NOW, stale_s=60, start_timeout_s=60) == want

@@ -21,8 +21,9 @@ import yaml
 
 from .. import bundle as code_bundle
 from .. import ec2 as api
+from .. import fleet
 from ..errors import OrchError
-from ..spec import Sweep, orch_home, session_safe
+from ..spec import AUTO_PYTHON, Sweep, orch_home, session_safe
 from ..ssh import Target, attach_argv, connect, interactive, known_hosts_file, new_host_key, public_key_of
 from ..status import FAILED, QUEUED, read_status, write_status
 from ..pricing import PriceBook, ledger_cost
@@ -31,6 +32,9 @@ from .base import ACQUIRING, Host, RunTask
 
 log = logging.getLogger("orch.aws")
 STOP_WAIT_S = 30.0
+AGENT_REPORT_S = 180.0  # from the agent's start until its first report (a cold volume makes the first start slow)
+# Where images keep an interpreter with PyTorch, best first (`aws.python: auto`).
+PYTHON_CANDIDATES = ("/opt/pytorch/bin/python", "/opt/conda/envs/pytorch/bin/python", "python3")
 
 
 def cloud_config(host_private: str, host_public: str, user_public: str, max_minutes: int) -> str:
@@ -53,13 +57,15 @@ class AwsBackend:
         self.cfg = sweep.spec.aws
         self.name_ = sweep.spec.name
         self.ec2 = api.client("ec2", self.cfg.region)
-        self.blocklist = api.Blocklist()
+        self.blocklist = fleet.Blocklist()
         self.pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="orch-provision")
         self.fatal: Optional[OrchError] = None
         self.pending: Dict[str, int] = {}  # run -> attempt being provisioned (before its instance shows up)
         self.lock = threading.Lock()
         self._setup_lock = threading.Lock()  # provisioning threads share one bootstrap
-        self.start_timeout_s = min(60.0, self.cfg.boot_timeout_s)  # after provisioning ended (or in a dead controller)
+        self.start_timeout_s = AGENT_REPORT_S
+        self.ready: Dict[str, tuple] = {}  # run -> (attempt, when its agent was started) by this controller
+        self.python: Optional[str] = None  # the instance interpreter, checked on the first host
         self._setup: Optional[dict] = None
         self._bundle: Optional[code_bundle.Bundle] = None
         self.store = open_store(sweep.store_url)
@@ -86,10 +92,12 @@ class AwsBackend:
                 if profile == "create":
                     bucket, _, prefix = self.sweep.store_url[len("s3://"):].partition("/")
                     profile = api.ensure_instance_profile(api.client("iam", cfg.region), sweep, bucket, prefix.strip("/"))
-                template = api.ensure_launch_template(self.ec2, sweep, image, sg, cfg.volume_gb, profile)
+                public_ip = cfg.ssh.address == "public_ip" and not all(s["MapPublicIpOnLaunch"] for s in subnets)
+                data = api.launch_template_data(image, sg, cfg.volume_gb, profile, public_ip)
+                template = api.ensure_launch_template(self.ec2, sweep, data)
             except (ClientError, BotoCoreError) as exc:
                 raise api.explain(exc, "preparing the sweep's AWS resources") from None
-            choices = [api.Choice(t, s["SubnetId"], s["AvailabilityZone"]) for t in cfg.instance_types for s in subnets]
+            choices = [fleet.Choice(t, s["SubnetId"], s["AvailabilityZone"]) for t in cfg.instance_types for s in subnets]
             self._setup = {"template": template, "base": api.template_data(self.ec2, template), "choices": choices, "image": image, "sg": sg}
         return self._setup
 
@@ -129,15 +137,29 @@ class AwsBackend:
         except (ClientError, BotoCoreError) as exc:
             raise api.explain(exc, "listing the sweep's instances") from None
         with self.lock:
-            pending = dict(self.pending)
+            pending, ready = dict(self.pending), dict(self.ready)
         self._observe_usage(instances)
-        hosts = [Host(run_id=i["run"], host_id=i["instance_id"], address=self._address(i),
-                      attempt=int(i["attempt"]) if i["attempt"].isdigit() else None,
-                      provisioning=pending.get(i["run"]) == (int(i["attempt"]) if i["attempt"].isdigit() else None))
-                 for i in instances if i["run"]]
+        hosts = []
+        for i in instances:
+            if not i["run"]:
+                continue
+            attempt = int(i["attempt"]) if i["attempt"].isdigit() else None
+            hosts.append(Host(run_id=i["run"], host_id=i["instance_id"], address=self._address(i), attempt=attempt,
+                              provisioning=pending.get(i["run"]) == attempt, start_deadline=self._deadline(i, attempt, ready)))
         seen = {h.run_id for h in hosts}
         hosts += [Host(run_id=r, host_id=ACQUIRING, address="", attempt=a, provisioning=True) for r, a in pending.items() if r not in seen]
         return hosts
+
+    def _deadline(self, inst: dict, attempt: Optional[int], ready: Dict[str, tuple]) -> Optional[float]:
+        """When the agent on this instance must have reported: counted from when this controller
+        started it, or, for an instance it did not provision (a controller restarted after a
+        crash), from its launch plus the whole boot allowance."""
+        started = ready.get(inst["run"])
+        if started and started[0] == attempt:
+            return started[1] + self.start_timeout_s
+        if inst.get("launch_time"):
+            return inst["launch_time"] + self.cfg.boot_timeout_s + self.start_timeout_s
+        return None
 
     def notify_interruption(self, run_id: str) -> bool:
         """The agent's view of a spot notice (IMDS cannot be faked on a real instance): its ctl file."""
@@ -248,13 +270,19 @@ class AwsBackend:
         return 0
 
     def teardown(self) -> List[str]:
-        return api.teardown(self.ec2, api.client("iam", self.cfg.region), self.name_)
+        from ..teardown import teardown
+
+        return teardown(self.ec2, api.client("iam", self.cfg.region), self.name_)
 
     # --- provisioning (worker threads) ----------------------------------------------------------
 
     def _provision(self, task: RunTask) -> None:
+        """Acquire, boot, check and start one attempt. Once CreateFleet returned an instance, every
+        way out of here leaves it either running this attempt's agent or terminated and recorded."""
         instance_id = None
         try:
+            if self.fatal is not None:
+                raise self.fatal
             setup = self.bootstrap()
             if task.replaces:  # that (type, AZ) just took its instance back: try elsewhere first
                 self._block_reclaimed(task.replaces)
@@ -263,13 +291,13 @@ class AwsBackend:
             tags = api.sweep_tags(self.name_, run=task.run_id, attempt=str(task.attempt), hostkey=host_public) + [
                 {"Key": "Name", "Value": f"orch {self.name_} {task.run_id} #{task.attempt}"}]
             markets = {"spot": ["spot"], "on-demand": ["on-demand"], "spot-then-on-demand": ["spot", "on-demand"]}[self.cfg.market]
-            got = api.acquire(self.ec2, setup["template"], setup["base"], user_data, setup["choices"], markets, tags, self.blocklist)
+            got = fleet.acquire(self.ec2, setup["template"], setup["base"], user_data, setup["choices"], markets, tags, self.blocklist)
             instance_id = got.instance_id
             self._record_acquired(got)
             log.info("%s: %s %s in %s (%s)", task.run_id, got.instance_id, got.instance_type, got.az, got.market)
             from ..wait import retry_until
 
-            info = retry_until(lambda: (lambda d: d if d["state"] == "running" and self._address(d) else None)(api.describe(self.ec2, instance_id)),
+            info = retry_until(lambda: (lambda d: d if d and d["state"] == "running" and self._address(d) else None)(api.describe(self.ec2, instance_id)),
                                self.cfg.boot_timeout_s, 1.0, f"{instance_id} to run")
             target = Target(self._address(info), self.cfg.ssh.port, self.cfg.ssh.user, self.cfg.ssh.identity, host_public)
             conn = connect(target, timeout=self.cfg.boot_timeout_s, interval=1.0)
@@ -277,11 +305,11 @@ class AwsBackend:
                 self._start_agent(conn, task, instance_id)
             finally:
                 conn.close()
-        except api.CapacityUnavailable as exc:
-            self._requeue(task, str(exc))
+        except fleet.CapacityUnavailable as exc:
+            self._requeue(task, str(exc), instance_id)
         except api.AwsFatal as exc:
             self.fatal = exc  # fail fast: the controller's next pass raises it
-            self._requeue(task, str(exc))
+            self._requeue(task, str(exc), instance_id)
         except OrchError as exc:  # host key mismatch, sshd never came up, remote command failed
             self._fail(task, str(exc), instance_id)
         except Exception as exc:  # a bug or an unexpected API answer: record it on the run, keep the sweep going
@@ -291,6 +319,33 @@ class AwsBackend:
             with self.lock:
                 self.pending.pop(task.run_id, None)
 
+    def _interpreter(self, conn) -> str:
+        """The instance's Python for the agent and `{python}`: checked once per controller, on the first host.
+
+        It must import boto3 (the agent) and, when a command runs the bundled trainer, torch. A
+        wrong interpreter stops the sweep once, with the fix, instead of failing every run.
+        """
+        with self._setup_lock:
+            if self.python is not None:
+                return self.python
+            needs = ["boto3"] + (["torch"] if any("-m trainer" in r.command for r in self.sweep.runs) else [])
+            candidates = list(PYTHON_CANDIDATES) if self.cfg.python == AUTO_PYTHON else [self.cfg.python]
+            probe = " ".join(shlex.quote(c) for c in candidates)
+            script = (f'for p in {probe}; do if command -v "$p" >/dev/null 2>&1; then '
+                      f'out=$("$p" -c {shlex.quote("import " + ", ".join(needs))} 2>&1) && {{ echo "OK $p"; exit 0; }}; '
+                      f'echo "NO $p: $(printf %s "$out" | tail -n 1)"; else echo "NO $p: not found"; fi; done; exit 1')
+            r = conn.run(script, timeout=max(300.0, self.cfg.boot_timeout_s))
+            found = [line[3:] for line in r.out.splitlines() if line.startswith("OK ")]
+            if r.code != 0 or not found:
+                tried = "; ".join(line[3:] for line in r.out.splitlines() if line.startswith("NO ")) or r.err.strip()[-300:]
+                raise api.AwsFatal(
+                    f"no interpreter on the image can run this sweep (it needs {', '.join(needs)}): {tried}. "
+                    f"Fix: set `aws.python` to an interpreter of the image that has them (Deep Learning AMI: /opt/pytorch/bin/python), "
+                    f"or `auto`; or use an image that has them (see `orch ami`-style images in the README).")
+            self.python = found[0]
+            log.info("instance interpreter: %s", self.python)
+            return self.python
+
     def _start_agent(self, conn, task: RunTask, instance_id: str) -> None:
         with self._setup_lock:
             if self._bundle is None:
@@ -298,28 +353,43 @@ class AwsBackend:
         b = self._bundle
         if conn.run(f'test -f "{b.remote_dir.replace("~/", "$HOME/")}/.complete"').code != 0:
             conn.check(code_bundle.install_command(b), stdin=b.data)
+        py = self._interpreter(conn)
         task.host = instance_id
+        task.env["ORCH_PYTHON"] = py
         ctl = task.ctl_dir
         task_path = f"{ctl}/task-{task.attempt}.json"
         conn.put_bytes(json.dumps(task.__dict__, indent=2).encode(), task_path)
-        py = self.cfg.python
         home_path = lambda p: p.replace("~/", "$HOME/")  # noqa: E731
         agent = (f'PYTHONPATH="{home_path(b.remote_dir)}" {shlex.quote(py)} -m orchestrator.agent "{home_path(task_path)}" '
                  f'2>&1 | tee -a "{home_path(ctl)}/agent.log"')
         conn.check(f'cd "$HOME" && tmux -L orch new-session -d -s {shlex.quote(task.session)} -n agent -x 200 -y 50 {shlex.quote(agent)}')
+        with self.lock:
+            self.ready[task.run_id] = (task.attempt, time.time())
 
     def _block_reclaimed(self, instance_id: str) -> None:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             prev = api.instance_placement(self.ec2, instance_id)
-        except ClientError:
+        except (ClientError, BotoCoreError):
             return
         if prev:
             self.blocklist.avoid(*prev)
             log.info("avoiding %s in %s for a while: it just reclaimed %s", prev[0], prev[1], instance_id)
 
-    def _requeue(self, task: RunTask, reason: str) -> None:
+    def _release_acquired(self, instance_id: Optional[str]) -> str:
+        """Terminate an instance this attempt will not use; say so when even that failed."""
+        if not instance_id:
+            return ""
+        try:
+            api.terminate(self.ec2, [instance_id])
+            return ""
+        except Exception as exc:  # recorded on the run, so `orch down` (which finds it by tag) is the next step
+            log.error("could not terminate %s: %s", instance_id, exc)
+            return f" (could not terminate {instance_id}: {exc}; `orch down {self.name_}` removes it)"
+
+    def _requeue(self, task: RunTask, reason: str, instance_id: Optional[str] = None) -> None:
+        reason += self._release_acquired(instance_id)
         store = open_store(self.sweep.store_url)
         status = read_status(store, self.name_, task.run_id)
         status.state, status.reason, status.attempt = QUEUED, reason, task.attempt - 1
@@ -327,8 +397,7 @@ class AwsBackend:
 
     def _fail(self, task: RunTask, reason: str, instance_id: Optional[str]) -> None:
         log.warning("%s: %s", task.run_id, reason)
-        if instance_id:
-            api.terminate(self.ec2, [instance_id])
+        reason += self._release_acquired(instance_id)
         store = open_store(self.sweep.store_url)
         status = read_status(store, self.name_, task.run_id)
         status.state, status.reason, status.failures = FAILED, reason, status.failures + 1

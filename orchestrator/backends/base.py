@@ -53,6 +53,7 @@ class Host:
     address: str  # where to reach it ("localhost" or an IP)
     attempt: Optional[int] = None  # the attempt it was started for, when the backend knows
     provisioning: bool = False  # this controller is still setting it up (acquire, boot, ssh, agent)
+    start_deadline: Optional[float] = None  # its agent must have reported by then, or the host is replaced
 
 
 class Backend(Protocol):

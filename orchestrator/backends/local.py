@@ -56,6 +56,7 @@ class LocalBackend:
             ORCH_ATTEMPT=str(attempt),
             ORCH_RUN_DIR=str(run_dir),
             ORCH_PARAMS_JSON=task_params_json,
+            ORCH_PYTHON=sys.executable,
             PYTHONUNBUFFERED="1",
         )
         env.pop("TMUX", None)

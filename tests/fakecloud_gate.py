@@ -1,0 +1,420 @@
+"""The strict half of the fake cloud: a WSGI gate in front of moto where moto is kinder than AWS.
+
+What it imitates (each switchable through `Strictness`, all on by default):
+
+- Eventual consistency. A new instance id answers `InvalidInstanceID.NotFound` to DescribeInstances
+  and TerminateInstances by id for `instance_s`; a new security group is `InvalidGroup.NotFound` for
+  `group_s`; an instance profile refuses CreateFleet for `profile_s` after its role was added (AWS
+  puts that in the fleet's Errors: "Invalid IAM Instance Profile name").
+- Instances start `pending` for `pending_s`, and terminate through `shutting-down` for
+  `terminate_s`; a security group still used by an instance that is not `terminated` refuses
+  DeleteSecurityGroup with `DependencyViolation`.
+- IAM for hosts. Requests signed with role credentials that the fake IMDS handed out are checked
+  against that role's policies (Allow/Deny, `*` wildcards, StringEquals/StringLike conditions on
+  `s3:prefix` and `aws:ResourceTag/...`); anything not allowed is 403. S3's rule for a missing key
+  holds: GetObject/HeadObject of a key that does not exist answers 403, not 404, to a caller
+  without `s3:ListBucket` on the bucket. Callers with other keys (the controller) are not checked.
+- CreateFleet answers injected per (market, instance type, AZ): `fleet_errors[(m, t, az)] = code`
+  ("*" matches anything). Refused pools come back as the fleet's Errors; when no pool is left the
+  answer is a 200 with Errors and no instances, as AWS gives it.
+- `garbled`: EC2 actions whose answer cannot be parsed, so the SDK raises something that is not a
+  ClientError (what a dropped connection or a proxy's error page does).
+
+`counts` tallies every refusal the gate gave, by code, so tests can assert orch waited instead of
+hammering.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import io
+import json
+import re
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+from urllib.parse import parse_qs, parse_qsl, urlencode
+
+ACCOUNT = "123456789012"  # moto's default account
+REGION = "us-east-1"
+AUTH_RE = re.compile(r"Credential=([^/]+)/[^/]+/([^/]+)/([^/]+)/")
+PROFILE_ERROR = "Value ({name}) for parameter iamInstanceProfile.name is invalid. Invalid IAM Instance Profile name"
+
+
+@dataclass
+class Strictness:
+    """How much slower and stricter than moto the fake cloud is (seconds)."""
+
+    instance_s: float = 2.0  # new instance ids are NotFound by id this long
+    group_s: float = 1.0  # new security groups are NotFound this long
+    profile_s: float = 3.0  # a new instance profile is refused by CreateFleet this long
+    pending_s: float = 0.5  # new instances are `pending` this long
+    terminate_s: float = 2.0  # terminated instances stay `shutting-down` this long
+    iam: bool = True  # evaluate role policies for hosts' requests
+
+
+@dataclass
+class Gate:
+    """WSGI middleware around moto's app; see the module doc."""
+
+    app: Callable
+    strict: Strictness = field(default_factory=Strictness)
+    fleet_errors: Dict[Tuple[str, str, str], str] = field(default_factory=dict)
+    roles: Dict[str, str] = field(default_factory=dict)  # access key id -> role name (handed out by the IMDS)
+    counts: Counter = field(default_factory=Counter)
+    young: Dict[str, float] = field(default_factory=dict)  # instance id / group id / profile name -> born at
+    groups_of: Dict[str, List[str]] = field(default_factory=dict)  # instance id -> security groups (from its template)
+    profile_of: Dict[str, str] = field(default_factory=dict)  # instance id -> instance profile (moto's fleets drop it)
+    policy_source: Optional[Callable[[str], List[dict]]] = None  # role -> policy documents
+    garbled: set = field(default_factory=set)  # EC2 actions answered with a body no SDK can parse (any-exception injection)
+
+    def __post_init__(self):
+        self.lock = threading.Lock()
+
+    # --- WSGI ----------------------------------------------------------------------------------
+
+    def __call__(self, environ, start_response):
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        body = environ["wsgi.input"].read(length) if length else b""
+        environ["wsgi.input"] = io.BytesIO(body)
+        m = AUTH_RE.search(environ.get("HTTP_AUTHORIZATION", ""))
+        akid, service = (m.group(1), m.group(3)) if m else ("", "")
+        role = self.roles.get(akid) if self.strict.iam else None
+        try:
+            if service == "s3" and role:
+                answer = self._s3(environ, body, role)
+            elif service == "ec2":
+                answer = self._ec2(environ, body, role)
+            elif service == "iam":
+                answer = self._iam(environ, body)
+            else:
+                answer = self.forward(environ)
+        except Exception as exc:  # a bug in the gate must be loud, not a hang
+            answer = ("500 Internal Server Error", [("Content-Type", "text/plain")], f"fake cloud gate: {exc!r}".encode())
+        status, headers, data = answer
+        headers = [(k, v) for k, v in headers if k.lower() != "content-length"] + [("Content-Length", str(len(data)))]
+        start_response(status, headers)
+        return [data] if environ["REQUEST_METHOD"] != "HEAD" else [b""]
+
+    def forward(self, environ, body: Optional[bytes] = None):
+        if body is not None:
+            environ["wsgi.input"] = io.BytesIO(body)
+            environ["CONTENT_LENGTH"] = str(len(body))
+        got = {}
+
+        def start(status, headers, exc_info=None):
+            got["status"], got["headers"] = status, headers
+            return lambda data: chunks.append(data)
+
+        chunks: List[bytes] = []
+        result = self.app(environ, start)
+        try:
+            chunks.extend(result)
+        finally:
+            if hasattr(result, "close"):
+                result.close()
+        return got["status"], got["headers"], b"".join(chunks)
+
+    # --- EC2 -----------------------------------------------------------------------------------
+
+    def _ec2(self, environ, body: bytes, role: Optional[str]):
+        form = parse_qs(body.decode())
+        action = form.get("Action", [""])[0]
+        ids = [v[0] for k, v in form.items() if k.startswith("InstanceId.")]
+        if role:  # a host: only what its role allows (the agent terminates its own instance)
+            if action != "TerminateInstances" or not all(self._allowed(role, "ec2:TerminateInstances", f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/{i}",
+                                                                        {f"aws:ResourceTag/{k}": v for k, v in _instance_tags(i).items()}) for i in ids):
+                return self._ec2_error("UnauthorizedOperation", f"You are not authorized to perform this operation ({action}).", 403)
+        if action in ("DescribeInstances", "TerminateInstances"):
+            fresh = [i for i in ids if self._is_young(i, self.strict.instance_s)]
+            if fresh:
+                return self._ec2_error("InvalidInstanceID.NotFound", f"The instance ID '{fresh[0]}' does not exist")
+        if action in ("DescribeSecurityGroups", "AuthorizeSecurityGroupIngress", "DeleteSecurityGroup"):
+            groups = [v[0] for k, v in form.items() if k.startswith("GroupId")]
+            fresh = [g for g in groups if self._is_young(g, self.strict.group_s)]
+            if fresh:
+                return self._ec2_error("InvalidGroup.NotFound", f"The security group '{fresh[0]}' does not exist")
+            if action == "DeleteSecurityGroup" and groups and self._in_use(groups[0]):
+                return self._ec2_error("DependencyViolation", f"resource {groups[0]} has a dependent object")
+        if action in self.garbled:
+            self.counts[f"garbled:{action}"] += 1
+            return "200 OK", [("Content-Type", "text/xml")], b"<garbled"
+        if action == "CreateFleet":
+            return self._create_fleet(environ, form)
+        answer = self.forward(environ)
+        if action == "CreateSecurityGroup" and answer[0].startswith("200"):
+            for gid in set(re.findall(rb"sg-[0-9a-f]+", answer[2])):
+                self._born(gid.decode())
+        if action == "TerminateInstances" and answer[0].startswith("200"):
+            for iid in ids:
+                self._shut_down(iid)
+        return answer
+
+    def _create_fleet(self, environ, form):
+        market = form.get("TargetCapacitySpecification.DefaultTargetCapacityType", ["on-demand"])[0]
+        template_id = form.get("LaunchTemplateConfigs.1.LaunchTemplateSpecification.LaunchTemplateId", [""])[0]
+        version = form.get("LaunchTemplateConfigs.1.LaunchTemplateSpecification.Version", ["1"])[0]
+        data = _template_data(template_id, version)
+        overrides = _overrides(form)
+        profile = (data.get("IamInstanceProfile") or {}).get("Name", "")
+        refused: List[Tuple[dict, str, str]] = []
+        kept: List[dict] = []
+        for o in overrides:
+            az = _subnet_az(o.get("SubnetId", ""))
+            code = self._injected(market, o.get("InstanceType", ""), az)
+            if profile and self._is_young(profile, self.strict.profile_s):
+                refused.append((o, "InvalidParameterValue", PROFILE_ERROR.format(name=profile)))
+            elif code:
+                refused.append((o, code, f"injected by the fake cloud for ({market}, {o.get('InstanceType')}, {az})"))
+            else:
+                kept.append(o)
+        for _, code, _ in refused:
+            self.counts[code] += 1
+        if not kept:
+            return self._fleet_errors(template_id, version, market, refused)
+        new_form = [(k, v) for k, v in parse_qsl(urlencode(form, doseq=True)) if not k.startswith("LaunchTemplateConfigs.1.Overrides.")]
+        for n, o in enumerate(kept, start=1):
+            new_form += [(f"LaunchTemplateConfigs.1.Overrides.{n}.{k}", v) for k, v in o.items()]
+        answer = self.forward(environ, urlencode(new_form).encode())
+        if answer[0].startswith("200"):
+            groups = list(data.get("SecurityGroupIds") or [g for nic in data.get("NetworkInterfaces") or [] for g in nic.get("Groups", [])])
+            for iid in set(re.findall(rb"i-[0-9a-f]{8,17}", answer[2])):
+                iid = iid.decode()
+                self._born(iid)
+                self.groups_of[iid] = groups
+                if profile:
+                    self.profile_of[iid] = profile
+                self._pending(iid)
+        return answer
+
+    def _injected(self, market: str, itype: str, az: str) -> Optional[str]:
+        for (m, t, a), code in self.fleet_errors.items():
+            if m in ("*", market) and t in ("*", itype) and a in ("*", az):
+                return code
+        return None
+
+    def _fleet_errors(self, template_id: str, version: str, market: str, refused) -> tuple:
+        items = "".join(
+            f"<item><launchTemplateAndOverrides><launchTemplateSpecification><launchTemplateId>{template_id}</launchTemplateId>"
+            f"<version>{version}</version></launchTemplateSpecification><overrides><instanceType>{o.get('InstanceType', '')}</instanceType>"
+            f"<subnetId>{o.get('SubnetId', '')}</subnetId></overrides></launchTemplateAndOverrides><lifecycle>{market}</lifecycle>"
+            f"<errorCode>{code}</errorCode><errorMessage>{_xml(msg)}</errorMessage></item>"
+            for o, code, msg in refused)
+        xml = (f'<?xml version="1.0" encoding="UTF-8"?><CreateFleetResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">'
+               f"<requestId>{uuid.uuid4()}</requestId><fleetId>fleet-{uuid.uuid4().hex[:17]}</fleetId>"
+               f"<errorSet>{items}</errorSet><fleetInstanceSet/></CreateFleetResponse>")
+        return "200 OK", [("Content-Type", "text/xml")], xml.encode()
+
+    def _ec2_error(self, code: str, message: str, status: int = 400) -> tuple:
+        self.counts[code] += 1
+        xml = (f'<?xml version="1.0" encoding="UTF-8"?><Response><Errors><Error><Code>{code}</Code><Message>{_xml(message)}</Message>'
+               f"</Error></Errors><RequestID>{uuid.uuid4()}</RequestID></Response>")
+        return f"{status} {'Bad Request' if status == 400 else 'Forbidden'}", [("Content-Type", "text/xml")], xml.encode()
+
+    # --- state changes AWS makes slowly ----------------------------------------------------------
+
+    def _born(self, key: str) -> None:
+        with self.lock:
+            self.young[key] = time.monotonic()
+
+    def _is_young(self, key: str, window: float) -> bool:
+        with self.lock:
+            born = self.young.get(key)
+        return born is not None and time.monotonic() - born < window
+
+    def _pending(self, iid: str) -> None:
+        inst = _instance(iid)
+        if inst is None or self.strict.pending_s <= 0:
+            return
+        inst._state.name, inst._state.code = "pending", 0
+
+        def run():
+            if inst._state.name == "pending":
+                inst._state.name, inst._state.code = "running", 16
+
+        _later(self.strict.pending_s, run)
+
+    def _shut_down(self, iid: str) -> None:
+        inst = _instance(iid)
+        if inst is None or self.strict.terminate_s <= 0 or inst._state.name != "terminated":
+            return
+        inst._state.name, inst._state.code = "shutting-down", 32
+
+        def done():
+            inst._state.name, inst._state.code = "terminated", 48
+
+        _later(self.strict.terminate_s, done)
+
+    def _in_use(self, group_id: str) -> bool:
+        for iid, groups in list(self.groups_of.items()):
+            inst = _instance(iid)
+            if group_id in groups and inst is not None and inst._state.name != "terminated":
+                return True
+        return False
+
+    # --- IAM -----------------------------------------------------------------------------------
+
+    def _iam(self, environ, body: bytes):
+        form = parse_qs(body.decode())
+        action = form.get("Action", [""])[0]
+        answer = self.forward(environ)
+        if action in ("CreateInstanceProfile", "AddRoleToInstanceProfile") and answer[0].startswith("200"):
+            self._born(form.get("InstanceProfileName", [""])[0])
+        return answer
+
+    def _allowed(self, role: str, action: str, resource: str, context: Dict[str, str]) -> bool:
+        allow = False
+        for doc in (self.policy_source(role) if self.policy_source else []):
+            statements = doc.get("Statement", [])
+            for st in statements if isinstance(statements, list) else [statements]:
+                if not (_matches(st.get("Action"), action, fold=True) and _matches(st.get("Resource"), resource)
+                        and _conditions_hold(st.get("Condition") or {}, context)):
+                    continue
+                if st.get("Effect") == "Deny":
+                    return False
+                allow = True
+        return allow
+
+    # --- S3 with role credentials ----------------------------------------------------------------
+
+    def _s3(self, environ, body: bytes, role: str):
+        method = environ["REQUEST_METHOD"]
+        path = environ.get("PATH_INFO", "").lstrip("/")
+        bucket, _, key = path.partition("/")
+        query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+        bucket_arn = f"arn:aws:s3:::{bucket}"
+        checks: List[Tuple[str, str, Dict[str, str]]] = []
+        if not key:
+            if method == "GET" and ("list-type" in query or not query or "prefix" in query):
+                ctx = {"s3:prefix": query["prefix"][0]} if "prefix" in query else {}
+                checks.append(("s3:ListBucket", bucket_arn, ctx))
+            elif method == "HEAD":
+                checks.append(("s3:ListBucket", bucket_arn, {}))
+            elif method == "POST" and "delete" in query:
+                for k in re.findall(rb"<Key>(.*?)</Key>", body):
+                    checks.append(("s3:DeleteObject", f"{bucket_arn}/{k.decode()}", {}))
+            else:
+                checks.append(("s3:" + method.title() + "Bucket" + "".join(q.title() for q in query), bucket_arn, {}))
+        else:
+            obj = f"{bucket_arn}/{key}"
+            if method in ("GET", "HEAD"):
+                checks.append(("s3:GetObject", obj, {}))
+            elif method in ("PUT", "POST"):
+                checks.append(("s3:PutObject", obj, {}))
+            elif method == "DELETE":
+                checks.append(("s3:AbortMultipartUpload" if "uploadId" in query else "s3:DeleteObject", obj, {}))
+        for action, resource, ctx in checks:
+            if not self._allowed(role, action, resource, ctx):
+                return self._s3_denied()
+        answer = self.forward(environ)
+        if key and method in ("GET", "HEAD") and answer[0].startswith("404") and not self._allowed(role, "s3:ListBucket", bucket_arn, {}):
+            return self._s3_denied()  # S3 hides whether a key exists from callers who may not list
+        return answer
+
+    def _s3_denied(self) -> tuple:
+        self.counts["AccessDenied"] += 1
+        xml = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code><Message>Access Denied</Message>'
+               f"<RequestId>{uuid.uuid4().hex}</RequestId></Error>")
+        return "403 Forbidden", [("Content-Type", "application/xml")], xml.encode()
+
+
+# --- moto's in-process state -----------------------------------------------------------------------
+
+
+def _ec2_backend():
+    from moto.ec2.models import ec2_backends
+
+    return ec2_backends[ACCOUNT][REGION]
+
+
+def _instance(iid: str):
+    try:
+        return _ec2_backend().get_instance(iid)
+    except Exception:
+        return None
+
+
+def _instance_tags(iid: str) -> Dict[str, str]:
+    inst = _instance(iid)
+    return {t["key"]: t["value"] for t in (inst.get_tags() if inst is not None else [])} if inst is not None else {}
+
+
+def _template_data(template_id: str, version: str) -> dict:
+    try:
+        return _ec2_backend().get_launch_template(template_id).get_version(version).data
+    except Exception:
+        return {}
+
+
+def _subnet_az(subnet_id: str) -> str:
+    try:
+        return _ec2_backend().get_subnet(subnet_id).availability_zone
+    except Exception:
+        return ""
+
+
+def _overrides(form: Dict[str, List[str]]) -> List[dict]:
+    found: Dict[int, dict] = {}
+    for k, v in form.items():
+        m = re.match(r"LaunchTemplateConfigs\.1\.Overrides\.(\d+)\.(.+)$", k)
+        if m:
+            found.setdefault(int(m.group(1)), {})[m.group(2)] = v[0]
+    return [found[n] for n in sorted(found)]
+
+
+def _later(seconds: float, fn: Callable[[], None]) -> None:
+    t = threading.Timer(seconds, fn)
+    t.daemon = True
+    t.start()
+
+
+def _xml(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _matches(patterns, value: str, fold: bool = False) -> bool:
+    if patterns is None:
+        return False
+    for p in patterns if isinstance(patterns, list) else [patterns]:
+        if fnmatch.fnmatchcase(value.lower() if fold else value, p.lower() if fold else p):
+            return True
+    return False
+
+
+def _conditions_hold(condition: dict, context: Dict[str, str]) -> bool:
+    for op, pairs in condition.items():
+        for key, wanted in pairs.items():
+            got = context.get(key)
+            wanted = wanted if isinstance(wanted, list) else [wanted]
+            if got is None:
+                return False
+            if op == "StringEquals" and got not in wanted:
+                return False
+            if op == "StringLike" and not any(fnmatch.fnmatchcase(got, w) for w in wanted):
+                return False
+            if op not in ("StringEquals", "StringLike"):
+                return False  # unknown operators fail closed
+    return True
+
+
+def policies_from_moto(endpoint: str, secret: str) -> Callable[[str], List[dict]]:
+    """Inline and attached policies of a role, read from moto's IAM (the controller's view)."""
+    import boto3
+
+    iam = boto3.client("iam", region_name=REGION, endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key=secret)
+
+    def source(role: str) -> List[dict]:
+        docs = []
+        for name in iam.list_role_policies(RoleName=role)["PolicyNames"]:
+            doc = iam.get_role_policy(RoleName=role, PolicyName=name)["PolicyDocument"]
+            docs.append(doc if isinstance(doc, dict) else json.loads(doc))
+        for att in iam.list_attached_role_policies(RoleName=role)["AttachedPolicies"]:
+            pol = iam.get_policy(PolicyArn=att["PolicyArn"])["Policy"]
+            doc = iam.get_policy_version(PolicyArn=att["PolicyArn"], VersionId=pol["DefaultVersionId"])["PolicyVersion"]["Document"]
+            docs.append(doc if isinstance(doc, dict) else json.loads(doc))
+        return docs
+
+    return source
