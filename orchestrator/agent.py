@@ -17,11 +17,11 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Tuple
 
 from . import tmux
 from .backends.base import RunTask
-from .status import CANCELLED, FAILED, INTERRUPTED, RUNNING, STARTING, STOPPED, SUCCEEDED, read_status, write_status
+from .status import CANCELLED, FAILED, INTERRUPTED, RUNNING, STARTING, STOPPED, SUCCEEDED, orch_prefix, read_status, write_status
 from .store import Store, open_store
 from .wait import Timeout, retry_until
 
@@ -29,28 +29,67 @@ log = logging.getLogger("orch.agent")
 
 POLL_S = 0.05  # how often the agent looks for the command's exit
 KILL_GRACE_S = 10.0  # SIGTERM -> SIGKILL
+LEFTOVER_GRACE_S = 2.0  # after the command exited, how long what it left in the background may finish
 TAIL_LINES = 20
 STOP_REASON_FILE = "stop-reason"  # written by whoever stops the run before signalling the agent
 NOTICE_FILE = "spot-notice"  # `orch chaos interrupt` (and tests) deliver a spot notice here
 NOTICE_GRACE_S = 60.0  # after a notice, how long to wait for the command's checkpoint before syncing anyway
 
 
-def wrapper_script(task: RunTask) -> str:
-    """The script the "run" window executes: env, the command teed into the log, the exit code."""
+def wrapper_script(task: RunTask, log_file: Path) -> str:
+    """The script the "run" window executes: environment, the command, its exit code.
+
+    No user text is ever spliced into shell syntax: values and the command are single
+    shell-quoted words; the command is run as `bash -c "$2"` by a small bash that first records
+    its own pid (the command keeps that pid through exec, so signals reach it). Output is teed to
+    the log through a process substitution, so the exit code is recorded the moment the command
+    exits, even while a child it left in the background still holds the output open.
+    """
     ctl = Path(task.ctl_dir)
     exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(task.env.items()))
-    log_file = f"logs/{task.attempt}.log"
-    exit_file = ctl / f"exit.{task.attempt}"
+    exit_file = shlex.quote(str(ctl / f"exit.{task.attempt}"))
+    launcher = 'echo $$ > "$1"; exec bash -c "$2"'
     return f"""#!/usr/bin/env bash
-# attempt {task.attempt} of {task.sweep}/{task.run_id}, written by the orch agent
+# attempt {task.attempt}, written by the orch agent
 {exports}
 cd {shlex.quote(task.run_dir)} || exit 97
-mkdir -p logs
-echo "[orch] $(date -u +%FT%TZ) attempt {task.attempt} of {task.run_id}: {task.command.replace('"', "'").replace('$', '')}" >> {log_file}
-( echo $BASHPID > {shlex.quote(str(ctl / 'cmd.pid'))}; exec bash -c {shlex.quote(task.command)} ) 2>&1 | tee -a {log_file}
-code=${{PIPESTATUS[0]}}
-echo $code > {shlex.quote(str(exit_file))}.tmp && mv {shlex.quote(str(exit_file))}.tmp {shlex.quote(str(exit_file))}
+exec > >(tee -a {shlex.quote(str(log_file))}) 2>&1
+bash -c {shlex.quote(launcher)} orch-run {shlex.quote(str(ctl / 'cmd.pid'))} {shlex.quote(task.command)}
+code=$?
+echo $code > {exit_file}.tmp && mv {exit_file}.tmp {exit_file}
 """
+
+
+def final_status(stop_requested: Optional[str], noticed: bool, code: Optional[int], timeout_s: Optional[float]) -> Tuple[str, str, bool]:
+    """How an attempt ended: (state, reason, counts as a failure). Pure; tested like decide().
+
+    An exit caused by a spot notice is a preemption whatever its code (a command without a
+    SIGUSR1 handler dies of it); a timeout is a failure; a stop by orch is what it asked for.
+    """
+    if stop_requested == "timeout":
+        return FAILED, f"timed out after {duration(timeout_s or 0)}", True
+    if noticed or stop_requested == INTERRUPTED:
+        return INTERRUPTED, "", False
+    if stop_requested == CANCELLED:
+        return CANCELLED, "cancelled by orch cancel", False
+    if stop_requested == STOPPED:
+        return STOPPED, "stopped by orch down", False
+    if code == 0:
+        return SUCCEEDED, "", False
+    return FAILED, (f"exit code {code}" if code is not None else "command vanished without an exit code"), True
+
+
+def duration(seconds: float) -> str:
+    """3 s, 90 s, 2.5 min: as a person reads a limit."""
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def _write_private(path: Path, text: str) -> None:
+    """A file only its owner may read (scripts and task files hold the run's whole environment)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o600)
 
 
 def tail(path: Path, lines: int = TAIL_LINES, max_bytes: int = 16384) -> str:
@@ -92,6 +131,8 @@ class Agent:
         self.ctl = Path(task.ctl_dir)
         self.prefix = f"{task.sweep}/{task.run_id}"
         self.exit_file = self.ctl / f"exit.{task.attempt}"
+        self.log_file = self.ctl / "logs" / f"{task.attempt}.log"  # orch's, beside the run folder (never in it)
+        self.cmd_group: Optional[int] = None  # the command's process group, to stop what it leaves behind
         self.stop_requested: Optional[str] = None
         self.stop_sent_at: Optional[float] = None
         self.notice_at: Optional[float] = None
@@ -195,7 +236,6 @@ class Agent:
         # a large restore keeps heartbeating, so it never looks like a lost host.
         with _heartbeats(lambda: self._beat(status), t.heartbeat_s):
             self.store.sync_down(self.prefix, self.run_dir)
-        (self.run_dir / "status.json").unlink(missing_ok=True)
 
         now = time.time()
         status.state, status.attempt, status.host = RUNNING, t.attempt, t.host or "localhost"
@@ -204,18 +244,30 @@ class Agent:
         write_status(self.store, t.sweep, status)
 
         script = self.ctl / f"attempt-{t.attempt}.sh"
-        script.write_text(wrapper_script(t))
+        _write_private(script, wrapper_script(t, self.log_file))  # it holds the whole environment
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_file, "a") as f:  # the header from Python: user text never becomes shell syntax
+            f.write(f"[orch] {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} attempt {t.attempt} of {t.run_id}: {t.command}\n")
         self.exit_file.unlink(missing_ok=True)
+        (self.ctl / "cmd.pid").unlink(missing_ok=True)
         tmux.new_window(t.session, "run", f"bash {shlex.quote(str(script))}", cwd=str(self.run_dir))
 
         next_beat, next_sync, next_notice = now + t.heartbeat_s, now + t.sync_s, now
         deadline = now + t.timeout_s if t.timeout_s else None
 
+        next_look = now + 2.0
+
         def step() -> bool:
-            nonlocal next_beat, next_sync, next_notice
+            nonlocal next_beat, next_sync, next_notice, next_look
             if self.exit_file.exists():
                 return True
             now = time.time()
+            if self.cmd_group is None:
+                self.cmd_group = self._group_of_command()
+            if now >= next_look:  # a wrapper that died without an exit code (window killed) ends the attempt too
+                next_look = now + 2.0
+                if not tmux.has_window(t.session, "run") and not self.exit_file.exists():
+                    return True
             if not self.stop_requested and (self.notice_at is not None or (now >= next_notice and self._notice())):
                 self._on_notice(status, now)
             elif not self.stop_requested and (now >= next_notice or (self.rebalance_at or 0) > 0):
@@ -233,10 +285,10 @@ class Agent:
             if now >= next_beat and status.state != INTERRUPTED:
                 status.heartbeat = now
                 status.last_metrics = last_metrics(self.run_dir / "metrics.jsonl")
-                write_status(self.store, t.sweep, status)
+                self._quietly(write_status, self.store, t.sweep, status)
                 next_beat = now + t.heartbeat_s
             if now >= next_sync:
-                self.store.sync_up(self.run_dir, self.prefix)
+                self._quietly(self._sync_up)
                 next_sync = now + t.sync_s
             return False
 
@@ -246,30 +298,71 @@ class Agent:
         except (Timeout, ValueError):
             code = None
 
-        self.store.sync_up(self.run_dir, self.prefix)
+        self._stop_leftovers()
+        self._quietly(self._sync_up)
         status.finished_at = status.heartbeat = time.time()
         status.exit_code = code
         status.last_metrics = last_metrics(self.run_dir / "metrics.jsonl")
-        status.log_tail = tail(self.run_dir / "logs" / f"{t.attempt}.log")
-        if self.stop_requested == "timeout":
-            status.state, status.failures = FAILED, status.failures + 1
-            status.reason = f"timed out after {t.timeout_s / 60:.1f} min"
-        elif self.stop_requested == INTERRUPTED:
-            status.state = INTERRUPTED  # not a failure: the next attempt resumes elsewhere
-        elif self.stop_requested in (CANCELLED, STOPPED):
-            status.state = self.stop_requested
-            status.reason = "cancelled by orch cancel" if status.state == CANCELLED else "stopped by orch down"
-        elif code == 0:
-            status.state, status.reason, status.log_tail = SUCCEEDED, "", ""
-        else:
-            status.state, status.failures = FAILED, status.failures + 1
-            status.reason = f"exit code {code}" if code is not None else "command vanished without an exit code"
-        write_status(self.store, t.sweep, status)
+        # our own SIGUSR1 (a notice, or a rebalance recommendation) ending a command that has no handler is a preemption
+        noticed = self.notice_at is not None or (self.rebalance_at is not None and code == 128 + signal.SIGUSR1)
+        state, reason, failed = final_status(self.stop_requested, noticed, code, t.timeout_s)
+        status.state, status.reason = state, reason or (status.reason if state == INTERRUPTED else "")
+        status.failures += 1 if failed else 0
+        status.log_tail = "" if state == SUCCEEDED else tail(self.log_file)
+        try:  # the record of how it ended matters most: a store that is briefly unwritable gets a minute
+            retry_until(lambda: self._quietly(write_status, self.store, t.sweep, status), 60, 2.0, "the store to take the final status")
+        except Timeout:
+            log.error("could not record the end of attempt %s in the store; the controller will see a lost host", t.attempt)
         if t.terminate_on_exit:
             self._terminate_host()
         elif t.idle_s:
             self._linger(t.idle_s)
         return 0
+
+    def _sync_up(self) -> None:
+        self.store.sync_up(self.run_dir, self.prefix)
+        self.store.sync_up(self.log_file.parent, f"{orch_prefix(self.task.sweep, self.task.run_id)}/logs")
+
+    def _quietly(self, fn, *args) -> bool:
+        """A store write that fails (read-only folder, network) is logged and tried again later, never fatal."""
+        try:
+            fn(*args)
+            return True
+        except Exception as exc:
+            log.warning("store write failed (%s: %s); will try again", type(exc).__name__, exc)
+            return False
+
+    def _group_of_command(self) -> Optional[int]:
+        pid = self._cmd_pid()
+        try:
+            return os.getpgid(pid) if pid else None
+        except ProcessLookupError:
+            return None
+
+    def _stop_leftovers(self) -> None:
+        """The run ends when its command exits: what it left running in its process group is stopped after a short grace."""
+        group = self.cmd_group
+        if group is None or group == os.getpgid(0):
+            return
+
+        def gone() -> bool:
+            try:
+                os.killpg(group, 0)
+                return False
+            except (ProcessLookupError, PermissionError):
+                return True
+
+        for sig, wait_s in ((None, LEFTOVER_GRACE_S), (signal.SIGTERM, 2.0), (signal.SIGKILL, 2.0)):
+            if sig is not None:
+                try:
+                    os.killpg(group, sig)
+                except (ProcessLookupError, PermissionError):
+                    return
+            try:
+                retry_until(gone, wait_s, 0.1, "the command's process group to end")
+                return
+            except Timeout:
+                continue
 
     def _beat(self, status) -> None:
         status.heartbeat = time.time()

@@ -53,6 +53,7 @@ def launch(sweep_file: str, dry_run: bool, detach: bool):
     sweep = load_sweep(sweep_file)
     con = _console()
     if dry_run:
+        _check_like_launch(sweep)
         con.print(f"sweep [bold]{sweep.spec.name}[/]: {len(sweep.runs)} runs on backend {sweep.spec.backend}, "
                   f"max_parallel {sweep.spec.max_parallel}, store {sweep.store_url}")
         for run in sweep.runs:
@@ -85,17 +86,45 @@ def launch(sweep_file: str, dry_run: bool, detach: bool):
         pid = _spawn_controller(sweep)
         con.print(f"controller running in the background (pid {pid}). Watch: `orch status {sweep.spec.name} --watch`.")
         return
+    # Closing the terminal (SIGHUP) or a plain `kill` (SIGTERM) is treated like Ctrl-C: the loop is
+    # handed to a background controller, so queued runs still start.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _hand_off)
     try:
         progress = _watch(con, controller.run)
     except KeyboardInterrupt:
         lock.release()
         pid = _spawn_controller(sweep)
-        con.print(f"\ndetached: runs keep going, the controller continues in the background (pid {pid}).\n"
+        _say(con, f"\ndetached: runs keep going, the controller continues in the background (pid {pid}).\n"
                   f"Watch: `orch status {sweep.spec.name} --watch`. Stop everything: `orch down {sweep.spec.name}`.")
         return
     finally:
         lock.release()
     _finish(con, progress)
+
+
+def _hand_off(signum, _frame):
+    raise KeyboardInterrupt  # the same path as Ctrl-C
+
+
+def _say(con, text: str) -> None:
+    """Print if there is still a terminal to print to (after SIGHUP there may be none)."""
+    try:
+        con.print(text, markup=False)
+    except OSError:
+        pass
+
+
+def _check_like_launch(sweep) -> None:
+    """A dry run refuses what the launch would refuse, without creating anything."""
+    from .controller import check_recorded
+    from .state import State
+    from .store import open_store
+
+    if sweep.store_url.startswith("s3://") or Path(sweep.store_url).is_dir():
+        check_recorded(sweep, open_store(sweep.store_url), State())
+    else:
+        State().check_same_store(sweep.spec.name, str(sweep.path), sweep.store_url)
 
 
 def _watch(con, run_fn):
@@ -245,7 +274,16 @@ def status(sweep: Optional[str], as_json: bool, watch: bool):
 
         _watch(con, run_fn)
         return
-    con.print(runs_table(observe(sw, backend, store)))
+    progress = observe(sw, backend, store)
+    con.print(runs_table(progress))
+    from .state import State
+
+    from .state import SweepLock
+
+    state = State()
+    if not progress.done and SweepLock(state.home, sw.spec.name).holder() is None:
+        con.print(f"no controller is running for {sw.spec.name}: queued and interrupted runs will not start. "
+                  f"Continue it with `orch launch {sw.path}`.", markup=False)
 
 
 @main.command()
@@ -260,6 +298,8 @@ def attach(run: str):
     Example:
       orch attach 'lr=0.1,seed=0'
     """
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise NotFound(f"orch attach needs a terminal: it opens {run}'s tmux window. From a script, follow its log: `orch logs {run} -f`.")
     sweep, run_id = resolve_run(run)
     backend, _, _ = _parts(sweep)
     sys.exit(backend.attach(run_id))
@@ -268,7 +308,7 @@ def attach(run: str):
 @main.command()
 @click.argument("run")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing as the log grows, until the run ends.")
-@click.option("--attempt", type=int, help="Which attempt's log (default: the latest).")
+@click.option("--attempt", type=click.IntRange(min=1), help="Which attempt's log, 1 or more (default: the latest).")
 @expected_errors
 def logs(run: str, follow: bool, attempt: Optional[int]):
     """Print RUN's log (the command's stdout and stderr) from the store.
@@ -277,7 +317,7 @@ def logs(run: str, follow: bool, attempt: Optional[int]):
     Example:
       orch logs 'lr=0.1,seed=0' -f
     """
-    from .status import ACTIVE, read_status
+    from .status import ACTIVE, orch_prefix, read_status
     from .wait import retry_until
 
     sweep, run_id = resolve_run(run)
@@ -286,7 +326,7 @@ def logs(run: str, follow: bool, attempt: Optional[int]):
     n = attempt or read_status(store, name, run_id).attempt
     if not n:
         raise NotFound(f"run {run_id} has not started yet, so it has no log.")
-    key = f"{name}/{run_id}/logs/{n}.log"
+    key = f"{orch_prefix(name, run_id)}/logs/{n}.log"
     printed = 0
 
     def pump() -> bool:
@@ -344,8 +384,7 @@ def cancel(run: str):
 
     sweep, run_id = resolve_run(run)
     backend, store, _ = _parts(sweep)
-    was = cancel_run(sweep, backend, store, run_id)
-    click.echo(f"cancelled {sweep.spec.name}/{run_id}" + ("" if was else " (it was not running)"))
+    click.echo(cancel_run(sweep, backend, store, run_id))
 
 
 from .cli_ops import chaos, down, gc  # noqa: E402  (registered below)

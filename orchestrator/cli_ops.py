@@ -18,7 +18,8 @@ def chaos():
 
 @chaos.command("interrupt")
 @click.argument("run")
-@click.option("--grace", default=120.0, show_default=True, help="Seconds the run gets to checkpoint before its host goes.")
+@click.option("--grace", default=120.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds the run gets to checkpoint before its host goes (more than 0).")
 @expected_errors
 def chaos_interrupt_cmd(run: str, grace: float):
     """Send RUN a spot interruption notice, then take its host away.
@@ -58,8 +59,11 @@ def down(sweep: Optional[str], everything: bool):
     """
     from .state import State
 
-    if everything == bool(sweep):
-        raise OrchError("name one SWEEP, or pass --all (not both).")
+    if everything and sweep:
+        raise OrchError("name one SWEEP or pass --all, not both.", exit_code=2)
+    if not everything and not sweep:
+        raise OrchError("which sweep? `orch down SWEEP` stops one (`orch status` lists them); `orch down --all` stops every sweep "
+                        "launched from here.", exit_code=2)
     names = [sweep] if sweep else [rec.name for rec in State().sweeps()]
     for name in names:
         for line in _down_one(load_sweep_arg(name)):

@@ -11,7 +11,8 @@ from typing import Any, Dict, List
 
 from .spec import Sweep
 from .status import read_status
-from .store import Store, read_jsonl
+from .errors import OrchError
+from .store import Store, plain_json, read_jsonl
 
 X_KEYS = ("step", "epoch", "elapsed_s", "elapsed")  # axes, not curves
 
@@ -88,7 +89,14 @@ def collect(sweep: Sweep, store: Store) -> Results:
 
 def write_outputs(results: Results, out_dir: Path) -> List[Path]:
     """runs.csv, runs.json and (when there are metrics) curves.png in out_dir; returns their paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return _write(results, out_dir)
+    except OSError as exc:
+        raise OrchError(f"cannot write results to {out_dir}: {exc.strerror or exc}. Pass another folder with `--out DIR`.", exit_code=2) from None
+
+
+def _write(results: Results, out_dir: Path) -> List[Path]:
     metrics = results.metric_names()
     param_keys = list(dict.fromkeys(k for r in results.runs for k in r.params))
     rows = []
@@ -105,7 +113,7 @@ def write_outputs(results: Results, out_dir: Path) -> List[Path]:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
-    json_path.write_text(json.dumps({"sweep": results.sweep, "runs": rows}, indent=2) + "\n")
+    json_path.write_text(json.dumps(plain_json({"sweep": results.sweep, "runs": rows}), indent=2, allow_nan=False) + "\n")
     paths = [csv_path, json_path]
     curves = ranked(metrics) + [m for m in metrics if m not in X_KEYS and m not in ranked(metrics)]
     if curves and any(r.curves for r in results.runs):

@@ -22,6 +22,7 @@ from .state import State
 from .status import (
     ACTIVE,
     CANCELLED,
+    CORRUPT,
     FAILED,
     INTERRUPTED,
     LOST,
@@ -92,6 +93,8 @@ def decide(status: RunStatus, host: Optional[Host], max_restarts: int, now: floa
     """
     if status.state in (SUCCEEDED, CANCELLED):
         return DONE
+    if status.state == CORRUPT:
+        return WAIT if host is not None else DONE  # reported with its reason; never restarted blindly
     if host is not None:
         if status.state in ACTIVE and status.heartbeat and now - status.heartbeat > stale_s:
             return REPLACE  # its agent stopped talking: treat the host as lost
@@ -115,19 +118,10 @@ class Controller:
 
         Returns True when the sweep is new.
         """
-        key = f"{self.name}/sweep.json"
-        existing = get_json(self.store, key)
-        resolved = self.sweep.resolved()
-        if existing is not None:
-            changed = sorted(k for k in set(existing.get("spec", {})) | set(resolved) if existing.get("spec", {}).get(k) != resolved.get(k))
-            if changed:
-                raise OrchError(
-                    f"{self.sweep.path}: a different sweep named {self.name!r} already exists in {self.store.url} "
-                    f"(changed: {', '.join(changed)}). Its results are kept: give this sweep a new `name:`, "
-                    f"or restore the old settings to continue it."
-                )
-        else:
-            put_json(self.store, key, {"spec": resolved, "launched_at": time.time(), "spec_file": str(self.sweep.path)})
+        existing = check_recorded(self.sweep, self.store, self.state)
+        if existing is None:
+            put_json(self.store, f"{self.name}/sweep.json", {"spec": self.sweep.resolved(), "launched_at": time.time(),
+                                                           "spec_file": str(self.sweep.path)})
         self.state.remember(self.name, str(self.sweep.path), self.sweep.store_url, self.sweep.spec.backend)
         return existing is None
 
@@ -221,13 +215,34 @@ class Controller:
         last: List[Progress] = []
 
         def one_pass() -> bool:
-            progress = self.step()
+            try:
+                progress = self.step()
+            except OSError as exc:  # the store (a folder) went away or became read-only under us
+                raise OrchError(f"the store {self.store.url} cannot be written any more ({exc.strerror or exc}: "
+                                f"{getattr(exc, 'filename', '') or ''}). Runs keep going; fix the folder, then "
+                                f"`orch launch {self.sweep.path}` continues the sweep.", exit_code=2) from None
             last[:] = [progress]
             on_progress(progress)
             return progress.done
 
         retry_until(one_pass, timeout=None, interval=interval)
         return last[0]
+
+
+def check_recorded(sweep: Sweep, store: Store, state: State) -> Optional[dict]:
+    """What launch checks before it acts (a dry run checks the same): the sweep's record in the store,
+    which must match this file; and the name, which must not move to another store. Read-only."""
+    state.check_same_store(sweep.spec.name, str(sweep.path), sweep.store_url)
+    existing = get_json(store, f"{sweep.spec.name}/sweep.json")
+    resolved = sweep.resolved()
+    if existing is not None:
+        changed = sorted(k for k in set(existing.get("spec", {})) | set(resolved) if existing.get("spec", {}).get(k) != resolved.get(k))
+        if changed:
+            raise OrchError(
+                f"{sweep.path}: a different sweep named {sweep.spec.name!r} already exists in {store.url} "
+                f"(changed: {', '.join(changed)}). Its results are kept: give this sweep a new `name:`, "
+                f"or restore the old settings to continue it.", exit_code=2)
+    return existing
 
 
 def survey(sweep: Sweep, backend: Backend, store: Store) -> Tuple[Dict[str, Host], List[Host], List[tuple]]:
@@ -266,14 +281,18 @@ def observe(sweep: Sweep, backend: Backend, store: Store) -> Progress:
                     budget_usd=sweep.spec.budget_usd)
 
 
-def cancel_run(sweep: Sweep, backend: Backend, store: Store, run_id: str) -> bool:
-    """Stop one run for good; True if it was running."""
+def cancel_run(sweep: Sweep, backend: Backend, store: Store, run_id: str) -> str:
+    """Stop one run for good. Returns what happened, in words; a finished run is left as it is."""
+    status = read_status(store, sweep.spec.name, run_id)
+    if status.state in (SUCCEEDED, FAILED, CANCELLED) and not any(h.run_id == run_id for h in backend.list()):
+        if status.state != FAILED or status.failures > sweep.spec.max_restarts:
+            return f"{sweep.spec.name}/{run_id} already {status.state}; nothing to cancel."
     was_running = backend.stop(run_id, CANCELLED)
     status = read_status(store, sweep.spec.name, run_id)
     if status.state != CANCELLED:
         status.state, status.reason, status.finished_at = CANCELLED, "cancelled by orch cancel", time.time()
         write_status(store, sweep.spec.name, status)
-    return was_running
+    return f"cancelled {sweep.spec.name}/{run_id}" + ("" if was_running else " (it was not running)")
 
 
 def stop_sweep(sweep: Sweep, backend: Backend, store: Store) -> List[str]:

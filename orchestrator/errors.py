@@ -2,9 +2,14 @@
 
 
 class OrchError(Exception):
-    """An expected failure; `exit_code` is what the CLI exits with."""
+    """An expected failure; `exit_code` is what the CLI exits with (1, or 2 for bad input)."""
 
     exit_code = 1
+
+    def __init__(self, message: str = "", exit_code: int = 0):
+        super().__init__(message)
+        if exit_code:
+            self.exit_code = exit_code
 
 
 class SpecError(OrchError):

@@ -17,18 +17,31 @@ from pathlib import Path
 from typing import Any, Dict, List, Literal, Optional, Tuple, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
+from typing_extensions import Annotated
 
 from .errors import SpecError
 from .spec_errors import Loader, dotted, format_errors, line_of
 
 Scalar = Union[StrictBool, StrictInt, StrictFloat, StrictStr]
 
+
+def _no_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("true/false is not a number")
+    return value
+
+
+# Counts are whole numbers and never true/false; amounts are finite numbers (no .inf, no .nan).
+Count = Annotated[StrictInt, BeforeValidator(_no_bool)]
+Amount = Annotated[float, BeforeValidator(_no_bool), Field(allow_inf_nan=False)]
+
 # The bundled trainer reads ORCH_PARAMS_JSON, so every param and grid key becomes a trainer option.
 DEFAULT_COMMAND = "{python} -m trainer"
 # Placeholders every command may use besides its params.
 BUILTINS = ("python", "sweep", "run_id", "seed")
 AUTO_PYTHON = "auto"
+MAX_RUNS = 10_000  # default limit on runs per sweep
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$"
 KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -43,7 +56,7 @@ class LocalSection(Strict):
     workdir: Optional[str] = Field(
         None, description="Folder for the runs' working copies (default: $ORCH_HOME/work)."
     )
-    threads_per_run: Optional[int] = Field(
+    threads_per_run: Optional[Count] = Field(
         None, ge=1, description="OMP/torch threads per run (default: CPU cores / max_parallel)."
     )
 
@@ -52,7 +65,7 @@ class SshSection(Strict):
     """How the controller reaches instances over SSH."""
 
     user: str = Field("ubuntu", description="Login user on the image.")
-    port: int = Field(22, ge=1, le=65535, description="sshd port.")
+    port: Count = Field(22, ge=1, le=65535, description="sshd port.")
     address: Literal["public_ip", "private_ip"] = Field("public_ip", description="Which instance address to dial.")
     identity: str = Field(
         "~/.ssh/id_ed25519", description="Private key file; its .pub goes into the instance's authorized keys."
@@ -72,7 +85,7 @@ class AwsSection(Strict):
     image: str = Field(..., min_length=1, description="An AMI id (ami-...) or a name pattern resolved to the newest match.")
     image_owner: str = Field("amazon", description="Owner of `image` when it is a name pattern.")
     market: Literal["spot", "on-demand", "spot-then-on-demand"] = Field("spot", description="Capacity market.")
-    max_minutes: int = Field(240, ge=5, description="Safety net: every instance powers off (terminates) after this.")
+    max_minutes: Count = Field(240, ge=5, description="Safety net: every instance powers off (terminates) after this.")
     security_group: Optional[str] = Field(None, description="Use this security group instead of creating one.")
     ssh_cidr: Optional[str] = Field(
         None, description="Who may reach port 22 (default: this machine's public address /32)."
@@ -84,14 +97,14 @@ class AwsSection(Strict):
         "auto", min_length=1,
         description="Interpreter on the instance ({python}); 'auto' finds the image's PyTorch interpreter (DLAMI: /opt/pytorch/bin/python) on the first host.",
     )
-    volume_gb: int = Field(100, ge=8, description="Root volume size (deleted with the instance).")
+    volume_gb: Count = Field(100, ge=8, description="Root volume size (deleted with the instance).")
     keep_alive: bool = Field(False, description="Keep an instance after its run ends (debugging); `orch down` removes it.")
-    idle_minutes: Optional[float] = Field(
+    idle_minutes: Optional[Amount] = Field(
         None, gt=0, description="With keep_alive: the instance terminates itself once its run ended and nobody was attached for this long."
     )
-    boot_timeout_s: float = Field(600, gt=0, description="How long to wait for an instance's sshd.")
-    heartbeat_s: float = Field(10, gt=0, description="How often the agent writes status.json to S3.")
-    sync_s: float = Field(30, gt=0, description="How often the agent syncs the run folder to S3 (and at once on a spot notice).")
+    boot_timeout_s: Amount = Field(600, gt=0, description="How long to wait for an instance's sshd.")
+    heartbeat_s: Amount = Field(10, gt=0, description="How often the agent writes status.json to S3.")
+    sync_s: Amount = Field(30, gt=0, description="How often the agent syncs the run folder to S3 (and at once on a spot notice).")
     ssh: SshSection = Field(default_factory=SshSection, description="SSH settings.")
 
 
@@ -115,10 +128,10 @@ class SweepSpec(Strict):
     seeds: Union[StrictInt, List[StrictInt]] = Field(
         1, description="A count N (seeds 0..N-1) or an explicit list of seeds; each point runs once per seed."
     )
-    max_parallel: int = Field(2, ge=1, description="How many runs execute at the same time.")
-    max_restarts: int = Field(1, ge=0, description="Restarts of a run whose command fails (preemptions are free).")
-    timeout_minutes: Optional[float] = Field(None, gt=0, description="A run still going after this is stopped and failed.")
-    budget_usd: Optional[float] = Field(
+    max_parallel: Count = Field(2, ge=1, description="How many runs execute at the same time.")
+    max_restarts: Count = Field(1, ge=0, description="Restarts of a run whose command fails (preemptions are free).")
+    timeout_minutes: Optional[Amount] = Field(None, gt=0, description="A run still going after this is stopped and failed.")
+    budget_usd: Optional[Amount] = Field(
         None, gt=0, description="aws: once the realized cost reaches this, no new run or attempt starts."
     )
     store: str = Field(
@@ -126,6 +139,9 @@ class SweepSpec(Strict):
         description="Where results go: a folder (relative to this file) or s3://bucket/prefix. Default $ORCH_HOME/store.",
     )
     env: Dict[str, str] = Field(default_factory=dict, description="Extra environment variables for every run.")
+    max_runs: Count = Field(
+        MAX_RUNS, ge=1, description="Refuse the sweep when grid x seeds expands to more runs than this (a guard against typos)."
+    )
     local: LocalSection = Field(default_factory=LocalSection, description="Local backend settings.")
     aws: Optional[AwsSection] = Field(None, description="AWS backend settings (required with backend: aws).")
 
@@ -177,6 +193,8 @@ def load_sweep(path: Union[str, Path]) -> Sweep:
         raise SpecError(f"{where}: invalid YAML: {exc.problem}. Fix the syntax at that line.") from None
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: invalid YAML: {exc}") from None
+    except RecursionError:
+        raise SpecError(f"{path}: the YAML is nested too deeply to be a sweep. Fix: flatten it (a sweep is a few levels deep).") from None
     if not isinstance(data, dict):
         kind = "empty" if data is None else f"a {type(data).__name__}"
         raise SpecError(f"{path}:1: the sweep must be a mapping of fields (name:, command:, grid: ...), not {kind}.")
@@ -247,6 +265,15 @@ def _check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
             out.append((("grid", key), f"'{key}' is also in params; keep it in one of the two"))
     if not spec.grid and "grid" in spec.model_fields_set:
         out.append((("grid",), "empty grid; give at least one axis, e.g. `lr: [0.1, 0.2]`, or remove `grid:`"))
+    for key in spec.env:
+        if not KEY_RE.match(key):
+            out.append((("env", key), "not a valid variable name; use letters, digits and '_', not starting with a digit"))
+    count = run_count(spec)
+    if count > spec.max_runs:  # before anything is expanded: `seeds: 1000000000` must not allocate
+        out.append((("seeds",) if len(spec.grid) == 0 else ("grid",),
+                    f"expands to {count} runs, over the limit of {spec.max_runs}; shrink the grid or seeds, "
+                    f"or raise `max_runs:` if you mean it"))
+        return out
     seeds = seeds_of(spec)
     if isinstance(spec.seeds, int) and spec.seeds < 1:
         out.append((("seeds",), "must be a count >= 1 or a non-empty list of seeds"))
@@ -277,10 +304,11 @@ def _check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
     if spec.store.startswith("s3://") and not re.match(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$", spec.store):
         out.append((("store",), "not a valid s3://bucket/prefix URL (bucket names: lowercase letters, digits, '.', '-')"))
     if not out:
+        from collections import Counter
+
         ids = [r.run_id for r in expand(spec)]
-        dup = sorted({i for i in ids if ids.count(i) > 1})
-        safe = [session_safe(i) for i in ids]
-        dup += sorted({i for i, s in zip(ids, safe) if safe.count(s) > 1} - set(dup))
+        seen, safe = Counter(ids), Counter(session_safe(i) for i in ids)
+        dup = sorted({i for i in ids if seen[i] > 1 or safe[session_safe(i)] > 1})
         if dup:
             out.append((("grid",), f"two runs get the same id {dup[0]!r}; make the values differ in letters, digits, '.', '+' or '-'"))
     return out
@@ -289,9 +317,25 @@ def _check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
 # --- expansion --------------------------------------------------------------------------------
 
 
+ID_VALUE_MAX = 48  # longer values are shortened in run ids, with a hash of the whole value so ids stay distinct
+
+
+def run_count(spec: SweepSpec) -> int:
+    """How many runs the spec expands to, computed without expanding it."""
+    n = spec.seeds if isinstance(spec.seeds, int) else len(spec.seeds)
+    for values in spec.grid.values():
+        n *= len(values)
+    return n
+
+
 def _id_value(value: Any) -> str:
     text = json.dumps(value) if isinstance(value, bool) else str(value)
-    return re.sub(r"[^A-Za-z0-9.+-]", "_", text)[:40]
+    safe = re.sub(r"[^A-Za-z0-9.+-]", "_", text)
+    if len(safe) <= ID_VALUE_MAX:
+        return safe
+    import hashlib
+
+    return f"{safe[:ID_VALUE_MAX - 9]}~{hashlib.sha256(text.encode()).hexdigest()[:8]}"
 
 
 def session_safe(run_id: str) -> str:

@@ -27,6 +27,12 @@ def _construct_mapping(loader: Loader, node: yaml.MappingNode, deep: bool = Fals
 
 
 Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+# YAML 1.2 numbers: `1e-3` is a float (PyYAML follows YAML 1.1, which wants `1.0e-3`, and would hand a string to the run).
+Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    __import__("re").compile(r"^[-+]?(?:[0-9][0-9_]*)?(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
 
 
 def line_of(root: Optional[yaml.Node], loc: Tuple[Any, ...]) -> int:
@@ -64,6 +70,22 @@ _FIXES = {
     "extra_forbidden": "remove it or fix its spelling; allowed here: {allowed}",
     "missing": "add it",
     "literal_error": "use one of the allowed values",
+    "string_type": "write it as text, e.g. in quotes",
+    "int_type": "write a whole number, e.g. 2",
+    "int_parsing": "write a whole number, e.g. 2",
+    "int_from_float": "write a whole number, e.g. 2",
+    "float_type": "write a number, e.g. 0.5",
+    "float_parsing": "write a number, e.g. 0.5",
+    "finite_number": "write a finite number, e.g. 30",
+    "bool_type": "write true or false",
+    "list_type": "write a list, e.g. [0.1, 0.2]",
+    "dict_type": "write a mapping of names to values",
+    "greater_than": "use a larger value",
+    "greater_than_equal": "use a larger value",
+    "less_than_equal": "use a smaller value",
+    "value_error": "see the message",
+    "string_pattern_mismatch": "rename it",
+    "string_too_short": "write something here",
 }
 
 
@@ -85,10 +107,15 @@ def format_errors(exc: ValidationError, path: Path, root: Optional[yaml.Node], m
     lines = []
     for loc, errs in list(merged.items())[:5]:
         err = errs[0]
-        if len(errs) > 1:
+        if loc == ("seeds",):
+            msg = "must be a count (e.g. 3, for seeds 0, 1, 2) or a list of seeds (e.g. [0, 42])"
+        elif len(errs) > 1:
             msg = "must be a number, a string or true/false" if err["type"] in _SCALAR_ERRORS else err["msg"]
         elif err["type"] == "string_pattern_mismatch" and loc == ("name",):
-            msg = "use letters, digits, '-' and '_', starting with a letter or digit"
+            too_long = isinstance(err.get("input"), str) and len(err["input"]) > 63
+            msg = "at most 63 characters" if too_long else "use letters, digits, '-' and '_', starting with a letter or digit"
+        elif err["type"] == "finite_number":
+            msg = "must be a finite number"
         else:
             msg = err["msg"]
         if err["type"] not in ("extra_forbidden", "missing") and not isinstance(err.get("input"), (dict, list)):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
-from .errors import OrchError, NotFound
+from .errors import NotFound, OrchError
 from .spec import orch_home
 
 SCHEMA = """
@@ -40,7 +40,12 @@ class SweepRecord:
 class State:
     def __init__(self, home: Optional[Path] = None):
         self.home = home or orch_home()
-        self.home.mkdir(parents=True, exist_ok=True)
+        try:
+            self.home.mkdir(parents=True, exist_ok=True)
+            (self.home / ".probe").touch()
+        except OSError as exc:
+            raise OrchError(f"ORCH_HOME {self.home} is not a usable folder ({exc.strerror or exc}). "
+                            "Set ORCH_HOME to a folder you can write, or unset it (default ~/.orch).", exit_code=2) from None
         self.path = self.home / "state.db"
 
     def _db(self) -> sqlite3.Connection:
@@ -55,6 +60,13 @@ class State:
                 "spec_path=excluded.spec_path, store_url=excluded.store_url, backend=excluded.backend",
                 (name, spec_path, store_url, backend, time.time()),
             )
+
+    def check_same_store(self, name: str, spec_path: str, store_url: str) -> None:
+        """A name launched from here names one sweep: another store under the same name is refused, not re-pointed."""
+        for rec in self.sweeps():
+            if rec.name == name and rec.store_url != store_url:
+                raise OrchError(f"{spec_path}: sweep {name!r} was launched from here from {rec.spec_path} with store {rec.store_url}; "
+                                f"this file says store {store_url}. Give this sweep another `name:`, or point `store:` back.", exit_code=2)
 
     def sweeps(self) -> List[SweepRecord]:
         with closing(self._db()) as db:

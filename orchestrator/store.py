@@ -304,7 +304,7 @@ def open_store(url: str) -> Store:
     try:
         Path(url).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise OrchError(f"cannot create the store folder {url}: {exc.strerror}. Pick a writable `store:` path.") from None
+        raise OrchError(f"cannot create the store folder {url}: {exc.strerror}. Pick a writable `store:` path.", exit_code=2) from None
     return LocalStore(url)
 
 
@@ -319,7 +319,18 @@ def get_json(store: Store, key: str) -> Optional[Any]:
 
 
 def put_json(store: Store, key: str, obj: Any) -> None:
-    store.put_bytes(key, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+    store.put_bytes(key, (json.dumps(plain_json(obj), indent=2, sort_keys=True, allow_nan=False) + "\n").encode())
+
+
+def plain_json(obj: Any) -> Any:
+    """A copy that strict JSON can hold: NaN and infinities (which Python writes as NaN/Infinity) become null."""
+    if isinstance(obj, float) and (obj != obj or obj in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(obj, dict):
+        return {k: plain_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [plain_json(v) for v in obj]
+    return obj
 
 
 def read_jsonl(data: Optional[bytes]) -> List[dict]:

@@ -67,6 +67,11 @@ def new_window(session: str, window: str, command: str, cwd: str) -> None:
     _run("new-window", "-d", "-t", f"={session}:", "-n", window, "-c", cwd, command)
 
 
+def has_window(session: str, window: str) -> bool:
+    result = _server().cmd("list-windows", "-t", f"={session}", "-F", "#{window_name}")
+    return result.returncode == 0 and window in result.stdout
+
+
 def clients(session: str) -> int:
     """How many terminals are attached to a session."""
     result = _server().cmd("list-clients", "-t", f"={session}", "-F", "#{client_name}")

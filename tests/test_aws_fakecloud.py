@@ -47,7 +47,8 @@ def test_sweep_runs_on_fake_spot_instances_and_leaves_nothing(orch, cloud, ident
     objects = s3_objects(cloud, "sweeps/fc/")
     for run in final:
         base = f"sweeps/fc/{run}/"
-        assert base + "metrics.jsonl" in objects and base + "logs/1.log" in objects and base + "status.json" in objects
+        orch_base = f"sweeps/fc/.orch/{run}/"  # orch's own records, beside the run folder
+        assert base + "metrics.jsonl" in objects and orch_base + "logs/1.log" in objects and orch_base + "status.json" in objects
         manifests = [k for k in objects if k.startswith(base + "ckpt/") and k.endswith("MANIFEST.json")]
         assert manifests, f"no checkpoint of {run} in S3"
         for m in manifests:  # every manifested checkpoint verifies against what S3 holds

@@ -33,7 +33,9 @@ def test_grid_times_seeds_gives_stable_readable_ids(tmp_path):
     first = sweep.runs[0]
     assert first.command == "train --lr 0.1 --bs 128 --seed 3 --tag 'a b'"
     assert first.params == {"tag": "a b", "lr": 0.1, "bs": 128, "seed": 3}
-    assert sweep.store_url.endswith("orch-home/store") or sweep.store_url.endswith(".orch/store") or sweep.store_url
+    from orchestrator.spec import orch_home
+
+    assert sweep.store_url == str(orch_home() / "store")  # no `store:`: $ORCH_HOME/store
 
 
 def test_defaults_single_run(tmp_path):

@@ -96,3 +96,23 @@ def st(state, **kw):
 ])
 def test_decide(status, host, want):
     assert decide(status, host, max_restarts=1, now=NOW, stale_s=60, start_timeout_s=60) == want
+
+
+@pytest.mark.parametrize("stop, noticed, code, want", [
+    (None, False, 0, ("succeeded", False)),
+    (None, False, 3, ("failed", True)),
+    (None, False, None, ("failed", True)),            # the command vanished
+    (None, True, 138, ("interrupted", False)),        # a notice killed a command without a SIGUSR1 handler
+    ("interrupted", False, 143, ("interrupted", False)),
+    ("timeout", False, 143, ("failed", True)),
+    ("timeout", True, 143, ("failed", True)),         # the limit came first
+    ("cancelled", False, 143, ("cancelled", False)),
+    ("stopped", False, 143, ("stopped", False)),
+])
+def test_final_status(stop, noticed, code, want):
+    from orchestrator.agent import final_status
+
+    state, reason, failed = final_status(stop, noticed, code, 3.0)
+    assert (state, failed) == want
+    if stop == "timeout":
+        assert reason == "timed out after 3 s"

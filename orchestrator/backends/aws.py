@@ -32,7 +32,7 @@ from .base import ACQUIRING, Host, RunTask
 
 log = logging.getLogger("orch.aws")
 STOP_WAIT_S = 30.0
-AGENT_REPORT_S = 180.0  # from the agent's start until its first report (a cold volume makes the first start slow)
+AGENT_REPORT_S = 120.0  # from the agent's start until its first report (a cold volume makes the first start slow)
 # Where images keep an interpreter with PyTorch, best first (`aws.python: auto`).
 PYTHON_CANDIDATES = ("/opt/pytorch/bin/python", "/opt/conda/envs/pytorch/bin/python", "python3")
 

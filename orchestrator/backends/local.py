@@ -132,7 +132,13 @@ class LocalBackend:
         return 0
 
     def preflight(self) -> None:
-        """Nothing to check beyond tmux, which the first tmux call checks."""
+        """The work folder must be usable before any run starts (tmux is checked by its first call)."""
+        try:
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            (self.workdir / ".probe").touch()
+        except OSError as exc:
+            raise OrchError(f"cannot use the work folder {self.workdir} (`local.workdir`): {exc.strerror or exc}. "
+                            "Pick a folder you can write.", exit_code=2) from None
 
     def teardown(self) -> List[str]:
         return []
