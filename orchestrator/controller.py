@@ -126,6 +126,8 @@ class Controller:
         return existing is None
 
     def step(self) -> Progress:
+        if get_json(self.store, f"{self.name}/sweep.json") is None:  # without it every status read would say "queued"
+            raise OSError(f"{self.name}/sweep.json is gone")
         hosts, every, rows = survey(self.sweep, self.backend, self.store)
         budget = self.sweep.spec.budget_usd
         spend = getattr(self.backend, "spend", lambda: 0.0)()
@@ -218,9 +220,9 @@ class Controller:
             try:
                 progress = self.step()
             except OSError as exc:  # the store (a folder) went away or became read-only under us
-                raise OrchError(f"the store {self.store.url} cannot be written any more ({exc.strerror or exc}: "
-                                f"{getattr(exc, 'filename', '') or ''}). Runs keep going; fix the folder, then "
-                                f"`orch launch {self.sweep.path}` continues the sweep.", exit_code=2) from None
+                raise OrchError(f"the store {self.store.url} cannot be read or written any more ({exc.strerror or exc}). "
+                                f"Runs keep going; restore the folder, then `orch launch {self.sweep.path}` continues the sweep.",
+                                exit_code=2) from None
             last[:] = [progress]
             on_progress(progress)
             return progress.done

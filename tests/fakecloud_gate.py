@@ -48,11 +48,13 @@ PROFILE_ERROR = "Value ({name}) for parameter iamInstanceProfile.name is invalid
 class Strictness:
     """How much slower and stricter than moto the fake cloud is (seconds)."""
 
-    instance_s: float = 2.0  # new instance ids are NotFound by id this long
-    group_s: float = 1.0  # new security groups are NotFound this long
-    profile_s: float = 3.0  # a new instance profile is refused by CreateFleet this long
-    pending_s: float = 0.5  # new instances are `pending` this long
-    terminate_s: float = 2.0  # terminated instances stay `shutting-down` this long
+    # Defaults: long enough that every path meets each refusal at least once, short enough for a
+    # suite of many sweeps; tests/test_aws_strict.py uses EC2-like values.
+    instance_s: float = 1.0  # new instance ids are NotFound by id this long
+    group_s: float = 0.5  # new security groups are NotFound this long
+    profile_s: float = 1.0  # a new instance profile is refused by CreateFleet this long
+    pending_s: float = 0.3  # new instances are `pending` this long
+    terminate_s: float = 1.0  # terminated instances stay `shutting-down` this long
     iam: bool = True  # evaluate role policies for hosts' requests
 
 

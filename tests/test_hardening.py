@@ -337,3 +337,25 @@ def test_12_small_cli_surprises(orch):
     no_traceback(r)
     assert r.code == 2 and "terminal" in r.err, r.err
     orch("down", "live")
+
+
+def test_10_a_store_that_becomes_unwritable_mid_run_is_a_clear_error_and_nothing_is_lost(orch, job):
+    path = orch.sweep(f"""
+        name: rostore
+        command: "{job(steps=2, release=True)}"
+        store: store
+    """)
+    p = orch.popen("launch", str(path))
+    retry_until(lambda: status(orch, "rostore").get("run", {}).get("state") == "running", 30, 0.2, "the run")
+    folder = orch.store("rostore")
+    folder.rename(folder.with_name("rostore.saved"))
+    folder.write_text("not a folder any more")  # every write under it now fails
+    out = p.communicate(timeout=60)[0]
+    assert p.returncode == 2 and "cannot be read or written" in out and str(orch.store()) in out and "Traceback" not in out, out
+    folder.unlink()
+    folder.with_name("rostore.saved").rename(folder)
+    job.release.touch()  # the run was never stopped; its agent kept going and records its end once it can
+    r = finish(orch, path)
+    assert r.code == 0, r.out + r.err
+    v = status(orch, "rostore")["run"]
+    assert v["state"] == "succeeded" and v["attempt"] == 1, v

@@ -82,11 +82,12 @@ def test_launch_status_attach_logs_collect_down(orch, job):
     assert json.loads((out / "runs.json").read_text())["sweep"] == "flow"
     assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
-    # the store holds what DESIGN.md says
+    # the store holds what the README says: the run folder as the command left it, orch's records beside it
     run_dir = orch.store("flow", "a=1")
     assert (orch.store("flow", "sweep.json")).exists()
-    assert {p.name for p in run_dir.iterdir()} >= {"status.json", "metrics.jsonl", "logs"}
-    assert (run_dir / "logs" / "1.log").exists()
+    assert {p.name for p in run_dir.iterdir()} == {"metrics.jsonl"}
+    assert orch.store("flow", ".orch", "a=1", "status.json").exists()
+    assert orch.store("flow", ".orch", "a=1", "logs", "1.log").exists()
 
     # a second launch of a finished sweep launches nothing
     before = starts(job.marks)
