@@ -9,19 +9,21 @@ store, enforces the timeout, and records how the attempt ended. Usage:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shlex
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Optional
 
 from . import tmux
+from .contract import AGENT_PID_FILE, NOTICE_FILE, STOP_REASON_FILE
+from .attempt import _write_private, usr1_targets, checkpoint_ok, final_status, is_checkpoint, last_metrics, newest_checkpoint, tail, wrapper_script
 from .backends.base import RunTask
-from .status import CANCELLED, FAILED, INTERRUPTED, RUNNING, STARTING, STOPPED, SUCCEEDED, orch_prefix, read_status, write_status
+from .status import INTERRUPTED, RUNNING, STARTING, STOPPED, SUCCEEDED, orch_prefix, read_status, write_status
 from .store import Store, open_store
 from .wait import Timeout, retry_until
 
@@ -30,95 +32,7 @@ log = logging.getLogger("orch.agent")
 POLL_S = 0.05  # how often the agent looks for the command's exit
 KILL_GRACE_S = 10.0  # SIGTERM -> SIGKILL
 LEFTOVER_GRACE_S = 2.0  # after the command exited, how long what it left in the background may finish
-TAIL_LINES = 20
-STOP_REASON_FILE = "stop-reason"  # written by whoever stops the run before signalling the agent
-NOTICE_FILE = "spot-notice"  # `orch chaos interrupt` (and tests) deliver a spot notice here
 NOTICE_GRACE_S = 60.0  # after a notice, how long to wait for the command's checkpoint before syncing anyway
-
-
-def wrapper_script(task: RunTask, log_file: Path) -> str:
-    """The script the "run" window executes: environment, the command, its exit code.
-
-    No user text is ever spliced into shell syntax: values and the command are single
-    shell-quoted words; the command is run as `bash -c "$2"` by a small bash that first records
-    its own pid (the command keeps that pid through exec, so signals reach it). Output is teed to
-    the log through a process substitution, so the exit code is recorded the moment the command
-    exits, even while a child it left in the background still holds the output open.
-    """
-    ctl = Path(task.ctl_dir)
-    exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(task.env.items()))
-    exit_file = shlex.quote(str(ctl / f"exit.{task.attempt}"))
-    launcher = 'echo $$ > "$1"; exec bash -c "$2"'
-    return f"""#!/usr/bin/env bash
-# attempt {task.attempt}, written by the orch agent
-{exports}
-cd {shlex.quote(task.run_dir)} || exit 97
-exec > >(tee -a {shlex.quote(str(log_file))}) 2>&1
-bash -c {shlex.quote(launcher)} orch-run {shlex.quote(str(ctl / 'cmd.pid'))} {shlex.quote(task.command)}
-code=$?
-echo $code > {exit_file}.tmp && mv {exit_file}.tmp {exit_file}
-"""
-
-
-def final_status(stop_requested: Optional[str], noticed: bool, code: Optional[int], timeout_s: Optional[float]) -> Tuple[str, str, bool]:
-    """How an attempt ended: (state, reason, counts as a failure). Pure; tested like decide().
-
-    An exit caused by a spot notice is a preemption whatever its code (a command without a
-    SIGUSR1 handler dies of it); a timeout is a failure; a stop by orch is what it asked for.
-    """
-    if stop_requested == "timeout":
-        return FAILED, f"timed out after {duration(timeout_s or 0)}", True
-    if noticed or stop_requested == INTERRUPTED:
-        return INTERRUPTED, "", False
-    if stop_requested == CANCELLED:
-        return CANCELLED, "cancelled by orch cancel", False
-    if stop_requested == STOPPED:
-        return STOPPED, "stopped by orch down", False
-    if code == 0:
-        return SUCCEEDED, "", False
-    return FAILED, (f"exit code {code}" if code is not None else "command vanished without an exit code"), True
-
-
-def duration(seconds: float) -> str:
-    """3 s, 90 s, 2.5 min: as a person reads a limit."""
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
-
-
-def _write_private(path: Path, text: str) -> None:
-    """A file only its owner may read (scripts and task files hold the run's whole environment)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(path, 0o600)
-
-
-def tail(path: Path, lines: int = TAIL_LINES, max_bytes: int = 16384) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            data = f.read()
-    except FileNotFoundError:
-        return ""
-    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
-
-
-def newest_checkpoint(run_dir: Path) -> Optional[int]:
-    """Step of the newest checkpoint that has its manifest (ckpt/<step>/MANIFEST.json), if any."""
-    steps = [int(p.parent.name) for p in run_dir.glob("ckpt/*/MANIFEST.json") if p.parent.name.isdigit()]
-    return max(steps) if steps else None
-
-
-def last_metrics(path: Path) -> dict:
-    for line in reversed(tail(path, lines=5).splitlines()):
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
-            return obj
-    return {}
 
 
 class Agent:
@@ -137,6 +51,7 @@ class Agent:
         self.stop_sent_at: Optional[float] = None
         self.notice_at: Optional[float] = None
         self.ckpt_at_notice: Optional[int] = None
+        self.status_lock = threading.Lock()  # the record is shared with the reporter thread
         self.rebalance_at: Optional[float] = None  # when the rebalance recommendation was seen; -1 once handled
         self.ckpt_at_rebalance: Optional[int] = None
 
@@ -174,7 +89,7 @@ class Agent:
             log.info("rebalance recommendation: asking the command for a checkpoint (SIGUSR1) and syncing it early")
             self._signal_command(signal.SIGUSR1)
         elif self.rebalance_at > 0 and (newest_checkpoint(self.run_dir) != self.ckpt_at_rebalance or now - self.rebalance_at > NOTICE_GRACE_S):
-            self.store.sync_up(self.run_dir, self.prefix)
+            self.store.sync_up(self.run_dir, self.prefix, prune=is_checkpoint)
             log.info("rebalance recommendation: checkpoint step %s in the store %.1f s later", newest_checkpoint(self.run_dir), time.time() - self.rebalance_at)
             self.rebalance_at = -1.0  # handled; once per attempt
 
@@ -189,12 +104,13 @@ class Agent:
         newest = newest_checkpoint(self.run_dir)
         if newest == self.ckpt_at_notice and now - self.notice_at < NOTICE_GRACE_S and not self.exit_file.exists():
             return
-        self.store.sync_up(self.run_dir, self.prefix)
-        status.state = INTERRUPTED
-        status.reason = (f"spot interruption notice; checkpoint step {newest} in the store {time.time() - self.notice_at:.1f} s later"
-                         if newest is not None else "spot interruption notice; the command left no checkpoint")
-        status.heartbeat = time.time()
-        write_status(self.store, t.sweep, status)
+        self.store.sync_up(self.run_dir, self.prefix, prune=is_checkpoint)
+        with self.status_lock:
+            status.state = INTERRUPTED
+            status.reason = (f"spot interruption notice; checkpoint step {newest} in the store {time.time() - self.notice_at:.1f} s later"
+                             if newest is not None else "spot interruption notice; the command left no checkpoint")
+            status.heartbeat = time.time()
+            write_status(self.store, t.sweep, status)
         log.info("%s", status.reason)
         self.stop_requested = INTERRUPTED
 
@@ -208,13 +124,17 @@ class Agent:
         pid = self._cmd_pid()
         if pid is None:
             return
-        try:
-            if sig == signal.SIGKILL:
-                os.killpg(os.getpgid(pid), sig)  # the whole tree, wrapper included
-            else:
-                os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        # SIGUSR1 ("checkpoint now") goes to every process of the command that handles it: under
+        # torchrun those are the ranks, and torchrun itself would die of it, not forward it.
+        targets = usr1_targets(pid) if sig == signal.SIGUSR1 else [pid]
+        for target in targets:
+            try:
+                if sig == signal.SIGKILL:
+                    os.killpg(os.getpgid(target), sig)  # the whole tree, wrapper included
+                else:
+                    os.kill(target, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     # --- the attempt ---------------------------------------------------------------------------
 
@@ -223,7 +143,7 @@ class Agent:
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         self.ctl.mkdir(parents=True, exist_ok=True)
-        (self.ctl / "agent.pid").write_text(str(os.getpid()))
+        (self.ctl / AGENT_PID_FILE).write_text(str(os.getpid()))
         for stale in (STOP_REASON_FILE, NOTICE_FILE):  # meant for an earlier attempt
             (self.ctl / stale).unlink(missing_ok=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -232,16 +152,23 @@ class Agent:
         status.state, status.attempt, status.host = STARTING, t.attempt, t.host or "localhost"
         status.heartbeat, status.no_shows, status.reason = time.time(), 0, "restoring the run folder from the store"
         write_status(self.store, t.sweep, status)
-        # A new attempt continues from what earlier attempts left in the store (checkpoints);
-        # a large restore keeps heartbeating, so it never looks like a lost host.
+        # The reporter heartbeats on its own thread from here to the end: neither a large restore
+        # nor a large checkpoint upload can make a live host look lost.
         with _heartbeats(lambda: self._beat(status), t.heartbeat_s):
-            self.store.sync_down(self.prefix, self.run_dir)
+            code = self._attempt(status)
+        return self._finish(status, code)
 
+    def _attempt(self, status) -> Optional[int]:
+        """Restore, run the command in its window, watch it until it exits; its exit code (None if it vanished)."""
+        t = self.task
+        # A new attempt continues from what earlier attempts left in the store (checkpoints).
+        self._restore()
         now = time.time()
-        status.state, status.attempt, status.host = RUNNING, t.attempt, t.host or "localhost"
-        status.started_at, status.heartbeat, status.finished_at = now, now, None
-        status.exit_code, status.reason, status.log_tail = None, "", ""
-        write_status(self.store, t.sweep, status)
+        with self.status_lock:
+            status.state, status.attempt, status.host = RUNNING, t.attempt, t.host or "localhost"
+            status.started_at, status.heartbeat, status.finished_at = now, now, None
+            status.exit_code, status.reason, status.log_tail = None, "", ""
+            write_status(self.store, t.sweep, status)
 
         script = self.ctl / f"attempt-{t.attempt}.sh"
         _write_private(script, wrapper_script(t, self.log_file))  # it holds the whole environment
@@ -249,16 +176,15 @@ class Agent:
         with open(self.log_file, "a") as f:  # the header from Python: user text never becomes shell syntax
             f.write(f"[orch] {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} attempt {t.attempt} of {t.run_id}: {t.command}\n")
         self.exit_file.unlink(missing_ok=True)
-        (self.ctl / "cmd.pid").unlink(missing_ok=True)
+        for stale in ("cmd.pid", "wrapper.pid"):
+            (self.ctl / stale).unlink(missing_ok=True)
         tmux.new_window(t.session, "run", f"bash {shlex.quote(str(script))}", cwd=str(self.run_dir))
 
-        next_beat, next_sync, next_notice = now + t.heartbeat_s, now + t.sync_s, now
+        next_sync, next_notice, next_look = now + t.sync_s, now, now + 2.0
         deadline = now + t.timeout_s if t.timeout_s else None
 
-        next_look = now + 2.0
-
         def step() -> bool:
-            nonlocal next_beat, next_sync, next_notice, next_look
+            nonlocal next_sync, next_notice, next_look
             if self.exit_file.exists():
                 return True
             now = time.time()
@@ -282,11 +208,6 @@ class Agent:
             elif self.stop_sent_at and now - self.stop_sent_at > KILL_GRACE_S:
                 self._signal_command(signal.SIGKILL)
                 return True
-            if now >= next_beat and status.state != INTERRUPTED:
-                status.heartbeat = now
-                status.last_metrics = last_metrics(self.run_dir / "metrics.jsonl")
-                self._quietly(write_status, self.store, t.sweep, status)
-                next_beat = now + t.heartbeat_s
             if now >= next_sync:
                 self._quietly(self._sync_up)
                 next_sync = now + t.sync_s
@@ -294,10 +215,13 @@ class Agent:
 
         retry_until(step, timeout=None, interval=POLL_S)
         try:
-            code: Optional[int] = int(retry_until(lambda: self.exit_file.exists() and self.exit_file.read_text().strip(), 2.0, POLL_S, "exit code"))
+            return int(retry_until(lambda: self.exit_file.exists() and self.exit_file.read_text().strip(), 2.0, POLL_S, "exit code"))
         except (Timeout, ValueError):
-            code = None
+            return None
 
+    def _finish(self, status, code: Optional[int]) -> int:
+        """Record how the attempt ended, then leave the host as its policy says."""
+        t = self.task
         self._stop_leftovers()
         self._quietly(self._sync_up)
         status.finished_at = status.heartbeat = time.time()
@@ -319,8 +243,20 @@ class Agent:
             self._linger(t.idle_s)
         return 0
 
+    def _restore(self) -> None:
+        """The run folder as the last attempt left it, with only its newest checkpoint that verifies."""
+        self.store.sync_down(self.prefix, self.run_dir, only=lambda rel: not is_checkpoint(rel))
+        keys = self.store.list(f"{self.prefix}/ckpt")
+        steps = sorted({int(k.split("/")[-2]) for k in keys if k.endswith("/MANIFEST.json") and k.split("/")[-2].isdigit()}, reverse=True)
+        for step in steps:
+            self.store.sync_down(self.prefix, self.run_dir, only=lambda rel, step=step: rel.startswith(f"ckpt/{step}/"))
+            if checkpoint_ok(self.run_dir / "ckpt" / str(step)):
+                log.info("restored checkpoint step %s", step)
+                return
+            log.warning("checkpoint step %s in the store does not verify; trying an older one", step)
+
     def _sync_up(self) -> None:
-        self.store.sync_up(self.run_dir, self.prefix)
+        self.store.sync_up(self.run_dir, self.prefix, prune=is_checkpoint)
         self.store.sync_up(self.log_file.parent, f"{orch_prefix(self.task.sweep, self.task.run_id)}/logs")
 
     def _quietly(self, fn, *args) -> bool:
@@ -333,15 +269,15 @@ class Agent:
             return False
 
     def _group_of_command(self) -> Optional[int]:
-        pid = self._cmd_pid()
+        """The wrapper leads the process group of its tmux pane: the command, the log's tee, and whatever they start."""
         try:
-            return os.getpgid(pid) if pid else None
-        except ProcessLookupError:
+            return int((self.ctl / "wrapper.pid").read_text())
+        except (FileNotFoundError, ValueError):
             return None
 
     def _stop_leftovers(self) -> None:
         """The run ends when its command exits: what it left running in its process group is stopped after a short grace."""
-        group = self.cmd_group
+        group = self.cmd_group or self._group_of_command()
         if group is None or group == os.getpgid(0):
             return
 
@@ -365,8 +301,14 @@ class Agent:
                 continue
 
     def _beat(self, status) -> None:
-        status.heartbeat = time.time()
-        write_status(self.store, self.task.sweep, status)
+        """The reporter's heartbeat (its own thread): alive, and the newest metrics line."""
+        with self.status_lock:
+            if status.state not in (STARTING, RUNNING):
+                return  # interrupted or ended: that record stands
+            status.heartbeat = time.time()
+            if status.state == RUNNING:
+                status.last_metrics = last_metrics(self.run_dir / "metrics.jsonl")
+            write_status(self.store, self.task.sweep, status)
 
     def _linger(self, idle_s: float) -> None:
         """keep_alive: stay for whoever attaches; once nobody was attached for idle_s, terminate."""
@@ -395,8 +337,6 @@ class _heartbeats:
     """Call beat() every period seconds on a thread while the block runs."""
 
     def __init__(self, beat, period: float):
-        import threading
-
         self.beat, self.period, self.done = beat, period, threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True, name="orch-heartbeat")
 

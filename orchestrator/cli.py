@@ -58,10 +58,10 @@ def launch(sweep_file: str, dry_run: bool, detach: bool):
                   f"max_parallel {sweep.spec.max_parallel}, store {sweep.store_url}")
         for run in sweep.runs:
             con.print(f"  {run.run_id}: {run.command}", markup=False)
-        if sweep.spec.backend == "aws":
-            from .backends import backend_for
+        from .backends import backend_for
 
-            plan = backend_for(sweep).plan()
+        plan = backend_for(sweep).plan()
+        if plan:
             for row in plan["choices"]:
                 price = f"${row['spot_usd_per_h']:.4f}/h" if row["spot_usd_per_h"] is not None else "no spot price"
                 con.print(f"  choice {row['type']} in {row['az']}: {price}", markup=False)

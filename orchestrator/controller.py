@@ -26,7 +26,7 @@ from .status import (
     FAILED,
     INTERRUPTED,
     LOST,
-    RUNNING,
+    QUEUED,
     STARTING,
     STOPPED,
     SUCCEEDED,
@@ -40,8 +40,6 @@ from .wait import retry_until
 log = logging.getLogger("orch.controller")
 
 WAIT, START, DONE, REPLACE = "wait", "start", "done", "replace"
-STALE_S = 60.0  # default: a running agent silent this long has lost its host
-START_TIMEOUT_S = 60.0  # default: a host nobody is provisioning whose agent never reported
 MAX_NO_SHOWS = 3  # attempts whose host never reported before the run fails for good
 
 
@@ -128,9 +126,10 @@ class Controller:
     def step(self) -> Progress:
         if get_json(self.store, f"{self.name}/sweep.json") is None:  # without it every status read would say "queued"
             raise OSError(f"{self.name}/sweep.json is gone")
+        self._record_outcomes()
         hosts, every, rows = survey(self.sweep, self.backend, self.store)
         budget = self.sweep.spec.budget_usd
-        spend = getattr(self.backend, "spend", lambda: 0.0)()
+        spend = self.backend.spend()
         progress = Progress(sweep=self.name, runs=[view for *_, view in rows], spend_usd=spend, budget_usd=budget)
         for run, status, action, view in rows:
             if action == REPLACE:
@@ -146,6 +145,20 @@ class Controller:
                     progress.started.append(run.run_id)
                 free -= 1
         return progress
+
+    def _record_outcomes(self) -> None:
+        """Attempts that ended before their agent ran: the controller, the writer of claims, records them."""
+        for outcome in self.backend.drain_outcomes():
+            status = read_status(self.store, self.name, outcome.run_id)
+            if status.attempt != outcome.attempt or status.state not in ACTIVE:
+                continue  # the run moved on meanwhile
+            if outcome.state == QUEUED:  # not an attempt after all: back to how it was before the claim
+                status.state, status.attempt = QUEUED, outcome.attempt - 1
+            else:
+                status.state, status.failures, status.finished_at = FAILED, status.failures + 1, time.time()
+            status.reason = outcome.reason
+            write_status(self.store, self.name, status)
+            self.state.journal(self.name, f"provision-{outcome.state}", outcome.run_id, outcome.reason)
 
     def _stop_for_budget(self, rows, spend: float, budget: float) -> None:
         """The budget is spent: what has not started never will (running attempts finish)."""
@@ -213,7 +226,7 @@ class Controller:
 
     def run(self, on_progress: Callable[[Progress], None] = lambda p: None, interval: Optional[float] = None) -> Progress:
         """Pass after pass until every run is final."""
-        interval = interval or getattr(self.backend, "poll_s", 0.1)
+        interval = interval or self.backend.poll_s
         last: List[Progress] = []
 
         def one_pass() -> bool:
@@ -254,8 +267,7 @@ def survey(sweep: Sweep, backend: Backend, store: Store) -> Tuple[Dict[str, Host
     for h in every:
         if h.run_id not in hosts or (h.attempt or 0) > (hosts[h.run_id].attempt or 0):
             hosts[h.run_id] = h
-    stale_s = getattr(backend, "stale_s", STALE_S)
-    start_timeout_s = getattr(backend, "start_timeout_s", START_TIMEOUT_S)
+    stale_s, start_timeout_s = backend.stale_s, backend.start_timeout_s
     now = time.time()
     rows = []
     for run in sweep.runs:
@@ -327,7 +339,7 @@ def chaos_interrupt(sweep: Sweep, backend: Backend, store: Store, run_id: str, g
     # Take the host away, unless the controller already moved the run on: a new attempt's host
     # may carry the same name (a local tmux session) and must not be touched.
     # Locally the agent ends its session itself once interrupted, and the next attempt reuses the name.
-    if backend.name != "local" and read_status(store, sweep.spec.name, run_id).attempt == before:
+    if backend.releases_interrupted_host and read_status(store, sweep.spec.name, run_id).attempt == before:
         for h in hosts:
             backend.release(h)
     return read_status(store, sweep.spec.name, run_id)

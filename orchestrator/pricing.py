@@ -9,8 +9,12 @@ the spot price of the same (type, AZ) — an approximation, said so wherever it 
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
+
+log = logging.getLogger("orch.pricing")
 
 ON_DEMAND_FACTOR = 3.0
 CACHE_S = 3600.0
@@ -42,3 +46,59 @@ class PriceBook:
         if spot is None:
             return None
         return spot if market == "spot" else spot * ON_DEMAND_FACTOR
+
+
+class CostLedger:
+    """The sweep's realized cost in the store (<sweep>/cost.json), kept by the controller.
+
+    Read on first use (after preflight checked the store); written when an instance comes or goes,
+    and every 30 s while any runs. Running instances bill until the last time they were seen.
+    """
+
+    def __init__(self, store, sweep: str, prices: PriceBook):
+        self.store, self.key, self.prices = store, f"{sweep}/cost.json", prices
+        self.lock = threading.Lock()
+        self._entries: Optional[Dict[str, dict]] = None
+        self._live: set = set()  # instances seen running in the last pass
+        self._saved_at = 0.0
+
+    @property
+    def entries(self) -> Dict[str, dict]:
+        if self._entries is None:
+            from .store import get_json
+
+            self._entries = get_json(self.store, self.key) or {}
+        return self._entries
+
+    def acquired(self, instance_id: str, instance_type: str, az: str, market: str) -> None:
+        try:
+            price = self.prices.price(instance_type, az, market)
+        except Exception as exc:  # a missing price must not lose the instance
+            log.warning("no price for %s in %s: %s", instance_type, az, exc)
+            price = None
+        now = time.time()
+        with self.lock:
+            self.entries[instance_id] = {"type": instance_type, "az": az, "market": market, "price_per_h": price, "start": now, "end": now}
+            self._save()
+
+    def observe(self, live_ids: List[str]) -> None:
+        now = time.time()
+        with self.lock:
+            for iid in live_ids:
+                entry = self.entries.get(iid)
+                if entry is not None:
+                    entry["end"] = now
+            live = set(live_ids)
+            if live != self._live or (live and now - self._saved_at > 30):
+                self._save()  # an instance came or went, or 30 s passed
+            self._live = live
+
+    def spend(self) -> float:
+        with self.lock:
+            return ledger_cost(self.entries, now=time.time())
+
+    def _save(self) -> None:
+        from .store import put_json
+
+        put_json(self.store, self.key, self.entries)
+        self._saved_at = time.time()

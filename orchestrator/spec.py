@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Literal, Optional, Tuple, Union
 
 import yaml
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 from typing_extensions import Annotated
 
 from .errors import SpecError
@@ -307,8 +307,10 @@ def _check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
         from collections import Counter
 
         ids = [r.run_id for r in expand(spec)]
-        seen, safe = Counter(ids), Counter(session_safe(i) for i in ids)
-        dup = sorted({i for i in ids if seen[i] > 1 or safe[session_safe(i)] > 1})
+        from .contract import session_name
+
+        seen, safe = Counter(ids), Counter(session_name(spec.name, i) for i in ids)
+        dup = sorted({i for i in ids if seen[i] > 1 or safe[session_name(spec.name, i)] > 1})
         if dup:
             out.append((("grid",), f"two runs get the same id {dup[0]!r}; make the values differ in letters, digits, '.', '+' or '-'"))
     return out
@@ -336,11 +338,6 @@ def _id_value(value: Any) -> str:
     import hashlib
 
     return f"{safe[:ID_VALUE_MAX - 9]}~{hashlib.sha256(text.encode()).hexdigest()[:8]}"
-
-
-def session_safe(run_id: str) -> str:
-    """tmux treats '.' and ':' in targets as separators."""
-    return run_id.replace(".", "_").replace(":", "_")
 
 
 def _shell_value(value: Any) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from .errors import OrchError
+from .runners import Result
 from .wait import Timeout, retry_until
 
 log = logging.getLogger("orch.ssh")
@@ -33,13 +34,6 @@ class Target:
     user: str
     identity: str  # private key file
     host_key: str  # pinned public host key, OpenSSH format ("ssh-ed25519 AAAA...")
-
-
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
 
 
 def new_host_key() -> Tuple[str, str]:

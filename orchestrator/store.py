@@ -13,9 +13,12 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, List, Optional, Protocol
+from typing import Any, Callable, Iterable, List, Optional, Protocol
 
 from .errors import OrchError
+
+
+Select = Callable[[str], bool]  # relative path ('ckpt/12/state.pt') -> whether it takes part
 
 
 @dataclass
@@ -25,6 +28,7 @@ class SyncResult:
     copied: int = 0  # files written to the destination
     skipped: int = 0  # files already identical there
     bytes: int = 0  # bytes written
+    deleted: int = 0  # files pruned from the destination
 
 
 class Store(Protocol):
@@ -36,9 +40,11 @@ class Store(Protocol):
 
     def list(self, prefix: str) -> List[str]: ...
 
-    def sync_up(self, local_dir: Path, prefix: str) -> SyncResult: ...
+    def sync_up(self, local_dir: Path, prefix: str, prune: Optional[Select] = None) -> SyncResult:
+        """Copy what changed; then delete from the store the files `prune` selects that are gone locally."""
 
-    def sync_down(self, prefix: str, local_dir: Path) -> SyncResult: ...
+    def sync_down(self, prefix: str, local_dir: Path, only: Optional[Select] = None) -> SyncResult:
+        """Copy what differs from the store; with `only`, just the files it selects."""
 
     def delete_prefix(self, prefix: str) -> int: ...
 
@@ -93,10 +99,13 @@ class HashCache:
         return value
 
 
-def _copy_tree(src_root: Path, dst_root: Path, hashes: HashCache) -> SyncResult:
+def _copy_tree(src_root: Path, dst_root: Path, hashes: HashCache, only: Optional[Select] = None, prune: Optional[Select] = None) -> SyncResult:
     result = SyncResult()
     for src in _files(src_root):
-        dst = dst_root / src.relative_to(src_root)
+        rel = str(src.relative_to(src_root))
+        if only is not None and not only(rel):
+            continue
+        dst = dst_root / rel
         try:
             if dst.is_file() and dst.stat().st_size == src.stat().st_size and hashes.digest(dst) == hashes.digest(src):
                 result.skipped += 1
@@ -109,6 +118,12 @@ def _copy_tree(src_root: Path, dst_root: Path, hashes: HashCache) -> SyncResult:
             continue
         result.copied += 1
         result.bytes += dst.stat().st_size
+    if prune is not None:
+        for dst in _files(dst_root):
+            rel = str(dst.relative_to(dst_root))
+            if prune(rel) and not (src_root / rel).exists():
+                dst.unlink(missing_ok=True)
+                result.deleted += 1
     return result
 
 
@@ -136,11 +151,11 @@ class LocalStore:
         base = self._path(prefix)
         return [str(p.relative_to(self.root)) for p in _files(base)]
 
-    def sync_up(self, local_dir: Path, prefix: str) -> SyncResult:
-        return _copy_tree(Path(local_dir), self._path(prefix), self.hashes)
+    def sync_up(self, local_dir: Path, prefix: str, prune: Optional[Select] = None) -> SyncResult:
+        return _copy_tree(Path(local_dir), self._path(prefix), self.hashes, prune=prune)
 
-    def sync_down(self, prefix: str, local_dir: Path) -> SyncResult:
-        return _copy_tree(self._path(prefix), Path(local_dir), self.hashes)
+    def sync_down(self, prefix: str, local_dir: Path, only: Optional[Select] = None) -> SyncResult:
+        return _copy_tree(self._path(prefix), Path(local_dir), self.hashes, only=only)
 
     def delete_prefix(self, prefix: str) -> int:
         base = self._path(prefix)
@@ -237,7 +252,7 @@ class S3Store:
     def _upload(self, path: Path, key: str, digest: str) -> None:
         self.client.upload_file(str(path), self.bucket, self._key(key), ExtraArgs={"Metadata": {"sha256": digest}}, Config=self.transfer)
 
-    def sync_up(self, local_dir: Path, prefix: str) -> SyncResult:
+    def sync_up(self, local_dir: Path, prefix: str, prune: Optional[Select] = None) -> SyncResult:
         from concurrent.futures import ThreadPoolExecutor
 
         local_dir = Path(local_dir)
@@ -254,23 +269,33 @@ class S3Store:
                 result.skipped += 1
                 continue
             todo.append((path, rel, digest))
-        if not todo:
+        gone = [rel for rel in index if prune is not None and prune(rel) and not (local_dir / rel).exists()]
+        if not todo and not gone:
             return result
-        with ThreadPoolExecutor(min(self.workers, len(todo))) as pool:
-            sizes = list(pool.map(lambda t: (self._upload(t[0], f"{prefix}/{t[1]}", t[2]), t[0].stat().st_size)[1], todo))
-        for (path, rel, digest), size in zip(todo, sizes):
-            index[rel] = {"size": size, "sha256": digest}
+        if todo:
+            with ThreadPoolExecutor(min(self.workers, len(todo))) as pool:
+                sizes = list(pool.map(lambda t: (self._upload(t[0], f"{prefix}/{t[1]}", t[2]), t[0].stat().st_size)[1], todo))
+            for (path, rel, digest), size in zip(todo, sizes):
+                index[rel] = {"size": size, "sha256": digest}
+            result.copied, result.bytes = len(todo), sum(sizes)
+        for i in range(0, len(gone), 1000):  # what the command deleted (old checkpoints) goes from the store too
+            batch = gone[i:i + 1000]
+            self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": [{"Key": self._key(f"{prefix}/{rel}")} for rel in batch]})
+        for rel in gone:
+            index.pop(rel, None)
+        result.deleted = len(gone)
         self.put_bytes(f"{prefix}/{SYNC_INDEX}", json.dumps(index, sort_keys=True).encode())
-        result.copied, result.bytes = len(todo), sum(sizes)
         return result
 
-    def sync_down(self, prefix: str, local_dir: Path) -> SyncResult:
+    def sync_down(self, prefix: str, local_dir: Path, only: Optional[Select] = None) -> SyncResult:
         from concurrent.futures import ThreadPoolExecutor
 
         local_dir = Path(local_dir)
         result = SyncResult()
         todo = []
         for rel, meta in self._index(prefix).items():
+            if only is not None and not only(rel):
+                continue
             dst = local_dir / rel
             if dst.is_file() and self.hashes.digest(dst) == meta.get("sha256"):
                 result.skipped += 1

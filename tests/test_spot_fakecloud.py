@@ -163,7 +163,6 @@ def test_throttling_is_retried_with_backoff(cloud):
     from botocore.awsrequest import AWSResponse
 
     from orchestrator import ec2 as api
-    from orchestrator.teardown import teardown
 
     client = api.client("ec2", "us-east-1")
     calls = []
@@ -210,7 +209,6 @@ def test_teardown_failing_halfway_is_finished_by_a_rerun(cloud):
 
 def test_gc_lists_and_down_all_removes_everything(orch, cloud, identity, job):
     from orchestrator import ec2 as api
-    from orchestrator.teardown import teardown
 
     for name in ("gca", "gcb"):
         path = orch.sweep(cloud.sweep_yaml(name, identity, job(steps=1, release=True), extra="max_restarts: 0"), name=f"{name}.yaml")

@@ -67,3 +67,28 @@ def test_atomic_write_leaves_no_temp_files(tmp_path):
     atomic_write(tmp_path / "a" / "f.json", b"2")
     assert [p.name for p in (tmp_path / "a").iterdir()] == ["f.json"]
     assert (tmp_path / "a" / "f.json").read_bytes() == b"2"
+
+
+def test_the_store_keeps_the_checkpoints_the_run_keeps_and_restores_selectively(store, tmp_path):
+    from orchestrator.attempt import is_checkpoint
+
+    src = tmp_path / "run"
+    for step in (10, 20):
+        (src / "ckpt" / str(step)).mkdir(parents=True)
+        (src / "ckpt" / str(step) / "state.pt").write_bytes(str(step).encode() * 100)
+    (src / "notes.txt").write_text("mine")
+    store.sync_up(src, "sw/r", prune=is_checkpoint)
+    import shutil
+
+    shutil.rmtree(src / "ckpt" / "10")  # the trainer pruned an old checkpoint
+    (src / "old.txt").write_text("x")
+    r = store.sync_up(src, "sw/r", prune=is_checkpoint)
+    assert r.deleted == 1
+    assert sorted(k.split("/", 2)[2] for k in store.list("sw/r") if not k.endswith(".orch-sync.json")) == \
+        ["ckpt/20/state.pt", "notes.txt", "old.txt"]
+    (src / "notes.txt").unlink()  # not a checkpoint: never pruned from the store
+    store.sync_up(src, "sw/r", prune=is_checkpoint)
+    assert any(k.endswith("notes.txt") for k in store.list("sw/r"))
+    dst = tmp_path / "restored"
+    got = store.sync_down("sw/r", dst, only=lambda rel: not is_checkpoint(rel))
+    assert got.copied == 2 and not (dst / "ckpt").exists()

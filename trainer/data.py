@@ -126,11 +126,11 @@ def load_digits(size: int = 16, test_fraction: float = 0.2) -> Dataset:
     return Dataset(Split(x[train], y[train]), Split(x[test], y[test]), 10, mean, std)
 
 
-def load(name: str, data_dir: str, seed: int, size: int) -> Dataset:
+def load(name: str, data_dir: str, seed: int, size: int, synthetic_train: int = 2048) -> Dataset:
     if name == "cifar10":
         return load_cifar10(data_dir)
     if name == "synthetic":
-        return load_synthetic(size=size, seed=seed)
+        return load_synthetic(n_train=synthetic_train, n_test=max(64, synthetic_train // 4), size=size, seed=seed)
     if name == "digits":
         return load_digits(size=size)
     raise ValueError(f"unknown dataset {name!r}: use cifar10, synthetic or digits")
@@ -145,13 +145,19 @@ def normalize(images: torch.Tensor, mean: tuple, std: tuple, dtype=torch.float32
     return (images.to(dtype) / 255.0 - m) / s
 
 
-def augment(x: torch.Tensor, pad: int, flip: bool, generator: torch.Generator) -> torch.Tensor:
-    """Random crop after reflect padding, and random horizontal flip, for a float batch on its device."""
+def augment(x: torch.Tensor, pad: int, flip: bool, generator: torch.Generator, batch: int = 0, share: slice = slice(None)) -> torch.Tensor:
+    """Random crop after reflect padding, and random horizontal flip, for a float batch on its device.
+
+    Under DDP, x is this rank's `share` (e.g. rank::world) of a global batch of `batch` images:
+    the random draws are made for the whole batch and this share's are used, so each rank augments
+    only its images and every image gets the same crop and flip as in a one-process run.
+    """
     n, _, h, w = x.shape
+    whole = batch or n
     if pad > 0:
         padded = F.pad(x, (pad, pad, pad, pad), mode="reflect")
-        dx = torch.randint(0, 2 * pad + 1, (n,), generator=generator).to(x.device)
-        dy = torch.randint(0, 2 * pad + 1, (n,), generator=generator).to(x.device)
+        dx = torch.randint(0, 2 * pad + 1, (whole,), generator=generator)[share].to(x.device)
+        dy = torch.randint(0, 2 * pad + 1, (whole,), generator=generator)[share].to(x.device)
         rows = (dy.view(n, 1) + torch.arange(h, device=x.device).view(1, h))  # n x h
         cols = (dx.view(n, 1) + torch.arange(w, device=x.device).view(1, w))  # n x w
         idx_rows = rows.view(n, 1, h, 1).expand(n, x.shape[1], h, w + 2 * pad)
@@ -160,7 +166,7 @@ def augment(x: torch.Tensor, pad: int, flip: bool, generator: torch.Generator) -
         x = x.gather(3, idx_cols)
     if not flip:
         return x
-    mirrored = (torch.rand(n, generator=generator) < 0.5).to(x.device).view(n, 1, 1, 1)
+    mirrored = (torch.rand(whole, generator=generator)[share] < 0.5).to(x.device).view(n, 1, 1, 1)
     return torch.where(mirrored, x.flip(3), x)
 
 

@@ -196,10 +196,7 @@ def train(cfg: dict) -> dict:
         (out / "config.json").write_text(json.dumps({**cfg, "code_sha256": code_hash()}, indent=2) + "\n")
 
     torch.manual_seed(cfg["seed"])
-    ds = data.load(cfg["dataset"], cfg["data_dir"], cfg["seed"], cfg["image_size"])
-    if cfg["dataset"] == "synthetic":
-        ds = data.load_synthetic(n_train=cfg["synthetic_train"], n_test=max(64, cfg["synthetic_train"] // 4),
-                                 size=cfg["image_size"], seed=cfg["seed"])
+    ds = data.load(cfg["dataset"], cfg["data_dir"], cfg["seed"], cfg["image_size"], synthetic_train=cfg["synthetic_train"])
     train_split, test_split = ds.train.to(device), ds.test.to(device)
 
     model = models.build(cfg["model"], ds.num_classes, cfg["width"], cfg["concat_pool"], cfg["depth"], cfg["widen"]).to(device)
@@ -283,10 +280,10 @@ def train(cfg: dict) -> dict:
         lr, momentum = sched(progress)
         for group in optimizer.param_groups:
             group["lr"], group["momentum"] = lr, momentum
-        idx = order[i * B:(i + 1) * B]
+        idx = order[i * B:(i + 1) * B][rank::world]  # this rank's share of the global batch
         x = data.normalize(train_split.images[idx], ds.mean, ds.std)
-        x = data.augment(x, cfg["crop_pad"], cfg["flip"], data.step_generator(cfg["seed"], step))
-        x, y = x[rank::world], train_split.labels[idx][rank::world]
+        x = data.augment(x, cfg["crop_pad"], cfg["flip"], data.step_generator(cfg["seed"], step), batch=B, share=slice(rank, None, world))
+        y = train_split.labels[idx]
         size = int(step_value(sizes, progress))
         x = data.resize(x, size)
         if device.type == "cuda":
@@ -334,11 +331,16 @@ def train(cfg: dict) -> dict:
         if row is not None:
             metrics.write(row)
         by_epoch = end_of_epoch and cfg["ckpt_every_epochs"] and (st["step"] // steps_per_epoch) % cfg["ckpt_every_epochs"] == 0
-        by_time = cfg["ckpt_every_s"] and time.time() - last_ckpt >= cfg["ckpt_every_s"]
-        if sig.checkpoint or by_epoch or by_time:
+        by_time = bool(cfg["ckpt_every_s"]) and time.time() - last_ckpt >= cfg["ckpt_every_s"]
+        want_ckpt, want_exit = sig.checkpoint or by_time, sig.exit
+        if world > 1:  # signals and clocks are per rank: agree, so every rank checkpoints at the same step
+            flags = torch.tensor([int(want_ckpt), int(want_exit)], device=device if device.type == "cuda" else "cpu")
+            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+            want_ckpt, want_exit = bool(flags[0]), bool(flags[1])
+        if want_ckpt or by_epoch:
             sig.checkpoint = False
             save_checkpoint()
-        if sig.exit:
+        if want_exit:
             log.info("SIGTERM: checkpointed at step %d, exiting", st["step"])
             sys.exit(143)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import shlex
 import threading
 import time
@@ -23,12 +24,13 @@ from .. import bundle as code_bundle
 from .. import ec2 as api
 from .. import fleet
 from ..errors import OrchError
-from ..spec import AUTO_PYTHON, Sweep, orch_home, session_safe
+from .. import contract
+from ..spec import AUTO_PYTHON, Sweep, orch_home
 from ..ssh import Target, attach_argv, connect, interactive, known_hosts_file, new_host_key, public_key_of
-from ..status import FAILED, QUEUED, read_status, write_status
-from ..pricing import PriceBook, ledger_cost
-from ..store import get_json, open_store, put_json
-from .base import ACQUIRING, Host, RunTask
+from ..status import FAILED, QUEUED
+from ..pricing import CostLedger, PriceBook
+from ..store import open_store
+from .base import ACQUIRING, BackendBase, Host, Outcome, RunTask
 
 log = logging.getLogger("orch.aws")
 STOP_WAIT_S = 30.0
@@ -48,7 +50,7 @@ def cloud_config(host_private: str, host_public: str, user_public: str, max_minu
     return "#cloud-config\n" + yaml.safe_dump(doc, sort_keys=False)
 
 
-class AwsBackend:
+class AwsBackend(BackendBase):
     name = "aws"
     poll_s = 2.0
     stale_s = 180.0  # agents heartbeat every 10 s
@@ -62,6 +64,7 @@ class AwsBackend:
         self.fatal: Optional[OrchError] = None
         self.pending: Dict[str, int] = {}  # run -> attempt being provisioned (before its instance shows up)
         self.lock = threading.Lock()
+        self.outcomes: "queue.Queue[Outcome]" = queue.Queue()  # provisioning threads report here; the controller writes
         self._setup_lock = threading.Lock()  # provisioning threads share one bootstrap
         self.start_timeout_s = AGENT_REPORT_S
         self.ready: Dict[str, tuple] = {}  # run -> (attempt, when its agent was started) by this controller
@@ -69,8 +72,7 @@ class AwsBackend:
         self._setup: Optional[dict] = None
         self._bundle: Optional[code_bundle.Bundle] = None
         self.store = open_store(sweep.store_url)
-        self._ledger: Optional[Dict[str, dict]] = None  # read from the store on first use (after preflight)
-        self.prices = PriceBook(lambda types, azs: api.spot_prices(self.ec2, types, azs))
+        self.ledger = CostLedger(self.store, self.name_, PriceBook(lambda types, azs: api.spot_prices(self.ec2, types, azs)))
 
     # --- per-sweep resources ---------------------------------------------------------------------
 
@@ -138,7 +140,7 @@ class AwsBackend:
             raise api.explain(exc, "listing the sweep's instances") from None
         with self.lock:
             pending, ready = dict(self.pending), dict(self.ready)
-        self._observe_usage(instances)
+        self.ledger.observe([i["instance_id"] for i in instances])
         hosts = []
         for i in instances:
             if not i["run"]:
@@ -168,68 +170,27 @@ class AwsBackend:
             return False
         conn = connect(self._target(inst), timeout=30)
         try:
-            conn.put_bytes(b"chaos\n", f"~/orch/runs/{self.name_}/{run_id}/ctl/spot-notice", mode=0o644)
+            conn.put_bytes(b"chaos\n", contract.notice_path(self._ctl(inst["run"])), mode=0o644)
         finally:
             conn.close()
         return True
 
-    # --- cost -------------------------------------------------------------------------------------
-
-    @property
-    def ledger(self) -> Dict[str, dict]:
-        if self._ledger is None:
-            self._ledger = get_json(self.store, f"{self.name_}/cost.json") or {}
-        return self._ledger
-
-    def _record_acquired(self, got) -> None:
-        try:
-            price = self.prices.price(got.instance_type, got.az, got.market)
-        except Exception as exc:  # a missing price must not lose the instance
-            log.warning("no price for %s in %s: %s", got.instance_type, got.az, exc)
-            price = None
-        now = time.time()
-        with self.lock:
-            self.ledger[got.instance_id] = {"type": got.instance_type, "az": got.az, "market": got.market,
-                                            "price_per_h": price, "start": now, "end": now}
-            self._save_ledger()
-
-    def _observe_usage(self, instances: List[dict]) -> None:
-        """Running instances bill until the last time they are seen (one poll of error at most)."""
-        now = time.time()
-        with self.lock:
-            for i in instances:
-                entry = self.ledger.get(i["instance_id"])
-                if entry is not None:
-                    entry["end"] = now
-            live = {i["instance_id"] for i in instances}
-            if live != getattr(self, "_live", set()) or (live and now - getattr(self, "_saved_at", 0) > 30):
-                self._save_ledger()  # an instance came or went, or 30 s passed
-            self._live = live
-
-    def _save_ledger(self) -> None:
-        put_json(self.store, f"{self.name_}/cost.json", self.ledger)
-        self._saved_at = time.time()
+    def _ctl(self, run_id: str) -> str:
+        return f"{contract.run_root(contract.REMOTE_BASE, self.name_, run_id)}/ctl"
 
     def spend(self) -> float:
-        with self.lock:
-            return ledger_cost(self.ledger, now=time.time())
+        return self.ledger.spend()
 
     def release(self, host: Host) -> None:
         if host.host_id != ACQUIRING:
             api.terminate(self.ec2, [host.host_id])
 
     def new_task(self, run_id: str, attempt: int, command: str, params_json: str) -> RunTask:
-        spec = self.sweep.spec
-        root = f"~/orch/runs/{spec.name}/{run_id}"
-        env = dict(spec.env)
-        env.update(ORCH_SWEEP=spec.name, ORCH_RUN_ID=run_id, ORCH_ATTEMPT=str(attempt), ORCH_RUN_DIR=f"{root}/run",
-                   ORCH_PARAMS_JSON=params_json, PYTHONUNBUFFERED="1")
-        return RunTask(sweep=spec.name, run_id=run_id, attempt=attempt, command=command, store_url=self.sweep.store_url,
-                       run_dir=f"{root}/run", ctl_dir=f"{root}/ctl", session=f"orch_{spec.name}_{session_safe(run_id)}",
-                       env=env, timeout_s=spec.timeout_minutes * 60 if spec.timeout_minutes else None,
-                       heartbeat_s=self.cfg.heartbeat_s, sync_s=self.cfg.sync_s, host="",
-                       terminate_on_exit=not self.cfg.keep_alive, imds=True, notice_poll_s=5.0,
-                       idle_s=self.cfg.idle_minutes * 60 if self.cfg.keep_alive and self.cfg.idle_minutes else None)
+        cfg = self.cfg
+        return contract.new_task(self.sweep, run_id, attempt, command, params_json, contract.REMOTE_BASE,
+                                 heartbeat_s=cfg.heartbeat_s, sync_s=cfg.sync_s, host="", terminate_on_exit=not cfg.keep_alive,
+                                 imds=True, notice_poll_s=5.0,
+                                 idle_s=cfg.idle_minutes * 60 if cfg.keep_alive and cfg.idle_minutes else None)
 
     def start(self, task: RunTask) -> Host:
         with self.lock:
@@ -245,10 +206,11 @@ class AwsBackend:
             return False
         try:
             conn = connect(self._target(inst), timeout=20)
-            ctl = f"~/orch/runs/{self.name_}/{run_id}/ctl".replace("~/", "$HOME/")
-            conn.run(f'echo {shlex.quote(reason)} > "{ctl}/stop-reason"; kill -TERM "$(cat "{ctl}/agent.pid")"')
-            conn.run(f"for i in $(seq {int(STOP_WAIT_S)}); do tmux -L orch has-session -t ={task_session(self.name_, run_id)} 2>/dev/null || exit 0; sleep 1; done")
-            conn.close()
+            try:
+                conn.run(contract.stop_script(self._ctl(run_id), contract.session_name(self.name_, run_id), reason, STOP_WAIT_S,
+                                              contract.REMOTE_TMUX_SOCKET), timeout=STOP_WAIT_S + 30)
+            finally:
+                conn.close()
         except OrchError as exc:
             log.warning("could not stop %s gracefully: %s", run_id, exc)
         api.terminate(self.ec2, [inst["instance_id"]])
@@ -262,7 +224,8 @@ class AwsBackend:
         if inst is None:
             raise OrchError(f"run {run_id} has no running instance. See its log with `orch logs {run_id}`.")
         target = self._target(inst)
-        remote = f"tmux -L orch attach-session -t '={task_session(self.name_, inst['run'])}:run'"
+        remote = (f"tmux -L {contract.REMOTE_TMUX_SOCKET} attach-session -t "
+                  f"{shlex.quote('=' + contract.session_name(self.name_, inst['run']) + ':run')}")
         if shutil.which("ssh") is None:
             return interactive(target, remote)
         argv = attach_argv(target, remote, known_hosts_file(target, orch_home() / "known_hosts"))
@@ -279,7 +242,7 @@ class AwsBackend:
     def _provision(self, task: RunTask) -> None:
         """Acquire, boot, check and start one attempt. Once CreateFleet returned an instance, every
         way out of here leaves it either running this attempt's agent or terminated and recorded."""
-        instance_id = None
+        instance_id, reported = None, True
         try:
             if self.fatal is not None:
                 raise self.fatal
@@ -293,7 +256,7 @@ class AwsBackend:
             markets = {"spot": ["spot"], "on-demand": ["on-demand"], "spot-then-on-demand": ["spot", "on-demand"]}[self.cfg.market]
             got = fleet.acquire(self.ec2, setup["template"], setup["base"], user_data, setup["choices"], markets, tags, self.blocklist)
             instance_id = got.instance_id
-            self._record_acquired(got)
+            self.ledger.acquired(got.instance_id, got.instance_type, got.az, got.market)
             log.info("%s: %s %s in %s (%s)", task.run_id, got.instance_id, got.instance_type, got.az, got.market)
             from ..wait import retry_until
 
@@ -305,6 +268,7 @@ class AwsBackend:
                 self._start_agent(conn, task, instance_id)
             finally:
                 conn.close()
+            reported = False
         except fleet.CapacityUnavailable as exc:
             self._requeue(task, str(exc), instance_id)
         except api.AwsFatal as exc:
@@ -316,8 +280,9 @@ class AwsBackend:
             log.exception("provisioning %s failed", task.run_id)
             self._fail(task, f"provisioning failed: {type(exc).__name__}: {exc}", instance_id)
         finally:
-            with self.lock:
-                self.pending.pop(task.run_id, None)
+            if not reported:  # else the run stays pending until the controller took the outcome (no window where it looks hostless)
+                with self.lock:
+                    self.pending.pop(task.run_id, None)
 
     def _interpreter(self, conn) -> str:
         """The instance's Python for the agent and `{python}`: checked once per controller, on the first host.
@@ -359,10 +324,9 @@ class AwsBackend:
         ctl = task.ctl_dir
         task_path = f"{ctl}/task-{task.attempt}.json"
         conn.put_bytes(json.dumps(task.__dict__, indent=2).encode(), task_path)
-        home_path = lambda p: p.replace("~/", "$HOME/")  # noqa: E731
-        agent = (f'PYTHONPATH="{home_path(b.remote_dir)}" {shlex.quote(py)} -m orchestrator.agent "{home_path(task_path)}" '
-                 f'2>&1 | tee -a "{home_path(ctl)}/agent.log"')
-        conn.check(f'cd "$HOME" && tmux -L orch new-session -d -s {shlex.quote(task.session)} -n agent -x 200 -y 50 {shlex.quote(agent)}')
+        agent = contract.agent_command(py, task_path, ctl, pythonpath=b.remote_dir)
+        conn.check(f'cd "$HOME" && tmux -L {contract.REMOTE_TMUX_SOCKET} new-session -d -s {shlex.quote(task.session)} '
+                   f'-n agent -x 200 -y 50 {shlex.quote(agent)}')
         with self.lock:
             self.ready[task.run_id] = (task.attempt, time.time())
 
@@ -389,20 +353,22 @@ class AwsBackend:
             return f" (could not terminate {instance_id}: {exc}; `orch down {self.name_}` removes it)"
 
     def _requeue(self, task: RunTask, reason: str, instance_id: Optional[str] = None) -> None:
-        reason += self._release_acquired(instance_id)
-        store = open_store(self.sweep.store_url)
-        status = read_status(store, self.name_, task.run_id)
-        status.state, status.reason, status.attempt = QUEUED, reason, task.attempt - 1
-        write_status(store, self.name_, status)
+        """No host for this attempt (no capacity, or the sweep must stop): the run waits as it was before the claim."""
+        self.outcomes.put(Outcome(task.run_id, task.attempt, QUEUED, reason + self._release_acquired(instance_id)))
 
     def _fail(self, task: RunTask, reason: str, instance_id: Optional[str]) -> None:
         log.warning("%s: %s", task.run_id, reason)
-        reason += self._release_acquired(instance_id)
-        store = open_store(self.sweep.store_url)
-        status = read_status(store, self.name_, task.run_id)
-        status.state, status.reason, status.failures = FAILED, reason, status.failures + 1
-        status.finished_at = time.time()
-        write_status(store, self.name_, status)
+        self.outcomes.put(Outcome(task.run_id, task.attempt, FAILED, reason + self._release_acquired(instance_id)))
+
+    def drain_outcomes(self) -> List[Outcome]:
+        out = []
+        while not self.outcomes.empty():
+            outcome = self.outcomes.get_nowait()
+            with self.lock:
+                if self.pending.get(outcome.run_id) == outcome.attempt:
+                    self.pending.pop(outcome.run_id)
+            out.append(outcome)
+        return out
 
     # --- helpers ----------------------------------------------------------------------------------
 
@@ -424,6 +390,3 @@ class AwsBackend:
         inst = self._instance_of(instance_id)
         return inst["run"] if inst else None
 
-
-def task_session(sweep: str, run_id: str) -> str:
-    return f"orch_{sweep}_{session_safe(run_id)}"

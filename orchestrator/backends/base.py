@@ -56,10 +56,27 @@ class Host:
     start_deadline: Optional[float] = None  # its agent must have reported by then, or the host is replaced
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What became of an attempt before its agent ran (no capacity, or provisioning failed), for the controller to record."""
+
+    run_id: str
+    attempt: int  # the attempt it is about
+    state: str  # QUEUED: no host for it now (not counted); FAILED: provisioning failed (counts against max_restarts)
+    reason: str  # in words, for the run's status
+
+
 class Backend(Protocol):
-    """What the controller needs from a place that runs commands."""
+    """What the controller needs from a place that runs commands: every method and attribute it uses.
+
+    The controller never probes a backend (no getattr, no name tests); BackendBase gives defaults.
+    """
 
     name: str
+    poll_s: float  # seconds between controller passes
+    stale_s: float  # a running agent silent this long has lost its host
+    start_timeout_s: float  # a started agent must report within this (unless its Host says when)
+    releases_interrupted_host: bool  # after a chaos notice, take the host away (a local agent ends its own session)
 
     def list(self) -> List[Host]:
         """Live hosts of this sweep (one call, whatever the number of runs)."""
@@ -76,11 +93,53 @@ class Backend(Protocol):
     def stop(self, run_id: str, reason: str) -> bool:
         """Ask the run's agent to stop its command, record `reason` as the state, and wait; False if none ran."""
 
+    def notify_interruption(self, run_id: str) -> bool:
+        """Deliver a spot notice the way the agent looks for one; False when the run has no live host."""
+
     def attach(self, run_id: str) -> int:
         """Give this terminal to the run's tmux window (exec or bridge); returns an exit code."""
 
     def preflight(self) -> None:
         """Fail early, with the next step, on what would make every start fail."""
 
+    def plan(self) -> Optional[dict]:
+        """What a launch would ask for and cost (`--dry-run`); None when there is nothing to price."""
+
+    def spend(self) -> float:
+        """Dollars spent so far by the sweep."""
+
+    def run_of_instance(self, host_id: str) -> Optional[str]:
+        """The run a host id (e.g. an instance id) serves, if any."""
+
     def teardown(self) -> List[str]:
         """Remove the sweep's per-sweep resources (after its runs stopped); returns what went."""
+
+    def drain_outcomes(self) -> List[Outcome]:
+        """Outcomes of attempts that ended before their agent ran, since the last call (the controller records them)."""
+
+
+class BackendBase:
+    """Defaults for the optional parts of the Backend interface."""
+
+    poll_s = 0.1
+    stale_s = 60.0
+    start_timeout_s = 60.0
+    releases_interrupted_host = True
+
+    def plan(self) -> Optional[dict]:
+        return None
+
+    def spend(self) -> float:
+        return 0.0
+
+    def run_of_instance(self, host_id: str) -> Optional[str]:
+        return None
+
+    def preflight(self) -> None:
+        pass
+
+    def teardown(self) -> List[str]:
+        return []
+
+    def drain_outcomes(self) -> List[Outcome]:
+        return []

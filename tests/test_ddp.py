@@ -1,0 +1,51 @@
+"""train.py's own DDP path (torchrun, gloo, 2 processes) under orch: a spot notice mid-epoch reaches
+both ranks, they checkpoint at the same step, and the resumed run ends bitwise equal to an
+uninterrupted one."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from orchestrator.wait import retry_until
+from tests.conftest import run_states as status
+from tests.test_trainer import SMALL, STEPS_PER_EPOCH, _free_port, final_weights, same, trainer_env
+
+pytestmark = pytest.mark.slow
+
+
+def torchrun(port: int) -> list:
+    return ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(port)]
+
+
+@pytest.mark.timeout(600)
+def test_ddp_run_interrupted_by_a_notice_resumes_bitwise(orch, tmp_path):
+    ref = tmp_path / "ref"
+    p = subprocess.run([sys.executable, *torchrun(_free_port()), "-m", "trainer", *SMALL, "--out", str(ref)],
+                       env=trainer_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+
+    command = " ".join(["{python}", *torchrun(_free_port()), "-m", "trainer", *SMALL, "--log-every", "1"])
+    path = orch.sweep(f"""
+        name: ddp
+        command: "{command}"
+        max_restarts: 0
+        store: store
+        local:
+          threads_per_run: 1
+    """)
+    assert orch("launch", str(path), "--detach").code == 0
+    retry_until(lambda: status(orch, "ddp").get("run", {}).get("metrics", {}).get("step", 0) >= STEPS_PER_EPOCH + 3, 240, 0.1,
+                "training to pass into epoch 2")
+    r = orch("chaos", "interrupt", "run", "--grace", "60", timeout=120)
+    assert r.code == 0, r.out + r.err
+    retry_until(lambda: status(orch, "ddp")["run"]["state"] in ("succeeded", "failed"), 300, 0.5, "the run to end")
+    v = status(orch, "ddp")["run"]
+    assert (v["state"], v["attempt"], v["failures"], v["preemptions"]) == ("succeeded", 2, 0, 1), v
+    log1 = orch("logs", "run", "--attempt", "1").out
+    assert log1.count("checkpoint") >= 2 and "Traceback" not in log1, log1[-2000:]
+    summary = (orch.home / "work" / "ddp" / "run" / "run" / "summary.json").read_text()
+    assert '"world_size": 2' in summary
+    assert same(final_weights(ref), final_weights(orch.home / "work" / "ddp" / "run" / "run"))
