@@ -16,6 +16,7 @@ from typing import List, Optional
 
 from .errors import NotFound, OrchError
 from .spec import orch_home
+from .store import usable_folder
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sweeps (
@@ -40,12 +41,7 @@ class SweepRecord:
 class State:
     def __init__(self, home: Optional[Path] = None):
         self.home = home or orch_home()
-        try:
-            self.home.mkdir(parents=True, exist_ok=True)
-            (self.home / ".probe").touch()
-        except OSError as exc:
-            raise OrchError(f"ORCH_HOME {self.home} is not a usable folder ({exc.strerror or exc}). "
-                            "Set ORCH_HOME to a folder you can write, or unset it (default ~/.orch).", exit_code=2) from None
+        usable_folder(self.home, "ORCH_HOME", "Set ORCH_HOME to a folder you can write, or unset it (default ~/.orch).")
         self.path = self.home / "state.db"
 
     def _db(self) -> sqlite3.Connection:

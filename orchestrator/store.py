@@ -1,4 +1,4 @@
-"""The store: where status, metrics, logs and checkpoints live (a local folder; S3 comes with the aws backend).
+"""The store: where status, metrics, logs and checkpoints live (a local folder, or S3 for the aws backend).
 
 Keys are '/'-separated paths relative to the store root (<sweep>/<run>/status.json ...).
 Local writes are temp file + fsync + rename, so a reader never sees half a file.
@@ -323,13 +323,20 @@ class S3Store:
         return len(keys)
 
 
+def usable_folder(path: Path, what: str, fix: str) -> Path:
+    """Create `path` if needed and check that it can be written; else a clear error (exit 2) naming it and the fix."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / ".probe").touch()
+    except OSError as exc:
+        raise OrchError(f"cannot use {what} {path}: {exc.strerror or exc}. {fix}", exit_code=2) from None
+    return path
+
+
 def open_store(url: str) -> Store:
     if url.startswith("s3://"):
         return S3Store(url)
-    try:
-        Path(url).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OrchError(f"cannot create the store folder {url}: {exc.strerror}. Pick a writable `store:` path.", exit_code=2) from None
+    usable_folder(Path(url), "the store folder", "Pick a writable `store:` path.")
     return LocalStore(url)
 
 

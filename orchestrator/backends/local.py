@@ -14,6 +14,7 @@ from typing import List
 from .. import contract, tmux
 from ..errors import OrchError
 from ..runners import LocalRunner
+from ..store import usable_folder
 from ..spec import Sweep, orch_home
 from .base import BackendBase, Host, RunTask
 
@@ -94,12 +95,7 @@ class LocalBackend(BackendBase):
 
     def preflight(self) -> None:
         """The work folder must be usable before any run starts (tmux is checked by its first call)."""
-        try:
-            self.workdir.mkdir(parents=True, exist_ok=True)
-            (self.workdir / ".probe").touch()
-        except OSError as exc:
-            raise OrchError(f"cannot use the work folder {self.workdir} (`local.workdir`): {exc.strerror or exc}. "
-                            "Pick a folder you can write.", exit_code=2) from None
+        usable_folder(self.workdir, "the work folder (`local.workdir`)", "Pick a folder you can write.")
 
 
 def _package_root() -> str:
