@@ -39,6 +39,9 @@ from typing import Callable, Dict, List, Optional, Tuple
 from urllib.parse import parse_qs, parse_qsl, urlencode
 
 ACCOUNT = "123456789012"  # moto's default account
+# moto is not safe against concurrent requests (nor against reading its state while one runs):
+# every request into it, and every direct read of its state, holds this lock.
+MOTO = threading.RLock()
 REGION = "us-east-1"
 AUTH_RE = re.compile(r"Credential=([^/]+)/[^/]+/([^/]+)/([^/]+)/")
 PROFILE_ERROR = "Value ({name}) for parameter iamInstanceProfile.name is invalid. Invalid IAM Instance Profile name"
@@ -112,12 +115,13 @@ class Gate:
             return lambda data: chunks.append(data)
 
         chunks: List[bytes] = []
-        result = self.app(environ, start)
-        try:
-            chunks.extend(result)
-        finally:
-            if hasattr(result, "close"):
-                result.close()
+        with MOTO:
+            result = self.app(environ, start)
+            try:
+                chunks.extend(result)
+            finally:
+                if hasattr(result, "close"):
+                    result.close()
         return got["status"], got["headers"], b"".join(chunks)
 
     # --- EC2 -----------------------------------------------------------------------------------
@@ -231,11 +235,13 @@ class Gate:
         inst = _instance(iid)
         if inst is None or self.strict.pending_s <= 0:
             return
-        inst._state.name, inst._state.code = "pending", 0
+        with MOTO:
+            inst._state.name, inst._state.code = "pending", 0
 
         def run():
-            if inst._state.name == "pending":
-                inst._state.name, inst._state.code = "running", 16
+            with MOTO:
+                if inst._state.name == "pending":
+                    inst._state.name, inst._state.code = "running", 16
 
         _later(self.strict.pending_s, run)
 
@@ -243,10 +249,12 @@ class Gate:
         inst = _instance(iid)
         if inst is None or self.strict.terminate_s <= 0 or inst._state.name != "terminated":
             return
-        inst._state.name, inst._state.code = "shutting-down", 32
+        with MOTO:
+            inst._state.name, inst._state.code = "shutting-down", 32
 
         def done():
-            inst._state.name, inst._state.code = "terminated", 48
+            with MOTO:
+                inst._state.name, inst._state.code = "terminated", 48
 
         _later(self.strict.terminate_s, done)
 
@@ -333,29 +341,33 @@ def _ec2_backend():
 
 
 def _instance(iid: str):
-    try:
-        return _ec2_backend().get_instance(iid)
-    except Exception:
-        return None
+    with MOTO:
+        try:
+            return _ec2_backend().get_instance(iid)
+        except Exception:
+            return None
 
 
 def _instance_tags(iid: str) -> Dict[str, str]:
-    inst = _instance(iid)
-    return {t["key"]: t["value"] for t in (inst.get_tags() if inst is not None else [])} if inst is not None else {}
+    with MOTO:
+        inst = _instance(iid)
+        return {t["key"]: t["value"] for t in inst.get_tags()} if inst is not None else {}
 
 
 def _template_data(template_id: str, version: str) -> dict:
-    try:
-        return _ec2_backend().get_launch_template(template_id).get_version(version).data
-    except Exception:
-        return {}
+    with MOTO:
+        try:
+            return dict(_ec2_backend().get_launch_template(template_id).get_version(version).data)
+        except Exception:
+            return {}
 
 
 def _subnet_az(subnet_id: str) -> str:
-    try:
-        return _ec2_backend().get_subnet(subnet_id).availability_zone
-    except Exception:
-        return ""
+    with MOTO:
+        try:
+            return _ec2_backend().get_subnet(subnet_id).availability_zone
+        except Exception:
+            return ""
 
 
 def _overrides(form: Dict[str, List[str]]) -> List[dict]:
