@@ -179,26 +179,32 @@ def test_failing_command_retried_then_reported(orch, job):
     assert len(starts(job.marks)) == 3
 
 
-def test_cancel_and_timeout(orch, job):
+def test_cancel_stops_the_command_and_timeout_fails_it(orch, job):
     path = orch.sweep(f"""
         name: cancelly
         command: "{job(steps=1, release=True)}"
-        grid:
-          a: [1, 2]
-        max_parallel: 2
         max_restarts: 0
-        timeout_minutes: 0.05
         store: store
     """)
     assert orch("launch", str(path), "--detach").code == 0
     wait_states(orch, "cancelly", {"running"})
-    c = orch("cancel", "cancelly/a=1")
-    assert c.code == 0 and "cancelled cancelly/a=1" in c.out
-    # a=2 runs into its 3-second timeout
-    final = wait_states(orch, "cancelly", {"cancelled", "failed"}, timeout=40)
-    assert final["a=1"]["state"] == "cancelled"
-    assert final["a=2"]["state"] == "failed" and "timed out" in final["a=2"]["reason"]
-    assert len(starts(job.marks)) == 2
+    assert (job.marks / "run.running").exists()  # the job holds its lock while it runs
+    c = orch("cancel", "cancelly/run")
+    assert c.code == 0 and "cancelled cancelly/run" in c.out
+    assert status(orch, "cancelly")["run"]["state"] == "cancelled"
+    assert not (job.marks / "run.running").exists()  # its SIGTERM handler ran: cancel stopped the command
+    assert "finished run" not in orch("logs", "cancelly/run").out
+    assert orch.tmux("has-session", "-t", "=orch_cancelly_run").returncode != 0
+    timed = orch.sweep("""
+        name: timely
+        command: "sleep 60"
+        max_restarts: 0
+        timeout_minutes: 0.05
+        store: store
+    """, name="t.yaml")
+    assert orch("launch", str(timed), timeout=120).code == 1
+    v = status(orch, "timely")["run"]
+    assert v["state"] == "failed" and "timed out after 3 s" in v["reason"]
 
 
 def test_unknown_run_and_sweep_are_clear_errors(orch):

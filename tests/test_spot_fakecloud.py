@@ -127,12 +127,17 @@ def test_controller_killed_right_after_createfleet_is_adopted(orch, cloud, ident
     retry_until(lambda: len(cloud.instances("crash")) >= 1, 60, 0.02, "CreateFleet to return")
     ctl.send_signal(signal.SIGKILL)
     ctl.wait(10)
-    r = orch("launch", str(path), timeout=300)
+    orphans = {i["id"] for i in cloud.instances("crash")}  # acquired, never given an agent
+    r = orch("launch", str(path), timeout=400)
     assert r.code == 0, r.out + r.err
     final = status(orch, "crash")
     assert all(v["state"] == "succeeded" for v in final.values())
+    assert all(v["attempt"] == 2 for v in final.values()), final  # the claims of the dead controller were moved on
+    assert sorted(a for _, a in starts(job.marks)) == ["2", "2"]  # each command ran once, in attempt 2
     assert not (job.marks / "DUPLICATE").exists()  # never two copies of a run at once
-    assert cloud.instances("crash") == []  # the orphan was released, the rest terminated themselves
+    assert cloud.instances("crash") == []  # the orphans were released, the rest terminated themselves
+    for iid in orphans:  # released by the new controller, never used
+        assert iid in cloud.gone and not list((cloud.root / "hosts" / iid / "home").rglob("agent.log"))
     assert orch("down", "crash").code == 0 and not any(cloud.leftovers("crash").values())
 
 

@@ -236,7 +236,11 @@ def test_digits_preset_reaches_97_percent(tmp_path):
 def test_bf16_autocast_runs_on_cpu(tmp_path):
     out = tmp_path / "bf16"
     run_trainer([*SMALL, "--epochs", "1", "--precision", "bf16", "--out", str(out)])
-    assert json.loads((out / "summary.json").read_text())["precision"] == "bf16"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["precision"] == "bf16" and summary["compute_dtype"] == "bfloat16"  # autocast really ran in bf16
+    fp32 = tmp_path / "fp32"
+    run_trainer([*SMALL, "--epochs", "1", "--out", str(fp32)])
+    assert json.loads((fp32 / "summary.json").read_text())["compute_dtype"] == "float32"
 
 
 # --- DDP ------------------------------------------------------------------------------------------

@@ -265,6 +265,7 @@ def train(cfg: dict) -> dict:
         last_ckpt = time.time()
 
     order, order_epoch = None, -1
+    compute_dtype = ""
     epoch_images, epoch_time = 0, 0.0
     while st["step"] < total:
         step = st["step"]
@@ -289,7 +290,9 @@ def train(cfg: dict) -> dict:
         if device.type == "cuda":
             x = x.contiguous(memory_format=torch.channels_last)
         with autocast():
-            loss = loss_fn(net(x), y)
+            logits = net(x)
+            loss = loss_fn(logits, y)
+        compute_dtype = compute_dtype or str(logits.dtype).removeprefix("torch.")  # what autocast really ran in (no sync)
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         scaler.step(optimizer)
@@ -348,7 +351,7 @@ def train(cfg: dict) -> dict:
     summary = dict(final_acc=st["acc"], best_acc=st["best_acc"], target_acc=cfg["target_acc"],
                    time_to_target_s=st["time_to_target"], train_time_s=round(st["train_time"], 3), steps=st["step"],
                    epochs=cfg["epochs"], world_size=world, device=str(device), precision=precision,
-                   model=cfg["model"], dataset=cfg["dataset"])
+                   model=cfg["model"], dataset=cfg["dataset"], compute_dtype=compute_dtype)
     if is_main:
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         log.info("done: final acc %.4f, best %.4f, %.1f s training", summary["final_acc"] or 0, summary["best_acc"], summary["train_time_s"])

@@ -306,7 +306,7 @@ class AwsBackend(BackendBase):
                 raise api.AwsFatal(
                     f"no interpreter on the image can run this sweep (it needs {', '.join(needs)}): {tried}. "
                     f"Fix: set `aws.python` to an interpreter of the image that has them (Deep Learning AMI: /opt/pytorch/bin/python), "
-                    f"or `auto`; or use an image that has them (see `orch ami`-style images in the README).")
+                    f"or `auto`; or use an image that has them.")
             self.python = found[0]
             log.info("instance interpreter: %s", self.python)
             return self.python
