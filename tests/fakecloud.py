@@ -494,10 +494,15 @@ class FakeCloud:
 
 def main() -> int:
     """Run a fake cloud until Ctrl-C, printing what to export in another terminal."""
+    import argparse
     import tempfile
 
+    ap = argparse.ArgumentParser(prog="python -m tests.fakecloud", description=__doc__.split("\n")[0])
+    ap.add_argument("--boot-s", type=float, default=0.0, help="seconds from `running` until a host's sshd answers (EC2: 30-120)")
+    ap.add_argument("--cold-s", type=float, default=0.0, help="extra seconds of a host's first interpreter start (a cold volume)")
+    args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="orch-fakecloud-"))
-    with FakeCloud(root) as cloud:
+    with FakeCloud(root, boot_s=args.boot_s, cold_s=args.cold_s) as cloud:
         sys.stdout.write("fake cloud up. In another terminal:\n")
         for k, v in cloud.env().items():
             sys.stdout.write(f"  export {k}={v}\n")
