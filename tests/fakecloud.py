@@ -434,6 +434,7 @@ class FakeCloud:
                 if self.no_sshd:
                     self.hosts[iid] = FakeHost(iid, inst["PrivateIpAddress"], "", self.root / "hosts" / iid, self.endpoint)
                     continue
+                self.host_credentials(iid)  # minted at boot: IMDS answers at once, as EC2's does (botocore waits 1 s)
                 host.start(base64.b64decode(ud).decode() if ud else "")
                 self.hosts[iid] = host
         for iid in [i for i in self.hosts if i not in running]:

@@ -356,6 +356,7 @@ def train(cfg: dict) -> dict:
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         log.info("done: final acc %.4f, best %.4f, %.1f s training", summary["final_acc"] or 0, summary["best_acc"], summary["train_time_s"])
     if world > 1:
+        torch.distributed.barrier()  # no rank tears the group down while another still uses it (gloo aborts the process)
         torch.distributed.destroy_process_group()
     return summary
 

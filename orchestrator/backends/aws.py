@@ -35,6 +35,7 @@ from .base import ACQUIRING, BackendBase, Host, Outcome, RunTask
 log = logging.getLogger("orch.aws")
 STOP_WAIT_S = 30.0
 AGENT_REPORT_S = 120.0  # from the agent's start until its first report (a cold volume makes the first start slow)
+ADOPTED_REPORT_S = 60.0  # the same, past the boot allowance, for an instance this controller did not provision
 # Where images keep an interpreter with PyTorch, best first (`aws.python: auto`).
 PYTHON_CANDIDATES = ("/opt/pytorch/bin/python", "/opt/conda/envs/pytorch/bin/python", "python3")
 
@@ -159,8 +160,8 @@ class AwsBackend(BackendBase):
         started = ready.get(inst["run"])
         if started and started[0] == attempt:
             return started[1] + self.start_timeout_s
-        if inst.get("launch_time"):
-            return inst["launch_time"] + self.cfg.boot_timeout_s + self.start_timeout_s
+        if inst.get("launch_time"):  # an agent a dead controller did start has reported long before this
+            return inst["launch_time"] + self.cfg.boot_timeout_s + ADOPTED_REPORT_S
         return None
 
     def notify_interruption(self, run_id: str) -> bool:
