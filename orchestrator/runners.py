@@ -22,7 +22,27 @@ class Result:
     err: str
 
 
-class LocalRunner:
+class Runner:
+    """What every host runner offers; subclasses supply run() and put_bytes()."""
+
+    def run(self, command: str, timeout: float = 120, stdin: Optional[bytes] = None) -> Result:
+        raise NotImplementedError
+
+    def put_bytes(self, data: bytes, path: str, mode: int = 0o600) -> None:
+        raise NotImplementedError
+
+    def check(self, command: str, timeout: float = 120, stdin: Optional[bytes] = None) -> str:
+        """run(), and an OrchError with the command's stderr when it fails."""
+        r = self.run(command, timeout, stdin)
+        if r.code != 0:
+            raise OrchError(f"command failed ({r.code}): {command[:80]}: {r.err.strip()[-500:]}")
+        return r.out
+
+    def close(self) -> None:
+        pass
+
+
+class LocalRunner(Runner):
     """This machine, through bash."""
 
     def run(self, command: str, timeout: float = 120, stdin: Optional[bytes] = None) -> Result:
@@ -31,12 +51,6 @@ class LocalRunner:
         except subprocess.TimeoutExpired:
             return Result(124, "", f"timed out after {timeout:.0f} s")
         return Result(p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace"))
-
-    def check(self, command: str, timeout: float = 120, stdin: Optional[bytes] = None) -> str:
-        r = self.run(command, timeout, stdin)
-        if r.code != 0:
-            raise OrchError(f"command failed ({r.code}): {command[:80]}: {r.err.strip()[-500:]}")
-        return r.out
 
     def put_bytes(self, data: bytes, path: str, mode: int = 0o600) -> None:
         target = Path(os.path.expanduser(path))
@@ -47,6 +61,3 @@ class LocalRunner:
             f.write(data)
         os.chmod(tmp, mode)
         os.replace(tmp, target)
-
-    def close(self) -> None:
-        pass

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from .errors import OrchError
-from .runners import Result
+from .runners import Result, Runner
 from .wait import Timeout, retry_until
 
 log = logging.getLogger("orch.ssh")
@@ -59,7 +59,9 @@ def _host_id(t: Target) -> str:
     return t.address if t.port == 22 else f"[{t.address}]:{t.port}"
 
 
-class Connection:
+class Connection(Runner):
+    """An instance over SSH (paramiko, pinned host key)."""
+
     def __init__(self, client):
         self.client = client
 
@@ -70,12 +72,6 @@ class Connection:
             stdin_f.channel.shutdown_write()
         out, err = stdout.read().decode(errors="replace"), stderr.read().decode(errors="replace")
         return Result(stdout.channel.recv_exit_status(), out, err)
-
-    def check(self, command: str, timeout: float = 120, stdin: Optional[bytes] = None) -> str:
-        r = self.run(command, timeout, stdin)
-        if r.code != 0:
-            raise OrchError(f"remote command failed ({r.code}): {command[:80]}: {r.err.strip()[-500:]}")
-        return r.out
 
     def put_bytes(self, data: bytes, remote: str, mode: int = 0o600) -> None:
         """Write a file atomically on the host (~ allowed)."""
