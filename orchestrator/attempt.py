@@ -114,7 +114,10 @@ def is_checkpoint(rel: str) -> bool:
 
 
 def checkpoint_ok(folder: Path) -> bool:
-    """A checkpoint folder whose MANIFEST.json matches its files (sizes and sha256)."""
+    """A checkpoint folder whose MANIFEST.json matches its files (sizes and sha256).
+
+    The same check as trainer.checkpoint.verify, without torch: the agent runs on interpreters that may lack it.
+    """
     from .store import sha256_file
 
     try:

@@ -40,6 +40,11 @@ def run_root(base: str, sweep: str, run_id: str) -> str:
     return f"{base.rstrip('/')}/{sweep}/{run_id}"
 
 
+def ctl_dir(base: str, sweep: str, run_id: str) -> str:
+    """The agent's private folder of a run on its host."""
+    return f"{run_root(base, sweep, run_id)}/ctl"
+
+
 def sh_path(path: str) -> str:
     """A path as one shell word; `~/...` stays expandable (as "$HOME/...")."""
     if path.startswith("~/"):
@@ -61,7 +66,7 @@ def new_task(sweep: "Sweep", run_id: str, attempt: int, command: str, params_jso
     root = run_root(base, sweep.spec.name, run_id)
     minutes = sweep.spec.timeout_minutes
     return RunTask(sweep=sweep.spec.name, run_id=run_id, attempt=attempt, command=command, store_url=sweep.store_url,
-                   run_dir=f"{root}/run", ctl_dir=f"{root}/ctl", session=session_name(sweep.spec.name, run_id),
+                   run_dir=f"{root}/run", ctl_dir=ctl_dir(base, sweep.spec.name, run_id), session=session_name(sweep.spec.name, run_id),
                    env={**(env or {}), **run_env(sweep, run_id, attempt, f"{root}/run", params_json)},
                    timeout_s=minutes * 60 if minutes else None, **periods)
 

@@ -177,7 +177,7 @@ class AwsBackend(BackendBase):
         return True
 
     def _ctl(self, run_id: str) -> str:
-        return f"{contract.run_root(contract.REMOTE_BASE, self.name_, run_id)}/ctl"
+        return contract.ctl_dir(contract.REMOTE_BASE, self.name_, run_id)
 
     def spend(self) -> float:
         return self.ledger.spend()

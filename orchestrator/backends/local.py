@@ -39,7 +39,7 @@ class LocalBackend(BackendBase):
         return contract.session_name(self.sweep.spec.name, run_id)
 
     def ctl_dir(self, run_id: str) -> str:
-        return f"{contract.run_root(str(self.workdir), self.sweep.spec.name, run_id)}/ctl"
+        return contract.ctl_dir(str(self.workdir), self.sweep.spec.name, run_id)
 
     def list(self) -> List[Host]:
         by_session = {self.session(r.run_id): r.run_id for r in self.sweep.runs}
