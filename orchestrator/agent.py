@@ -1,8 +1,10 @@
 """The agent: runs on the host inside the run's tmux session and owns one attempt of one run.
 
-It restores the run folder from the store, starts the command in a tmux window "run" (so
-`orch attach` shows it live), writes status.json with heartbeats, syncs the run folder to the
-store, enforces the timeout, and records how the attempt ended. Usage:
+It is the supervisor: it restores the run folder from the store, starts the command in a tmux
+window "run" (so `orch attach` shows it live), watches it (exit, timeout, stop, notices), syncs
+the run folder to the store and records how the attempt ended. Its parts: the Reporter (the
+record and its heartbeat thread), the NoticeSource (control file or IMDS), the HostPolicy (what
+happens to the host afterwards) and attempt.final_status() (pure). Usage:
 
     python -m orchestrator.agent TASK.json
 """
@@ -14,16 +16,18 @@ import os
 import shlex
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Optional
 
 from . import tmux
-from .contract import AGENT_PID_FILE, NOTICE_FILE, STOP_REASON_FILE
-from .attempt import _write_private, usr1_targets, checkpoint_ok, final_status, is_checkpoint, last_metrics, newest_checkpoint, tail, wrapper_script
+from .attempt import SUPERSEDED, _write_private, checkpoint_ok, final_status, is_checkpoint, last_metrics, newest_checkpoint, tail, usr1_targets, wrapper_script
 from .backends.base import RunTask
-from .status import INTERRUPTED, RUNNING, STARTING, STOPPED, SUCCEEDED, orch_prefix, read_status, write_status
+from .contract import AGENT_PID_FILE, NOTICE_FILE, STOP_REASON_FILE
+from .host_policy import HostPolicy
+from .notices import NoticeSource
+from .reporter import Reporter
+from .status import INTERRUPTED, RUNNING, STARTING, STOPPED, SUCCEEDED, orch_prefix, read_status
 from .store import Store, open_store
 from .wait import Timeout, retry_until
 
@@ -51,7 +55,9 @@ class Agent:
         self.stop_sent_at: Optional[float] = None
         self.notice_at: Optional[float] = None
         self.ckpt_at_notice: Optional[int] = None
-        self.status_lock = threading.Lock()  # the record is shared with the reporter thread
+        self.reporter = Reporter(self.store, task.sweep, task.run_id, task.attempt, self.run_dir / "metrics.jsonl")
+        self.status_lock = self.reporter.lock  # the record is shared with the heartbeat thread
+        self.notices = NoticeSource(self.ctl, task.imds)
         self.rebalance_at: Optional[float] = None  # when the rebalance recommendation was seen; -1 once handled
         self.ckpt_at_rebalance: Optional[int] = None
 
@@ -62,28 +68,11 @@ class Agent:
         reason = reason_file.read_text().strip() if reason_file.exists() else STOPPED
         self.stop_requested = self.stop_requested or reason
 
-    def _notice(self) -> bool:
-        """A spot interruption notice: the ctl file, or IMDS spot/instance-action on an instance."""
-        if (self.ctl / NOTICE_FILE).exists():
-            return True
-        return self._imds("spot/instance-action")
-
-    def _imds(self, path: str) -> bool:
-        if not self.task.imds:
-            return False
-        from .imds import imds_get
-
-        try:
-            return imds_get(path) is not None
-        except OSError as exc:
-            log.warning("IMDS not reachable: %s", exc)
-            return False
-
     def _on_rebalance(self, now: float) -> None:
         """EC2's rebalance recommendation comes before the two-minute notice, when it comes at all:
         checkpoint and sync now, and keep running, so that a notice later has little left to move."""
         if self.rebalance_at is None:
-            if not self._imds("events/recommendations/rebalance"):
+            if not self.notices.rebalance():
                 return
             self.rebalance_at, self.ckpt_at_rebalance = now, newest_checkpoint(self.run_dir)
             log.info("rebalance recommendation: asking the command for a checkpoint (SIGUSR1) and syncing it early")
@@ -95,7 +84,6 @@ class Agent:
 
     def _on_notice(self, status, now: float) -> None:
         """Checkpoint now (SIGUSR1), then, once it is on disk, get it to the store and stop."""
-        t = self.task
         if self.notice_at is None:
             self.notice_at, self.ckpt_at_notice = now, newest_checkpoint(self.run_dir)
             log.info("spot interruption notice: asking the command to checkpoint (SIGUSR1)")
@@ -110,7 +98,7 @@ class Agent:
             status.reason = (f"spot interruption notice; checkpoint step {newest} in the store {time.time() - self.notice_at:.1f} s later"
                              if newest is not None else "spot interruption notice; the command left no checkpoint")
             status.heartbeat = time.time()
-            write_status(self.store, t.sweep, status)
+            self.reporter.record(status)
         log.info("%s", status.reason)
         self.stop_requested = INTERRUPTED
 
@@ -151,10 +139,12 @@ class Agent:
         status = read_status(self.store, t.sweep, t.run_id)
         status.state, status.attempt, status.host = STARTING, t.attempt, t.host or "localhost"
         status.heartbeat, status.no_shows, status.reason = time.time(), 0, "restoring the run folder from the store"
-        write_status(self.store, t.sweep, status)
+        if not self.reporter.record(status):  # the controller has already moved past this attempt
+            HostPolicy(t.session, t.terminate_on_exit, t.idle_s or 0).after_attempt()
+            return 0
         # The reporter heartbeats on its own thread from here to the end: neither a large restore
         # nor a large checkpoint upload can make a live host look lost.
-        with _heartbeats(lambda: self._beat(status), t.heartbeat_s):
+        with self.reporter.heartbeats(status, t.heartbeat_s):
             code = self._attempt(status)
         return self._finish(status, code)
 
@@ -168,7 +158,7 @@ class Agent:
             status.state, status.attempt, status.host = RUNNING, t.attempt, t.host or "localhost"
             status.started_at, status.heartbeat, status.finished_at = now, now, None
             status.exit_code, status.reason, status.log_tail = None, "", ""
-            write_status(self.store, t.sweep, status)
+            self.reporter.record(status)
 
         script = self.ctl / f"attempt-{t.attempt}.sh"
         _write_private(script, wrapper_script(t, self.log_file))  # it holds the whole environment
@@ -194,7 +184,9 @@ class Agent:
                 next_look = now + 2.0
                 if not tmux.has_window(t.session, "run") and not self.exit_file.exists():
                     return True
-            if not self.stop_requested and (self.notice_at is not None or (now >= next_notice and self._notice())):
+            if self.reporter.superseded and not self.stop_requested:
+                self.stop_requested = SUPERSEDED
+            if not self.stop_requested and (self.notice_at is not None or (now >= next_notice and self.notices.notice())):
                 self._on_notice(status, now)
             elif not self.stop_requested and (now >= next_notice or (self.rebalance_at or 0) > 0):
                 self._on_rebalance(now)
@@ -234,13 +226,11 @@ class Agent:
         status.failures += 1 if failed else 0
         status.log_tail = "" if state == SUCCEEDED else tail(self.log_file)
         try:  # the record of how it ended matters most: a store that is briefly unwritable gets a minute
-            retry_until(lambda: self._quietly(write_status, self.store, t.sweep, status), 60, 2.0, "the store to take the final status")
+            retry_until(lambda: self.reporter.superseded or self._quietly(self.reporter.record, status), 60, 2.0,
+                        "the store to take the final status")
         except Timeout:
             log.error("could not record the end of attempt %s in the store; the controller will see a lost host", t.attempt)
-        if t.terminate_on_exit:
-            self._terminate_host()
-        elif t.idle_s:
-            self._linger(t.idle_s)
+        HostPolicy(t.session, t.terminate_on_exit, t.idle_s or 0).after_attempt()
         return 0
 
     def _restore(self) -> None:
@@ -299,61 +289,6 @@ class Agent:
                 return
             except Timeout:
                 continue
-
-    def _beat(self, status) -> None:
-        """The reporter's heartbeat (its own thread): alive, and the newest metrics line."""
-        with self.status_lock:
-            if status.state not in (STARTING, RUNNING):
-                return  # interrupted or ended: that record stands
-            status.heartbeat = time.time()
-            if status.state == RUNNING:
-                status.last_metrics = last_metrics(self.run_dir / "metrics.jsonl")
-            write_status(self.store, self.task.sweep, status)
-
-    def _linger(self, idle_s: float) -> None:
-        """keep_alive: stay for whoever attaches; once nobody was attached for idle_s, terminate."""
-        last_seen = [time.time()]
-
-        def idle_enough() -> bool:
-            if tmux.clients(self.task.session):
-                last_seen[0] = time.time()
-            return time.time() - last_seen[0] >= idle_s
-
-        log.info("run ended; keeping this instance until nobody was attached for %.0f s", idle_s)
-        retry_until(idle_enough, timeout=None, interval=min(10.0, idle_s / 3))
-        self._terminate_host()
-
-    def _terminate_host(self) -> None:
-        """The run is over and nothing else needs this machine: stop paying for it."""
-        from .imds import terminate_self
-
-        try:
-            log.info("run ended; terminating this instance %s", terminate_self())
-        except Exception as exc:  # the safety-net shutdown and `orch down` still catch it
-            log.error("could not terminate this instance: %s", exc)
-
-
-class _heartbeats:
-    """Call beat() every period seconds on a thread while the block runs."""
-
-    def __init__(self, beat, period: float):
-        self.beat, self.period, self.done = beat, period, threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True, name="orch-heartbeat")
-
-    def _loop(self) -> None:
-        while not self.done.wait(self.period):
-            try:
-                self.beat()
-            except Exception as exc:  # a failed beat is retried next period; the main work goes on
-                log.warning("heartbeat failed: %s", exc)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.done.set()
-        self.thread.join()
 
 
 def main(argv=None) -> int:

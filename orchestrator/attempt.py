@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from .backends.base import RunTask
-from .status import CANCELLED, FAILED, INTERRUPTED, STOPPED, SUCCEEDED
+from .status import CANCELLED, FAILED, INTERRUPTED, LOST, STOPPED, SUCCEEDED
 
 TAIL_LINES = 20
 
@@ -47,12 +47,17 @@ wait $tee_pid  # the pane (and tmux's SIGHUP to it) must not end before the log 
 """
 
 
+SUPERSEDED = "superseded"  # the agent found its record taken over: it stops and writes nothing more
+
+
 def final_status(stop_requested: Optional[str], noticed: bool, code: Optional[int], timeout_s: Optional[float]) -> Tuple[str, str, bool]:
     """How an attempt ended: (state, reason, counts as a failure). Pure; tested like decide().
 
     An exit caused by a spot notice is a preemption whatever its code (a command without a
     SIGUSR1 handler dies of it); a timeout is a failure; a stop by orch is what it asked for.
     """
+    if stop_requested == SUPERSEDED:
+        return LOST, "the controller moved on from this attempt (it was called lost); stopped", False
     if stop_requested == "timeout":
         return FAILED, f"timed out after {duration(timeout_s or 0)}", True
     if noticed or stop_requested == INTERRUPTED:

@@ -32,7 +32,9 @@ from .status import (
     SUCCEEDED,
     RunStatus,
     read_status,
-    write_status,
+    read_versioned,
+    update_status,
+    write_if,
 )
 from .store import Store, get_json, put_json
 from .wait import retry_until
@@ -127,21 +129,21 @@ class Controller:
         if get_json(self.store, f"{self.name}/sweep.json") is None:  # without it every status read would say "queued"
             raise OSError(f"{self.name}/sweep.json is gone")
         self._record_outcomes()
-        hosts, every, rows = survey(self.sweep, self.backend, self.store)
+        hosts, every, rows, versions = survey(self.sweep, self.backend, self.store)
         budget = self.sweep.spec.budget_usd
         spend = self.backend.spend()
         progress = Progress(sweep=self.name, runs=[view for *_, view in rows], spend_usd=spend, budget_usd=budget)
         for run, status, action, view in rows:
             if action == REPLACE:
-                self._replace(hosts[run.run_id], status, view)
+                self._replace(hosts[run.run_id], status, view, versions[run.run_id])
         self._release_unclaimed(every, {run.run_id: status for run, status, _, _ in rows})
         free = self.sweep.spec.max_parallel - len(hosts)
         if budget is not None and spend >= budget:
-            self._stop_for_budget(rows, spend, budget)
+            self._stop_for_budget(rows, spend, budget, versions)
             return progress
         for run, status, action, view in rows:
             if action == START and free > 0:
-                if self._start(run, status, view):
+                if self._start(run, status, view, versions[run.run_id]):
                     progress.started.append(run.run_id)
                 free -= 1
         return progress
@@ -149,36 +151,45 @@ class Controller:
     def _record_outcomes(self) -> None:
         """Attempts that ended before their agent ran: the controller, the writer of claims, records them."""
         for outcome in self.backend.drain_outcomes():
-            status = read_status(self.store, self.name, outcome.run_id)
-            if status.attempt != outcome.attempt or status.state not in ACTIVE:
-                continue  # the run moved on meanwhile
-            if outcome.state == QUEUED:  # not an attempt after all: back to how it was before the claim
-                status.state, status.attempt = QUEUED, outcome.attempt - 1
-            else:
-                status.state, status.failures, status.finished_at = FAILED, status.failures + 1, time.time()
-            status.reason = outcome.reason
-            write_status(self.store, self.name, status)
-            self.state.journal(self.name, f"provision-{outcome.state}", outcome.run_id, outcome.reason)
+            def change(status: RunStatus, outcome=outcome) -> Optional[RunStatus]:
+                if status.attempt != outcome.attempt or status.state not in ACTIVE:
+                    return None  # the run moved on meanwhile
+                if outcome.state == QUEUED:  # not an attempt after all: back to how it was before the claim
+                    status.state, status.attempt = QUEUED, outcome.attempt - 1
+                else:
+                    status.state, status.failures, status.finished_at = FAILED, status.failures + 1, time.time()
+                status.reason = outcome.reason
+                return status
 
-    def _stop_for_budget(self, rows, spend: float, budget: float) -> None:
+            if update_status(self.store, self.name, outcome.run_id, change):
+                self.state.journal(self.name, f"provision-{outcome.state}", outcome.run_id, outcome.reason)
+
+    def _stop_for_budget(self, rows, spend: float, budget: float, versions: Dict[str, Optional[str]]) -> None:
         """The budget is spent: what has not started never will (running attempts finish)."""
         for run, status, action, view in rows:
             if action == START:
                 status.state, status.reason = CANCELLED, f"not started: budget ${budget:.2f} reached (spent ${spend:.2f})"
                 status.finished_at = time.time()
-                write_status(self.store, self.name, status)
+                if not self._write(status, versions[run.run_id]):
+                    continue
                 self.state.journal(self.name, "budget", run.run_id, status.reason)
                 view.state, view.reason, view.final = CANCELLED, status.reason, True
 
-    def _replace(self, host: Host, status: RunStatus, view: RunView) -> None:
+    def _write(self, status: RunStatus, version: Optional[str]) -> bool:
+        """A verdict or a claim, written only over the record this pass read: if the agent wrote
+        since (it is alive after all, or ended), the run is decided again on the next pass."""
+        if write_if(self.store, self.name, status, version):
+            return True
+        log.info("%s: its record changed since this pass read it; deciding again next pass", status.run_id)
+        return False
+
+    def _replace(self, host: Host, status: RunStatus, view: RunView, version: Optional[str]) -> None:
         never = not status.heartbeat
         if never:
             status.no_shows += 1
             reason = f"host {host.host_id} never reported: its agent did not start ({status.no_shows} of {MAX_NO_SHOWS} such attempts)"
         else:
             reason = f"host {host.host_id} lost: no sign of life for {time.time() - status.heartbeat:.0f} s"
-        log.warning("%s: %s; releasing it", status.run_id, reason)
-        self.backend.release(host)
         if never and status.no_shows >= MAX_NO_SHOWS:  # a replacement loop would pay for instance after instance
             status.state, status.finished_at = FAILED, time.time()
             status.reason = (f"failed for good: {MAX_NO_SHOWS} hosts in a row never reported. Check the agent's log on an instance "
@@ -186,7 +197,10 @@ class Controller:
             view.final = True
         else:
             status.state, status.reason = LOST, reason
-        write_status(self.store, self.name, status)
+        if not self._write(status, version):  # first the verdict: an agent that wakes up sees it is no longer the run's
+            return
+        log.warning("%s: %s; releasing it", status.run_id, reason)
+        self.backend.release(host)
         self.state.journal(self.name, "replace", status.run_id, reason)
         view.state, view.reason = status.state, status.reason
 
@@ -200,7 +214,7 @@ class Controller:
                 self.backend.release(host)
                 self.state.journal(self.name, "release-unclaimed", host.run_id, host.host_id)
 
-    def _start(self, run, previous: RunStatus, view: RunView) -> bool:
+    def _start(self, run, previous: RunStatus, view: RunView, version: Optional[str]) -> bool:
         was_lost = previous.state in ACTIVE or previous.state in (INTERRUPTED, LOST)
         status = RunStatus(
             run_id=run.run_id,
@@ -211,7 +225,8 @@ class Controller:
             no_shows=previous.no_shows,
             started_at=time.time(),
         )
-        write_status(self.store, self.name, status)  # claim it before a host exists
+        if not self._write(status, version):  # claim it before a host exists; never over a record this pass did not see
+            return False
         task = self.backend.new_task(run.run_id, status.attempt, run.command, json.dumps(run.params, sort_keys=True))
         task.replaces = previous.host if was_lost and previous.host not in ("", "localhost") else ""
         try:
@@ -261,7 +276,8 @@ def check_recorded(sweep: Sweep, store: Store, state: State) -> Optional[dict]:
 
 
 def survey(sweep: Sweep, backend: Backend, store: Store) -> Tuple[Dict[str, Host], List[Host], List[tuple]]:
-    """Live hosts (newest per run, and all), then per run (run, status, action, view) — a read-only look."""
+    """Live hosts (newest per run, and all), per run (run, status, action, view), and the version of
+    each record as read (what the controller's writes are conditional on) — a read-only look."""
     hosts: Dict[str, Host] = {}
     every = backend.list()  # one call, before any status is read (see the module doc)
     for h in every:
@@ -269,9 +285,9 @@ def survey(sweep: Sweep, backend: Backend, store: Store) -> Tuple[Dict[str, Host
             hosts[h.run_id] = h
     stale_s, start_timeout_s = backend.stale_s, backend.start_timeout_s
     now = time.time()
-    rows = []
+    rows, versions = [], {}
     for run in sweep.runs:
-        status = read_status(store, sweep.spec.name, run.run_id)
+        status, versions[run.run_id] = read_versioned(store, sweep.spec.name, run.run_id)
         host = hosts.get(run.run_id)
         action = decide(status, host, sweep.spec.max_restarts, now, stale_s, start_timeout_s)
         lost = status.state in ACTIVE and host is None
@@ -282,14 +298,14 @@ def survey(sweep: Sweep, backend: Backend, store: Store) -> Tuple[Dict[str, Host
             log_tail=status.log_tail, final=action == DONE,
         )
         rows.append((run, status, action, view))
-    return hosts, every, rows
+    return hosts, every, rows, versions
 
 
 def observe(sweep: Sweep, backend: Backend, store: Store) -> Progress:
     """What each run is doing, without acting (for `orch status`)."""
     from .pricing import ledger_cost
 
-    _, _, rows = survey(sweep, backend, store)
+    _, _, rows, _ = survey(sweep, backend, store)
     ledger = get_json(store, f"{sweep.spec.name}/cost.json") or {}
     return Progress(sweep=sweep.spec.name, runs=[view for *_, view in rows], spend_usd=ledger_cost(ledger),
                     budget_usd=sweep.spec.budget_usd)
@@ -302,10 +318,14 @@ def cancel_run(sweep: Sweep, backend: Backend, store: Store, run_id: str) -> str
         if status.state != FAILED or status.failures > sweep.spec.max_restarts:
             return f"{sweep.spec.name}/{run_id} already {status.state}; nothing to cancel."
     was_running = backend.stop(run_id, CANCELLED)
-    status = read_status(store, sweep.spec.name, run_id)
-    if status.state != CANCELLED:
+
+    def cancelled(status: RunStatus) -> Optional[RunStatus]:
+        if status.state == CANCELLED:
+            return None
         status.state, status.reason, status.finished_at = CANCELLED, "cancelled by orch cancel", time.time()
-        write_status(store, sweep.spec.name, status)
+        return status
+
+    update_status(store, sweep.spec.name, run_id, cancelled)
     return f"cancelled {sweep.spec.name}/{run_id}" + ("" if was_running else " (it was not running)")
 
 
@@ -315,11 +335,14 @@ def stop_sweep(sweep: Sweep, backend: Backend, store: Store) -> List[str]:
     for host in backend.list():
         if backend.stop(host.run_id, STOPPED):
             stopped.append(host.run_id)
+    def stopped_claim(status: RunStatus) -> Optional[RunStatus]:
+        if status.state not in ACTIVE:
+            return None
+        status.state, status.reason = STOPPED, "stopped by orch down"
+        return status
+
     for run in sweep.runs:  # claims whose host never came up
-        status = read_status(store, sweep.spec.name, run.run_id)
-        if status.state in ACTIVE:
-            status.state, status.reason = STOPPED, "stopped by orch down"
-            write_status(store, sweep.spec.name, status)
+        update_status(store, sweep.spec.name, run.run_id, stopped_claim)
     return stopped
 
 

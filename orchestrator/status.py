@@ -1,4 +1,10 @@
-"""The status protocol: <sweep>/.orch/<run>/status.json, written by the agent (and the controller when it claims a run).
+"""The status protocol: <sweep>/.orch/<run>/status.json, one record per run, one writer per field.
+
+The agent owns the record of the attempt it runs (state while running, heartbeat, metrics, how
+it ended) and writes only while the record is still its attempt's. The controller owns claims
+(a new attempt), the verdicts it reaches (lost, failed for good, cancelled, stopped) and the
+outcomes provisioning threads report to it. Every write is conditional on the version that was
+read (S3 conditional writes; a folder lock locally), so no writer overwrites what it did not see.
 
 orch's own records live beside the run folder in the store, never in it: `<sweep>/<run>/` is the
 run folder and holds only what the command wrote, so nothing a command writes can overwrite them.
@@ -10,9 +16,9 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
-from .store import Store, put_json
+from .store import Store, plain_json, put_json
 
 # States. Final ones are never left by themselves; `stopped` (orch down) resumes on the next launch.
 QUEUED, STARTING, RUNNING = "queued", "starting", "running"
@@ -65,18 +71,23 @@ _TYPES = {"attempt": int, "failures": int, "preemptions": int, "no_shows": int, 
 
 
 def read_status(store: Store, sweep: str, run_id: str) -> RunStatus:
-    data = store.get_bytes(status_key(sweep, run_id))
+    return read_versioned(store, sweep, run_id)[0]
+
+
+def read_versioned(store: Store, sweep: str, run_id: str) -> Tuple[RunStatus, Optional[str]]:
+    """The record and the version it was read at (for write_if)."""
+    data, version = store.get_versioned(status_key(sweep, run_id))
     if data is None:
-        return RunStatus(run_id=run_id)
+        return RunStatus(run_id=run_id), None
     try:
         record = json.loads(data)
     except ValueError:
-        return RunStatus(run_id=run_id, state=CORRUPT, reason=f"status record {status_key(sweep, run_id)} is not JSON (truncated?)")
+        return RunStatus(run_id=run_id, state=CORRUPT, reason=f"status record {status_key(sweep, run_id)} is not JSON (truncated?)"), version
     problem = _problem(record)
     if problem:
-        return RunStatus(run_id=run_id, state=CORRUPT, reason=f"status record {status_key(sweep, run_id)} is corrupt: {problem}")
+        return RunStatus(run_id=run_id, state=CORRUPT, reason=f"status record {status_key(sweep, run_id)} is corrupt: {problem}"), version
     known = {f.name for f in fields(RunStatus)}
-    return RunStatus(**{**{k: v for k, v in record.items() if k in known}, "run_id": run_id})
+    return RunStatus(**{**{k: v for k, v in record.items() if k in known}, "run_id": run_id}), version
 
 
 def _problem(record: Any) -> str:
@@ -90,5 +101,32 @@ def _problem(record: Any) -> str:
     return ""
 
 
+def write_if(store: Store, sweep: str, status: RunStatus, version: Optional[str]) -> bool:
+    """Write the record only if it is still as it was read (at `version`); False when someone wrote since."""
+    return store.put_if(status_key(sweep, status.run_id), _encode(status), version)
+
+
+def update_status(store: Store, sweep: str, run_id: str, change: Callable[[RunStatus], Optional[RunStatus]],
+                  tries: int = 20) -> Optional[RunStatus]:
+    """Read, change, write conditionally; on a conflicting write read again and re-apply the change.
+
+    `change` gets the current record and returns the record to write, or None to write nothing
+    (the record moved on in a way that makes this write wrong). Returns what was written, or None.
+    """
+    for _ in range(tries):
+        current, version = read_versioned(store, sweep, run_id)
+        new = change(current)
+        if new is None:
+            return None
+        if write_if(store, sweep, new, version):
+            return new
+    raise OSError(f"status record of {sweep}/{run_id} kept changing under {tries} writes in a row")
+
+
 def write_status(store: Store, sweep: str, status: RunStatus) -> None:
+    """Unconditional: only for records nobody else can be writing (tests, and tools that repair them)."""
     put_json(store, status_key(sweep, status.run_id), asdict(status))
+
+
+def _encode(status: RunStatus) -> bytes:
+    return (json.dumps(plain_json(asdict(status)), indent=2, sort_keys=True, allow_nan=False) + "\n").encode()

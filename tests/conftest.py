@@ -112,6 +112,7 @@ def bye(*_):
     os.rmdir(lock)
     sys.exit(143)
 signal.signal(signal.SIGTERM, bye)
+signal.signal(signal.SIGHUP, bye)  # a killed tmux session hangs up on it: it ends, and so does its lock
 with open(os.path.join(marks, "starts.log"), "a") as f:
     f.write(f"{run} {os.environ['ORCH_ATTEMPT']} {os.environ['ORCH_PARAMS_JSON']}\\n")
 i = 0

@@ -15,7 +15,7 @@ import yaml
 
 from orchestrator import ec2 as api
 from orchestrator import fleet
-from orchestrator.store import S3Store
+from orchestrator.s3store import S3Store
 from tests.conftest import ROOT, run_states as status
 from tests.fakecloud import BUCKET, REGION, FakeCloud, Strictness
 

@@ -108,6 +108,7 @@ def test_decide(status, host, want):
     ("timeout", True, 143, ("failed", True)),         # the limit came first
     ("cancelled", False, 143, ("cancelled", False)),
     ("stopped", False, 143, ("stopped", False)),
+    ("superseded", True, 0, ("lost", False)),         # the controller called it lost: whatever the exit, not ours to record
 ])
 def test_final_status(stop, noticed, code, want):
     from orchestrator.agent import final_status

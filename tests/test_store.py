@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from orchestrator.store import LocalStore, S3Store, atomic_write
+from orchestrator.s3store import S3Store
+from orchestrator.store import LocalStore, atomic_write
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -243,6 +243,28 @@ def test_bf16_autocast_runs_on_cpu(tmp_path):
     assert json.loads((fp32 / "summary.json").read_text())["compute_dtype"] == "float32"
 
 
+
+def test_fp16_trains_with_loss_scaling(tmp_path):
+    """fp16 autocast with a GradScaler that really scales (its state is in the checkpoint), on the CPU too."""
+    out = tmp_path / "fp16"
+    run_trainer([*SMALL, "--epochs", "1", "--precision", "fp16", "--out", str(out)])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["precision"] == "fp16" and summary["compute_dtype"] == "float16"
+    state = torch.load(out / "ckpt" / str(STEPS_PER_EPOCH) / "state.pt", weights_only=False)
+    assert state["scaler"].get("scale", 0) > 1, state["scaler"]  # a disabled scaler saves {}
+
+
+@pytest.mark.slow
+def test_compile_trains_and_matches_eager_closely(tmp_path):
+    """--compile goes through torch.compile (inductor, C++ on the CPU) and learns what eager learns."""
+    args = [*SMALL, "--epochs", "1", "--synthetic-train", "256"]
+    run_trainer([*args, "--out", str(tmp_path / "eager")])
+    p = run_trainer([*args, "--compile", "true", "--out", str(tmp_path / "compiled")])
+    eager = json.loads((tmp_path / "eager" / "summary.json").read_text())
+    compiled = json.loads((tmp_path / "compiled" / "summary.json").read_text())
+    assert compiled.get("compiled") is True, p.stderr[-2000:]
+    assert abs(compiled["final_acc"] - eager["final_acc"]) <= 0.1, (compiled, eager)
+
 # --- DDP ------------------------------------------------------------------------------------------
 
 

@@ -56,7 +56,7 @@ def measured_path(cfg, model, ds, device, precision, batch):
         model = model.to(memory_format=torch.channels_last)
     net = torch.compile(model) if cfg["compile"] else model
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True)
-    scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg["label_smoothing"])
     train = ds.train.to(device)
     state = {"i": 0}

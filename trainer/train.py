@@ -120,6 +120,12 @@ def pick_precision(cfg, device: torch.device) -> str:
     return "bf16" if torch.cuda.get_device_capability(device)[0] >= 8 else "fp16"
 
 
+def _graphs_compiled() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def code_hash() -> str:
     h = hashlib.sha256()
     for p in sorted(Path(__file__).parent.glob("*.py")):
@@ -207,7 +213,7 @@ def train(cfg: dict) -> dict:
     ema_model = copy.deepcopy(model).eval() if cfg["ema"] > 0 else None
     optimizer = torch.optim.SGD(param_groups(model, cfg["weight_decay"]), lr=cfg["lr"], momentum=cfg["momentum_max"],
                                 nesterov=cfg["nesterov"])
-    scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")  # on the CPU too: fp16 needs loss scaling anywhere
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
     def autocast():
@@ -351,7 +357,8 @@ def train(cfg: dict) -> dict:
     summary = dict(final_acc=st["acc"], best_acc=st["best_acc"], target_acc=cfg["target_acc"],
                    time_to_target_s=st["time_to_target"], train_time_s=round(st["train_time"], 3), steps=st["step"],
                    epochs=cfg["epochs"], world_size=world, device=str(device), precision=precision,
-                   model=cfg["model"], dataset=cfg["dataset"], compute_dtype=compute_dtype)
+                   model=cfg["model"], dataset=cfg["dataset"], compute_dtype=compute_dtype,
+                   compiled=bool(cfg["compile"]) and _graphs_compiled() > 0)  # torch.compile really produced graphs
     if is_main:
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         log.info("done: final acc %.4f, best %.4f, %.1f s training", summary["final_acc"] or 0, summary["best_acc"], summary["train_time_s"])

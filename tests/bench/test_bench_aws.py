@@ -85,7 +85,7 @@ def _aws_cli_sync(src, url, env) -> float:
 
 @pytest.mark.skipif(shutil.which("aws") is None, reason="the aws CLI is not installed here (pip install awscli)")
 def test_s3store_against_aws_s3_sync(tmp_path, cloud):
-    from orchestrator.store import S3Store
+    from orchestrator.s3store import S3Store
 
     env = dict(os.environ, **cloud.env())
     big, many = tmp_path / "big", tmp_path / "many"

@@ -1,0 +1,83 @@
+"""The agent's reporter: the one writer of the running attempt's record, and its heartbeat thread.
+
+Every write is conditional (status.update_status) and only while the record is still this
+attempt's: once the controller has moved on (a newer attempt, or this one called lost) the
+reporter writes nothing more and says so (`superseded`), and the agent stops its command.
+The heartbeat runs on its own thread, so neither a large restore nor a large checkpoint upload
+can make a live host look lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from .attempt import last_metrics
+from .status import LOST, RUNNING, STARTING, RunStatus, update_status
+from .store import Store
+
+log = logging.getLogger("orch.agent")
+
+
+class Reporter:
+    def __init__(self, store: Store, sweep: str, run_id: str, attempt: int, metrics_file: Path):
+        self.store, self.sweep, self.run_id, self.attempt = store, sweep, run_id, attempt
+        self.metrics_file = metrics_file
+        self.lock = threading.RLock()  # the record is shared by the attempt and the heartbeat thread
+        self.superseded = False
+
+    def record(self, status: RunStatus) -> bool:
+        """Write the record; False (and nothing written, ever again) once it is no longer this attempt's."""
+        def change(current: RunStatus):
+            if current.attempt != self.attempt or current.state == LOST:
+                return None  # the controller moved on: a newer attempt, or this one given up
+            return replace(status)
+
+        with self.lock:
+            if self.superseded:
+                return False
+            if update_status(self.store, self.sweep, self.run_id, change) is None:
+                self.superseded = True
+                log.warning("the record of %s is no longer attempt %s's (the controller moved on): writing nothing more",
+                            self.run_id, self.attempt)
+                return False
+            return True
+
+    def beat(self, status: RunStatus) -> None:
+        """Alive, and the newest metrics line."""
+        with self.lock:
+            if status.state not in (STARTING, RUNNING):
+                return  # interrupted or ended: that record stands
+            status.heartbeat = time.time()
+            if status.state == RUNNING:
+                status.last_metrics = last_metrics(self.metrics_file)
+            self.record(status)
+
+    def heartbeats(self, status: RunStatus, period: float) -> "_Heartbeats":
+        return _Heartbeats(lambda: self.beat(status), period)
+
+
+class _Heartbeats:
+    """Call beat() every period seconds on a thread while the block runs."""
+
+    def __init__(self, beat, period: float):
+        self.beat, self.period, self.done = beat, period, threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True, name="orch-heartbeat")
+
+    def _loop(self) -> None:
+        while not self.done.wait(self.period):
+            try:
+                self.beat()
+            except Exception as exc:  # a failed beat is retried next period; the main work goes on
+                log.warning("heartbeat failed: %s", exc)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.thread.join()

@@ -1,0 +1,132 @@
+"""One writer per record: conditional writes in both stores, the agent's reporter that stops writing
+once the controller moved on, and a controller that never claims over a record it did not read."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from orchestrator.backends.base import BackendBase, Host, RunTask
+from orchestrator.controller import Controller
+from orchestrator.reporter import Reporter
+from orchestrator.spec import load_sweep
+from orchestrator.state import State
+from orchestrator.status import LOST, RUNNING, RunStatus, read_status, update_status, write_status
+from orchestrator.store import LocalStore
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request, tmp_path):
+    if request.param == "local":
+        yield LocalStore(str(tmp_path / "store"))
+        return
+    from orchestrator.s3store import S3Store
+    from tests.fakecloud import BUCKET, FakeCloud
+
+    with FakeCloud(tmp_path / "cloud") as cloud:
+        yield S3Store(f"s3://{BUCKET}/pre", client=cloud.client("s3"))
+
+
+def test_put_if_refuses_a_write_over_what_the_writer_did_not_read(store):
+    assert store.put_if("k", b"one", None)  # new key
+    assert not store.put_if("k", b"two", None)  # "only if absent", and it is there
+    data, v1 = store.get_versioned("k")
+    assert data == b"one" and v1
+    assert store.put_if("k", b"two", v1)
+    assert not store.put_if("k", b"three", v1)  # v1 is stale now
+    assert store.get_bytes("k") == b"two"
+    assert store.get_versioned("missing") == (None, None)
+
+
+def test_concurrent_updates_lose_nothing(store):
+    """Several writers read-modify-write one record; every change survives (no lost update)."""
+    write_status(store, "sw", RunStatus(run_id="r"))
+
+    def bump(status):
+        status.failures += 1
+        return status
+
+    def writer():
+        for _ in range(5):
+            update_status(store, "sw", "r", bump)
+
+    threads = [threading.Thread(target=writer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert read_status(store, "sw", "r").failures == 20
+
+
+def test_the_reporter_stops_writing_once_the_controller_moved_on(tmp_path):
+    store = LocalStore(str(tmp_path / "store"))
+    write_status(store, "sw", RunStatus(run_id="r", state="starting", attempt=1))  # the controller's claim
+    mine = RunStatus(run_id="r", state=RUNNING, attempt=1, heartbeat=time.time())
+    reporter = Reporter(store, "sw", "r", 1, tmp_path / "metrics.jsonl")
+    assert reporter.record(mine) and read_status(store, "sw", "r").state == RUNNING
+
+    # the controller calls the host lost (same attempt): the agent's next write must not undo that
+    lost = read_status(store, "sw", "r")
+    lost.state = LOST
+    write_status(store, "sw", lost)
+    assert not reporter.record(mine) and reporter.superseded
+    assert read_status(store, "sw", "r").state == LOST
+
+    # and a newer attempt's record is never touched by an older attempt's reporter
+    write_status(store, "sw", RunStatus(run_id="r", state="starting", attempt=2))
+    assert not Reporter(store, "sw", "r", 1, tmp_path / "m").record(mine)
+    assert read_status(store, "sw", "r").attempt == 2
+
+
+class WakingAgent(BackendBase):
+    """A backend whose agent writes its record between the controller's read and its write (an agent
+    that was silent long enough to be called lost, and woke up just then)."""
+
+    name = "test"
+
+    def __init__(self, store, tmp: Path):
+        self.store, self.tmp = store, tmp
+        self.started: List[RunTask] = []
+
+    def list(self) -> List[Host]:
+        return [Host(run_id="run", host_id="h1", address="localhost", attempt=1)]
+
+    def spend(self) -> float:  # called after the controller read the records
+        status = read_status(self.store, "rec", "run")
+        status.state, status.heartbeat = RUNNING, time.time()
+        write_status(self.store, "rec", status)
+        return 0.0
+
+    def new_task(self, run_id, attempt, command, params_json) -> RunTask:
+        return RunTask(sweep="rec", run_id=run_id, attempt=attempt, command=command, store_url=self.store.url,
+                       run_dir=str(self.tmp / "run"), ctl_dir=str(self.tmp / "ctl"), session="s")
+
+    def start(self, task: RunTask) -> Host:
+        self.started.append(task)
+        return Host(run_id=task.run_id, host_id="h2", address="localhost", attempt=task.attempt)
+
+    def release(self, host: Host) -> None:
+        pass
+
+
+def test_the_controller_never_claims_over_a_record_that_changed_since_it_read_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
+    path = tmp_path / "sweep.yaml"
+    path.write_text("name: rec\ncommand: 'true'\nstore: store\n")
+    sweep = load_sweep(path)
+    store = LocalStore(str(tmp_path / "store"))
+    # attempt 1's agent has been silent for 10 minutes: the controller's pass will want to replace it
+    write_status(store, "rec", RunStatus(run_id="run", state=RUNNING, attempt=1, started_at=time.time() - 900,
+                                        heartbeat=time.time() - 600))
+    backend = WakingAgent(store, tmp_path)
+    controller = Controller(sweep, backend, store, State(tmp_path / "home"))
+    controller.prepare()
+    controller.step()
+    after = read_status(store, "rec", "run")
+    assert (after.state, after.attempt) == (RUNNING, 1), after  # the woken agent's record stands
+    controller.step()  # and the next pass, seeing it alive, leaves it alone
+    assert backend.started == [] and read_status(store, "rec", "run").attempt == 1
