@@ -121,6 +121,15 @@ def test_d_spot_then_on_demand_falls_back_on_the_fake_cloud(orch, cloud, identit
     assert r.code == 0, r.out + r.err
     ledger = json.loads(cloud.client("s3").get_object(Bucket=BUCKET, Key="sweeps/fallback/cost.json")["Body"].read())
     assert [e["market"] for e in ledger.values()] == ["on-demand"]
+    # on-demand is priced at 3x the newest spot price of that (type, AZ), as the README says
+    (entry,) = ledger.values()
+    spot = api.spot_prices(cloud.client("ec2"), [entry["type"]], [entry["az"]])[(entry["type"], entry["az"])]
+    assert entry["price_per_h"] == pytest.approx(3 * spot)
+    # the root volume the instances were launched with is encrypted and goes with the instance (moto does not
+    # apply a template's block devices to the volumes it makes, so this reads what EC2 was asked for)
+    versions = cloud.client("ec2").describe_launch_template_versions(LaunchTemplateName="orch-fallback")["LaunchTemplateVersions"]
+    ebs = [m["Ebs"] for v in versions for m in v["LaunchTemplateData"]["BlockDeviceMappings"]]
+    assert ebs and all(e["Encrypted"] and e["DeleteOnTermination"] for e in ebs), ebs
     orch("down", "fallback")
 
 

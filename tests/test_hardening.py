@@ -157,7 +157,7 @@ def test_7_a_notice_that_kills_a_command_without_a_handler_is_a_preemption(orch)
 # --- 8: signals to the foreground launch -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])  # Ctrl-C, kill, a closed terminal
 def test_8_sigterm_or_sighup_hands_the_loop_over(orch, job, sig):
     path = orch.sweep(f"""
         name: hup{int(sig)}
@@ -200,10 +200,10 @@ def test_8_status_says_when_no_controller_runs(orch, job):
 
 @pytest.mark.timeout(60)
 def test_9_huge_sweeps_are_refused_at_once_with_the_count(orch):
-    r = orch("launch", str(orch.sweep("name: huge\ncommand: 'echo {seed}'\nseeds: 1000000000\n")), "--dry-run", timeout=20)
+    r = orch("launch", str(orch.sweep("name: huge\ncommand: 'echo {seed}'\nseeds: 1000000000\n")), "--dry-run", timeout=60)
     assert r.code == 2 and "1000000000 runs" in r.err and "max_runs" in r.err, r.err
     grid = {"name": "wide", "command": "echo {a} {b}", "grid": {"a": list(range(400)), "b": list(range(300))}}
-    r = orch("launch", str(orch.sweep(json.dumps(grid))), "--dry-run", timeout=20)
+    r = orch("launch", str(orch.sweep(json.dumps(grid))), "--dry-run", timeout=60)
     assert r.code == 2 and "120000 runs" in r.err, r.err
 
 

@@ -1,5 +1,5 @@
 """What the README promises about the local CLI and had no test of its own: `logs -f`, `status --watch`,
-`threads_per_run` and its default, SWEEP/RUN when two sweeps share a run id, "lowest *loss" in
+`threads_per_run` and its default, `{sweep}`, SWEEP/RUN when two sweeps share a run id, "lowest *loss" in
 collect, the second launch of a running sweep, a local `--dry-run`, and an agent that goes silent."""
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ pytestmark = pytest.mark.slow
 PROBE = '''
 import json, os
 out = os.environ["ORCH_RUN_DIR"]
-print("threads", os.environ["OMP_NUM_THREADS"], "sweep", os.environ["ORCH_SWEEP"], flush=True)
+import sys
+print("threads", os.environ["OMP_NUM_THREADS"], "sweep", sys.argv[1], os.environ["ORCH_SWEEP"], flush=True)
 with open(os.path.join(out, "metrics.jsonl"), "a") as f:
     for step, (loss, acc) in enumerate([(3.0, 0.1), (1.0, 0.9), (2.0, 0.5)]):
         f.write(json.dumps({"step": step, "val_loss": loss, "val_acc": acc}) + "\\n")
@@ -51,14 +52,14 @@ def test_threads_per_run_ambiguous_run_ids_and_lowest_loss(orch, script):
     probe = script(PROBE, "probe.py")
     one = orch.sweep(f"""
         name: pinned
-        command: "{{python}} {probe}"
+        command: "{{python}} {probe} {{sweep}}"
         store: store
         local:
           threads_per_run: 3
     """, "one.yaml")
     two = orch.sweep(f"""
         name: shared
-        command: "{{python}} {probe}"
+        command: "{{python}} {probe} {{sweep}}"
         max_parallel: 2
         store: store
     """, "two.yaml")
@@ -70,9 +71,9 @@ def test_threads_per_run_ambiguous_run_ids_and_lowest_loss(orch, script):
     r = orch("logs", "run")
     assert r.code != 0 and "pinned/run" in r.err and "shared/run" in r.err and "Traceback" not in r.err, r.err
     pinned, shared = orch("logs", "pinned/run"), orch("logs", "shared/run")
-    assert "threads 3 sweep pinned" in pinned.out, pinned.out
+    assert "threads 3 sweep pinned pinned" in pinned.out, pinned.out
     default = max(1, (os.cpu_count() or 1) // min(2, os.cpu_count() or 1))  # cores / max_parallel
-    assert f"threads {default} sweep shared" in shared.out, shared.out
+    assert f"threads {default} sweep shared shared" in shared.out, shared.out
 
     out = orch.tmp / "results"
     assert orch("collect", "pinned", "--out", str(out)).code == 0

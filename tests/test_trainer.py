@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -142,9 +143,10 @@ def test_config_precedence_and_errors(tmp_path):
 
 def test_resume_after_sigusr1_then_sigkill_is_bitwise_identical(tmp_path):
     ref, cut = tmp_path / "ref", tmp_path / "cut"
-    run_trainer([*SMALL, "--out", str(ref)])
+    args = [*SMALL, "--epochs", "6"]  # room for the signal to land mid-epoch however late a loaded machine sends it
+    run_trainer([*args, "--out", str(ref)])
 
-    proc = subprocess.Popen([sys.executable, "-m", "trainer", *SMALL, "--out", str(cut), "--log-every", "1"],
+    proc = subprocess.Popen([sys.executable, "-m", "trainer", *args, "--out", str(cut), "--log-every", "1"],
                             env=trainer_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         def step_now():
@@ -153,15 +155,16 @@ def test_resume_after_sigusr1_then_sigkill_is_bitwise_identical(tmp_path):
             except ValueError:
                 return 0
 
-        retry_until(lambda: step_now() >= STEPS_PER_EPOCH + 3, 120, 0.01, "training to pass into epoch 2")
+        retry_until(lambda: step_now() >= STEPS_PER_EPOCH + 3, 120, 0.05, "training to pass into epoch 2")
         at = step_now()
         proc.send_signal(signal.SIGUSR1)
 
-        def new_checkpoint():
-            done = [int(p.name) for p in checkpoint.candidates(cut) if (p / checkpoint.MANIFEST).exists() and int(p.name) > at]
+        def sigusr1_checkpoint():  # the one mid-epoch (the epoch-end ones are there too)
+            done = [int(p.name) for p in checkpoint.candidates(cut)
+                    if (p / checkpoint.MANIFEST).exists() and int(p.name) > at and int(p.name) % STEPS_PER_EPOCH]
             return min(done) if done else None
 
-        ckpt_step = retry_until(new_checkpoint, 60, 0.005, "the SIGUSR1 checkpoint")
+        ckpt_step = retry_until(sigusr1_checkpoint, 60, 0.02, "the SIGUSR1 checkpoint")
         proc.kill()  # SIGKILL right after the checkpoint
         proc.wait(10)
     finally:
@@ -170,7 +173,10 @@ def test_resume_after_sigusr1_then_sigkill_is_bitwise_identical(tmp_path):
     assert ckpt_step % STEPS_PER_EPOCH != 0, "the checkpoint should be mid-epoch"
     assert not (cut / "summary.json").exists()
 
-    run_trainer([*SMALL, "--out", str(cut)])  # --resume auto
+    for later in checkpoint.candidates(cut):  # as if killed right after the SIGUSR1 checkpoint
+        if int(later.name) > ckpt_step:
+            shutil.rmtree(later)
+    run_trainer([*args, "--out", str(cut)])  # --resume auto
     assert_same_weights(final_weights(ref), final_weights(cut))
     r, c = metrics(ref)[-1], metrics(cut)[-1]
     assert (r["step"], r["test_acc"], r["train_loss"]) == (c["step"], c["test_acc"], c["train_loss"])
@@ -179,14 +185,14 @@ def test_resume_after_sigusr1_then_sigkill_is_bitwise_identical(tmp_path):
 
 def test_sigterm_checkpoints_and_exits_then_resumes(tmp_path):
     ref, cut = tmp_path / "ref", tmp_path / "cut"
-    run_trainer([*SMALL, "--epochs", "2", "--out", str(ref)])
-    proc = subprocess.Popen([sys.executable, "-m", "trainer", *SMALL, "--epochs", "2", "--out", str(cut), "--log-every", "1"],
+    run_trainer([*SMALL, "--out", str(ref)])
+    proc = subprocess.Popen([sys.executable, "-m", "trainer", *SMALL, "--out", str(cut), "--log-every", "1"],
                             env=trainer_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    retry_until(lambda: (cut / "metrics.jsonl").exists() and len((cut / "metrics.jsonl").read_text().splitlines()) >= 5, 120, 0.01, "steps")
+    retry_until(lambda: (cut / "metrics.jsonl").exists() and len((cut / "metrics.jsonl").read_text().splitlines()) >= 5, 120, 0.05, "steps")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 143
     assert checkpoint.latest(cut) is not None
-    run_trainer([*SMALL, "--epochs", "2", "--out", str(cut)])
+    run_trainer([*SMALL, "--out", str(cut)])
     assert_same_weights(final_weights(ref), final_weights(cut))
 
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import List
 
-from .. import contract, tmux
+from .. import contract, tmux, tmux_server
 from ..errors import OrchError
 from ..runners import LocalRunner
 from ..store import usable_folder
@@ -44,7 +44,7 @@ class LocalBackend(BackendBase):
     def list(self) -> List[Host]:
         by_session = {self.session(r.run_id): r.run_id for r in self.sweep.runs}
         return [Host(run_id=by_session[s], host_id=s, address="localhost")
-                for s in tmux.sessions(contract.session_prefix(self.sweep.spec.name)) if s in by_session]
+                for s in tmux_server.sessions(contract.session_prefix(self.sweep.spec.name)) if s in by_session]
 
     def new_task(self, run_id: str, attempt: int, command: str, params_json: str) -> RunTask:
         env = dict(os.environ)
@@ -55,7 +55,7 @@ class LocalBackend(BackendBase):
                                  heartbeat_s=1.0, notice_poll_s=1.0, sync_s=2.0, host="localhost")
 
     def start(self, task: RunTask) -> Host:
-        if tmux.has_session(task.session):
+        if tmux_server.has_session(task.session):
             raise OrchError(f"run {task.run_id} already has a live session {task.session}; not starting it twice.")
         task_file = Path(task.ctl_dir) / f"task-{task.attempt}.json"
         task.save(task_file)
@@ -63,31 +63,31 @@ class LocalBackend(BackendBase):
         command = contract.agent_command(sys.executable, str(task_file), task.ctl_dir)
         root = Path(task.run_dir).parent
         root.mkdir(parents=True, exist_ok=True)
-        tmux.new_session(task.session, command, window="agent", cwd=str(root), env={"PYTHONPATH": pythonpath})
+        tmux_server.new_session(task.session, command, window="agent", cwd=str(root), env={"PYTHONPATH": pythonpath})
         return Host(run_id=task.run_id, host_id=task.session, address="localhost")
 
     def release(self, host: Host) -> None:
-        tmux.kill_session(host.host_id)
+        tmux_server.kill_session(host.host_id)
 
     def notify_interruption(self, run_id: str) -> bool:
-        if not tmux.has_session(self.session(run_id)):
+        if not tmux_server.has_session(self.session(run_id)):
             return False
         self.host.put_bytes(b"chaos\n", contract.notice_path(self.ctl_dir(run_id)), mode=0o644)
         return True
 
     def stop(self, run_id: str, reason: str) -> bool:
         session = self.session(run_id)
-        if not tmux.has_session(session):
+        if not tmux_server.has_session(session):
             return False
         r = self.host.run(contract.stop_script(self.ctl_dir(run_id), session, reason, STOP_WAIT_S, tmux.socket_name()),
                           timeout=STOP_WAIT_S + 10)
         if r.code != 0:  # it did not end in time (or never had an agent): end its session
-            tmux.kill_session(session)
+            tmux_server.kill_session(session)
         return True
 
     def attach(self, run_id: str) -> int:
         session = self.session(run_id)
-        if not tmux.has_session(session):
+        if not tmux_server.has_session(session):
             raise OrchError(f"run {run_id} is not running (no tmux session {session}). See its log with `orch logs {run_id}`.")
         argv = tmux.attach_argv(session, "run")
         os.execvpe(argv[0], argv, {k: v for k, v in os.environ.items() if k != "TMUX"})  # TMUX set: we may be inside tmux
