@@ -21,3 +21,22 @@ def test_local_experiments_dry_run(orch, path):
     r = orch("launch", str(path), "--dry-run")
     assert r.code == 0 and "nothing launched" in r.out and "Traceback" not in r.err, r.out + r.err
     assert not (orch.home / "store").exists()  # a dry run creates nothing
+
+
+@pytest.mark.slow
+def test_aws_experiments_dry_run_on_the_fake_cloud(orch, cloud, identity):
+    """Each AWS experiment, with the bucket and key filled in as its comments ask, dry-runs: its
+    image resolves, its instance types are priced or said to be unpriced, nothing is created."""
+    import yaml
+
+    from tests.fakecloud import BUCKET
+
+    for path in [p for p in EXPERIMENTS if load_sweep(p).spec.backend == "aws"]:
+        spec = yaml.safe_load(path.read_text())
+        spec["store"] = f"s3://{BUCKET}/sweeps"
+        spec["aws"]["ssh"]["identity"] = str(identity)
+        filled = orch.sweep(yaml.safe_dump(spec), name=path.name)
+        r = orch("launch", str(filled), "--dry-run")
+        assert r.code == 0 and "nothing launched" in r.out and "Traceback" not in r.err, (path.name, r.out + r.err)
+        assert spec["aws"]["instance_types"][0] in r.out, (path.name, r.out)
+    assert not cloud.instances(states=("pending", "running", "stopped", "terminated"))

@@ -1,6 +1,7 @@
 """Training throughput of a preset on synthetic CIFAR-shaped data, against a plain baseline in the same run.
 
     python -m trainer.bench --preset fast [--steps 50] [--batch-size 512] [--json]
+    python -m trainer.bench --dataset imagefolder --data-dir DIR [--model resnet50] [--sizes 128,224,288]
 
 The measured path is the trainer's own (data resident on the device, on-device augmentation,
 autocast at the preset's precision, channels_last on CUDA). The baseline is the same network in
@@ -21,7 +22,8 @@ import torch
 import torch.nn as nn
 
 from . import data, models
-from .train import DEFAULTS, PRESETS, pick_precision
+from .runtime import pick_precision
+from .train import DEFAULTS, PRESETS
 
 
 def flops_per_image(model: nn.Module, size: int, device) -> float:
@@ -154,7 +156,22 @@ def main(argv=None) -> int:
     p.add_argument("--width", type=float, help="channel multiplier override (small CPU checks)")
     p.add_argument("--device", default="auto")
     p.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    p.add_argument("--dataset", default="synthetic", choices=["synthetic", "imagefolder"],
+                   help="imagefolder: loader and training throughput on DIR's images (trainer/bench_data.py)")
+    p.add_argument("--data-dir", help="the image folder (DIR/train/<class>/*), with --dataset imagefolder")
+    p.add_argument("--model", default="resnet50", help="imagefolder: the model (default resnet50)")
+    p.add_argument("--sizes", default="128,224,288", help="imagefolder: image sides to measure training at")
+    p.add_argument("--workers", type=int, default=0, help="imagefolder: reader/decoder threads (0 = min(16, cores))")
     a = p.parse_args(argv)
+    if a.dataset == "imagefolder":
+        from . import bench_data
+
+        if not a.data_dir:
+            p.error("--dataset imagefolder needs --data-dir DIR")
+        r = bench_data.run(a.data_dir, a.model, a.width or 1.0, [int(s) for s in a.sizes.split(",")], a.batch_size or 64,
+                           a.steps, a.workers)
+        sys.stdout.write(json.dumps(r) + "\n" if a.json else bench_data.text(r))
+        return 0
     r = run(a.preset, a.steps, a.warmup, a.batch_size, a.device, a.width)
     if a.json:
         sys.stdout.write(json.dumps(r) + "\n")

@@ -184,3 +184,24 @@ def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
 def step_generator(seed: int, step: int) -> torch.Generator:
     """Augmentation randomness of one step, a function of (seed, step) only."""
     return torch.Generator().manual_seed(seed * 1_000_003 + step + 17)
+
+
+class TensorSource:
+    """A data set held on the device as uint8 tensors (CIFAR-10, synthetic, digits): batches are
+    index_select + reflect-pad crop + flip, all on the device."""
+
+    def __init__(self, ds: Dataset, device, cfg: dict):
+        self.train, self.test = ds.train.to(device), ds.test.to(device)
+        self.num_classes, self.mean, self.std, self.n_train = ds.num_classes, ds.mean, ds.std, len(ds.train)
+        self.pad, self.flip, self.seed = cfg["crop_pad"], cfg["flip"], cfg["seed"]
+        self.skipped = 0
+
+    def train_batch(self, idx: torch.Tensor, step: int, batch: int, share: slice, size: int):
+        x = normalize(self.train.images[idx], self.mean, self.std)
+        x = augment(x, self.pad, self.flip, step_generator(self.seed, step), batch=batch, share=share)
+        return resize(x, size), self.train.labels[idx]
+
+    def eval_batches(self, size: int, rank: int = 0, world: int = 1):
+        images, labels = self.test.images[rank::world], self.test.labels[rank::world]
+        for i in range(0, len(labels), 1000):
+            yield resize(normalize(images[i:i + 1000], self.mean, self.std), size), labels[i:i + 1000]

@@ -162,8 +162,45 @@ class AirBench(nn.Module):
         return self.fc(F.adaptive_max_pool2d(x, 1).flatten(1)) * self.scale
 
 
+def imagenet_resnet(name: str, num_classes: int, width: float = 1.0) -> nn.Module:
+    """torchvision's ResNet-18/50 (its BasicBlock/Bottleneck, stem and init), every stage's channels
+    scaled by `width` (for small CPU checks), and the last BatchNorm of each residual block
+    initialised to zero (each block starts as the identity: Goyal et al.)."""
+    from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
+
+    block, layers = {"resnet18": (BasicBlock, [2, 2, 2, 2]), "resnet50": (Bottleneck, [3, 4, 6, 3])}[name]
+
+    class ScaledResNet(ResNet):
+        def __init__(self):
+            nn.Module.__init__(self)
+            c = [max(8, int(round(64 * width * m))) for m in (1, 2, 4, 8)]
+            self._norm_layer, self.dilation, self.groups, self.base_width, self.inplanes = nn.BatchNorm2d, 1, 1, 64, c[0]
+            self.conv1 = nn.Conv2d(3, c[0], kernel_size=7, stride=2, padding=3, bias=False)
+            self.bn1, self.relu, self.maxpool = nn.BatchNorm2d(c[0]), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)
+            self.layer1 = self._make_layer(block, c[0], layers[0])
+            self.layer2 = self._make_layer(block, c[1], layers[1], stride=2)
+            self.layer3 = self._make_layer(block, c[2], layers[2], stride=2)
+            self.layer4 = self._make_layer(block, c[3], layers[3], stride=2)
+            self.avgpool, self.fc = nn.AdaptiveAvgPool2d(1), nn.Linear(c[3] * block.expansion, num_classes)
+            for m in self.modules():
+                if isinstance(m, nn.Conv2d):
+                    nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+                elif isinstance(m, nn.BatchNorm2d):
+                    nn.init.ones_(m.weight)
+                    nn.init.zeros_(m.bias)
+            for m in self.modules():
+                if isinstance(m, Bottleneck):
+                    nn.init.zeros_(m.bn3.weight)
+                elif isinstance(m, BasicBlock):
+                    nn.init.zeros_(m.bn2.weight)
+
+    return ScaledResNet()
+
+
 def build(name: str, num_classes: int = 10, width: float = 1.0, concat_pool: bool = True, depth: int = 22, widen: int = 6) -> nn.Module:
-    """width scales the channels of resnet9/preact_resnet18/airbench; WRN takes depth and widen (WRN-22-6)."""
+    """width scales the channels of resnet9/preact_resnet18/airbench/resnet18/resnet50; WRN takes depth and widen (WRN-22-6)."""
+    if name in ("resnet18", "resnet50"):
+        return imagenet_resnet(name, num_classes, width)
     if name == "resnet9":
         return ResNet9(num_classes, width=width)
     if name == "preact_resnet18":
@@ -172,7 +209,7 @@ def build(name: str, num_classes: int = 10, width: float = 1.0, concat_pool: boo
         return WideResNet(num_classes, depth=depth, width=widen)
     if name == "airbench":
         return AirBench(num_classes, widths=tuple(max(8, int(w * width)) for w in (64, 256, 256)))
-    raise ValueError(f"unknown model {name!r}: use resnet9, preact_resnet18, wide_resnet or airbench")
+    raise ValueError(f"unknown model {name!r}: use {', '.join(MODELS)}")
 
 
-MODELS = ("resnet9", "preact_resnet18", "wide_resnet", "airbench")
+MODELS = ("resnet9", "preact_resnet18", "wide_resnet", "airbench", "resnet18", "resnet50")

@@ -66,3 +66,36 @@ class LRSchedule:
         if self.kind == "one_cycle":
             return one_cycle(t, self.peak, self.warmup, momentum=self.momentum)
         return self.peak * piecewise_linear(self.points, t), self.momentum[1]
+
+
+class Cursor:
+    """Where training stands: `pos` images into epoch `epoch`. The batch size at each point comes from
+    `batch_points` (a step schedule over progress in images, like image sizes); a batch never
+    crosses the end of an epoch (the remainder of the epoch's order is dropped, as before)."""
+
+    def __init__(self, n: int, epochs: int, batch_points: List[Tuple[float, float]]):
+        self.n, self.epochs, self.points = n, epochs, batch_points
+
+    def progress(self, epoch: int, pos: int) -> float:
+        return (epoch * self.n + pos) / max(1, self.epochs * self.n)
+
+    def batch(self, epoch: int, pos: int) -> int:
+        return int(step_value(self.points, self.progress(epoch, pos)))
+
+    def place(self, epoch: int, pos: int):
+        """(epoch, pos, batch) of the step that starts at or after this point; None when training is done."""
+        while epoch < self.epochs:
+            b = self.batch(epoch, pos)
+            if pos + b <= self.n:
+                return epoch, pos, b
+            if pos == 0:
+                return None  # the batch is larger than the whole training set
+            epoch, pos = epoch + 1, 0
+        return None
+
+    def total_steps(self) -> int:
+        steps, at = 0, self.place(0, 0)
+        while at is not None:
+            steps += 1
+            at = self.place(at[0], at[1] + at[2])
+        return steps

@@ -12,13 +12,13 @@ SIGUSR1 checkpoints at once and goes on; SIGTERM checkpoints and exits with 143.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import logging
 import os
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -26,20 +26,22 @@ import torch.nn as nn
 
 from . import checkpoint, data, models
 from .config import resolve_config
-from .schedule import LRSchedule, parse_points, step_value
+from .runtime import MetricsLog, Signals, code_hash, graphs_compiled, param_groups, pick_device, pick_precision, setup_distributed
+from .schedule import Cursor, LRSchedule, parse_points, step_value
 
 # fmt: off
 DEFAULTS = dict(
-    dataset="cifar10",            # cifar10 | synthetic | digits
-    data_dir="~/.cache/orch/data",  # where cifar-10-batches-py is (downloaded there when missing)
+    dataset="cifar10",            # cifar10 | synthetic | digits | imagefolder (DIR/train/<class>/*, DIR/val/<class>/*)
+    data_dir="~/.cache/orch/data",  # cifar-10-batches-py is there (downloaded when missing), or the image folder
     image_size=32,                # side the data set is loaded at (digits and synthetic are resized to it)
-    model="resnet9",              # resnet9 | preact_resnet18 | wide_resnet | airbench
-    width=1.0,                    # channel multiplier (resnet9, preact_resnet18, airbench)
+    model="resnet9",              # resnet9 | preact_resnet18 | wide_resnet | airbench | resnet18 | resnet50
+    width=1.0,                    # channel multiplier (all but wide_resnet)
     depth=22,                     # wide_resnet depth (6n+4)
     widen=6,                      # wide_resnet widening factor
     concat_pool=True,             # preact_resnet18: concat average and max pooling
     epochs=24,                    # passes over the training set
     batch_size=512,               # global batch, split evenly over DDP ranks
+    batch_sizes="",               # progressive batch 'B@progress,...' e.g. '512@0,224@0.45' (lr scales by B/batch_size)
     lr=0.4,                       # peak learning rate
     schedule="one_cycle",         # one_cycle | piecewise
     lr_points="0@0,1@0.2,0@1",    # piecewise: lr multiplier at progress points
@@ -50,7 +52,11 @@ DEFAULTS = dict(
     weight_decay=5e-4,            # on conv/linear weights only
     label_smoothing=0.0,          # cross-entropy label smoothing
     sizes="",                     # progressive resizing 'side@progress,...' e.g. '24@0,32@0.5' ('' = image_size)
-    crop_pad=4,                   # random-crop reflect padding (0 = no crop)
+    crop_pad=4,                   # random-crop reflect padding (0 = no crop); tensor data sets
+    min_scale=0.35,               # imagefolder: random-resized-crop's smallest area fraction
+    val_size=0,                   # imagefolder: validation side (0 = the last of --sizes)
+    val_rect=False,               # imagefolder: validate aspect-preserving rectangles, not a center crop
+    workers=0,                    # imagefolder: reader/decoder threads (0 = min(16, cores))
     flip=True,                    # random horizontal flips
     tta=False,                    # evaluate on image + its mirror
     ema=0.0,                      # EMA decay of weights used for evaluation (0 = off)
@@ -79,6 +85,12 @@ PRESETS = {
     "resnet9": dict(model="resnet9", epochs=24, batch_size=512, lr=0.4, weight_decay=5e-4, label_smoothing=0.2),
     "fast": dict(model="airbench", epochs=10, batch_size=1024, lr=0.6, weight_decay=5e-4, label_smoothing=0.2,
                  tta=True, ema=0.99, crop_pad=2, warmup=0.2),
+    "imagenet-rn50": dict(dataset="imagefolder", model="resnet50", epochs=30, batch_size=1024, lr=1.0, warmup=0.15,
+                          batch_sizes="1024@0,512@0.45,256@0.9", sizes="128@0,224@0.45,288@0.9", val_size=288,
+                          label_smoothing=0.1, weight_decay=5e-5, min_scale=0.35, crop_pad=0, ckpt_every_s=900.0, target_acc=0.76),
+    "imagenette-rn18": dict(dataset="imagefolder", model="resnet18", epochs=20, batch_size=256, lr=1.0, warmup=0.2,
+                            sizes="128@0,160@0.5,192@0.85", val_size=192, label_smoothing=0.1, weight_decay=5e-5,
+                            min_scale=0.35, crop_pad=0, target_acc=0.9),
     "digits": dict(dataset="digits", image_size=16, model="resnet9", width=0.25, epochs=12, batch_size=64, lr=0.2,
                    crop_pad=1, flip=False, label_smoothing=0.1, weight_decay=5e-4, sizes="12@0,16@0.4",
                    ckpt_every_s=0.0, ckpt_every_epochs=2),
@@ -87,102 +99,50 @@ PRESETS = {
 log = logging.getLogger("trainer")
 
 
-# --- environment -----------------------------------------------------------------------------------
+# --- data and evaluation -------------------------------------------------------------------------
 
 
-def setup_distributed(device_kind: str):
-    """(rank, world, local_rank) from the torchrun environment; one process without it."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    if world > 1:
-        import torch.distributed as dist
+def load_source(cfg: dict, device: torch.device):
+    """Batches for training and evaluation: tensors held on the device, or an image folder read as it goes."""
+    if cfg["dataset"] != "imagefolder":
+        source = data.TensorSource(data.load(cfg["dataset"], cfg["data_dir"], cfg["seed"], cfg["image_size"],
+                                             synthetic_train=cfg["synthetic_train"]), device, cfg)
+        source.on_device = True
+        return source
+    from .imagefolder import DataError, ImageFolderSource, scan
 
-        dist.init_process_group(backend="nccl" if device_kind == "cuda" else "gloo")
-    return rank, world, local
-
-
-def pick_device(cfg, local_rank: int) -> torch.device:
-    kind = cfg["device"]
-    if kind == "auto":
-        kind = "cuda" if torch.cuda.is_available() else "cpu"
-    if kind == "cuda":
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
-
-
-def pick_precision(cfg, device: torch.device) -> str:
-    p = cfg["precision"]
-    if p != "auto":
-        return p
-    if device.type != "cuda":
-        return "fp32"
-    return "bf16" if torch.cuda.get_device_capability(device)[0] >= 8 else "fp16"
-
-
-def _graphs_compiled() -> int:
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
-
-
-def code_hash() -> str:
-    h = hashlib.sha256()
-    for p in sorted(Path(__file__).parent.glob("*.py")):
-        h.update(p.read_bytes())
-    return h.hexdigest()[:16]
-
-
-# --- pieces of the loop ----------------------------------------------------------------------------
-
-
-def param_groups(model: nn.Module, weight_decay: float):
-    decay, no_decay = [], []
-    for p in model.parameters():
-        if p.requires_grad:
-            (decay if p.ndim > 1 else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    try:
+        folder = scan(cfg["data_dir"])
+    except DataError as exc:
+        raise SystemExit(f"trainer: {exc}") from None
+    if folder.ignored:
+        log.info("%s: %d files are not JPEG or PNG by name; ignored", folder.root, folder.ignored)
+    source = ImageFolderSource(folder, device, min_scale=cfg["min_scale"], flip=cfg["flip"], workers=cfg["workers"],
+                               seed=cfg["seed"], val_rect=cfg["val_rect"])
+    source.on_device = False
+    return source
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, split: data.Split, ds: data.Dataset, cfg, autocast, size: int) -> float:
+def evaluate(model: nn.Module, source, cfg, autocast, size: int, rank: int = 0, world: int = 1) -> float:
+    """Accuracy on the test/validation set at `size` (each rank its shard, summed over ranks)."""
     model.eval()
-    correct = 0
-    for i in range(0, len(split), 1000):
-        x = data.resize(data.normalize(split.images[i:i + 1000], ds.mean, ds.std), size)
+    correct, seen = torch.zeros(2, dtype=torch.float64), 0
+    for x, y in source.eval_batches(size, rank, world):
         with autocast():
             logits = model(x).float()
             if cfg["tta"]:
                 logits = logits + model(x.flip(3)).float()
-        correct += (logits.argmax(1) == split.labels[i:i + 1000]).sum().item()
+        correct[0] += (logits.argmax(1) == y).sum().item()
+        seen += len(y)
+    correct[1] = seen
+    if world > 1:
+        device = next(model.parameters()).device
+        correct = correct.to(device if device.type == "cuda" else "cpu")
+        torch.distributed.all_reduce(correct)
+        correct = correct.cpu()
     model.train()
-    return correct / len(split)
-
-
-class Signals:
-    """SIGUSR1: checkpoint now and go on. SIGTERM: checkpoint now and exit."""
-
-    def __init__(self):
-        self.checkpoint = False
-        self.exit = False
-        signal.signal(signal.SIGUSR1, self._usr1)
-        signal.signal(signal.SIGTERM, self._term)
-
-    def _usr1(self, *_):
-        self.checkpoint = True
-
-    def _term(self, *_):
-        self.checkpoint = self.exit = True
-
-
-class MetricsLog:
-    def __init__(self, path: Path, enabled: bool):
-        self.path, self.enabled = path, enabled
-
-    def write(self, row: dict) -> None:
-        if self.enabled:
-            with open(self.path, "a") as f:
-                f.write(json.dumps(row) + "\n")
+    return float(correct[0] / max(float(correct[1]), 1))
 
 
 # --- training --------------------------------------------------------------------------------------
@@ -202,12 +162,10 @@ def train(cfg: dict) -> dict:
         (out / "config.json").write_text(json.dumps({**cfg, "code_sha256": code_hash()}, indent=2) + "\n")
 
     torch.manual_seed(cfg["seed"])
-    ds = data.load(cfg["dataset"], cfg["data_dir"], cfg["seed"], cfg["image_size"], synthetic_train=cfg["synthetic_train"])
-    train_split, test_split = ds.train.to(device), ds.test.to(device)
-
-    model = models.build(cfg["model"], ds.num_classes, cfg["width"], cfg["concat_pool"], cfg["depth"], cfg["widen"]).to(device)
+    source = load_source(cfg, device)
+    model = models.build(cfg["model"], source.num_classes, cfg["width"], cfg["concat_pool"], cfg["depth"], cfg["widen"]).to(device)
     if isinstance(model, models.AirBench):
-        model.init_whitening(data.normalize(train_split.images[:5000], ds.mean, ds.std))
+        model.init_whitening(data.normalize(source.train.images[:5000], source.mean, source.std))
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
     ema_model = copy.deepcopy(model).eval() if cfg["ema"] > 0 else None
@@ -229,18 +187,20 @@ def train(cfg: dict) -> dict:
     loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg["label_smoothing"])
     sched = LRSchedule(cfg["schedule"], cfg["lr"], cfg["warmup"], (cfg["momentum_max"], cfg["momentum_min"]), cfg["lr_points"])
     sizes = parse_points(cfg["sizes"] or f"{cfg['image_size']}@0")
-
-    B = cfg["batch_size"]
-    if B % world:
-        raise SystemExit(f"batch_size {B} must divide evenly over {world} ranks")
-    steps_per_epoch = len(train_split) // B
-    if steps_per_epoch < 1:
-        raise SystemExit(f"batch_size {B} is larger than the training set ({len(train_split)} images)")
-    total = cfg["epochs"] * steps_per_epoch
+    eval_size = cfg["val_size"] or (int(sizes[-1][1]) if cfg["dataset"] == "imagefolder" else cfg["image_size"])
+    B0, n = cfg["batch_size"], source.n_train
+    batches = parse_points(cfg["batch_sizes"] or f"{B0}@0")
+    for _, b in batches:
+        if int(b) % world:
+            raise SystemExit(f"trainer: batch size {int(b)} must divide evenly over {world} ranks")
+    cursor = Cursor(n, cfg["epochs"], batches)
+    total = cursor.total_steps()
+    if total < 1:
+        raise SystemExit(f"trainer: batch size {int(batches[0][1])} is larger than the training set ({n} images)")
     if cfg["max_steps"]:
         total = min(total, cfg["max_steps"])
 
-    st = dict(step=0, loss_sum=0.0, loss_n=0, train_time=0.0, best_acc=0.0, time_to_target=None, acc=None)
+    st = dict(step=0, epoch=0, pos=0, loss_sum=0.0, loss_n=0, train_time=0.0, best_acc=0.0, time_to_target=None, acc=None)
     resume_from = None if cfg["resume"] == "never" else (checkpoint.latest(out) if cfg["resume"] == "auto" else Path(cfg["resume"]))
     if resume_from is not None:
         saved = checkpoint.load(resume_from, map_location=device)
@@ -250,6 +210,9 @@ def train(cfg: dict) -> dict:
         if ema_model is not None and saved.get("ema") is not None:
             ema_model.load_state_dict(saved["ema"])
         st.update(saved["progress"])
+        if "pos" not in saved["progress"]:  # a checkpoint of a version without batch schedules: constant batch
+            st["epoch"], i = divmod(st["step"], n // B0)
+            st["pos"] = i * B0
         torch.set_rng_state(saved["rng"]["torch"])
         if is_main:
             log.info("resumed from %s (step %d of %d)", resume_from, st["step"], total)
@@ -270,29 +233,43 @@ def train(cfg: dict) -> dict:
             torch.distributed.barrier()
         last_ckpt = time.time()
 
-    order, order_epoch = None, -1
+    orders: dict = {}
+
+    def batch_at(step: int, epoch: int, pos: int, b: int, size: int):
+        """This rank's share of the global batch of `b` images at `pos` in the epoch's order (a function of seed and epoch)."""
+        if epoch not in orders:
+            orders.clear()
+            orders[epoch] = data.epoch_order(n, cfg["seed"], epoch).to(device if source.on_device else "cpu")
+        idx = orders[epoch][pos:pos + b][rank::world]
+        return source.train_batch(idx, step, b, slice(rank, None, world), size)
+
+    # Batches read from files are made one step ahead, on a thread, while the current step computes.
+    ahead = ThreadPoolExecutor(1, thread_name_prefix="next-batch") if not source.on_device else None
+    pending = None
     compute_dtype = ""
     epoch_images, epoch_time = 0, 0.0
-    while st["step"] < total:
+    place = cursor.place(st["epoch"], st["pos"])
+    while st["step"] < total and place is not None:
         step = st["step"]
-        epoch, i = divmod(step, steps_per_epoch)
-        if epoch != order_epoch:
-            order, order_epoch = data.epoch_order(len(train_split), cfg["seed"], epoch).to(device), epoch
+        epoch, pos, B = place
         if isinstance(model, models.AirBench) and model.whiten.bias.requires_grad and epoch >= cfg["whiten_bias_epochs"]:
             model.whiten.bias.requires_grad_(False)
         if device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        progress = step / total
+        progress = cursor.progress(epoch, pos)
         lr, momentum = sched(progress)
+        lr *= B / B0  # the linear scaling rule, when the batch size changes with the image size
         for group in optimizer.param_groups:
             group["lr"], group["momentum"] = lr, momentum
-        idx = order[i * B:(i + 1) * B][rank::world]  # this rank's share of the global batch
-        x = data.normalize(train_split.images[idx], ds.mean, ds.std)
-        x = data.augment(x, cfg["crop_pad"], cfg["flip"], data.step_generator(cfg["seed"], step), batch=B, share=slice(rank, None, world))
-        y = train_split.labels[idx]
         size = int(step_value(sizes, progress))
-        x = data.resize(x, size)
+        key = (step, epoch, pos, B, size)
+        x, y = pending[1].result() if pending is not None and pending[0] == key else batch_at(*key)
+        nxt = cursor.place(epoch, pos + B)
+        pending = None
+        if ahead is not None and nxt is not None and step + 1 < total:
+            nkey = (step + 1, nxt[0], nxt[1], nxt[2], int(step_value(sizes, cursor.progress(nxt[0], nxt[1]))))
+            pending = (nkey, ahead.submit(batch_at, *nkey))
         if device.type == "cuda":
             x = x.contiguous(memory_format=torch.channels_last)
         with autocast():
@@ -320,14 +297,18 @@ def train(cfg: dict) -> dict:
         st["loss_sum"] += float(loss_value)
         st["loss_n"] += 1
         st["step"] = step + 1
-        end_of_epoch = st["step"] % steps_per_epoch == 0 or st["step"] == total
+        place = nxt
+        st["epoch"], st["pos"] = (place[0], place[1]) if place is not None else (cfg["epochs"], 0)
+        end_of_epoch = place is None or place[0] != epoch or st["step"] == total
         row = None
         if end_of_epoch or (cfg["log_every"] and st["step"] % cfg["log_every"] == 0):
-            row = dict(step=st["step"], epoch=round(st["step"] / steps_per_epoch, 4), elapsed_s=round(st["train_time"], 3),
-                       lr=lr, train_loss=st["loss_sum"] / max(st["loss_n"], 1), image_size=size,
+            row = dict(step=st["step"], epoch=round(epoch + 1 if place is None or place[0] != epoch else epoch + (pos + B) / n, 4), elapsed_s=round(st["train_time"], 3),
+                       lr=lr, train_loss=st["loss_sum"] / max(st["loss_n"], 1), image_size=size, batch_size=B,
                        images_per_s=round(epoch_images / max(epoch_time, 1e-9), 1))
+            if source.skipped:
+                row["skipped_files"] = source.skipped
         if end_of_epoch:
-            acc = evaluate(ema_model if ema_model is not None else model, test_split, ds, cfg, autocast, cfg["image_size"])
+            acc = evaluate(ema_model if ema_model is not None else model, source, cfg, autocast, eval_size, rank, world)
             st["acc"], st["best_acc"] = acc, max(st["best_acc"], acc)
             if st["time_to_target"] is None and acc >= cfg["target_acc"]:
                 st["time_to_target"] = st["train_time"]
@@ -339,7 +320,7 @@ def train(cfg: dict) -> dict:
                          total, row["train_loss"], acc, lr, size, row["images_per_s"])
         if row is not None:
             metrics.write(row)
-        by_epoch = end_of_epoch and cfg["ckpt_every_epochs"] and (st["step"] // steps_per_epoch) % cfg["ckpt_every_epochs"] == 0
+        by_epoch = end_of_epoch and cfg["ckpt_every_epochs"] and (epoch + 1) % cfg["ckpt_every_epochs"] == 0
         by_time = bool(cfg["ckpt_every_s"]) and time.time() - last_ckpt >= cfg["ckpt_every_s"]
         want_ckpt, want_exit = sig.checkpoint or by_time, sig.exit
         if world > 1:  # signals and clocks are per rank: agree, so every rank checkpoints at the same step
@@ -353,12 +334,14 @@ def train(cfg: dict) -> dict:
             log.info("SIGTERM: checkpointed at step %d, exiting", st["step"])
             sys.exit(143)
 
+    if ahead is not None:
+        ahead.shutdown(wait=True)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # a late notice must not kill a finished run on its way out
     summary = dict(final_acc=st["acc"], best_acc=st["best_acc"], target_acc=cfg["target_acc"],
                    time_to_target_s=st["time_to_target"], train_time_s=round(st["train_time"], 3), steps=st["step"],
                    epochs=cfg["epochs"], world_size=world, device=str(device), precision=precision,
-                   model=cfg["model"], dataset=cfg["dataset"], compute_dtype=compute_dtype,
-                   compiled=bool(cfg["compile"]) and _graphs_compiled() > 0)  # torch.compile really produced graphs
+                   model=cfg["model"], dataset=cfg["dataset"], compute_dtype=compute_dtype, skipped_files=source.skipped,
+                   compiled=bool(cfg["compile"]) and graphs_compiled() > 0)  # torch.compile really produced graphs
     if is_main:
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         log.info("done: final acc %.4f, best %.4f, %.1f s training", summary["final_acc"] or 0, summary["best_acc"], summary["train_time_s"])

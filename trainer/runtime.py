@@ -1,0 +1,91 @@
+"""The trainer's surroundings: processes and devices, precision, signals, the metrics file, and
+the optimizer's parameter groups."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+
+def setup_distributed(device_kind: str):
+    """(rank, world, local_rank) from the torchrun environment; one process without it."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.init_process_group(backend="nccl" if device_kind == "cuda" else "gloo")
+    return rank, world, local
+
+
+def pick_device(cfg, local_rank: int) -> torch.device:
+    kind = cfg["device"]
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if kind == "cuda":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def pick_precision(cfg, device: torch.device) -> str:
+    p = cfg["precision"]
+    if p != "auto":
+        return p
+    if device.type != "cuda":
+        return "fp32"
+    return "bf16" if torch.cuda.get_device_capability(device)[0] >= 8 else "fp16"
+
+
+def graphs_compiled() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def code_hash() -> str:
+    h = hashlib.sha256()
+    for p in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def param_groups(model: nn.Module, weight_decay: float):
+    """Weight decay on conv and linear weights only: never on BatchNorm or biases."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.ndim > 1 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+class Signals:
+    """SIGUSR1: checkpoint now and go on. SIGTERM: checkpoint now and exit."""
+
+    def __init__(self):
+        self.checkpoint = False
+        self.exit = False
+        signal.signal(signal.SIGUSR1, self._usr1)
+        signal.signal(signal.SIGTERM, self._term)
+
+    def _usr1(self, *_):
+        self.checkpoint = True
+
+    def _term(self, *_):
+        self.checkpoint = self.exit = True
+
+
+class MetricsLog:
+    def __init__(self, path: Path, enabled: bool):
+        self.path, self.enabled = path, enabled
+
+    def write(self, row: dict) -> None:
+        if self.enabled:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(row) + "\n")
