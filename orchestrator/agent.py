@@ -27,6 +27,7 @@ from .contract import AGENT_PID_FILE, NOTICE_FILE, STOP_REASON_FILE
 from .host_policy import HostPolicy
 from .notices import NoticeSource
 from .reporter import Reporter
+from .shapes import complete_on_host
 from .status import INTERRUPTED, RUNNING, STARTING, STOPPED, SUCCEEDED, orch_prefix, read_status
 from .store import Store, open_store
 from .wait import Timeout, retry_until
@@ -160,6 +161,7 @@ class Agent:
             status.exit_code, status.reason, status.log_tail = None, "", ""
             self.reporter.record(status)
 
+        t.env.update(complete_on_host(t.env))  # the host's GPUs and a free rendezvous port (the run's shape)
         script = self.ctl / f"attempt-{t.attempt}.sh"
         _write_private(script, wrapper_script(t, self.log_file))  # it holds the whole environment
         self.log_file.parent.mkdir(parents=True, exist_ok=True)

@@ -54,21 +54,11 @@ def launch(sweep_file: str, dry_run: bool, detach: bool):
     con = _console()
     if dry_run:
         _check_like_launch(sweep)
-        con.print(f"sweep [bold]{sweep.spec.name}[/]: {len(sweep.runs)} runs on backend {sweep.spec.backend}, "
-                  f"max_parallel {sweep.spec.max_parallel}, store {sweep.store_url}")
-        for run in sweep.runs:
-            con.print(f"  {run.run_id}: {run.command}", markup=False)
         from .backends import backend_for
+        from .render import dry_run_lines
 
-        plan = backend_for(sweep).plan()
-        if plan:
-            for row in plan["choices"]:
-                price = f"${row['spot_usd_per_h']:.4f}/h" if row["spot_usd_per_h"] is not None else "no spot price"
-                con.print(f"  choice {row['type']} in {row['az']}: {price}", markup=False)
-            est = plan["estimate_usd_max"]
-            con.print(f"estimated cost at most ${est:.2f} ({plan['runs']} runs x {plan['hours_per_run_max']:.1f} h at the cheapest spot price; "
-                      "runs that end sooner cost less)" if est is not None else "estimated cost unknown: no spot price history", markup=False)
-        con.print("dry run: nothing launched.")
+        for line in dry_run_lines(sweep, backend_for(sweep).plan()):
+            con.print(line, markup=False)
         return
     from .controller import Controller
     from .state import SweepLock

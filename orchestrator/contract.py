@@ -54,9 +54,11 @@ def sh_path(path: str) -> str:
 
 def run_env(sweep: "Sweep", run_id: str, attempt: int, run_dir: str, params_json: str) -> Dict[str, str]:
     """The ORCH_* environment of one attempt (README: the run contract), over the sweep's `env:`."""
+    from .shapes import shape_env
+
     env = dict(sweep.spec.env)
     env.update(ORCH_SWEEP=sweep.spec.name, ORCH_RUN_ID=run_id, ORCH_ATTEMPT=str(attempt), ORCH_RUN_DIR=run_dir,
-               ORCH_PARAMS_JSON=params_json, PYTHONUNBUFFERED="1")
+               ORCH_PARAMS_JSON=params_json, PYTHONUNBUFFERED="1", **shape_env(sweep.spec.resources))
     return env
 
 

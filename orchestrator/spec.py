@@ -39,7 +39,7 @@ Amount = Annotated[float, BeforeValidator(_no_bool), Field(allow_inf_nan=False)]
 # The bundled trainer reads ORCH_PARAMS_JSON, so every param and grid key becomes a trainer option.
 DEFAULT_COMMAND = "{python} -m trainer"
 # Placeholders every command may use besides its params.
-BUILTINS = ("python", "sweep", "run_id", "seed")
+BUILTINS = ("python", "sweep", "run_id", "seed", "torchrun")
 AUTO_PYTHON = "auto"
 MAX_RUNS = 10_000  # default limit on runs per sweep
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$"
@@ -108,6 +108,14 @@ class AwsSection(Strict):
     ssh: SshSection = Field(default_factory=SshSection, description="SSH settings.")
 
 
+class ResourcesSection(Strict):
+    """The shape of each run (README: Run shapes)."""
+
+    nodes: Count = Field(1, ge=1, description="Instances (hosts) per run.")
+    gpus: Optional[Count] = Field(None, ge=0, description="GPUs per node the run uses (default: every GPU of the host).")
+    procs_per_node: Optional[Count] = Field(None, ge=1, description="Processes per node (default: gpus, or 1 without GPUs).")
+
+
 class SweepSpec(Strict):
     """One sweep: a command run once per point of `grid` x `seeds`."""
 
@@ -142,6 +150,7 @@ class SweepSpec(Strict):
     max_runs: Count = Field(
         MAX_RUNS, ge=1, description="Refuse the sweep when grid x seeds expands to more runs than this (a guard against typos)."
     )
+    resources: Optional[ResourcesSection] = Field(None, description="The shape of each run: nodes, GPUs, processes per node.")
     local: LocalSection = Field(default_factory=LocalSection, description="Local backend settings.")
     aws: Optional[AwsSection] = Field(None, description="AWS backend settings (required with backend: aws).")
 
@@ -297,6 +306,9 @@ def _check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
     if spec.aws is not None and not (spec.aws.instance_profile or "").strip():
         out.append((("aws", "instance_profile"), "an instance without a profile has no AWS credentials: it can neither sync results to S3 "
                     "nor terminate itself. Use `create` (the default) or the name of a profile that may do both"))
+    from .shapes import check as check_shape
+
+    out += check_shape(spec)
     if spec.budget_usd is not None and spec.backend != "aws":
         out.append((("budget_usd",), "a budget needs backend aws (local runs cost nothing orch can count); remove it"))
     if spec.aws is not None and spec.backend != "aws":
@@ -350,6 +362,8 @@ def _shell_value(value: Any) -> str:
 
 def expand(spec: SweepSpec, python: Optional[str] = None) -> List[RunSpec]:
     """grid x seeds -> runs, in a deterministic order with stable, readable ids."""
+    from .shapes import torchrun_text
+
     seeds = seeds_of(spec)
     axes = list(spec.grid.items())
     runs = []
@@ -364,7 +378,7 @@ def expand(spec: SweepSpec, python: Optional[str] = None) -> List[RunSpec]:
             values = {k: _shell_value(v) for k, v in params.items()}
             # "auto": the interpreter is found on the first host; the run reads it from $ORCH_PYTHON
             py = '"$ORCH_PYTHON"' if python == AUTO_PYTHON else shlex.quote(python or sys.executable)
-            values.update(python=py, sweep=spec.name, run_id=shlex.quote(run_id))
+            values.update(python=py, sweep=spec.name, run_id=shlex.quote(run_id), torchrun=torchrun_text(py))
             runs.append(RunSpec(run_id=run_id, params=params, command=spec.command.format(**values)))
     return runs
 

@@ -1,6 +1,6 @@
-"""train.py's own DDP path (torchrun, gloo, 2 processes) under orch: a spot notice mid-epoch reaches
-both ranks, they checkpoint at the same step, and the resumed run ends bitwise equal to an
-uninterrupted one."""
+"""train.py's own DDP path (torchrun, gloo, 2 processes) under orch, launched with `{torchrun}` and
+`resources: procs_per_node: 2`: a spot notice mid-epoch reaches both ranks, they checkpoint at the
+same step, and the resumed run ends bitwise equal to an uninterrupted run launched by hand."""
 
 from __future__ import annotations
 
@@ -42,12 +42,14 @@ def test_ddp_run_interrupted_by_a_notice_resumes_bitwise(orch, tmp_path):
                        env=trainer_env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
 
-    command = " ".join(["{python}", *torchrun(_free_port()), "-m", "trainer", *ARGS, "--log-every", "1"])
+    command = " ".join(["{torchrun}", "-m", "trainer", *ARGS, "--log-every", "1"])  # the rendezvous comes from orch
     path = orch.sweep(f"""
         name: ddp
         command: "{command}"
         max_restarts: 0
         store: store
+        resources:
+          procs_per_node: 2
         local:
           threads_per_run: 1
     """)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+import sys
 import textwrap
 
 import pytest
@@ -90,6 +92,11 @@ BAD = {
     "aws_backend_local_store": ("name: x\nbackend: aws\nstore: out\naws:\n  image: ami-1\n", 3, "store"),
     "budget_on_local": ("name: x\nbudget_usd: 5\n", 2, "budget_usd"),
     "bad_s3_url": ("name: x\nstore: s3://Bad_Bucket\n", 2, "store"),
+    "zero_nodes": ("name: x\nresources:\n  nodes: 0\n", 3, "resources.nodes"),
+    "multi_node_not_yet": ("name: x\nresources:\n  nodes: 2\n", 3, "resources.nodes"),
+    "zero_procs": ("name: x\ncommand: '{torchrun} -m trainer'\nresources:\n  procs_per_node: 0\n", 4, "resources.procs_per_node"),
+    "more_gpus_than_any_type": ("name: x\nbackend: aws\nstore: s3://bucket-1/p\nresources:\n  gpus: 16\naws:\n  image: ami-1\n"
+                                "  instance_types: [g5.xlarge, p4d.24xlarge]\n", 5, "resources.gpus"),
     "aws_unknown_market": ("name: x\nbackend: aws\nstore: s3://b/p\naws:\n  image: ami-1\n  market: cheap\n", 6, "aws.market"),
 }
 
@@ -130,3 +137,20 @@ def test_missing_file_cli(orch):
 def test_expand_is_deterministic(tmp_path):
     sweep = load_sweep(write(tmp_path, "name: x\ncommand: echo {a} {b}\ngrid:\n  b: [2, 1]\n  a: [x, y]\n"))
     assert [r.run_id for r in expand(sweep.spec)] == ["b=2,a=x", "b=2,a=y", "b=1,a=x", "b=1,a=y"]
+
+
+def test_torchrun_placeholder_and_the_shape_environment(tmp_path):
+    from orchestrator.contract import run_env
+    from orchestrator.shapes import complete_on_host
+
+    sweep = load_sweep(write(tmp_path, "name: x\ncommand: '{torchrun} -m trainer'\nresources:\n  procs_per_node: 2\n"))
+    command = sweep.runs[0].command
+    assert command.startswith(shlex.quote(sys.executable) + " -m torch.distributed.run --nnodes \"$ORCH_NODES\"")
+    assert '--nproc-per-node "$ORCH_PROCS_PER_NODE"' in command and '--master-port "$ORCH_MASTER_PORT"' in command
+    env = run_env(sweep, "run", 1, "/r", "{}")
+    assert (env["ORCH_NODES"], env["ORCH_NODE_RANK"], env["ORCH_PROCS_PER_NODE"], env["ORCH_MASTER_ADDR"]) == ("1", "0", "2", "127.0.0.1")
+    host = complete_on_host(env)
+    assert int(host["ORCH_MASTER_PORT"]) > 0 and host["ORCH_PROCS_PER_NODE"] == "2"
+    auto = complete_on_host(run_env(load_sweep(write(tmp_path, "name: y\n")), "run", 1, "/r", "{}"))
+    assert auto["ORCH_PROCS_PER_NODE"] == "1" and auto["ORCH_GPUS"] == "0"  # no GPU here: one process
+
