@@ -334,6 +334,23 @@ def terminate(ec2, instance_ids: List[str], patience_s: float = NOT_FOUND_S) -> 
                         "if it exists, `orch down` removes it.") from None
 
 
+def gpu_counts(ec2, instance_types: List[str]) -> Dict[str, int]:
+    """GPUs per instance type: DescribeInstanceTypes' GpuInfo, else orch's table (shapes.GPUS_OF_TYPE), else 0."""
+    from .shapes import GPUS_OF_TYPE
+
+    counts = {t: GPUS_OF_TYPE.get(t, 0) for t in instance_types}
+    try:
+        answer = ec2.describe_instance_types(InstanceTypes=list(instance_types))
+    except Exception as exc:  # an endpoint that does not know a type: the table answers
+        log.info("DescribeInstanceTypes: %s; using orch's table of GPU counts", exc)
+        return counts
+    for it in answer.get("InstanceTypes", []):
+        info = it.get("GpuInfo")
+        if info:
+            counts[it["InstanceType"]] = sum(g.get("Count", 0) for g in info.get("Gpus", []))
+    return counts
+
+
 def spot_prices(ec2, instance_types: List[str], azs: List[str]) -> Dict[Tuple[str, str], float]:
     """Newest spot price per (type, AZ) for Linux."""
     prices: Dict[Tuple[str, str], Tuple[float, float]] = {}

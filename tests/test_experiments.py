@@ -39,4 +39,8 @@ def test_aws_experiments_dry_run_on_the_fake_cloud(orch, cloud, identity):
         r = orch("launch", str(filled), "--dry-run")
         assert r.code == 0 and "nothing launched" in r.out and "Traceback" not in r.err, (path.name, r.out + r.err)
         assert spec["aws"]["instance_types"][0] in r.out, (path.name, r.out)
+        if path.name == "cifar10-8gpu.yaml":  # the shape per type, GPUs from DescribeInstanceTypes
+            assert "choice p4d.24xlarge in" in r.out and "per node 8 GPU(s), 8 process(es)" in r.out, r.out
+        if path.name == "imagenette.yaml":
+            assert "g5.xlarge in" in r.out and "per node 1 GPU(s), 1 process(es)" in r.out, r.out
     assert not cloud.instances(states=("pending", "running", "stopped", "terminated"))

@@ -119,9 +119,10 @@ class AwsBackend(BackendBase):
             subnets = api.resolve_subnets(self.ec2, self.cfg.subnet_ids, self.cfg.region)
             azs = sorted({s["AvailabilityZone"] for s in subnets})
             prices = api.spot_prices(self.ec2, self.cfg.instance_types, azs)
+            gpus = api.gpu_counts(self.ec2, self.cfg.instance_types)
         except (ClientError, BotoCoreError) as exc:
-            raise api.explain(exc, "reading spot prices") from None
-        rows = [{"type": t, "az": az, "spot_usd_per_h": prices.get((t, az))} for t in self.cfg.instance_types for az in azs]
+            raise api.explain(exc, "reading spot prices and instance types") from None
+        rows = [{"type": t, "az": az, "spot_usd_per_h": prices.get((t, az)), "gpus": gpus.get(t)} for t in self.cfg.instance_types for az in azs]
         known = [r["spot_usd_per_h"] for r in rows if r["spot_usd_per_h"] is not None]
         hours = (self.sweep.spec.timeout_minutes or self.cfg.max_minutes) / 60
         cheapest = min(known) if known else None
