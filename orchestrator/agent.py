@@ -28,7 +28,7 @@ from .host_policy import HostPolicy
 from .notices import NoticeSource
 from .reporter import Reporter
 from .shapes import complete_on_host
-from .status import INTERRUPTED, RUNNING, STARTING, STOPPED, SUCCEEDED, orch_prefix, read_status
+from .status import FAILED, INTERRUPTED, RUNNING, STARTING, STOPPED, SUCCEEDED, orch_prefix, read_status
 from .store import Store, open_store
 from .wait import Timeout, retry_until
 
@@ -44,6 +44,10 @@ class Agent:
     def __init__(self, task: RunTask, store: Optional[Store] = None):
         task.run_dir, task.ctl_dir = (str(Path(p).expanduser()) for p in (task.run_dir, task.ctl_dir))  # "~/..." on hosts
         task.env["ORCH_RUN_DIR"] = task.run_dir
+        task.data = [{"from": e["from"], "to": os.path.expanduser(e["to"])} for e in task.data]
+        if "ORCH_DATA_DIR" in task.env:
+            task.env["ORCH_DATA_DIR"] = os.path.expanduser(task.env["ORCH_DATA_DIR"])
+        self.stage_error: Optional[str] = None  # data staging failed: the attempt fails with this reason
         self.task = task
         self.store = store or open_store(task.store_url)
         self.run_dir = Path(task.run_dir)
@@ -154,6 +158,8 @@ class Agent:
         t = self.task
         # A new attempt continues from what earlier attempts left in the store (checkpoints).
         self._restore()
+        if t.data and not self._stage(status):
+            return None
         now = time.time()
         with self.status_lock:
             status.state, status.attempt, status.host = RUNNING, t.attempt, t.host or "localhost"
@@ -224,6 +230,8 @@ class Agent:
         # our own SIGUSR1 (a notice, or a rebalance recommendation) ending a command that has no handler is a preemption
         noticed = self.notice_at is not None or (self.rebalance_at is not None and code == 128 + signal.SIGUSR1)
         state, reason, failed = final_status(self.stop_requested, noticed, code, t.timeout_s)
+        if self.stage_error:
+            state, reason, failed = FAILED, f"data staging failed: {self.stage_error}", True
         status.state, status.reason = state, reason or (status.reason if state == INTERRUPTED else "")
         status.failures += 1 if failed else 0
         status.log_tail = "" if state == SUCCEEDED else tail(self.log_file)
@@ -234,6 +242,25 @@ class Agent:
             log.error("could not record the end of attempt %s in the store; the controller will see a lost host", t.attempt)
         HostPolicy(t.session, t.terminate_on_exit, t.idle_s or 0).after_attempt()
         return 0
+
+    def _stage(self, status) -> bool:
+        """The sweep's data on this host before the command starts (once per host: what is there stays)."""
+        from .staging import stage_all
+
+        with self.status_lock:
+            status.reason = f"staging {len(self.task.data)} data set(s)"
+            self.reporter.record(status)
+        try:
+            for r in stage_all(self.task.data, getattr(self.store, "client", None)):
+                log.info("data %s -> %s: %d files, %d fetched (%.1f MB)", r.source, r.to, r.files, r.fetched, r.bytes / 1e6)
+            return True
+        except OSError as exc:
+            self.stage_error = str(exc)
+            log.error("%s", exc)
+            self.log_file.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.log_file, "a") as f:
+                f.write(f"[orch] data staging failed: {exc}\n")
+            return False
 
     def _restore(self) -> None:
         """The run folder as the last attempt left it, with only its newest checkpoint that verifies."""

@@ -377,9 +377,10 @@ def cancel(run: str):
     click.echo(cancel_run(sweep, backend, store, run_id))
 
 
-from .cli_ops import chaos, down, gc  # noqa: E402  (registered below)
+from .cli_ops import chaos, data, down, gc  # noqa: E402  (registered below)
 
 main.add_command(chaos)
+main.add_command(data)
 main.add_command(down)
 main.add_command(gc)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 from typing import List, Optional
 
 import click
@@ -153,3 +154,27 @@ def gc():
                 click.echo(f"  {item}")
     if not found:
         click.echo("nothing of orch's exists in the regions of your sweeps.")
+
+
+@click.group()
+def data():
+    """Data sets for the `data:` entries of sweeps."""
+
+
+@data.command("push")
+@click.argument("local_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("url")
+@expected_errors
+def data_push(local_dir: Path, url: str):
+    """Upload LOCAL_DIR to URL (s3://bucket/prefix/): only files that changed since the last push,
+    then every file is checked in S3. A sweep's `data: [{from: URL, to: DIR}]` stages it to hosts.
+
+    \b
+    Example:
+      orch data push ~/data/imagenette2 s3://my-bucket/datasets/imagenette2/
+    """
+    from .staging import push
+
+    r = push(local_dir, url)
+    click.echo(f"{url}: {r.files} files, {r.fetched} uploaded ({r.bytes / 1e6:.1f} MB), every file verified in S3")
+

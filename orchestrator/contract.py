@@ -65,12 +65,16 @@ def run_env(sweep: "Sweep", run_id: str, attempt: int, run_dir: str, params_json
 def new_task(sweep: "Sweep", run_id: str, attempt: int, command: str, params_json: str, base: str,
              env: Optional[Dict[str, str]] = None, **periods) -> RunTask:
     """The task of one attempt; `env` is laid under the contract's variables, `periods` are RunTask fields."""
+    from .staging import resolve
+
     root = run_root(base, sweep.spec.name, run_id)
     minutes = sweep.spec.timeout_minutes
+    data = resolve(sweep.spec.data, sweep.path.parent, f"{base.rstrip('/')}/.data")  # relative `to:`: beside the runs
+    env = {**(env or {}), **({"ORCH_DATA_DIR": data[0]["to"]} if data else {})}
     return RunTask(sweep=sweep.spec.name, run_id=run_id, attempt=attempt, command=command, store_url=sweep.store_url,
                    run_dir=f"{root}/run", ctl_dir=ctl_dir(base, sweep.spec.name, run_id), session=session_name(sweep.spec.name, run_id),
                    env={**(env or {}), **run_env(sweep, run_id, attempt, f"{root}/run", params_json)},
-                   timeout_s=minutes * 60 if minutes else None, **periods)
+                   timeout_s=minutes * 60 if minutes else None, data=data, **periods)
 
 
 def agent_command(python: str, task_file: str, ctl_dir: str, pythonpath: Optional[str] = None) -> str:

@@ -12,7 +12,7 @@ import hashlib
 import json
 import logging
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .errors import OrchError
 
@@ -187,10 +187,18 @@ def ensure_security_group(ec2, sweep: str, vpc_id: str, cidr: str) -> str:
     return gid
 
 
-def instance_profile_policy(bucket: str, prefix: str, sweep: str) -> dict:
-    """What an instance of the sweep may do: its own S3 prefix, and terminate instances of its sweep."""
+def instance_profile_policy(bucket: str, prefix: str, sweep: str, data: Sequence[str] = ()) -> dict:
+    """What an instance of the sweep may do: its own S3 prefix, read its `data:` prefixes, and
+    terminate instances of its sweep."""
     base = f"{prefix}/{sweep}" if prefix else sweep
-    return {
+    reads = []
+    for url in data:
+        b, _, p = url[len("s3://"):].partition("/")
+        p = p.rstrip("/")
+        reads += [{"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [f"arn:aws:s3:::{b}/{p + '/' if p else ''}*"]},
+                  {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [f"arn:aws:s3:::{b}"],
+                   "Condition": {"StringLike": {"s3:prefix": [f"{p}/*" if p else "*"]}}}]
+    policy = {
         "Version": "2012-10-17",
         "Statement": [
             {"Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
@@ -201,9 +209,11 @@ def instance_profile_policy(bucket: str, prefix: str, sweep: str) -> dict:
              "Condition": {"StringEquals": {"aws:ResourceTag/orch:sweep": sweep}}},
         ],
     }
+    policy["Statement"] += reads
+    return policy
 
 
-def ensure_instance_profile(iam, sweep: str, bucket: str, prefix: str) -> str:
+def ensure_instance_profile(iam, sweep: str, bucket: str, prefix: str, data: Sequence[str] = ()) -> str:
     """The sweep's role + instance profile (created or updated), found by name; returns the profile name."""
     from botocore.exceptions import ClientError
 
@@ -216,7 +226,7 @@ def ensure_instance_profile(iam, sweep: str, bucket: str, prefix: str) -> str:
         except ClientError as exc:
             if _code(exc) != "EntityAlreadyExists":
                 raise
-        iam.put_role_policy(RoleName=name, PolicyName="orch-sweep", PolicyDocument=json.dumps(instance_profile_policy(bucket, prefix, sweep)))
+        iam.put_role_policy(RoleName=name, PolicyName="orch-sweep", PolicyDocument=json.dumps(instance_profile_policy(bucket, prefix, sweep, data)))
         try:
             profile = iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"]
         except ClientError as exc:

@@ -25,17 +25,22 @@ def s3_objects(cloud, prefix):
     return {k: s3.get_object(Bucket=BUCKET, Key=k)["Body"].read() for k in keys}
 
 
-def smoke_sweep(orch, identity, name="fc"):
+def smoke_sweep(orch, identity, name="fc", data=None):
     """experiments/fakecloud-smoke.yaml as the README runs it, with this test's key and user."""
     spec = yaml.safe_load((ROOT / "experiments" / "fakecloud-smoke.yaml").read_text())
     spec["name"] = name
+    if data:
+        spec["data"] = data
     spec["store"] = f"s3://{BUCKET}/sweeps"
     spec["aws"]["ssh"].update(identity=str(identity), user=os.environ.get("USER") or "root")
     return orch.sweep(yaml.safe_dump(spec))
 
 
 def test_sweep_runs_on_fake_spot_instances_and_leaves_nothing(orch, cloud, identity):
-    path = smoke_sweep(orch, identity)
+    # a data set outside the sweep's prefix: the instances may read it only through the profile orch made
+    for name in ("a.txt", "sub/b.txt"):
+        cloud.client("s3").put_object(Bucket=BUCKET, Key=f"datasets/tiny/{name}", Body=name.encode())
+    path = smoke_sweep(orch, identity, data=[{"from": f"s3://{BUCKET}/datasets/tiny/", "to": "tiny"}])
     dry = orch("launch", str(path), "--dry-run")
     assert dry.code == 0 and "g5.xlarge" in dry.out and "estimated" in dry.out, dry.out + dry.err
     r = orch("launch", str(path), timeout=600)
@@ -56,6 +61,9 @@ def test_sweep_runs_on_fake_spot_instances_and_leaves_nothing(orch, cloud, ident
             for name, meta in json.loads(objects[m])["files"].items():
                 blob = objects[f"{folder}/{name}"]
                 assert len(blob) == meta["size"] and hashlib.sha256(blob).hexdigest() == meta["sha256"]
+
+    staged = sorted(orch.tmp.glob("cloud/hosts/*/home/orch/runs/.data/tiny/sub/b.txt"))
+    assert len(staged) == 3 and all(p.read_text() == "sub/b.txt" for p in staged)  # on each host, before its run
 
     # every instance ended (the agents terminated their own hosts), after recording the safety net
     assert cloud.instances("fc") == []

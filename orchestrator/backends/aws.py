@@ -94,7 +94,8 @@ class AwsBackend(BackendBase):
                 profile = cfg.instance_profile
                 if profile == "create":
                     bucket, _, prefix = self.sweep.store_url[len("s3://"):].partition("/")
-                    profile = api.ensure_instance_profile(api.client("iam", cfg.region), sweep, bucket, prefix.strip("/"))
+                    profile = api.ensure_instance_profile(api.client("iam", cfg.region), sweep, bucket, prefix.strip("/"),
+                                                          [e.source for e in self.sweep.spec.data or []])
                 public_ip = cfg.ssh.address == "public_ip" and not all(s["MapPublicIpOnLaunch"] for s in subnets)
                 data = api.launch_template_data(image, sg, cfg.volume_gb, profile, public_ip)
                 template = api.ensure_launch_template(self.ec2, sweep, data)
