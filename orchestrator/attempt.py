@@ -32,6 +32,8 @@ def wrapper_script(task: RunTask, log_file: Path) -> str:
     exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(task.env.items()))
     exit_file = shlex.quote(str(ctl / f"exit.{task.attempt}"))
     launcher = 'echo $$ > "$1"; exec bash -c "$2"'
+    if task.nodes_here > 1:  # every node of the run on this host (local): one copy per node rank, signals forwarded
+        launcher = NODES_LAUNCHER
     return f"""#!/usr/bin/env bash
 # attempt {task.attempt}, written by the orch agent
 {exports}
@@ -46,6 +48,14 @@ exec >&- 2>&-
 wait $tee_pid  # the pane (and tmux's SIGHUP to it) must not end before the log is written
 """
 
+
+# N copies of the command, ORCH_NODE_RANK 0..N-1, as N node process groups on one host. SIGTERM,
+# SIGINT and SIGHUP reach every copy; the exit code is the first non-zero one (0 when all succeed).
+NODES_LAUNCHER = (
+    'echo $$ > "$1"; pids=(); for k in $(seq 0 $((ORCH_NODES - 1))); do ORCH_NODE_RANK=$k bash -c "$2" & pids+=($!); done; '
+    'trap \'kill -TERM "${pids[@]}" 2>/dev/null\' TERM INT HUP; code=0; '
+    'for p in "${pids[@]}"; do wait "$p"; c=$?; while kill -0 "$p" 2>/dev/null; do wait "$p"; c=$?; done; '
+    '[ "$code" -eq 0 ] && code=$c; done; exit $code')
 
 SUPERSEDED = "superseded"  # the agent found its record taken over: it stops and writes nothing more
 

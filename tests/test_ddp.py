@@ -70,3 +70,27 @@ def test_ddp_run_interrupted_by_a_notice_resumes_bitwise(orch, tmp_path):
     summary = (orch.home / "work" / "ddp" / "run" / "run" / "summary.json").read_text()
     assert '"world_size": 2' in summary
     assert same(final_weights(ref), final_weights(orch.home / "work" / "ddp" / "run" / "run"))
+
+
+@pytest.mark.timeout(600)
+def test_two_local_nodes_of_two_processes_equal_one_node_of_four(orch):
+    """`resources: nodes: 2` locally: two node process groups with a loopback rendezvous, world size 4,
+    and the same final weights as one node of four processes."""
+    command = " ".join(["{torchrun}", "-m", "trainer", *SMALL, "--epochs", "1"])
+    for name, nodes, procs in (("nodes2", 2, 2), ("nodes1", 1, 4)):
+        path = orch.sweep(f"""
+            name: {name}
+            command: "{command}"
+            max_restarts: 0
+            store: store
+            resources:
+              nodes: {nodes}
+              procs_per_node: {procs}
+            local:
+              threads_per_run: 1
+        """, name=f"{name}.yaml")
+        r = orch("launch", str(path), timeout=400)
+        assert r.code == 0, r.out[-2000:] + r.err[-2000:]
+        summary = json.loads((orch.home / "work" / name / "run" / "run" / "summary.json").read_text())
+        assert summary["world_size"] == 4, summary
+    assert same(final_weights(orch.home / "work" / "nodes2" / "run" / "run"), final_weights(orch.home / "work" / "nodes1" / "run" / "run"))

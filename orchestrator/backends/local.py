@@ -52,7 +52,8 @@ class LocalBackend(BackendBase):
         env.pop("TMUX", None)
         env["ORCH_PYTHON"] = sys.executable
         return contract.new_task(self.sweep, run_id, attempt, command, params_json, str(self.workdir), env=env,
-                                 heartbeat_s=1.0, notice_poll_s=1.0, sync_s=2.0, host="localhost")
+                                 heartbeat_s=1.0, notice_poll_s=1.0, sync_s=2.0, host="localhost",
+                                 nodes_here=self.sweep.spec.resources.nodes if self.sweep.spec.resources else 1)
 
     def start(self, task: RunTask) -> Host:
         if tmux_server.has_session(task.session):
