@@ -271,6 +271,27 @@ def test_compile_trains_and_matches_eager_closely(tmp_path):
     assert compiled.get("compiled") is True, p.stderr[-2000:]
     assert abs(compiled["final_acc"] - eager["final_acc"]) <= 0.1, (compiled, eager)
 
+
+def test_no_host_sync_inside_the_training_step(tmp_path, monkeypatch):
+    """Reading a tensor on the host (.item(), float(), bool(), .tolist()) waits for the device. The step
+    must not: over one epoch, a run of twice the steps makes exactly as many such reads."""
+    from trainer.config import resolve_config
+    from trainer.train import DEFAULTS, PRESETS, train
+
+    reads = []
+    for name in ("item", "tolist", "__float__", "__bool__", "__int__"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _o=original, _n=name: (reads.append(_n), _o(self, *a))[1])
+
+    def count(n_train: int, out: Path) -> int:
+        cfg = resolve_config(DEFAULTS, PRESETS, [*SMALL, "--epochs", "1", "--synthetic-train", str(n_train), "--ema", "0.9",
+                                                 "--out", str(out)])
+        reads.clear()
+        train(cfg)
+        return len(reads)
+
+    assert count(1024, tmp_path / "a") == count(2048, tmp_path / "b")  # 16 and 32 steps
+
 # --- DDP ------------------------------------------------------------------------------------------
 
 

@@ -89,3 +89,55 @@ class MetricsLog:
         if self.enabled:
             with open(self.path, "a") as f:
                 f.write(json.dumps(row) + "\n")
+
+
+class StepTimer:
+    """Training time without a host synchronisation per step: on CUDA a pair of events per step, read
+    (one sync) only when the total is asked for; on the CPU the wall clock."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.pending: list = []
+        self.t0 = 0.0
+        self.done_s = 0.0
+
+    def start(self) -> None:
+        if self.cuda:
+            self.pending.append([torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)])
+            self.pending[-1][0].record()
+        else:
+            import time
+
+            self.t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            self.pending[-1][1].record()
+        else:
+            import time
+
+            self.done_s += time.perf_counter() - self.t0
+
+    def take(self) -> float:
+        """Seconds of the steps timed since the last take (syncs once on CUDA)."""
+        if self.cuda and self.pending:
+            self.pending[-1][1].synchronize()
+            self.done_s += sum(a.elapsed_time(b) for a, b in self.pending) / 1000
+            self.pending = []
+        seconds, self.done_s = self.done_s, 0.0
+        return seconds
+
+
+def ema_update(ema: nn.Module, model: nn.Module, decay: float, pairs: list) -> None:
+    """ema = decay * ema + (1 - decay) * model for floating tensors (one multi-tensor op each), a copy
+    for the others (BatchNorm's counters). `pairs` caches the tensor lists: ([ema floats], [model floats], [others])."""
+    if not pairs:
+        e_sd, m_sd = ema.state_dict(), model.state_dict()
+        floats = [k for k, v in e_sd.items() if v.dtype.is_floating_point]
+        pairs += [[e_sd[k] for k in floats], [m_sd[k] for k in floats], [(e_sd[k], m_sd[k]) for k in e_sd if k not in floats]]
+    e, m, others = pairs
+    with torch.no_grad():
+        torch._foreach_mul_(e, decay)
+        torch._foreach_add_(e, m, alpha=1 - decay)
+        for a, b in others:
+            a.copy_(b)

@@ -26,7 +26,8 @@ import torch.nn as nn
 
 from . import checkpoint, data, models
 from .config import resolve_config
-from .runtime import MetricsLog, Signals, code_hash, graphs_compiled, param_groups, pick_device, pick_precision, setup_distributed
+from .runtime import (MetricsLog, Signals, StepTimer, code_hash, ema_update, graphs_compiled, param_groups, pick_device, pick_precision,
+                      setup_distributed)
 from .schedule import Cursor, LRSchedule, parse_points, step_value
 
 # fmt: off
@@ -127,22 +128,53 @@ def load_source(cfg: dict, device: torch.device):
 def evaluate(model: nn.Module, source, cfg, autocast, size: int, rank: int = 0, world: int = 1) -> float:
     """Accuracy on the test/validation set at `size` (each rank its shard, summed over ranks)."""
     model.eval()
-    correct, seen = torch.zeros(2, dtype=torch.float64), 0
+    device = next(model.parameters()).device
+    counts = torch.zeros(2, dtype=torch.float64, device=device)  # hits, images: added up on the device, read once
     for x, y in source.eval_batches(size, rank, world):
         with autocast():
             logits = model(x).float()
             if cfg["tta"]:
                 logits = logits + model(x.flip(3)).float()
-        correct[0] += (logits.argmax(1) == y).sum().item()
-        seen += len(y)
-    correct[1] = seen
+        counts[0] += (logits.argmax(1) == y).sum()
+        counts[1] += y.shape[0]
     if world > 1:
-        device = next(model.parameters()).device
-        correct = correct.to(device if device.type == "cuda" else "cpu")
-        torch.distributed.all_reduce(correct)
-        correct = correct.cpu()
+        counts = counts if device.type == "cuda" else counts.cpu()
+        torch.distributed.all_reduce(counts)
     model.train()
-    return float(correct[0] / max(float(correct[1]), 1))
+    hits, seen = counts.tolist()
+    return hits / max(seen, 1)
+
+
+AGREE_EVERY = 8  # DDP: steps between the ranks' agreement on signals and the checkpoint clock
+
+
+def fold_loss(acc: torch.Tensor, world: int) -> float:
+    """The loss summed on the device since the last call (averaged over ranks), read once; acc is reset."""
+    if world > 1:
+        torch.distributed.all_reduce(acc)
+        acc /= world
+    value = float(acc)
+    acc.zero_()
+    return value
+
+
+def warm_up(net, model, optimizer, place, batch_at, sizes, cursor, autocast, loss_fn, device) -> float:
+    """torch.compile compiles on first use: do that on the first batch before the clock starts, then put
+    the model (BatchNorm statistics included) back as it was, so warm-up changes nothing."""
+    saved = copy.deepcopy(model.state_dict())
+    t0 = time.perf_counter()
+    epoch, pos, b = place
+    x, y = batch_at(-1, epoch, pos, b, int(step_value(sizes, cursor.progress(epoch, pos))))
+    if device.type == "cuda":
+        x = x.contiguous(memory_format=torch.channels_last)
+    with autocast():
+        loss = loss_fn(net(x), y)
+    loss.backward()
+    optimizer.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    model.load_state_dict(saved)
+    return time.perf_counter() - t0
 
 
 # --- training --------------------------------------------------------------------------------------
@@ -248,15 +280,17 @@ def train(cfg: dict) -> dict:
     pending = None
     compute_dtype = ""
     epoch_images, epoch_time = 0, 0.0
+    # Nothing in the step waits for the device: the loss adds up there and the clock is CUDA events,
+    # both read once per metrics line; DDP ranks agree on signals every AGREE_EVERY steps.
+    timer, loss_acc, ema_pairs = StepTimer(device), torch.zeros((), device=device, dtype=torch.float64), []
     place = cursor.place(st["epoch"], st["pos"])
+    compile_s = warm_up(net, model, optimizer, place, batch_at, sizes, cursor, autocast, loss_fn, device) if cfg["compile"] and place else 0.0
     while st["step"] < total and place is not None:
         step = st["step"]
         epoch, pos, B = place
         if isinstance(model, models.AirBench) and model.whiten.bias.requires_grad and epoch >= cfg["whiten_bias_epochs"]:
             model.whiten.bias.requires_grad_(False)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        timer.start()
         progress = cursor.progress(epoch, pos)
         lr, momentum = sched(progress)
         lr *= B / B0  # the linear scaling rule, when the batch size changes with the image size
@@ -281,20 +315,10 @@ def train(cfg: dict) -> dict:
         scaler.step(optimizer)
         scaler.update()
         if ema_model is not None:
-            with torch.no_grad():
-                for e, p in zip(ema_model.state_dict().values(), model.state_dict().values()):
-                    e.copy_(e * cfg["ema"] + p.detach() * (1 - cfg["ema"])) if e.dtype.is_floating_point else e.copy_(p)
-        loss_value = loss.detach()
-        if world > 1:
-            torch.distributed.all_reduce(loss_value)
-            loss_value /= world
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-        st["train_time"] += dt
-        epoch_time += dt
+            ema_update(ema_model, model, cfg["ema"], ema_pairs)
+        loss_acc += loss.detach()
+        timer.stop()
         epoch_images += B
-        st["loss_sum"] += float(loss_value)
         st["loss_n"] += 1
         st["step"] = step + 1
         place = nxt
@@ -302,6 +326,10 @@ def train(cfg: dict) -> dict:
         end_of_epoch = place is None or place[0] != epoch or st["step"] == total
         row = None
         if end_of_epoch or (cfg["log_every"] and st["step"] % cfg["log_every"] == 0):
+            dt = timer.take()
+            st["train_time"] += dt
+            epoch_time += dt
+            st["loss_sum"] += fold_loss(loss_acc, world)
             row = dict(step=st["step"], epoch=round(epoch + 1 if place is None or place[0] != epoch else epoch + (pos + B) / n, 4), elapsed_s=round(st["train_time"], 3),
                        lr=lr, train_loss=st["loss_sum"] / max(st["loss_n"], 1), image_size=size, batch_size=B,
                        images_per_s=round(epoch_images / max(epoch_time, 1e-9), 1))
@@ -323,12 +351,16 @@ def train(cfg: dict) -> dict:
         by_epoch = end_of_epoch and cfg["ckpt_every_epochs"] and (epoch + 1) % cfg["ckpt_every_epochs"] == 0
         by_time = bool(cfg["ckpt_every_s"]) and time.time() - last_ckpt >= cfg["ckpt_every_s"]
         want_ckpt, want_exit = sig.checkpoint or by_time, sig.exit
-        if world > 1:  # signals and clocks are per rank: agree, so every rank checkpoints at the same step
+        if world > 1 and (end_of_epoch or st["step"] % AGREE_EVERY == 0):  # signals and clocks are per rank: agree
             flags = torch.tensor([int(want_ckpt), int(want_exit)], device=device if device.type == "cuda" else "cpu")
             torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
             want_ckpt, want_exit = bool(flags[0]), bool(flags[1])
+        elif world > 1:
+            want_ckpt = want_exit = False  # decided together at the next agreement step
         if want_ckpt or by_epoch:
             sig.checkpoint = False
+            st["train_time"] += timer.take()
+            st["loss_sum"] += fold_loss(loss_acc, world)
             save_checkpoint()
         if want_exit:
             log.info("SIGTERM: checkpointed at step %d, exiting", st["step"])
@@ -341,7 +373,8 @@ def train(cfg: dict) -> dict:
                    time_to_target_s=st["time_to_target"], train_time_s=round(st["train_time"], 3), steps=st["step"],
                    epochs=cfg["epochs"], world_size=world, device=str(device), precision=precision,
                    model=cfg["model"], dataset=cfg["dataset"], compute_dtype=compute_dtype, skipped_files=source.skipped,
-                   compiled=bool(cfg["compile"]) and graphs_compiled() > 0)  # torch.compile really produced graphs
+                   compiled=bool(cfg["compile"]) and graphs_compiled() > 0,  # torch.compile really produced graphs
+                   compile_s=round(compile_s, 3))  # the warm-up compilation, outside train_time_s
     if is_main:
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         log.info("done: final acc %.4f, best %.4f, %.1f s training", summary["final_acc"] or 0, summary["best_acc"], summary["train_time_s"])
