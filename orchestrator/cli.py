@@ -377,8 +377,10 @@ def cancel(run: str):
     click.echo(cancel_run(sweep, backend, store, run_id))
 
 
+from .cli_ami import ami  # noqa: E402
 from .cli_ops import chaos, data, down, gc  # noqa: E402  (registered below)
 
+main.add_command(ami)
 main.add_command(chaos)
 main.add_command(data)
 main.add_command(down)

@@ -97,6 +97,10 @@ def resolve_image(ec2, image: str, owner: str, region: str) -> dict:
     from botocore.exceptions import ClientError
 
     try:
+        if image.startswith("recipe:"):  # the newest image orch built from that recipe here
+            from .ami import resolve_recipe_image
+
+            image = resolve_recipe_image(ec2, image, region)
         if image.startswith("ami-"):
             found = ec2.describe_images(ImageIds=[image])["Images"]
         else:

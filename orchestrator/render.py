@@ -94,6 +94,7 @@ def dry_run_lines(sweep, plan) -> List[str]:
     if not plan:
         lines.append(f"each run: {describe(spec.resources)}")
     else:
+        lines.append(f"image {spec.aws.image}: {plan['image']}")
         for row in plan["choices"]:
             price = f"${row['spot_usd_per_h']:.4f}/h" if row["spot_usd_per_h"] is not None else "no spot price"
             gpus = row.get("gpus", GPUS_OF_TYPE.get(row["type"]))

@@ -121,13 +121,14 @@ class AwsBackend(BackendBase):
             azs = sorted({s["AvailabilityZone"] for s in subnets})
             prices = api.spot_prices(self.ec2, self.cfg.instance_types, azs)
             gpus = api.gpu_counts(self.ec2, self.cfg.instance_types)
+            image = api.resolve_image(self.ec2, self.cfg.image, self.cfg.image_owner, self.cfg.region)
         except (ClientError, BotoCoreError) as exc:
             raise api.explain(exc, "reading spot prices and instance types") from None
         rows = [{"type": t, "az": az, "spot_usd_per_h": prices.get((t, az)), "gpus": gpus.get(t)} for t in self.cfg.instance_types for az in azs]
         known = [r["spot_usd_per_h"] for r in rows if r["spot_usd_per_h"] is not None]
         hours = (self.sweep.spec.timeout_minutes or self.cfg.max_minutes) / 60
         cheapest = min(known) if known else None
-        return {"choices": rows, "runs": len(self.sweep.runs), "hours_per_run_max": hours,
+        return {"choices": rows, "runs": len(self.sweep.runs), "hours_per_run_max": hours, "image": f"{image['ImageId']} ({image['Name']})",
                 "estimate_usd_max": round(cheapest * hours * len(self.sweep.runs), 2) if cheapest is not None else None}
 
     # --- the Backend interface ------------------------------------------------------------------

@@ -1,0 +1,227 @@
+"""orch ami: images built from a recipe (ami/recipe.yaml), found again by its hash.
+
+A build launches a builder from the recipe's base image the way a sweep launches a host (spot
+with on-demand fallback, the host key pinned through user data), uploads orch's code and the
+recipe's `files`, runs its `steps` over SSH, then its `smoke` command, stops the builder, takes
+the image (tagged `orch:recipe`, `orch:recipe-sha`, `orch:base`, snapshots too), terminates the
+builder and removes what it made — on every way out, so a failed build leaves nothing running.
+Builders are tagged `orch:sweep=ami-<recipe>`: `orch gc` and `orch down --all` see them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import yaml
+from pydantic import Field
+
+from . import bundle as code_bundle
+from . import ec2 as api
+from . import fleet
+from .errors import OrchError, SpecError
+from .spec import NAME_RE, AwsSection, Strict
+from .wait import retry_until
+
+log = logging.getLogger("orch.ami")
+
+RECIPE_TAG, SHA_TAG, BASE_TAG = "orch:recipe", "orch:recipe-sha", "orch:base"
+STEP_TIMEOUT_S = 3600.0
+
+
+class Recipe(Strict):
+    """An image recipe (README: Images)."""
+
+    name: str = Field(..., pattern=NAME_RE, description="Recipe name; `image: recipe:NAME` in a sweep finds its newest image.")
+    aws: AwsSection = Field(..., description="Where and from what to build: the same fields as a sweep's `aws:`.")
+    steps: List[str] = Field(..., min_length=1, description="Shell commands run in order on the builder (sudo available).")
+    files: Dict[str, str] = Field(default_factory=dict, description="Local file (relative to the recipe) -> path on the builder.")
+    smoke: str = Field("", description="A command that must exit 0 on the builder before the image is taken.")
+
+
+def load_recipe(path: Path) -> tuple:
+    """(Recipe, sha): the sha covers the recipe's text and every file it copies."""
+    from pydantic import ValidationError
+
+    from .spec_errors import Loader, format_errors
+
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"{path}: recipe not found. The default is ami/recipe.yaml.")
+    text = path.read_text()
+    try:
+        root, data = yaml.compose(text, Loader=Loader), yaml.load(text, Loader=Loader)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: invalid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}:1: a recipe is a mapping with name:, aws:, steps: (see ami/recipe.yaml)")
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError("\n".join(format_errors(exc, path, root, Recipe))) from None
+    h = hashlib.sha256(text.encode())
+    for local in sorted(recipe.files):
+        f = (path.parent / local).expanduser()
+        if not f.is_file():
+            raise SpecError(f"{path}: files: {local} not found (paths are relative to the recipe)")
+        h.update(local.encode() + b"\0" + f.read_bytes())
+    return recipe, h.hexdigest()
+
+
+def builder_name(recipe: Recipe) -> str:
+    return f"ami-{recipe.name}"
+
+
+def images(ec2, recipe: Optional[str] = None, sha: Optional[str] = None) -> List[dict]:
+    """orch's images in a region, newest first (owned by this account, tagged with a recipe)."""
+    filters = [{"Name": "tag-key", "Values": [RECIPE_TAG]}]
+    if recipe:
+        filters.append({"Name": f"tag:{RECIPE_TAG}", "Values": [recipe]})
+    if sha:
+        filters.append({"Name": f"tag:{SHA_TAG}", "Values": [sha]})
+    found = ec2.describe_images(Owners=["self"], Filters=filters)["Images"]
+    return sorted(found, key=lambda i: i.get("CreationDate", ""), reverse=True)
+
+
+def tags_of(image: dict) -> Dict[str, str]:
+    return {t["Key"]: t["Value"] for t in image.get("Tags", [])}
+
+
+def build(recipe: Recipe, sha: str, recipe_dir: Path, regions: List[str], force: bool, say: Callable[[str], None]) -> Dict[str, str]:
+    """Build (or find) the image; returns {region: image id}."""
+    from .backends.aws import cloud_config
+    from .ssh import Target, connect, new_host_key, public_key_of
+    from .teardown import teardown
+
+    cfg = recipe.aws
+    ec2 = api.client("ec2", cfg.region)
+    have = images(ec2, recipe.name, sha)
+    if have and not force:
+        say(f"recipe {recipe.name} (sha {sha[:12]}) is already built in {cfg.region}: {have[0]['ImageId']} (--force builds it again)")
+        image_id = have[0]["ImageId"]
+    else:
+        name = builder_name(recipe)
+        instance_id = None
+        try:
+            subnets = api.resolve_subnets(ec2, cfg.subnet_ids, cfg.region)
+            base = api.resolve_image(ec2, cfg.image, cfg.image_owner, cfg.region)
+            sg = cfg.security_group or api.ensure_security_group(ec2, name, subnets[0]["VpcId"], cfg.ssh_cidr or api.caller_cidr())
+            public_ip = cfg.ssh.address == "public_ip" and not all(s["MapPublicIpOnLaunch"] for s in subnets)
+            template = api.ensure_launch_template(ec2, name, api.launch_template_data(base, sg, cfg.volume_gb, None, public_ip))
+            host_private, host_public = new_host_key()
+            user_data = cloud_config(host_private, host_public, public_key_of(cfg.ssh.identity), cfg.max_minutes)
+            tags = api.sweep_tags(name, run="builder", attempt="1", hostkey=host_public) + [{"Key": "Name", "Value": f"orch builder {recipe.name}"}]
+            choices = [fleet.Choice(t, s["SubnetId"], s["AvailabilityZone"]) for t in cfg.instance_types for s in subnets]
+            markets = {"spot": ["spot"], "on-demand": ["on-demand"], "spot-then-on-demand": ["spot", "on-demand"]}[cfg.market]
+            got = fleet.acquire(ec2, template, api.template_data(ec2, template), user_data, choices, markets, tags, fleet.Blocklist())
+            instance_id = got.instance_id
+            say(f"builder {instance_id} ({got.instance_type} in {got.az}, {got.market}) from {base['ImageId']} ({base['Name']})")
+            addr = "private_ip" if cfg.ssh.address == "private_ip" else "public_ip"
+            info = retry_until(lambda: (lambda d: d if d and d["state"] == "running" and d[addr] else None)(api.describe(ec2, instance_id)),
+                               cfg.boot_timeout_s, 1.0, f"{instance_id} to run")
+            conn = connect(Target(info[addr], cfg.ssh.port, cfg.ssh.user, cfg.ssh.identity, host_public), timeout=cfg.boot_timeout_s, interval=1.0)
+            try:
+                _provision(conn, recipe, recipe_dir, say)
+            finally:
+                conn.close()
+            ec2.stop_instances(InstanceIds=[instance_id])
+            retry_until(lambda: (api.describe(ec2, instance_id) or {}).get("state") == "stopped", 900, 2.0, f"builder {instance_id} to stop")
+            image_tags = [{"Key": RECIPE_TAG, "Value": recipe.name}, {"Key": SHA_TAG, "Value": sha}, {"Key": BASE_TAG, "Value": base["ImageId"]}]
+            image_id = ec2.create_image(InstanceId=instance_id, Name=f"orch-{recipe.name}-{sha[:12]}-{time.strftime('%Y%m%d-%H%M%S')}",
+                                        Description=f"orch recipe {recipe.name} ({sha[:12]}) from {base['ImageId']}")["ImageId"]
+            ec2.create_tags(Resources=[image_id], Tags=image_tags)  # at once: `orch ami list` and `gc` know it while it is pending
+            _wait_available(ec2, image_id)
+            found = ec2.describe_images(ImageIds=[image_id])["Images"][0]
+            snapshots = [m["Ebs"]["SnapshotId"] for m in found.get("BlockDeviceMappings", []) if m.get("Ebs", {}).get("SnapshotId")]
+            if snapshots:
+                ec2.create_tags(Resources=snapshots, Tags=image_tags)
+            say(f"image {image_id} in {cfg.region}")
+        except OrchError:
+            raise
+        except Exception as exc:
+            raise OrchError(f"building {recipe.name} failed: {type(exc).__name__}: {exc}") from None
+        finally:
+            if instance_id:
+                api.terminate(ec2, [instance_id])
+            teardown(ec2, api.client("iam", cfg.region), name)
+    out = {cfg.region: image_id}
+    for region in regions:
+        if region != cfg.region:
+            out[region] = _copy(image_id, cfg.region, region, recipe, sha, say)
+    return out
+
+
+def _provision(conn, recipe: Recipe, recipe_dir: Path, say: Callable[[str], None]) -> None:
+    b = code_bundle.build()  # orch's code (the trainer included), as runs get it; steps and smoke see it on PYTHONPATH
+    conn.check(code_bundle.install_command(b), stdin=b.data)
+    for local, remote in recipe.files.items():
+        data = (recipe_dir / local).expanduser().read_bytes()
+        conn.put_bytes(data, remote, mode=0o755 if local.endswith(".sh") else 0o644)
+    env = f'export PYTHONPATH="{b.remote_dir.replace("~/", "$HOME/")}${{PYTHONPATH:+:$PYTHONPATH}}"; cd "$HOME"; '
+    for i, step in enumerate([*recipe.steps, *([recipe.smoke] if recipe.smoke else [])], start=1):
+        what = "smoke" if recipe.smoke and i == len(recipe.steps) + 1 else f"step {i}/{len(recipe.steps)}"
+        say(f"{what}: {step}")
+        t0 = time.time()
+        r = conn.run(env + step, timeout=STEP_TIMEOUT_S)
+        tail = "\n".join((r.out + r.err).strip().splitlines()[-20:])
+        if r.code != 0:
+            raise OrchError(f"{what} failed (exit {r.code}) on the builder: {step}\n{tail}\nNothing is left running: the builder was terminated.")
+        say(f"  ok in {time.time() - t0:.0f} s" + (f"\n{_indent(tail)}" if tail else ""))
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.splitlines())
+
+
+def _wait_available(ec2, image_id: str) -> None:
+    def state():
+        found = ec2.describe_images(ImageIds=[image_id])["Images"]
+        if found and found[0]["State"] == "failed":
+            raise OrchError(f"image {image_id} failed: {found[0].get('StateReason', {}).get('Message', 'no reason given')}")
+        return found and found[0]["State"] == "available"
+
+    retry_until(state, 3600, 5.0, f"image {image_id} to be available")
+
+
+def _copy(image_id: str, source: str, region: str, recipe: Recipe, sha: str, say: Callable[[str], None]) -> str:
+    ec2 = api.client("ec2", region)
+    have = images(ec2, recipe.name, sha)
+    if have:
+        say(f"{region}: already there: {have[0]['ImageId']}")
+        return have[0]["ImageId"]
+    copied = ec2.copy_image(SourceImageId=image_id, SourceRegion=source, Name=f"orch-{recipe.name}-{sha[:12]}")["ImageId"]
+    ec2.create_tags(Resources=[copied], Tags=[{"Key": RECIPE_TAG, "Value": recipe.name}, {"Key": SHA_TAG, "Value": sha},
+                                              {"Key": BASE_TAG, "Value": image_id}])
+    _wait_available(ec2, copied)
+    say(f"{region}: {copied}")
+    return copied
+
+
+def remove(ec2, image_id: str) -> List[str]:
+    """Deregister an image of orch's and delete its snapshots; refuses one that live instances run."""
+    found = ec2.describe_images(ImageIds=[image_id])["Images"]
+    if not found or RECIPE_TAG not in tags_of(found[0]):
+        raise OrchError(f"{image_id} is not an image orch built (no {RECIPE_TAG} tag); `orch ami list` shows those.")
+    users = [i["InstanceId"] for r in ec2.describe_instances(Filters=[{"Name": "image-id", "Values": [image_id]},
+                                                                      {"Name": "instance-state-name", "Values": ["pending", "running"]}])["Reservations"]
+             for i in r["Instances"]]
+    if users:
+        raise OrchError(f"{image_id} is in use by {', '.join(users)}; stop that sweep first (`orch down SWEEP`).")
+    snapshots = [b["Ebs"]["SnapshotId"] for b in found[0].get("BlockDeviceMappings", []) if b.get("Ebs", {}).get("SnapshotId")]
+    ec2.deregister_image(ImageId=image_id)
+    for snap in snapshots:
+        ec2.delete_snapshot(SnapshotId=snap)
+    return [image_id, *snapshots]
+
+
+def resolve_recipe_image(ec2, image: str, region: str) -> str:
+    """`recipe:NAME` -> the newest image built from recipe NAME in this region."""
+    name = image[len("recipe:"):]
+    found = images(ec2, name)
+    if not found:
+        raise OrchError(f"no image built from recipe {name!r} in {region}. Build it: `orch ami build ami/{name}.yaml` "
+                        f"(or `orch ami build` for the default recipe), with `--region {region}` when it builds elsewhere.")
+    return found[0]["ImageId"]

@@ -1,0 +1,99 @@
+"""`orch ami` on the fake cloud (moto serves CreateImage, DescribeImages, DeregisterImage, snapshots):
+a recipe whose steps touch only the fake host's home is built, smoke-tested, tagged and listed; a
+second build reuses it; a sweep on `image: recipe:NAME` resolves to it; `orch ami rm` removes it;
+a build whose step fails shows the step's output and leaves nothing behind. ami/provision.sh
+passes `bash -n` and shellcheck."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+from tests.fakecloud import BUCKET
+
+pytestmark = pytest.mark.slow
+
+
+def recipe(orch, identity, name: str, steps, smoke: str = "") -> Path:
+    spec = {
+        "name": name,
+        "aws": {"region": "us-east-1", "instance_types": ["g5.xlarge"], "image": "orch-fake-ubuntu-gpu", "image_owner": "self",
+                "market": "spot-then-on-demand", "max_minutes": 30, "ssh_cidr": "127.0.0.1/32", "boot_timeout_s": 120,
+                "ssh": {"user": os.environ.get("USER") or "root", "port": 2222, "address": "private_ip", "identity": str(identity)}},
+        "files": {"hello.sh": "~/hello.sh"},
+        "steps": steps,
+    }
+    if smoke:
+        spec["smoke"] = smoke
+    folder = orch.tmp / f"ami-{name}"
+    folder.mkdir()
+    (folder / "hello.sh").write_text("echo hello from the recipe > ~/hello.txt\n")
+    (folder / "recipe.yaml").write_text(yaml.safe_dump(spec))
+    return folder / "recipe.yaml"
+
+
+def test_provision_script_is_valid_shell():
+    script = ROOT / "ami" / "provision.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
+    r = subprocess.run([shellcheck, str(script)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    from orchestrator.ami import load_recipe
+
+    spec, sha = load_recipe(ROOT / "ami" / "recipe.yaml")  # the default recipe validates, and its files exist
+    assert spec.name == "orch-dl" and len(sha) == 64
+
+
+def test_build_list_use_and_remove_an_image(orch, cloud, identity):
+    path = recipe(orch, identity, "tiny", ["bash ~/hello.sh", "cat ~/hello.txt"], smoke="test -s ~/hello.txt && python3 -c 'import trainer'")
+    dry = orch("ami", "build", str(path), "--dry-run")
+    assert dry.code == 0 and "not built yet" in dry.out and "nothing launched" in dry.out, dry.out + dry.err
+    built = orch("ami", "build", str(path), timeout=600)
+    assert built.code == 0, built.out + built.err
+    assert "hello from the recipe" in built.out and "smoke" in built.out
+    image_id = built.out.strip().splitlines()[-1].split()[1]
+    assert image_id.startswith("ami-")
+    ec2 = cloud.client("ec2")
+    image = ec2.describe_images(ImageIds=[image_id])["Images"][0]
+    tags = {t["Key"]: t["Value"] for t in image.get("Tags", [])}
+    assert tags["orch:recipe"] == "tiny" and len(tags["orch:recipe-sha"]) == 64 and tags["orch:base"] == cloud.image
+    assert cloud.instances(states=("pending", "running", "stopping", "stopped")) == []  # the builder is gone
+    assert not any(cloud.leftovers("ami-tiny").values())
+
+    again = orch("ami", "build", str(path))
+    assert again.code == 0 and "already built" in again.out and image_id in again.out, again.out + again.err
+    listed = orch("ami", "list", "--region", "us-east-1")
+    assert listed.code == 0 and image_id in listed.out and "recipe tiny" in listed.out, listed.out
+
+    sweep = yaml.safe_load((ROOT / "experiments" / "fakecloud-smoke.yaml").read_text())
+    sweep.update(name="onimage", store=f"s3://{BUCKET}/sweeps")
+    sweep["aws"].update(image="recipe:tiny")
+    sweep["aws"]["ssh"].update(identity=str(identity), user=os.environ.get("USER") or "root")
+    dry = orch("launch", str(orch.sweep(yaml.safe_dump(sweep), name="onimage.yaml")), "--dry-run")
+    assert dry.code == 0 and f"image recipe:tiny: {image_id}" in dry.out, dry.out + dry.err
+
+    snapshots = [b["Ebs"]["SnapshotId"] for b in image.get("BlockDeviceMappings", []) if "SnapshotId" in b.get("Ebs", {})]
+    gone = orch("ami", "rm", image_id, "--region", "us-east-1")
+    assert gone.code == 0 and image_id in gone.out, gone.out + gone.err
+    assert ec2.describe_images(Owners=["self"], Filters=[{"Name": "tag-key", "Values": ["orch:recipe"]}])["Images"] == []
+    left = {s["SnapshotId"] for s in ec2.describe_snapshots(OwnerIds=["self"])["Snapshots"]}
+    assert not set(snapshots) & left
+    missing = orch("launch", str(orch.tmp / "onimage.yaml"), "--dry-run")
+    assert missing.code != 0 and "orch ami build" in missing.err and "Traceback" not in missing.err, missing.out + missing.err
+
+
+def test_a_failing_step_shows_its_output_and_leaves_nothing(orch, cloud, identity):
+    path = recipe(orch, identity, "broken", ["bash ~/hello.sh", "echo about to fail; exit 3", "echo never"])
+    r = orch("ami", "build", str(path), timeout=600)
+    assert r.code != 0 and "step 2/3 failed (exit 3)" in r.err and "about to fail" in r.err and "Traceback" not in r.err, r.out + r.err
+    assert "never" not in r.out
+    assert cloud.instances(states=("pending", "running", "stopping", "stopped")) == []
+    assert not any(cloud.leftovers("ami-broken").values())
+    assert cloud.client("ec2").describe_images(Owners=["self"], Filters=[{"Name": "tag-key", "Values": ["orch:recipe"]}])["Images"] == []
