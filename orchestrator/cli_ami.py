@@ -47,6 +47,7 @@ def ami_build(recipe: Path, regions: Tuple[str, ...], dry_run: bool, force: bool
         say(f"already built: {have[0]['ImageId']} (a build reuses it unless --force)" if have else "not built yet in this region")
         say("dry run: nothing launched.")
         return
+    _remember_region(spec.aws.region)
     built = images.build(spec, sha, recipe.parent, list(regions), force, say)
     for region, image_id in built.items():
         say(f"{region}: {image_id}  (use `image: recipe:{spec.name}` in a sweep's aws section)")
@@ -93,6 +94,17 @@ def ami_rm(image: str, region: Optional[str]):
 
     gone = images.remove(api.client("ec2", region or _default_region()), image)
     click.echo("removed " + ", ".join(gone))
+
+
+def _remember_region(region: str) -> None:
+    """`orch gc` and `orch down --all` scan the regions of sweeps launched from here, and these."""
+    from .spec import orch_home
+
+    path = orch_home() / "ami-regions"
+    known = set(path.read_text().split()) if path.exists() else set()
+    if region not in known:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(sorted(known | {region})) + "\n")
 
 
 def _default_region() -> str:

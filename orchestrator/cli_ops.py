@@ -119,6 +119,10 @@ def _scan_regions():
                 regions.add(load_sweep_arg(rec.name).spec.aws.region)
             except OrchError:
                 continue
+    from .spec import orch_home
+
+    built = orch_home() / "ami-regions"  # where `orch ami build` ran: its builders are found there too
+    regions |= set(built.read_text().split()) if built.exists() else set()
     out = {}
     for region in sorted(regions):
         try:
