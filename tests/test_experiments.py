@@ -26,11 +26,16 @@ def test_local_experiments_dry_run(orch, path):
 @pytest.mark.slow
 def test_aws_experiments_dry_run_on_the_fake_cloud(orch, cloud, identity):
     """Each AWS experiment, with the bucket and key filled in as its comments ask, dry-runs: its
-    image resolves, its instance types are priced or said to be unpriced, nothing is created."""
+    image resolves (after `orch ami build`), its instance types are priced or said to be unpriced,
+    nothing is created (the only instance ever launched is the image's builder)."""
     import yaml
 
     from tests.fakecloud import BUCKET
+    from tests.test_ami import recipe
 
+    # the experiments run on `image: recipe:orch-dl`: build one (a fake orch-dl, from the fake base image)
+    built = orch("ami", "build", str(recipe(orch, identity, "orch-dl", ["true"])), timeout=300)
+    assert built.code == 0, built.out + built.err
     for path in [p for p in EXPERIMENTS if load_sweep(p).spec.backend == "aws"]:
         spec = yaml.safe_load(path.read_text())
         spec["store"] = f"s3://{BUCKET}/sweeps"
@@ -39,8 +44,10 @@ def test_aws_experiments_dry_run_on_the_fake_cloud(orch, cloud, identity):
         r = orch("launch", str(filled), "--dry-run")
         assert r.code == 0 and "nothing launched" in r.out and "Traceback" not in r.err, (path.name, r.out + r.err)
         assert spec["aws"]["instance_types"][0] in r.out, (path.name, r.out)
+        if spec["aws"]["image"] == "recipe:orch-dl":
+            assert "image recipe:orch-dl: ami-" in r.out, r.out
         if path.name == "cifar10-8gpu.yaml":  # the shape per type, GPUs from DescribeInstanceTypes
             assert "choice p4d.24xlarge in" in r.out and "per node 8 GPU(s), 8 process(es)" in r.out, r.out
         if path.name == "imagenette.yaml":
             assert "g5.xlarge in" in r.out and "per node 1 GPU(s), 1 process(es)" in r.out, r.out
-    assert not cloud.instances(states=("pending", "running", "stopped", "terminated"))
+    assert [i["tags"]["orch:sweep"] for i in cloud.instances(states=("pending", "running", "stopped", "terminated"))] == ["ami-orch-dl"]
