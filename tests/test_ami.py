@@ -73,11 +73,19 @@ def test_build_list_use_and_remove_an_image(orch, cloud, identity):
     assert listed.code == 0 and image_id in listed.out and "recipe tiny" in listed.out, listed.out
 
     sweep = yaml.safe_load((ROOT / "experiments" / "fakecloud-smoke.yaml").read_text())
-    sweep.update(name="onimage", store=f"s3://{BUCKET}/sweeps")
+    sweep.update(name="onimage", store=f"s3://{BUCKET}/sweeps", command="true")  # the fake cloud does not carry a home into an image
+    sweep.pop("grid")
     sweep["aws"].update(image="recipe:tiny")
     sweep["aws"]["ssh"].update(identity=str(identity), user=os.environ.get("USER") or "root")
-    dry = orch("launch", str(orch.sweep(yaml.safe_dump(sweep), name="onimage.yaml")), "--dry-run")
+    onimage = orch.sweep(yaml.safe_dump(sweep), name="onimage.yaml")
+    dry = orch("launch", str(onimage), "--dry-run")
     assert dry.code == 0 and f"image recipe:tiny: {image_id}" in dry.out, dry.out + dry.err
+    ran = orch("launch", str(onimage), timeout=300)
+    assert ran.code == 0, ran.out + ran.err
+    used = [i for r in ec2.describe_instances(Filters=[{"Name": "tag:orch:sweep", "Values": ["onimage"]}])["Reservations"]
+            for i in r["Instances"]]
+    assert [i["ImageId"] for i in used] == [image_id]
+    assert orch("down", "onimage").code == 0
 
     snapshots = [b["Ebs"]["SnapshotId"] for b in image.get("BlockDeviceMappings", []) if "SnapshotId" in b.get("Ebs", {})]
     gone = orch("ami", "rm", image_id, "--region", "us-east-1")
