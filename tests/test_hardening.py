@@ -168,7 +168,9 @@ def test_8_sigterm_or_sighup_hands_the_loop_over(orch, job, sig):
         store: store
     """)
     name = f"hup{int(sig)}"
-    p = orch.popen("launch", str(path))
+    # as from a terminal: a shell's background job (e.g. a CI runner's) starts with SIGINT ignored,
+    # and Python then never raises KeyboardInterrupt; a foreground `orch launch` has it
+    p = orch.popen("launch", str(path), preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     retry_until(lambda: status(orch, name).get("a=1", {}).get("state") == "running", 30, 0.2, "the first run")
     p.send_signal(sig)
     out = p.communicate(timeout=30)[0]

@@ -26,7 +26,7 @@ ARGS = ["--dataset", "imagefolder", "--model", "resnet18", "--width", "0.25", "-
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    return write_imagefolder_like(str(tmp_path_factory.mktemp("images") / "data"), classes=4, per_class=40, val_per_class=10)
+    return write_imagefolder_like(str(tmp_path_factory.mktemp("images") / "data"), classes=4, per_class=24, val_per_class=8)
 
 
 def test_crops_stay_inside_the_image_and_validation_shapes():
@@ -81,7 +81,7 @@ def test_interrupted_mid_epoch_resumes_bitwise(folder, tmp_path):
             except (ValueError, KeyError):
                 return 0
 
-        retry_until(lambda: steps() >= 7, 300, 0.05, "training to pass into epoch 2")  # 5 steps an epoch at batch 32
+        retry_until(lambda: steps() >= 7, 300, 0.05, "training to pass into epoch 3")  # 3 steps an epoch at batch 32, then 6 at 16
         at = steps()
         proc.send_signal(signal.SIGUSR1)
 
