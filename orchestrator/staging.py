@@ -11,7 +11,6 @@ single-part objects against their ETag). Runs staging the same folder take turns
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -20,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
+
+from .store import sha256_file
 
 log = logging.getLogger("orch.agent")
 
@@ -38,14 +39,6 @@ class StageResult:
     bytes: int = 0  # bytes copied this time
 
 
-def _md5(path: Path) -> str:
-    h = hashlib.md5()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _same(path: Path, size: int, etag: str) -> bool:
     """A local file that already is the object: same size, and for a single-part object the same MD5."""
     try:
@@ -56,7 +49,7 @@ def _same(path: Path, size: int, etag: str) -> bool:
     etag = etag.strip('"')
     if "-" in etag or size > MD5_MAX or not etag:  # multipart ETags are not an MD5 of the content: size it is
         return True
-    return _md5(path) == etag
+    return sha256_file(path, "md5") == etag
 
 
 def _listing_s3(client, url: str) -> Dict[str, Tuple[int, str]]:

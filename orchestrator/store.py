@@ -71,8 +71,9 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
+def sha256_file(path: Path, algorithm: str = "sha256") -> str:
+    """A file's digest (sha256 by default), read in 1 MiB chunks."""
+    h = hashlib.new(algorithm)
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)

@@ -192,3 +192,20 @@ def cloud(tmp_path, orch):
         # nothing of any sweep may outlive its test: instances, security groups, templates, profiles
         leaks = c.all_leftovers()
         assert not leaks, f"left behind: {leaks}"
+
+@pytest.fixture(params=["local", "s3"])
+def store(request, tmp_path):
+    """A store of each kind: a LocalStore folder, and an S3Store on a fake cloud's moto."""
+    from orchestrator.s3store import S3Store
+    from orchestrator.store import LocalStore
+
+    if request.param == "local":
+        yield LocalStore(str(tmp_path / "store"))
+        return
+    from tests.fakecloud import BUCKET, FakeCloud
+
+    with FakeCloud(tmp_path / "cloud") as cloud:
+        s = S3Store(f"s3://{BUCKET}/pre", client=cloud.client("s3"))
+        s.check()
+        yield s
+

@@ -28,14 +28,20 @@ with open(os.path.join(out, "metrics.jsonl"), "a") as f:
 '''
 
 
-def test_logs_follow_and_status_watch_run_until_the_sweep_ends(orch, job):
+def running(orch, job, name: str):
+    """A one-run sweep of the release job, launched in the background and running; returns its file."""
     path = orch.sweep(f"""
-        name: follow
+        name: {name}
         command: "{job(steps=2, release=True)}"
         store: store
-    """)
+    """, name=f"{name}.yaml")
     assert orch("launch", str(path), "--detach").code == 0
-    retry_until(lambda: status(orch, "follow").get("run", {}).get("state") == "running", 60, 0.3, "the run to start")
+    retry_until(lambda: status(orch, name).get("run", {}).get("state") == "running", 60, 0.3, "the run to start")
+    return path
+
+
+def test_logs_follow_and_status_watch_run_until_the_sweep_ends(orch, job):
+    running(orch, job, "follow")
     logs = orch.popen("logs", "run", "-f")
     watch = orch.popen("status", "follow", "--watch")
     store_log = orch.store("follow", ".orch", "run", "logs", "1.log")
@@ -82,13 +88,7 @@ def test_threads_per_run_ambiguous_run_ids_and_lowest_loss(orch, script):
 
 
 def test_a_second_launch_of_a_running_sweep_launches_nothing(orch, job):
-    path = orch.sweep(f"""
-        name: twice
-        command: "{job(steps=2, release=True)}"
-        store: store
-    """)
-    assert orch("launch", str(path), "--detach").code == 0
-    retry_until(lambda: status(orch, "twice").get("run", {}).get("state") == "running", 60, 0.3, "the run to start")
+    path = running(orch, job, "twice")
     again = orch("launch", str(path))
     assert again.code != 0 and "already being run by controller pid" in again.err and "Traceback" not in again.err, again.err
     dry = orch("launch", str(path), "--dry-run")
@@ -117,13 +117,7 @@ def test_local_dry_run_lists_runs_and_starts_nothing(orch, job):
 def test_an_agent_that_goes_silent_loses_its_host_and_the_run_restarts(orch, job):
     """The local backend's stale limit (30 s) end to end: the agent is stopped (SIGSTOP), the
     controller calls the host lost, stops what is left of the attempt, and starts attempt 2."""
-    path = orch.sweep(f"""
-        name: silent
-        command: "{job(steps=2, release=True)}"
-        store: store
-    """)
-    assert orch("launch", str(path), "--detach").code == 0
-    retry_until(lambda: status(orch, "silent").get("run", {}).get("state") == "running", 60, 0.3, "the run to start")
+    running(orch, job, "silent")
     agent_pid = int((orch.home / "work" / "silent" / "run" / "ctl" / "agent.pid").read_text())
     os.kill(agent_pid, signal.SIGSTOP)
     try:

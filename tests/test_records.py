@@ -8,8 +8,6 @@ import time
 from pathlib import Path
 from typing import List
 
-import pytest
-
 from orchestrator.backends.base import BackendBase, Host, RunTask
 from orchestrator.controller import Controller
 from orchestrator.reporter import Reporter
@@ -17,18 +15,6 @@ from orchestrator.spec import load_sweep
 from orchestrator.state import State
 from orchestrator.status import LOST, RUNNING, RunStatus, read_status, update_status, write_status
 from orchestrator.store import LocalStore
-
-
-@pytest.fixture(params=["local", "s3"])
-def store(request, tmp_path):
-    if request.param == "local":
-        yield LocalStore(str(tmp_path / "store"))
-        return
-    from orchestrator.s3store import S3Store
-    from tests.fakecloud import BUCKET, FakeCloud
-
-    with FakeCloud(tmp_path / "cloud") as cloud:
-        yield S3Store(f"s3://{BUCKET}/pre", client=cloud.client("s3"))
 
 
 def test_put_if_refuses_a_write_over_what_the_writer_did_not_read(store):

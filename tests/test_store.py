@@ -7,20 +7,7 @@ import os
 import pytest
 
 from orchestrator.s3store import S3Store
-from orchestrator.store import LocalStore, atomic_write
-
-
-@pytest.fixture(params=["local", "s3"])
-def store(request, tmp_path):
-    if request.param == "local":
-        yield LocalStore(str(tmp_path / "store"))
-        return
-    from tests.fakecloud import BUCKET, FakeCloud
-
-    with FakeCloud(tmp_path / "cloud") as cloud:
-        s = S3Store(f"s3://{BUCKET}/pre", client=cloud.client("s3"))
-        s.check()
-        yield s
+from orchestrator.store import atomic_write
 
 
 def test_put_get_list(store):
