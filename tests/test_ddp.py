@@ -76,7 +76,7 @@ def test_ddp_run_interrupted_by_a_notice_resumes_bitwise(orch, tmp_path):
 def test_two_local_nodes_of_two_processes_equal_one_node_of_four(orch):
     """`resources: nodes: 2` locally: two node process groups with a loopback rendezvous, world size 4,
     and the same final weights as one node of four processes."""
-    command = " ".join(["{torchrun}", "-m", "trainer", *SMALL, "--epochs", "1"])
+    command = " ".join(["{torchrun}", "-m", "trainer", *SMALL, "--epochs", "1", "--synthetic-train", "512"])
     for name, nodes, procs in (("nodes2", 2, 2), ("nodes1", 1, 4)):
         path = orch.sweep(f"""
             name: {name}
