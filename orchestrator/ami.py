@@ -165,15 +165,11 @@ def _provision(conn, recipe: Recipe, recipe_dir: Path, say: Callable[[str], None
         what = "smoke" if recipe.smoke and i == len(recipe.steps) + 1 else f"step {i}/{len(recipe.steps)}"
         say(f"{what}: {step}")
         t0 = time.time()
-        r = conn.run(env + step, timeout=STEP_TIMEOUT_S)
-        tail = "\n".join((r.out + r.err).strip().splitlines()[-20:])
+        r = conn.stream(env + step, lambda line: say(f"    {line}"), timeout=STEP_TIMEOUT_S)  # live, line by line
         if r.code != 0:
+            tail = "\n".join(r.out.strip().splitlines()[-20:])
             raise OrchError(f"{what} failed (exit {r.code}) on the builder: {step}\n{tail}\nNothing is left running: the builder was terminated.")
-        say(f"  ok in {time.time() - t0:.0f} s" + (f"\n{_indent(tail)}" if tail else ""))
-
-
-def _indent(text: str) -> str:
-    return "\n".join("    " + line for line in text.splitlines())
+        say(f"  ok in {time.time() - t0:.0f} s")
 
 
 def _wait_available(ec2, image_id: str) -> None:

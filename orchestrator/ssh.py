@@ -73,6 +73,25 @@ class Connection(Runner):
         out, err = stdout.read().decode(errors="replace"), stderr.read().decode(errors="replace")
         return Result(stdout.channel.recv_exit_status(), out, err)
 
+    def stream(self, command: str, on_line, timeout: float = 3600) -> Result:
+        """run(), handing each line of output (stdout and stderr together) to on_line as it comes."""
+        chan = self.client.get_transport().open_session(timeout=30)
+        chan.set_combine_stderr(True)
+        chan.settimeout(timeout)
+        chan.exec_command(command)
+        out, pending = [], b""
+        for data in iter(lambda: chan.recv(4096), b""):
+            pending += data
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                text = line.decode(errors="replace")
+                out.append(text)
+                on_line(text)
+        if pending:
+            out.append(pending.decode(errors="replace"))
+            on_line(out[-1])
+        return Result(chan.recv_exit_status(), "\n".join(out), "")
+
     def put_bytes(self, data: bytes, remote: str, mode: int = 0o600) -> None:
         """Write a file atomically on the host (~ allowed)."""
         quoted = remote.replace("~/", "$HOME/", 1) if remote.startswith("~/") else shlex.quote(remote)
