@@ -63,6 +63,7 @@ class Agent:
         self.reporter = Reporter(self.store, task.sweep, task.run_id, task.attempt, self.run_dir / "metrics.jsonl")
         self.status_lock = self.reporter.lock  # the record is shared with the heartbeat thread
         self.notices = NoticeSource(self.ctl, task.imds)
+        self.host_policy = HostPolicy(task.session, task.terminate_on_exit, task.idle_s or 0)
         self.rebalance_at: Optional[float] = None  # when the rebalance recommendation was seen; -1 once handled
         self.ckpt_at_rebalance: Optional[int] = None
 
@@ -145,7 +146,7 @@ class Agent:
         status.state, status.attempt, status.host = STARTING, t.attempt, t.host or "localhost"
         status.heartbeat, status.no_shows, status.reason = time.time(), 0, "restoring the run folder from the store"
         if not self.reporter.record(status):  # the controller has already moved past this attempt
-            HostPolicy(t.session, t.terminate_on_exit, t.idle_s or 0).after_attempt()
+            self.host_policy.after_attempt()
             return 0
         # The reporter heartbeats on its own thread from here to the end: neither a large restore
         # nor a large checkpoint upload can make a live host look lost.
@@ -240,7 +241,7 @@ class Agent:
                         "the store to take the final status")
         except Timeout:
             log.error("could not record the end of attempt %s in the store; the controller will see a lost host", t.attempt)
-        HostPolicy(t.session, t.terminate_on_exit, t.idle_s or 0).after_attempt()
+        self.host_policy.after_attempt()
         return 0
 
     def _stage(self, status) -> bool:

@@ -114,15 +114,12 @@ def build(recipe: Recipe, sha: str, recipe_dir: Path, regions: List[str], force:
             host_private, host_public = new_host_key()
             user_data = cloud_config(host_private, host_public, public_key_of(cfg.ssh.identity), cfg.max_minutes)
             tags = api.sweep_tags(name, run="builder", attempt="1", hostkey=host_public) + [{"Key": "Name", "Value": f"orch builder {recipe.name}"}]
-            choices = [fleet.Choice(t, s["SubnetId"], s["AvailabilityZone"]) for t in cfg.instance_types for s in subnets]
-            markets = {"spot": ["spot"], "on-demand": ["on-demand"], "spot-then-on-demand": ["spot", "on-demand"]}[cfg.market]
-            got = fleet.acquire(ec2, template, api.template_data(ec2, template), user_data, choices, markets, tags, fleet.Blocklist())
+            got = fleet.acquire(ec2, template, api.template_data(ec2, template), user_data, fleet.choices(cfg.instance_types, subnets),
+                                fleet.markets(cfg.market), tags, fleet.Blocklist())
             instance_id = got.instance_id
             say(f"builder {instance_id} ({got.instance_type} in {got.az}, {got.market}) from {base['ImageId']} ({base['Name']})")
-            addr = "private_ip" if cfg.ssh.address == "private_ip" else "public_ip"
-            info = retry_until(lambda: (lambda d: d if d and d["state"] == "running" and d[addr] else None)(api.describe(ec2, instance_id)),
-                               cfg.boot_timeout_s, 1.0, f"{instance_id} to run")
-            conn = connect(Target(info[addr], cfg.ssh.port, cfg.ssh.user, cfg.ssh.identity, host_public), timeout=cfg.boot_timeout_s, interval=1.0)
+            address = api.wait_running(ec2, instance_id, cfg.ssh.address, cfg.boot_timeout_s)
+            conn = connect(Target(address, cfg.ssh.port, cfg.ssh.user, cfg.ssh.identity, host_public), timeout=cfg.boot_timeout_s, interval=1.0)
             try:
                 _provision(conn, recipe, recipe_dir, say)
             finally:

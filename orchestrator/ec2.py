@@ -300,6 +300,17 @@ def sweep_instances(ec2, sweep: str, states: Optional[List[str]] = None) -> List
     return out
 
 
+def wait_running(ec2, instance_id: str, address: str, timeout_s: float) -> str:
+    """Wait until the instance runs and has its address (`address`: public_ip or private_ip); returns it."""
+    from .wait import retry_until
+
+    def ready() -> str:
+        d = describe(ec2, instance_id)
+        return d[address] if d and d["state"] == "running" else ""
+
+    return retry_until(ready, timeout_s, 1.0, f"{instance_id} to run")
+
+
 def describe(ec2, instance_id: str) -> Optional[dict]:
     """State and addresses of one instance; None while EC2 does not know the new id yet."""
     from botocore.exceptions import ClientError

@@ -49,6 +49,16 @@ class Choice:
     az: str
 
 
+def choices(instance_types: List[str], subnets: List[dict]) -> List[Choice]:
+    """Every (type, subnet) pair, the types in the order given (first choice first)."""
+    return [Choice(t, s["SubnetId"], s["AvailabilityZone"]) for t in instance_types for s in subnets]
+
+
+def markets(market: str) -> List[str]:
+    """The markets `aws.market` tries, in order."""
+    return {"spot": ["spot"], "on-demand": ["on-demand"], "spot-then-on-demand": ["spot", "on-demand"]}[market]
+
+
 @dataclass
 class Acquired:
     instance_id: str

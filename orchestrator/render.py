@@ -86,7 +86,7 @@ def results_table(res: Results) -> Table:
 def dry_run_lines(sweep, plan) -> List[str]:
     """What `orch launch --dry-run` prints: the runs and their commands, each run's shape, and on
     AWS the (type, AZ) choices with their spot prices and GPUs, and a cost bound."""
-    from .shapes import GPUS_OF_TYPE, describe
+    from .shapes import describe
 
     spec = sweep.spec
     lines = [f"sweep {spec.name}: {len(sweep.runs)} runs on backend {spec.backend}, max_parallel {spec.max_parallel}, store {sweep.store_url}"]
@@ -97,8 +97,7 @@ def dry_run_lines(sweep, plan) -> List[str]:
         lines.append(f"image {spec.aws.image}: {plan['image']}")
         for row in plan["choices"]:
             price = f"${row['spot_usd_per_h']:.4f}/h" if row["spot_usd_per_h"] is not None else "no spot price"
-            gpus = row.get("gpus", GPUS_OF_TYPE.get(row["type"]))
-            lines.append(f"  choice {row['type']} in {row['az']}: {price}; each run there: {describe(spec.resources, gpus)}")
+            lines.append(f"  choice {row['type']} in {row['az']}: {price}; each run there: {describe(spec.resources, row['gpus'])}")
         est = plan["estimate_usd_max"]
         lines.append(f"estimated cost at most ${est:.2f} ({plan['runs']} runs x {plan['hours_per_run_max']:.1f} h at the cheapest "
                      "spot price; runs that end sooner cost less)" if est is not None else "estimated cost unknown: no spot price history")

@@ -14,9 +14,10 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Optional
 
 from .attempt import last_metrics
-from .status import LOST, RUNNING, STARTING, RunStatus, update_status
+from .status import LOST, RUNNING, STARTING, RunStatus, read_versioned, write_if
 from .store import Store
 
 log = logging.getLogger("orch.agent")
@@ -28,23 +29,32 @@ class Reporter:
         self.metrics_file = metrics_file
         self.lock = threading.RLock()  # the record is shared by the attempt and the heartbeat thread
         self.superseded = False
+        self.version: Optional[str] = None  # of this reporter's last write: while nobody else wrote, no read is needed
 
-    def record(self, status: RunStatus) -> bool:
-        """Write the record; False (and nothing written, ever again) once it is no longer this attempt's."""
-        def change(current: RunStatus):
-            if current.attempt != self.attempt or current.state == LOST:
-                return None  # the controller moved on: a newer attempt, or this one given up
-            return replace(status)
+    def record(self, status: RunStatus, tries: int = 20) -> bool:
+        """Write the record; False (and nothing written, ever again) once it is no longer this attempt's.
 
+        A write goes over the version this reporter itself wrote last (one request); only when
+        someone else wrote since (the controller's claim at the start, or a verdict) is the record
+        read again, and then written only if it is still this attempt's.
+        """
         with self.lock:
-            if self.superseded:
-                return False
-            if update_status(self.store, self.sweep, self.run_id, change) is None:
-                self.superseded = True
-                log.warning("the record of %s is no longer attempt %s's (the controller moved on): writing nothing more",
-                            self.run_id, self.attempt)
-                return False
-            return True
+            for _ in range(tries):
+                if self.superseded:
+                    return False
+                if self.version is None:
+                    current, version = read_versioned(self.store, self.sweep, self.run_id)
+                    if current.attempt != self.attempt or current.state == LOST:
+                        self.superseded = True  # the controller moved on: a newer attempt, or this one given up
+                        log.warning("the record of %s is no longer attempt %s's (the controller moved on): writing nothing more",
+                                    self.run_id, self.attempt)
+                        return False
+                else:
+                    version = self.version
+                self.version = write_if(self.store, self.sweep, replace(status), version)
+                if self.version is not None:
+                    return True
+            raise OSError(f"status record of {self.sweep}/{self.run_id} kept changing under {tries} writes in a row")
 
     def beat(self, status: RunStatus) -> None:
         """Alive, and the newest metrics line."""

@@ -80,18 +80,17 @@ class S3Store:
                 return None, None  # S3 answers 403, not 404, for a missing key to a caller that may not list the bucket itself
             raise
 
-    def put_if(self, key: str, data: bytes, version: Optional[str]) -> bool:
-        """S3 conditional writes: If-Match the ETag read, or If-None-Match * for a new key."""
+    def put_if(self, key: str, data: bytes, version: Optional[str]) -> Optional[str]:
+        """S3 conditional writes: If-Match the ETag read, or If-None-Match * for a new key; the new ETag, or None."""
         from botocore.exceptions import ClientError
 
         condition = {"IfMatch": version} if version else {"IfNoneMatch": "*"}
         try:
-            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data,
-                                   Metadata={"sha256": hashlib.sha256(data).hexdigest()}, **condition)
-            return True
+            return self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data,
+                                          Metadata={"sha256": hashlib.sha256(data).hexdigest()}, **condition)["ETag"]
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409"):
-                return False
+                return None
             raise
 
     def _exists(self, key: str) -> bool:

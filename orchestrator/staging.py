@@ -52,9 +52,14 @@ def _same(path: Path, size: int, etag: str) -> bool:
     return sha256_file(path, "md5") == etag
 
 
-def _listing_s3(client, url: str) -> Dict[str, Tuple[int, str]]:
+def _bucket_prefix(url: str) -> Tuple[str, str]:
+    """s3://bucket/a/b -> ("bucket", "a/b/"): the prefix as a folder, so a/b never matches a/bc."""
     bucket, _, prefix = url[len("s3://"):].partition("/")
-    prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+    return bucket, prefix if not prefix or prefix.endswith("/") else prefix + "/"
+
+
+def _listing_s3(client, url: str) -> Dict[str, Tuple[int, str]]:
+    bucket, prefix = _bucket_prefix(url)
     out: Dict[str, Tuple[int, str]] = {}
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for obj in page.get("Contents", []):
@@ -108,8 +113,7 @@ def _stage_locked(source: str, dest: Path, client, workers: int) -> StageResult:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.orch-part")
         if s3:
-            bucket, _, prefix = source[len("s3://"):].partition("/")
-            prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+            bucket, prefix = _bucket_prefix(source)
             client.download_file(bucket, prefix + rel, str(tmp))
         else:
             shutil.copyfile(Path(os.path.expanduser(source)) / rel, tmp)

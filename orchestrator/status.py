@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from .store import Store, plain_json, put_json
+from .store import Store, json_bytes, put_json
 
 # States. Final ones are never left by themselves; `stopped` (orch down) resumes on the next launch.
 QUEUED, STARTING, RUNNING = "queued", "starting", "running"
@@ -101,9 +101,10 @@ def _problem(record: Any) -> str:
     return ""
 
 
-def write_if(store: Store, sweep: str, status: RunStatus, version: Optional[str]) -> bool:
-    """Write the record only if it is still as it was read (at `version`); False when someone wrote since."""
-    return store.put_if(status_key(sweep, status.run_id), _encode(status), version)
+def write_if(store: Store, sweep: str, status: RunStatus, version: Optional[str]) -> Optional[str]:
+    """Write the record only if it is still as it was read (at `version`): the new version, or None
+    (nothing written) when someone wrote since."""
+    return store.put_if(status_key(sweep, status.run_id), json_bytes(asdict(status)), version)
 
 
 def update_status(store: Store, sweep: str, run_id: str, change: Callable[[RunStatus], Optional[RunStatus]],
@@ -126,7 +127,3 @@ def update_status(store: Store, sweep: str, run_id: str, change: Callable[[RunSt
 def write_status(store: Store, sweep: str, status: RunStatus) -> None:
     """Unconditional: only for records nobody else can be writing (tests, and tools that repair them)."""
     put_json(store, status_key(sweep, status.run_id), asdict(status))
-
-
-def _encode(status: RunStatus) -> bytes:
-    return (json.dumps(plain_json(asdict(status)), indent=2, sort_keys=True, allow_nan=False) + "\n").encode()

@@ -52,8 +52,9 @@ class Store(Protocol):
     def get_versioned(self, key: str) -> Tuple[Optional[bytes], Optional[str]]:
         """The object and its version (None, None when missing): what put_if compares against."""
 
-    def put_if(self, key: str, data: bytes, version: Optional[str]) -> bool:
-        """Write only if the key still holds `version` (None: only if it does not exist); False if it changed."""
+    def put_if(self, key: str, data: bytes, version: Optional[str]) -> Optional[str]:
+        """Write only if the key still holds `version` (None: only if it does not exist); the new
+        version, or None (nothing written) when it changed."""
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -159,16 +160,16 @@ class LocalStore:
         data = self.get_bytes(key)
         return data, None if data is None else hashlib.sha256(data).hexdigest()
 
-    def put_if(self, key: str, data: bytes, version: Optional[str]) -> bool:
+    def put_if(self, key: str, data: bytes, version: Optional[str]) -> Optional[str]:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path.parent, os.O_RDONLY)  # writers of this folder's records take turns (flock on the folder)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             if self.get_versioned(key)[1] != version:
-                return False
+                return None
             atomic_write(path, data)
-            return True
+            return hashlib.sha256(data).hexdigest()
         finally:
             os.close(fd)
 
@@ -218,8 +219,13 @@ def get_json(store: Store, key: str) -> Optional[Any]:
         return None
 
 
+def json_bytes(obj: Any) -> bytes:
+    """How orch writes a JSON record: strict JSON (NaN and infinities as null), sorted, indented."""
+    return (json.dumps(plain_json(obj), indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
+
+
 def put_json(store: Store, key: str, obj: Any) -> None:
-    store.put_bytes(key, (json.dumps(plain_json(obj), indent=2, sort_keys=True, allow_nan=False) + "\n").encode())
+    store.put_bytes(key, json_bytes(obj))
 
 
 def plain_json(obj: Any) -> Any:

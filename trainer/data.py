@@ -190,6 +190,8 @@ class TensorSource:
     """A data set held on the device as uint8 tensors (CIFAR-10, synthetic, digits): batches are
     index_select + reflect-pad crop + flip, all on the device."""
 
+    on_device = True  # batches cost no host work: nothing to prepare ahead
+
     def __init__(self, ds: Dataset, device, cfg: dict):
         self.train, self.test = ds.train.to(device), ds.test.to(device)
         self.num_classes, self.mean, self.std, self.n_train = ds.num_classes, ds.mean, ds.std, len(ds.train)

@@ -131,6 +131,8 @@ class Batch:
 class ImageFolderSource:
     """Training and validation batches read from an image folder."""
 
+    on_device = False  # batches are read and decoded on the host: prepared a step ahead
+
     folder: Folder
     device: torch.device
     min_scale: float = 0.35
@@ -236,6 +238,7 @@ def _decode_on_gpu(blobs: List[bytes], device: torch.device) -> List[Optional[to
 
     out: List[Optional[torch.Tensor]] = [None] * len(blobs)
     jpegs = [k for k, b in enumerate(blobs) if b[:3] == b"\xff\xd8\xff"]
+    is_jpeg = set(jpegs)
     if jpegs:
         data = [torch.frombuffer(bytearray(blobs[k]), dtype=torch.uint8) for k in jpegs]
         try:
@@ -248,7 +251,7 @@ def _decode_on_gpu(blobs: List[bytes], device: torch.device) -> List[Optional[to
                 except RuntimeError:
                     out[k] = None
     for k, b in enumerate(blobs):
-        if out[k] is None and k not in jpegs:
+        if out[k] is None and k not in is_jpeg:
             img = decode(b)
             out[k] = img.to(device) if img is not None else None
     return out

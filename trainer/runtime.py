@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import torch
@@ -106,16 +107,12 @@ class StepTimer:
             self.pending.append([torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)])
             self.pending[-1][0].record()
         else:
-            import time
-
             self.t0 = time.perf_counter()
 
     def stop(self) -> None:
         if self.cuda:
             self.pending[-1][1].record()
         else:
-            import time
-
             self.done_s += time.perf_counter() - self.t0
 
     def take(self) -> float:

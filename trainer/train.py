@@ -106,10 +106,8 @@ log = logging.getLogger("trainer")
 def load_source(cfg: dict, device: torch.device):
     """Batches for training and evaluation: tensors held on the device, or an image folder read as it goes."""
     if cfg["dataset"] != "imagefolder":
-        source = data.TensorSource(data.load(cfg["dataset"], cfg["data_dir"], cfg["seed"], cfg["image_size"],
-                                             synthetic_train=cfg["synthetic_train"]), device, cfg)
-        source.on_device = True
-        return source
+        return data.TensorSource(data.load(cfg["dataset"], cfg["data_dir"], cfg["seed"], cfg["image_size"],
+                                           synthetic_train=cfg["synthetic_train"]), device, cfg)
     from .imagefolder import DataError, ImageFolderSource, scan
 
     try:
@@ -118,10 +116,8 @@ def load_source(cfg: dict, device: torch.device):
         raise SystemExit(f"trainer: {exc}") from None
     if folder.ignored:
         log.info("%s: %d files are not JPEG or PNG by name; ignored", folder.root, folder.ignored)
-    source = ImageFolderSource(folder, device, min_scale=cfg["min_scale"], flip=cfg["flip"], workers=cfg["workers"],
-                               seed=cfg["seed"], val_rect=cfg["val_rect"])
-    source.on_device = False
-    return source
+    return ImageFolderSource(folder, device, min_scale=cfg["min_scale"], flip=cfg["flip"], workers=cfg["workers"],
+                             seed=cfg["seed"], val_rect=cfg["val_rect"])
 
 
 @torch.no_grad()

@@ -101,7 +101,7 @@ class AwsBackend(BackendBase):
                 template = api.ensure_launch_template(self.ec2, sweep, data)
             except (ClientError, BotoCoreError) as exc:
                 raise api.explain(exc, "preparing the sweep's AWS resources") from None
-            choices = [fleet.Choice(t, s["SubnetId"], s["AvailabilityZone"]) for t in cfg.instance_types for s in subnets]
+            choices = fleet.choices(cfg.instance_types, subnets)
             self._setup = {"template": template, "base": api.template_data(self.ec2, template), "choices": choices, "image": image, "sg": sg}
         return self._setup
 
@@ -257,16 +257,13 @@ class AwsBackend(BackendBase):
             user_data = cloud_config(host_private, host_public, public_key_of(self.cfg.ssh.identity), self.cfg.max_minutes)
             tags = api.sweep_tags(self.name_, run=task.run_id, attempt=str(task.attempt), hostkey=host_public) + [
                 {"Key": "Name", "Value": f"orch {self.name_} {task.run_id} #{task.attempt}"}]
-            markets = {"spot": ["spot"], "on-demand": ["on-demand"], "spot-then-on-demand": ["spot", "on-demand"]}[self.cfg.market]
-            got = fleet.acquire(self.ec2, setup["template"], setup["base"], user_data, setup["choices"], markets, tags, self.blocklist)
+            got = fleet.acquire(self.ec2, setup["template"], setup["base"], user_data, setup["choices"], fleet.markets(self.cfg.market),
+                                tags, self.blocklist)
             instance_id = got.instance_id
             self.ledger.acquired(got.instance_id, got.instance_type, got.az, got.market)
             log.info("%s: %s %s in %s (%s)", task.run_id, got.instance_id, got.instance_type, got.az, got.market)
-            from ..wait import retry_until
-
-            info = retry_until(lambda: (lambda d: d if d and d["state"] == "running" and self._address(d) else None)(api.describe(self.ec2, instance_id)),
-                               self.cfg.boot_timeout_s, 1.0, f"{instance_id} to run")
-            target = Target(self._address(info), self.cfg.ssh.port, self.cfg.ssh.user, self.cfg.ssh.identity, host_public)
+            address = api.wait_running(self.ec2, instance_id, self.cfg.ssh.address, self.cfg.boot_timeout_s)
+            target = Target(address, self.cfg.ssh.port, self.cfg.ssh.user, self.cfg.ssh.identity, host_public)
             conn = connect(target, timeout=self.cfg.boot_timeout_s, interval=1.0)
             try:
                 self._start_agent(conn, task, instance_id)

@@ -30,8 +30,8 @@ class RunTask:
     replaces: str = ""  # host of the previous attempt when that one was preempted or lost
     notice_poll_s: float = 5.0  # how often the agent looks for a spot interruption notice
     imds: bool = False  # also ask the instance metadata service (aws), not only ctl/spot-notice
-    data: List[Dict[str, str]] = field(default_factory=list)
-    nodes_here: int = 1  # local: the run's nodes all run on this host, as that many copies of the command  # [{"from", "to"}]: staged before the command starts
+    data: List[Dict[str, str]] = field(default_factory=list)  # [{"from", "to"}]: staged before the command starts
+    nodes_here: int = 1  # local: the run's nodes all run on this host, as that many copies of the command
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
