@@ -25,6 +25,7 @@ from .attempt import SUPERSEDED, _write_private, checkpoint_ok, final_status, is
 from .backends.base import RunTask
 from .contract import AGENT_PID_FILE, NOTICE_FILE, STOP_REASON_FILE
 from .host_policy import HostPolicy
+from .nodes import FollowerReporter, Relay, node_logs_prefix, relay_key
 from .notices import NoticeSource
 from .reporter import Reporter
 from .shapes import complete_on_host
@@ -38,6 +39,7 @@ POLL_S = 0.05  # how often the agent looks for the command's exit
 KILL_GRACE_S = 10.0  # SIGTERM -> SIGKILL
 LEFTOVER_GRACE_S = 2.0  # after the command exited, how long what it left in the background may finish
 NOTICE_GRACE_S = 60.0  # after a notice, how long to wait for the command's checkpoint before syncing anyway
+FOLLOWER_WAIT_S = 300.0  # a follower whose command ended waits this long for node 0's verdict
 
 
 class Agent:
@@ -60,9 +62,13 @@ class Agent:
         self.stop_sent_at: Optional[float] = None
         self.notice_at: Optional[float] = None
         self.ckpt_at_notice: Optional[int] = None
-        self.reporter = Reporter(self.store, task.sweep, task.run_id, task.attempt, self.run_dir / "metrics.jsonl")
+        # A run spanning several hosts: node 0 reports; the others follow its record (orchestrator/nodes.py).
+        self.follower = task.node_rank > 0
+        self.relay = Relay(self.store, relay_key(task.sweep, task.run_id, task.attempt))
+        self.reporter = (FollowerReporter(self.store, task.sweep, task.run_id, task.attempt) if self.follower
+                         else Reporter(self.store, task.sweep, task.run_id, task.attempt, self.run_dir / "metrics.jsonl"))
         self.status_lock = self.reporter.lock  # the record is shared with the heartbeat thread
-        self.notices = NoticeSource(self.ctl, task.imds)
+        self.notices = NoticeSource(self.ctl, task.imds, self.relay.received if task.node_hosts > 1 and not self.follower else None)
         self.host_policy = HostPolicy(task.session, task.terminate_on_exit, task.idle_s or 0)
         self.rebalance_at: Optional[float] = None  # when the rebalance recommendation was seen; -1 once handled
         self.ckpt_at_rebalance: Optional[int] = None
@@ -77,6 +83,8 @@ class Agent:
     def _on_rebalance(self, now: float) -> None:
         """EC2's rebalance recommendation comes before the two-minute notice, when it comes at all:
         checkpoint and sync now, and keep running, so that a notice later has little left to move."""
+        if self.follower:  # node 0 holds the run's checkpoints
+            return
         if self.rebalance_at is None:
             if not self.notices.rebalance():
                 return
@@ -90,6 +98,10 @@ class Agent:
 
     def _on_notice(self, status, now: float) -> None:
         """Checkpoint now (SIGUSR1), then, once it is on disk, get it to the store and stop."""
+        if self.follower:  # node 0 checkpoints for the whole run; this node ends when node 0's record does
+            self._quietly(self.relay.send, self.task.node_rank)
+            self.notice_at = self.notice_at or now
+            return
         if self.notice_at is None:
             self.notice_at, self.ckpt_at_notice = now, newest_checkpoint(self.run_dir)
             log.info("spot interruption notice: asking the command to checkpoint (SIGUSR1)")
@@ -236,13 +248,25 @@ class Agent:
         status.state, status.reason = state, reason or (status.reason if state == INTERRUPTED else "")
         status.failures += 1 if failed else 0
         status.log_tail = "" if state == SUCCEEDED else tail(self.log_file)
-        try:  # the record of how it ended matters most: a store that is briefly unwritable gets a minute
-            retry_until(lambda: self.reporter.superseded or self._quietly(self.reporter.record, status), 60, 2.0,
-                        "the store to take the final status")
-        except Timeout:
-            log.error("could not record the end of attempt %s in the store; the controller will see a lost host", t.attempt)
+        if self.follower:
+            self._await_node0()
+        else:
+            try:  # the record of how it ended matters most: a store that is briefly unwritable gets a minute
+                retry_until(lambda: self.reporter.superseded or self._quietly(self.reporter.record, status), 60, 2.0,
+                            "the store to take the final status")
+            except Timeout:
+                log.error("could not record the end of attempt %s in the store; the controller will see a lost host", t.attempt)
         self.host_policy.after_attempt()
         return 0
+
+    def _await_node0(self) -> None:
+        """A follower whose command ended stays until node 0 has recorded how the attempt ended: a
+        node gone first would make the controller call the attempt lost (and try again) where node 0
+        is about to record a failure."""
+        try:
+            retry_until(lambda: not self.reporter.still_running(), FOLLOWER_WAIT_S, 2.0, "node 0 to record the end of the attempt")
+        except Timeout:
+            log.warning("node 0 has not recorded the end of attempt %s after %.0f s; leaving anyway", self.task.attempt, FOLLOWER_WAIT_S)
 
     def _stage(self, status) -> bool:
         """The sweep's data on this host before the command starts (once per host: what is there stays)."""
@@ -276,6 +300,9 @@ class Agent:
             log.warning("checkpoint step %s in the store does not verify; trying an older one", step)
 
     def _sync_up(self) -> None:
+        if self.follower:  # the run folder is node 0's to keep; this node keeps only its log
+            self.store.sync_up(self.log_file.parent, node_logs_prefix(self.task.sweep, self.task.run_id, self.task.node_rank))
+            return
         self.store.sync_up(self.run_dir, self.prefix, prune=is_checkpoint)
         self.store.sync_up(self.log_file.parent, f"{orch_prefix(self.task.sweep, self.task.run_id)}/logs")
 

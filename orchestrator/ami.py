@@ -92,7 +92,7 @@ def tags_of(image: dict) -> Dict[str, str]:
 
 def build(recipe: Recipe, sha: str, recipe_dir: Path, regions: List[str], force: bool, say: Callable[[str], None]) -> Dict[str, str]:
     """Build (or find) the image; returns {region: image id}."""
-    from .backends.aws import cloud_config
+    from .backends.aws_provision import cloud_config
     from .ssh import Target, connect, new_host_key, public_key_of
     from .teardown import teardown
 

@@ -278,21 +278,24 @@ def status(sweep: Optional[str], as_json: bool, watch: bool):
 
 @main.command()
 @click.argument("run")
+@click.option("--node", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Which node of a run that spans several instances (`resources: nodes:`); 0 is the rendezvous node.")
 @expected_errors
-def attach(run: str):
+def attach(run: str, node: int):
     """Open an interactive terminal in RUN's tmux session (detach: Ctrl-b d).
 
     RUN is a run id, or SWEEP/RUN when several sweeps have it.
 
     \b
-    Example:
+    Examples:
       orch attach 'lr=0.1,seed=0'
+      orch attach run --node 1     # node 1 of a multi-node run
     """
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise NotFound(f"orch attach needs a terminal: it opens {run}'s tmux window. From a script, follow its log: `orch logs {run} -f`.")
     sweep, run_id = resolve_run(run)
     backend, _, _ = _parts(sweep)
-    sys.exit(backend.attach(run_id))
+    sys.exit(backend.attach(run_id, node))
 
 
 @main.command()

@@ -38,12 +38,15 @@ class RunResult:
     best: Dict[str, float]  # max of each metric whose name ends in "acc", min of each "loss"
     elapsed_s: float | None
     curves: List[dict] = field(default_factory=list, repr=False)  # every metrics line
+    cost_usd: float | None = None  # aws: every instance of every attempt (the sweep's cost ledger)
+    gpu_hours: float | None = None  # aws: instance hours x GPUs of the type, summed the same way
 
 
 @dataclass
 class Results:
     sweep: str
     runs: List[RunResult]
+    spend_usd: float | None = None  # the whole sweep (aws), wasted attempts and set-up included
 
     def metric_names(self) -> List[str]:
         names: Dict[str, None] = {}
@@ -68,6 +71,11 @@ def _best(lines: List[dict]) -> Dict[str, float]:
 
 
 def collect(sweep: Sweep, store: Store) -> Results:
+    from .pricing import ledger_cost, per_run
+    from .store import get_json
+
+    ledger = get_json(store, f"{sweep.spec.name}/cost.json") if sweep.spec.backend == "aws" else None
+    costs = per_run(ledger) if ledger is not None else {}
     runs = []
     for run in sweep.runs:
         status = read_status(store, sweep.spec.name, run.run_id)
@@ -82,9 +90,11 @@ def collect(sweep: Sweep, store: Store) -> Results:
                 best=_best(lines),
                 elapsed_s=status.elapsed,
                 curves=lines,
+                cost_usd=costs.get(run.run_id, (0.0, 0.0))[0] if ledger is not None else None,
+                gpu_hours=costs.get(run.run_id, (0.0, 0.0))[1] if ledger is not None else None,
             )
         )
-    return Results(sweep=sweep.spec.name, runs=runs)
+    return Results(sweep=sweep.spec.name, runs=runs, spend_usd=ledger_cost(ledger) if ledger is not None else None)
 
 
 def write_outputs(results: Results, out_dir: Path) -> List[Path]:
@@ -106,6 +116,8 @@ def _write(results: Results, out_dir: Path) -> List[Path]:
         row.update({k: r.final.get(k) for k in metrics})
         row.update({f"best_{k}": v for k, v in r.best.items()})
         row["elapsed_s"] = None if r.elapsed_s is None else round(r.elapsed_s, 2)
+        if r.cost_usd is not None:
+            row["cost_usd"], row["gpu_hours"] = round(r.cost_usd, 4), round(r.gpu_hours or 0.0, 4)
         rows.append(row)
     columns = list(dict.fromkeys(k for row in rows for k in row))
     csv_path, json_path = out_dir / "runs.csv", out_dir / "runs.json"
@@ -113,7 +125,8 @@ def _write(results: Results, out_dir: Path) -> List[Path]:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
-    json_path.write_text(json.dumps(plain_json({"sweep": results.sweep, "runs": rows}), indent=2, allow_nan=False) + "\n")
+    doc = {"sweep": results.sweep, "runs": rows, **({"spend_usd": round(results.spend_usd, 4)} if results.spend_usd is not None else {})}
+    json_path.write_text(json.dumps(plain_json(doc), indent=2, allow_nan=False) + "\n")
     paths = [csv_path, json_path]
     curves = ranked(metrics) + [m for m in metrics if m not in X_KEYS and m not in ranked(metrics)]
     if curves and any(r.curves for r in results.runs):

@@ -58,7 +58,8 @@ def run_env(sweep: "Sweep", run_id: str, attempt: int, run_dir: str, params_json
 
     env = dict(sweep.spec.env)
     env.update(ORCH_SWEEP=sweep.spec.name, ORCH_RUN_ID=run_id, ORCH_ATTEMPT=str(attempt), ORCH_RUN_DIR=run_dir,
-               ORCH_PARAMS_JSON=params_json, PYTHONUNBUFFERED="1", **shape_env(sweep.spec.resources))
+               ORCH_PARAMS_JSON=params_json, PYTHONUNBUFFERED="1", ORCH_RDZV_ID=f"{sweep.spec.name}-{run_id}-{attempt}",
+               **shape_env(sweep.spec.resources))
     return env
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Tuple
 
 from .backends.base import Backend, Host
@@ -98,6 +98,8 @@ def decide(status: RunStatus, host: Optional[Host], max_restarts: int, now: floa
     if host is not None:
         if status.state in ACTIVE and status.heartbeat and now - status.heartbeat > stale_s:
             return REPLACE  # its agent stopped talking: treat the host as lost
+        if status.state in ACTIVE and host.missing and not host.provisioning:
+            return REPLACE  # a node of a multi-node attempt is gone: the attempt ends for all its nodes
         if status.state == STARTING and not status.heartbeat and not host.provisioning:
             deadline = host.start_deadline or ((status.started_at or now) + start_timeout_s)
             if now > deadline:
@@ -135,7 +137,7 @@ class Controller:
         progress = Progress(sweep=self.name, runs=[view for *_, view in rows], spend_usd=spend, budget_usd=budget)
         for run, status, action, view in rows:
             if action == REPLACE:
-                self._replace(hosts[run.run_id], status, view, versions[run.run_id])
+                self._replace(hosts[run.run_id], [h for h in every if h.run_id == run.run_id], status, view, versions[run.run_id])
         self._release_unclaimed(every, {run.run_id: status for run, status, _, _ in rows})
         free = self.sweep.spec.max_parallel - len(hosts)
         if budget is not None and spend >= budget:
@@ -183,9 +185,12 @@ class Controller:
         log.info("%s: its record changed since this pass read it; deciding again next pass", status.run_id)
         return False
 
-    def _replace(self, host: Host, status: RunStatus, view: RunView, version: Optional[str]) -> None:
+    def _replace(self, host: Host, all_hosts: List[Host], status: RunStatus, view: RunView, version: Optional[str]) -> None:
         never = not status.heartbeat
-        if never:
+        if host.missing and not never:
+            reason = (f"{host.missing} of the attempt's {host.nodes} nodes lost (instance gone); the attempt ends on every node "
+                      "and the run resumes on a fresh set")
+        elif never:
             status.no_shows += 1
             reason = f"host {host.host_id} never reported: its agent did not start ({status.no_shows} of {MAX_NO_SHOWS} such attempts)"
         else:
@@ -199,8 +204,9 @@ class Controller:
             status.state, status.reason = LOST, reason
         if not self._write(status, version):  # first the verdict: an agent that wakes up sees it is no longer the run's
             return
-        log.warning("%s: %s; releasing it", status.run_id, reason)
-        self.backend.release(host)
+        log.warning("%s: %s; releasing its host(s)", status.run_id, reason)
+        for h in all_hosts or [host]:
+            self.backend.release(h)
         self.state.journal(self.name, "replace", status.run_id, reason)
         view.state, view.reason = status.state, status.reason
 
@@ -280,9 +286,13 @@ def survey(sweep: Sweep, backend: Backend, store: Store) -> Tuple[Dict[str, Host
     each record as read (what the controller's writes are conditional on) — a read-only look."""
     hosts: Dict[str, Host] = {}
     every = backend.list()  # one call, before any status is read (see the module doc)
-    for h in every:
+    for h in sorted(every, key=lambda h: h.node):
         if h.run_id not in hosts or (h.attempt or 0) > (hosts[h.run_id].attempt or 0):
-            hosts[h.run_id] = h
+            hosts[h.run_id] = h  # the newest attempt's node 0 (or its lowest node left)
+    for run_id, h in hosts.items():  # a run spanning several hosts needs all of them
+        present = sum(1 for x in every if x.run_id == run_id and x.attempt == h.attempt)
+        if present < h.nodes and not h.provisioning:
+            hosts[run_id] = replace(h, missing=h.nodes - present)
     stale_s, start_timeout_s = backend.stale_s, backend.start_timeout_s
     now = time.time()
     rows, versions = [], {}

@@ -161,7 +161,8 @@ def sweep_tags(sweep: str, **extra: str) -> List[dict]:
 
 
 def ensure_security_group(ec2, sweep: str, vpc_id: str, cidr: str) -> str:
-    """The sweep's group admitting port 22 from `cidr`; a reused group gets the current cidr too."""
+    """The sweep's group: port 22 from `cidr` (a reused group gets the current cidr too), and all
+    traffic between the sweep's own instances (the rendezvous and collectives of multi-node runs)."""
     from botocore.exceptions import ClientError
 
     from .wait import retry_until
@@ -172,19 +173,21 @@ def ensure_security_group(ec2, sweep: str, vpc_id: str, cidr: str) -> str:
         gid = found[0]["GroupId"]
     else:
         gid = ec2.create_security_group(
-            GroupName=name, Description=f"orch sweep {sweep}: ssh from one address", VpcId=vpc_id,
+            GroupName=name, Description=f"orch sweep {sweep}: ssh from one address, and its own instances", VpcId=vpc_id,
             TagSpecifications=[{"ResourceType": "security-group", "Tags": sweep_tags(sweep)}],
         )["GroupId"]
+    rules = [{"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": cidr, "Description": "orch controller"}]},
+             {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": gid, "Description": "orch: the sweep's own instances"}]}]
 
     def authorize() -> bool:
-        try:
-            ec2.authorize_security_group_ingress(GroupId=gid, IpPermissions=[
-                {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": cidr, "Description": "orch controller"}]}])
-        except ClientError as exc:
-            if _code(exc) == "InvalidGroup.NotFound":  # a new group is not visible everywhere yet
-                return False
-            if _code(exc) != "InvalidPermission.Duplicate":
-                raise
+        for rule in rules:  # one call each: a rule already there must not keep the other out
+            try:
+                ec2.authorize_security_group_ingress(GroupId=gid, IpPermissions=[rule])
+            except ClientError as exc:
+                if _code(exc) == "InvalidGroup.NotFound":  # a new group is not visible everywhere yet
+                    return False
+                if _code(exc) != "InvalidPermission.Duplicate":
+                    raise
         return True
 
     retry_until(authorize, NOT_FOUND_S, 1.0, f"security group {gid} to exist")

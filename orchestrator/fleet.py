@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from .ec2 import PERMISSION_ERRORS, QUOTA_ERRORS, AwsFatal, _code, _message, explain
 from .errors import OrchError
@@ -92,16 +92,20 @@ class Blocklist:
         return preferred or open_
 
 
-def _fleet(ec2, template_id: str, version: str, choices: List[Choice], market: str, tags: List[dict]) -> dict:
+def _fleet(ec2, template_id: str, version: str, choices: List[Choice], market: str, tags: List[dict], count: int = 1,
+           group: str = "") -> dict:
+    placement = {"Placement": {"GroupName": group}} if group else {}
+    # several nodes: all or nothing, of one type in one AZ (EC2 launches none when it cannot give them all)
+    together = {"MinTargetCapacity": count, "SingleInstanceType": True, "SingleAvailabilityZone": True} if count > 1 else {}
     return ec2.create_fleet(
         Type="instant",
         ClientToken=str(uuid.uuid4()),
-        TargetCapacitySpecification={"TotalTargetCapacity": 1, "DefaultTargetCapacityType": market},
-        SpotOptions={"AllocationStrategy": "price-capacity-optimized"},
-        OnDemandOptions={"AllocationStrategy": "lowest-price"},
+        TargetCapacitySpecification={"TotalTargetCapacity": count, "DefaultTargetCapacityType": market},
+        SpotOptions={"AllocationStrategy": "price-capacity-optimized", **together},
+        OnDemandOptions={"AllocationStrategy": "lowest-price", **together},
         LaunchTemplateConfigs=[{
             "LaunchTemplateSpecification": {"LaunchTemplateId": template_id, "Version": version},
-            "Overrides": [{"InstanceType": c.instance_type, "SubnetId": c.subnet_id} for c in choices],
+            "Overrides": [{"InstanceType": c.instance_type, "SubnetId": c.subnet_id, **placement} for c in choices],
         }],
         TagSpecifications=[{"ResourceType": "instance", "Tags": tags}, {"ResourceType": "volume", "Tags": tags}],
     )
@@ -123,6 +127,21 @@ def acquire(ec2, template_id: str, base: dict, user_data: str, choices: List[Cho
     deleted as soon as the fleet answered. Once CreateFleet returned an instance, nothing here
     can lose it: a failing clean-up is logged, never raised.
     """
+    return _acquire(ec2, template_id, base, user_data, choices, markets, tags, blocklist, sleep, propagation_s)[0]
+
+
+def acquire_nodes(ec2, template_id: str, base: dict, user_data: str, choices: List[Choice], markets: List[str], tags: List[dict],
+                  blocklist: Blocklist, count: int, group_of: Callable[[str], str], release: Callable[[List[str]], None],
+                  sleep: Callable[[float], None] = time.sleep, propagation_s: float = PROPAGATION_S) -> List[Acquired]:
+    """`count` instances of one type in one AZ, in that AZ's placement group (`group_of(az)`), or none:
+    one CreateFleet per pool; a pool that gives fewer has what it gave released (`release`) and is
+    blocked like a capacity error, and the next pool is asked."""
+    return _acquire(ec2, template_id, base, user_data, choices, markets, tags, blocklist, sleep, propagation_s, count, group_of, release)
+
+
+def _acquire(ec2, template_id: str, base: dict, user_data: str, choices: List[Choice], markets: List[str], tags: List[dict],
+             blocklist: Blocklist, sleep: Callable[[float], None], propagation_s: float, count: int = 1,
+             group_of: Optional[Callable[[str], str]] = None, release: Optional[Callable[[List[str]], None]] = None) -> List[Acquired]:
     from botocore.exceptions import ClientError
 
     if not any(blocklist.allowed(choices, m) for m in markets):  # everything just refused: wait without calling the API
@@ -141,8 +160,10 @@ def acquire(ec2, template_id: str, base: dict, user_data: str, choices: List[Cho
                 allowed = blocklist.allowed(choices, market)
                 if not allowed:
                     break
+                if count > 1:  # all nodes from one pool: one type, one AZ, one placement group
+                    allowed = allowed[:1]
                 try:
-                    answer = _fleet(ec2, template_id, version, allowed, market, tags)
+                    answer = _fleet(ec2, template_id, version, allowed, market, tags, count, group_of(allowed[0].az) if group_of else "")
                 except ClientError as exc:
                     code, message = _code(exc), _message(exc)
                     if code in CAPACITY_ERRORS:  # the whole request was refused: block the first pool it offered
@@ -153,12 +174,15 @@ def acquire(ec2, template_id: str, base: dict, user_data: str, choices: List[Cho
                         waited += _backoff(waited, sleep)
                         continue
                     raise _refused(code, message, market, allowed[0].instance_type) from None
-                for inst in answer.get("Instances", []):
-                    if inst.get("InstanceIds"):
-                        o = inst.get("LaunchTemplateAndOverrides", {}).get("Overrides", {})
-                        chosen = next((c for c in allowed if c.instance_type == o.get("InstanceType") and c.subnet_id == o.get("SubnetId")), allowed[0])
-                        return Acquired(inst["InstanceIds"][0], o.get("InstanceType", chosen.instance_type), chosen.subnet_id, chosen.az,
-                                        inst.get("Lifecycle", market))
+                got = _instances(answer, allowed, market)
+                if len(got) >= count:
+                    return got
+                if got:  # fewer than the run's nodes (MinTargetCapacity should prevent it): none is any use alone
+                    log.info("%s %s in %s gave %d of %d instances; releasing them and trying the next choice",
+                             market, allowed[0].instance_type, allowed[0].az, len(got), count)
+                    _release_quietly(release, [g.instance_id for g in got])
+                    blocklist.block(market, allowed[0].instance_type, allowed[0].subnet_id)
+                    continue
                 errors = answer.get("Errors", [])
                 if not errors:
                     raise CapacityUnavailable("CreateFleet answered with neither instances nor errors; will retry")
@@ -189,6 +213,24 @@ def acquire(ec2, template_id: str, base: dict, user_data: str, choices: List[Cho
             ec2.delete_launch_template_versions(LaunchTemplateId=template_id, Versions=[version])
         except Exception as exc:  # never fatal, never loses an instance: the version dies with the template at `orch down`
             log.warning("could not delete launch template version %s: %s", version, exc)
+
+
+def _release_quietly(release: Optional[Callable[[List[str]], None]], ids: List[str]) -> None:
+    try:
+        if release is not None:
+            release(ids)
+    except Exception as exc:  # they carry the sweep's tags: `orch down` finds them
+        log.error("could not release %s: %s", ", ".join(ids), exc)
+
+
+def _instances(answer: dict, allowed: List[Choice], market: str) -> List[Acquired]:
+    out = []
+    for inst in answer.get("Instances", []):
+        o = inst.get("LaunchTemplateAndOverrides", {}).get("Overrides", {})
+        chosen = next((c for c in allowed if c.instance_type == o.get("InstanceType") and c.subnet_id == o.get("SubnetId")), allowed[0])
+        for iid in inst.get("InstanceIds") or []:
+            out.append(Acquired(iid, o.get("InstanceType", chosen.instance_type), chosen.subnet_id, chosen.az, inst.get("Lifecycle", market)))
+    return out
 
 
 def _backoff(waited: float, sleep: Callable[[float], None]) -> float:

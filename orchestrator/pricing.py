@@ -1,7 +1,7 @@
 """Prices and realized cost: spot price history -> an estimate before launch and the spend after.
 
 The spend of a sweep is kept as a ledger in the store (<sweep>/cost.json): one entry per instance
-with its type, AZ, market, hourly price at acquisition, and first/last time it was seen running,
+with its type, AZ, market, hourly price at acquisition, run, GPUs, and first/last time it was seen running,
 so wasted attempts (interrupted, failed) count too, and `orch status` can show it without AWS calls.
 On-demand prices are not in the EC2 API; orch prices an on-demand hour at ON_DEMAND_FACTOR times
 the spot price of the same (type, AZ) — an approximation, said so wherever it is shown.
@@ -18,6 +18,19 @@ log = logging.getLogger("orch.pricing")
 
 ON_DEMAND_FACTOR = 3.0
 CACHE_S = 3600.0
+
+
+def per_run(ledger: Dict[str, dict], now: Optional[float] = None) -> Dict[str, Tuple[float, float]]:
+    """(dollars, GPU-hours) per run: every instance of every attempt of the run counts."""
+    out: Dict[str, Tuple[float, float]] = {}
+    for entry in ledger.values():
+        if not entry.get("run"):
+            continue
+        end = entry.get("end") or now or time.time()
+        hours = max(0.0, end - entry["start"]) / 3600
+        usd, gpu_h = out.get(entry["run"], (0.0, 0.0))
+        out[entry["run"]] = (usd + hours * float(entry.get("price_per_h") or 0.0), gpu_h + hours * int(entry.get("gpus") or 0))
+    return out
 
 
 def ledger_cost(ledger: Dict[str, dict], now: Optional[float] = None) -> float:
@@ -70,7 +83,7 @@ class CostLedger:
             self._entries = get_json(self.store, self.key) or {}
         return self._entries
 
-    def acquired(self, instance_id: str, instance_type: str, az: str, market: str) -> None:
+    def acquired(self, instance_id: str, instance_type: str, az: str, market: str, run: str = "", gpus: int = 0) -> None:
         try:
             price = self.prices.price(instance_type, az, market)
         except Exception as exc:  # a missing price must not lose the instance
@@ -78,7 +91,8 @@ class CostLedger:
             price = None
         now = time.time()
         with self.lock:
-            self.entries[instance_id] = {"type": instance_type, "az": az, "market": market, "price_per_h": price, "start": now, "end": now}
+            self.entries[instance_id] = {"type": instance_type, "az": az, "market": market, "price_per_h": price, "start": now, "end": now,
+                                         "run": run, "gpus": gpus}
             self._save()
 
     def observe(self, live_ids: List[str]) -> None:

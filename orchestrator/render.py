@@ -71,14 +71,18 @@ def failure_report(views: List[RunView]) -> List[str]:
 
 def results_table(res: Results) -> Table:
     metrics = ranked(res.metric_names())[:4]
-    table = Table(title=f"results of sweep {res.sweep}", title_justify="left")
-    for col in ["run", "state", *metrics, *[f"best {m}" for m in metrics if m.endswith("acc")], "time"]:
+    costs = any(r.cost_usd is not None for r in res.runs)
+    title = f"results of sweep {res.sweep}" + (f" (spent ${res.spend_usd:.2f} in all)" if res.spend_usd is not None else "")
+    table = Table(title=title, title_justify="left")
+    for col in ["run", "state", *metrics, *[f"best {m}" for m in metrics if m.endswith("acc")], "time", *(["GPU-h", "$"] if costs else [])]:
         table.add_column(col)
     for r in res.runs:
         row = [r.run_id, Text(r.state, style=STYLE.get(r.state, ""))]
         row += [fmt_value(r.final.get(m, "-")) for m in metrics]
         row += [fmt_value(r.best.get(m, "-")) for m in metrics if m.endswith("acc")]
         row.append(fmt_seconds(r.elapsed_s))
+        if costs:
+            row += [f"{r.gpu_hours or 0.0:.2f}", f"{r.cost_usd or 0.0:.2f}"]
         table.add_row(*row)
     return table
 
@@ -99,7 +103,8 @@ def dry_run_lines(sweep, plan) -> List[str]:
             price = f"${row['spot_usd_per_h']:.4f}/h" if row["spot_usd_per_h"] is not None else "no spot price"
             lines.append(f"  choice {row['type']} in {row['az']}: {price}; each run there: {describe(spec.resources, row['gpus'])}")
         est = plan["estimate_usd_max"]
-        lines.append(f"estimated cost at most ${est:.2f} ({plan['runs']} runs x {plan['hours_per_run_max']:.1f} h at the cheapest "
+        per = f" x {plan['nodes_per_run']} instances" if plan.get("nodes_per_run", 1) > 1 else ""
+        lines.append(f"estimated cost at most ${est:.2f} ({plan['runs']} runs{per} x {plan['hours_per_run_max']:.1f} h at the cheapest "
                      "spot price; runs that end sooner cost less)" if est is not None else "estimated cost unknown: no spot price history")
     lines.append("dry run: nothing launched.")
     return lines

@@ -30,7 +30,7 @@ GPUS_OF_TYPE = {
 }
 
 TORCHRUN = ('{python} -m torch.distributed.run --nnodes "$ORCH_NODES" --nproc-per-node "$ORCH_PROCS_PER_NODE" '
-            '--node-rank "$ORCH_NODE_RANK" --master-addr "$ORCH_MASTER_ADDR" --master-port "$ORCH_MASTER_PORT"')
+            '--node-rank "$ORCH_NODE_RANK" --master-addr "$ORCH_MASTER_ADDR" --master-port "$ORCH_MASTER_PORT" --rdzv-id "$ORCH_RDZV_ID"')
 
 
 def torchrun_text(python: str) -> str:
@@ -89,9 +89,6 @@ def check(spec: Any) -> List[Tuple[Tuple[Any, ...], str]]:
     r = spec.resources
     if r is None:
         return out
-    if r.nodes > 1 and spec.backend == "aws":
-        out.append((("resources", "nodes"), "runs that span several instances are not available on aws yet; use `nodes: 1` "
-                    "(one instance, all its GPUs: `{torchrun}`), or try the shape on the local backend"))
     if spec.backend == "aws" and spec.aws is not None and r.gpus:
         known = [GPUS_OF_TYPE[t] for t in spec.aws.instance_types if t in GPUS_OF_TYPE]
         if known and len(known) == len(spec.aws.instance_types) and r.gpus > max(known):

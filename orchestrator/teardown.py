@@ -9,6 +9,7 @@ from typing import Dict, List
 
 from .ec2 import LIVE_STATES, NOT_GONE, _code, explain, iam_name, sweep_instances, terminate
 from .errors import OrchError
+from .placement import delete_group, sweep_groups
 
 
 TEARDOWN_WAIT_S = 900.0  # GPU instances can stay in shutting-down for minutes
@@ -42,6 +43,12 @@ def teardown(ec2, iam, sweep: str, wait_s: float = TEARDOWN_WAIT_S) -> List[str]
             removed.append(sg["GroupId"])
         except Timeout:
             raise OrchError(f"security group {sg['GroupId']} is still in use; run `orch down {sweep}` again in a minute.") from None
+    for group in sweep_groups(ec2, sweep):  # cluster placement groups of multi-node runs
+        try:
+            retry_until(lambda: delete_group(ec2, group), 120, 3.0, f"placement group {group} to be empty")
+            removed.append(f"placement-group/{group}")
+        except Timeout:
+            raise OrchError(f"placement group {group} still holds an instance; run `orch down {sweep}` again in a minute.") from None
     removed += _delete_instance_profile(iam, iam_name(sweep))
     return removed
 
@@ -85,6 +92,9 @@ def orch_resources(ec2, iam) -> Dict[str, List[str]]:
     for sg in ec2.describe_security_groups(Filters=[{"Name": "tag-key", "Values": ["orch:sweep"]}])["SecurityGroups"]:
         sweep = {t["Key"]: t["Value"] for t in sg.get("Tags", [])}.get("orch:sweep", "?")
         found.setdefault(sweep, []).append(f"security-group {sg['GroupId']}")
+    for pg in ec2.describe_placement_groups(Filters=[{"Name": "tag-key", "Values": ["orch:sweep"]}])["PlacementGroups"]:
+        sweep = {t["Key"]: t["Value"] for t in pg.get("Tags", [])}.get("orch:sweep", "?")
+        found.setdefault(sweep, []).append(f"placement-group {pg['GroupName']}")
     for lt in ec2.describe_launch_templates()["LaunchTemplates"]:
         if lt["LaunchTemplateName"].startswith("orch-"):
             found.setdefault(lt["LaunchTemplateName"][5:], []).append(f"launch-template {lt['LaunchTemplateId']}")

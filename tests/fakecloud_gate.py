@@ -17,6 +17,11 @@ What it imitates (each switchable through `Strictness`, all on by default):
 - CreateFleet answers injected per (market, instance type, AZ): `fleet_errors[(m, t, az)] = code`
   ("*" matches anything). Refused pools come back as the fleet's Errors; when no pool is left the
   answer is a 200 with Errors and no instances, as AWS gives it.
+- Placement groups (moto has none): tests/fakecloud_placement.py answers them, and CreateFleet
+  overrides that name one are checked against it (unknown group, one AZ per cluster group).
+- `fleet_capacity[(m, t, az)] = k`: that pool gives at most k instances per CreateFleet: a request
+  for more is partly filled, as EC2 does when a pool runs short, or, with MinTargetCapacity above
+  k, refused with InsufficientInstanceCapacity and nothing launched (EC2's all-or-nothing).
 - `garbled`: EC2 actions whose answer cannot be parsed, so the SDK raises something that is not a
   ClientError (what a dropped connection or a proxy's error page does).
 
@@ -44,6 +49,7 @@ ACCOUNT = "123456789012"  # moto's default account
 MOTO = threading.RLock()
 REGION = "us-east-1"
 AUTH_RE = re.compile(r"Credential=([^/]+)/[^/]+/([^/]+)/([^/]+)/")
+PLACEMENT_ACTIONS = ("CreatePlacementGroup", "DescribePlacementGroups", "DeletePlacementGroup")
 PROFILE_ERROR = "Value ({name}) for parameter iamInstanceProfile.name is invalid. Invalid IAM Instance Profile name"
 
 
@@ -75,9 +81,13 @@ class Gate:
     profile_of: Dict[str, str] = field(default_factory=dict)  # instance id -> instance profile (moto's fleets drop it)
     policy_source: Optional[Callable[[str], List[dict]]] = None  # role -> policy documents
     garbled: set = field(default_factory=set)  # EC2 actions answered with a body no SDK can parse (any-exception injection)
+    fleet_capacity: Dict[Tuple[str, str, str], int] = field(default_factory=dict)  # most instances one CreateFleet gets from a pool
 
     def __post_init__(self):
+        from tests.fakecloud_placement import PlacementGroups
+
         self.lock = threading.Lock()
+        self.placement = PlacementGroups(state_of=_state_of)
 
     # --- WSGI ----------------------------------------------------------------------------------
 
@@ -150,6 +160,8 @@ class Gate:
             return "200 OK", [("Content-Type", "text/xml")], b"<garbled"
         if action == "CreateFleet":
             return self._create_fleet(environ, form)
+        if action in PLACEMENT_ACTIONS:
+            return self.placement.answer(action, form, self._ec2_error)
         answer = self.forward(environ)
         if action == "CreateSecurityGroup" and answer[0].startswith("200"):
             for gid in set(re.findall(rb"sg-[0-9a-f]+", answer[2])):
@@ -171,19 +183,34 @@ class Gate:
         for o in overrides:
             az = _subnet_az(o.get("SubnetId", ""))
             code = self._injected(market, o.get("InstanceType", ""), az)
-            if profile and self._is_young(profile, self.strict.profile_s):
+            group = o.pop("Placement.GroupName", "")
+            placed = self.placement.refusal(group, az) if group else None
+            if placed:
+                refused.append((o, *placed))
+            elif profile and self._is_young(profile, self.strict.profile_s):
                 refused.append((o, "InvalidParameterValue", PROFILE_ERROR.format(name=profile)))
             elif code:
                 refused.append((o, code, f"injected by the fake cloud for ({market}, {o.get('InstanceType')}, {az})"))
             else:
-                kept.append(o)
+                kept.append({**o, "_group": group, "_az": az})
         for _, code, _ in refused:
             self.counts[code] += 1
+        wanted = int(form.get("TargetCapacitySpecification.TotalTargetCapacity", ["1"])[0])
+        least = int(form.get(f"{'SpotOptions' if market == 'spot' else 'OnDemandOptions'}.MinTargetCapacity", ["0"])[0])
+        for o in [o for o in kept if least and (self._capacity(market, o.get("InstanceType", ""), o["_az"]) or wanted) < least]:
+            kept.remove(o)  # MinTargetCapacity: EC2 launches nothing rather than too few
+            refused.append((o, "InsufficientInstanceCapacity", f"fewer than {least} {o.get('InstanceType')} in {o['_az']} (fake cloud)"))
+            self.counts["InsufficientInstanceCapacity"] += 1
         if not kept:
             return self._fleet_errors(template_id, version, market, refused)
         new_form = [(k, v) for k, v in parse_qsl(urlencode(form, doseq=True)) if not k.startswith("LaunchTemplateConfigs.1.Overrides.")]
         for n, o in enumerate(kept, start=1):
-            new_form += [(f"LaunchTemplateConfigs.1.Overrides.{n}.{k}", v) for k, v in o.items()]
+            new_form += [(f"LaunchTemplateConfigs.1.Overrides.{n}.{k}", v) for k, v in o.items() if not k.startswith("_")]
+        caps = [c for o in kept if (c := self._capacity(market, o.get("InstanceType", ""), o["_az"])) is not None]
+        cap = min(caps) if caps else None
+        if cap is not None:
+            self.counts["partial"] += 1
+            new_form = [(k, str(cap) if k == "TargetCapacitySpecification.TotalTargetCapacity" and int(v) > cap else v) for k, v in new_form]
         answer = self.forward(environ, urlencode(new_form).encode())
         if answer[0].startswith("200"):
             groups = list(data.get("SecurityGroupIds") or [g for nic in data.get("NetworkInterfaces") or [] for g in nic.get("Groups", [])])
@@ -193,6 +220,8 @@ class Gate:
                 self.groups_of[iid] = groups
                 if profile:
                     self.profile_of[iid] = profile
+                if kept[0]["_group"]:
+                    self.placement.joined(iid, kept[0]["_group"], kept[0]["_az"])
                 self._pending(iid)
         return answer
 
@@ -200,6 +229,12 @@ class Gate:
         for (m, t, a), code in self.fleet_errors.items():
             if m in ("*", market) and t in ("*", itype) and a in ("*", az):
                 return code
+        return None
+
+    def _capacity(self, market: str, itype: str, az: str) -> Optional[int]:
+        for (m, t, a), k in self.fleet_capacity.items():
+            if m in ("*", market) and t in ("*", itype) and a in ("*", az):
+                return k
         return None
 
     def _fleet_errors(self, template_id: str, version: str, market: str, refused) -> tuple:
@@ -346,6 +381,12 @@ def _instance(iid: str):
             return _ec2_backend().get_instance(iid)
         except Exception:
             return None
+
+
+def _state_of(iid: str) -> Optional[str]:
+    with MOTO:
+        inst = _instance(iid)
+        return inst._state.name if inst is not None else None
 
 
 def _instance_tags(iid: str) -> Dict[str, str]:

@@ -120,8 +120,11 @@ def test_security_group_launch_template_and_instance_profile(cloud):
     ec2, iam = cloud.client("ec2"), cloud.client("iam")
     sg = api.ensure_security_group(ec2, "sec", cloud.vpc, "203.0.113.7/32")
     assert api.ensure_security_group(ec2, "sec", cloud.vpc, "203.0.113.7/32") == sg  # idempotent
-    perms = ec2.describe_security_groups(GroupIds=[sg])["SecurityGroups"][0]["IpPermissions"]
-    assert perms == [{"FromPort": 22, "ToPort": 22, "IpProtocol": "tcp", "IpRanges": [{"CidrIp": "203.0.113.7/32", "Description": "orch controller"}],
+    perms = sorted(ec2.describe_security_groups(GroupIds=[sg])["SecurityGroups"][0]["IpPermissions"], key=lambda p: p["IpProtocol"])
+    own = [{"Description": "orch: the sweep's own instances", "UserId": "123456789012", "GroupId": sg}]
+    # ssh from the controller's address only, and anything between the sweep's own instances (multi-node rendezvous)
+    assert perms == [{"IpProtocol": "-1", "IpRanges": [], "Ipv6Ranges": [], "PrefixListIds": [], "UserIdGroupPairs": own},
+                     {"FromPort": 22, "ToPort": 22, "IpProtocol": "tcp", "IpRanges": [{"CidrIp": "203.0.113.7/32", "Description": "orch controller"}],
                       "Ipv6Ranges": [], "PrefixListIds": [], "UserIdGroupPairs": []}]
 
     profile = api.ensure_instance_profile(iam, "sec", "bucket", "team/orch")

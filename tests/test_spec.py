@@ -93,8 +93,6 @@ BAD = {
     "budget_on_local": ("name: x\nbudget_usd: 5\n", 2, "budget_usd"),
     "bad_s3_url": ("name: x\nstore: s3://Bad_Bucket\n", 2, "store"),
     "zero_nodes": ("name: x\nresources:\n  nodes: 0\n", 3, "resources.nodes"),
-    "multi_node_not_yet_on_aws": ("name: x\nbackend: aws\nstore: s3://bucket-1/p\nresources:\n  nodes: 2\naws:\n  image: ami-1\n", 5,
-                                  "resources.nodes"),
     "zero_procs": ("name: x\ncommand: '{torchrun} -m trainer'\nresources:\n  procs_per_node: 0\n", 4, "resources.procs_per_node"),
     "more_gpus_than_any_type": ("name: x\nbackend: aws\nstore: s3://bucket-1/p\nresources:\n  gpus: 16\naws:\n  image: ami-1\n"
                                 "  instance_types: [g5.xlarge, p4d.24xlarge]\n", 5, "resources.gpus"),

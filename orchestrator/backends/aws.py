@@ -1,57 +1,40 @@
-"""The aws backend: each attempt of a run gets its own EC2 (spot) instance.
+"""The aws backend: each attempt of a run gets its own EC2 (spot) instance, or N of them for a run
+with `resources: nodes: N`.
 
-start() returns at once; a worker thread acquires the instance (CreateFleet), waits for its sshd,
-checks its pinned host key, uploads the code bundle once and starts the agent in tmux. The
-instance is tagged with its run from birth, so list() — one DescribeInstances per pass — counts it
-as the run's host while it boots, and a controller started again after a crash adopts it.
+start() returns at once; a worker thread (aws_provision.py) acquires the instance(s) (CreateFleet),
+waits for sshd, checks the pinned host key, uploads the code bundle once and starts the agent(s)
+in tmux. Instances are tagged with their run and attempt from birth, so list() — one
+DescribeInstances per pass — counts them as the run's hosts while they boot, and a controller
+started again after a crash adopts them. The nodes of an attempt are ranked by instance id.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
 import shlex
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional
-
-import yaml
 
 from .. import bundle as code_bundle
 from .. import ec2 as api
 from .. import fleet
 from ..errors import OrchError
 from .. import contract
-from ..spec import AUTO_PYTHON, Sweep, orch_home
-from ..ssh import Target, attach_argv, connect, interactive, known_hosts_file, new_host_key, public_key_of
-from ..status import FAILED, QUEUED
+from ..spec import Sweep, orch_home
+from ..ssh import Target, attach_argv, connect, interactive, known_hosts_file, public_key_of
 from ..pricing import CostLedger, PriceBook
 from ..store import open_store
+from .aws_provision import ProvisionMixin
 from .base import ACQUIRING, BackendBase, Host, Outcome, RunTask
 
 log = logging.getLogger("orch.aws")
 STOP_WAIT_S = 30.0
 AGENT_REPORT_S = 120.0  # from the agent's start until its first report (a cold volume makes the first start slow)
 ADOPTED_REPORT_S = 60.0  # the same, past the boot allowance, for an instance this controller did not provision
-# Where images keep an interpreter with PyTorch, best first (`aws.python: auto`).
-PYTHON_CANDIDATES = ("/opt/pytorch/bin/python", "/opt/conda/envs/pytorch/bin/python", "python3")
-
-
-def cloud_config(host_private: str, host_public: str, user_public: str, max_minutes: int) -> str:
-    """User data: the pinned host key, the user's key, and the safety-net shutdown."""
-    doc = {
-        "ssh_deletekeys": True,
-        "ssh_keys": {"ed25519_private": host_private, "ed25519_public": host_public},
-        "ssh_authorized_keys": [user_public],
-        "runcmd": [["shutdown", "-h", f"+{max_minutes}"]],
-    }
-    return "#cloud-config\n" + yaml.safe_dump(doc, sort_keys=False)
-
-
-class AwsBackend(BackendBase):
+class AwsBackend(ProvisionMixin, BackendBase):
     name = "aws"
     poll_s = 2.0
     stale_s = 180.0  # agents heartbeat every 10 s
@@ -70,6 +53,9 @@ class AwsBackend(BackendBase):
         self.start_timeout_s = AGENT_REPORT_S
         self.ready: Dict[str, tuple] = {}  # run -> (attempt, when its agent was started) by this controller
         self.python: Optional[str] = None  # the instance interpreter, checked on the first host
+        self.nodes = sweep.spec.resources.nodes if sweep.spec.resources else 1  # instances per attempt
+        self.groups: Dict[str, str] = {}  # AZ -> the sweep's cluster placement group there (multi-node runs)
+        self.gpus: Dict[str, int] = {}  # instance type -> GPUs (for GPU-hours in the cost ledger)
         self._setup: Optional[dict] = None
         self._bundle: Optional[code_bundle.Bundle] = None
         self.store = open_store(sweep.store_url)
@@ -128,8 +114,9 @@ class AwsBackend(BackendBase):
         known = [r["spot_usd_per_h"] for r in rows if r["spot_usd_per_h"] is not None]
         hours = (self.sweep.spec.timeout_minutes or self.cfg.max_minutes) / 60
         cheapest = min(known) if known else None
+        instances = len(self.sweep.runs) * self.nodes  # every node of a run is an instance billed
         return {"choices": rows, "runs": len(self.sweep.runs), "hours_per_run_max": hours, "image": f"{image['ImageId']} ({image['Name']})",
-                "estimate_usd_max": round(cheapest * hours * len(self.sweep.runs), 2) if cheapest is not None else None}
+                "nodes_per_run": self.nodes, "estimate_usd_max": round(cheapest * hours * instances, 2) if cheapest is not None else None}
 
     # --- the Backend interface ------------------------------------------------------------------
 
@@ -146,14 +133,19 @@ class AwsBackend(BackendBase):
             pending, ready = dict(self.pending), dict(self.ready)
         self.ledger.observe([i["instance_id"] for i in instances])
         hosts = []
+        ranks = {}  # (run, attempt) -> its instance ids in rank order
+        for i in sorted(instances, key=lambda i: i["instance_id"]):
+            ranks.setdefault((i["run"], i["attempt"]), []).append(i["instance_id"])
         for i in instances:
             if not i["run"]:
                 continue
             attempt = int(i["attempt"]) if i["attempt"].isdigit() else None
             hosts.append(Host(run_id=i["run"], host_id=i["instance_id"], address=self._address(i), attempt=attempt,
-                              provisioning=pending.get(i["run"]) == attempt, start_deadline=self._deadline(i, attempt, ready)))
+                              provisioning=pending.get(i["run"]) == attempt, start_deadline=self._deadline(i, attempt, ready),
+                              node=ranks[(i["run"], i["attempt"])].index(i["instance_id"]), nodes=self.nodes))
         seen = {h.run_id for h in hosts}
-        hosts += [Host(run_id=r, host_id=ACQUIRING, address="", attempt=a, provisioning=True) for r, a in pending.items() if r not in seen]
+        hosts += [Host(run_id=r, host_id=ACQUIRING, address="", attempt=a, provisioning=True, nodes=self.nodes)
+                  for r, a in pending.items() if r not in seen]
         return hosts
 
     def _deadline(self, inst: dict, attempt: Optional[int], ready: Dict[str, tuple]) -> Optional[float]:
@@ -205,28 +197,33 @@ class AwsBackend(BackendBase):
         return Host(run_id=task.run_id, host_id="(acquiring)", address="")
 
     def stop(self, run_id: str, reason: str) -> bool:
-        inst = self._instance_of(run_id)
-        if inst is None:
+        """Every node's agent stops its command (node 0 first: it writes the reason), then the instances go."""
+        nodes = self._instances_of(run_id)
+        if not nodes:
             return False
-        try:
-            conn = connect(self._target(inst), timeout=20)
+        for inst in nodes:
             try:
-                conn.run(contract.stop_script(self._ctl(run_id), contract.session_name(self.name_, run_id), reason, STOP_WAIT_S,
-                                              contract.REMOTE_TMUX_SOCKET), timeout=STOP_WAIT_S + 30)
-            finally:
-                conn.close()
-        except OrchError as exc:
-            log.warning("could not stop %s gracefully: %s", run_id, exc)
-        api.terminate(self.ec2, [inst["instance_id"]])
+                conn = connect(self._target(inst), timeout=20)
+                try:
+                    conn.run(contract.stop_script(self._ctl(run_id), contract.session_name(self.name_, run_id), reason, STOP_WAIT_S,
+                                                  contract.REMOTE_TMUX_SOCKET), timeout=STOP_WAIT_S + 30)
+                finally:
+                    conn.close()
+            except OrchError as exc:
+                log.warning("could not stop %s on %s gracefully: %s", run_id, inst["instance_id"], exc)
+        api.terminate(self.ec2, [inst["instance_id"] for inst in nodes])
         return True
 
-    def attach(self, run_id: str) -> int:
-        """An interactive terminal in the run's tmux window: system ssh when there is one, paramiko otherwise."""
+    def attach(self, run_id: str, node: int = 0) -> int:
+        """An interactive terminal in the run's tmux window on node `node`: system ssh when there is one, paramiko otherwise."""
         import shutil
 
-        inst = self._instance_of(run_id)
-        if inst is None:
+        nodes = self._instances_of(run_id)
+        if not nodes:
             raise OrchError(f"run {run_id} has no running instance. See its log with `orch logs {run_id}`.")
+        if node >= len(nodes):
+            raise OrchError(f"run {run_id} runs on {len(nodes)} node(s) now: --node takes 0 to {len(nodes) - 1}.")
+        inst = nodes[node]
         target = self._target(inst)
         remote = (f"tmux -L {contract.REMOTE_TMUX_SOCKET} attach-session -t "
                   f"{shlex.quote('=' + contract.session_name(self.name_, inst['run']) + ':run')}")
@@ -240,126 +237,6 @@ class AwsBackend(BackendBase):
         from ..teardown import teardown
 
         return teardown(self.ec2, api.client("iam", self.cfg.region), self.name_)
-
-    # --- provisioning (worker threads) ----------------------------------------------------------
-
-    def _provision(self, task: RunTask) -> None:
-        """Acquire, boot, check and start one attempt. Once CreateFleet returned an instance, every
-        way out of here leaves it either running this attempt's agent or terminated and recorded."""
-        instance_id, reported = None, True
-        try:
-            if self.fatal is not None:
-                raise self.fatal
-            setup = self.bootstrap()
-            if task.replaces:  # that (type, AZ) just took its instance back: try elsewhere first
-                self._block_reclaimed(task.replaces)
-            host_private, host_public = new_host_key()
-            user_data = cloud_config(host_private, host_public, public_key_of(self.cfg.ssh.identity), self.cfg.max_minutes)
-            tags = api.sweep_tags(self.name_, run=task.run_id, attempt=str(task.attempt), hostkey=host_public) + [
-                {"Key": "Name", "Value": f"orch {self.name_} {task.run_id} #{task.attempt}"}]
-            got = fleet.acquire(self.ec2, setup["template"], setup["base"], user_data, setup["choices"], fleet.markets(self.cfg.market),
-                                tags, self.blocklist)
-            instance_id = got.instance_id
-            self.ledger.acquired(got.instance_id, got.instance_type, got.az, got.market)
-            log.info("%s: %s %s in %s (%s)", task.run_id, got.instance_id, got.instance_type, got.az, got.market)
-            address = api.wait_running(self.ec2, instance_id, self.cfg.ssh.address, self.cfg.boot_timeout_s)
-            target = Target(address, self.cfg.ssh.port, self.cfg.ssh.user, self.cfg.ssh.identity, host_public)
-            conn = connect(target, timeout=self.cfg.boot_timeout_s, interval=1.0)
-            try:
-                self._start_agent(conn, task, instance_id)
-            finally:
-                conn.close()
-            reported = False
-        except fleet.CapacityUnavailable as exc:
-            self._requeue(task, str(exc), instance_id)
-        except api.AwsFatal as exc:
-            self.fatal = exc  # fail fast: the controller's next pass raises it
-            self._requeue(task, str(exc), instance_id)
-        except OrchError as exc:  # host key mismatch, sshd never came up, remote command failed
-            self._fail(task, str(exc), instance_id)
-        except Exception as exc:  # a bug or an unexpected API answer: record it on the run, keep the sweep going
-            log.exception("provisioning %s failed", task.run_id)
-            self._fail(task, f"provisioning failed: {type(exc).__name__}: {exc}", instance_id)
-        finally:
-            if not reported:  # else the run stays pending until the controller took the outcome (no window where it looks hostless)
-                with self.lock:
-                    self.pending.pop(task.run_id, None)
-
-    def _interpreter(self, conn) -> str:
-        """The instance's Python for the agent and `{python}`: checked once per controller, on the first host.
-
-        It must import boto3 (the agent) and, when a command runs the bundled trainer, torch. A
-        wrong interpreter stops the sweep once, with the fix, instead of failing every run.
-        """
-        with self._setup_lock:
-            if self.python is not None:
-                return self.python
-            needs = ["boto3"] + (["torch"] if any("-m trainer" in r.command for r in self.sweep.runs) else [])
-            candidates = list(PYTHON_CANDIDATES) if self.cfg.python == AUTO_PYTHON else [self.cfg.python]
-            probe = " ".join(shlex.quote(c) for c in candidates)
-            script = (f'for p in {probe}; do if command -v "$p" >/dev/null 2>&1; then '
-                      f'out=$("$p" -c {shlex.quote("import " + ", ".join(needs))} 2>&1) && {{ echo "OK $p"; exit 0; }}; '
-                      f'echo "NO $p: $(printf %s "$out" | tail -n 1)"; else echo "NO $p: not found"; fi; done; exit 1')
-            r = conn.run(script, timeout=max(300.0, self.cfg.boot_timeout_s))
-            found = [line[3:] for line in r.out.splitlines() if line.startswith("OK ")]
-            if r.code != 0 or not found:
-                tried = "; ".join(line[3:] for line in r.out.splitlines() if line.startswith("NO ")) or r.err.strip()[-300:]
-                raise api.AwsFatal(
-                    f"no interpreter on the image can run this sweep (it needs {', '.join(needs)}): {tried}. "
-                    f"Fix: set `aws.python` to an interpreter of the image that has them (Deep Learning AMI: /opt/pytorch/bin/python), "
-                    f"or `auto`; or use an image that has them.")
-            self.python = found[0]
-            log.info("instance interpreter: %s", self.python)
-            return self.python
-
-    def _start_agent(self, conn, task: RunTask, instance_id: str) -> None:
-        with self._setup_lock:
-            if self._bundle is None:
-                self._bundle = code_bundle.build()  # once per controller, not per host
-        b = self._bundle
-        if conn.run(f'test -f "{b.remote_dir.replace("~/", "$HOME/")}/.complete"').code != 0:
-            conn.check(code_bundle.install_command(b), stdin=b.data)
-        py = self._interpreter(conn)
-        task.host = instance_id
-        task.env["ORCH_PYTHON"] = py
-        ctl = task.ctl_dir
-        task_path = f"{ctl}/task-{task.attempt}.json"
-        conn.put_bytes(json.dumps(task.__dict__, indent=2).encode(), task_path)
-        agent = contract.agent_command(py, task_path, ctl, pythonpath=b.remote_dir)
-        conn.check(f'cd "$HOME" && tmux -L {contract.REMOTE_TMUX_SOCKET} new-session -d -s {shlex.quote(task.session)} '
-                   f'-n agent -x 200 -y 50 {shlex.quote(agent)}')
-        with self.lock:
-            self.ready[task.run_id] = (task.attempt, time.time())
-
-    def _block_reclaimed(self, instance_id: str) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            prev = api.instance_placement(self.ec2, instance_id)
-        except (ClientError, BotoCoreError):
-            return
-        if prev:
-            self.blocklist.avoid(*prev)
-            log.info("avoiding %s in %s for a while: it just reclaimed %s", prev[0], prev[1], instance_id)
-
-    def _release_acquired(self, instance_id: Optional[str]) -> str:
-        """Terminate an instance this attempt will not use; say so when even that failed."""
-        if not instance_id:
-            return ""
-        try:
-            api.terminate(self.ec2, [instance_id])
-            return ""
-        except Exception as exc:  # recorded on the run, so `orch down` (which finds it by tag) is the next step
-            log.error("could not terminate %s: %s", instance_id, exc)
-            return f" (could not terminate {instance_id}: {exc}; `orch down {self.name_}` removes it)"
-
-    def _requeue(self, task: RunTask, reason: str, instance_id: Optional[str] = None) -> None:
-        """No host for this attempt (no capacity, or the sweep must stop): the run waits as it was before the claim."""
-        self.outcomes.put(Outcome(task.run_id, task.attempt, QUEUED, reason + self._release_acquired(instance_id)))
-
-    def _fail(self, task: RunTask, reason: str, instance_id: Optional[str]) -> None:
-        log.warning("%s: %s", task.run_id, reason)
-        self.outcomes.put(Outcome(task.run_id, task.attempt, FAILED, reason + self._release_acquired(instance_id)))
 
     def drain_outcomes(self) -> List[Outcome]:
         out = []
@@ -377,10 +254,15 @@ class AwsBackend(BackendBase):
         return inst.get("private_ip" if self.cfg.ssh.address == "private_ip" else "public_ip") or ""
 
     def _instance_of(self, run_id: str) -> Optional[dict]:
-        for inst in api.sweep_instances(self.ec2, self.name_, ["pending", "running"]):
-            if inst["run"] == run_id or inst["instance_id"] == run_id:
-                return inst
-        return None
+        """Node 0 of the run's newest attempt (or the instance of that id)."""
+        nodes = self._instances_of(run_id)
+        return nodes[0] if nodes else None
+
+    def _instances_of(self, run_id: str) -> List[dict]:
+        """The instances of the run's newest attempt that still live, in node order (or the instance of that id)."""
+        found = [i for i in api.sweep_instances(self.ec2, self.name_, ["pending", "running"]) if run_id in (i["run"], i["instance_id"])]
+        newest = max((int(i["attempt"]) for i in found if i["attempt"].isdigit()), default=None)
+        return sorted((i for i in found if newest is None or i["attempt"] == str(newest)), key=lambda i: i["instance_id"])
 
     def _target(self, inst: dict) -> Target:
         if not inst.get("host_key"):

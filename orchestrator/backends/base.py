@@ -32,6 +32,8 @@ class RunTask:
     imds: bool = False  # also ask the instance metadata service (aws), not only ctl/spot-notice
     data: List[Dict[str, str]] = field(default_factory=list)  # [{"from", "to"}]: staged before the command starts
     nodes_here: int = 1  # local: the run's nodes all run on this host, as that many copies of the command
+    node_hosts: int = 1  # aws: hosts the attempt spans, one node each (its agents: node 0 reports, the others follow)
+    node_rank: int = 0  # aws: which of them this host is
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -56,6 +58,9 @@ class Host:
     attempt: Optional[int] = None  # the attempt it was started for, when the backend knows
     provisioning: bool = False  # this controller is still setting it up (acquire, boot, ssh, agent)
     start_deadline: Optional[float] = None  # its agent must have reported by then, or the host is replaced
+    node: int = 0  # its node rank in a run that spans several hosts
+    nodes: int = 1  # hosts the attempt spans
+    missing: int = 0  # (set by the controller's survey) nodes of this attempt that are gone
 
 
 @dataclass(frozen=True)
@@ -98,8 +103,8 @@ class Backend(Protocol):
     def notify_interruption(self, run_id: str) -> bool:
         """Deliver a spot notice the way the agent looks for one; False when the run has no live host."""
 
-    def attach(self, run_id: str) -> int:
-        """Give this terminal to the run's tmux window (exec or bridge); returns an exit code."""
+    def attach(self, run_id: str, node: int = 0) -> int:
+        """Give this terminal to the run's tmux window on its node `node` (exec or bridge); returns an exit code."""
 
     def preflight(self) -> None:
         """Fail early, with the next step, on what would make every start fail."""

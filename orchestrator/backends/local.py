@@ -86,7 +86,9 @@ class LocalBackend(BackendBase):
             tmux_server.kill_session(session)
         return True
 
-    def attach(self, run_id: str) -> int:
+    def attach(self, run_id: str, node: int = 0) -> int:
+        if node:
+            raise OrchError(f"--node {node}: on the local backend every node of a run runs in its one window; attach without --node.")
         session = self.session(run_id)
         if not tmux_server.has_session(session):
             raise OrchError(f"run {run_id} is not running (no tmux session {session}). See its log with `orch logs {run_id}`.")
