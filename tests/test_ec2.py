@@ -113,6 +113,37 @@ def test_quota_as_an_exception_also_fails_fast():
         fleet.acquire(client, "lt-1", BASE, "x", CHOICES, ["spot"], [], fleet.Blocklist())
 
 
+def test_nodes_come_from_one_pool_all_at_once_and_a_partial_fill_is_released():
+    """A pool that gives fewer than the run's nodes (EC2 should not, under MinTargetCapacity): those
+    are terminated at once, the pool is blocked, and the next pool is asked for all of them."""
+    client, stub = stubbed()
+    together = {"MinTargetCapacity": 2, "SingleInstanceType": True, "SingleAvailabilityZone": True}
+
+    def expect(choice, ids):
+        answer = {"FleetId": "fleet-1", "Instances": [{"InstanceIds": ids, "InstanceType": choice.instance_type, "Lifecycle": "spot",
+                  "LaunchTemplateAndOverrides": {"Overrides": {"InstanceType": choice.instance_type, "SubnetId": choice.subnet_id}}}]}
+        stub.add_response("create_fleet", answer, {
+            "Type": "instant", "ClientToken": ANY, "TargetCapacitySpecification": {"TotalTargetCapacity": 2, "DefaultTargetCapacityType": "spot"},
+            "SpotOptions": {"AllocationStrategy": "price-capacity-optimized", **together},
+            "OnDemandOptions": {"AllocationStrategy": "lowest-price", **together},
+            "LaunchTemplateConfigs": [{"LaunchTemplateSpecification": {"LaunchTemplateId": "lt-1", "Version": "7"},
+                                       "Overrides": [{"InstanceType": choice.instance_type, "SubnetId": choice.subnet_id,
+                                                      "Placement": {"GroupName": f"pg-{choice.az}"}}]}],
+            "TagSpecifications": ANY})
+
+    expect(CHOICES[0], ["i-1"])  # one of two
+    expect(CHOICES[1], ["i-3", "i-2"])
+    expect_cleanup(stub)
+    released, blocklist = [], fleet.Blocklist()
+    with stub:
+        got = fleet.acquire_nodes(client, "lt-1", BASE, "x", CHOICES, ["spot"], [], blocklist, count=2,
+                                  group_of=lambda az: f"pg-{az}", release=released.extend)
+    stub.assert_no_pending_responses()
+    assert released == ["i-1"] and sorted(g.instance_id for g in got) == ["i-2", "i-3"]
+    assert {(g.instance_type, g.az) for g in got} == {("g5.xlarge", "us-east-1b")}
+    assert CHOICES[0] not in blocklist.allowed(CHOICES, "spot")
+
+
 # --- security settings, on moto --------------------------------------------------------------------
 
 

@@ -93,6 +93,12 @@ def st(state, **kw):
     (st("starting", started_at=NOW - 500, heartbeat=NOW - 5), Host("r", "i-1", "a", start_deadline=NOW - 1), WAIT),  # it reported: restoring
     (st("starting", started_at=NOW - 500, heartbeat=NOW - 500), Host("r", "i-1", "a"), REPLACE),  # reported, then went silent
     (st("failed", no_shows=3), None, DONE),  # hosts that never report end the run: no replacement loop
+    # a run on several instances needs every node of its attempt
+    (st("running", heartbeat=NOW - 5), Host("r", "i-1", "a", nodes=2, missing=1), REPLACE),
+    (st("starting", heartbeat=NOW - 5), Host("r", "i-1", "a", nodes=2, missing=1), REPLACE),
+    (st("starting"), Host("r", "i-1", "a", nodes=2, missing=1, provisioning=True), WAIT),  # still being acquired
+    (st("interrupted"), Host("r", "i-1", "a", nodes=2, missing=1), WAIT),  # the attempt ended: its nodes are on their way out
+    (st("succeeded"), Host("r", "i-1", "a", nodes=2, missing=1), DONE),
 ])
 def test_decide(status, host, want):
     assert decide(status, host, max_restarts=1, now=NOW, stale_s=60, start_timeout_s=60) == want
