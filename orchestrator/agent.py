@@ -25,6 +25,7 @@ from .attempt import SUPERSEDED, _write_private, checkpoint_ok, final_status, is
 from .backends.base import RunTask
 from .contract import AGENT_PID_FILE, NOTICE_FILE, STOP_REASON_FILE
 from .host_policy import HostPolicy
+from .host_slots import doom, slot_value
 from .nodes import FollowerReporter, Relay, node_logs_prefix, relay_key
 from .notices import NoticeSource
 from .reporter import Reporter
@@ -69,7 +70,7 @@ class Agent:
                          else Reporter(self.store, task.sweep, task.run_id, task.attempt, self.run_dir / "metrics.jsonl"))
         self.status_lock = self.reporter.lock  # the record is shared with the heartbeat thread
         self.notices = NoticeSource(self.ctl, task.imds, self.relay.received if task.node_hosts > 1 and not self.follower else None)
-        self.host_policy = HostPolicy(task.session, task.terminate_on_exit, task.idle_s or 0)
+        self.host_policy = HostPolicy(task.session, task.terminate_on_exit, task.idle_s or 0, task.slot, slot_value(task.run_id, task.attempt))
         self.rebalance_at: Optional[float] = None  # when the rebalance recommendation was seen; -1 once handled
         self.ckpt_at_rebalance: Optional[int] = None
 
@@ -103,6 +104,8 @@ class Agent:
             self.notice_at = self.notice_at or now
             return
         if self.notice_at is None:
+            if self.task.slot >= 0:  # a shared instance: nothing new may be placed on it
+                self._quietly(doom)
             self.notice_at, self.ckpt_at_notice = now, newest_checkpoint(self.run_dir)
             log.info("spot interruption notice: asking the command to checkpoint (SIGUSR1)")
             self._signal_command(signal.SIGUSR1)

@@ -196,7 +196,7 @@ def ensure_security_group(ec2, sweep: str, vpc_id: str, cidr: str) -> str:
 
 def instance_profile_policy(bucket: str, prefix: str, sweep: str, data: Sequence[str] = ()) -> dict:
     """What an instance of the sweep may do: its own S3 prefix, read its `data:` prefixes, and
-    terminate instances of its sweep."""
+    terminate (and untag: a packed run gives its slot back) instances of its sweep."""
     base = f"{prefix}/{sweep}" if prefix else sweep
     reads = []
     for url in data:
@@ -212,7 +212,7 @@ def instance_profile_policy(bucket: str, prefix: str, sweep: str, data: Sequence
              "Resource": [f"arn:aws:s3:::{bucket}/{base}/*"]},
             {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [f"arn:aws:s3:::{bucket}"],
              "Condition": {"StringLike": {"s3:prefix": [f"{base}/*"]}}},
-            {"Effect": "Allow", "Action": ["ec2:TerminateInstances"], "Resource": "*",
+            {"Effect": "Allow", "Action": ["ec2:TerminateInstances", "ec2:DeleteTags"], "Resource": "*",
              "Condition": {"StringEquals": {"aws:ResourceTag/orch:sweep": sweep}}},
         ],
     }
@@ -299,6 +299,8 @@ def sweep_instances(ec2, sweep: str, states: Optional[List[str]] = None) -> List
                     "attempt": tags.get("orch:attempt", ""), "host_key": tags.get("orch:hostkey", ""),
                     "launch_time": i.get("LaunchTime").timestamp() if i.get("LaunchTime") else None,
                     "state_reason": i.get("StateReason", {}).get("Code", ""),
+                    "slot_count": int(tags.get("orch:slots") or 0),  # a packed instance: its runs are in orch:slot:<k> tags
+                    "slots": {int(k[10:]): v for k, v in tags.items() if k.startswith("orch:slot:") and k[10:].isdigit()},
                 })
     return out
 

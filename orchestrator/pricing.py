@@ -21,15 +21,23 @@ CACHE_S = 3600.0
 
 
 def per_run(ledger: Dict[str, dict], now: Optional[float] = None) -> Dict[str, Tuple[float, float]]:
-    """(dollars, GPU-hours) per run: every instance of every attempt of the run counts."""
+    """(dollars, GPU-hours) per run: every instance of every attempt of the run counts; a shared
+    (packed) instance counts for each run by the time it held a slot (its share: 1/slots of the
+    instance), so slots nobody used are in the sweep's spend but in no run's."""
     out: Dict[str, Tuple[float, float]] = {}
+
+    def add(run: str, hours: float, price: float, gpus: float) -> None:
+        usd, gpu_h = out.get(run, (0.0, 0.0))
+        out[run] = (usd + hours * price, gpu_h + hours * gpus)
+
     for entry in ledger.values():
-        if not entry.get("run"):
-            continue
-        end = entry.get("end") or now or time.time()
-        hours = max(0.0, end - entry["start"]) / 3600
-        usd, gpu_h = out.get(entry["run"], (0.0, 0.0))
-        out[entry["run"]] = (usd + hours * float(entry.get("price_per_h") or 0.0), gpu_h + hours * int(entry.get("gpus") or 0))
+        price, gpus, slots = float(entry.get("price_per_h") or 0.0), int(entry.get("gpus") or 0), int(entry.get("slots") or 0)
+        if slots:
+            for run, seconds in (entry.get("run_s") or {}).items():
+                add(run, seconds / 3600, price / slots, gpus / slots)
+        elif entry.get("run"):
+            end = entry.get("end") or now or time.time()
+            add(entry["run"], max(0.0, end - entry["start"]) / 3600, price, gpus)
     return out
 
 
@@ -83,7 +91,7 @@ class CostLedger:
             self._entries = get_json(self.store, self.key) or {}
         return self._entries
 
-    def acquired(self, instance_id: str, instance_type: str, az: str, market: str, run: str = "", gpus: int = 0) -> None:
+    def acquired(self, instance_id: str, instance_type: str, az: str, market: str, run: str = "", gpus: int = 0, slots: int = 0) -> None:
         try:
             price = self.prices.price(instance_type, az, market)
         except Exception as exc:  # a missing price must not lose the instance
@@ -92,15 +100,18 @@ class CostLedger:
         now = time.time()
         with self.lock:
             self.entries[instance_id] = {"type": instance_type, "az": az, "market": market, "price_per_h": price, "start": now, "end": now,
-                                         "run": run, "gpus": gpus}
+                                         "run": run, "gpus": gpus, **({"slots": slots, "run_s": {}} if slots else {})}
             self._save()
 
-    def observe(self, live_ids: List[str]) -> None:
+    def observe(self, live_ids: List[str], occupants: Optional[Dict[str, List[str]]] = None) -> None:
+        """Instances seen running now; `occupants`: the runs on each shared instance (their slot time grows)."""
         now = time.time()
         with self.lock:
             for iid in live_ids:
                 entry = self.entries.get(iid)
                 if entry is not None:
+                    for run in (occupants or {}).get(iid, []) if "run_s" in entry else []:
+                        entry["run_s"][run] = entry["run_s"].get(run, 0.0) + max(0.0, now - entry["end"])
                     entry["end"] = now
             live = set(live_ids)
             if live != self._live or (live and now - self._saved_at > 30):

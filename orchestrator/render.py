@@ -102,6 +102,7 @@ def dry_run_lines(sweep, plan) -> List[str]:
         for row in plan["choices"]:
             price = f"${row['spot_usd_per_h']:.4f}/h" if row["spot_usd_per_h"] is not None else "no spot price"
             lines.append(f"  choice {row['type']} in {row['az']}: {price}; each run there: {describe(spec.resources, row['gpus'])}")
+        lines += plan.get("packing") or []
         est = plan["estimate_usd_max"]
         per = f" x {plan['nodes_per_run']} instances" if plan.get("nodes_per_run", 1) > 1 else ""
         lines.append(f"estimated cost at most ${est:.2f} ({plan['runs']} runs{per} x {plan['hours_per_run_max']:.1f} h at the cheapest "

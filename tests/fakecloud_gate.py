@@ -139,10 +139,11 @@ class Gate:
     def _ec2(self, environ, body: bytes, role: Optional[str]):
         form = parse_qs(body.decode())
         action = form.get("Action", [""])[0]
-        ids = [v[0] for k, v in form.items() if k.startswith("InstanceId.")]
-        if role:  # a host: only what its role allows (the agent terminates its own instance)
-            if action != "TerminateInstances" or not all(self._allowed(role, "ec2:TerminateInstances", f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/{i}",
-                                                                        {f"aws:ResourceTag/{k}": v for k, v in _instance_tags(i).items()}) for i in ids):
+        ids = [v[0] for k, v in form.items() if k.startswith("InstanceId.") or (action == "DeleteTags" and k.startswith("ResourceId."))]
+        if role:  # a host: only what its role allows (the agent terminates, or untags, its own instance)
+            if action not in ("TerminateInstances", "DeleteTags") or not ids or not all(
+                    self._allowed(role, f"ec2:{action}", f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/{i}",
+                                  {f"aws:ResourceTag/{k}": v for k, v in _instance_tags(i).items()}) for i in ids):
                 return self._ec2_error("UnauthorizedOperation", f"You are not authorized to perform this operation ({action}).", 403)
         if action in ("DescribeInstances", "TerminateInstances"):
             fresh = [i for i in ids if self._is_young(i, self.strict.instance_s)]

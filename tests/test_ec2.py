@@ -164,7 +164,7 @@ def test_security_group_launch_template_and_instance_profile(cloud):
     objects, listing, terminate = policy["Statement"]
     assert objects["Resource"] == ["arn:aws:s3:::bucket/team/orch/sec/*"]
     assert listing["Condition"] == {"StringLike": {"s3:prefix": ["team/orch/sec/*"]}}
-    assert terminate["Action"] == ["ec2:TerminateInstances"] and terminate["Condition"] == {"StringEquals": {"aws:ResourceTag/orch:sweep": "sec"}}
+    assert terminate["Action"] == ["ec2:TerminateInstances", "ec2:DeleteTags"] and terminate["Condition"] == {"StringEquals": {"aws:ResourceTag/orch:sweep": "sec"}}
 
     image = api.resolve_image(ec2, cloud.image, "self", "us-east-1")
     lt = api.ensure_launch_template(ec2, "sec", api.launch_template_data(image, sg, 50, profile, public_ip=False))

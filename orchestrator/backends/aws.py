@@ -27,6 +27,7 @@ from ..spec import Sweep, orch_home
 from ..ssh import Target, attach_argv, connect, interactive, known_hosts_file, public_key_of
 from ..pricing import CostLedger, PriceBook
 from ..store import open_store
+from .aws_pack import PackMixin
 from .aws_provision import ProvisionMixin
 from .base import ACQUIRING, BackendBase, Host, Outcome, RunTask
 
@@ -34,7 +35,7 @@ log = logging.getLogger("orch.aws")
 STOP_WAIT_S = 30.0
 AGENT_REPORT_S = 120.0  # from the agent's start until its first report (a cold volume makes the first start slow)
 ADOPTED_REPORT_S = 60.0  # the same, past the boot allowance, for an instance this controller did not provision
-class AwsBackend(ProvisionMixin, BackendBase):
+class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
     name = "aws"
     poll_s = 2.0
     stale_s = 180.0  # agents heartbeat every 10 s
@@ -56,6 +57,12 @@ class AwsBackend(ProvisionMixin, BackendBase):
         self.nodes = sweep.spec.resources.nodes if sweep.spec.resources else 1  # instances per attempt
         self.groups: Dict[str, str] = {}  # AZ -> the sweep's cluster placement group there (multi-node runs)
         self.gpus: Dict[str, int] = {}  # instance type -> GPUs (for GPU-hours in the cost ledger)
+        self.packing = False  # runs share multi-GPU instances (decided at bootstrap: orchestrator/packing.py)
+        self.pack_order: list = []  # packing.PackChoice, the best home for new shared instances first
+        self.pack_lock = threading.Lock()  # one placement decision at a time
+        self.reserved: Dict[str, set] = {}  # instance -> slots being claimed by this controller (not tagged yet)
+        self.fresh: Dict[str, tuple] = {}  # instance -> (slots, host key, acquired at): just acquired, maybe not listed yet
+        self.dead: set = set()  # shared instances found terminating
         self._setup: Optional[dict] = None
         self._bundle: Optional[code_bundle.Bundle] = None
         self.store = open_store(sweep.store_url)
@@ -88,8 +95,22 @@ class AwsBackend(ProvisionMixin, BackendBase):
             except (ClientError, BotoCoreError) as exc:
                 raise api.explain(exc, "preparing the sweep's AWS resources") from None
             choices = fleet.choices(cfg.instance_types, subnets)
+            self._plan_packing(sorted({s["AvailabilityZone"] for s in subnets}))
             self._setup = {"template": template, "base": api.template_data(self.ec2, template), "choices": choices, "image": image, "sg": sg}
         return self._setup
+
+    def _plan_packing(self, azs: List[str]) -> None:
+        from ..packing import packs, rank
+
+        self.gpus.update(api.gpu_counts(self.ec2, self.cfg.instance_types))
+        resources = self.sweep.spec.resources
+        self.packing = packs(resources, {t: self.gpus.get(t, 0) for t in self.cfg.instance_types})
+        if self.packing:
+            prices = api.spot_prices(self.ec2, self.cfg.instance_types, azs)
+            by_type = {t: min((p for (tt, _), p in prices.items() if tt == t), default=None) for t in self.cfg.instance_types}
+            parallel = min(self.sweep.spec.max_parallel, len(self.sweep.runs))
+            self.pack_order = rank(self.cfg.instance_types, self.gpus, by_type, resources.gpus, parallel)
+            log.info("packing: %s", ", ".join(f"{c.instance_type} ({c.slots} per instance)" for c in self.pack_order))
 
     def preflight(self) -> None:
         """Everything that can fail before a launch: credentials, bucket, AMI, subnets."""
@@ -114,9 +135,17 @@ class AwsBackend(ProvisionMixin, BackendBase):
         known = [r["spot_usd_per_h"] for r in rows if r["spot_usd_per_h"] is not None]
         hours = (self.sweep.spec.timeout_minutes or self.cfg.max_minutes) / 60
         cheapest = min(known) if known else None
-        instances = len(self.sweep.runs) * self.nodes  # every node of a run is an instance billed
+        instances = len(self.sweep.runs) * self.nodes  # every node of a run is an instance billed (packing only lowers it)
+        from ..packing import describe as describe_packing, packs, rank
+
+        packing: List[str] = []
+        if packs(self.sweep.spec.resources, gpus):
+            by_type = {t: min((p for (tt, _), p in prices.items() if tt == t), default=None) for t in self.cfg.instance_types}
+            parallel = min(self.sweep.spec.max_parallel, len(self.sweep.runs))
+            packing = describe_packing(rank(self.cfg.instance_types, gpus, by_type, self.sweep.spec.resources.gpus, parallel),
+                                       self.sweep.spec.resources.gpus, parallel)
         return {"choices": rows, "runs": len(self.sweep.runs), "hours_per_run_max": hours, "image": f"{image['ImageId']} ({image['Name']})",
-                "nodes_per_run": self.nodes, "estimate_usd_max": round(cheapest * hours * instances, 2) if cheapest is not None else None}
+                "nodes_per_run": self.nodes, "packing": packing, "estimate_usd_max": round(cheapest * hours * instances, 2) if cheapest is not None else None}
 
     # --- the Backend interface ------------------------------------------------------------------
 
@@ -131,12 +160,16 @@ class AwsBackend(ProvisionMixin, BackendBase):
             raise api.explain(exc, "listing the sweep's instances") from None
         with self.lock:
             pending, ready = dict(self.pending), dict(self.ready)
-        self.ledger.observe([i["instance_id"] for i in instances])
+        self.ledger.observe([i["instance_id"] for i in instances],
+                            {i["instance_id"]: [v.rpartition("#")[0] for v in i["slots"].values()] for i in instances if i["slot_count"]})
         hosts = []
         ranks = {}  # (run, attempt) -> its instance ids in rank order
         for i in sorted(instances, key=lambda i: i["instance_id"]):
             ranks.setdefault((i["run"], i["attempt"]), []).append(i["instance_id"])
         for i in instances:
+            if i["slot_count"]:  # a shared instance: one host per run on it
+                hosts += self._packed_hosts(i, pending, ready)
+                continue
             if not i["run"]:
                 continue
             attempt = int(i["attempt"]) if i["attempt"].isdigit() else None
@@ -178,7 +211,11 @@ class AwsBackend(ProvisionMixin, BackendBase):
         return self.ledger.spend()
 
     def release(self, host: Host) -> None:
-        if host.host_id != ACQUIRING:
+        if host.host_id == ACQUIRING:
+            return
+        if host.slot >= 0:
+            self._release_packed(host)
+        else:
             api.terminate(self.ec2, [host.host_id])
 
     def new_task(self, run_id: str, attempt: int, command: str, params_json: str) -> RunTask:
@@ -193,8 +230,15 @@ class AwsBackend(ProvisionMixin, BackendBase):
             if task.run_id in self.pending:
                 raise OrchError(f"run {task.run_id} is already being provisioned")
             self.pending[task.run_id] = task.attempt
-        self.pool.submit(self._provision, task)
+        self.pool.submit(self._dispatch, task)
         return Host(run_id=task.run_id, host_id="(acquiring)", address="")
+
+    def _dispatch(self, task: RunTask) -> None:
+        try:
+            self.bootstrap()  # decides packing; a failure is reported by the provisioning itself
+        except Exception:
+            pass
+        (self._provision_packed if self.packing else self._provision)(task)
 
     def stop(self, run_id: str, reason: str) -> bool:
         """Every node's agent stops its command (node 0 first: it writes the reason), then the instances go."""
@@ -211,7 +255,13 @@ class AwsBackend(ProvisionMixin, BackendBase):
                     conn.close()
             except OrchError as exc:
                 log.warning("could not stop %s on %s gracefully: %s", run_id, inst["instance_id"], exc)
-        api.terminate(self.ec2, [inst["instance_id"] for inst in nodes])
+        alone = [i for i in nodes if not i["slot_count"] or all(v.rpartition("#")[0] == run_id for v in i["slots"].values())]
+        for inst in nodes:  # a shared instance stays for its other runs: only this run's slot goes
+            if inst not in alone:
+                for k, v in inst["slots"].items():
+                    if v.rpartition("#")[0] == run_id:
+                        self._free_claim(inst["instance_id"], k, v, reason)
+        api.terminate(self.ec2, [inst["instance_id"] for inst in alone])
         return True
 
     def attach(self, run_id: str, node: int = 0) -> int:
@@ -260,7 +310,8 @@ class AwsBackend(ProvisionMixin, BackendBase):
 
     def _instances_of(self, run_id: str) -> List[dict]:
         """The instances of the run's newest attempt that still live, in node order (or the instance of that id)."""
-        found = [i for i in api.sweep_instances(self.ec2, self.name_, ["pending", "running"]) if run_id in (i["run"], i["instance_id"])]
+        found = [i for i in api.sweep_instances(self.ec2, self.name_, ["pending", "running"])
+                 if run_id in (i["run"], i["instance_id"]) or any(v.rpartition("#")[0] == run_id for v in i["slots"].values())]
         newest = max((int(i["attempt"]) for i in found if i["attempt"].isdigit()), default=None)
         return sorted((i for i in found if newest is None or i["attempt"] == str(newest)), key=lambda i: i["instance_id"])
 

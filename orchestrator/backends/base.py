@@ -34,6 +34,7 @@ class RunTask:
     nodes_here: int = 1  # local: the run's nodes all run on this host, as that many copies of the command
     node_hosts: int = 1  # aws: hosts the attempt spans, one node each (its agents: node 0 reports, the others follow)
     node_rank: int = 0  # aws: which of them this host is
+    slot: int = -1  # aws packing: the slot (set of GPUs) this run holds on an instance shared with other runs; -1: none
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -61,6 +62,7 @@ class Host:
     node: int = 0  # its node rank in a run that spans several hosts
     nodes: int = 1  # hosts the attempt spans
     missing: int = 0  # (set by the controller's survey) nodes of this attempt that are gone
+    slot: int = -1  # packing: the run's slot on an instance shared with other runs (-1: the instance is the run's alone)
 
 
 @dataclass(frozen=True)
