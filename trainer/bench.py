@@ -2,6 +2,8 @@
 
     python -m trainer.bench --preset fast [--steps 50] [--batch-size 512] [--json]
     python -m trainer.bench --dataset imagefolder --data-dir DIR [--model resnet50] [--sizes 128,224,288]
+    python -m trainer.bench --reference airbench94 [--data-dir DIR]   # end to end, side by side (trainer/bench_reference.py)
+    python -m trainer.bench --reference last.json                     # against an earlier --json result of that
 
 The measured path is the trainer's own (data resident on the device, on-device augmentation,
 autocast at the preset's precision, channels_last on CUDA). The baseline is the same network in
@@ -162,7 +164,22 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="resnet50", help="imagefolder: the model (default resnet50)")
     p.add_argument("--sizes", default="128,224,288", help="imagefolder: image sides to measure training at")
     p.add_argument("--workers", type=int, default=0, help="imagefolder: reader/decoder threads (0 = min(16, cores))")
+    p.add_argument("--reference", help="airbench94 (Keller Jordan's, the `bench` extra, CUDA only), or an earlier --json result of "
+                                       "--reference: train --preset end to end beside it on the same data and print the ratio")
+    p.add_argument("--trainer-args", default="", help="--reference: extra arguments for our run, e.g. '--epochs 1' (small CPU checks)")
     a = p.parse_args(argv)
+    if a.reference:
+        import shlex
+
+        from . import bench_reference
+
+        try:
+            r = bench_reference.side_by_side(a.reference, a.preset, a.data_dir, shlex.split(a.trainer_args))
+        except bench_reference.BenchError as exc:
+            sys.stderr.write(f"trainer.bench: {exc}\n")
+            return 2
+        sys.stdout.write(json.dumps(r) + "\n" if a.json else bench_reference.text(r))
+        return 0
     if a.dataset == "imagefolder":
         from . import bench_data
 

@@ -130,7 +130,11 @@ class ConvGroup(nn.Module):
 
 
 class AirBench(nn.Module):
-    def __init__(self, num_classes: int = 10, widths=(64, 256, 256), whiten_width: int = 24, scale: float = 1 / 9):
+    """airbench94's net. `muon=True`: airbench94_muon's variant of it (conv filters start as the
+    identity on their first c_in outputs (dirac), the head's weights are scaled to unit std, the
+    head sees the 3x3 max-pool of the last 4x4 map, and its output is divided by its width)."""
+
+    def __init__(self, num_classes: int = 10, widths=(64, 256, 256), whiten_width: int = 24, scale: float = 1 / 9, muon: bool = False):
         super().__init__()
         self.whiten = nn.Conv2d(3, whiten_width, 2, padding=0, bias=True)
         groups, c_in = [], whiten_width
@@ -139,7 +143,14 @@ class AirBench(nn.Module):
             c_in = w
         self.groups = nn.Sequential(*groups)
         self.fc = nn.Linear(c_in, num_classes, bias=False)
-        self.scale = scale
+        self.muon = muon
+        self.scale = 1 / c_in if muon else scale
+        if muon:
+            with torch.no_grad():
+                for g in groups:
+                    for conv in (g.conv1, g.conv2):
+                        nn.init.dirac_(conv.weight[:conv.weight.size(1)])
+                self.fc.weight.mul_(1 / self.fc.weight.std())
 
     @torch.no_grad()
     def init_whitening(self, images: torch.Tensor, eps: float = 5e-4) -> None:
@@ -159,7 +170,8 @@ class AirBench(nn.Module):
     def forward(self, x):
         x = F.gelu(self.whiten(x))
         x = self.groups(x)
-        return self.fc(F.adaptive_max_pool2d(x, 1).flatten(1)) * self.scale
+        x = F.max_pool2d(x, 3) if self.muon else F.adaptive_max_pool2d(x, 1)
+        return self.fc(x.flatten(1)) * self.scale
 
 
 def imagenet_resnet(name: str, num_classes: int, width: float = 1.0) -> nn.Module:
@@ -207,9 +219,9 @@ def build(name: str, num_classes: int = 10, width: float = 1.0, concat_pool: boo
         return PreActResNet18(num_classes, concat_pool=concat_pool, width=width)
     if name == "wide_resnet":
         return WideResNet(num_classes, depth=depth, width=widen)
-    if name == "airbench":
-        return AirBench(num_classes, widths=tuple(max(8, int(w * width)) for w in (64, 256, 256)))
+    if name in ("airbench", "airbench_muon"):
+        return AirBench(num_classes, widths=tuple(max(8, int(w * width)) for w in (64, 256, 256)), muon=name == "airbench_muon")
     raise ValueError(f"unknown model {name!r}: use {', '.join(MODELS)}")
 
 
-MODELS = ("resnet9", "preact_resnet18", "wide_resnet", "airbench", "resnet18", "resnet50")
+MODELS = ("resnet9", "preact_resnet18", "wide_resnet", "airbench", "airbench_muon", "resnet18", "resnet50")

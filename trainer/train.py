@@ -76,6 +76,7 @@ DEFAULTS = dict(
     log_every=0,                  # also write a metrics line every N steps (0 = once per epoch)
     max_steps=0,                  # stop after this many steps (0 = run all epochs); for tests
     synthetic_train=2048,         # synthetic: training images (test: a quarter)
+    recipe="",                    # airbench94_muon: the whole published recipe (trainer/recipe_muon.py), --preset fast-muon
 )
 # fmt: on
 
@@ -84,6 +85,8 @@ PRESETS = {
                            weight_decay=5e-4, sizes="24@0,32@0.5", label_smoothing=0.0),
     "dawnbench-wrn": dict(model="wide_resnet", depth=22, widen=6, epochs=30, batch_size=512, lr=0.4, weight_decay=5e-4),
     "resnet9": dict(model="resnet9", epochs=24, batch_size=512, lr=0.4, weight_decay=5e-4, label_smoothing=0.2),
+    "fast-muon": dict(recipe="airbench94_muon", model="airbench_muon", epochs=8, batch_size=2000, label_smoothing=0.2,
+                      whiten_bias_epochs=3, crop_pad=2, flip=True, tta=True, ema=0.0),  # trainer/recipe_muon.py: the published recipe
     "fast": dict(model="airbench", epochs=10, batch_size=1024, lr=0.6, weight_decay=5e-4, label_smoothing=0.2,
                  tta=True, ema=0.99, crop_pad=2, warmup=0.2),
     "imagenet-rn50": dict(dataset="imagefolder", model="resnet50", epochs=30, batch_size=1024, lr=1.0, warmup=0.15,
@@ -177,6 +180,9 @@ def warm_up(net, model, optimizer, place, batch_at, sizes, cursor, autocast, los
 
 
 def train(cfg: dict) -> dict:
+    if cfg["recipe"]:  # a published recipe with a loop of its own
+        from .recipe_muon import train_recipe
+        return train_recipe(cfg)
     device_kind = "cuda" if (cfg["device"] == "cuda" or (cfg["device"] == "auto" and torch.cuda.is_available())) else "cpu"
     rank, world, local_rank = setup_distributed(device_kind)
     device = pick_device(cfg, local_rank)
