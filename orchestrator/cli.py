@@ -287,9 +287,9 @@ def attach(run: str, node: int):
     RUN is a run id, or SWEEP/RUN when several sweeps have it.
 
     \b
-    Examples:
+    Example:
       orch attach 'lr=0.1,seed=0'
-      orch attach run --node 1     # node 1 of a multi-node run
+      orch attach run --node 1     # node 1 of a run on several instances
     """
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise NotFound(f"orch attach needs a terminal: it opens {run}'s tmux window. From a script, follow its log: `orch logs {run} -f`.")

@@ -131,8 +131,8 @@ class ConvGroup(nn.Module):
 
 class AirBench(nn.Module):
     """airbench94's net. `muon=True`: airbench94_muon's variant of it (conv filters start as the
-    identity on their first c_in outputs (dirac), the head's weights are scaled to unit std, the
-    head sees the 3x3 max-pool of the last 4x4 map, and its output is divided by its width)."""
+    identity on their first c_in outputs (dirac), the head's weights are scaled to unit std, and its
+    output is divided by its width; its MaxPool2d(3) of the last map, 3x3 at 32 px, is the global max)."""
 
     def __init__(self, num_classes: int = 10, widths=(64, 256, 256), whiten_width: int = 24, scale: float = 1 / 9, muon: bool = False):
         super().__init__()
@@ -170,8 +170,7 @@ class AirBench(nn.Module):
     def forward(self, x):
         x = F.gelu(self.whiten(x))
         x = self.groups(x)
-        x = F.max_pool2d(x, 3) if self.muon else F.adaptive_max_pool2d(x, 1)
-        return self.fc(x.flatten(1)) * self.scale
+        return self.fc(F.adaptive_max_pool2d(x, 1).flatten(1)) * self.scale  # muon's MaxPool2d(3) of the 3x3 map at 32 px
 
 
 def imagenet_resnet(name: str, num_classes: int, width: float = 1.0) -> nn.Module:

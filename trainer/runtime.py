@@ -138,3 +138,13 @@ def ema_update(ema: nn.Module, model: nn.Module, decay: float, pairs: list) -> N
         torch._foreach_add_(e, m, alpha=1 - decay)
         for a, b in others:
             a.copy_(b)
+
+
+def fold_loss(acc: torch.Tensor, world: int) -> float:
+    """The loss summed on the device since the last call (averaged over ranks), read once; acc is reset."""
+    if world > 1:
+        torch.distributed.all_reduce(acc)
+        acc /= world
+    value = float(acc)
+    acc.zero_()
+    return value

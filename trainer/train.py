@@ -12,6 +12,7 @@ SIGUSR1 checkpoints at once and goes on; SIGTERM checkpoints and exits with 143.
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import logging
 import os
@@ -26,8 +27,8 @@ import torch.nn as nn
 
 from . import checkpoint, data, models
 from .config import resolve_config
-from .runtime import (MetricsLog, Signals, StepTimer, code_hash, ema_update, graphs_compiled, param_groups, pick_device, pick_precision,
-                      setup_distributed)
+from .runtime import (MetricsLog, Signals, StepTimer, code_hash, ema_update, fold_loss, graphs_compiled, param_groups, pick_device,
+                      pick_precision, setup_distributed)
 from .schedule import Cursor, LRSchedule, parse_points, step_value
 
 # fmt: off
@@ -147,19 +148,10 @@ def evaluate(model: nn.Module, source, cfg, autocast, size: int, rank: int = 0, 
 AGREE_EVERY = 8  # DDP: steps between the ranks' agreement on signals and the checkpoint clock
 
 
-def fold_loss(acc: torch.Tensor, world: int) -> float:
-    """The loss summed on the device since the last call (averaged over ranks), read once; acc is reset."""
-    if world > 1:
-        torch.distributed.all_reduce(acc)
-        acc /= world
-    value = float(acc)
-    acc.zero_()
-    return value
-
-
 def warm_up(net, model, optimizer, place, batch_at, sizes, cursor, autocast, loss_fn, device) -> float:
-    """torch.compile compiles on first use: do that on the first batch before the clock starts, then put
-    the model (BatchNorm statistics included) back as it was, so warm-up changes nothing."""
+    """torch.compile compiles on first use, and DDP lays out its gradient buckets by the first backward (with 3+ ranks,
+    another layout sums in another order): both on the first batch before the clock starts, then the model (BatchNorm
+    statistics too) is put back as it was, so warm-up changes nothing and a resumed run reduces as the run it continues."""
     saved = copy.deepcopy(model.state_dict())
     t0 = time.perf_counter()
     epoch, pos, b = place
@@ -286,7 +278,8 @@ def train(cfg: dict) -> dict:
     # both read once per metrics line; DDP ranks agree on signals every AGREE_EVERY steps.
     timer, loss_acc, ema_pairs = StepTimer(device), torch.zeros((), device=device, dtype=torch.float64), []
     place = cursor.place(st["epoch"], st["pos"])
-    compile_s = warm_up(net, model, optimizer, place, batch_at, sizes, cursor, autocast, loss_fn, device) if cfg["compile"] and place else 0.0
+    warm_s = warm_up(net, model, optimizer, place, batch_at, sizes, cursor, autocast, loss_fn, device) if (cfg["compile"] or world > 1) and place else 0.0
+    compile_s = warm_s if cfg["compile"] else 0.0  # the DDP-only warm-up is not compilation
     while st["step"] < total and place is not None:
         step = st["step"]
         epoch, pos, B = place
@@ -380,8 +373,10 @@ def train(cfg: dict) -> dict:
     if is_main:
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         log.info("done: final acc %.4f, best %.4f, %.1f s training", summary["final_acc"] or 0, summary["best_acc"], summary["train_time_s"])
-    if world > 1:
-        torch.distributed.barrier()  # no rank tears the group down while another still uses it (gloo aborts the process)
+    if world > 1:  # the DDP reducer (its pending gloo work) goes first, then, all ranks done, the group: else gloo can abort at exit
+        del net
+        gc.collect()
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     return summary
 

@@ -25,6 +25,7 @@ from ..errors import OrchError
 from .. import contract
 from ..spec import Sweep, orch_home
 from ..ssh import Target, attach_argv, connect, interactive, known_hosts_file, public_key_of
+from ..packing import describe as describe_packing, packs, rank
 from ..pricing import CostLedger, PriceBook
 from ..store import open_store
 from .aws_pack import PackMixin
@@ -100,8 +101,6 @@ class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
         return self._setup
 
     def _plan_packing(self, azs: List[str]) -> None:
-        from ..packing import packs, rank
-
         self.gpus.update(api.gpu_counts(self.ec2, self.cfg.instance_types))
         resources = self.sweep.spec.resources
         self.packing = packs(resources, {t: self.gpus.get(t, 0) for t in self.cfg.instance_types})
@@ -136,8 +135,6 @@ class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
         hours = (self.sweep.spec.timeout_minutes or self.cfg.max_minutes) / 60
         cheapest = min(known) if known else None
         instances = len(self.sweep.runs) * self.nodes  # every node of a run is an instance billed (packing only lowers it)
-        from ..packing import describe as describe_packing, packs, rank
-
         packing: List[str] = []
         if packs(self.sweep.spec.resources, gpus):
             by_type = {t: min((p for (tt, _), p in prices.items() if tt == t), default=None) for t in self.cfg.instance_types}
