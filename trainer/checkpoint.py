@@ -108,3 +108,8 @@ def latest(out_dir: Path) -> Optional[Path]:
 
 def load(folder: Path, map_location: Any = "cpu") -> Dict[str, Any]:
     return torch.load(Path(folder) / "state.pt", map_location=map_location, weights_only=False)
+
+
+def to_resume(setting: str, out_dir: Path) -> Optional[Path]:
+    """The checkpoint `--resume` names: `never` none, `auto` the newest that verifies in out_dir, else that folder."""
+    return None if setting == "never" else (latest(out_dir) if setting == "auto" else Path(setting))

@@ -29,8 +29,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
-from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from . import checkpoint, data, models
 from .muon import Muon
-from .runtime import MetricsLog, Signals, StepTimer, code_hash, graphs_compiled, pick_device, pick_precision, setup_distributed
+from .runtime import MetricsLog, Signals, StepTimer, graphs_compiled, start_run
 
 log = logging.getLogger("trainer")
 
@@ -103,16 +103,9 @@ def optimizers(model: models.AirBench, batch: int, device: torch.device):
 def train_recipe(cfg: dict) -> dict:
     if cfg["recipe"] != "airbench94_muon":
         raise SystemExit(f"trainer: unknown --recipe {cfg['recipe']!r}: use airbench94_muon (--preset fast-muon), or none")
-    _, world, local_rank = setup_distributed("cuda" if torch.cuda.is_available() and cfg["device"] != "cpu" else "cpu")
-    if world > 1:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise SystemExit("trainer: --preset fast-muon is the single-GPU airbench94_muon recipe; under torchrun use --preset fast")
-    device = pick_device(cfg, local_rank)
-    precision = pick_precision(cfg, device)
-    if cfg["threads"]:
-        torch.set_num_threads(int(cfg["threads"]))
-    out = Path(cfg["out"]).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps({**cfg, "code_sha256": code_hash()}, indent=2) + "\n")
+    _, _, _, device, precision, out = start_run(cfg)
     torch.manual_seed(cfg["seed"])
     ds = data.load(cfg["dataset"], cfg["data_dir"], cfg["seed"], cfg["image_size"], synthetic_train=cfg["synthetic_train"])
     size, B = ds.train.images.shape[-1], cfg["batch_size"]
@@ -139,7 +132,7 @@ def train_recipe(cfg: dict) -> dict:
     bias_steps = math.ceil(cfg["whiten_bias_epochs"] * per_epoch)
     stop_at = min(total, cfg["max_steps"]) if cfg["max_steps"] else total  # max_steps ends early; the schedule stays the recipe's
     st = dict(step=0, train_time=0.0, best_acc=0.0, acc=None, time_to_target=None)
-    found = None if cfg["resume"] == "never" else (checkpoint.latest(out) if cfg["resume"] == "auto" else Path(cfg["resume"]))
+    found = checkpoint.to_resume(cfg["resume"], out)
     if found is not None:
         saved = checkpoint.load(found, map_location=device)
         model.load_state_dict(saved["model"])

@@ -148,3 +148,22 @@ def fold_loss(acc: torch.Tensor, world: int) -> float:
     value = float(acc)
     acc.zero_()
     return value
+
+
+def start_run(cfg: dict):
+    """What every training run does first: the process group (under torchrun), the device and its
+    precision, CPU threads, and the output folder with config.json (rank 0). Returns
+    (rank, world, local_rank, device, precision, out)."""
+    from pathlib import Path
+
+    device_kind = "cuda" if (cfg["device"] == "cuda" or (cfg["device"] == "auto" and torch.cuda.is_available())) else "cpu"
+    rank, world, local_rank = setup_distributed(device_kind)
+    device = pick_device(cfg, local_rank)
+    precision = pick_precision(cfg, device)
+    if cfg["threads"]:
+        torch.set_num_threads(int(cfg["threads"]))
+    out = Path(cfg["out"]).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    if rank == 0:
+        (out / "config.json").write_text(json.dumps({**cfg, "code_sha256": code_hash()}, indent=2) + "\n")
+    return rank, world, local_rank, device, precision, out

@@ -20,15 +20,13 @@ import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import torch
 import torch.nn as nn
 
 from . import checkpoint, data, models
 from .config import resolve_config
-from .runtime import (MetricsLog, Signals, StepTimer, code_hash, ema_update, fold_loss, graphs_compiled, param_groups, pick_device,
-                      pick_precision, setup_distributed)
+from .runtime import MetricsLog, Signals, StepTimer, ema_update, fold_loss, graphs_compiled, param_groups, start_run
 from .schedule import Cursor, LRSchedule, parse_points, step_value
 
 # fmt: off
@@ -175,17 +173,8 @@ def train(cfg: dict) -> dict:
     if cfg["recipe"]:  # a published recipe with a loop of its own
         from .recipe_muon import train_recipe
         return train_recipe(cfg)
-    device_kind = "cuda" if (cfg["device"] == "cuda" or (cfg["device"] == "auto" and torch.cuda.is_available())) else "cpu"
-    rank, world, local_rank = setup_distributed(device_kind)
-    device = pick_device(cfg, local_rank)
-    precision = pick_precision(cfg, device)
-    if cfg["threads"]:
-        torch.set_num_threads(int(cfg["threads"]))
-    out = Path(cfg["out"]).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
+    rank, world, local_rank, device, precision, out = start_run(cfg)
     is_main = rank == 0
-    if is_main:
-        (out / "config.json").write_text(json.dumps({**cfg, "code_sha256": code_hash()}, indent=2) + "\n")
 
     torch.manual_seed(cfg["seed"])
     source = load_source(cfg, device)
@@ -227,7 +216,7 @@ def train(cfg: dict) -> dict:
         total = min(total, cfg["max_steps"])
 
     st = dict(step=0, epoch=0, pos=0, loss_sum=0.0, loss_n=0, train_time=0.0, best_acc=0.0, time_to_target=None, acc=None)
-    resume_from = None if cfg["resume"] == "never" else (checkpoint.latest(out) if cfg["resume"] == "auto" else Path(cfg["resume"]))
+    resume_from = checkpoint.to_resume(cfg["resume"], out)
     if resume_from is not None:
         saved = checkpoint.load(resume_from, map_location=device)
         model.load_state_dict(saved["model"])
