@@ -70,15 +70,21 @@ class S3Store:
     def get_versioned(self, key: str) -> Tuple[Optional[bytes], Optional[str]]:
         from botocore.exceptions import ClientError
 
-        try:
-            answer = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
-            return answer["Body"].read(), answer["ETag"]
-        except ClientError as exc:
-            if self._missing(exc):
-                return None, None
-            if exc.response.get("Error", {}).get("Code") in ("AccessDenied", "403") and not self._exists(key):
-                return None, None  # S3 answers 403, not 404, for a missing key to a caller that may not list the bucket itself
-            raise
+        for again in (True, False):
+            try:
+                answer = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+                return answer["Body"].read(), answer["ETag"]
+            except ClientError as exc:
+                if self._missing(exc):
+                    return None, None
+                if exc.response.get("Error", {}).get("Code") not in ("AccessDenied", "403"):
+                    raise
+                if not self._exists(key):
+                    return None, None  # S3 answers 403, not 404, for a missing key to a caller that may not list the bucket itself
+                if not again:
+                    raise
+                # it is listed now: written between the GET and the LIST (another node's notice, say); read it
+        return None, None
 
     def put_if(self, key: str, data: bytes, version: Optional[str]) -> Optional[str]:
         """S3 conditional writes: If-Match the ETag read, or If-None-Match * for a new key; the new ETag, or None."""
