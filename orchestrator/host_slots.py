@@ -27,6 +27,11 @@ def slot_value(run_id: str, attempt: int) -> str:
     return f"{run_id}#{attempt}"
 
 
+def slot_run(value: str) -> str:
+    """The run a slot value names."""
+    return value.rpartition("#")[0]
+
+
 def leave(slot: int, value: str, home: Path = None) -> bool:
     """This run gives up its slot; True when it was the host's last run (the host is then marked terminating)."""
     d = (home or Path.home()) / SLOTS_DIR

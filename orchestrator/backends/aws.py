@@ -25,6 +25,7 @@ from ..errors import OrchError
 from .. import contract
 from ..spec import Sweep, orch_home
 from ..ssh import Target, attach_argv, connect, interactive, known_hosts_file, public_key_of
+from ..host_slots import slot_run
 from ..packing import describe as describe_packing, packs, rank
 from ..pricing import CostLedger, PriceBook
 from ..store import open_store
@@ -105,11 +106,16 @@ class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
         resources = self.sweep.spec.resources
         self.packing = packs(resources, {t: self.gpus.get(t, 0) for t in self.cfg.instance_types})
         if self.packing:
-            prices = api.spot_prices(self.ec2, self.cfg.instance_types, azs)
-            by_type = {t: min((p for (tt, _), p in prices.items() if tt == t), default=None) for t in self.cfg.instance_types}
-            parallel = min(self.sweep.spec.max_parallel, len(self.sweep.runs))
-            self.pack_order = rank(self.cfg.instance_types, self.gpus, by_type, resources.gpus, parallel)
+            self.pack_order = self._pack_order(self.gpus, api.spot_prices(self.ec2, self.cfg.instance_types, azs))
             log.info("packing: %s", ", ".join(f"{c.instance_type} ({c.slots} per instance)" for c in self.pack_order))
+
+    def _parallel(self) -> int:
+        return min(self.sweep.spec.max_parallel, len(self.sweep.runs))
+
+    def _pack_order(self, gpus: Dict[str, int], prices: Dict[tuple, float]) -> list:
+        """Homes for packed runs, best first, from GPU counts and spot prices per (type, AZ) (its cheapest AZ)."""
+        by_type = {t: min((p for (tt, _), p in prices.items() if tt == t), default=None) for t in self.cfg.instance_types}
+        return rank(self.cfg.instance_types, gpus, by_type, self.sweep.spec.resources.gpus, self._parallel())
 
     def preflight(self) -> None:
         """Everything that can fail before a launch: credentials, bucket, AMI, subnets."""
@@ -137,10 +143,7 @@ class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
         instances = len(self.sweep.runs) * self.nodes  # every node of a run is an instance billed (packing only lowers it)
         packing: List[str] = []
         if packs(self.sweep.spec.resources, gpus):
-            by_type = {t: min((p for (tt, _), p in prices.items() if tt == t), default=None) for t in self.cfg.instance_types}
-            parallel = min(self.sweep.spec.max_parallel, len(self.sweep.runs))
-            packing = describe_packing(rank(self.cfg.instance_types, gpus, by_type, self.sweep.spec.resources.gpus, parallel),
-                                       self.sweep.spec.resources.gpus, parallel)
+            packing = describe_packing(self._pack_order(gpus, prices), self.sweep.spec.resources.gpus, self._parallel())
         return {"choices": rows, "runs": len(self.sweep.runs), "hours_per_run_max": hours, "image": f"{image['ImageId']} ({image['Name']})",
                 "nodes_per_run": self.nodes, "packing": packing, "estimate_usd_max": round(cheapest * hours * instances, 2) if cheapest is not None else None}
 
@@ -158,7 +161,7 @@ class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
         with self.lock:
             pending, ready = dict(self.pending), dict(self.ready)
         self.ledger.observe([i["instance_id"] for i in instances],
-                            {i["instance_id"]: [v.rpartition("#")[0] for v in i["slots"].values()] for i in instances if i["slot_count"]})
+                            {i["instance_id"]: [slot_run(v) for v in i["slots"].values()] for i in instances if i["slot_count"]})
         hosts = []
         ranks = {}  # (run, attempt) -> its instance ids in rank order
         for i in sorted(instances, key=lambda i: i["instance_id"]):
@@ -252,12 +255,12 @@ class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
                     conn.close()
             except OrchError as exc:
                 log.warning("could not stop %s on %s gracefully: %s", run_id, inst["instance_id"], exc)
-        alone = [i for i in nodes if not i["slot_count"] or all(v.rpartition("#")[0] == run_id for v in i["slots"].values())]
+        alone = [i for i in nodes if not i["slot_count"] or all(slot_run(v) == run_id for v in i["slots"].values())]
         for inst in nodes:  # a shared instance stays for its other runs: only this run's slot goes
             if inst not in alone:
                 for k, v in inst["slots"].items():
-                    if v.rpartition("#")[0] == run_id:
-                        self._free_claim(inst["instance_id"], k, v, reason)
+                    if slot_run(v) == run_id:
+                        self._free_claim(inst["instance_id"], k, v, reason, inst)
         api.terminate(self.ec2, [inst["instance_id"] for inst in alone])
         return True
 
@@ -308,7 +311,7 @@ class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
     def _instances_of(self, run_id: str) -> List[dict]:
         """The instances of the run's newest attempt that still live, in node order (or the instance of that id)."""
         found = [i for i in api.sweep_instances(self.ec2, self.name_, ["pending", "running"])
-                 if run_id in (i["run"], i["instance_id"]) or any(v.rpartition("#")[0] == run_id for v in i["slots"].values())]
+                 if run_id in (i["run"], i["instance_id"]) or any(slot_run(v) == run_id for v in i["slots"].values())]
         newest = max((int(i["attempt"]) for i in found if i["attempt"].isdigit()), default=None)
         return sorted((i for i in found if newest is None or i["attempt"] == str(newest)), key=lambda i: i["instance_id"])
 

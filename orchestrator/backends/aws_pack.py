@@ -20,7 +20,7 @@ from .. import contract
 from .. import ec2 as api
 from .. import fleet
 from ..errors import OrchError
-from ..host_slots import CLAIM, slot_value
+from ..host_slots import CLAIM, slot_run, slot_value
 from ..packing import SLOT_TAG, SLOTS_TAG, visible_devices
 from ..ssh import Target, connect, new_host_key, public_key_of
 from .base import Host, RunTask
@@ -166,12 +166,13 @@ class PackMixin:
         with self.pack_lock:
             self.reserved.get(iid, set()).discard(slot)
 
-    def _free_claim(self, iid: str, slot: int, value: str, reason: str = "lost") -> None:
-        """Give a run's slot back from here: stop its session, remove its tag and its claim on the host (best effort)."""
+    def _free_claim(self, iid: str, slot: int, value: str, reason: str = "lost", inst: Optional[dict] = None) -> None:
+        """Give a run's slot back from here: stop its session, remove its tag and its claim on the host (best effort).
+        `inst`: the instance as just listed, when the caller has it (else it is looked up)."""
         from ..host_slots import SLOTS_DIR
 
-        inst = next((i for i in api.sweep_instances(self.ec2, self.name_, ["pending", "running"]) if i["instance_id"] == iid), None)
-        run_id = value.rpartition("#")[0]
+        inst = inst or self._live_instance(iid)
+        run_id = slot_run(value)
         try:
             if inst is not None:
                 conn = connect(self._target(inst), timeout=20)
@@ -186,11 +187,14 @@ class PackMixin:
         except Exception as exc:  # the instance may be gone already; `orch down` removes what is left
             log.warning("could not free slot %s of %s: %s", slot, iid, exc)
 
+    def _live_instance(self, iid: str) -> Optional[dict]:
+        return next((i for i in api.sweep_instances(self.ec2, self.name_, ["pending", "running"]) if i["instance_id"] == iid), None)
+
     def _packed_hosts(self, inst: dict, pending: Dict[str, int], ready: Dict[str, tuple]) -> List[Host]:
         """One Host per run on a packed instance (its slot tags)."""
         hosts = []
         for slot, value in sorted(inst["slots"].items()):
-            run_id, _, att = value.rpartition("#")
+            run_id, att = slot_run(value), value.rpartition("#")[2]
             attempt = int(att) if att.isdigit() else None
             hosts.append(Host(run_id=run_id, host_id=inst["instance_id"], address=self._address(inst), attempt=attempt,
                               provisioning=pending.get(run_id) == attempt, start_deadline=self._deadline({**inst, "run": run_id}, attempt, ready),
@@ -199,12 +203,12 @@ class PackMixin:
 
     def _release_packed(self, host: Host, reason: str = "lost") -> None:
         """A run's host on a shared instance: the instance goes only with its last run."""
-        inst = next((i for i in api.sweep_instances(self.ec2, self.name_, ["pending", "running"]) if i["instance_id"] == host.host_id), None)
+        inst = self._live_instance(host.host_id)
         if inst is None:
             return
         value = slot_value(host.run_id, host.attempt or 0)
         others = {k: v for k, v in inst["slots"].items() if k != host.slot}
         if others:
-            self._free_claim(host.host_id, host.slot, value, reason)
+            self._free_claim(host.host_id, host.slot, value, reason, inst)
         else:
             api.terminate(self.ec2, [host.host_id])
