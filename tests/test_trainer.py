@@ -262,35 +262,79 @@ def test_fp16_trains_with_loss_scaling(tmp_path):
 
 @pytest.mark.slow
 def test_compile_trains_and_matches_eager_closely(tmp_path):
-    """--compile goes through torch.compile (inductor, C++ on the CPU) and learns what eager learns."""
-    args = [*SMALL, "--epochs", "1", "--synthetic-train", "256"]
+    """--compile goes through torch.compile (inductor, C++ on the CPU) and learns what eager learns; every
+    image size of a progressive-resize run is compiled before the clock starts (none inside it), and the
+    CUDA-graph mode is accepted and reported as not in use on the CPU."""
+    args = [*SMALL, "--epochs", "2", "--synthetic-train", "256", "--sizes", "12@0,16@0.5"]
     run_trainer([*args, "--out", str(tmp_path / "eager")])
-    p = run_trainer([*args, "--compile", "true", "--out", str(tmp_path / "compiled")])
+    p = run_trainer([*args, "--compile", "true", "--compile-mode", "reduce-overhead", "--out", str(tmp_path / "compiled")])
     eager = json.loads((tmp_path / "eager" / "summary.json").read_text())
     compiled = json.loads((tmp_path / "compiled" / "summary.json").read_text())
     assert compiled.get("compiled") is True, p.stderr[-2000:]
+    assert compiled["compile_mode"] == "reduce-overhead" and compiled["cuda_graphs"] is False
+    assert compiled["late_compiles"] == 0 and compiled["compile_s"] > 0, compiled
     assert abs(compiled["final_acc"] - eager["final_acc"]) <= 0.1, (compiled, eager)
 
 
+def test_an_unknown_compile_mode_is_refused_before_anything_runs(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "trainer", *SMALL, "--compile", "true", "--compile-mode", "fastest",
+                        "--out", str(tmp_path / "x")], env=trainer_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "compile_mode 'fastest'" in p.stderr and "reduce-overhead" in p.stderr
+    assert "Traceback" not in p.stderr and not (tmp_path / "x").exists()
+
+
+def test_warm_up_meets_every_shape_of_the_run_once():
+    from trainer.schedule import Cursor, parse_points
+    from trainer.warmup import shape_places
+
+    cursor = Cursor(1000, 4, parse_points("200@0,100@0.5"))
+    places = shape_places(cursor, parse_points("24@0,32@0.25"), cursor.place(0, 0))
+    assert places == [(0, 0, 200), (1, 0, 200), (2, 0, 100)]  # (24, 200), (32, 200), (32, 100)
+    assert shape_places(cursor, parse_points("24@0,32@0.25"), cursor.place(3, 0)) == [(3, 0, 100)]  # resumed late
+
+
 def test_no_host_sync_inside_the_training_step(tmp_path, monkeypatch):
-    """Reading a tensor on the host (.item(), float(), bool(), .tolist()) waits for the device. The step
-    must not: over one epoch, a run of twice the steps makes exactly as many such reads."""
+    """Reading a tensor on the host (.item(), float(), bool(), .tolist()) waits for the device, and so does
+    moving a host tensor to it (.to(device), .cuda(), torch.tensor(..., device=)): on CUDA a pageable copy
+    synchronises the stream. The step must do neither: over one epoch, a run of twice the steps makes
+    exactly as many reads and as many moves. (On the CPU the moves are no-ops, but the calls are the
+    same ones that would wait on a GPU.)"""
     from trainer.config import resolve_config
     from trainer.train import DEFAULTS, PRESETS, train
 
-    reads = []
+    reads, moves = [], []
     for name in ("item", "tolist", "__float__", "__bool__", "__int__"):
         original = getattr(torch.Tensor, name)
         monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _o=original, _n=name: (reads.append(_n), _o(self, *a))[1])
 
-    def count(n_train: int, out: Path) -> int:
+    def is_device(v) -> bool:
+        return isinstance(v, torch.device) or (isinstance(v, str) and v.split(":")[0] in ("cpu", "cuda"))
+
+    def counted(original, name, kind):
+        def call(*a, **k):
+            if kind == "method" and (name == "cuda" or any(is_device(v) for v in a[1:]) or k.get("device") is not None):
+                moves.append(name)
+            elif kind == "factory" and k.get("device") is not None:
+                moves.append(name)
+            return original(*a, **k)
+        return call
+
+    for name in ("to", "cuda"):
+        monkeypatch.setattr(torch.Tensor, name, counted(getattr(torch.Tensor, name), name, "method"))
+    for name in ("tensor", "as_tensor"):
+        monkeypatch.setattr(torch, name, counted(getattr(torch, name), name, "factory"))
+
+    def count(n_train: int, out: Path):
         cfg = resolve_config(DEFAULTS, PRESETS, [*SMALL, "--epochs", "1", "--synthetic-train", str(n_train), "--ema", "0.9",
                                                  "--out", str(out)])
-        reads.clear()
+        reads.clear(), moves.clear()
         train(cfg)
-        return len(reads)
+        return len(reads), len(moves)
 
-    assert count(1024, tmp_path / "a") == count(2048, tmp_path / "b")  # 16 and 32 steps
+    small, large = count(1024, tmp_path / "a"), count(2048, tmp_path / "b")  # 16 and 32 steps
+    assert small[1] > 0, "the move counter saw nothing: the test no longer measures"
+    assert small == large, f"(reads, moves) with 16 steps {small}, with 32 steps {large}"
+
 
 # --- DDP ------------------------------------------------------------------------------------------
 

@@ -1,12 +1,13 @@
 """Training throughput of a preset on synthetic CIFAR-shaped data, against a plain baseline in the same run.
 
-    python -m trainer.bench --preset fast [--steps 50] [--batch-size 512] [--json]
+    python -m trainer.bench --preset fast [--steps 50] [--batch-size 512] [--compile-mode reduce-overhead] [--json]
     python -m trainer.bench --dataset imagefolder --data-dir DIR [--model resnet50] [--sizes 128,224,288]
     python -m trainer.bench --reference airbench94 [--data-dir DIR]   # end to end, side by side (trainer/bench_reference.py)
     python -m trainer.bench --reference last.json                     # against an earlier --json result of that
 
-The measured path is the trainer's own (data resident on the device, on-device augmentation,
-autocast at the preset's precision, channels_last on CUDA). The baseline is the same network in
+The measured path is the trainer's own (data resident on the device, normalized and padded once,
+on-device augmentation from per-epoch draws, autocast at the preset's precision, channels_last and
+the fused SGD update on CUDA; --compile-mode reduce-overhead adds CUDA graphs). The baseline is the same network in
 eager fp32, fed by a standard torch DataLoader with per-sample crop + flip on the CPU.
 Reports images/s, step time, forward FLOPs per image and achieved TFLOP/s (3x forward for
 forward + backward), and the ratio of the two.
@@ -24,7 +25,7 @@ import torch
 import torch.nn as nn
 
 from . import data, models
-from .runtime import pick_precision
+from .runtime import compile_net, pick_precision, uses_cuda_graphs
 from .train import DEFAULTS, PRESETS
 
 
@@ -55,25 +56,31 @@ def time_steps(step_fn, steps: int, warmup: int, device) -> float:
 
 
 def measured_path(cfg, model, ds, device, precision, batch):
+    """The trainer's step: its data source (normalized and padded once, per-epoch draws), channels_last,
+    autocast, the fused SGD update on CUDA, and --compile / --compile-mode as the trainer applies them."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
-    net = torch.compile(model) if cfg["compile"] else model
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True)
+    net = compile_net(model, cfg["compile_mode"]) if cfg["compile"] else model
+    graphs = uses_cuda_graphs(cfg, device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, fused=device.type == "cuda" or None)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg["label_smoothing"])
-    train = ds.train.to(device)
+    source = data.TensorSource(ds, device, cfg)
+    per_epoch = source.n_train // batch
     state = {"i": 0}
 
     def step():
-        i = state["i"]
+        epoch, i = divmod(state["i"], per_epoch)
         state["i"] += 1
-        idx = torch.randint(0, len(train), (batch,), device=device)
-        x = data.augment(data.normalize(train.images[idx], ds.mean, ds.std), cfg["crop_pad"], cfg["flip"], data.step_generator(0, i))
+        idx = torch.arange(i * batch, (i + 1) * batch, device=device)
+        x, y = source.train_batch(idx, state["i"], batch, slice(None), 32, epoch=epoch, pos=i * batch)
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         if device.type == "cuda":
             x = x.contiguous(memory_format=torch.channels_last)
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-            loss = loss_fn(net(x), train.labels[idx])
+            loss = loss_fn(net(x), y)
         opt.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         scaler.step(opt)
@@ -120,10 +127,13 @@ def baseline_path(model, ds, device, batch, pad):
     return step
 
 
-def run(preset: str, steps: int, warmup: int, batch: int | None, device_name: str, width: float | None) -> dict:
+def run(preset: str, steps: int, warmup: int, batch: int | None, device_name: str, width: float | None,
+        compile_mode: str = "") -> dict:
     cfg = {**DEFAULTS, **PRESETS[preset]}
     if width is not None:
         cfg["width"] = width
+    if compile_mode:
+        cfg["compile"], cfg["compile_mode"] = True, compile_mode
     device = torch.device(device_name if device_name != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     precision = pick_precision({**cfg, "precision": "auto"}, device)
     batch = batch or cfg["batch_size"]
@@ -143,7 +153,7 @@ def run(preset: str, steps: int, warmup: int, batch: int | None, device_name: st
     ips, base_ips = batch / fast_s, batch / base_s
     return dict(preset=preset, model=cfg["model"], device=str(device),
                 device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                precision=precision, batch_size=batch, steps=steps, images_per_s=round(ips, 1), step_ms=round(fast_s * 1e3, 2),
+                precision=precision, compile_mode=cfg["compile_mode"] if cfg["compile"] else "", batch_size=batch, steps=steps, images_per_s=round(ips, 1), step_ms=round(fast_s * 1e3, 2),
                 gflops_per_image_fwd=round(flops / 1e9, 4), achieved_tflops=round(3 * flops * ips / 1e12, 3),
                 baseline_images_per_s=round(base_ips, 1), baseline_step_ms=round(base_s * 1e3, 2),
                 speedup_vs_baseline=round(ips / base_ips, 2))
@@ -157,6 +167,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, help="default: the preset's")
     p.add_argument("--width", type=float, help="channel multiplier override (small CPU checks)")
     p.add_argument("--device", default="auto")
+    p.add_argument("--compile-mode", default="", help="compile the trainer path with this torch.compile mode (default: the preset's, "
+                                                     "uncompiled); reduce-overhead = CUDA graphs")
     p.add_argument("--json", action="store_true", help="one JSON object instead of text")
     p.add_argument("--dataset", default="synthetic", choices=["synthetic", "imagefolder"],
                    help="imagefolder: loader and training throughput on DIR's images (trainer/bench_data.py)")
@@ -189,7 +201,7 @@ def main(argv=None) -> int:
                            a.steps, a.workers)
         sys.stdout.write(json.dumps(r) + "\n" if a.json else bench_data.text(r))
         return 0
-    r = run(a.preset, a.steps, a.warmup, a.batch_size, a.device, a.width)
+    r = run(a.preset, a.steps, a.warmup, a.batch_size, a.device, a.width, a.compile_mode)
     if a.json:
         sys.stdout.write(json.dumps(r) + "\n")
     else:

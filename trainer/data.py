@@ -1,7 +1,8 @@
-"""Datasets as uint8 tensors resident on the device, with augmentation done on the device.
+"""Datasets resident on the device, with augmentation done on the device.
 
-No DataLoader in the hot path: a whole data set (CIFAR-10 is 150 MB as uint8) is moved to the
-device once; batches are index_select + random crop (reflect pad) + flip on the device.
+No DataLoader in the hot path: a whole data set is moved to the device once, normalized and
+reflect-padded once (CIFAR-10: 150 MB as uint8, under 1 GB as padded float32); batches are an index,
+a crop and a flip on the device, with each epoch's random draws made once per epoch.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -145,8 +147,18 @@ def normalize(images: torch.Tensor, mean: tuple, std: tuple, dtype=torch.float32
     return (images.to(dtype) / 255.0 - m) / s
 
 
+def crop(padded: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """An h x w window of each padded image, at its own offset (dy, dx), as two gathers on the device."""
+    n, c = padded.shape[0], padded.shape[1]
+    rows = (dy.view(n, 1) + torch.arange(h, device=padded.device).view(1, h)).view(n, 1, h, 1)
+    x = padded.gather(2, rows.expand(n, c, h, padded.shape[3]))
+    cols = (dx.view(n, 1) + torch.arange(w, device=padded.device).view(1, w)).view(n, 1, 1, w)
+    return x.gather(3, cols.expand(n, c, h, w))
+
+
 def augment(x: torch.Tensor, pad: int, flip: bool, generator: torch.Generator, batch: int = 0, share: slice = slice(None)) -> torch.Tensor:
-    """Random crop after reflect padding, and random horizontal flip, for a float batch on its device.
+    """Random crop after reflect padding, and random horizontal flip, of one float batch (draws on the host:
+    the benchmarks' per-step path; the trainer draws once per epoch, see EpochDraws).
 
     Under DDP, x is this rank's `share` (e.g. rank::world) of a global batch of `batch` images:
     the random draws are made for the whole batch and this share's are used, so each rank augments
@@ -158,16 +170,28 @@ def augment(x: torch.Tensor, pad: int, flip: bool, generator: torch.Generator, b
         padded = F.pad(x, (pad, pad, pad, pad), mode="reflect")
         dx = torch.randint(0, 2 * pad + 1, (whole,), generator=generator)[share].to(x.device)
         dy = torch.randint(0, 2 * pad + 1, (whole,), generator=generator)[share].to(x.device)
-        rows = (dy.view(n, 1) + torch.arange(h, device=x.device).view(1, h))  # n x h
-        cols = (dx.view(n, 1) + torch.arange(w, device=x.device).view(1, w))  # n x w
-        idx_rows = rows.view(n, 1, h, 1).expand(n, x.shape[1], h, w + 2 * pad)
-        x = padded.gather(2, idx_rows)
-        idx_cols = cols.view(n, 1, 1, w).expand(n, x.shape[1], h, w)
-        x = x.gather(3, idx_cols)
+        x = crop(padded, dy, dx, h, w)
     if not flip:
         return x
     mirrored = (torch.rand(whole, generator=generator)[share] < 0.5).to(x.device).view(n, 1, 1, 1)
     return torch.where(mirrored, x.flip(3), x)
+
+
+@dataclass
+class EpochDraws:
+    """One epoch's augmentation: each position of the epoch's order gets a crop offset and a flip, drawn
+    from (seed, epoch) on the host and moved to the device once, so a step only indexes them."""
+
+    epoch: int
+    shifts: Optional[torch.Tensor]  # n x 2: (dy, dx) in [0, 2 * pad], or None without cropping
+    mirror: Optional[torch.Tensor]  # n bool, or None without flips
+
+    @classmethod
+    def draw(cls, n: int, pad: int, flip: bool, seed: int, epoch: int, device) -> "EpochDraws":
+        g = torch.Generator().manual_seed(seed * 1_000_003 + epoch * 7919 + 17)
+        shifts = torch.randint(0, 2 * pad + 1, (n, 2), generator=g).to(device) if pad > 0 else None
+        mirror = (torch.rand(n, generator=g) < 0.5).to(device) if flip else None
+        return cls(epoch, shifts, mirror)
 
 
 def resize(x: torch.Tensor, size: int) -> torch.Tensor:
@@ -186,9 +210,13 @@ def step_generator(seed: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + step + 17)
 
 
+EVAL_BATCH = {"cpu": 1000, "cuda": 2500}  # images per evaluation batch (no gradients: larger on a GPU)
+
+
 class TensorSource:
-    """A data set held on the device as uint8 tensors (CIFAR-10, synthetic, digits): batches are
-    index_select + reflect-pad crop + flip, all on the device."""
+    """A data set held on the device (CIFAR-10, synthetic, digits), normalized and reflect-padded once:
+    a step's batch is an index, a crop (two gathers) and a flip, all on the device, with the epoch's
+    draws made once per epoch: nothing in a step waits for the host."""
 
     on_device = True  # batches cost no host work: nothing to prepare ahead
 
@@ -197,13 +225,26 @@ class TensorSource:
         self.num_classes, self.mean, self.std, self.n_train = ds.num_classes, ds.mean, ds.std, len(ds.train)
         self.pad, self.flip, self.seed = cfg["crop_pad"], cfg["flip"], cfg["seed"]
         self.skipped = 0
+        x = normalize(self.train.images, self.mean, self.std)
+        self.train_x = F.pad(x, (self.pad,) * 4, mode="reflect") if self.pad > 0 else x
+        self.test_x = normalize(self.test.images, self.mean, self.std)
+        self.eval_batch = EVAL_BATCH.get(torch.device(device).type, 1000)
+        self.draws: Optional[EpochDraws] = None
 
-    def train_batch(self, idx: torch.Tensor, step: int, batch: int, share: slice, size: int):
-        x = normalize(self.train.images[idx], self.mean, self.std)
-        x = augment(x, self.pad, self.flip, step_generator(self.seed, step), batch=batch, share=share)
+    def train_batch(self, idx: torch.Tensor, step: int, batch: int, share: slice, size: int, epoch: int = 0, pos: int = 0):
+        """This rank's `share` of the global batch of `batch` images at `pos` in `epoch`'s order (idx: their indices)."""
+        if self.draws is None or self.draws.epoch != epoch:
+            self.draws = EpochDraws.draw(self.n_train, self.pad, self.flip, self.seed, epoch, self.train_x.device)
+        x = self.train_x[idx]
+        if self.pad > 0:
+            dy, dx = self.draws.shifts[pos:pos + batch][share].unbind(1)
+            h, w = self.train.images.shape[2:]
+            x = crop(x, dy, dx, h, w)
+        if self.flip:
+            x = torch.where(self.draws.mirror[pos:pos + batch][share].view(-1, 1, 1, 1), x.flip(3), x)
         return resize(x, size), self.train.labels[idx]
 
     def eval_batches(self, size: int, rank: int = 0, world: int = 1):
-        images, labels = self.test.images[rank::world], self.test.labels[rank::world]
-        for i in range(0, len(labels), 1000):
-            yield resize(normalize(images[i:i + 1000], self.mean, self.std), size), labels[i:i + 1000]
+        images, labels, b = self.test_x[rank::world], self.test.labels[rank::world], self.eval_batch
+        for i in range(0, len(labels), b):
+            yield resize(images[i:i + b], size), labels[i:i + b]

@@ -171,9 +171,10 @@ class ImageFolderSource:
             return _decode_on_gpu(blobs, self.device)
         return list(self.pool().map(decode, blobs))
 
-    def train_batch(self, idx: torch.Tensor, step: int, batch: int, share: slice, size: int):
+    def train_batch(self, idx: torch.Tensor, step: int, batch: int, share: slice, size: int, epoch: int = 0, pos: int = 0):
         """This rank's `share` of a global batch of `batch` images: the draws are made for the whole
-        batch from (seed, step) and this share's are used, as on the tensor path."""
+        batch from (seed, step) on the host (this path is host work anyway, one step ahead on a
+        thread) and this share's are used, so every rank crops an image as one process would."""
         from .data import step_generator
 
         gen = step_generator(self.seed, step)

@@ -50,6 +50,26 @@ def graphs_compiled() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def check_compile_mode(mode: str) -> None:
+    if mode not in COMPILE_MODES:
+        raise SystemExit(f"trainer: compile_mode {mode!r} is not one of {', '.join(COMPILE_MODES)}")
+
+
+def compile_net(net: nn.Module, mode: str) -> nn.Module:
+    """torch.compile with static shapes: each image and batch size of the run gets a graph (and, in the CUDA-graph
+    modes, a recorded CUDA graph) of its own, compiled in the warm-up before the clock starts."""
+    check_compile_mode(mode)
+    return torch.compile(net, mode=None if mode == "default" else mode, dynamic=False)
+
+
+def uses_cuda_graphs(cfg: dict, device: torch.device) -> bool:
+    """Whether the compiled step replays CUDA graphs (inductor's cudagraph trees; only on CUDA)."""
+    return bool(cfg["compile"]) and device.type == "cuda" and cfg["compile_mode"] in ("reduce-overhead", "max-autotune")
+
+
 def code_hash() -> str:
     h = hashlib.sha256()
     for p in sorted(Path(__file__).parent.glob("*.py")):

@@ -26,8 +26,10 @@ import torch.nn as nn
 
 from . import checkpoint, data, models
 from .config import resolve_config
-from .runtime import MetricsLog, Signals, StepTimer, ema_update, fold_loss, graphs_compiled, param_groups, start_run
+from .runtime import (MetricsLog, Signals, StepTimer, check_compile_mode, compile_net, ema_update, fold_loss, graphs_compiled, param_groups, start_run,
+                      uses_cuda_graphs)
 from .schedule import Cursor, LRSchedule, parse_points, step_value
+from .warmup import shape_places, warm_up
 
 # fmt: off
 DEFAULTS = dict(
@@ -62,7 +64,8 @@ DEFAULTS = dict(
     ema=0.0,                      # EMA decay of weights used for evaluation (0 = off)
     whiten_bias_epochs=3,         # airbench: epochs the whitening conv's bias trains before it freezes
     precision="auto",             # auto | fp32 | fp16 | bf16 (auto: bf16 on Ampere+, fp16 older GPUs, fp32 CPU)
-    compile=False,                # torch.compile the model
+    compile=False,                # torch.compile the model (compiled before the clock starts: summary.json's compile_s)
+    compile_mode="default",       # default | reduce-overhead (CUDA graphs) | max-autotune (graphs + tuned kernels) | max-autotune-no-cudagraphs
     device="auto",                # auto | cpu | cuda
     threads=0,                    # CPU threads (0 = torch's default / OMP_NUM_THREADS)
     seed=0,                       # seeds init, data order and augmentation
@@ -146,30 +149,11 @@ def evaluate(model: nn.Module, source, cfg, autocast, size: int, rank: int = 0, 
 AGREE_EVERY = 8  # DDP: steps between the ranks' agreement on signals and the checkpoint clock
 
 
-def warm_up(net, model, optimizer, place, batch_at, sizes, cursor, autocast, loss_fn, device) -> float:
-    """torch.compile compiles on first use, and DDP lays out its gradient buckets by the first backward (with 3+ ranks,
-    another layout sums in another order): both on the first batch before the clock starts, then the model (BatchNorm
-    statistics too) is put back as it was, so warm-up changes nothing and a resumed run reduces as the run it continues."""
-    saved = copy.deepcopy(model.state_dict())
-    t0 = time.perf_counter()
-    epoch, pos, b = place
-    x, y = batch_at(-1, epoch, pos, b, int(step_value(sizes, cursor.progress(epoch, pos))))
-    if device.type == "cuda":
-        x = x.contiguous(memory_format=torch.channels_last)
-    with autocast():
-        loss = loss_fn(net(x), y)
-    loss.backward()
-    optimizer.zero_grad(set_to_none=True)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    model.load_state_dict(saved)
-    return time.perf_counter() - t0
-
-
 # --- training --------------------------------------------------------------------------------------
 
 
 def train(cfg: dict) -> dict:
+    check_compile_mode(cfg["compile_mode"])
     if cfg["recipe"]:  # a published recipe with a loop of its own
         from .recipe_muon import train_recipe
         return train_recipe(cfg)
@@ -184,8 +168,9 @@ def train(cfg: dict) -> dict:
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
     ema_model = copy.deepcopy(model).eval() if cfg["ema"] > 0 else None
+    fused = device.type == "cuda"  # one kernel for the whole update on a GPU; the CPU keeps the for-each path (bitwise tests)
     optimizer = torch.optim.SGD(param_groups(model, cfg["weight_decay"]), lr=cfg["lr"], momentum=cfg["momentum_max"],
-                                nesterov=cfg["nesterov"])
+                                nesterov=cfg["nesterov"], fused=fused or None)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")  # on the CPU too: fp16 needs loss scaling anywhere
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
@@ -194,7 +179,7 @@ def train(cfg: dict) -> dict:
 
     net: nn.Module = model
     if cfg["compile"]:
-        net = torch.compile(net)
+        net = compile_net(net, cfg["compile_mode"])
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -221,6 +206,8 @@ def train(cfg: dict) -> dict:
         saved = checkpoint.load(resume_from, map_location=device)
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
+        for group in optimizer.param_groups:  # a checkpoint made on another kind of device keeps this one's update path
+            group["fused"] = fused or None
         scaler.load_state_dict(saved["scaler"])
         if ema_model is not None and saved.get("ema") is not None:
             ema_model.load_state_dict(saved["ema"])
@@ -256,7 +243,7 @@ def train(cfg: dict) -> dict:
             orders.clear()
             orders[epoch] = data.epoch_order(n, cfg["seed"], epoch).to(device if source.on_device else "cpu")
         idx = orders[epoch][pos:pos + b][rank::world]
-        return source.train_batch(idx, step, b, slice(rank, None, world), size)
+        return source.train_batch(idx, step, b, slice(rank, None, world), size, epoch=epoch, pos=pos)
 
     # Batches read from files are made one step ahead, on a thread, while the current step computes.
     ahead = ThreadPoolExecutor(1, thread_name_prefix="next-batch") if not source.on_device else None
@@ -267,14 +254,19 @@ def train(cfg: dict) -> dict:
     # both read once per metrics line; DDP ranks agree on signals every AGREE_EVERY steps.
     timer, loss_acc, ema_pairs = StepTimer(device), torch.zeros((), device=device, dtype=torch.float64), []
     place = cursor.place(st["epoch"], st["pos"])
-    warm_s = warm_up(net, model, optimizer, place, batch_at, sizes, cursor, autocast, loss_fn, device) if (cfg["compile"] or world > 1) and place else 0.0
+    warm = shape_places(cursor, sizes, place) if cfg["compile"] else [place] if world > 1 and place else []
+    warm_s = warm_up(net, model, optimizer, warm, batch_at, sizes, cursor, autocast, loss_fn, device) if warm else 0.0
     compile_s = warm_s if cfg["compile"] else 0.0  # the DDP-only warm-up is not compilation
+    graphs = uses_cuda_graphs(cfg, device)
+    compiled_before_clock = graphs_compiled() if cfg["compile"] else 0
     while st["step"] < total and place is not None:
         step = st["step"]
         epoch, pos, B = place
         if isinstance(model, models.AirBench) and model.whiten.bias.requires_grad and epoch >= cfg["whiten_bias_epochs"]:
             model.whiten.bias.requires_grad_(False)
         timer.start()
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs (its loss, read below) are done with
         progress = cursor.progress(epoch, pos)
         lr, momentum = sched(progress)
         lr *= B / B0  # the linear scaling rule, when the batch size changes with the image size
@@ -358,7 +350,9 @@ def train(cfg: dict) -> dict:
                    epochs=cfg["epochs"], world_size=world, device=str(device), precision=precision,
                    model=cfg["model"], dataset=cfg["dataset"], compute_dtype=compute_dtype, skipped_files=source.skipped,
                    compiled=bool(cfg["compile"]) and graphs_compiled() > 0,  # torch.compile really produced graphs
-                   compile_s=round(compile_s, 3))  # the warm-up compilation, outside train_time_s
+                   compile_s=round(compile_s, 3),  # the warm-up compilation (each shape), outside train_time_s
+                   compile_mode=cfg["compile_mode"] if cfg["compile"] else "", cuda_graphs=graphs,
+                   late_compiles=graphs_compiled() - compiled_before_clock if cfg["compile"] else 0)  # inside the clock: should be 0
     if is_main:
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         log.info("done: final acc %.4f, best %.4f, %.1f s training", summary["final_acc"] or 0, summary["best_acc"], summary["train_time_s"])
