@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from tests.test_trainer import trainer_env
@@ -49,3 +50,21 @@ def test_an_earlier_result_is_measured_again_and_compared(tmp_path):
     assert r["speed_ratio"] == round(100.0 / r["ours"]["train_time_s"], 3)
     bad = bench("--reference", str(tmp_path / "missing.json"), "--data-dir", str(tmp_path))
     assert bad.returncode == 2 and "not a readable earlier" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.slow
+def test_the_speed_table_command_runs_every_row_and_names_what_cannot_run(tmp_path):
+    """`python -m trainer.figures --small`: the README table's command, wired end to end on a CPU (tiny data)."""
+    out = tmp_path / "figures.json"
+    p = subprocess.run([sys.executable, "-m", "trainer.figures", "--small", "--json", str(out)], env=trainer_env(),
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = {r["what"]: r for r in json.loads(out.read_text())}
+    for preset in ("fast", "fast-muon", "resnet9", "dawnbench-rn18"):
+        r = rows[f"--preset {preset}"]
+        assert r["epochs"] == 1 and r["train_time_s"] > 0 and r["steady_images_per_s"] > 0, r
+        assert f"| --preset {preset} | 1 |" in p.stdout
+    for preset in ("fast", "resnet9", "dawnbench-rn18"):
+        assert rows[f"{preset} step (trainer.bench)"]["achieved_tflops"] > 0
+    reference = rows["airbench94 (reference, the airbench package)"]
+    assert ("needs a CUDA GPU" in reference["error"]) if not torch.cuda.is_available() else reference["train_time_s"] > 0

@@ -96,11 +96,14 @@ def run_ours(root: Path, preset: str, extra: Optional[list] = None) -> dict:
         if p.returncode != 0:
             raise BenchError(f"{' '.join(argv)} failed ({p.returncode}): {p.stderr.strip()[-1500:]}")
         summary = json.loads((Path(out) / "summary.json").read_text())
+        epochs = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines() if '"test_acc"' in line]
+    rates = sorted(row["images_per_s"] for row in epochs[1:] or epochs if row.get("images_per_s"))  # after the first epoch
     n_train = len(load_cifar10(str(root), download=False).train)
     seconds = summary["train_time_s"]
     return {"name": f"--preset {preset}", "train_time_s": seconds, "epochs": summary["epochs"], "compile_s": summary.get("compile_s"),
             "images_per_s": round(summary["epochs"] * n_train / seconds, 1) if seconds else None, "final_acc": summary.get("final_acc"),
-            "device": summary.get("device"), "precision": summary.get("precision")}
+            "steady_images_per_s": rates[len(rates) // 2] if rates else None,  # the median epoch after the first
+            "device": summary.get("device"), "precision": summary.get("precision"), "cuda_graphs": summary.get("cuda_graphs")}
 
 
 def side_by_side(reference: str, preset: str, data_dir: Optional[str], extra: Optional[list] = None) -> dict:
