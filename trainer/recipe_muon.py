@@ -147,7 +147,9 @@ def train_recipe(cfg: dict) -> dict:
     compile_s = 0.0
     if cfg["compile"]:  # compiled before the clock, on a throwaway copy of the state: with the whitening bias trained and frozen
         t0, saved_sd = time.perf_counter(), {k: v.clone() for k, v in model.state_dict().items()}
-        for trains_bias in sorted({st["step"] < bias_steps, stop_at - 1 < bias_steps}, reverse=True):
+        for trains_bias in [t for t in sorted({st["step"] < bias_steps, stop_at - 1 < bias_steps}, reverse=True) for _ in range(1 + graphs)]:
+            if graphs:  # cudagraph trees run a graph once before recording it: twice each, so both happen here
+                torch.compiler.cudagraph_mark_step_begin()
             model.whiten.bias.requires_grad_(trains_bias)
             with autocast():
                 loss_fn(net(padded[:B, :, TRANSLATE:-TRANSLATE, TRANSLATE:-TRANSLATE]), train_y[:B]).backward()

@@ -255,9 +255,9 @@ def train(cfg: dict) -> dict:
     timer, loss_acc, ema_pairs = StepTimer(device), torch.zeros((), device=device, dtype=torch.float64), []
     place = cursor.place(st["epoch"], st["pos"])
     warm = shape_places(cursor, sizes, place) if cfg["compile"] else [place] if world > 1 and place else []
-    warm_s = warm_up(net, model, optimizer, warm, batch_at, sizes, cursor, autocast, loss_fn, device) if warm else 0.0
-    compile_s = warm_s if cfg["compile"] else 0.0  # the DDP-only warm-up is not compilation
     graphs = uses_cuda_graphs(cfg, device)
+    warm_s = warm_up(net, model, optimizer, warm, batch_at, sizes, cursor, autocast, loss_fn, device, graphs) if warm else 0.0
+    compile_s = warm_s if cfg["compile"] else 0.0  # the DDP-only warm-up is not compilation
     compiled_before_clock = graphs_compiled() if cfg["compile"] else 0
     while st["step"] < total and place is not None:
         step = st["step"]

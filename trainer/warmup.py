@@ -11,14 +11,18 @@ import torch
 from .schedule import step_value
 
 
-def warm_up(net, model, optimizer, places, batch_at, sizes, cursor, autocast, loss_fn, device) -> float:
+def warm_up(net, model, optimizer, places, batch_at, sizes, cursor, autocast, loss_fn, device, graphs: bool = False) -> float:
     """torch.compile compiles on first use (once per input shape: each image and batch size of the run), and DDP lays
     out its gradient buckets by the first backward (with 3+ ranks, another layout sums in another order): a step of
     each shape at `places` before the clock starts, then the model (BatchNorm statistics too) is put back as it was,
-    so warm-up changes nothing and a resumed run reduces as the run it continues."""
+    so warm-up changes nothing and a resumed run reduces as the run it continues. With CUDA graphs each shape runs
+    twice: inductor's cudagraph trees run a new graph once before they record it, and the record is replayed later
+    (load_state_dict copies into the same parameter storage the graphs read)."""
     saved = copy.deepcopy(model.state_dict())
     t0 = time.perf_counter()
-    for epoch, pos, b in places:
+    for epoch, pos, b in [p for p in places for _ in range(2 if graphs else 1)]:
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         x, y = batch_at(-1, epoch, pos, b, int(step_value(sizes, cursor.progress(epoch, pos))))
         if device.type == "cuda":
             x = x.contiguous(memory_format=torch.channels_last)
