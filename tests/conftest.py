@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -49,11 +50,20 @@ class Orch:
         self.env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
 
     def argv(self, *args: str):
-        return [sys.executable, "-m", "orchestrator.cli", *args]
+        return [sys.executable, "-X", "faulthandler", "-m", "orchestrator.cli", *args]
 
-    def __call__(self, *args: str, timeout: float = 300, cwd: Path | None = None) -> CliResult:
-        p = subprocess.run(self.argv(*args), env=self.env, cwd=cwd or self.tmp, capture_output=True, text=True, timeout=timeout)
-        return CliResult(p.returncode, p.stdout, p.stderr)
+    def __call__(self, *args: str, timeout: float = 280, cwd: Path | None = None) -> CliResult:
+        """The CLI to its end. One that outlives `timeout` (by default under pytest's own 300 s) is stopped with SIGABRT, so
+        Python's faulthandler prints every thread's stack: the failure shows where it hung and what it logged."""
+        p = subprocess.Popen(self.argv(*args), env=self.env, cwd=cwd or self.tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.send_signal(signal.SIGABRT)
+            out, err = p.communicate()
+            raise AssertionError(f"orch {' '.join(args)} still running after {timeout:.0f} s; its output and stacks:\n"
+                                 f"{out[-3000:]}\n{err[-12000:]}") from None
+        return CliResult(p.returncode, out, err)
 
     def popen(self, *args: str, **kw) -> subprocess.Popen:
         return subprocess.Popen(self.argv(*args), env=self.env, cwd=self.tmp, stdout=subprocess.PIPE,

@@ -212,7 +212,10 @@ class Gate:
         if cap is not None:
             self.counts["partial"] += 1
             new_form = [(k, str(cap) if k == "TargetCapacitySpecification.TotalTargetCapacity" and int(v) > cap else v) for k, v in new_form]
-        answer = self.forward(environ, urlencode(new_form).encode())
+        with MOTO:  # launched and made `pending` in one step: no DescribeInstances between sees a new instance `running`
+            return self._launched(self.forward(environ, urlencode(new_form).encode()), data, profile, kept)
+
+    def _launched(self, answer: tuple, data: dict, profile: Optional[str], kept: list) -> tuple:
         if answer[0].startswith("200"):
             groups = list(data.get("SecurityGroupIds") or [g for nic in data.get("NetworkInterfaces") or [] for g in nic.get("Groups", [])])
             for iid in set(re.findall(rb"i-[0-9a-f]{8,17}", answer[2])):

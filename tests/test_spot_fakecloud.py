@@ -156,7 +156,7 @@ def test_controller_gone_for_good_hosts_terminate_themselves(orch, cloud, identi
 def test_sshd_never_up_fails_the_attempt_and_terminates(orch, cloud, identity):
     cloud.no_sshd = True
     path = orch.sweep(cloud.sweep_yaml("nossh", identity, "true", extra="max_restarts: 0", boot_timeout_s="5"))
-    r = orch("launch", str(path), timeout=300)
+    r = orch("launch", str(path), timeout=280)
     assert r.code == 1
     v = status(orch, "nossh")["run"]
     assert v["state"] == "failed" and "could not reach sshd" in v["reason"]
@@ -235,7 +235,7 @@ def test_budget_stops_new_launches_and_status_shows_spend(orch, cloud, identity,
     from tests.fakecloud import BUCKET
 
     path = orch.sweep(cloud.sweep_yaml("budget", identity, job(steps=10), extra="grid:\n  a: [1, 2, 3]\nmax_parallel: 1\nbudget_usd: 0.000000000001"))
-    r = orch("launch", str(path), timeout=300)
+    r = orch("launch", str(path), timeout=280)
     assert r.code == 0, r.out + r.err
     st = json.loads(orch("status", "budget", "--json").out)
     states = sorted(v["state"] for v in st["runs"])
@@ -251,7 +251,7 @@ def test_budget_stops_new_launches_and_status_shows_spend(orch, cloud, identity,
 
 def test_keep_alive_instance_terminates_itself_once_idle(orch, cloud, identity):
     path = orch.sweep(cloud.sweep_yaml("idle", identity, "echo done", extra="max_restarts: 0", keep_alive="true", idle_minutes="0.1"))
-    r = orch("launch", str(path), timeout=300)
+    r = orch("launch", str(path), timeout=280)
     assert r.code == 0, r.out + r.err
     assert status(orch, "idle")["run"]["state"] == "succeeded"
     assert len(cloud.instances("idle")) == 1  # kept after its run...
