@@ -2,14 +2,21 @@
 # README command 2: set up (tmux, sshd, orch with trainer+dev extras) and run the whole test suite
 # (benchmarks excluded; `scripts/test.sh -m bench -s` runs them). Extra arguments go to pytest, e.g. scripts/test.sh -k spec
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 scripts/setup.sh trainer,dev || exit 1
 export PATH="$PWD/.venv/bin:$PATH"
 # Benchmarks (tests/bench, marker `bench`) are measurements, not checks: they run when asked for,
 # e.g. `scripts/test.sh -m bench -s`; any -m given here replaces the default selection.
 select=(-m "not bench")
 for arg in "$@"; do [ "$arg" = "-m" ] && select=(); done
-.venv/bin/python -m pytest tests "${select[@]}" "$@"
+# Two workers (pytest-xdist); each fake cloud takes a loopback /16 of its own (tests/fakecloud.py), so
+# two at once never share an address. ORCH_TEST_WORKERS=0 runs everything in this process; benchmarks
+# always do (a measurement must not share the machine).
+workers="${ORCH_TEST_WORKERS:-2}"
+for arg in "$@"; do [[ "$arg" == *bench* ]] && workers=0; done
+parallel=()
+[ "$workers" -gt 0 ] && parallel=(-n "$workers")
+.venv/bin/python -m pytest tests "${select[@]}" "${parallel[@]}" "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "test.sh: pytest collected no tests; that is a failure" >&2

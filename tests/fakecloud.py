@@ -5,8 +5,10 @@
   instance profiles; `pending` and `shutting-down`; DependencyViolation; IAM evaluated for the
   hosts' role credentials, with S3's 403-for-a-missing-key rule; CreateFleet errors injected per
   (market, type, AZ). boto3 (ours, the CLI's, the agents') reaches it through AWS_ENDPOINT_URL.
-- A VPC 127.0.0.0/16 with one subnet per AZ (127.0.1.0/24, 127.0.2.0/24, ...) gives every
-  instance a loopback private IP. The subnets do not map public IPs on launch (like a custom
+- A VPC 127.N.0.0/16 with one subnet per AZ (127.N.1.0/24, 127.N.2.0/24, ...) gives every
+  instance a loopback private IP; N is a loopback /16 no other fake cloud on the machine holds
+  (an flock per N), so clouds in parallel (pytest-xdist workers, two suites) never share a host
+  address. The subnets do not map public IPs on launch (like a custom
   VPC's); `default_vpc=False` gives an account without a default VPC.
 - A watcher turns each running instance into a host once `boot_s` passed (real: 30-120 s): an
   sshd bound to its IP, configured from its cloud-config (HostKey from ssh_keys,
@@ -31,6 +33,7 @@ tests/conftest.py, or stand-alone: `python -m tests.fakecloud` prints the enviro
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import shutil
@@ -65,6 +68,23 @@ PYTHON_WRAPPER = """#!/bin/bash
 if [ -n "$ORCH_FAKE_COLD_S" ] && mkdir "$ORCH_FAKE_HOST_ROOT/.warm" 2>/dev/null; then sleep "$ORCH_FAKE_COLD_S"; fi
 {block}exec "$ORCH_FAKE_PYTHON" "$@"
 """
+
+
+NETS = Path(tempfile.gettempdir()) / "orch-fakecloud-nets"
+
+
+def claim_net():
+    """(N, lock file): the loopback network 127.N.0.0/16 for one fake cloud's hosts, held (flock) until the file is
+    closed or the process ends; another cloud on this machine, in any process, gets another N."""
+    NETS.mkdir(exist_ok=True)
+    for n in range(255):
+        f = open(NETS / f"{n}.lock", "w")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return n, f
+        except BlockingIOError:
+            f.close()
+    raise RuntimeError(f"all 255 loopback /16s are held by other fake clouds ({NETS})")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -302,10 +322,11 @@ class FakeCloud:
         vpc = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"][0]["VpcId"]
         for sub in ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"]:
             ec2.delete_subnet(SubnetId=sub["SubnetId"])
-        ec2.associate_vpc_cidr_block(VpcId=vpc, CidrBlock="127.0.0.0/16")
+        self.net, self._net_lock = claim_net()
+        ec2.associate_vpc_cidr_block(VpcId=vpc, CidrBlock=f"127.{self.net}.0.0/16")
         self.vpc = vpc
         for i, az in enumerate(AZS, start=1):
-            self.subnets.append(ec2.create_subnet(VpcId=vpc, CidrBlock=f"127.0.{i}.0/24", AvailabilityZone=az)["Subnet"]["SubnetId"])
+            self.subnets.append(ec2.create_subnet(VpcId=vpc, CidrBlock=f"127.{self.net}.{i}.0/24", AvailabilityZone=az)["Subnet"]["SubnetId"])
             ec2.modify_subnet_attribute(SubnetId=self.subnets[-1], MapPublicIpOnLaunch={"Value": False})  # moto maps them; custom VPCs do not
         if not self.default_vpc:  # an account whose default VPC was deleted: sweeps must name subnets
             from tests.fakecloud_gate import _ec2_backend
@@ -386,6 +407,9 @@ class FakeCloud:
             host.stop()
         self._reset()
         self.server.stop()
+        if getattr(self, "_net_lock", None) is not None:
+            self._net_lock.close()  # the /16 is free for the next cloud
+            self._net_lock = None
         for k, v in self._saved_env.items():
             if v is None:
                 os.environ.pop(k, None)
