@@ -13,7 +13,7 @@ for arg in "$@"; do [ "$arg" = "-m" ] && select=(); done
 # two at once never share an address. ORCH_TEST_WORKERS=0 runs everything in this process; benchmarks
 # always do (a measurement must not share the machine).
 workers="${ORCH_TEST_WORKERS:-2}"
-for arg in "$@"; do [[ "$arg" == *bench* ]] && workers=0; done
+for arg in "$@"; do [[ "$arg" == *bench* && "$arg" != *"not bench"* ]] && workers=0; done
 parallel=()
 [ "$workers" -gt 0 ] && parallel=(-n "$workers")
 .venv/bin/python -m pytest tests "${select[@]}" "${parallel[@]}" "$@"

@@ -54,9 +54,14 @@ def test_the_last_run_to_leave_ends_the_host_and_nothing_is_placed_on_a_doomed_o
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_four_one_gpu_runs_share_one_four_gpu_instance_and_resume_together(orch, cloud, identity, tmp_path):
-    release = tmp_path / "release"  # the fake hosts share this machine's files: k=3's second attempt waits for it
+    # The fake hosts share this machine's files: every second attempt waits until all four have started (so they
+    # overlap: a run that ended would free its GPU for the next, rightly), then k=3's waits for `release`.
+    release, started = tmp_path / "release", tmp_path / "started"
+    started.mkdir()
     command = ("echo $CUDA_VISIBLE_DEVICES > $ORCH_RUN_DIR/cvd.$ORCH_ATTEMPT; "
-               f"if [ $ORCH_ATTEMPT = 1 ]; then sleep 600; elif [ {{k}} = 3 ]; then while [ ! -e {release} ]; do sleep 0.2; done; fi")
+               f"if [ $ORCH_ATTEMPT = 1 ]; then sleep 600; else touch {started}/{{k}}; "
+               f"while [ $(ls {started} | wc -l) -lt 4 ]; do sleep 0.2; done; "
+               f"if [ {{k}} = 3 ]; then while [ ! -e {release} ]; do sleep 0.2; done; fi; fi")
     path = orch.sweep(cloud.sweep_yaml("pack", identity, command, extra="grid:\n  k: [0, 1, 2, 3]\nmax_parallel: 4\nmax_restarts: 0\n"
                                        "resources:\n  gpus: 1", instance_types="[g5.12xlarge, g5.xlarge]", heartbeat_s="1", sync_s="1"))
     dry = orch("launch", str(path), "--dry-run")
