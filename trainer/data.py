@@ -188,7 +188,7 @@ class EpochDraws:
 
     @classmethod
     def draw(cls, n: int, pad: int, flip: bool, seed: int, epoch: int, device) -> "EpochDraws":
-        g = torch.Generator().manual_seed(seed * 1_000_003 + epoch * 7919 + 17)
+        g = epoch_generator(seed, epoch)
         shifts = torch.randint(0, 2 * pad + 1, (n, 2), generator=g).to(device) if pad > 0 else None
         mirror = (torch.rand(n, generator=g) < 0.5).to(device) if flip else None
         return cls(epoch, shifts, mirror)
@@ -203,6 +203,11 @@ def resize(x: torch.Tensor, size: int) -> torch.Tensor:
 def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
     """The permutation of one epoch: a function of (seed, epoch) only, so a resumed run replays it."""
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+
+
+def epoch_generator(seed: int, epoch: int) -> torch.Generator:
+    """Augmentation randomness of one epoch, a function of (seed, epoch) only (drawn once per epoch)."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + epoch * 7919 + 17)
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:
@@ -227,6 +232,7 @@ class TensorSource:
         self.skipped = 0
         x = normalize(self.train.images, self.mean, self.std)
         self.train_x = F.pad(x, (self.pad,) * 4, mode="reflect") if self.pad > 0 else x
+        self.side = tuple(x.shape[2:])  # (h, w) of an image before padding
         self.test_x = normalize(self.test.images, self.mean, self.std)
         self.eval_batch = EVAL_BATCH.get(torch.device(device).type, 1000)
         self.draws: Optional[EpochDraws] = None
@@ -238,8 +244,7 @@ class TensorSource:
         x = self.train_x[idx]
         if self.pad > 0:
             dy, dx = self.draws.shifts[pos:pos + batch][share].unbind(1)
-            h, w = self.train.images.shape[2:]
-            x = crop(x, dy, dx, h, w)
+            x = crop(x, dy, dx, *self.side)
         if self.flip:
             x = torch.where(self.draws.mirror[pos:pos + batch][share].view(-1, 1, 1, 1), x.flip(3), x)
         return resize(x, size), self.train.labels[idx]

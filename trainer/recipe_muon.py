@@ -52,7 +52,7 @@ EVAL_BATCH = 2000
 def epoch_images(padded: torch.Tensor, size: int, seed: int, epoch: int) -> torch.Tensor:
     """The epoch's training images: each a random translation (of up to the padding) of its padded,
     once-flipped self, all of them mirrored on odd epochs."""
-    g = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + epoch * 7919 + 17)
+    g = data.epoch_generator(seed, epoch)
     n, r = padded.shape[0], (padded.shape[-1] - size) // 2
     shifts = torch.randint(-r, r + 1, (n, 2), generator=g).to(padded.device)
     out = torch.empty(n, padded.shape[1], size, size, dtype=padded.dtype, device=padded.device)

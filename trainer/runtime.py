@@ -174,8 +174,6 @@ def start_run(cfg: dict):
     """What every training run does first: the process group (under torchrun), the device and its
     precision, CPU threads, and the output folder with config.json (rank 0). Returns
     (rank, world, local_rank, device, precision, out)."""
-    from pathlib import Path
-
     device_kind = "cuda" if (cfg["device"] == "cuda" or (cfg["device"] == "auto" and torch.cuda.is_available())) else "cpu"
     rank, world, local_rank = setup_distributed(device_kind)
     device = pick_device(cfg, local_rank)
