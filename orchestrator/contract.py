@@ -11,13 +11,14 @@ pids, exit code, logs). Files in `ctl/` that others write to talk to the agent:
 
 from __future__ import annotations
 
+import json
 import shlex
-from typing import TYPE_CHECKING, Dict, Optional
-
-from .backends.base import RunTask
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 if TYPE_CHECKING:  # the agent imports this module on hosts; keep pydantic out of its start-up
-    from .spec import Sweep
+    pass
 
 STOP_REASON_FILE = "stop-reason"  # written by whoever stops the run, before signalling the agent
 NOTICE_FILE = "spot-notice"  # `orch chaos interrupt` (and tests) deliver a spot notice here
@@ -25,6 +26,7 @@ AGENT_PID_FILE = "agent.pid"
 AGENT_LOG_FILE = "agent.log"
 REMOTE_BASE = "~/orch/runs"  # where runs live on an instance
 REMOTE_TMUX_SOCKET = "orch"
+AUTO = "auto"  # `resources:` gpus / procs_per_node: the host decides (its GPUs)
 
 
 def session_prefix(sweep: str) -> str:
@@ -52,36 +54,10 @@ def sh_path(path: str) -> str:
     return shlex.quote(path)
 
 
-def run_env(sweep: "Sweep", run_id: str, attempt: int, run_dir: str, params_json: str) -> Dict[str, str]:
-    """The ORCH_* environment of one attempt (README: the run contract), over the sweep's `env:`."""
-    from .shapes import shape_env
-
-    env = dict(sweep.spec.env)
-    env.update(ORCH_SWEEP=sweep.spec.name, ORCH_RUN_ID=run_id, ORCH_ATTEMPT=str(attempt), ORCH_RUN_DIR=run_dir,
-               ORCH_PARAMS_JSON=params_json, PYTHONUNBUFFERED="1", ORCH_RDZV_ID=f"{sweep.spec.name}-{run_id}-{attempt}",
-               **shape_env(sweep.spec.resources))
-    return env
-
-
-def new_task(sweep: "Sweep", run_id: str, attempt: int, command: str, params_json: str, base: str,
-             env: Optional[Dict[str, str]] = None, **periods) -> RunTask:
-    """The task of one attempt; `env` is laid under the contract's variables, `periods` are RunTask fields."""
-    from .staging import resolve
-
-    root = run_root(base, sweep.spec.name, run_id)
-    minutes = sweep.spec.timeout_minutes
-    data = resolve(sweep.spec.data, sweep.path.parent, f"{base.rstrip('/')}/.data")  # relative `to:`: beside the runs
-    env = {**(env or {}), **({"ORCH_DATA_DIR": data[0]["to"]} if data else {})}
-    return RunTask(sweep=sweep.spec.name, run_id=run_id, attempt=attempt, command=command, store_url=sweep.store_url,
-                   run_dir=f"{root}/run", ctl_dir=ctl_dir(base, sweep.spec.name, run_id), session=session_name(sweep.spec.name, run_id),
-                   env={**(env or {}), **run_env(sweep, run_id, attempt, f"{root}/run", params_json)},
-                   timeout_s=minutes * 60 if minutes else None, data=data, **periods)
-
-
 def agent_command(python: str, task_file: str, ctl_dir: str, pythonpath: Optional[str] = None) -> str:
     """The shell command that runs the agent for a task; its own output goes to ctl/agent.log."""
     prefix = f"PYTHONPATH={sh_path(pythonpath)} " if pythonpath else ""
-    return (f"{prefix}{shlex.quote(python)} -m orchestrator.agent {sh_path(task_file)} "
+    return (f"{prefix}{shlex.quote(python)} -m orchestrator.host.agent {sh_path(task_file)} "
             f"2>&1 | tee -a {sh_path(ctl_dir + '/' + AGENT_LOG_FILE)}")
 
 
@@ -99,3 +75,41 @@ def stop_script(ctl_dir: str, session: str, reason: str, wait_s: float, tmux_soc
 
 def notice_path(ctl_dir: str) -> str:
     return f"{ctl_dir.rstrip('/')}/{NOTICE_FILE}"
+
+
+@dataclass
+class RunTask:
+    """Everything an agent needs to run one attempt of one run; written as JSON for the agent."""
+
+    sweep: str  # sweep name
+    run_id: str  # run id within the sweep
+    attempt: int  # 1-based attempt number
+    command: str  # shell command, placeholders already substituted
+    store_url: str  # where status, metrics, logs and the run folder are synced
+    run_dir: str  # ORCH_RUN_DIR on the host
+    ctl_dir: str  # the agent's private folder on the host (script, pids, exit code)
+    session: str  # tmux session the agent runs in; the command gets a window "run" in it
+    env: Dict[str, str] = field(default_factory=dict)  # environment of the command
+    timeout_s: Optional[float] = None  # stop and fail the command after this long
+    heartbeat_s: float = 2.0  # status.json heartbeat period
+    sync_s: float = 5.0  # run folder -> store period
+    host: str = "localhost"  # shown in status
+    terminate_on_exit: bool = False  # aws: the agent terminates its own instance when the attempt ends
+    idle_s: Optional[float] = None  # with terminate_on_exit off: terminate after this long unattached once the run ended
+    replaces: str = ""  # host of the previous attempt when that one was preempted or lost
+    notice_poll_s: float = 5.0  # how often the agent looks for a spot interruption notice
+    imds: bool = False  # also ask the instance metadata service (aws), not only ctl/spot-notice
+    data: List[Dict[str, str]] = field(default_factory=list)  # [{"from", "to"}]: staged before the command starts
+    nodes_here: int = 1  # local: the run's nodes all run on this host, as that many copies of the command
+    node_hosts: int = 1  # aws: hosts the attempt spans, one node each (its agents: node 0 reports, the others follow)
+    node_rank: int = 0  # aws: which of them this host is
+    slot: int = -1  # aws packing: the slot (set of GPUs) this run holds on an instance shared with other runs; -1: none
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, path: Path) -> "RunTask":
+        return cls(**json.loads(Path(path).read_text()))

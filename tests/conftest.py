@@ -206,8 +206,8 @@ def cloud(tmp_path, orch):
 @pytest.fixture(params=["local", "s3"])
 def store(request, tmp_path):
     """A store of each kind: a LocalStore folder, and an S3Store on a fake cloud's moto."""
-    from orchestrator.s3store import S3Store
-    from orchestrator.store import LocalStore
+    from orchestrator.store.folder import LocalStore
+    from orchestrator.store.s3 import S3Store
 
     if request.param == "local":
         yield LocalStore(str(tmp_path / "store"))

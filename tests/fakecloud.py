@@ -188,7 +188,7 @@ class FakeHost:
         self.tmux_dir = Path(tempfile.mkdtemp(prefix="ofh-"))  # short: unix socket paths max out at 108 bytes
         host_key = self.root / "ssh_host_ed25519_key"
         if self.wrong_key:
-            from orchestrator.ssh import new_host_key
+            from orchestrator.remote.ssh import new_host_key
 
             host_key.write_text(new_host_key()[0])
         else:
@@ -260,7 +260,11 @@ class _GatedMotoServer:
         self.ready = threading.Event()
 
     def start(self) -> "Gate":
-        from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+        from moto.moto_server.werkzeug_app import (
+            DomainDispatcherApplication,
+            MotoRequestHandler,
+            create_backend_app,
+        )
         from werkzeug.serving import make_server
 
         self.gate = Gate(DomainDispatcherApplication(create_backend_app), **self.gate_args)
@@ -503,7 +507,7 @@ class FakeCloud:
         }
 
     def all_leftovers(self) -> Dict[str, list]:
-        from orchestrator.teardown import orch_resources
+        from orchestrator.aws.teardown import orch_resources
 
         return orch_resources(self.client("ec2"), self.client("iam"))
 

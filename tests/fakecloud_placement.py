@@ -18,6 +18,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
+
 @dataclass
 class PlacementGroups:
     """The groups of the fake account, and which instance went into which."""

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from orchestrator.wait import retry_until
-from tests.conftest import ROOT, starts, run_states as status
+from tests.conftest import ROOT, starts
+from tests.conftest import run_states as status
 from tests.fakecloud import BUCKET
 
 pytestmark = pytest.mark.slow

@@ -13,10 +13,12 @@ import boto3
 import pytest
 import yaml
 
-from orchestrator import ec2 as api
-from orchestrator import fleet
-from orchestrator.s3store import S3Store
-from tests.conftest import ROOT, run_states as status
+from orchestrator.aws import ec2 as api
+from orchestrator.aws import fleet
+from orchestrator.aws.images import resolve_image
+from orchestrator.store.s3 import S3Store
+from tests.conftest import ROOT
+from tests.conftest import run_states as status
 from tests.fakecloud import BUCKET, REGION, FakeCloud, Strictness
 
 pytestmark = pytest.mark.slow
@@ -76,7 +78,7 @@ def test_b_role_credentials_read_missing_keys_as_missing_and_nothing_else(cloud)
 
     with pytest.raises(ClientError):  # another sweep's prefix stays closed
         mine.put_bytes("other/run/status.json", b"{}")
-    from orchestrator.teardown import teardown
+    from orchestrator.aws.teardown import teardown
 
     assert f"instance-profile/{profile}" in teardown(cloud.client("ec2"), iam, long_sweep)
 
@@ -85,7 +87,7 @@ def test_b_a_new_instance_profile_is_retried_until_ec2_sees_it(tmp_path):
     with FakeCloud(tmp_path / "c", strict=Strictness(profile_s=6)) as cloud:
         ec2 = cloud.client("ec2")
         profile = api.ensure_instance_profile(cloud.client("iam"), "prop", BUCKET, "sweeps")
-        image = api.resolve_image(ec2, cloud.image, "self", REGION)
+        image = resolve_image(ec2, cloud.image, "self", REGION)
         sg = api.ensure_security_group(ec2, "prop", cloud.vpc, "127.0.0.1/32")
         lt = api.ensure_launch_template(ec2, "prop", api.launch_template_data(image, sg, 20, profile, public_ip=False))
         choices = [fleet.Choice("g5.xlarge", s, az) for s, az in zip(cloud.subnets, ("us-east-1a", "us-east-1b"))]
@@ -163,7 +165,7 @@ def test_h_an_instance_without_a_profile_is_refused_at_validation(orch, cloud, i
 def test_i_root_volume_follows_the_image(cloud):
     ec2 = cloud.client("ec2")
     al = cloud.register_image("al2023-dl", root_device="/dev/xvda", snapshot_gb=75)
-    image = api.resolve_image(ec2, al, "self", REGION)
+    image = resolve_image(ec2, al, "self", REGION)
     data = api.launch_template_data(image, "sg-1", 20, None, public_ip=False)
     assert data["BlockDeviceMappings"][0]["DeviceName"] == "/dev/xvda"
     assert data["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] == 75  # never below the snapshot
@@ -178,8 +180,8 @@ def test_j_reused_group_gets_the_current_cidr_and_public_ip_is_asked_for(orch, c
     cidrs = {r["CidrIp"] for p in ec2.describe_security_groups(GroupIds=[sg])["SecurityGroups"][0]["IpPermissions"] for r in p["IpRanges"]}
     assert cidrs == {"203.0.113.7/32", "198.51.100.9/32"}
 
-    from orchestrator.backends.aws import AwsBackend
-    from orchestrator.spec import load_sweep
+    from orchestrator.backends.aws.backend import AwsBackend
+    from orchestrator.sweep.load import load_sweep
 
     path = smoke(orch, identity, "netw", aws_ssh={"address": "public_ip", "identity": str(identity), "user": "root", "port": 2222})
     backend = AwsBackend(load_sweep(path))
@@ -188,7 +190,7 @@ def test_j_reused_group_gets_the_current_cidr_and_public_ip_is_asked_for(orch, c
         nic = setup["base"]["NetworkInterfaces"][0]
         assert nic["AssociatePublicIpAddress"] is True and nic["Groups"] == [sg] and "SecurityGroupIds" not in setup["base"]
     finally:
-        from orchestrator.teardown import teardown
+        from orchestrator.aws.teardown import teardown
 
         teardown(ec2, cloud.client("iam"), "netw")
 

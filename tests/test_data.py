@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from orchestrator.staging import MANIFEST, stage
+from orchestrator.host.staging import MANIFEST, stage
 from orchestrator.wait import retry_until
 from tests.conftest import run_states as status
 from tests.conftest import starts

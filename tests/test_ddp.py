@@ -13,7 +13,14 @@ import pytest
 
 from orchestrator.wait import retry_until
 from tests.conftest import run_states as status
-from tests.test_trainer import SMALL, STEPS_PER_EPOCH, _free_port, final_weights, same, trainer_env
+from tests.test_trainer import (
+    SMALL,
+    STEPS_PER_EPOCH,
+    _free_port,
+    final_weights,
+    same,
+    trainer_env,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -9,9 +9,10 @@ import boto3
 import pytest
 from botocore.stub import ANY, Stubber
 
-from orchestrator import ec2 as api
-from orchestrator import fleet
-from orchestrator.teardown import teardown
+from orchestrator.aws import ec2 as api
+from orchestrator.aws import fleet
+from orchestrator.aws.images import resolve_image
+from orchestrator.aws.teardown import teardown
 
 CHOICES = [fleet.Choice("g5.xlarge", "subnet-a", "us-east-1a"), fleet.Choice("g5.xlarge", "subnet-b", "us-east-1b"),
            fleet.Choice("g6.xlarge", "subnet-a", "us-east-1a")]
@@ -166,7 +167,7 @@ def test_security_group_launch_template_and_instance_profile(cloud):
     assert listing["Condition"] == {"StringLike": {"s3:prefix": ["team/orch/sec/*"]}}
     assert terminate["Action"] == ["ec2:TerminateInstances", "ec2:DeleteTags"] and terminate["Condition"] == {"StringEquals": {"aws:ResourceTag/orch:sweep": "sec"}}
 
-    image = api.resolve_image(ec2, cloud.image, "self", "us-east-1")
+    image = resolve_image(ec2, cloud.image, "self", "us-east-1")
     lt = api.ensure_launch_template(ec2, "sec", api.launch_template_data(image, sg, 50, profile, public_ip=False))
     data = api.template_data(ec2, lt)
     assert data["MetadataOptions"]["HttpTokens"] == "required" and data["MetadataOptions"]["HttpPutResponseHopLimit"] == 1

@@ -211,7 +211,7 @@ def test_9_huge_sweeps_are_refused_at_once_with_the_count(orch):
 
 @pytest.mark.timeout(60)
 def test_9_expansion_is_linear(tmp_path):
-    from orchestrator.spec import load_sweep
+    from orchestrator.sweep.load import load_sweep
 
     p = tmp_path / "s.yaml"
     p.write_text(json.dumps({"name": "big", "command": "echo {a} {b}", "grid": {"a": list(range(200)), "b": list(range(150))}, "max_runs": 30000}))
@@ -279,7 +279,7 @@ def test_11_chaos_grace_must_be_positive(orch):
 
 
 def test_12_long_values_keep_distinct_ids_and_yaml_exponents_are_numbers(tmp_path):
-    from orchestrator.spec import load_sweep
+    from orchestrator.sweep.load import load_sweep
 
     p = tmp_path / "s.yaml"
     a, b = "x" * 45 + "1", "x" * 45 + "2"

@@ -13,10 +13,16 @@ import sys
 import pytest
 import torch
 
+from orchestrator.wait import retry_until
 from tests.test_trainer import final_weights, metrics, run_trainer, same, trainer_env
 from trainer import checkpoint
-from trainer.imagefolder import center_box, crop_box, rect_shape, scan, write_imagefolder_like
-from orchestrator.wait import retry_until
+from trainer.imagefolder import (
+    center_box,
+    crop_box,
+    rect_shape,
+    scan,
+    write_imagefolder_like,
+)
 
 ARGS = ["--dataset", "imagefolder", "--model", "resnet18", "--width", "0.25", "--precision", "fp32", "--threads", "2",
         "--sizes", "32@0,48@0.5,64@0.8", "--batch-sizes", "32@0,16@0.5", "--batch-size", "32", "--lr", "0.4",

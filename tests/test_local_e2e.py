@@ -11,7 +11,8 @@ import uuid
 import pytest
 
 from orchestrator.wait import retry_until
-from tests.conftest import starts, run_states as status
+from tests.conftest import run_states as status
+from tests.conftest import starts
 
 pytestmark = pytest.mark.slow
 

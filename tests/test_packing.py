@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from orchestrator.host_slots import CLAIM, doom, leave
-from orchestrator.packing import PackChoice, rank, visible_devices
+from orchestrator.host.slots import CLAIM, doom, leave
+from orchestrator.sweep.packing import PackChoice, rank, visible_devices
 from orchestrator.wait import retry_until
 from tests.conftest import run_states as status
 from tests.fakecloud import BUCKET

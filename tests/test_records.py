@@ -8,13 +8,21 @@ import time
 from pathlib import Path
 from typing import List
 
-from orchestrator.backends.base import BackendBase, Host, RunTask
-from orchestrator.controller import Controller
-from orchestrator.reporter import Reporter
-from orchestrator.spec import load_sweep
-from orchestrator.state import State
-from orchestrator.status import LOST, RUNNING, RunStatus, read_status, update_status, write_status
-from orchestrator.store import LocalStore
+from orchestrator.backends.base import BackendBase, Host
+from orchestrator.contract import RunTask
+from orchestrator.control.controller import Controller
+from orchestrator.control.state import State
+from orchestrator.host.reporter import Reporter
+from orchestrator.store.folder import LocalStore
+from orchestrator.store.status import (
+    LOST,
+    RUNNING,
+    RunStatus,
+    read_status,
+    update_status,
+    write_status,
+)
+from orchestrator.sweep.load import load_sweep
 
 
 def test_put_if_refuses_a_write_over_what_the_writer_did_not_read(store):

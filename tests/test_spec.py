@@ -9,7 +9,8 @@ import textwrap
 import pytest
 
 from orchestrator.errors import SpecError
-from orchestrator.spec import expand, load_sweep
+from orchestrator.sweep.load import load_sweep
+from orchestrator.sweep.spec import expand
 
 
 def write(tmp_path, text, name="s.yaml"):
@@ -35,7 +36,7 @@ def test_grid_times_seeds_gives_stable_readable_ids(tmp_path):
     first = sweep.runs[0]
     assert first.command == "train --lr 0.1 --bs 128 --seed 3 --tag 'a b'"
     assert first.params == {"tag": "a b", "lr": 0.1, "bs": 128, "seed": 3}
-    from orchestrator.spec import orch_home
+    from orchestrator.sweep.spec import orch_home
 
     assert sweep.store_url == str(orch_home() / "store")  # no `store:`: $ORCH_HOME/store
 
@@ -139,8 +140,8 @@ def test_expand_is_deterministic(tmp_path):
 
 
 def test_torchrun_placeholder_and_the_shape_environment(tmp_path):
-    from orchestrator.contract import run_env
-    from orchestrator.shapes import complete_on_host
+    from orchestrator.host.env import complete_on_host
+    from orchestrator.sweep.tasks import run_env
 
     sweep = load_sweep(write(tmp_path, "name: x\ncommand: '{torchrun} -m trainer'\nresources:\n  procs_per_node: 2\n"))
     command = sweep.runs[0].command

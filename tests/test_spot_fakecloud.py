@@ -12,8 +12,10 @@ import time
 import pytest
 import torch
 
+from orchestrator.aws.images import resolve_image
 from orchestrator.wait import retry_until
-from tests.conftest import starts, run_states as status
+from tests.conftest import run_states as status
+from tests.conftest import starts
 from tests.test_trainer import SMALL, run_trainer, same
 
 pytestmark = pytest.mark.slow
@@ -167,7 +169,7 @@ def test_sshd_never_up_fails_the_attempt_and_terminates(orch, cloud, identity):
 def test_throttling_is_retried_with_backoff(cloud):
     from botocore.awsrequest import AWSResponse
 
-    from orchestrator import ec2 as api
+    from orchestrator.aws import ec2 as api
 
     client = api.client("ec2", "us-east-1")
     calls = []
@@ -188,13 +190,13 @@ def test_throttling_is_retried_with_backoff(cloud):
 def test_teardown_failing_halfway_is_finished_by_a_rerun(cloud):
     from botocore.exceptions import ClientError
 
-    from orchestrator import ec2 as api
-    from orchestrator.teardown import teardown
+    from orchestrator.aws import ec2 as api
+    from orchestrator.aws.teardown import teardown
 
     ec2, iam = api.client("ec2", "us-east-1"), api.client("iam", "us-east-1")
     sg = api.ensure_security_group(ec2, "half", cloud.vpc, "127.0.0.1/32")
     api.ensure_instance_profile(iam, "half", "b", "p")
-    image = api.resolve_image(ec2, cloud.image, "self", "us-east-1")
+    image = resolve_image(ec2, cloud.image, "self", "us-east-1")
     api.ensure_launch_template(ec2, "half", api.launch_template_data(image, sg, 20, "orch-half", public_ip=False))
     failures = []
 
@@ -213,7 +215,7 @@ def test_teardown_failing_halfway_is_finished_by_a_rerun(cloud):
 
 
 def test_gc_lists_and_down_all_removes_everything(orch, cloud, identity, job):
-    from orchestrator import ec2 as api
+    from orchestrator.aws import ec2 as api
 
     for name in ("gca", "gcb"):
         path = orch.sweep(cloud.sweep_yaml(name, identity, job(steps=1, release=True), extra="max_restarts: 0"), name=f"{name}.yaml")

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from orchestrator.backends.base import Host
-from orchestrator.controller import DONE, REPLACE, START, WAIT, decide
-from orchestrator.status import RunStatus
+from orchestrator.control.controller import DONE, REPLACE, START, WAIT, decide
+from orchestrator.store.status import RunStatus
 from orchestrator.wait import retry_until
 from tests.conftest import run_states as status
 from tests.test_trainer import SMALL, final_weights, run_trainer, same
@@ -117,7 +117,7 @@ def test_decide(status, host, want):
     ("superseded", True, 0, ("lost", False)),         # the controller called it lost: whatever the exit, not ours to record
 ])
 def test_final_status(stop, noticed, code, want):
-    from orchestrator.agent import final_status
+    from orchestrator.host.agent import final_status
 
     state, reason, failed = final_status(stop, noticed, code, 3.0)
     assert (state, failed) == want

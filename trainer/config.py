@@ -60,10 +60,20 @@ def _read_file(path: str) -> Dict[str, Any]:
     return data
 
 
-def build_parser(defaults: Dict[str, Any], presets: Dict[str, Any]) -> argparse.ArgumentParser:
-    from .train import __doc__ as doc
+USAGE = """The bundled trainer: DAWNBench-class image classification, resumable at any moment.
 
-    p = argparse.ArgumentParser(prog="python -m trainer", description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    python -m trainer --preset digits                      # one process, CPU or one GPU
+    torchrun --nproc_per_node 8 -m trainer --preset dawnbench-rn18 --data-dir ~/data
+
+Config, later overriding earlier: the defaults (train.py: DEFAULTS) < --preset < --config FILE (YAML/JSON) <
+$ORCH_PARAMS_JSON (set by orch for each run) < command-line flags. Output goes to --out (default
+$ORCH_RUN_DIR): config.json, metrics.jsonl, summary.json and ckpt/<step>/ with MANIFEST.json.
+SIGUSR1 checkpoints at once and goes on; SIGTERM checkpoints and exits with 143.
+"""
+
+
+def build_parser(defaults: Dict[str, Any], presets: Dict[str, Any]) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m trainer", description=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=sorted(presets), help="a named recipe (applied before the other options)")
     p.add_argument("--config", help="a YAML or JSON file of options")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")

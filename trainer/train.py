@@ -1,12 +1,5 @@
-"""The bundled trainer: DAWNBench-class image classification, resumable at any moment.
-
-    python -m trainer --preset digits                      # one process, CPU or one GPU
-    torchrun --nproc_per_node 8 -m trainer --preset dawnbench-rn18 --data-dir ~/data
-
-Config, later overriding earlier: the defaults below < --preset < --config FILE (YAML/JSON) <
-$ORCH_PARAMS_JSON (set by orch for each run) < command-line flags. Output goes to --out (default
-$ORCH_RUN_DIR): config.json, metrics.jsonl, summary.json and ckpt/<step>/ with MANIFEST.json.
-SIGUSR1 checkpoints at once and goes on; SIGTERM checkpoints and exits with 143.
+"""The bundled trainer's main loop. What it does and how to call it: `trainer.config.USAGE`
+(`python -m trainer --help` prints it).
 """
 
 from __future__ import annotations

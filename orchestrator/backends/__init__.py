@@ -1,20 +1,27 @@
-"""Backends turn a run into a process on some host: this machine (local) or EC2 spot (aws)."""
+"""Backends turn a run into a process on some host: this machine (`local`, tmux through
+`tmux_server`) or EC2 spot instances (`aws/`). They compose the parts below them and differ only in
+primitives (run on a host, put a file, list, acquire, release); `base` holds the interface and the
+dataclasses that cross it, `bundle` the code shipped to hosts.
+
+May import `aws`, `host`, `remote`, `store`, `sweep`, `contract`, `errors`, `wait`; never `control`
+or `cli`.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .base import Backend
+from orchestrator.backends.base import Backend
 
-if TYPE_CHECKING:  # the agent imports this package on hosts; keep pydantic out of its start-up
-    from ..spec import Sweep
+if TYPE_CHECKING:
+    from orchestrator.sweep.spec import Sweep
 
 
 def backend_for(sweep: "Sweep") -> Backend:
     if sweep.spec.backend == "local":
-        from .local import LocalBackend
+        from orchestrator.backends.local import LocalBackend
 
         return LocalBackend(sweep)
-    from .aws import AwsBackend
+    from orchestrator.backends.aws.backend import AwsBackend
 
     return AwsBackend(sweep)

@@ -2,49 +2,10 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Dict, List, Optional, Protocol
+from dataclasses import dataclass
+from typing import List, Optional, Protocol
 
-
-@dataclass
-class RunTask:
-    """Everything an agent needs to run one attempt of one run; written as JSON for the agent."""
-
-    sweep: str  # sweep name
-    run_id: str  # run id within the sweep
-    attempt: int  # 1-based attempt number
-    command: str  # shell command, placeholders already substituted
-    store_url: str  # where status, metrics, logs and the run folder are synced
-    run_dir: str  # ORCH_RUN_DIR on the host
-    ctl_dir: str  # the agent's private folder on the host (script, pids, exit code)
-    session: str  # tmux session the agent runs in; the command gets a window "run" in it
-    env: Dict[str, str] = field(default_factory=dict)  # environment of the command
-    timeout_s: Optional[float] = None  # stop and fail the command after this long
-    heartbeat_s: float = 2.0  # status.json heartbeat period
-    sync_s: float = 5.0  # run folder -> store period
-    host: str = "localhost"  # shown in status
-    terminate_on_exit: bool = False  # aws: the agent terminates its own instance when the attempt ends
-    idle_s: Optional[float] = None  # with terminate_on_exit off: terminate after this long unattached once the run ended
-    replaces: str = ""  # host of the previous attempt when that one was preempted or lost
-    notice_poll_s: float = 5.0  # how often the agent looks for a spot interruption notice
-    imds: bool = False  # also ask the instance metadata service (aws), not only ctl/spot-notice
-    data: List[Dict[str, str]] = field(default_factory=list)  # [{"from", "to"}]: staged before the command starts
-    nodes_here: int = 1  # local: the run's nodes all run on this host, as that many copies of the command
-    node_hosts: int = 1  # aws: hosts the attempt spans, one node each (its agents: node 0 reports, the others follow)
-    node_rank: int = 0  # aws: which of them this host is
-    slot: int = -1  # aws packing: the slot (set of GPUs) this run holds on an instance shared with other runs; -1: none
-
-    def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch(mode=0o600)
-        path.write_text(json.dumps(asdict(self), indent=2))
-
-    @classmethod
-    def load(cls, path: Path) -> "RunTask":
-        return cls(**json.loads(Path(path).read_text()))
-
+from orchestrator.contract import RunTask
 
 ACQUIRING = "(acquiring)"  # host_id of a run whose host is still being acquired
 

@@ -11,12 +11,16 @@ import sys
 from pathlib import Path
 from typing import List
 
-from .. import contract, tmux, tmux_server
-from ..errors import OrchError
-from ..runners import LocalRunner
-from ..store import usable_folder
-from ..spec import Sweep, orch_home
-from .base import BackendBase, Host, RunTask
+from orchestrator import contract
+from orchestrator.backends import tmux_server
+from orchestrator.backends.base import BackendBase, Host
+from orchestrator.contract import RunTask
+from orchestrator.errors import OrchError
+from orchestrator.host import tmux
+from orchestrator.remote.runners import LocalRunner
+from orchestrator.store.folder import usable_folder
+from orchestrator.sweep.spec import Sweep, orch_home
+from orchestrator.sweep.tasks import new_task
 
 STOP_WAIT_S = 20.0  # the agent's own kill grace is 10 s
 
@@ -51,7 +55,7 @@ class LocalBackend(BackendBase):
         env.setdefault("OMP_NUM_THREADS", str(self.threads))
         env.pop("TMUX", None)
         env["ORCH_PYTHON"] = sys.executable
-        return contract.new_task(self.sweep, run_id, attempt, command, params_json, str(self.workdir), env=env,
+        return new_task(self.sweep, run_id, attempt, command, params_json, str(self.workdir), env=env,
                                  heartbeat_s=1.0, notice_poll_s=1.0, sync_s=2.0, host="localhost",
                                  nodes_here=self.sweep.spec.resources.nodes if self.sweep.spec.resources else 1)
 

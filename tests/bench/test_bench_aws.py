@@ -34,11 +34,11 @@ def all_running(orch, sweep, n):
 
 @pytest.mark.timeout(1200)
 def test_launch_time_scales_and_calls_per_pass_do_not(orch, cloud, identity, job):
-    from orchestrator.backends.aws import AwsBackend
-    from orchestrator.controller import Controller
-    from orchestrator.spec import load_sweep
-    from orchestrator.state import State
+    from orchestrator.backends.aws.backend import AwsBackend
+    from orchestrator.control.controller import Controller
+    from orchestrator.control.state import State
     from orchestrator.store import open_store
+    from orchestrator.sweep.load import load_sweep
 
     figures = {}
     for n in (1, 4, 16):
@@ -85,7 +85,7 @@ def _aws_cli_sync(src, url, env) -> float:
 
 @pytest.mark.skipif(shutil.which("aws") is None, reason="the aws CLI is not installed here (pip install awscli)")
 def test_s3store_against_aws_s3_sync(tmp_path, cloud):
-    from orchestrator.s3store import S3Store
+    from orchestrator.store.s3 import S3Store
 
     env = dict(os.environ, **cloud.env())
     big, many = tmp_path / "big", tmp_path / "many"

@@ -1,0 +1,367 @@
+"""EC2 and IAM control-plane calls: with fleet.py, the only code (with the rest of aws/) that talks to the EC2 and IAM APIs.
+
+Plain functions over a boto3 client; what crosses out of here is dicts of plain values, never a
+boto3 object. Throttling is retried by botocore's standard mode. EC2 is eventually consistent: an
+instance id fresh from CreateFleet can be NotFound for a few seconds, so every call by id treats
+NotFound as "not yet". Code that runs on the instance itself is in host/imds.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from orchestrator.errors import OrchError
+
+log = logging.getLogger("orch.ec2")
+
+# Errors no retry fixes: stop the sweep and say what to do.
+QUOTA_ERRORS = frozenset({"MaxSpotInstanceCountExceeded", "VcpuLimitExceeded", "InstanceLimitExceeded",
+                          "MaxSpotFleetRequestCountExceeded", "MaxFleetCountExceeded"})
+PERMISSION_ERRORS = frozenset({"UnauthorizedOperation", "AccessDenied", "AuthFailure", "OptInRequired", "Blocked"})
+LIVE_STATES = ["pending", "running", "stopping", "stopped"]
+NOT_GONE = LIVE_STATES + ["shutting-down"]  # still holds its network interface (and so its security group)
+NOT_FOUND_S = 60.0  # how long a NotFound for an id orch just got is taken as "not yet"
+IAM_NAME_MAX = 64
+
+
+class AwsFatal(OrchError):
+    """Credentials, permission or quota: retrying cannot help, so the sweep stops with the next step."""
+
+
+def quota_name(market: str, instance_type: str) -> str:
+    """The Service Quotas entry that limits this kind of instance (vCPUs per family and market)."""
+    family = instance_type.split(".")[0].rstrip("0123456789dneaz-").lower() or instance_type[:1]
+    kind = "G and VT" if family[:1] in ("g", "v") else "P" if family[:1] == "p" else "Inf" if family.startswith("inf") else \
+        "Trn" if family.startswith("trn") else "Standard (A, C, D, H, I, M, R, T, Z)"
+    if market == "spot":
+        return f"All {kind} Spot Instance Requests"
+    return f"Running On-Demand {kind} instances"
+
+
+def iam_name(sweep: str) -> str:
+    """The sweep's role and instance profile name, within IAM's 64 characters."""
+    name = f"orch-{sweep}"
+    if len(name) <= IAM_NAME_MAX:
+        return name
+    return f"{name[:IAM_NAME_MAX - 9]}-{hashlib.sha256(sweep.encode()).hexdigest()[:8]}"
+
+
+def client(service: str, region: str):
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(service, region_name=region, config=Config(retries={"mode": "standard", "max_attempts": 8}))
+
+
+def _code(exc) -> str:
+    return getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+
+
+def _message(exc) -> str:
+    return getattr(exc, "response", {}).get("Error", {}).get("Message", "") or str(exc)
+
+
+def _not_found(exc) -> bool:
+    return _code(exc).endswith(".NotFound") or _code(exc) == "NoSuchEntity"
+
+
+def explain(exc, what: str, market: str = "spot", instance_type: str = "") -> OrchError:
+    """A ClientError/credentials error as an OrchError with the next step."""
+    from botocore.exceptions import NoCredentialsError, NoRegionError
+
+    if isinstance(exc, NoCredentialsError):
+        return AwsFatal("No AWS credentials found. Run `aws configure` or set AWS_PROFILE.")
+    if isinstance(exc, NoRegionError):
+        return AwsFatal("No AWS region set. Set `aws.region` in the sweep.")
+    code = _code(exc)
+    msg = getattr(exc, "response", {}).get("Error", {}).get("Message", str(exc))
+    if code in PERMISSION_ERRORS or code.startswith("InvalidClientTokenId"):
+        return AwsFatal(f"{what}: permission denied ({code}: {msg}). Grant the caller EC2/IAM/S3 rights for orch (see README) or use another AWS_PROFILE.")
+    if code in QUOTA_ERRORS:
+        market = "spot" if code.startswith("MaxSpot") else market
+        quota = quota_name(market, instance_type or "g5.xlarge")
+        return AwsFatal(f"{what}: quota reached ({code}: {msg}). Ask AWS for a higher limit (Service Quotas > Amazon EC2 > "
+                        f"'{quota}', in vCPUs) or lower max_parallel.")
+    return OrchError(f"{what} failed: {code or type(exc).__name__}: {msg}")
+
+
+# --- resolving what the sweep names ---------------------------------------------------------------
+
+
+def resolve_subnets(ec2, subnet_ids: List[str], region: str) -> List[dict]:
+    """[{SubnetId, AvailabilityZone, VpcId}] of the configured subnets, or the default VPC's."""
+    from botocore.exceptions import ClientError
+
+    try:
+        if subnet_ids:
+            subnets = ec2.describe_subnets(SubnetIds=subnet_ids)["Subnets"]
+        else:
+            vpcs = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"]
+            if not vpcs:
+                raise OrchError(f"no default VPC in {region}. Set `aws.subnet_ids` to subnets of your VPC.")
+            subnets = ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpcs[0]["VpcId"]]}])["Subnets"]
+    except ClientError as exc:
+        if _code(exc).startswith("InvalidSubnetID"):
+            raise OrchError(f"subnet not found in {region}: {', '.join(subnet_ids)}. Check `aws.subnet_ids` (`aws ec2 describe-subnets`).") from None
+        raise explain(exc, "looking up subnets") from None
+    if len({s["VpcId"] for s in subnets}) > 1:
+        raise OrchError("`aws.subnet_ids` span several VPCs; give subnets of one VPC.")
+    return [{"SubnetId": s["SubnetId"], "AvailabilityZone": s["AvailabilityZone"], "VpcId": s["VpcId"],
+             "MapPublicIpOnLaunch": bool(s.get("MapPublicIpOnLaunch"))} for s in subnets]
+
+
+def caller_cidr() -> str:
+    """This machine's public address as a /32, for the SSH rule."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen("https://checkip.amazonaws.com", timeout=5) as r:
+            ip = r.read().decode().strip()
+    except OSError:
+        raise OrchError("could not find this machine's public address. Set `aws.ssh_cidr` (e.g. 203.0.113.7/32) or `aws.security_group`.") from None
+    return f"{ip}/32"
+
+
+# --- per-sweep resources --------------------------------------------------------------------------
+
+
+def sweep_tags(sweep: str, **extra: str) -> List[dict]:
+    tags = {"orch:sweep": sweep, **{f"orch:{k}": v for k, v in extra.items()}}
+    return [{"Key": k, "Value": v} for k, v in tags.items()]
+
+
+def ensure_security_group(ec2, sweep: str, vpc_id: str, cidr: str) -> str:
+    """The sweep's group: port 22 from `cidr` (a reused group gets the current cidr too), and all
+    traffic between the sweep's own instances (the rendezvous and collectives of multi-node runs)."""
+    from botocore.exceptions import ClientError
+
+    from orchestrator.wait import retry_until
+
+    name = f"orch-{sweep}"
+    found = ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": [name]}, {"Name": "vpc-id", "Values": [vpc_id]}])["SecurityGroups"]
+    if found:
+        gid = found[0]["GroupId"]
+    else:
+        gid = ec2.create_security_group(
+            GroupName=name, Description=f"orch sweep {sweep}: ssh from one address, and its own instances", VpcId=vpc_id,
+            TagSpecifications=[{"ResourceType": "security-group", "Tags": sweep_tags(sweep)}],
+        )["GroupId"]
+    rules = [{"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": cidr, "Description": "orch controller"}]},
+             {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": gid, "Description": "orch: the sweep's own instances"}]}]
+
+    def authorize() -> bool:
+        for rule in rules:  # one call each: a rule already there must not keep the other out
+            try:
+                ec2.authorize_security_group_ingress(GroupId=gid, IpPermissions=[rule])
+            except ClientError as exc:
+                if _code(exc) == "InvalidGroup.NotFound":  # a new group is not visible everywhere yet
+                    return False
+                if _code(exc) != "InvalidPermission.Duplicate":
+                    raise
+        return True
+
+    retry_until(authorize, NOT_FOUND_S, 1.0, f"security group {gid} to exist")
+    return gid
+
+
+def instance_profile_policy(bucket: str, prefix: str, sweep: str, data: Sequence[str] = ()) -> dict:
+    """What an instance of the sweep may do: its own S3 prefix, read its `data:` prefixes, and
+    terminate (and untag: a packed run gives its slot back) instances of its sweep."""
+    base = f"{prefix}/{sweep}" if prefix else sweep
+    reads = []
+    for url in data:
+        b, _, p = url[len("s3://"):].partition("/")
+        p = p.rstrip("/")
+        reads += [{"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [f"arn:aws:s3:::{b}/{p + '/' if p else ''}*"]},
+                  {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [f"arn:aws:s3:::{b}"],
+                   "Condition": {"StringLike": {"s3:prefix": [f"{p}/*" if p else "*"]}}}]
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+             "Resource": [f"arn:aws:s3:::{bucket}/{base}/*"]},
+            {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [f"arn:aws:s3:::{bucket}"],
+             "Condition": {"StringLike": {"s3:prefix": [f"{base}/*"]}}},
+            {"Effect": "Allow", "Action": ["ec2:TerminateInstances", "ec2:DeleteTags"], "Resource": "*",
+             "Condition": {"StringEquals": {"aws:ResourceTag/orch:sweep": sweep}}},
+        ],
+    }
+    policy["Statement"] += reads
+    return policy
+
+
+def ensure_instance_profile(iam, sweep: str, bucket: str, prefix: str, data: Sequence[str] = ()) -> str:
+    """The sweep's role + instance profile (created or updated), found by name; returns the profile name."""
+    from botocore.exceptions import ClientError
+
+    name = iam_name(sweep)
+    trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}
+    tags = [{"Key": "orch:sweep", "Value": sweep}]
+    try:
+        try:
+            iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust), Tags=tags)
+        except ClientError as exc:
+            if _code(exc) != "EntityAlreadyExists":
+                raise
+        iam.put_role_policy(RoleName=name, PolicyName="orch-sweep", PolicyDocument=json.dumps(instance_profile_policy(bucket, prefix, sweep, data)))
+        try:
+            profile = iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"]
+        except ClientError as exc:
+            if _code(exc) != "NoSuchEntity":
+                raise
+            profile = iam.create_instance_profile(InstanceProfileName=name, Tags=tags)["InstanceProfile"]
+        if not any(r["RoleName"] == name for r in profile.get("Roles", [])):
+            iam.add_role_to_instance_profile(InstanceProfileName=name, RoleName=name)
+    except ClientError as exc:
+        raise explain(exc, "creating the sweep's instance profile") from None
+    return name
+
+
+def launch_template_data(image: dict, sg_id: str, volume_gb: int, profile: Optional[str], public_ip: bool) -> dict:
+    """What every instance of the sweep gets; the root volume as the image names it, never smaller than its snapshot."""
+    data = {
+        "ImageId": image["ImageId"],
+        "InstanceInitiatedShutdownBehavior": "terminate",
+        "MetadataOptions": {"HttpTokens": "required", "HttpPutResponseHopLimit": 1, "HttpEndpoint": "enabled"},
+        "BlockDeviceMappings": [{"DeviceName": image["RootDeviceName"], "Ebs": {
+            "VolumeSize": max(volume_gb, image.get("SnapshotGb") or 0), "VolumeType": "gp3", "DeleteOnTermination": True, "Encrypted": True}}],
+    }
+    if public_ip:  # the subnets do not map one: ask for it on the instance's network interface
+        data["NetworkInterfaces"] = [{"DeviceIndex": 0, "AssociatePublicIpAddress": True, "Groups": [sg_id], "DeleteOnTermination": True}]
+    else:
+        data["SecurityGroupIds"] = [sg_id]
+    if profile:
+        data["IamInstanceProfile"] = {"Name": profile}
+    return data
+
+
+def ensure_launch_template(ec2, sweep: str, data: dict) -> str:
+    name = f"orch-{sweep}"
+    found = ec2.describe_launch_templates(Filters=[{"Name": "launch-template-name", "Values": [name]}])["LaunchTemplates"]
+    if found:
+        return found[0]["LaunchTemplateId"]
+    return ec2.create_launch_template(
+        LaunchTemplateName=name, LaunchTemplateData=data,
+        TagSpecifications=[{"ResourceType": "launch-template", "Tags": sweep_tags(sweep)}],
+    )["LaunchTemplate"]["LaunchTemplateId"]
+
+
+def template_data(ec2, template_id: str) -> dict:
+    """The base launch template data (version 1), which each per-instance version repeats with its user data."""
+    return ec2.describe_launch_template_versions(LaunchTemplateId=template_id, Versions=["1"])["LaunchTemplateVersions"][0]["LaunchTemplateData"]
+
+
+# --- watching and releasing ------------------------------------------------------------------------
+
+
+def sweep_instances(ec2, sweep: str, states: Optional[List[str]] = None) -> List[dict]:
+    """Instances tagged with the sweep, in one paginated DescribeInstances, as plain dicts."""
+    out = []
+    filters = [{"Name": "tag:orch:sweep", "Values": [sweep]}, {"Name": "instance-state-name", "Values": states or LIVE_STATES}]
+    for page in ec2.get_paginator("describe_instances").paginate(Filters=filters):
+        for res in page["Reservations"]:
+            for i in res["Instances"]:
+                tags = {t["Key"]: t["Value"] for t in i.get("Tags", [])}
+                out.append({
+                    "instance_id": i["InstanceId"], "state": i["State"]["Name"], "type": i.get("InstanceType", ""),
+                    "az": i.get("Placement", {}).get("AvailabilityZone", ""), "private_ip": i.get("PrivateIpAddress", ""),
+                    "public_ip": i.get("PublicIpAddress", ""), "run": tags.get("orch:run", ""),
+                    "attempt": tags.get("orch:attempt", ""), "host_key": tags.get("orch:hostkey", ""),
+                    "launch_time": i.get("LaunchTime").timestamp() if i.get("LaunchTime") else None,
+                    "state_reason": i.get("StateReason", {}).get("Code", ""),
+                    "slot_count": int(tags.get("orch:slots") or 0),  # a packed instance: its runs are in orch:slot:<k> tags
+                    "slots": {int(k[10:]): v for k, v in tags.items() if k.startswith("orch:slot:") and k[10:].isdigit()},
+                })
+    return out
+
+
+def wait_running(ec2, instance_id: str, address: str, timeout_s: float) -> str:
+    """Wait until the instance runs and has its address (`address`: public_ip or private_ip); returns it."""
+    from orchestrator.wait import retry_until
+
+    def ready() -> str:
+        d = describe(ec2, instance_id)
+        return d[address] if d and d["state"] == "running" else ""
+
+    return retry_until(ready, timeout_s, 1.0, f"{instance_id} to run")
+
+
+def describe(ec2, instance_id: str) -> Optional[dict]:
+    """State and addresses of one instance; None while EC2 does not know the new id yet."""
+    from botocore.exceptions import ClientError
+
+    try:
+        res = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+    except ClientError as exc:
+        if _not_found(exc):
+            return None
+        raise
+    if not res:
+        return None
+    i = res[0]["Instances"][0]
+    return {"state": i["State"]["Name"], "private_ip": i.get("PrivateIpAddress", ""), "public_ip": i.get("PublicIpAddress", ""),
+            "type": i.get("InstanceType", ""), "subnet_id": i.get("SubnetId", "")}
+
+
+def instance_placement(ec2, instance_id: str) -> Optional[Tuple[str, str]]:
+    """(instance type, subnet id) of an instance, terminated ones included (while EC2 still lists them)."""
+    found = describe(ec2, instance_id)
+    return (found["type"], found["subnet_id"]) if found else None
+
+
+def terminate(ec2, instance_ids: List[str], patience_s: float = NOT_FOUND_S) -> None:
+    """Terminate; an id EC2 does not know yet (it just came from CreateFleet) is asked again until it does."""
+    from botocore.exceptions import ClientError
+
+    from orchestrator.wait import Timeout, retry_until
+
+    if not instance_ids:
+        return
+
+    def once() -> bool:
+        try:
+            ec2.terminate_instances(InstanceIds=instance_ids)
+            return True
+        except ClientError as exc:
+            if _code(exc) == "InvalidInstanceID.NotFound":
+                return False
+            raise
+
+    try:
+        retry_until(once, patience_s, 2.0, f"EC2 to know {', '.join(instance_ids)}")
+    except Timeout:
+        raise OrchError(f"EC2 still does not know {', '.join(instance_ids)} after {patience_s:.0f} s; "
+                        "if it exists, `orch down` removes it.") from None
+
+
+def gpu_counts(ec2, instance_types: List[str]) -> Dict[str, int]:
+    """GPUs per instance type: DescribeInstanceTypes' GpuInfo, else orch's table (shapes.GPUS_OF_TYPE), else 0."""
+    from orchestrator.sweep.shapes import GPUS_OF_TYPE
+
+    counts = {t: GPUS_OF_TYPE.get(t, 0) for t in instance_types}
+    try:
+        answer = ec2.describe_instance_types(InstanceTypes=list(instance_types))
+    except Exception as exc:  # an endpoint that does not know a type: the table answers
+        log.info("DescribeInstanceTypes: %s; using orch's table of GPU counts", exc)
+        return counts
+    for it in answer.get("InstanceTypes", []):
+        info = it.get("GpuInfo")
+        if info:
+            counts[it["InstanceType"]] = sum(g.get("Count", 0) for g in info.get("Gpus", []))
+    return counts
+
+
+def spot_prices(ec2, instance_types: List[str], azs: List[str]) -> Dict[Tuple[str, str], float]:
+    """Newest spot price per (type, AZ) for Linux."""
+    prices: Dict[Tuple[str, str], Tuple[float, float]] = {}
+    answer = ec2.describe_spot_price_history(InstanceTypes=instance_types, ProductDescriptions=["Linux/UNIX"], StartTime=time.time() - 3600)
+    for p in answer.get("SpotPriceHistory", []):
+        key = (p["InstanceType"], p["AvailabilityZone"])
+        ts = p["Timestamp"].timestamp() if hasattr(p["Timestamp"], "timestamp") else 0
+        if (not azs or key[1] in azs) and (key not in prices or ts > prices[key][1]):
+            prices[key] = (float(p["SpotPrice"]), ts)
+    return {k: v[0] for k, v in prices.items()}

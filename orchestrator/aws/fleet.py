@@ -1,0 +1,253 @@
+"""Acquiring instances with EC2 CreateFleet, and what each of its answers means.
+
+Every error code CreateFleet can give is put in one of four named classes, and nothing else:
+
+- capacity: that (market, type, AZ) pool has nothing now; block it for a while, try the next;
+- IAM propagation: a brand-new instance profile is not visible to EC2 yet; wait and ask again;
+- quota / permission: no retry can help; stop the sweep with the quota to raise or the right to grant;
+- anything else: the run's attempt fails with AWS's own words (never "no capacity" forever).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+from orchestrator.aws.ec2 import (
+    PERMISSION_ERRORS,
+    QUOTA_ERRORS,
+    AwsFatal,
+    _code,
+    _message,
+    explain,
+)
+from orchestrator.errors import OrchError
+
+log = logging.getLogger("orch.fleet")
+
+# "Not here, not now": block that (market, type, subnet) for a while and try the next.
+CAPACITY_ERRORS = frozenset({
+    "InsufficientInstanceCapacity", "InsufficientCapacity", "UnfulfillableCapacity", "InsufficientHostCapacity",
+    "InsufficientReservedInstanceCapacity", "SpotMaxPriceTooLow", "InsufficientFreeAddressesInSubnet", "Unsupported",
+})
+BLOCK_S = 300.0  # how long a pool stays blocked after a capacity error
+PROPAGATION_S = 120.0  # how long a new instance profile may stay invisible to EC2 before orch gives up
+
+
+class CapacityUnavailable(OrchError):
+    """No pool could give an instance right now; the run stays queued and is tried again later."""
+
+
+def is_propagation(code: str, message: str) -> bool:
+    """EC2 does not see a freshly created instance profile yet (IAM is eventually consistent)."""
+    return code == "InvalidParameterValue" and ("iamInstanceProfile" in message or "Invalid IAM Instance Profile" in message)
+
+
+@dataclass
+class Choice:
+    """An (instance type, subnet) pair CreateFleet may use."""
+
+    instance_type: str
+    subnet_id: str
+    az: str
+
+
+def choices(instance_types: List[str], subnets: List[dict]) -> List[Choice]:
+    """Every (type, subnet) pair, the types in the order given (first choice first)."""
+    return [Choice(t, s["SubnetId"], s["AvailabilityZone"]) for t in instance_types for s in subnets]
+
+
+def markets(market: str) -> List[str]:
+    """The markets `aws.market` tries, in order."""
+    return {"spot": ["spot"], "on-demand": ["on-demand"], "spot-then-on-demand": ["spot", "on-demand"]}[market]
+
+
+@dataclass
+class Acquired:
+    instance_id: str
+    instance_type: str
+    subnet_id: str
+    az: str
+    market: str  # spot | on-demand
+
+
+@dataclass
+class Blocklist:
+    """Pools to avoid for a while, per market: spot capacity says nothing about on-demand capacity.
+
+    Hard blocks follow a capacity error (AWS just said no). Soft blocks follow a reclaim: that
+    pool is tight, so other choices go first, but it is still tried when nothing else is left.
+    """
+
+    until: Dict[Tuple[str, str, str], float] = field(default_factory=dict)
+    soft_until: Dict[Tuple[str, str], float] = field(default_factory=dict)
+
+    def block(self, market: str, instance_type: str, subnet_id: str, seconds: float = BLOCK_S) -> None:
+        self.until[(market, instance_type, subnet_id)] = time.time() + seconds
+
+    def avoid(self, instance_type: str, subnet_id: str, seconds: float = BLOCK_S) -> None:
+        self.soft_until[(instance_type, subnet_id)] = time.time() + seconds
+
+    def allowed(self, choices: List[Choice], market: str) -> List[Choice]:
+        now = time.time()
+        open_ = [c for c in choices if self.until.get((market, c.instance_type, c.subnet_id), 0) <= now]
+        preferred = [c for c in open_ if self.soft_until.get((c.instance_type, c.subnet_id), 0) <= now]
+        return preferred or open_
+
+
+def _fleet(ec2, template_id: str, version: str, choices: List[Choice], market: str, tags: List[dict], count: int = 1,
+           group: str = "") -> dict:
+    placement = {"Placement": {"GroupName": group}} if group else {}
+    # several nodes: all or nothing, of one type in one AZ (EC2 launches none when it cannot give them all)
+    together = {"MinTargetCapacity": count, "SingleInstanceType": True, "SingleAvailabilityZone": True} if count > 1 else {}
+    return ec2.create_fleet(
+        Type="instant",
+        ClientToken=str(uuid.uuid4()),
+        TargetCapacitySpecification={"TotalTargetCapacity": count, "DefaultTargetCapacityType": market},
+        SpotOptions={"AllocationStrategy": "price-capacity-optimized", **together},
+        OnDemandOptions={"AllocationStrategy": "lowest-price", **together},
+        LaunchTemplateConfigs=[{
+            "LaunchTemplateSpecification": {"LaunchTemplateId": template_id, "Version": version},
+            "Overrides": [{"InstanceType": c.instance_type, "SubnetId": c.subnet_id, **placement} for c in choices],
+        }],
+        TagSpecifications=[{"ResourceType": "instance", "Tags": tags}, {"ResourceType": "volume", "Tags": tags}],
+    )
+
+
+def _refused(code: str, message: str, market: str, instance_type: str, where: str = "") -> OrchError:
+    """A CreateFleet error that is neither capacity nor propagation, in AWS's words."""
+    if code in QUOTA_ERRORS or code in PERMISSION_ERRORS:
+        return explain(_as_client_error(code, message), "CreateFleet", market=market, instance_type=instance_type)
+    return OrchError(f"CreateFleet refused {market} {instance_type}{where}: {code}: {message}. "
+                     "Check the sweep's `aws:` settings against that message.")
+
+
+def acquire(ec2, template_id: str, base: dict, user_data: str, choices: List[Choice], markets: List[str], tags: List[dict],
+            blocklist: Blocklist, sleep: Callable[[float], None] = time.sleep, propagation_s: float = PROPAGATION_S) -> Acquired:
+    """One instance from the first market and pool that has capacity.
+
+    The user data (it holds this instance's host key) lives in a template version that is
+    deleted as soon as the fleet answered. Once CreateFleet returned an instance, nothing here
+    can lose it: a failing clean-up is logged, never raised.
+    """
+    return _acquire(ec2, template_id, base, user_data, choices, markets, tags, blocklist, sleep, propagation_s)[0]
+
+
+def acquire_nodes(ec2, template_id: str, base: dict, user_data: str, choices: List[Choice], markets: List[str], tags: List[dict],
+                  blocklist: Blocklist, count: int, group_of: Callable[[str], str], release: Callable[[List[str]], None],
+                  sleep: Callable[[float], None] = time.sleep, propagation_s: float = PROPAGATION_S) -> List[Acquired]:
+    """`count` instances of one type in one AZ, in that AZ's placement group (`group_of(az)`), or none:
+    one CreateFleet per pool; a pool that gives fewer has what it gave released (`release`) and is
+    blocked like a capacity error, and the next pool is asked."""
+    return _acquire(ec2, template_id, base, user_data, choices, markets, tags, blocklist, sleep, propagation_s, count, group_of, release)
+
+
+def _acquire(ec2, template_id: str, base: dict, user_data: str, choices: List[Choice], markets: List[str], tags: List[dict],
+             blocklist: Blocklist, sleep: Callable[[float], None], propagation_s: float, count: int = 1,
+             group_of: Optional[Callable[[str], str]] = None, release: Optional[Callable[[List[str]], None]] = None) -> List[Acquired]:
+    from botocore.exceptions import ClientError
+
+    if not any(blocklist.allowed(choices, m) for m in markets):  # everything just refused: wait without calling the API
+        raise CapacityUnavailable(f"no capacity for {', '.join(sorted({c.instance_type for c in choices}))} right now (all choices cooling down); will retry")
+    try:
+        version = str(ec2.create_launch_template_version(
+            LaunchTemplateId=template_id,
+            LaunchTemplateData={**base, "UserData": base64.b64encode(user_data.encode()).decode()},
+        )["LaunchTemplateVersion"]["VersionNumber"])
+    except ClientError as exc:
+        raise explain(exc, "creating a launch template version") from None
+    waited = 0.0
+    try:
+        for market in markets:
+            while True:
+                allowed = blocklist.allowed(choices, market)
+                if not allowed:
+                    break
+                if count > 1:  # all nodes from one pool: one type, one AZ, one placement group
+                    allowed = allowed[:1]
+                try:
+                    answer = _fleet(ec2, template_id, version, allowed, market, tags, count, group_of(allowed[0].az) if group_of else "")
+                except ClientError as exc:
+                    code, message = _code(exc), _message(exc)
+                    if code in CAPACITY_ERRORS:  # the whole request was refused: block the first pool it offered
+                        log.info("capacity error %s for %s (%s); trying the next choice", code, allowed[0].instance_type, market)
+                        blocklist.block(market, allowed[0].instance_type, allowed[0].subnet_id)
+                        continue
+                    if is_propagation(code, message) and waited < propagation_s:
+                        waited += _backoff(waited, sleep)
+                        continue
+                    raise _refused(code, message, market, allowed[0].instance_type) from None
+                got = _instances(answer, allowed, market)
+                if len(got) >= count:
+                    return got
+                if got:  # fewer than the run's nodes (MinTargetCapacity should prevent it): none is any use alone
+                    log.info("%s %s in %s gave %d of %d instances; releasing them and trying the next choice",
+                             market, allowed[0].instance_type, allowed[0].az, len(got), count)
+                    _release_quietly(release, [g.instance_id for g in got])
+                    blocklist.block(market, allowed[0].instance_type, allowed[0].subnet_id)
+                    continue
+                errors = answer.get("Errors", [])
+                if not errors:
+                    raise CapacityUnavailable("CreateFleet answered with neither instances nor errors; will retry")
+                propagating = False
+                for err in errors:  # a 200 answer with Errors and no instances
+                    code, message = err.get("ErrorCode", ""), err.get("ErrorMessage", "")
+                    o = err.get("LaunchTemplateAndOverrides", {}).get("Overrides", {})
+                    if is_propagation(code, message):
+                        propagating = True
+                    elif code in CAPACITY_ERRORS:
+                        hit = [c for c in allowed if c.instance_type == o.get("InstanceType") and c.subnet_id == o.get("SubnetId")]
+                        for c in hit or allowed:
+                            blocklist.block(market, c.instance_type, c.subnet_id)
+                    else:
+                        raise _refused(code, message, market, o.get("InstanceType", "?"), f" in {o.get('SubnetId', '?')}")
+                if propagating:
+                    if waited >= propagation_s:
+                        raise AwsFatal(f"EC2 still refuses the instance profile after {waited:.0f} s ({errors[0].get('ErrorMessage')}). "
+                                       "Check that its role trusts ec2.amazonaws.com, or name an existing profile in `aws.instance_profile`.")
+                    log.info("the instance profile is not visible to EC2 yet; asking again")
+                    waited += _backoff(waited, sleep)
+                    continue
+                log.info("CreateFleet gave no %s instance (%s); trying the next choices", market, ", ".join(e.get("ErrorCode", "?") for e in errors))
+        raise CapacityUnavailable(f"no capacity for {', '.join(sorted({c.instance_type for c in choices}))} in "
+                                  f"{', '.join(sorted({c.az for c in choices}))} ({' or '.join(markets)}) right now; will retry")
+    finally:
+        try:
+            ec2.delete_launch_template_versions(LaunchTemplateId=template_id, Versions=[version])
+        except Exception as exc:  # never fatal, never loses an instance: the version dies with the template at `orch down`
+            log.warning("could not delete launch template version %s: %s", version, exc)
+
+
+def _release_quietly(release: Optional[Callable[[List[str]], None]], ids: List[str]) -> None:
+    try:
+        if release is not None:
+            release(ids)
+    except Exception as exc:  # they carry the sweep's tags: `orch down` finds them
+        log.error("could not release %s: %s", ", ".join(ids), exc)
+
+
+def _instances(answer: dict, allowed: List[Choice], market: str) -> List[Acquired]:
+    out = []
+    for inst in answer.get("Instances", []):
+        o = inst.get("LaunchTemplateAndOverrides", {}).get("Overrides", {})
+        chosen = next((c for c in allowed if c.instance_type == o.get("InstanceType") and c.subnet_id == o.get("SubnetId")), allowed[0])
+        for iid in inst.get("InstanceIds") or []:
+            out.append(Acquired(iid, o.get("InstanceType", chosen.instance_type), chosen.subnet_id, chosen.az, inst.get("Lifecycle", market)))
+    return out
+
+
+def _backoff(waited: float, sleep: Callable[[float], None]) -> float:
+    """2, 2, 4, 8, 16, 20, 20 ... seconds: doubling what was already waited, at most 20."""
+    delay = min(20.0, max(2.0, waited))
+    sleep(delay)
+    return delay
+
+
+def _as_client_error(code: str, message: str):
+    from botocore.exceptions import ClientError
+
+    return ClientError({"Error": {"Code": code, "Message": message}}, "CreateFleet")

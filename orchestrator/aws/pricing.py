@@ -1,0 +1,129 @@
+"""Prices and realized cost: spot price history -> an estimate before launch and the spend after.
+
+The spend of a sweep is kept as a ledger in the store (<sweep>/cost.json): one entry per instance
+with its type, AZ, market, hourly price at acquisition, run, GPUs, and first/last time it was seen running,
+so wasted attempts (interrupted, failed) count too, and `orch status` can show it without AWS calls.
+On-demand prices are not in the EC2 API; orch prices an on-demand hour at ON_DEMAND_FACTOR times
+the spot price of the same (type, AZ) — an approximation, said so wherever it is shown.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Dict, List, Optional, Tuple
+
+log = logging.getLogger("orch.pricing")
+
+ON_DEMAND_FACTOR = 3.0
+CACHE_S = 3600.0
+
+
+def per_run(ledger: Dict[str, dict], now: Optional[float] = None) -> Dict[str, Tuple[float, float]]:
+    """(dollars, GPU-hours) per run: every instance of every attempt of the run counts; a shared
+    (packed) instance counts for each run by the time it held a slot (its share: 1/slots of the
+    instance), so slots nobody used are in the sweep's spend but in no run's."""
+    out: Dict[str, Tuple[float, float]] = {}
+
+    def add(run: str, hours: float, price: float, gpus: float) -> None:
+        usd, gpu_h = out.get(run, (0.0, 0.0))
+        out[run] = (usd + hours * price, gpu_h + hours * gpus)
+
+    for entry in ledger.values():
+        price, gpus, slots = float(entry.get("price_per_h") or 0.0), int(entry.get("gpus") or 0), int(entry.get("slots") or 0)
+        if slots:
+            for run, seconds in (entry.get("run_s") or {}).items():
+                add(run, seconds / 3600, price / slots, gpus / slots)
+        elif entry.get("run"):
+            end = entry.get("end") or now or time.time()
+            add(entry["run"], max(0.0, end - entry["start"]) / 3600, price, gpus)
+    return out
+
+
+def ledger_cost(ledger: Dict[str, dict], now: Optional[float] = None) -> float:
+    """Dollars spent by the instances in a ledger (open entries count up to `now`)."""
+    total = 0.0
+    for entry in ledger.values():
+        end = entry.get("end") or now or time.time()
+        hours = max(0.0, end - entry["start"]) / 3600
+        total += hours * float(entry.get("price_per_h") or 0.0)
+    return total
+
+
+class PriceBook:
+    """Hourly prices per (type, AZ), from the spot price history, refreshed hourly."""
+
+    def __init__(self, fetch):
+        self.fetch = fetch  # (types, azs) -> {(type, az): spot price}
+        self.prices: Dict[Tuple[str, str], float] = {}
+        self.fetched_at = 0.0
+
+    def price(self, instance_type: str, az: str, market: str) -> Optional[float]:
+        if (instance_type, az) not in self.prices or time.time() - self.fetched_at > CACHE_S:
+            self.prices.update(self.fetch([instance_type], [az]))
+            self.fetched_at = time.time()
+        spot = self.prices.get((instance_type, az))
+        if spot is None:
+            return None
+        return spot if market == "spot" else spot * ON_DEMAND_FACTOR
+
+
+class CostLedger:
+    """The sweep's realized cost in the store (<sweep>/cost.json), kept by the controller.
+
+    Read on first use (after preflight checked the store); written when an instance comes or goes,
+    and every 30 s while any runs. Running instances bill until the last time they were seen.
+    """
+
+    def __init__(self, store, sweep: str, prices: PriceBook):
+        self.store, self.key, self.prices = store, f"{sweep}/cost.json", prices
+        self.lock = threading.Lock()
+        self._entries: Optional[Dict[str, dict]] = None
+        self._live: set = set()  # instances seen running in the last pass
+        self._saved_at = 0.0
+
+    @property
+    def entries(self) -> Dict[str, dict]:
+        if self._entries is None:
+            from orchestrator.store.base import get_json
+
+            self._entries = get_json(self.store, self.key) or {}
+        return self._entries
+
+    def acquired(self, instance_id: str, instance_type: str, az: str, market: str, run: str = "", gpus: int = 0, slots: int = 0) -> None:
+        try:
+            price = self.prices.price(instance_type, az, market)
+        except Exception as exc:  # a missing price must not lose the instance
+            log.warning("no price for %s in %s: %s", instance_type, az, exc)
+            price = None
+        now = time.time()
+        with self.lock:
+            self.entries[instance_id] = {"type": instance_type, "az": az, "market": market, "price_per_h": price, "start": now, "end": now,
+                                         "run": run, "gpus": gpus, **({"slots": slots, "run_s": {}} if slots else {})}
+            self._save()
+
+    def observe(self, live_ids: List[str], occupants: Optional[Dict[str, List[str]]] = None) -> None:
+        """Instances seen running now; `occupants`: the runs on each shared instance (their slot time grows)."""
+        now = time.time()
+        with self.lock:
+            for iid in live_ids:
+                entry = self.entries.get(iid)
+                if entry is not None:
+                    for run in (occupants or {}).get(iid, []) if "run_s" in entry else []:
+                        entry["run_s"][run] = entry["run_s"].get(run, 0.0) + max(0.0, now - entry["end"])
+                    entry["end"] = now
+            live = set(live_ids)
+            if live != self._live or (live and now - self._saved_at > 30):
+                self._save()  # an instance came or went, or 30 s passed
+            self._live = live
+
+    def spend(self) -> float:
+        with self.lock:
+            return ledger_cost(self.entries, now=time.time())
+
+    def _save(self) -> None:
+        from orchestrator.store.base import put_json
+
+        put_json(self.store, self.key, self.entries)
+        self._saved_at = time.time()

@@ -1,0 +1,129 @@
+"""Removing what orch made on AWS: one sweep's resources (`orch down`), and finding all of them (`orch gc`).
+
+Part of the control plane with ec2.py, whose helpers it uses; nothing here runs on an instance.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List
+
+from orchestrator.aws.ec2 import (
+    LIVE_STATES,
+    NOT_GONE,
+    _code,
+    explain,
+    iam_name,
+    sweep_instances,
+    terminate,
+)
+from orchestrator.aws.placement import delete_group, sweep_groups
+from orchestrator.errors import OrchError
+
+TEARDOWN_WAIT_S = 900.0  # GPU instances can stay in shutting-down for minutes
+
+
+def teardown(ec2, iam, sweep: str, wait_s: float = TEARDOWN_WAIT_S) -> List[str]:
+    """Remove everything tagged with or named after the sweep, in dependency order; safe to repeat.
+
+    An instance in `shutting-down` still holds its network interface, and so the security group:
+    wait for every instance to be gone before deleting the group, rather than hammering
+    DeleteSecurityGroup into DependencyViolation.
+    """
+    from orchestrator.wait import Timeout, retry_until
+
+    removed = []
+    ids = [i["instance_id"] for i in sweep_instances(ec2, sweep)]
+    if ids:
+        terminate(ec2, ids)
+        removed += ids
+    try:
+        retry_until(lambda: not sweep_instances(ec2, sweep, NOT_GONE), wait_s, 3.0, "the sweep's instances to terminate")
+    except Timeout:
+        raise OrchError(f"instances of {sweep} are still shutting down after {wait_s:.0f} s; run `orch down {sweep}` again later.") from None
+    name = f"orch-{sweep}"
+    for lt in ec2.describe_launch_templates(Filters=[{"Name": "launch-template-name", "Values": [name]}])["LaunchTemplates"]:
+        ec2.delete_launch_template(LaunchTemplateId=lt["LaunchTemplateId"])
+        removed.append(lt["LaunchTemplateId"])
+    for sg in ec2.describe_security_groups(Filters=[{"Name": "tag:orch:sweep", "Values": [sweep]}])["SecurityGroups"]:
+        try:  # network interfaces of terminated instances detach a little later
+            retry_until(lambda: _try_delete_sg(ec2, sg["GroupId"]), 120, 3.0, f"security group {sg['GroupId']} to be free")
+            removed.append(sg["GroupId"])
+        except Timeout:
+            raise OrchError(f"security group {sg['GroupId']} is still in use; run `orch down {sweep}` again in a minute.") from None
+    for group in sweep_groups(ec2, sweep):  # cluster placement groups of multi-node runs
+        try:
+            retry_until(lambda: delete_group(ec2, group), 120, 3.0, f"placement group {group} to be empty")
+            removed.append(f"placement-group/{group}")
+        except Timeout:
+            raise OrchError(f"placement group {group} still holds an instance; run `orch down {sweep}` again in a minute.") from None
+    removed += _delete_instance_profile(iam, iam_name(sweep))
+    return removed
+
+
+def _delete_instance_profile(iam, name: str) -> List[str]:
+    from botocore.exceptions import ClientError
+
+    removed = []
+    try:
+        try:
+            profile = iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"]
+            for r in profile.get("Roles", []):
+                iam.remove_role_from_instance_profile(InstanceProfileName=name, RoleName=r["RoleName"])
+            iam.delete_instance_profile(InstanceProfileName=name)
+            removed.append(f"instance-profile/{name}")
+        except ClientError as exc:
+            if _code(exc) != "NoSuchEntity":
+                raise
+        try:
+            for policy in iam.list_role_policies(RoleName=name)["PolicyNames"]:
+                iam.delete_role_policy(RoleName=name, PolicyName=policy)
+            iam.delete_role(RoleName=name)
+            removed.append(f"role/{name}")
+        except ClientError as exc:
+            if _code(exc) != "NoSuchEntity":
+                raise
+    except ClientError as exc:
+        raise explain(exc, "removing the instance profile") from None
+    return removed
+
+
+def orch_resources(ec2, iam) -> Dict[str, List[str]]:
+    """Everything orch made in this region, by sweep: what `orch gc` lists and `orch down --all` removes."""
+    found: Dict[str, List[str]] = {}
+    for page in ec2.get_paginator("describe_instances").paginate(Filters=[{"Name": "tag-key", "Values": ["orch:sweep"]},
+                                                                         {"Name": "instance-state-name", "Values": LIVE_STATES}]):
+        for res in page["Reservations"]:
+            for i in res["Instances"]:
+                sweep = {t["Key"]: t["Value"] for t in i.get("Tags", [])}.get("orch:sweep", "?")
+                found.setdefault(sweep, []).append(f"instance {i['InstanceId']} ({i['State']['Name']})")
+    for sg in ec2.describe_security_groups(Filters=[{"Name": "tag-key", "Values": ["orch:sweep"]}])["SecurityGroups"]:
+        sweep = {t["Key"]: t["Value"] for t in sg.get("Tags", [])}.get("orch:sweep", "?")
+        found.setdefault(sweep, []).append(f"security-group {sg['GroupId']}")
+    for pg in ec2.describe_placement_groups(Filters=[{"Name": "tag-key", "Values": ["orch:sweep"]}])["PlacementGroups"]:
+        sweep = {t["Key"]: t["Value"] for t in pg.get("Tags", [])}.get("orch:sweep", "?")
+        found.setdefault(sweep, []).append(f"placement-group {pg['GroupName']}")
+    for lt in ec2.describe_launch_templates()["LaunchTemplates"]:
+        if lt["LaunchTemplateName"].startswith("orch-"):
+            found.setdefault(lt["LaunchTemplateName"][5:], []).append(f"launch-template {lt['LaunchTemplateId']}")
+    for page in iam.get_paginator("list_instance_profiles").paginate():
+        for prof in page.get("InstanceProfiles", []):
+            name = prof["InstanceProfileName"]
+            if name.startswith("orch-"):
+                full = iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"]
+                tags = {t["Key"]: t["Value"] for t in full.get("Tags", [])}
+                found.setdefault(tags.get("orch:sweep", name[5:]), []).append(f"instance-profile {name}")
+    return found
+
+
+def _try_delete_sg(ec2, group_id: str) -> bool:
+    from botocore.exceptions import ClientError
+
+    try:
+        ec2.delete_security_group(GroupId=group_id)
+        return True
+    except ClientError as exc:
+        if _code(exc) == "InvalidGroup.NotFound":
+            return True
+        if _code(exc) == "DependencyViolation":
+            return False
+        raise

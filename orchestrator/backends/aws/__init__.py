@@ -1,0 +1,6 @@
+"""The AWS backend: spot instances acquired with CreateFleet (`backend`), provisioned over SSH in worker
+threads (`provision`), shared by several runs when they fit on one instance (`pack`); and image builds
+(`image_build`, `orch ami build`), which launch and provision a builder the same way.
+
+Composes `aws` (the EC2/IAM API), `remote` (SSH), `host` (what the agent expects) and `sweep`.
+"""

@@ -1,0 +1,133 @@
+"""orch ami build: a builder instance launched like a run's host, provisioned over SSH from a recipe, imaged.
+
+A build launches a builder from the recipe's base image the way a sweep launches a host (spot
+with on-demand fallback, the host key pinned through user data), uploads orch's code and the
+recipe's `files`, runs its `steps` over SSH, then its `smoke` command, takes the image (tagged
+`orch:recipe`, `orch:recipe-sha`, `orch:base`, snapshots too), terminates the builder and removes
+what it made — on every way out, so a failed build leaves nothing running. Builders are tagged
+`orch:sweep=ami-<recipe>`: `orch gc` and `orch down --all` see them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Callable, Dict, List
+
+from orchestrator.aws import ec2 as api
+from orchestrator.aws import fleet
+from orchestrator.aws.images import (
+    BASE_TAG,
+    RECIPE_TAG,
+    SHA_TAG,
+    _wait_available,
+    builder_name,
+    images,
+    resolve_image,
+)
+from orchestrator.backends import bundle as code_bundle
+from orchestrator.errors import OrchError
+from orchestrator.sweep.recipe import Recipe
+from orchestrator.wait import retry_until
+
+log = logging.getLogger("orch.ami")
+
+
+STEP_TIMEOUT_S = 3600.0
+
+
+
+def build(recipe: Recipe, sha: str, recipe_dir: Path, regions: List[str], force: bool, say: Callable[[str], None]) -> Dict[str, str]:
+    """Build (or find) the image; returns {region: image id}."""
+    from orchestrator.aws.teardown import teardown
+    from orchestrator.aws.userdata import cloud_config
+    from orchestrator.remote.ssh import Target, connect, new_host_key, public_key_of
+
+    cfg = recipe.aws
+    ec2 = api.client("ec2", cfg.region)
+    have = images(ec2, recipe.name, sha)
+    if have and not force:
+        say(f"recipe {recipe.name} (sha {sha[:12]}) is already built in {cfg.region}: {have[0]['ImageId']} (--force builds it again)")
+        image_id = have[0]["ImageId"]
+    else:
+        name = builder_name(recipe)
+        instance_id = None
+        try:
+            subnets = api.resolve_subnets(ec2, cfg.subnet_ids, cfg.region)
+            base = resolve_image(ec2, cfg.image, cfg.image_owner, cfg.region)
+            sg = cfg.security_group or api.ensure_security_group(ec2, name, subnets[0]["VpcId"], cfg.ssh_cidr or api.caller_cidr())
+            public_ip = cfg.ssh.address == "public_ip" and not all(s["MapPublicIpOnLaunch"] for s in subnets)
+            template = api.ensure_launch_template(ec2, name, api.launch_template_data(base, sg, cfg.volume_gb, None, public_ip))
+            host_private, host_public = new_host_key()
+            user_data = cloud_config(host_private, host_public, public_key_of(cfg.ssh.identity), cfg.max_minutes)
+            tags = api.sweep_tags(name, run="builder", attempt="1", hostkey=host_public) + [{"Key": "Name", "Value": f"orch builder {recipe.name}"}]
+            got = fleet.acquire(ec2, template, api.template_data(ec2, template), user_data, fleet.choices(cfg.instance_types, subnets),
+                                fleet.markets(cfg.market), tags, fleet.Blocklist())
+            instance_id = got.instance_id
+            say(f"builder {instance_id} ({got.instance_type} in {got.az}, {got.market}) from {base['ImageId']} ({base['Name']})")
+            address = api.wait_running(ec2, instance_id, cfg.ssh.address, cfg.boot_timeout_s)
+            conn = connect(Target(address, cfg.ssh.port, cfg.ssh.user, cfg.ssh.identity, host_public), timeout=cfg.boot_timeout_s, interval=1.0)
+            try:
+                _provision(conn, recipe, recipe_dir, say)
+            finally:
+                conn.close()
+            ec2.stop_instances(InstanceIds=[instance_id])
+            retry_until(lambda: (api.describe(ec2, instance_id) or {}).get("state") == "stopped", 900, 2.0, f"builder {instance_id} to stop")
+            image_tags = [{"Key": RECIPE_TAG, "Value": recipe.name}, {"Key": SHA_TAG, "Value": sha}, {"Key": BASE_TAG, "Value": base["ImageId"]}]
+            image_id = ec2.create_image(InstanceId=instance_id, Name=f"orch-{recipe.name}-{sha[:12]}-{time.strftime('%Y%m%d-%H%M%S')}",
+                                        Description=f"orch recipe {recipe.name} ({sha[:12]}) from {base['ImageId']}")["ImageId"]
+            ec2.create_tags(Resources=[image_id], Tags=image_tags)  # at once: `orch ami list` and `gc` know it while it is pending
+            _wait_available(ec2, image_id)
+            found = ec2.describe_images(ImageIds=[image_id])["Images"][0]
+            snapshots = [m["Ebs"]["SnapshotId"] for m in found.get("BlockDeviceMappings", []) if m.get("Ebs", {}).get("SnapshotId")]
+            if snapshots:
+                ec2.create_tags(Resources=snapshots, Tags=image_tags)
+            say(f"image {image_id} in {cfg.region}")
+        except OrchError:
+            raise
+        except Exception as exc:
+            raise OrchError(f"building {recipe.name} failed: {type(exc).__name__}: {exc}") from None
+        finally:
+            if instance_id:
+                api.terminate(ec2, [instance_id])
+            teardown(ec2, api.client("iam", cfg.region), name)
+    out = {cfg.region: image_id}
+    for region in regions:
+        if region != cfg.region:
+            out[region] = _copy(image_id, cfg.region, region, recipe, sha, say)
+    return out
+
+
+
+def _provision(conn, recipe: Recipe, recipe_dir: Path, say: Callable[[str], None]) -> None:
+    b = code_bundle.build()  # orch's code (the trainer included), as runs get it; steps and smoke see it on PYTHONPATH
+    conn.check(code_bundle.install_command(b), stdin=b.data)
+    for local, remote in recipe.files.items():
+        data = (recipe_dir / local).expanduser().read_bytes()
+        conn.put_bytes(data, remote, mode=0o755 if local.endswith(".sh") else 0o644)
+    env = f'export PYTHONPATH="{b.remote_dir.replace("~/", "$HOME/")}${{PYTHONPATH:+:$PYTHONPATH}}"; cd "$HOME"; '
+    for i, step in enumerate([*recipe.steps, *([recipe.smoke] if recipe.smoke else [])], start=1):
+        what = "smoke" if recipe.smoke and i == len(recipe.steps) + 1 else f"step {i}/{len(recipe.steps)}"
+        say(f"{what}: {step}")
+        t0 = time.time()
+        r = conn.stream(env + step, lambda line: say(f"    {line}"), timeout=STEP_TIMEOUT_S)  # live, line by line
+        if r.code != 0:
+            tail = "\n".join(r.out.strip().splitlines()[-20:])
+            raise OrchError(f"{what} failed (exit {r.code}) on the builder: {step}\n{tail}\nNothing is left running: the builder was terminated.")
+        say(f"  ok in {time.time() - t0:.0f} s")
+
+
+
+def _copy(image_id: str, source: str, region: str, recipe: Recipe, sha: str, say: Callable[[str], None]) -> str:
+    ec2 = api.client("ec2", region)
+    have = images(ec2, recipe.name, sha)
+    if have:
+        say(f"{region}: already there: {have[0]['ImageId']}")
+        return have[0]["ImageId"]
+    copied = ec2.copy_image(SourceImageId=image_id, SourceRegion=source, Name=f"orch-{recipe.name}-{sha[:12]}")["ImageId"]
+    ec2.create_tags(Resources=[copied], Tags=[{"Key": RECIPE_TAG, "Value": recipe.name}, {"Key": SHA_TAG, "Value": sha},
+                                              {"Key": BASE_TAG, "Value": image_id}])
+    _wait_available(ec2, copied)
+    say(f"{region}: {copied}")
+    return copied

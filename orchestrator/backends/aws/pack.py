@@ -1,0 +1,215 @@
+"""Packing on aws: runs that use fewer GPUs than an instance has share it (orchestrator/sweep/packing.py).
+
+A packed instance carries `orch:slots` (how many runs it holds) and one `orch:slot:<k>` tag per
+run on it (`<run>#<attempt>`), so list() finds every run's host in the same one DescribeInstances.
+A run goes to the fullest live instance with a free slot; the slot is claimed on the host itself
+(host_slots.CLAIM, under the lock the agents leave their slots under), so it is never placed on
+an instance whose last run is just terminating it; without a free slot, a new instance of the
+best type (packing.rank) is acquired with the run in slot 0. Each agent gives its slot back when
+its run ends, and the last one terminates the instance.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import time
+from typing import Dict, List, Optional, Tuple
+
+from orchestrator import contract
+from orchestrator.aws import ec2 as api
+from orchestrator.aws import fleet
+from orchestrator.backends.base import Host
+from orchestrator.contract import RunTask
+from orchestrator.errors import OrchError
+from orchestrator.host.slots import CLAIM, slot_run, slot_value
+from orchestrator.remote.ssh import Target, connect, new_host_key, public_key_of
+from orchestrator.sweep.packing import SLOT_TAG, SLOTS_TAG, visible_devices
+
+log = logging.getLogger("orch.aws")
+FRESH_S = 60.0  # how long an instance this controller just acquired counts even before a filtered describe lists it
+
+
+class PackMixin:
+    """The packing half of AwsBackend (which supplies cfg, ec2, ledger, locks, pack_order and the provisioning helpers)."""
+
+    def _provision_packed(self, task: RunTask) -> None:
+        new_ids: List[str] = []
+        claimed: Optional[Tuple[str, int]] = None
+        reported = True
+        value = slot_value(task.run_id, task.attempt)
+        try:
+            if self.fatal is not None:
+                raise self.fatal
+            setup = self.bootstrap()
+            if task.replaces:
+                self._block_reclaimed(task.replaces)
+            for _ in range(5):  # an instance whose last run is just leaving is skipped
+                with self.pack_lock:
+                    found = self._free_slot()
+                    if found is None:
+                        found = self._acquire_packed(task, setup, value)
+                        new_ids = [found[0]]
+                    iid, slot, host_key = found
+                    self.reserved.setdefault(iid, set()).add(slot)
+                claimed = (iid, slot)
+                if self._start_in_slot(task, iid, slot, host_key, value, tag=not new_ids):
+                    reported = False
+                    return
+                claimed = None
+                self._unreserve(iid, slot)
+            raise fleet.CapacityUnavailable("every instance with a free slot was ending; will retry")
+        except fleet.CapacityUnavailable as exc:
+            self._requeue(task, str(exc), new_ids)
+        except api.AwsFatal as exc:
+            self.fatal = exc
+            self._requeue(task, str(exc), new_ids)
+        except Exception as exc:  # OrchError (ssh, remote command) or a bug: the attempt fails, the sweep goes on
+            if not isinstance(exc, OrchError):
+                log.exception("provisioning %s failed", task.run_id)
+            if claimed and not new_ids:  # a slot on another run's instance: give it back
+                self._free_claim(claimed[0], claimed[1], value)
+            self._fail(task, str(exc) if isinstance(exc, OrchError) else f"provisioning failed: {type(exc).__name__}: {exc}", new_ids)
+        finally:
+            if claimed:
+                self._unreserve(*claimed)
+            if not reported:
+                with self.lock:
+                    self.pending.pop(task.run_id, None)
+
+    def _start_in_slot(self, task: RunTask, iid: str, slot: int, host_key: str, value: str, tag: bool) -> bool:
+        """Claim the slot on the host and start the run's agent there; False when the host refused the claim."""
+        address = api.wait_running(self.ec2, iid, self.cfg.ssh.address, self.cfg.boot_timeout_s)
+        conn = connect(Target(address, self.cfg.ssh.port, self.cfg.ssh.user, self.cfg.ssh.identity, host_key),
+                       timeout=self.cfg.boot_timeout_s, interval=1.0)
+        try:
+            code = conn.run(f"bash -c {shlex.quote(CLAIM)} claim {slot} {shlex.quote(value)}").code
+            if code in (3, 4):
+                log.info("%s: slot %s of %s is not free (%s); looking again", task.run_id, slot, iid,
+                         "the instance is terminating" if code == 3 else "taken")
+                if code == 3:
+                    self.dead.add(iid)
+                return False
+            if code != 0:
+                raise OrchError(f"claiming slot {slot} on {iid} failed (exit {code})")
+            if tag:
+                self._tag_slot(iid, slot, value)
+            task.slot = slot
+            task.env["CUDA_VISIBLE_DEVICES"] = visible_devices(slot, self.sweep.spec.resources.gpus)
+            self._start_agents([conn], task, [iid])
+            log.info("%s: slot %s of %s (CUDA_VISIBLE_DEVICES=%s)", task.run_id, slot, iid, task.env["CUDA_VISIBLE_DEVICES"])
+            return True
+        finally:
+            conn.close()
+
+    def _free_slot(self) -> Optional[Tuple[str, int, str]]:
+        """(instance, slot, host key) of a free slot on the fullest live packed instance, or None."""
+        live = {i["instance_id"]: i for i in api.sweep_instances(self.ec2, self.name_, ["pending", "running"]) if i["slot_count"]}
+        now = time.time()
+        for iid in [i for i in self.fresh if i in live or now - self.fresh[i][2] > FRESH_S]:
+            del self.fresh[iid]  # listed now (or gone): the listing speaks for it
+        view = {iid: (i["slot_count"], set(i["slots"]), i["host_key"]) for iid, i in live.items()}
+        view.update({iid: (n, set(), key) for iid, (n, key, _) in self.fresh.items()})
+        best = None
+        for iid, (n, used, key) in view.items():
+            taken = used | self.reserved.get(iid, set())
+            free = [k for k in range(n) if k not in taken]
+            if iid not in self.dead and free and (best is None or len(taken) > best[3]):
+                best = (iid, free[0], key, len(taken))
+        return best[:3] if best else None
+
+    def _acquire_packed(self, task: RunTask, setup: dict, value: str) -> Tuple[str, int, str]:
+        """A new instance of the best type that has capacity, with this run in slot 0."""
+        host_private, host_public = new_host_key()
+        user_data = self._user_data(host_private, host_public)
+        last: Optional[Exception] = None
+        for choice in self.pack_order:
+            pools = [c for c in setup["choices"] if c.instance_type == choice.instance_type]
+            tags = api.sweep_tags(self.name_, hostkey=host_public) + [
+                {"Key": SLOTS_TAG, "Value": str(choice.slots)}, {"Key": f"{SLOT_TAG}0", "Value": value},
+                {"Key": "Name", "Value": f"orch {self.name_} shared ({choice.slots} runs)"}]
+            try:
+                got = fleet.acquire(self.ec2, setup["template"], setup["base"], user_data, pools, fleet.markets(self.cfg.market), tags,
+                                    self.blocklist)
+            except fleet.CapacityUnavailable as exc:
+                last = exc
+                continue
+            self.ledger.acquired(got.instance_id, got.instance_type, got.az, got.market, gpus=self._gpus_of(got.instance_type),
+                                 slots=choice.slots)
+            self.fresh[got.instance_id] = (choice.slots, host_public, time.time())
+            log.info("%s: new shared instance %s %s in %s (%s), %s slots", task.run_id, got.instance_id, got.instance_type, got.az,
+                     got.market, choice.slots)
+            return got.instance_id, 0, host_public
+        raise last or fleet.CapacityUnavailable("no instance type can hold this run")
+
+    def _user_data(self, host_private: str, host_public: str) -> str:
+        from orchestrator.aws.userdata import cloud_config
+
+        return cloud_config(host_private, host_public, public_key_of(self.cfg.ssh.identity), self.cfg.max_minutes)
+
+    def _tag_slot(self, iid: str, slot: int, value: str) -> None:
+        from botocore.exceptions import ClientError
+
+        from orchestrator.wait import retry_until
+
+        def once() -> bool:
+            try:
+                self.ec2.create_tags(Resources=[iid], Tags=[{"Key": f"{SLOT_TAG}{slot}", "Value": value}])
+                return True
+            except ClientError as exc:
+                if api._not_found(exc):  # a new id, not visible everywhere yet
+                    return False
+                raise
+
+        retry_until(once, api.NOT_FOUND_S, 1.0, f"EC2 to know {iid}")
+
+    def _unreserve(self, iid: str, slot: int) -> None:
+        with self.pack_lock:
+            self.reserved.get(iid, set()).discard(slot)
+
+    def _free_claim(self, iid: str, slot: int, value: str, reason: str = "lost", inst: Optional[dict] = None) -> None:
+        """Give a run's slot back from here: stop its session, remove its tag and its claim on the host (best effort).
+        `inst`: the instance as just listed, when the caller has it (else it is looked up)."""
+        from orchestrator.host.slots import SLOTS_DIR
+
+        inst = inst or self._live_instance(iid)
+        run_id = slot_run(value)
+        try:
+            if inst is not None:
+                conn = connect(self._target(inst), timeout=20)
+                try:
+                    conn.run(contract.stop_script(self._ctl(run_id), contract.session_name(self.name_, run_id), reason, 30,
+                                                  contract.REMOTE_TMUX_SOCKET), timeout=60)
+                    conn.run(f'd="$HOME/{SLOTS_DIR}"; exec 9>"$d/.lock" && flock 9 && '
+                             f'if [ "$(cat "$d/slot.{slot}" 2>/dev/null)" = {shlex.quote(value)} ]; then rm -f "$d/slot.{slot}"; fi')
+                finally:
+                    conn.close()
+            self.ec2.delete_tags(Resources=[iid], Tags=[{"Key": f"{SLOT_TAG}{slot}", "Value": value}])
+        except Exception as exc:  # the instance may be gone already; `orch down` removes what is left
+            log.warning("could not free slot %s of %s: %s", slot, iid, exc)
+
+    def _live_instance(self, iid: str) -> Optional[dict]:
+        return next((i for i in api.sweep_instances(self.ec2, self.name_, ["pending", "running"]) if i["instance_id"] == iid), None)
+
+    def _packed_hosts(self, inst: dict, pending: Dict[str, int], ready: Dict[str, tuple]) -> List[Host]:
+        """One Host per run on a packed instance (its slot tags)."""
+        hosts = []
+        for slot, value in sorted(inst["slots"].items()):
+            run_id, att = slot_run(value), value.rpartition("#")[2]
+            attempt = int(att) if att.isdigit() else None
+            hosts.append(Host(run_id=run_id, host_id=inst["instance_id"], address=self._address(inst), attempt=attempt,
+                              provisioning=pending.get(run_id) == attempt, start_deadline=self._deadline({**inst, "run": run_id}, attempt, ready),
+                              slot=slot))
+        return hosts
+
+    def _release_packed(self, host: Host, reason: str = "lost") -> None:
+        """A run's host on a shared instance: the instance goes only with its last run."""
+        inst = self._live_instance(host.host_id)
+        if inst is None:
+            return
+        value = slot_value(host.run_id, host.attempt or 0)
+        others = {k: v for k, v in inst["slots"].items() if k != host.slot}
+        if others:
+            self._free_claim(host.host_id, host.slot, value, reason, inst)
+        else:
+            api.terminate(self.ec2, [host.host_id])

@@ -1,0 +1,192 @@
+"""Provisioning one attempt on aws (worker threads of the aws backend): acquire its instance — or,
+for a run with `resources: nodes: N`, N instances all at once in one AZ and the sweep's cluster
+placement group there — wait for each sshd, check its pinned host key, upload the code bundle and
+start one agent per node in tmux. Node 0's private address and a free port on it are the run's
+rendezvous (ORCH_MASTER_ADDR, ORCH_MASTER_PORT).
+
+Once CreateFleet returned instances, every way out of here leaves them either running this
+attempt's agents or terminated and recorded on the run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+import time
+from dataclasses import replace
+from typing import List, Optional
+
+from orchestrator import contract
+from orchestrator.aws import ec2 as api
+from orchestrator.aws import fleet
+from orchestrator.aws.placement import ensure_group
+from orchestrator.aws.userdata import cloud_config
+from orchestrator.backends import bundle as code_bundle
+from orchestrator.backends.base import Outcome
+from orchestrator.contract import RunTask
+from orchestrator.errors import OrchError
+from orchestrator.remote.ssh import Target, connect, new_host_key, public_key_of
+from orchestrator.store.status import FAILED, QUEUED
+from orchestrator.sweep.spec import AUTO_PYTHON
+
+log = logging.getLogger("orch.aws")
+
+# Where images keep an interpreter with PyTorch, best first (`aws.python: auto`).
+PYTHON_CANDIDATES = ("/opt/pytorch/bin/python", "/opt/conda/envs/pytorch/bin/python", "python3")
+FREE_PORT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+
+
+class ProvisionMixin:
+    """The provisioning half of AwsBackend (which supplies cfg, ec2, ledger, locks and queues)."""
+
+    def _provision(self, task: RunTask) -> None:
+        """Acquire, boot, check and start one attempt on its node(s)."""
+        ids: List[str] = []
+        reported = True
+        nodes = self.nodes
+        try:
+            if self.fatal is not None:
+                raise self.fatal
+            setup = self.bootstrap()
+            if task.replaces:  # that (type, AZ) just took its instance back: try elsewhere first
+                self._block_reclaimed(task.replaces)
+            host_private, host_public = new_host_key()  # one key per attempt, pinned by tag (shared by its nodes)
+            user_data = cloud_config(host_private, host_public, public_key_of(self.cfg.ssh.identity), self.cfg.max_minutes)
+            tags = api.sweep_tags(self.name_, run=task.run_id, attempt=str(task.attempt), hostkey=host_public) + [
+                {"Key": "Name", "Value": f"orch {self.name_} {task.run_id} #{task.attempt}"}]
+            args = (self.ec2, setup["template"], setup["base"], user_data, setup["choices"], fleet.markets(self.cfg.market), tags, self.blocklist)
+            if nodes > 1:
+                got = fleet.acquire_nodes(*args, count=nodes, release=lambda ids: api.terminate(self.ec2, ids),
+                                          group_of=lambda az: ensure_group(self.ec2, self.name_, az, self.groups))
+            else:
+                got = [fleet.acquire(*args)]
+            got.sort(key=lambda g: g.instance_id)  # node ranks: the order list() sees them in
+            ids = [g.instance_id for g in got]
+            for g in got:
+                self.ledger.acquired(g.instance_id, g.instance_type, g.az, g.market, run=task.run_id, gpus=self._gpus_of(g.instance_type))
+            log.info("%s: %s %s in %s (%s)", task.run_id, ", ".join(ids), got[0].instance_type, got[0].az, got[0].market)
+            addresses = [api.wait_running(self.ec2, i, self.cfg.ssh.address, self.cfg.boot_timeout_s) for i in ids]
+            conns = []
+            try:
+                for address in addresses:
+                    target = Target(address, self.cfg.ssh.port, self.cfg.ssh.user, self.cfg.ssh.identity, host_public)
+                    conns.append(connect(target, timeout=self.cfg.boot_timeout_s, interval=1.0))
+                self._start_agents(conns, task, ids)
+            finally:
+                for c in conns:
+                    c.close()
+            reported = False
+        except fleet.CapacityUnavailable as exc:
+            self._requeue(task, str(exc), ids)
+        except api.AwsFatal as exc:
+            self.fatal = exc  # fail fast: the controller's next pass raises it
+            self._requeue(task, str(exc), ids)
+        except OrchError as exc:  # host key mismatch, sshd never came up, remote command failed
+            self._fail(task, str(exc), ids)
+        except Exception as exc:  # a bug or an unexpected API answer: record it on the run, keep the sweep going
+            log.exception("provisioning %s failed", task.run_id)
+            self._fail(task, f"provisioning failed: {type(exc).__name__}: {exc}", ids)
+        finally:
+            if not reported:  # else the run stays pending until the controller took the outcome (no window where it looks hostless)
+                with self.lock:
+                    self.pending.pop(task.run_id, None)
+
+    def _gpus_of(self, instance_type: str) -> int:
+        """GPUs of an instance type (DescribeInstanceTypes, else orch's table), for GPU-hours."""
+        with self._setup_lock:
+            if instance_type not in self.gpus:
+                try:
+                    self.gpus.update(api.gpu_counts(self.ec2, [instance_type]))
+                except Exception as exc:  # never loses the instance: GPU-hours then count 0 for it
+                    log.warning("GPUs of %s unknown: %s", instance_type, exc)
+                    self.gpus[instance_type] = 0
+            return self.gpus.get(instance_type, 0)
+
+    def _start_agents(self, conns: list, task: RunTask, ids: List[str]) -> None:
+        """The bundle on every node, then one agent per node; node 0 is the rendezvous."""
+        with self._setup_lock:
+            if self._bundle is None:
+                self._bundle = code_bundle.build()  # once per controller, not per host
+        b = self._bundle
+        for conn in conns:
+            if conn.run(f'test -f "{b.remote_dir.replace("~/", "$HOME/")}/.complete"').code != 0:
+                conn.check(code_bundle.install_command(b), stdin=b.data)
+        py = self._interpreter(conns[0])
+        task.env["ORCH_PYTHON"] = py
+        if len(conns) > 1:
+            port = conns[0].check(f"{shlex.quote(py)} -c {shlex.quote(FREE_PORT)}").strip()
+            master = api.describe(self.ec2, ids[0]) or {}
+            task.env.update(ORCH_MASTER_ADDR=master.get("private_ip", ""), ORCH_MASTER_PORT=port)
+        for rank in sorted(range(len(conns)), reverse=True):  # followers first: node 0 reports once all are started
+            node_task = replace(task, env={**task.env, "ORCH_NODE_RANK": str(rank)}, host=ids[rank], node_hosts=len(conns), node_rank=rank)
+            self._start_agent(conns[rank], node_task, py)
+        with self.lock:
+            self.ready[task.run_id] = (task.attempt, time.time())
+
+    def _start_agent(self, conn, task: RunTask, py: str) -> None:
+        ctl = task.ctl_dir
+        task_path = f"{ctl}/task-{task.attempt}.json"
+        conn.put_bytes(json.dumps(task.__dict__, indent=2).encode(), task_path)
+        agent = contract.agent_command(py, task_path, ctl, pythonpath=self._bundle.remote_dir)
+        conn.check(f'cd "$HOME" && tmux -L {contract.REMOTE_TMUX_SOCKET} new-session -d -s {shlex.quote(task.session)} '
+                   f'-n agent -x 200 -y 50 {shlex.quote(agent)}')
+
+    def _interpreter(self, conn) -> str:
+        """The instance's Python for the agent and `{python}`: checked once per controller, on the first host.
+
+        It must import boto3 (the agent) and, when a command runs the bundled trainer, torch. A
+        wrong interpreter stops the sweep once, with the fix, instead of failing every run.
+        """
+        with self._setup_lock:
+            if self.python is not None:
+                return self.python
+            needs = ["boto3"] + (["torch"] if any("-m trainer" in r.command for r in self.sweep.runs) else [])
+            candidates = list(PYTHON_CANDIDATES) if self.cfg.python == AUTO_PYTHON else [self.cfg.python]
+            probe = " ".join(shlex.quote(c) for c in candidates)
+            script = (f'for p in {probe}; do if command -v "$p" >/dev/null 2>&1; then '
+                      f'out=$("$p" -c {shlex.quote("import " + ", ".join(needs))} 2>&1) && {{ echo "OK $p"; exit 0; }}; '
+                      f'echo "NO $p: $(printf %s "$out" | tail -n 1)"; else echo "NO $p: not found"; fi; done; exit 1')
+            r = conn.run(script, timeout=max(300.0, self.cfg.boot_timeout_s))
+            found = [line[3:] for line in r.out.splitlines() if line.startswith("OK ")]
+            if r.code != 0 or not found:
+                tried = "; ".join(line[3:] for line in r.out.splitlines() if line.startswith("NO ")) or r.err.strip()[-300:]
+                raise api.AwsFatal(
+                    f"no interpreter on the image can run this sweep (it needs {', '.join(needs)}): {tried}. "
+                    f"Fix: set `aws.python` to an interpreter of the image that has them (Deep Learning AMI: /opt/pytorch/bin/python), "
+                    f"or `auto`; or use an image that has them.")
+            self.python = found[0]
+            log.info("instance interpreter: %s", self.python)
+            return self.python
+
+    def _block_reclaimed(self, instance_id: str) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            prev = api.instance_placement(self.ec2, instance_id)
+        except (ClientError, BotoCoreError):
+            return
+        if prev:
+            self.blocklist.avoid(*prev)
+            log.info("avoiding %s in %s for a while: it just reclaimed %s", prev[0], prev[1], instance_id)
+
+    def _release_acquired(self, ids: List[str]) -> str:
+        """Terminate instances this attempt will not use; say so when even that failed."""
+        if not ids:
+            return ""
+        try:
+            api.terminate(self.ec2, ids)
+            return ""
+        except Exception as exc:  # recorded on the run, so `orch down` (which finds them by tag) is the next step
+            log.error("could not terminate %s: %s", ", ".join(ids), exc)
+            return f" (could not terminate {', '.join(ids)}: {exc}; `orch down {self.name_}` removes them)"
+
+    def _requeue(self, task: RunTask, reason: str, ids: Optional[List[str]] = None) -> None:
+        """No host for this attempt (no capacity, or the sweep must stop): the run waits as it was before the claim."""
+        self.outcomes.put(Outcome(task.run_id, task.attempt, QUEUED, reason + self._release_acquired(ids or [])))
+
+    def _fail(self, task: RunTask, reason: str, ids: List[str]) -> None:
+        log.warning("%s: %s", task.run_id, reason)
+        self.outcomes.put(Outcome(task.run_id, task.attempt, FAILED, reason + self._release_acquired(ids)))
+
+

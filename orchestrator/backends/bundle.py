@@ -1,0 +1,51 @@
+"""The code a host needs, as a content-hashed tarball built in memory: the agent's side of orchestrator
+(`host/`, `store/`, `contract.py`, `errors.py`, `wait.py`) and the trainer — nothing the controller alone
+uses (tests/test_layers.py checks that what is shipped imports only what is shipped)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+# Paths relative to the repository root: a folder ships its *.py files, recursively.
+SHIPPED = ("orchestrator/__init__.py", "orchestrator/contract.py", "orchestrator/errors.py", "orchestrator/wait.py",
+           "orchestrator/host", "orchestrator/store", "trainer")
+
+
+@dataclass(frozen=True)
+class Bundle:
+    digest: str  # sha256 of the sources, first 16 hex digits; names the folder on the host
+    data: bytes  # gzipped tar
+
+    @property
+    def remote_dir(self) -> str:
+        return f"~/orch/code/{self.digest}"
+
+
+def _sources(root: Path):
+    for part in SHIPPED:
+        for path in ([root / part] if part.endswith(".py") else sorted((root / part).rglob("*.py"))):
+            yield path, str(path.relative_to(root))
+
+
+def build(root: Path | None = None) -> Bundle:
+    root = root or Path(__file__).resolve().parents[2]
+    h = hashlib.sha256()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
+        for path, name in _sources(root):
+            data = path.read_bytes()
+            h.update(name.encode() + b"\0" + data)
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o644, 0  # reproducible
+            tar.addfile(info, io.BytesIO(data))
+    return Bundle(h.hexdigest()[:16], buf.getvalue())
+
+
+def install_command(bundle: Bundle) -> str:
+    """Unpack stdin into the bundle's folder unless it is already there (uploaded once per host)."""
+    d = bundle.remote_dir.replace("~/", "$HOME/")
+    return f'test -f "{d}/.complete" || {{ mkdir -p "{d}" && tar xzf - -C "{d}" && touch "{d}/.complete"; }}'

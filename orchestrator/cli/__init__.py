@@ -1,0 +1,6 @@
+"""The `orch` command: click commands (`main`, `ami`, `ops`), their shared helpers (`common`) and the
+rendering of tables and reports (`render`).
+
+The only package that prints. Nothing imports it. Heavy modules are imported inside commands, so
+`orch --help` stays instant.
+"""

@@ -1,0 +1,105 @@
+"""What the CLI's commands share: expected errors without tracebacks, resolving SWEEP and RUN arguments."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Tuple
+
+import click
+
+from orchestrator.errors import NotFound, OrchError
+
+EPILOG = "Docs: README.md. Runs keep going when orch exits; `orch down SWEEP` stops everything."
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=True)
+
+
+def expected_errors(fn):
+    """Expected errors print their message and exit with their code; no traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except OrchError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+        except Exception as exc:  # an AWS answer nobody turned into words yet: still no traceback
+            if not type(exc).__module__.startswith("botocore"):
+                raise
+            from orchestrator.aws.ec2 import explain
+
+            click.echo(f"error: {explain(exc, 'an AWS call')}", err=True)
+            sys.exit(1)
+
+    return wrapper
+
+
+# --- resolving arguments ------------------------------------------------------------------------
+
+
+def load_sweep_arg(arg: str):
+    """A sweep file path, or the name of a sweep launched from this machine."""
+    from orchestrator.control.state import State
+    from orchestrator.store import open_store
+    from orchestrator.store.base import get_json
+    from orchestrator.sweep.load import load_sweep, sweep_from_record
+
+    if arg.endswith((".yaml", ".yml")) or os.sep in arg or Path(arg).is_file():
+        return load_sweep(arg)
+    rec = State().sweep(arg)
+    data = get_json(open_store(rec.store_url), f"{rec.name}/sweep.json")
+    if data is None:
+        raise NotFound(f"sweep {arg!r}: its store {rec.store_url} has no sweep.json any more. Launch its file again.")
+    return sweep_from_record(data, rec.spec_path)
+
+
+def resolve_run(arg: str) -> Tuple[object, str]:
+    """RUN or SWEEP/RUN -> (sweep, run id), searching the sweeps launched from here."""
+    from orchestrator.control.state import State
+
+    if re.match(r"^i-[0-9a-f]{8,17}$", arg):  # an instance id, as users of the seed tooling type it
+        for rec in State().sweeps():
+            if rec.backend != "aws":
+                continue
+            sweep = load_sweep_arg(rec.name)
+            run_id = _parts(sweep)[0].run_of_instance(arg)
+            if run_id:
+                return sweep, run_id
+        raise NotFound(f"instance {arg} belongs to no running run of a sweep launched from here.")
+    if "/" in arg:
+        name, run_id = arg.split("/", 1)
+        candidates = [load_sweep_arg(name)]
+    else:
+        run_id = arg
+        candidates = []
+        for rec in State().sweeps():
+            try:
+                candidates.append(load_sweep_arg(rec.name))
+            except OrchError:
+                continue
+    hits = [s for s in candidates if any(r.run_id == run_id for r in s.runs)]
+    if not hits:
+        raise NotFound(f"no run {run_id!r} in {'that sweep' if '/' in arg else 'any sweep launched from here'}. List runs with `orch status SWEEP`.")
+    if len(hits) > 1:
+        names = ", ".join(f"{s.spec.name}/{run_id}" for s in hits)
+        raise NotFound(f"run {run_id!r} exists in several sweeps; name one: {names}")
+    return hits[0], run_id
+
+
+def _parts(sweep):
+    from orchestrator.backends import backend_for
+    from orchestrator.control.state import State
+    from orchestrator.store import open_store
+
+    return backend_for(sweep), open_store(sweep.store_url), State()
+
+

@@ -1,0 +1,399 @@
+"""orch command line. Each command parses, calls one function, prints. Only the CLI (this module, cli_ops) prints."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Optional
+
+import click
+
+from orchestrator.cli.common import (  # noqa: F401
+    EPILOG,
+    _console,
+    _parts,
+    expected_errors,
+    load_sweep_arg,
+    resolve_run,
+)
+from orchestrator.errors import NotFound, OrchError
+
+# --- commands -----------------------------------------------------------------------------------
+
+
+@click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="orch")
+def main():
+    """Run deep-learning experiment sweeps on spot GPUs or on this machine.
+
+    \b
+    Example:
+      orch launch experiments/local-smoke.yaml
+      orch status
+      orch collect local-smoke
+    """
+
+
+@main.command()
+@click.argument("sweep_file", type=click.Path(dir_okay=False))
+@click.option("--dry-run", is_flag=True, help="Validate and print the runs and their commands; launch nothing.")
+@click.option("--detach", is_flag=True, help="Run the controller in the background and return at once.")
+@expected_errors
+def launch(sweep_file: str, dry_run: bool, detach: bool):
+    """Launch (or continue) the sweep in SWEEP_FILE and watch it.
+
+    A second launch of the same sweep adopts what runs, skips what finished and
+    retries failures up to max_restarts. Ctrl-C hands the loop to a background
+    controller; runs keep going.
+
+    \b
+    Example:
+      orch launch experiments/local-smoke.yaml --dry-run
+    """
+    from orchestrator.sweep.load import load_sweep
+
+    sweep = load_sweep(sweep_file)
+    con = _console()
+    if dry_run:
+        _check_like_launch(sweep)
+        from orchestrator.backends import backend_for
+        from orchestrator.cli.render import dry_run_lines
+
+        for line in dry_run_lines(sweep, backend_for(sweep).plan()):
+            con.print(line, markup=False)
+        return
+    from orchestrator.control.controller import Controller
+    from orchestrator.control.state import SweepLock
+
+    backend, store, state = _parts(sweep)
+    lock = SweepLock(state.home, sweep.spec.name)
+    lock.acquire()
+    backend.preflight()
+    controller = Controller(sweep, backend, store, state)
+    new = controller.prepare()
+    con.print(f"{'launching' if new else 'continuing'} sweep [bold]{sweep.spec.name}[/]: {len(sweep.runs)} runs, "
+              f"max_parallel {sweep.spec.max_parallel}, store {sweep.store_url}")
+    if detach:
+        lock.release()
+        pid = _spawn_controller(sweep)
+        con.print(f"controller running in the background (pid {pid}). Watch: `orch status {sweep.spec.name} --watch`.")
+        return
+    # Closing the terminal (SIGHUP) or a plain `kill` (SIGTERM) is treated like Ctrl-C: the loop is
+    # handed to a background controller, so queued runs still start.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _hand_off)
+    try:
+        progress = _watch(con, controller.run)
+    except KeyboardInterrupt:
+        lock.release()
+        pid = _spawn_controller(sweep)
+        _say(con, f"\ndetached: runs keep going, the controller continues in the background (pid {pid}).\n"
+                  f"Watch: `orch status {sweep.spec.name} --watch`. Stop everything: `orch down {sweep.spec.name}`.")
+        return
+    finally:
+        lock.release()
+    _finish(con, progress)
+
+
+def _hand_off(signum, _frame):
+    raise KeyboardInterrupt  # the same path as Ctrl-C
+
+
+def _say(con, text: str) -> None:
+    """Print if there is still a terminal to print to (after SIGHUP there may be none)."""
+    try:
+        con.print(text, markup=False)
+    except OSError:
+        pass
+
+
+def _check_like_launch(sweep) -> None:
+    """A dry run refuses what the launch would refuse, without creating anything."""
+    from orchestrator.control.controller import check_recorded
+    from orchestrator.control.state import State
+    from orchestrator.store import open_store
+
+    if sweep.store_url.startswith("s3://") or Path(sweep.store_url).is_dir():
+        check_recorded(sweep, open_store(sweep.store_url), State())
+    else:
+        State().check_same_store(sweep.spec.name, str(sweep.path), sweep.store_url)
+
+
+def _watch(con, run_fn):
+    """Drive run_fn(on_progress) with a live table on a terminal, one line per change otherwise."""
+    from rich.live import Live
+
+    from orchestrator.cli.render import runs_table
+
+    if con.is_terminal:
+        with Live(console=con, refresh_per_second=4, transient=False) as live:
+            return run_fn(lambda p: live.update(runs_table(p)))
+    seen = {}
+
+    def on_progress(p):
+        for r in p.runs:
+            key = (r.state, r.attempt)
+            if seen.get(r.run_id) != key:
+                seen[r.run_id] = key
+                extra = f" ({r.reason})" if r.reason and r.state not in ("running", "starting") else ""
+                con.print(f"{time.strftime('%H:%M:%S')} {r.run_id}: {r.state} (attempt {r.attempt}){extra}", markup=False)
+
+    progress = run_fn(on_progress)
+    con.print(runs_table(progress))
+    return progress
+
+
+def _finish(con, progress):
+    from orchestrator.cli.render import failure_report
+
+    failed = progress.failed
+    for line in failure_report(failed):
+        con.print(line, markup=False)
+    from orchestrator.cli.render import spend_text
+
+    ok = sum(1 for r in progress.runs if r.state == "succeeded")
+    spend = spend_text(progress)
+    con.print(f"sweep {progress.sweep} done: {ok} of {len(progress.runs)} runs succeeded"
+              + (f", {spend}" if spend else "") + f". Results: `orch collect {progress.sweep}`.")
+    if failed:
+        sys.exit(1)
+
+
+def _spawn_controller(sweep) -> int:
+    from orchestrator.control.state import SweepLock
+    from orchestrator.sweep.spec import orch_home
+    from orchestrator.wait import Timeout, retry_until
+
+    log_dir = orch_home() / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_file = open(log_dir / f"{sweep.spec.name}-controller.log", "ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.cli", "_controller", str(sweep.path)],
+        stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    lock = SweepLock(orch_home(), sweep.spec.name)
+    try:
+        retry_until(lambda: lock.holder() == proc.pid or proc.poll() is not None, 15, 0.05, "the background controller")
+    except Timeout:
+        pass
+    if proc.poll() is not None:
+        raise OrchError(f"the background controller exited at once (code {proc.returncode}); see {log_file.name}")
+    return proc.pid
+
+
+@main.command("_controller", hidden=True)
+@click.argument("sweep_file")
+@expected_errors
+def controller_cmd(sweep_file: str):
+    """The background controller (used by --detach and Ctrl-C)."""
+    import logging
+
+    from orchestrator.control.controller import Controller
+    from orchestrator.control.state import SweepLock
+    from orchestrator.sweep.load import load_sweep
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    sweep = load_sweep(sweep_file)
+    backend, store, state = _parts(sweep)
+    lock = SweepLock(state.home, sweep.spec.name)
+    lock.acquire()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    controller = Controller(sweep, backend, store, state)
+    controller.prepare()
+    progress = controller.run()
+    click.echo(f"sweep {sweep.spec.name} done: {len(progress.failed)} failed")
+
+
+@main.command()
+@click.argument("sweep", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--watch", is_flag=True, help="Keep the table live until the sweep is done.")
+@expected_errors
+def status(sweep: Optional[str], as_json: bool, watch: bool):
+    """Show the runs of SWEEP (a name or a sweep file), or every sweep launched from here.
+
+    \b
+    Example:
+      orch status local-smoke --json
+    """
+    from orchestrator.cli.render import runs_table, summary_line
+    from orchestrator.control.controller import observe
+    from orchestrator.control.state import State, SweepLock
+    from orchestrator.wait import retry_until
+
+    con = _console()
+    if sweep is None:
+        state = State()
+        rows = []
+        for rec in state.sweeps():
+            try:
+                sw = load_sweep_arg(rec.name)
+                backend, store, _ = _parts(sw)
+                p = observe(sw, backend, store)
+                summary = summary_line(p)
+            except OrchError as exc:
+                summary = f"unreadable: {exc}"
+            holder = SweepLock(state.home, rec.name).holder()
+            rows.append({"sweep": rec.name, "backend": rec.backend, "store": rec.store_url, "runs": summary,
+                         "controller_pid": holder})
+        if as_json:
+            click.echo(json.dumps(rows, indent=2))
+            return
+        if not rows:
+            con.print("no sweeps launched from here yet. Start one: `orch launch experiments/local-smoke.yaml`.")
+        for row in rows:
+            ctl = f", controller pid {row['controller_pid']}" if row["controller_pid"] else ""
+            con.print(f"{row['sweep']} ({row['backend']}{ctl}): {row['runs']}  store={row['store']}", markup=False)
+        return
+    sw = load_sweep_arg(sweep)
+    backend, store, _ = _parts(sw)
+    if as_json:
+        p = observe(sw, backend, store)
+        click.echo(json.dumps({"sweep": p.sweep, "done": p.done, "spend_usd": p.spend_usd, "budget_usd": p.budget_usd,
+                               "runs": [asdict(r) for r in p.runs]}, indent=2))
+        return
+    if watch:
+        def run_fn(on_progress):
+            last = []
+
+            def once():
+                last[:] = [observe(sw, backend, store)]
+                on_progress(last[0])
+                return last[0].done
+
+            retry_until(once, None, 1.0)
+            return last[0]
+
+        _watch(con, run_fn)
+        return
+    progress = observe(sw, backend, store)
+    con.print(runs_table(progress))
+    from orchestrator.control.state import State, SweepLock
+
+    state = State()
+    if not progress.done and SweepLock(state.home, sw.spec.name).holder() is None:
+        con.print(f"no controller is running for {sw.spec.name}: queued and interrupted runs will not start. "
+                  f"Continue it with `orch launch {sw.path}`.", markup=False)
+
+
+@main.command()
+@click.argument("run")
+@click.option("--node", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Which node of a run that spans several instances (`resources: nodes:`); 0 is the rendezvous node.")
+@expected_errors
+def attach(run: str, node: int):
+    """Open an interactive terminal in RUN's tmux session (detach: Ctrl-b d).
+
+    RUN is a run id, or SWEEP/RUN when several sweeps have it.
+
+    \b
+    Example:
+      orch attach 'lr=0.1,seed=0'
+      orch attach run --node 1     # node 1 of a run on several instances
+    """
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise NotFound(f"orch attach needs a terminal: it opens {run}'s tmux window. From a script, follow its log: `orch logs {run} -f`.")
+    sweep, run_id = resolve_run(run)
+    backend, _, _ = _parts(sweep)
+    sys.exit(backend.attach(run_id, node))
+
+
+@main.command()
+@click.argument("run")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing as the log grows, until the run ends.")
+@click.option("--attempt", type=click.IntRange(min=1), help="Which attempt's log, 1 or more (default: the latest).")
+@expected_errors
+def logs(run: str, follow: bool, attempt: Optional[int]):
+    """Print RUN's log (the command's stdout and stderr) from the store.
+
+    \b
+    Example:
+      orch logs 'lr=0.1,seed=0' -f
+    """
+    from orchestrator.store.status import ACTIVE, orch_prefix, read_status
+    from orchestrator.wait import retry_until
+
+    sweep, run_id = resolve_run(run)
+    _, store, _ = _parts(sweep)
+    name = sweep.spec.name
+    n = attempt or read_status(store, name, run_id).attempt
+    if not n:
+        raise NotFound(f"run {run_id} has not started yet, so it has no log.")
+    key = f"{orch_prefix(name, run_id)}/logs/{n}.log"
+    printed = 0
+
+    def pump() -> bool:
+        nonlocal printed
+        data = store.get_bytes(key) or b""
+        if len(data) > printed:
+            sys.stdout.write(data[printed:].decode(errors="replace"))
+            sys.stdout.flush()
+            printed = len(data)
+        st = read_status(store, name, run_id)
+        return not follow or (st.attempt != n or st.state not in ACTIVE)
+
+    if store.get_bytes(key) is None and not follow:
+        raise NotFound(f"no log for attempt {n} of {run_id} in the store yet ({key}).")
+    retry_until(pump, None, 0.5)
+    pump()
+
+
+@main.command()
+@click.argument("sweep")
+@click.option("--out", type=click.Path(file_okay=False), help="Output folder (default: results/<sweep>).")
+@expected_errors
+def collect(sweep: str, out: Optional[str]):
+    """Gather SWEEP's results: a table here, runs.csv, runs.json and curves.png in --out.
+
+    \b
+    Example:
+      orch collect local-smoke --out results/smoke
+    """
+    from orchestrator.cli.render import results_table
+    from orchestrator.control.collect import collect as gather
+    from orchestrator.control.collect import write_outputs
+
+    sw = load_sweep_arg(sweep)
+    _, store, _ = _parts(sw)
+    results = gather(sw, store)
+    out_dir = Path(out or Path("results") / sw.spec.name)
+    paths = write_outputs(results, out_dir)
+    con = _console()
+    con.print(results_table(results))
+    con.print(f"wrote {', '.join(str(p) for p in paths)}", markup=False)
+
+
+@main.command()
+@click.argument("run")
+@expected_errors
+def cancel(run: str):
+    """Stop RUN for good: its command is terminated and it is not retried.
+
+    \b
+    Example:
+      orch cancel 'lr=0.1,seed=0'
+    """
+    from orchestrator.control.controller import cancel_run
+
+    sweep, run_id = resolve_run(run)
+    backend, store, _ = _parts(sweep)
+    click.echo(cancel_run(sweep, backend, store, run_id))
+
+
+from orchestrator.cli.ami import ami  # noqa: E402
+from orchestrator.cli.ops import chaos, data, down, gc  # noqa: E402  (registered below)
+
+main.add_command(ami)
+main.add_command(chaos)
+main.add_command(data)
+main.add_command(down)
+main.add_command(gc)
+
+
+if __name__ == "__main__":
+    main()

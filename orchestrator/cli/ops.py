@@ -1,0 +1,185 @@
+"""CLI commands that stop or break things on purpose: down, gc, chaos."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import List, Optional
+
+import click
+
+from orchestrator.cli.common import _parts, expected_errors, load_sweep_arg, resolve_run
+from orchestrator.errors import OrchError
+
+
+@click.group()
+def chaos():
+    """Fault injection: prove that your training code survives what spot instances do to it."""
+
+
+@chaos.command("interrupt")
+@click.argument("run")
+@click.option("--grace", default=120.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds the run gets to checkpoint before its host goes (more than 0).")
+@expected_errors
+def chaos_interrupt_cmd(run: str, grace: float):
+    """Send RUN a spot interruption notice, then take its host away.
+
+    The agent asks the command to checkpoint (SIGUSR1), syncs it to the store and
+    marks the run interrupted; then the host is terminated (locally: its tmux
+    session is killed). The controller resumes the run on a new host from the
+    newest verified checkpoint; preemptions do not count against max_restarts.
+
+    \b
+    Example:
+      orch chaos interrupt 'lr=0.1,seed=0'
+    """
+    from orchestrator.control.controller import chaos_interrupt
+
+    sweep, run_id = resolve_run(run)
+    backend, store, _ = _parts(sweep)
+    st = chaos_interrupt(sweep, backend, store, run_id, grace)
+    click.echo(f"interrupted {sweep.spec.name}/{run_id}: {st.reason or st.state}")
+
+
+@click.command()
+@click.argument("sweep", required=False)
+@click.option("--all", "everything", is_flag=True, help="Every sweep launched from here, and anything orch made in their regions.")
+@expected_errors
+def down(sweep: Optional[str], everything: bool):
+    """Stop everything of SWEEP: its controller, every run, and (aws) its instances,
+    launch template, security group and instance profile. Safe to repeat, and to rerun
+    after a failure halfway.
+
+    Stopped runs resume (from their checkpoints) on the next `orch launch`.
+
+    \b
+    Example:
+      orch down local-smoke
+      orch down --all
+    """
+    from orchestrator.control.state import State
+
+    if everything and sweep:
+        raise OrchError("name one SWEEP or pass --all, not both.", exit_code=2)
+    if not everything and not sweep:
+        raise OrchError("which sweep? `orch down SWEEP` stops one (`orch status` lists them); `orch down --all` stops every sweep "
+                        "launched from here.", exit_code=2)
+    names = [sweep] if sweep else [rec.name for rec in State().sweeps()]
+    for name in names:
+        for line in _down_one(load_sweep_arg(name)):
+            click.echo(line)
+    if everything:
+        for region, by_sweep in _scan_regions().items():
+            for name in sorted(set(by_sweep) - set(names)):
+                from orchestrator.aws.ec2 import client
+                from orchestrator.aws.teardown import teardown
+
+                removed = teardown(client("ec2", region), client("iam", region), name)
+                click.echo(f"{region}: removed {len(removed)} resource(s) of unknown sweep {name}: {', '.join(removed)}")
+    if not names and not everything:
+        click.echo("no sweeps launched from here.")
+
+
+def _down_one(sw) -> List[str]:
+    from orchestrator.control.controller import stop_sweep
+    from orchestrator.control.state import SweepLock
+    from orchestrator.wait import Timeout, retry_until
+
+    out = []
+    backend, store, state = _parts(sw)
+    lock = SweepLock(state.home, sw.spec.name)
+    pid = lock.holder()
+    if pid and pid > 0:
+        try:
+            os.kill(pid, signal.SIGTERM)
+            retry_until(lambda: lock.holder() is None, 15, 0.1, f"controller {pid} to exit")
+        except ProcessLookupError:
+            pass
+        except Timeout:
+            os.kill(pid, signal.SIGKILL)
+        out.append(f"stopped controller pid {pid}")
+    stopped = stop_sweep(sw, backend, store)
+    out.append(f"stopped {len(stopped)} run(s): {', '.join(stopped)}" if stopped else f"nothing of sweep {sw.spec.name} is running.")
+    removed = backend.teardown()
+    if removed:
+        out.append(f"removed {len(removed)} resource(s): {', '.join(removed)}")
+    return out
+
+
+def _scan_regions():
+    """{region: {sweep: [resource, ...]}} over the regions of every aws sweep launched from here."""
+    from orchestrator.aws import ec2 as api
+    from orchestrator.control.state import State
+
+    regions = set()
+    for rec in State().sweeps():
+        if rec.backend == "aws":
+            try:
+                regions.add(load_sweep_arg(rec.name).spec.aws.region)
+            except OrchError:
+                continue
+    from orchestrator.sweep.spec import orch_home
+
+    built = orch_home() / "ami-regions"  # where `orch ami build` ran: its builders are found there too
+    regions |= set(built.read_text().split()) if built.exists() else set()
+    out = {}
+    for region in sorted(regions):
+        try:
+            from orchestrator.aws.teardown import orch_resources
+
+            out[region] = orch_resources(api.client("ec2", region), api.client("iam", region))
+        except Exception as exc:  # botocore errors: say which region, keep going
+            raise api.explain(exc, f"scanning {region}") from None
+    return out
+
+
+@click.command()
+@expected_errors
+def gc():
+    """List what orch made and what still exists (instances, security groups, launch
+    templates, instance profiles), by sweep, in the regions of the sweeps launched from
+    here. Removes nothing: `orch down SWEEP` or `orch down --all` does.
+
+    \b
+    Example:
+      orch gc
+    """
+    from orchestrator.control.state import State
+
+    known = {rec.name for rec in State().sweeps()}
+    found = False
+    for region, by_sweep in _scan_regions().items():
+        for name, items in sorted(by_sweep.items()):
+            found = True
+            tag = "" if name in known else " (not launched from here)"
+            click.echo(f"{region} {name}{tag}: {len(items)} resource(s)")
+            for item in items:
+                click.echo(f"  {item}")
+    if not found:
+        click.echo("nothing of orch's exists in the regions of your sweeps.")
+
+
+@click.group()
+def data():
+    """Data sets for the `data:` entries of sweeps."""
+
+
+@data.command("push")
+@click.argument("local_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("url")
+@expected_errors
+def data_push(local_dir: Path, url: str):
+    """Upload LOCAL_DIR to URL (s3://bucket/prefix/): only files that changed since the last push,
+    then every file is checked in S3. A sweep's `data: [{from: URL, to: DIR}]` stages it to hosts.
+
+    \b
+    Example:
+      orch data push ~/data/imagenette2 s3://my-bucket/datasets/imagenette2/
+    """
+    from orchestrator.host.staging import push
+
+    r = push(local_dir, url)
+    click.echo(f"{url}: {r.files} files, {r.fetched} uploaded ({r.bytes / 1e6:.1f} MB), every file verified in S3")
+

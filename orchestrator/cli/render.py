@@ -1,0 +1,112 @@
+"""Rich renderables for the CLI (tables of runs and sweeps). Builds, never prints."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.control.collect import Results, ranked
+from orchestrator.control.controller import Progress, RunView
+
+STYLE = {
+    "succeeded": "green", "failed": "red", "running": "cyan", "starting": "cyan",
+    "queued": "dim", "cancelled": "yellow", "stopped": "yellow", "lost": "magenta", "interrupted": "magenta",
+}
+SHOWN_METRICS = 4
+def fmt_seconds(s: Any) -> str:
+    if s is None:
+        return "-"
+    s = int(s)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def fmt_value(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def metrics_text(m: Dict[str, Any]) -> str:
+    keys = ranked([k for k, v in m.items() if isinstance(v, (int, float, str))])
+    return "  ".join(f"{k}={fmt_value(m[k])}" for k in keys[:SHOWN_METRICS])
+
+
+def summary_line(p: Progress) -> str:
+    counts: Dict[str, int] = {}
+    for r in p.runs:
+        counts[r.state] = counts.get(r.state, 0) + 1
+    return ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+
+
+def spend_text(p: Progress) -> str:
+    if p.budget_usd is None and not p.spend_usd:
+        return ""
+    text = f"spent ${p.spend_usd:.4f}" if p.spend_usd < 1 else f"spent ${p.spend_usd:.2f}"
+    return text + (f" of budget ${p.budget_usd:.2f}" if p.budget_usd is not None else "")
+
+
+def runs_table(p: Progress) -> Table:
+    spend = spend_text(p)
+    table = Table(title=f"sweep {p.sweep} — {summary_line(p)}" + (f" — {spend}" if spend else ""), title_justify="left")
+    for col in ("run", "state", "attempt", "elapsed", "last metrics"):
+        table.add_column(col, overflow="fold")
+    for r in p.runs:
+        state = Text(r.state, style=STYLE.get(r.state, ""))
+        if r.state == "failed" and r.exit_code is not None:
+            state.append(f" ({r.exit_code})")
+        note = metrics_text(r.metrics) or (r.reason or "")
+        table.add_row(r.run_id, state, str(r.attempt or "-"), fmt_seconds(r.elapsed), note)
+    return table
+
+
+def failure_report(views: List[RunView]) -> List[str]:
+    out = []
+    for r in views:
+        out.append(f"run {r.run_id} failed after {r.attempt} attempt(s): {r.reason}")
+        out += [f"  | {line}" for line in r.log_tail.splitlines()[-10:]]
+    return out
+
+
+def results_table(res: Results) -> Table:
+    metrics = ranked(res.metric_names())[:4]
+    costs = any(r.cost_usd is not None for r in res.runs)
+    title = f"results of sweep {res.sweep}" + (f" (spent ${res.spend_usd:.2f} in all)" if res.spend_usd is not None else "")
+    table = Table(title=title, title_justify="left")
+    for col in ["run", "state", *metrics, *[f"best {m}" for m in metrics if m.endswith("acc")], "time", *(["GPU-h", "$"] if costs else [])]:
+        table.add_column(col)
+    for r in res.runs:
+        row = [r.run_id, Text(r.state, style=STYLE.get(r.state, ""))]
+        row += [fmt_value(r.final.get(m, "-")) for m in metrics]
+        row += [fmt_value(r.best.get(m, "-")) for m in metrics if m.endswith("acc")]
+        row.append(fmt_seconds(r.elapsed_s))
+        if costs:
+            row += [f"{r.gpu_hours or 0.0:.2f}", f"{r.cost_usd or 0.0:.2f}"]
+        table.add_row(*row)
+    return table
+
+
+def dry_run_lines(sweep, plan) -> List[str]:
+    """What `orch launch --dry-run` prints: the runs and their commands, each run's shape, and on
+    AWS the (type, AZ) choices with their spot prices and GPUs, and a cost bound."""
+    from orchestrator.sweep.shapes import describe
+
+    spec = sweep.spec
+    lines = [f"sweep {spec.name}: {len(sweep.runs)} runs on backend {spec.backend}, max_parallel {spec.max_parallel}, store {sweep.store_url}"]
+    lines += [f"  {run.run_id}: {run.command}" for run in sweep.runs]
+    if not plan:
+        lines.append(f"each run: {describe(spec.resources)}")
+    else:
+        lines.append(f"image {spec.aws.image}: {plan['image']}")
+        for row in plan["choices"]:
+            price = f"${row['spot_usd_per_h']:.4f}/h" if row["spot_usd_per_h"] is not None else "no spot price"
+            lines.append(f"  choice {row['type']} in {row['az']}: {price}; each run there: {describe(spec.resources, row['gpus'])}")
+        lines += plan.get("packing") or []
+        est = plan["estimate_usd_max"]
+        per = f" x {plan['nodes_per_run']} instances" if plan.get("nodes_per_run", 1) > 1 else ""
+        lines.append(f"estimated cost at most ${est:.2f} ({plan['runs']} runs{per} x {plan['hours_per_run_max']:.1f} h at the cheapest "
+                     "spot price; runs that end sooner cost less)" if est is not None else "estimated cost unknown: no spot price history")
+    lines.append("dry run: nothing launched.")
+    return lines
+

@@ -1,0 +1,165 @@
+"""Store -> results: one row per run (params, final and best metrics), runs.csv, runs.json and curves.png."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List
+
+from orchestrator.errors import OrchError
+from orchestrator.store.base import Store, plain_json, read_jsonl
+from orchestrator.store.status import read_status
+from orchestrator.sweep.spec import Sweep
+
+X_KEYS = ("step", "epoch", "elapsed_s", "elapsed")  # axes, not curves
+
+PREFERRED = ("epoch", "test_acc", "val_acc", "acc", "train_loss", "val_loss", "loss")
+NOISE = ("lr", "images_per_s", "image_size", "step", "elapsed_s", "elapsed", "time")
+
+
+def ranked(names) -> List[str]:
+    """Metric names worth a column, the familiar ones first."""
+    names = [n for n in names if n not in NOISE]
+    return sorted(names, key=lambda n: (PREFERRED.index(n) if n in PREFERRED else len(PREFERRED), names.index(n)))
+
+
+@dataclass
+class RunResult:
+    """One run as collected."""
+
+    run_id: str
+    state: str
+    attempts: int
+    params: Dict[str, Any]
+    final: Dict[str, Any]  # last metrics line
+    best: Dict[str, float]  # max of each metric whose name ends in "acc", min of each "loss"
+    elapsed_s: float | None
+    curves: List[dict] = field(default_factory=list, repr=False)  # every metrics line
+    cost_usd: float | None = None  # aws: every instance of every attempt (the sweep's cost ledger)
+    gpu_hours: float | None = None  # aws: instance hours x GPUs of the type, summed the same way
+
+
+@dataclass
+class Results:
+    sweep: str
+    runs: List[RunResult]
+    spend_usd: float | None = None  # the whole sweep (aws), wasted attempts and set-up included
+
+    def metric_names(self) -> List[str]:
+        names: Dict[str, None] = {}
+        for r in self.runs:
+            for k, v in r.final.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    names.setdefault(k, None)
+        return list(names)
+
+
+def _best(lines: List[dict]) -> Dict[str, float]:
+    best: Dict[str, float] = {}
+    for line in lines:
+        for k, v in line.items():
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or (isinstance(v, float) and math.isnan(v)):
+                continue
+            if k.endswith("acc"):
+                best[k] = max(best.get(k, v), v)
+            elif k.endswith("loss"):
+                best[k] = min(best.get(k, v), v)
+    return best
+
+
+def collect(sweep: Sweep, store: Store) -> Results:
+    from orchestrator.aws.pricing import ledger_cost, per_run
+    from orchestrator.store.base import get_json
+
+    ledger = get_json(store, f"{sweep.spec.name}/cost.json") if sweep.spec.backend == "aws" else None
+    costs = per_run(ledger) if ledger is not None else {}
+    runs = []
+    for run in sweep.runs:
+        status = read_status(store, sweep.spec.name, run.run_id)
+        lines = read_jsonl(store.get_bytes(f"{sweep.spec.name}/{run.run_id}/metrics.jsonl"))
+        runs.append(
+            RunResult(
+                run_id=run.run_id,
+                state=status.state,
+                attempts=status.attempt,
+                params=run.params,
+                final=lines[-1] if lines else {},
+                best=_best(lines),
+                elapsed_s=status.elapsed,
+                curves=lines,
+                cost_usd=costs.get(run.run_id, (0.0, 0.0))[0] if ledger is not None else None,
+                gpu_hours=costs.get(run.run_id, (0.0, 0.0))[1] if ledger is not None else None,
+            )
+        )
+    return Results(sweep=sweep.spec.name, runs=runs, spend_usd=ledger_cost(ledger) if ledger is not None else None)
+
+
+def write_outputs(results: Results, out_dir: Path) -> List[Path]:
+    """runs.csv, runs.json and (when there are metrics) curves.png in out_dir; returns their paths."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return _write(results, out_dir)
+    except OSError as exc:
+        raise OrchError(f"cannot write results to {out_dir}: {exc.strerror or exc}. Pass another folder with `--out DIR`.", exit_code=2) from None
+
+
+def _write(results: Results, out_dir: Path) -> List[Path]:
+    metrics = results.metric_names()
+    param_keys = list(dict.fromkeys(k for r in results.runs for k in r.params))
+    rows = []
+    for r in results.runs:
+        row: Dict[str, Any] = {"run_id": r.run_id, "state": r.state, "attempts": r.attempts}
+        row.update({k: r.params.get(k) for k in param_keys})
+        row.update({k: r.final.get(k) for k in metrics})
+        row.update({f"best_{k}": v for k, v in r.best.items()})
+        row["elapsed_s"] = None if r.elapsed_s is None else round(r.elapsed_s, 2)
+        if r.cost_usd is not None:
+            row["cost_usd"], row["gpu_hours"] = round(r.cost_usd, 4), round(r.gpu_hours or 0.0, 4)
+        rows.append(row)
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    csv_path, json_path = out_dir / "runs.csv", out_dir / "runs.json"
+    with open(csv_path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    doc = {"sweep": results.sweep, "runs": rows, **({"spend_usd": round(results.spend_usd, 4)} if results.spend_usd is not None else {})}
+    json_path.write_text(json.dumps(plain_json(doc), indent=2, allow_nan=False) + "\n")
+    paths = [csv_path, json_path]
+    curves = ranked(metrics) + [m for m in metrics if m not in X_KEYS and m not in ranked(metrics)]
+    if curves and any(r.curves for r in results.runs):
+        paths.append(plot(results, curves, out_dir / "curves.png"))
+    return paths
+
+
+def plot(results: Results, metrics: List[str], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(metrics)
+    cols = min(3, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
+    for ax, metric in zip(axes.flat, metrics):
+        for r in results.runs:
+            points = [(line.get("step", i), line[metric]) for i, line in enumerate(r.curves) if isinstance(line.get(metric), (int, float))]
+            if points:
+                xs, ys = zip(*points)
+                ax.plot(xs, ys, label=r.run_id, marker="." if len(points) < 30 else None)
+        ax.set_title(metric)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8, frameon=False)
+    fig.suptitle(f"sweep {results.sweep}")
+    fig.tight_layout(rect=(0, 0.06 + 0.02 * math.ceil(len(labels) / 4), 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,130 @@
+"""Local cache and journal under $ORCH_HOME: which sweeps exist where, what the controller did, who holds a sweep.
+
+The store is the source of truth; this only remembers where to look and keeps a journal.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sqlite3
+import time
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional
+
+from orchestrator.errors import NotFound, OrchError
+from orchestrator.store.folder import usable_folder
+from orchestrator.sweep.spec import orch_home
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sweeps (
+  name TEXT PRIMARY KEY, spec_path TEXT NOT NULL, store_url TEXT NOT NULL,
+  backend TEXT NOT NULL, launched_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS events (
+  ts REAL NOT NULL, sweep TEXT NOT NULL, run TEXT, event TEXT NOT NULL, detail TEXT);
+"""
+
+
+@dataclass(frozen=True)
+class SweepRecord:
+    """Where a sweep launched from this machine lives."""
+
+    name: str  # sweep name
+    spec_path: str  # the sweep file it was launched from
+    store_url: str  # its store
+    backend: str  # local | aws
+    launched_at: float  # unix seconds of the first launch
+
+
+class State:
+    def __init__(self, home: Optional[Path] = None):
+        self.home = home or orch_home()
+        usable_folder(self.home, "ORCH_HOME", "Set ORCH_HOME to a folder you can write, or unset it (default ~/.orch).")
+        self.path = self.home / "state.db"
+
+    def _db(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=30)
+        db.executescript(SCHEMA)
+        return db
+
+    def remember(self, name: str, spec_path: str, store_url: str, backend: str) -> None:
+        with closing(self._db()) as db, db:
+            db.execute(
+                "INSERT INTO sweeps VALUES (?,?,?,?,?) ON CONFLICT(name) DO UPDATE SET "
+                "spec_path=excluded.spec_path, store_url=excluded.store_url, backend=excluded.backend",
+                (name, spec_path, store_url, backend, time.time()),
+            )
+
+    def check_same_store(self, name: str, spec_path: str, store_url: str) -> None:
+        """A name launched from here names one sweep: another store under the same name is refused, not re-pointed."""
+        for rec in self.sweeps():
+            if rec.name == name and rec.store_url != store_url:
+                raise OrchError(f"{spec_path}: sweep {name!r} was launched from here from {rec.spec_path} with store {rec.store_url}; "
+                                f"this file says store {store_url}. Give this sweep another `name:`, or point `store:` back.", exit_code=2)
+
+    def sweeps(self) -> List[SweepRecord]:
+        with closing(self._db()) as db:
+            return [SweepRecord(*row) for row in db.execute("SELECT * FROM sweeps ORDER BY launched_at")]
+
+    def sweep(self, name: str) -> SweepRecord:
+        for rec in self.sweeps():
+            if rec.name == name:
+                return rec
+        known = ", ".join(r.name for r in self.sweeps()) or "none yet"
+        raise NotFound(f"no sweep named {name!r} was launched from here (known: {known}). Pass the sweep file instead.")
+
+    def journal(self, sweep: str, event: str, run: Optional[str] = None, detail: str = "") -> None:
+        with closing(self._db()) as db, db:
+            db.execute("INSERT INTO events VALUES (?,?,?,?,?)", (time.time(), sweep, run, event, detail))
+
+    def events(self, sweep: str) -> List[tuple]:
+        with closing(self._db()) as db:
+            return list(db.execute("SELECT ts, run, event, detail FROM events WHERE sweep=? ORDER BY ts", (sweep,)))
+
+
+class SweepLock:
+    """One controller per sweep on this machine: an flock held for the controller's lifetime."""
+
+    def __init__(self, home: Path, sweep: str):
+        self.path = home / "locks" / f"{sweep}.lock"
+        self.sweep = sweep
+        self.fd: Optional[int] = None
+
+    def holder(self) -> Optional[int]:
+        """pid of the controller holding the lock, or None."""
+        if not self.path.exists():
+            return None
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        except BlockingIOError:
+            text = self.path.read_text().strip()
+            return int(text) if text.isdigit() else -1
+        finally:
+            os.close(fd)
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            pid = self.holder()
+            raise OrchError(
+                f"sweep {self.sweep!r} is already being run by controller pid {pid}. "
+                f"Watch it with `orch status {self.sweep} --watch`, or stop it with `orch down {self.sweep}`."
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None

@@ -1,0 +1,384 @@
+"""The agent: runs on the host inside the run's tmux session and owns one attempt of one run.
+
+It is the supervisor: it restores the run folder from the store, starts the command in a tmux
+window "run" (so `orch attach` shows it live), watches it (exit, timeout, stop, notices), syncs
+the run folder to the store and records how the attempt ended. Its parts: the Reporter (the
+record and its heartbeat thread), the NoticeSource (control file or IMDS), the HostPolicy (what
+happens to the host afterwards) and attempt.final_status() (pure). Usage:
+
+    python -m orchestrator.agent TASK.json
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from orchestrator.contract import AGENT_PID_FILE, NOTICE_FILE, STOP_REASON_FILE, RunTask
+from orchestrator.host import tmux
+from orchestrator.host.attempt import (
+    SUPERSEDED,
+    _write_private,
+    checkpoint_ok,
+    final_status,
+    is_checkpoint,
+    last_metrics,
+    newest_checkpoint,
+    tail,
+    usr1_targets,
+    wrapper_script,
+)
+from orchestrator.host.env import complete_on_host
+from orchestrator.host.nodes import FollowerReporter, Relay, node_logs_prefix, relay_key
+from orchestrator.host.notices import NoticeSource
+from orchestrator.host.policy import HostPolicy
+from orchestrator.host.reporter import Reporter
+from orchestrator.host.slots import doom, slot_value
+from orchestrator.store import open_store
+from orchestrator.store.base import Store
+from orchestrator.store.status import (
+    FAILED,
+    INTERRUPTED,
+    RUNNING,
+    STARTING,
+    STOPPED,
+    SUCCEEDED,
+    orch_prefix,
+    read_status,
+)
+from orchestrator.wait import Timeout, retry_until
+
+log = logging.getLogger("orch.agent")
+
+POLL_S = 0.05  # how often the agent looks for the command's exit
+KILL_GRACE_S = 10.0  # SIGTERM -> SIGKILL
+LEFTOVER_GRACE_S = 2.0  # after the command exited, how long what it left in the background may finish
+NOTICE_GRACE_S = 60.0  # after a notice, how long to wait for the command's checkpoint before syncing anyway
+FOLLOWER_WAIT_S = 300.0  # a follower whose command ended waits this long for node 0's verdict
+
+
+class Agent:
+    def __init__(self, task: RunTask, store: Optional[Store] = None):
+        task.run_dir, task.ctl_dir = (str(Path(p).expanduser()) for p in (task.run_dir, task.ctl_dir))  # "~/..." on hosts
+        task.env["ORCH_RUN_DIR"] = task.run_dir
+        task.data = [{"from": e["from"], "to": os.path.expanduser(e["to"])} for e in task.data]
+        if "ORCH_DATA_DIR" in task.env:
+            task.env["ORCH_DATA_DIR"] = os.path.expanduser(task.env["ORCH_DATA_DIR"])
+        self.stage_error: Optional[str] = None  # data staging failed: the attempt fails with this reason
+        self.task = task
+        self.store = store or open_store(task.store_url)
+        self.run_dir = Path(task.run_dir)
+        self.ctl = Path(task.ctl_dir)
+        self.prefix = f"{task.sweep}/{task.run_id}"
+        self.exit_file = self.ctl / f"exit.{task.attempt}"
+        self.log_file = self.ctl / "logs" / f"{task.attempt}.log"  # orch's, beside the run folder (never in it)
+        self.cmd_group: Optional[int] = None  # the command's process group, to stop what it leaves behind
+        self.stop_requested: Optional[str] = None
+        self.stop_sent_at: Optional[float] = None
+        self.notice_at: Optional[float] = None
+        self.ckpt_at_notice: Optional[int] = None
+        # A run spanning several hosts: node 0 reports; the others follow its record (host/nodes.py).
+        self.follower = task.node_rank > 0
+        self.relay = Relay(self.store, relay_key(task.sweep, task.run_id, task.attempt))
+        self.reporter = (FollowerReporter(self.store, task.sweep, task.run_id, task.attempt) if self.follower
+                         else Reporter(self.store, task.sweep, task.run_id, task.attempt, self.run_dir / "metrics.jsonl"))
+        self.status_lock = self.reporter.lock  # the record is shared with the heartbeat thread
+        self.notices = NoticeSource(self.ctl, task.imds, self.relay.received if task.node_hosts > 1 and not self.follower else None)
+        self.host_policy = HostPolicy(task.session, task.terminate_on_exit, task.idle_s or 0, task.slot, slot_value(task.run_id, task.attempt))
+        self.rebalance_at: Optional[float] = None  # when the rebalance recommendation was seen; -1 once handled
+        self.ckpt_at_rebalance: Optional[int] = None
+
+    # --- signals ---------------------------------------------------------------------------
+
+    def _on_signal(self, signum, _frame) -> None:
+        reason_file = self.ctl / STOP_REASON_FILE
+        reason = reason_file.read_text().strip() if reason_file.exists() else STOPPED
+        self.stop_requested = self.stop_requested or reason
+
+    def _on_rebalance(self, now: float) -> None:
+        """EC2's rebalance recommendation comes before the two-minute notice, when it comes at all:
+        checkpoint and sync now, and keep running, so that a notice later has little left to move."""
+        if self.follower:  # node 0 holds the run's checkpoints
+            return
+        if self.rebalance_at is None:
+            if not self.notices.rebalance():
+                return
+            self.rebalance_at, self.ckpt_at_rebalance = now, newest_checkpoint(self.run_dir)
+            log.info("rebalance recommendation: asking the command for a checkpoint (SIGUSR1) and syncing it early")
+            self._signal_command(signal.SIGUSR1)
+        elif self.rebalance_at > 0 and (newest_checkpoint(self.run_dir) != self.ckpt_at_rebalance or now - self.rebalance_at > NOTICE_GRACE_S):
+            self.store.sync_up(self.run_dir, self.prefix, prune=is_checkpoint)
+            log.info("rebalance recommendation: checkpoint step %s in the store %.1f s later", newest_checkpoint(self.run_dir), time.time() - self.rebalance_at)
+            self.rebalance_at = -1.0  # handled; once per attempt
+
+    def _on_notice(self, status, now: float) -> None:
+        """Checkpoint now (SIGUSR1), then, once it is on disk, get it to the store and stop."""
+        if self.follower:  # node 0 checkpoints for the whole run; this node ends when node 0's record does
+            self._quietly(self.relay.send, self.task.node_rank)
+            self.notice_at = self.notice_at or now
+            return
+        if self.notice_at is None:
+            if self.task.slot >= 0:  # a shared instance: nothing new may be placed on it
+                self._quietly(doom)
+            self.notice_at, self.ckpt_at_notice = now, newest_checkpoint(self.run_dir)
+            log.info("spot interruption notice: asking the command to checkpoint (SIGUSR1)")
+            self._signal_command(signal.SIGUSR1)
+            return
+        newest = newest_checkpoint(self.run_dir)
+        if newest == self.ckpt_at_notice and now - self.notice_at < NOTICE_GRACE_S and not self.exit_file.exists():
+            return
+        self.store.sync_up(self.run_dir, self.prefix, prune=is_checkpoint)
+        with self.status_lock:
+            status.state = INTERRUPTED
+            status.reason = (f"spot interruption notice; checkpoint step {newest} in the store {time.time() - self.notice_at:.1f} s later"
+                             if newest is not None else "spot interruption notice; the command left no checkpoint")
+            status.heartbeat = time.time()
+            self.reporter.record(status)
+        log.info("%s", status.reason)
+        self.stop_requested = INTERRUPTED
+
+    def _cmd_pid(self) -> Optional[int]:
+        try:
+            return int((self.ctl / "cmd.pid").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def _signal_command(self, sig: int) -> None:
+        pid = self._cmd_pid()
+        if pid is None:
+            return
+        # SIGUSR1 ("checkpoint now") goes to every process of the command that handles it: under
+        # torchrun those are the ranks, and torchrun itself would die of it, not forward it.
+        targets = usr1_targets(pid) if sig == signal.SIGUSR1 else [pid]
+        for target in targets:
+            try:
+                if sig == signal.SIGKILL:
+                    os.killpg(os.getpgid(target), sig)  # the whole tree, wrapper included
+                else:
+                    os.kill(target, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    # --- the attempt ---------------------------------------------------------------------------
+
+    def run(self) -> int:
+        t = self.task
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        self.ctl.mkdir(parents=True, exist_ok=True)
+        (self.ctl / AGENT_PID_FILE).write_text(str(os.getpid()))
+        for stale in (STOP_REASON_FILE, NOTICE_FILE):  # meant for an earlier attempt
+            (self.ctl / stale).unlink(missing_ok=True)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        # Report before any slow work: the controller gives a silent new host only a short while.
+        status = read_status(self.store, t.sweep, t.run_id)
+        status.state, status.attempt, status.host = STARTING, t.attempt, t.host or "localhost"
+        status.heartbeat, status.no_shows, status.reason = time.time(), 0, "restoring the run folder from the store"
+        if not self.reporter.record(status):  # the controller has already moved past this attempt
+            self.host_policy.after_attempt()
+            return 0
+        # The reporter heartbeats on its own thread from here to the end: neither a large restore
+        # nor a large checkpoint upload can make a live host look lost.
+        with self.reporter.heartbeats(status, t.heartbeat_s):
+            code = self._attempt(status)
+        return self._finish(status, code)
+
+    def _attempt(self, status) -> Optional[int]:
+        """Restore, run the command in its window, watch it until it exits; its exit code (None if it vanished)."""
+        t = self.task
+        # A new attempt continues from what earlier attempts left in the store (checkpoints).
+        self._restore()
+        if t.data and not self._stage(status):
+            return None
+        now = time.time()
+        with self.status_lock:
+            status.state, status.attempt, status.host = RUNNING, t.attempt, t.host or "localhost"
+            status.started_at, status.heartbeat, status.finished_at = now, now, None
+            status.exit_code, status.reason, status.log_tail = None, "", ""
+            self.reporter.record(status)
+
+        t.env.update(complete_on_host(t.env))  # the host's GPUs and a free rendezvous port (the run's shape)
+        script = self.ctl / f"attempt-{t.attempt}.sh"
+        _write_private(script, wrapper_script(t, self.log_file))  # it holds the whole environment
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_file, "a") as f:  # the header from Python: user text never becomes shell syntax
+            f.write(f"[orch] {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} attempt {t.attempt} of {t.run_id}: {t.command}\n")
+        self.exit_file.unlink(missing_ok=True)
+        for stale in ("cmd.pid", "wrapper.pid"):
+            (self.ctl / stale).unlink(missing_ok=True)
+        tmux.new_window(t.session, "run", f"bash {shlex.quote(str(script))}", cwd=str(self.run_dir))
+
+        next_sync, next_notice, next_look = now + t.sync_s, now, now + 2.0
+        deadline = now + t.timeout_s if t.timeout_s else None
+
+        def step() -> bool:
+            nonlocal next_sync, next_notice, next_look
+            if self.exit_file.exists():
+                return True
+            now = time.time()
+            if self.cmd_group is None:
+                self.cmd_group = self._group_of_command()
+            if now >= next_look:  # a wrapper that died without an exit code (window killed) ends the attempt too
+                next_look = now + 2.0
+                if not tmux.has_window(t.session, "run") and not self.exit_file.exists():
+                    return True
+            if self.reporter.superseded and not self.stop_requested:
+                self.stop_requested = SUPERSEDED
+            if not self.stop_requested and (self.notice_at is not None or (now >= next_notice and self.notices.notice())):
+                self._on_notice(status, now)
+            elif not self.stop_requested and (now >= next_notice or (self.rebalance_at or 0) > 0):
+                self._on_rebalance(now)
+            if now >= next_notice:
+                next_notice = now + t.notice_poll_s
+            if deadline and now > deadline and not self.stop_requested:
+                self.stop_requested = "timeout"
+            if self.stop_requested and self.stop_sent_at is None:
+                self._signal_command(signal.SIGTERM)
+                self.stop_sent_at = now
+            elif self.stop_sent_at and now - self.stop_sent_at > KILL_GRACE_S:
+                self._signal_command(signal.SIGKILL)
+                return True
+            if now >= next_sync:
+                self._quietly(self._sync_up)
+                next_sync = now + t.sync_s
+            return False
+
+        retry_until(step, timeout=None, interval=POLL_S)
+        try:
+            return int(retry_until(lambda: self.exit_file.exists() and self.exit_file.read_text().strip(), 2.0, POLL_S, "exit code"))
+        except (Timeout, ValueError):
+            return None
+
+    def _finish(self, status, code: Optional[int]) -> int:
+        """Record how the attempt ended, then leave the host as its policy says."""
+        t = self.task
+        self._stop_leftovers()
+        self._quietly(self._sync_up)
+        status.finished_at = status.heartbeat = time.time()
+        status.exit_code = code
+        status.last_metrics = last_metrics(self.run_dir / "metrics.jsonl")
+        # our own SIGUSR1 (a notice, or a rebalance recommendation) ending a command that has no handler is a preemption
+        noticed = self.notice_at is not None or (self.rebalance_at is not None and code == 128 + signal.SIGUSR1)
+        state, reason, failed = final_status(self.stop_requested, noticed, code, t.timeout_s)
+        if self.stage_error:
+            state, reason, failed = FAILED, f"data staging failed: {self.stage_error}", True
+        status.state, status.reason = state, reason or (status.reason if state == INTERRUPTED else "")
+        status.failures += 1 if failed else 0
+        status.log_tail = "" if state == SUCCEEDED else tail(self.log_file)
+        if self.follower:
+            self._await_node0()
+        else:
+            try:  # the record of how it ended matters most: a store that is briefly unwritable gets a minute
+                retry_until(lambda: self.reporter.superseded or self._quietly(self.reporter.record, status), 60, 2.0,
+                            "the store to take the final status")
+            except Timeout:
+                log.error("could not record the end of attempt %s in the store; the controller will see a lost host", t.attempt)
+        self.host_policy.after_attempt()
+        return 0
+
+    def _await_node0(self) -> None:
+        """A follower whose command ended stays until node 0 has recorded how the attempt ended: a
+        node gone first would make the controller call the attempt lost (and try again) where node 0
+        is about to record a failure."""
+        try:
+            retry_until(lambda: not self.reporter.still_running(), FOLLOWER_WAIT_S, 2.0, "node 0 to record the end of the attempt")
+        except Timeout:
+            log.warning("node 0 has not recorded the end of attempt %s after %.0f s; leaving anyway", self.task.attempt, FOLLOWER_WAIT_S)
+
+    def _stage(self, status) -> bool:
+        """The sweep's data on this host before the command starts (once per host: what is there stays)."""
+        from orchestrator.host.staging import stage_all
+
+        with self.status_lock:
+            status.reason = f"staging {len(self.task.data)} data set(s)"
+            self.reporter.record(status)
+        try:
+            for r in stage_all(self.task.data, getattr(self.store, "client", None)):
+                log.info("data %s -> %s: %d files, %d fetched (%.1f MB)", r.source, r.to, r.files, r.fetched, r.bytes / 1e6)
+            return True
+        except OSError as exc:
+            self.stage_error = str(exc)
+            log.error("%s", exc)
+            self.log_file.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.log_file, "a") as f:
+                f.write(f"[orch] data staging failed: {exc}\n")
+            return False
+
+    def _restore(self) -> None:
+        """The run folder as the last attempt left it, with only its newest checkpoint that verifies."""
+        self.store.sync_down(self.prefix, self.run_dir, only=lambda rel: not is_checkpoint(rel))
+        keys = self.store.list(f"{self.prefix}/ckpt")
+        steps = sorted({int(k.split("/")[-2]) for k in keys if k.endswith("/MANIFEST.json") and k.split("/")[-2].isdigit()}, reverse=True)
+        for step in steps:
+            self.store.sync_down(self.prefix, self.run_dir, only=lambda rel, step=step: rel.startswith(f"ckpt/{step}/"))
+            if checkpoint_ok(self.run_dir / "ckpt" / str(step)):
+                log.info("restored checkpoint step %s", step)
+                return
+            log.warning("checkpoint step %s in the store does not verify; trying an older one", step)
+
+    def _sync_up(self) -> None:
+        if self.follower:  # the run folder is node 0's to keep; this node keeps only its log
+            self.store.sync_up(self.log_file.parent, node_logs_prefix(self.task.sweep, self.task.run_id, self.task.node_rank))
+            return
+        self.store.sync_up(self.run_dir, self.prefix, prune=is_checkpoint)
+        self.store.sync_up(self.log_file.parent, f"{orch_prefix(self.task.sweep, self.task.run_id)}/logs")
+
+    def _quietly(self, fn, *args) -> bool:
+        """A store write that fails (read-only folder, network) is logged and tried again later, never fatal."""
+        try:
+            fn(*args)
+            return True
+        except Exception as exc:
+            log.warning("store write failed (%s: %s); will try again", type(exc).__name__, exc)
+            return False
+
+    def _group_of_command(self) -> Optional[int]:
+        """The wrapper leads the process group of its tmux pane: the command, the log's tee, and whatever they start."""
+        try:
+            return int((self.ctl / "wrapper.pid").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def _stop_leftovers(self) -> None:
+        """The run ends when its command exits: what it left running in its process group is stopped after a short grace."""
+        group = self.cmd_group or self._group_of_command()
+        if group is None or group == os.getpgid(0):
+            return
+
+        def gone() -> bool:
+            try:
+                os.killpg(group, 0)
+                return False
+            except (ProcessLookupError, PermissionError):
+                return True
+
+        for sig, wait_s in ((None, LEFTOVER_GRACE_S), (signal.SIGTERM, 2.0), (signal.SIGKILL, 2.0)):
+            if sig is not None:
+                try:
+                    os.killpg(group, sig)
+                except (ProcessLookupError, PermissionError):
+                    return
+            try:
+                retry_until(gone, wait_s, 0.1, "the command's process group to end")
+                return
+            except Timeout:
+                continue
+
+
+def main(argv=None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(message)s")
+    if len(args) != 1:
+        log.error("usage: python -m orchestrator.agent TASK.json")
+        return 2
+    return Agent(RunTask.load(Path(args[0]))).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""What one attempt is made of, without state: the wrapper script its command runs in, how it ended
+(a pure function, tested like the controller's decide()), and reading what it left behind.
+
+Runs on the host (the agent imports it): standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from orchestrator.contract import RunTask
+from orchestrator.store.status import (
+    CANCELLED,
+    FAILED,
+    INTERRUPTED,
+    LOST,
+    STOPPED,
+    SUCCEEDED,
+)
+
+TAIL_LINES = 20
+
+
+def wrapper_script(task: RunTask, log_file: Path) -> str:
+    """The script the "run" window executes: environment, the command, its exit code.
+
+    No user text is ever spliced into shell syntax: values and the command are single
+    shell-quoted words; the command is run as `bash -c "$2"` by a small bash that first records
+    its own pid (the command keeps that pid through exec, so signals reach it). Output is teed to
+    the log through a process substitution, so the exit code is recorded the moment the command
+    exits, even while a child it left in the background still holds the output open; then the
+    wrapper waits for the log's tee (the agent stops leftovers that keep it open).
+    """
+    ctl = Path(task.ctl_dir)
+    exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(task.env.items()))
+    exit_file = shlex.quote(str(ctl / f"exit.{task.attempt}"))
+    launcher = 'echo $$ > "$1"; exec bash -c "$2"'
+    if task.nodes_here > 1:  # every node of the run on this host (local): one copy per node rank, signals forwarded
+        launcher = NODES_LAUNCHER
+    return f"""#!/usr/bin/env bash
+# attempt {task.attempt}, written by the orch agent
+{exports}
+cd {shlex.quote(task.run_dir)} || exit 97
+echo $$ > {shlex.quote(str(ctl / 'wrapper.pid'))}
+exec > >(tee -a {shlex.quote(str(log_file))}) 2>&1
+tee_pid=$!
+bash -c {shlex.quote(launcher)} orch-run {shlex.quote(str(ctl / 'cmd.pid'))} {shlex.quote(task.command)}
+code=$?
+echo $code > {exit_file}.tmp && mv {exit_file}.tmp {exit_file}
+exec >&- 2>&-
+wait $tee_pid  # the pane (and tmux's SIGHUP to it) must not end before the log is written
+"""
+
+
+# N copies of the command, ORCH_NODE_RANK 0..N-1, as N node process groups on one host. SIGTERM,
+# SIGINT and SIGHUP reach every copy; the exit code is the first non-zero one (0 when all succeed).
+NODES_LAUNCHER = (
+    'echo $$ > "$1"; pids=(); for k in $(seq 0 $((ORCH_NODES - 1))); do ORCH_NODE_RANK=$k bash -c "$2" & pids+=($!); done; '
+    'trap \'kill -TERM "${pids[@]}" 2>/dev/null\' TERM INT HUP; code=0; '
+    'for p in "${pids[@]}"; do wait "$p"; c=$?; while kill -0 "$p" 2>/dev/null; do wait "$p"; c=$?; done; '
+    '[ "$code" -eq 0 ] && code=$c; done; exit $code')
+
+SUPERSEDED = "superseded"  # the agent found its record taken over: it stops and writes nothing more
+
+
+def final_status(stop_requested: Optional[str], noticed: bool, code: Optional[int], timeout_s: Optional[float]) -> Tuple[str, str, bool]:
+    """How an attempt ended: (state, reason, counts as a failure). Pure; tested like decide().
+
+    An exit caused by a spot notice is a preemption whatever its code (a command without a
+    SIGUSR1 handler dies of it); a timeout is a failure; a stop by orch is what it asked for.
+    """
+    if stop_requested == SUPERSEDED:
+        return LOST, "the controller moved on from this attempt (it was called lost); stopped", False
+    if stop_requested == "timeout":
+        return FAILED, f"timed out after {duration(timeout_s or 0)}", True
+    if noticed or stop_requested == INTERRUPTED:
+        return INTERRUPTED, "", False
+    if stop_requested == CANCELLED:
+        return CANCELLED, "cancelled by orch cancel", False
+    if stop_requested == STOPPED:
+        return STOPPED, "stopped by orch down", False
+    if code == 0:
+        return SUCCEEDED, "", False
+    return FAILED, (f"exit code {code}" if code is not None else "command vanished without an exit code"), True
+
+
+def duration(seconds: float) -> str:
+    """3 s, 90 s, 2.5 min: as a person reads a limit."""
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def _write_private(path: Path, text: str) -> None:
+    """A file only its owner may read (scripts and task files hold the run's whole environment)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o600)
+
+
+def tail(path: Path, lines: int = TAIL_LINES, max_bytes: int = 16384) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except FileNotFoundError:
+        return ""
+    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+
+
+def newest_checkpoint(run_dir: Path) -> Optional[int]:
+    """Step of the newest checkpoint that has its manifest (ckpt/<step>/MANIFEST.json), if any."""
+    steps = [int(p.parent.name) for p in run_dir.glob("ckpt/*/MANIFEST.json") if p.parent.name.isdigit()]
+    return max(steps) if steps else None
+
+
+def last_metrics(path: Path) -> dict:
+    for line in reversed(tail(path, lines=5).splitlines()):
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            return obj
+    return {}
+
+
+def is_checkpoint(rel: str) -> bool:
+    """Checkpoint files (ckpt/<step>/...): the store keeps those the command keeps, and a resume takes one."""
+    return rel.startswith("ckpt/")
+
+
+def checkpoint_ok(folder: Path) -> bool:
+    """A checkpoint folder whose MANIFEST.json matches its files (sizes and sha256).
+
+    The same check as trainer.checkpoint.verify, without torch: the agent runs on interpreters that may lack it.
+    """
+    from orchestrator.store.base import sha256_file
+
+    try:
+        manifest = json.loads((folder / "MANIFEST.json").read_text())
+        files = manifest["files"]
+        return all((folder / name).stat().st_size == meta["size"] and sha256_file(folder / name) == meta["sha256"]
+                   for name, meta in files.items())
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def usr1_targets(root: int) -> List[int]:
+    """The processes of a command's tree that catch SIGUSR1, or the command itself when none does.
+
+    Read from /proc (SigCgt); where there is no /proc, just the command.
+    """
+    import signal
+
+    children: Dict[int, List[int]] = {}
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return [root]
+    for d in proc.iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, []))
+    bit = 1 << (signal.SIGUSR1 - 1)
+    catchers = [pid for pid in tree if _caught(pid) & bit]
+    return catchers or [root]
+
+
+def _caught(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return int(line.split()[1], 16)
+    except (OSError, ValueError):
+        pass
+    return 0

@@ -1,0 +1,41 @@
+"""What runs on an instance and asks EC2 about itself: IMDSv2 and terminating itself.
+
+Imported by the agent on hosts; it needs only the standard library and, to terminate, boto3 —
+none of the control plane (orchestrator/aws/).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+
+def imds_get(path: str, timeout: float = 2.0) -> Optional[str]:
+    """IMDSv2 GET (token first), honouring AWS_EC2_METADATA_SERVICE_ENDPOINT; None on 404."""
+    import urllib.error
+    import urllib.request
+
+    base = os.environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://169.254.169.254").rstrip("/")
+    req = urllib.request.Request(f"{base}/latest/api/token", method="PUT", headers={"X-aws-ec2-metadata-token-ttl-seconds": "300"})
+    token = urllib.request.urlopen(req, timeout=timeout).read().decode()
+    try:
+        req = urllib.request.Request(f"{base}/latest/meta-data/{path}", headers={"X-aws-ec2-metadata-token": token})
+        return urllib.request.urlopen(req, timeout=timeout).read().decode()
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise
+
+
+def terminate_self() -> str:
+    """Terminate the instance this runs on (the agent's last act); returns its id.
+
+    The credentials are the instance profile's: its policy allows TerminateInstances only on
+    instances tagged with this sweep.
+    """
+    import boto3
+
+    instance_id = imds_get("instance-id")
+    region = imds_get("placement/region") or os.environ.get("AWS_DEFAULT_REGION", "us-east-1")
+    boto3.client("ec2", region_name=region).terminate_instances(InstanceIds=[instance_id])
+    return instance_id

@@ -1,0 +1,99 @@
+"""A run whose attempt spans several hosts (`resources: nodes:` on aws): what the agents of its
+nodes say to each other, all through the store.
+
+Node 0's agent is the attempt's one reporter: it writes the record, syncs the run folder and
+takes the checkpoint on a notice, as for a one-host run. The other nodes' agents *follow*: they
+restore the run folder (every rank resumes from the same checkpoint), run their copy of the
+command, write no record, and watch node 0's: once it is no longer this attempt's or no longer
+running (ended, interrupted, called lost), they stop their command and let their host go. A spot
+notice on a follower is relayed to node 0 (a key in the store): node 0 checkpoints through the
+notice path and the whole attempt ends, so the run resumes on a fresh set of nodes.
+
+Runs on the host (the agent imports it): standard library only.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Optional
+
+from orchestrator.store.base import Store
+from orchestrator.store.status import (
+    RUNNING,
+    STARTING,
+    RunStatus,
+    orch_prefix,
+    read_status,
+)
+
+log = logging.getLogger("orch.agent")
+
+
+def relay_key(sweep: str, run_id: str, attempt: int) -> str:
+    """Where a follower puts a spot notice for node 0 (one per attempt)."""
+    return f"{orch_prefix(sweep, run_id)}/notices/{attempt}"
+
+
+def node_logs_prefix(sweep: str, run_id: str, node: int) -> str:
+    """Where a follower's attempt logs go (node 0's are the run's logs)."""
+    return f"{orch_prefix(sweep, run_id)}/node-logs/{node}"
+
+
+class FollowerReporter:
+    """The Reporter's interface for a follower: reads node 0's record, never writes one.
+
+    `superseded` becomes true once the record is another attempt's, or this attempt's but no
+    longer starting or running: the agent then stops its command.
+    """
+
+    def __init__(self, store: Store, sweep: str, run_id: str, attempt: int):
+        self.store, self.sweep, self.run_id, self.attempt = store, sweep, run_id, attempt
+        self.lock = threading.RLock()
+        self.superseded = False
+
+    def _look(self) -> bool:
+        current = read_status(self.store, self.sweep, self.run_id)
+        if current.attempt != self.attempt or current.state not in (STARTING, RUNNING):
+            if not self.superseded:
+                log.info("node 0's record of %s says %s (attempt %s): this node's part of attempt %s ends",
+                         self.run_id, current.state, current.attempt, self.attempt)
+            self.superseded = True
+        return not self.superseded
+
+    def still_running(self) -> bool:
+        """Node 0's record still says this attempt starts or runs."""
+        return not self.superseded and self._look()
+
+    def record(self, status: RunStatus, tries: int = 20) -> bool:
+        return self.still_running()
+
+    def beat(self, status: RunStatus) -> None:
+        self._look()
+
+    def heartbeats(self, status: RunStatus, period: float):
+        from orchestrator.host.reporter import _Heartbeats
+
+        return _Heartbeats(lambda: self.beat(status), period)
+
+
+class Relay:
+    """A follower's notice, passed on to node 0 once."""
+
+    def __init__(self, store: Store, key: str):
+        self.store, self.key = store, key
+        self.sent_at: Optional[float] = None
+
+    def send(self, node: int) -> None:
+        if self.sent_at is None:
+            self.store.put_bytes(self.key, f"spot notice on node {node} at {time.time():.0f}\n".encode())
+            self.sent_at = time.time()
+            log.info("spot interruption notice on this node (%s): passed to node 0, which checkpoints for the run", node)
+
+    def received(self) -> bool:
+        try:
+            return self.store.get_bytes(self.key) is not None
+        except Exception as exc:  # the store briefly unreachable: asked again at the next poll
+            log.warning("reading %s: %s", self.key, exc)
+            return False

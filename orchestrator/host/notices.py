@@ -1,0 +1,40 @@
+"""Where the agent learns that its host is going away: a spot interruption notice, or EC2's
+rebalance recommendation (a warning that may come before one, or never).
+
+On an instance both come from IMDS; anywhere, a notice also comes from the control file that
+`orch chaos interrupt` writes (how the local backend and the tests interrupt a run); on node 0 of
+a run that spans several hosts, also from a notice another node relayed (nodes.Relay).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Callable, Optional
+
+from orchestrator.contract import NOTICE_FILE
+
+log = logging.getLogger("orch.agent")
+
+
+class NoticeSource:
+    def __init__(self, ctl_dir: Path, imds: bool, relayed: Optional[Callable[[], bool]] = None):
+        self.ctl, self.imds, self.relayed = Path(ctl_dir), imds, relayed
+
+    def notice(self) -> bool:
+        """A spot interruption notice: the control file, IMDS spot/instance-action, or another node's."""
+        return (self.ctl / NOTICE_FILE).exists() or self._imds("spot/instance-action") or bool(self.relayed and self.relayed())
+
+    def rebalance(self) -> bool:
+        return self._imds("events/recommendations/rebalance")
+
+    def _imds(self, path: str) -> bool:
+        if not self.imds:
+            return False
+        from orchestrator.host.imds import imds_get
+
+        try:
+            return imds_get(path) is not None
+        except OSError as exc:
+            log.warning("IMDS %s: %s", path, exc)
+            return False

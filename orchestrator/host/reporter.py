@@ -1,0 +1,100 @@
+"""The agent's reporter: the one writer of the running attempt's record, and its heartbeat thread.
+
+Every write is conditional (status.update_status) and only while the record is still this
+attempt's: once the controller has moved on (a newer attempt, or this one called lost) the
+reporter writes nothing more and says so (`superseded`), and the agent stops its command.
+The heartbeat runs on its own thread, so neither a large restore nor a large checkpoint upload
+can make a live host look lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional
+
+from orchestrator.host.attempt import last_metrics
+from orchestrator.store.base import Store
+from orchestrator.store.status import (
+    LOST,
+    RUNNING,
+    STARTING,
+    RunStatus,
+    read_versioned,
+    write_if,
+)
+
+log = logging.getLogger("orch.agent")
+
+
+class Reporter:
+    def __init__(self, store: Store, sweep: str, run_id: str, attempt: int, metrics_file: Path):
+        self.store, self.sweep, self.run_id, self.attempt = store, sweep, run_id, attempt
+        self.metrics_file = metrics_file
+        self.lock = threading.RLock()  # the record is shared by the attempt and the heartbeat thread
+        self.superseded = False
+        self.version: Optional[str] = None  # of this reporter's last write: while nobody else wrote, no read is needed
+
+    def record(self, status: RunStatus, tries: int = 20) -> bool:
+        """Write the record; False (and nothing written, ever again) once it is no longer this attempt's.
+
+        A write goes over the version this reporter itself wrote last (one request); only when
+        someone else wrote since (the controller's claim at the start, or a verdict) is the record
+        read again, and then written only if it is still this attempt's.
+        """
+        with self.lock:
+            for _ in range(tries):
+                if self.superseded:
+                    return False
+                if self.version is None:
+                    current, version = read_versioned(self.store, self.sweep, self.run_id)
+                    if current.attempt != self.attempt or current.state == LOST:
+                        self.superseded = True  # the controller moved on: a newer attempt, or this one given up
+                        log.warning("the record of %s is no longer attempt %s's (the controller moved on): writing nothing more",
+                                    self.run_id, self.attempt)
+                        return False
+                else:
+                    version = self.version
+                self.version = write_if(self.store, self.sweep, replace(status), version)
+                if self.version is not None:
+                    return True
+            raise OSError(f"status record of {self.sweep}/{self.run_id} kept changing under {tries} writes in a row")
+
+    def beat(self, status: RunStatus) -> None:
+        """Alive, and the newest metrics line."""
+        with self.lock:
+            if status.state not in (STARTING, RUNNING):
+                return  # interrupted or ended: that record stands
+            status.heartbeat = time.time()
+            if status.state == RUNNING:
+                status.last_metrics = last_metrics(self.metrics_file)
+            self.record(status)
+
+    def heartbeats(self, status: RunStatus, period: float) -> "_Heartbeats":
+        return _Heartbeats(lambda: self.beat(status), period)
+
+
+class _Heartbeats:
+    """Call beat() every period seconds on a thread while the block runs."""
+
+    def __init__(self, beat, period: float):
+        self.beat, self.period, self.done = beat, period, threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True, name="orch-heartbeat")
+
+    def _loop(self) -> None:
+        while not self.done.wait(self.period):
+            try:
+                self.beat()
+            except Exception as exc:  # a failed beat is retried next period; the main work goes on
+                log.warning("heartbeat failed: %s", exc)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.thread.join()

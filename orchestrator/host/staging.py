@@ -1,0 +1,168 @@
+"""Data staging: the sweep's `data:` entries copied to the host before a command starts.
+
+Once per host: each `to:` folder keeps a manifest of what it holds (`.orch-staged.json`: the
+source, and per file its size and ETag), so later attempts and other runs on the same host
+fetch nothing; a file already there with the same size and content (e.g. baked into the image:
+no manifest yet) is kept. Transfers run in parallel (S3: boto3's transfer manager, multipart for
+large objects), go to a temporary name and are renamed when verified (size, and the MD5 of
+single-part objects against their ETag). Runs staging the same folder take turns (a lock).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+from orchestrator.store.base import sha256_file
+
+log = logging.getLogger("orch.agent")
+
+MANIFEST = ".orch-staged.json"
+LOCK = ".orch-staging.lock"
+SKIP = (".orch-sync.json",)  # orch's own sync index, when the prefix was uploaded with `orch data push`
+MD5_MAX = 256 * 1024 * 1024  # files up to this size are checked against a single-part ETag
+
+
+@dataclass
+class StageResult:
+    source: str
+    to: str
+    files: int = 0  # files the source holds
+    fetched: int = 0  # files copied this time
+    bytes: int = 0  # bytes copied this time
+
+
+def _same(path: Path, size: int, etag: str) -> bool:
+    """A local file that already is the object: same size, and for a single-part object the same MD5."""
+    try:
+        if path.stat().st_size != size:
+            return False
+    except FileNotFoundError:
+        return False
+    etag = etag.strip('"')
+    if "-" in etag or size > MD5_MAX or not etag:  # multipart ETags are not an MD5 of the content: size it is
+        return True
+    return sha256_file(path, "md5") == etag
+
+
+def _bucket_prefix(url: str) -> Tuple[str, str]:
+    """s3://bucket/a/b -> ("bucket", "a/b/"): the prefix as a folder, so a/b never matches a/bc."""
+    bucket, _, prefix = url[len("s3://"):].partition("/")
+    return bucket, prefix if not prefix or prefix.endswith("/") else prefix + "/"
+
+
+def _listing_s3(client, url: str) -> Dict[str, Tuple[int, str]]:
+    bucket, prefix = _bucket_prefix(url)
+    out: Dict[str, Tuple[int, str]] = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            rel = obj["Key"][len(prefix):]
+            if rel and not rel.endswith("/") and rel.rsplit("/", 1)[-1] not in SKIP:
+                out[rel] = (int(obj["Size"]), obj.get("ETag", ""))
+    return out
+
+
+def _listing_local(folder: Path) -> Dict[str, Tuple[int, str]]:
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        if p.is_file():
+            st = p.stat()
+            out[str(p.relative_to(folder))] = (st.st_size, f"{st.st_mtime_ns}")
+    return out
+
+
+def stage(source: str, to: str, client=None, workers: int = 16) -> StageResult:
+    """Make `to` hold what `source` holds (s3://bucket/prefix/ or a local folder); fetch only what differs."""
+    dest = Path(os.path.expanduser(to))
+    dest.mkdir(parents=True, exist_ok=True)
+    with open(dest / LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another run on this host staging the same folder: wait for it
+        return _stage_locked(source, dest, client, workers)
+
+
+def _stage_locked(source: str, dest: Path, client, workers: int) -> StageResult:
+    s3 = source.startswith("s3://")
+    if s3 and client is None:
+        import boto3
+
+        client = boto3.client("s3")
+    want = _listing_s3(client, source) if s3 else _listing_local(Path(os.path.expanduser(source)))
+    if not want:
+        raise FileNotFoundError(f"data source {source} holds no files")
+    manifest = dest / MANIFEST
+    try:
+        had = json.loads(manifest.read_text()) if manifest.exists() else {}
+    except ValueError:
+        had = {}
+    known = had.get("files", {}) if had.get("source") == source else {}
+    todo = [rel for rel, (size, tag) in want.items()
+            if not (known.get(rel) == [size, tag] and (dest / rel).is_file() and (dest / rel).stat().st_size == size)
+            and not (s3 and _same(dest / rel, size, tag))]
+    result = StageResult(source=source, to=str(dest), files=len(want))
+
+    def fetch(rel: str) -> int:
+        size, tag = want[rel]
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.orch-part")
+        if s3:
+            bucket, prefix = _bucket_prefix(source)
+            client.download_file(bucket, prefix + rel, str(tmp))
+        else:
+            shutil.copyfile(Path(os.path.expanduser(source)) / rel, tmp)
+        if tmp.stat().st_size != size or (s3 and not _same(tmp, size, tag)):
+            tmp.unlink(missing_ok=True)
+            raise OSError(f"{source}{rel}: the copy does not match the source (size or checksum); try again")
+        os.replace(tmp, target)
+        return size
+
+    if todo:
+        with ThreadPoolExecutor(min(workers, len(todo))) as pool:
+            sizes = list(pool.map(fetch, todo))
+        result.fetched, result.bytes = len(todo), sum(sizes)
+    tmp = manifest.with_name(MANIFEST + ".tmp")
+    tmp.write_text(json.dumps({"source": source, "files": {rel: [size, tag] for rel, (size, tag) in want.items()}}))
+    os.replace(tmp, manifest)
+    return result
+
+
+def stage_all(entries: List[Dict[str, str]], client=None) -> List[StageResult]:
+    """Every `data:` entry of a task, in order; raises with the entry named when one cannot be staged."""
+    results = []
+    for entry in entries:
+        try:
+            results.append(stage(entry["from"], entry["to"], client))
+        except Exception as exc:
+            raise OSError(f"staging {entry['from']} to {entry['to']}: {exc}") from exc
+    return results
+
+
+def push(local_dir: Path, url: str, client=None) -> StageResult:
+    """`orch data push`: upload a folder to s3://bucket/prefix/ (only files whose content changed since
+    the last push, by sha256), then check that every file is in S3 with its size."""
+    import re
+
+    from orchestrator.errors import OrchError
+    from orchestrator.store.s3 import S3Store
+
+    m = re.match(r"^s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/(.+)$", url)
+    if not m or not m.group(2).strip("/"):
+        raise OrchError(f"{url}: give a bucket and a prefix, e.g. s3://my-bucket/datasets/cifar10/", exit_code=2)
+    local = {str(p.relative_to(local_dir)): p.stat().st_size for p in sorted(Path(local_dir).rglob("*")) if p.is_file()}
+    if not local:
+        raise OrchError(f"{local_dir}: no files to push", exit_code=2)
+    store = S3Store(f"s3://{m.group(1)}", client=client)
+    store.check()
+    done = store.sync_up(Path(local_dir), m.group(2).strip("/"))
+    there = _listing_s3(store.client, url)
+    bad = sorted(rel for rel, size in local.items() if there.get(rel, (None, ""))[0] != size)
+    if bad:
+        raise OrchError(f"{url}: {len(bad)} file(s) are not in S3 as they are here after the upload (e.g. {bad[0]}); push again")
+    return StageResult(source=str(local_dir), to=url, files=len(local), fetched=done.copied, bytes=done.bytes)

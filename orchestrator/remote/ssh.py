@@ -1,0 +1,204 @@
+"""SSH with pinned host keys: paramiko with RejectPolicy against exactly the key orch generated.
+
+Host keys are never trusted on first use: the controller generates an ed25519 host key per
+instance, hands it over in the cloud-config user data, and accepts only that key.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+from orchestrator.errors import OrchError
+from orchestrator.remote.runners import Result, Runner
+from orchestrator.wait import Timeout, retry_until
+
+log = logging.getLogger("orch.ssh")
+
+
+class HostKeyMismatch(OrchError):
+    """The host answered with a key other than the pinned one: possibly not our instance."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and how to log in."""
+
+    address: str  # IP to dial
+    port: int
+    user: str
+    identity: str  # private key file
+    host_key: str  # pinned public host key, OpenSSH format ("ssh-ed25519 AAAA...")
+
+
+def new_host_key() -> Tuple[str, str]:
+    """(private key in OpenSSH PEM, public key line) of a fresh ed25519 host key."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()).decode()
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+    return private, public
+
+
+def public_key_of(identity: str) -> str:
+    path = Path(os.path.expanduser(identity))
+    pub = path.with_name(path.name + ".pub")
+    if not pub.is_file():
+        raise OrchError(f"no public key {pub} next to `aws.ssh.identity` {path}. Create a key pair: ssh-keygen -t ed25519 -f {path}")
+    return pub.read_text().strip()
+
+
+def _host_id(t: Target) -> str:
+    return t.address if t.port == 22 else f"[{t.address}]:{t.port}"
+
+
+class Connection(Runner):
+    """An instance over SSH (paramiko, pinned host key)."""
+
+    def __init__(self, client):
+        self.client = client
+
+    def run(self, command: str, timeout: float = 120, stdin: Optional[bytes] = None) -> Result:
+        stdin_f, stdout, stderr = self.client.exec_command(command, timeout=timeout)
+        if stdin is not None:
+            stdin_f.write(stdin)
+            stdin_f.channel.shutdown_write()
+        out, err = stdout.read().decode(errors="replace"), stderr.read().decode(errors="replace")
+        return Result(stdout.channel.recv_exit_status(), out, err)
+
+    def stream(self, command: str, on_line, timeout: float = 3600) -> Result:
+        """run(), handing each line of output (stdout and stderr together) to on_line as it comes."""
+        chan = self.client.get_transport().open_session(timeout=30)
+        chan.set_combine_stderr(True)
+        chan.settimeout(timeout)
+        chan.exec_command(command)
+        out, pending = [], b""
+        for data in iter(lambda: chan.recv(4096), b""):
+            pending += data
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                text = line.decode(errors="replace")
+                out.append(text)
+                on_line(text)
+        if pending:
+            out.append(pending.decode(errors="replace"))
+            on_line(out[-1])
+        return Result(chan.recv_exit_status(), "\n".join(out), "")
+
+    def put_bytes(self, data: bytes, remote: str, mode: int = 0o600) -> None:
+        """Write a file atomically on the host (~ allowed)."""
+        quoted = remote.replace("~/", "$HOME/", 1) if remote.startswith("~/") else shlex.quote(remote)
+        self.check(f'umask 077; mkdir -p "$(dirname "{quoted}")" && cat > "{quoted}.tmp" && chmod {mode:o} "{quoted}.tmp" && mv "{quoted}.tmp" "{quoted}"', stdin=data)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def connect(target: Target, timeout: float, interval: float = 2.0) -> Connection:
+    """Connect, retrying while sshd is not up, until `timeout`; a wrong host key fails at once."""
+    import paramiko
+
+    hostkey = paramiko.Ed25519Key(data=_key_blob(target.host_key))
+    pkey = _load_identity(target.identity)
+    last: List[str] = [""]
+
+    def attempt():
+        client = paramiko.SSHClient()
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        client.get_host_keys().add(_host_id(target), hostkey.get_name(), hostkey)
+        try:
+            client.connect(target.address, port=target.port, username=target.user, pkey=pkey, timeout=10,
+                           banner_timeout=10, auth_timeout=10, allow_agent=False, look_for_keys=False)
+            return Connection(client)
+        except paramiko.BadHostKeyException as exc:
+            client.close()
+            raise HostKeyMismatch(
+                f"{target.address}:{target.port} presented host key {exc.key.get_base64()[:16]}..., not the one orch pinned. "
+                "Refusing to connect (a different machine answered); the instance is terminated."
+            ) from None
+        except (OSError, socket.timeout, paramiko.SSHException, EOFError) as exc:
+            client.close()
+            last[0] = f"{type(exc).__name__}: {exc}"
+            return None
+
+    try:
+        return retry_until(attempt, timeout, interval, f"sshd on {target.address}:{target.port}")
+    except Timeout:
+        raise OrchError(f"could not reach sshd on {target.address}:{target.port} within {timeout:.0f}s ({last[0]}). "
+                        "Check the security group, `aws.ssh.address` and the image's sshd.") from None
+
+
+def _key_blob(public_line: str) -> bytes:
+    import base64
+
+    parts = public_line.split()
+    if len(parts) < 2 or parts[0] != "ssh-ed25519":
+        raise OrchError(f"not an ed25519 public key: {public_line[:40]}")
+    return base64.b64decode(parts[1])
+
+
+def _load_identity(identity: str):
+    import paramiko
+
+    path = os.path.expanduser(identity)
+    if not os.path.isfile(path):
+        raise OrchError(f"SSH identity {path} not found. Set `aws.ssh.identity` or create one: ssh-keygen -t ed25519 -f {path}")
+    for kind in (paramiko.Ed25519Key, paramiko.ECDSAKey, paramiko.RSAKey):
+        try:
+            return kind.from_private_key_file(path)
+        except (paramiko.SSHException, ValueError):
+            continue
+    raise OrchError(f"cannot read SSH identity {path} (encrypted keys need ssh-agent, which orch does not use).")
+
+
+def known_hosts_file(target: Target, folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{target.address}_{target.port}"
+    path.write_text(f"{_host_id(target)} {target.host_key}\n")
+    return path
+
+
+def attach_argv(target: Target, remote_command: str, known_hosts: Path) -> List[str]:
+    """A system `ssh -t` that trusts exactly the pinned key."""
+    return ["ssh", "-t", "-o", f"UserKnownHostsFile={known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
+            "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes", "-i", os.path.expanduser(target.identity),
+            "-p", str(target.port), f"{target.user}@{target.address}", remote_command]
+
+
+def interactive(target: Target, remote_command: str) -> int:
+    """Fallback when there is no ssh binary: a paramiko pty bridged to this terminal."""
+    import select
+    import sys
+    import termios
+    import tty
+
+    conn = connect(target, timeout=30)
+    chan = conn.client.get_transport().open_session()
+    cols, rows = os.get_terminal_size() if sys.stdin.isatty() else (120, 40)
+    chan.get_pty(term=os.environ.get("TERM", "xterm"), width=cols, height=rows)
+    chan.exec_command(remote_command)
+    old = termios.tcgetattr(sys.stdin) if sys.stdin.isatty() else None
+    try:
+        if old:
+            tty.setraw(sys.stdin.fileno())
+        while not chan.exit_status_ready():
+            r, _, _ = select.select([chan, sys.stdin], [], [], 0.2)
+            if chan in r:
+                data = chan.recv(4096)
+                if not data:
+                    break
+                os.write(sys.stdout.fileno(), data)
+            if sys.stdin in r:
+                chan.send(os.read(sys.stdin.fileno(), 1024))
+        return chan.recv_exit_status()
+    finally:
+        if old:
+            termios.tcsetattr(sys.stdin, termios.TCSADRAIN, old)
+        conn.close()

@@ -1,0 +1,22 @@
+"""The store: where runs keep their records, metrics, logs and checkpoints — a folder or an S3 prefix.
+
+`base` has the Store protocol and the helpers every store shares; `folder` and `s3` the two stores;
+`status` the run records written in a store (states, one writer per record, conditional writes).
+This package imports only `orchestrator.errors` and `orchestrator.contract` (it ships to hosts).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.store.base import Store
+from orchestrator.store.folder import LocalStore, usable_folder
+
+
+def open_store(url: str) -> Store:
+    if url.startswith("s3://"):
+        from orchestrator.store.s3 import S3Store
+
+        return S3Store(url)
+    usable_folder(Path(url), "the store folder", "Pick a writable `store:` path.")
+    return LocalStore(url)

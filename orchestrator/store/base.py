@@ -1,0 +1,146 @@
+"""The store: where status, metrics, logs and checkpoints live (a local folder, or S3 for the aws backend).
+
+Keys are '/'-separated paths relative to the store root (<sweep>/<run>/status.json ...).
+Local writes are temp file + fsync + rename, so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, List, Optional, Protocol, Tuple
+
+Select = Callable[[str], bool]  # relative path ('ckpt/12/state.pt') -> whether it takes part
+
+
+@dataclass
+class SyncResult:
+    """What one sync moved."""
+
+    copied: int = 0  # files written to the destination
+    skipped: int = 0  # files already identical there
+    bytes: int = 0  # bytes written
+    deleted: int = 0  # files pruned from the destination
+
+
+class Store(Protocol):
+    url: str
+
+    def put_bytes(self, key: str, data: bytes) -> None: ...
+
+    def get_bytes(self, key: str) -> Optional[bytes]: ...
+
+    def list(self, prefix: str) -> List[str]: ...
+
+    def sync_up(self, local_dir: Path, prefix: str, prune: Optional[Select] = None) -> SyncResult:
+        """Copy what changed; then delete from the store the files `prune` selects that are gone locally."""
+
+    def sync_down(self, prefix: str, local_dir: Path, only: Optional[Select] = None) -> SyncResult:
+        """Copy what differs from the store; with `only`, just the files it selects."""
+
+    def delete_prefix(self, prefix: str) -> int: ...
+
+    def get_versioned(self, key: str) -> Tuple[Optional[bytes], Optional[str]]:
+        """The object and its version (None, None when missing): what put_if compares against."""
+
+    def put_if(self, key: str, data: bytes, version: Optional[str]) -> Optional[str]:
+        """Write only if the key still holds `version` (None: only if it does not exist); the new
+        version, or None (nothing written) when it changed."""
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write via temp file + fsync + rename, so the file is either old or new, never torn."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def sha256_file(path: Path, algorithm: str = "sha256") -> str:
+    """A file's digest (sha256 by default), read in 1 MiB chunks."""
+    h = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files(root: Path) -> Iterable[Path]:
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.rglob("*") if p.is_file() and not p.name.endswith(".tmp"))
+
+
+class HashCache:
+    """sha256 of files, recomputed only when (size, mtime, ctime, inode) change.
+
+    ctime cannot be set by a writer, so a rewrite with the same size and a restored mtime is
+    still noticed: syncs compare content while hashing each file once per change.
+    """
+
+    def __init__(self):
+        self._seen: dict = {}
+
+    def digest(self, path: Path) -> str:
+        st = path.stat()
+        key = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+        hit = self._seen.get(path)
+        if hit and hit[0] == key:
+            return hit[1]
+        value = sha256_file(path)
+        self._seen[path] = (key, value)
+        return value
+
+
+def get_json(store: Store, key: str) -> Optional[Any]:
+    data = store.get_bytes(key)
+    if data is None:
+        return None
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
+
+
+def json_bytes(obj: Any) -> bytes:
+    """How orch writes a JSON record: strict JSON (NaN and infinities as null), sorted, indented."""
+    return (json.dumps(plain_json(obj), indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
+
+
+def put_json(store: Store, key: str, obj: Any) -> None:
+    store.put_bytes(key, json_bytes(obj))
+
+
+def plain_json(obj: Any) -> Any:
+    """A copy that strict JSON can hold: NaN and infinities (which Python writes as NaN/Infinity) become null."""
+    if isinstance(obj, float) and (obj != obj or obj in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(obj, dict):
+        return {k: plain_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [plain_json(v) for v in obj]
+    return obj
+
+
+def read_jsonl(data: Optional[bytes]) -> List[dict]:
+    """Parse JSON lines, ignoring a torn last line (a writer may be mid-line)."""
+    out = []
+    for line in (data or b"").splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out

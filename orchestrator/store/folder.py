@@ -1,0 +1,107 @@
+"""The folder store: a Store on a local (or mounted) folder, with atomic writes."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+from orchestrator.errors import OrchError
+from orchestrator.store.base import HashCache, Select, SyncResult, _files, atomic_write
+
+
+def _copy_tree(src_root: Path, dst_root: Path, hashes: HashCache, only: Optional[Select] = None, prune: Optional[Select] = None) -> SyncResult:
+    result = SyncResult()
+    for src in _files(src_root):
+        rel = str(src.relative_to(src_root))
+        if only is not None and not only(rel):
+            continue
+        dst = dst_root / rel
+        try:
+            if dst.is_file() and dst.stat().st_size == src.stat().st_size and hashes.digest(dst) == hashes.digest(src):
+                result.skipped += 1
+                continue
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dst.with_name(f".{dst.name}.sync.tmp")
+            shutil.copy2(src, tmp)
+            os.replace(tmp, dst)
+        except FileNotFoundError:  # the writer replaced or removed it meanwhile; the next sync catches up
+            continue
+        result.copied += 1
+        result.bytes += dst.stat().st_size
+    if prune is not None:
+        for dst in _files(dst_root):
+            rel = str(dst.relative_to(dst_root))
+            if prune(rel) and not (src_root / rel).exists():
+                dst.unlink(missing_ok=True)
+                result.deleted += 1
+    return result
+
+
+
+class LocalStore:
+    """A store in a local folder."""
+
+    def __init__(self, root: str):
+        self.root = Path(root)
+        self.url = str(self.root)
+        self.hashes = HashCache()
+
+    def _path(self, key: str) -> Path:
+        return self.root / key
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        atomic_write(self._path(key), data)
+
+    def get_bytes(self, key: str) -> Optional[bytes]:
+        try:
+            return self._path(key).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def get_versioned(self, key: str) -> Tuple[Optional[bytes], Optional[str]]:
+        data = self.get_bytes(key)
+        return data, None if data is None else hashlib.sha256(data).hexdigest()
+
+    def put_if(self, key: str, data: bytes, version: Optional[str]) -> Optional[str]:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.parent, os.O_RDONLY)  # writers of this folder's records take turns (flock on the folder)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if self.get_versioned(key)[1] != version:
+                return None
+            atomic_write(path, data)
+            return hashlib.sha256(data).hexdigest()
+        finally:
+            os.close(fd)
+
+    def list(self, prefix: str) -> List[str]:
+        base = self._path(prefix)
+        return [str(p.relative_to(self.root)) for p in _files(base)]
+
+    def sync_up(self, local_dir: Path, prefix: str, prune: Optional[Select] = None) -> SyncResult:
+        return _copy_tree(Path(local_dir), self._path(prefix), self.hashes, prune=prune)
+
+    def sync_down(self, prefix: str, local_dir: Path, only: Optional[Select] = None) -> SyncResult:
+        return _copy_tree(self._path(prefix), Path(local_dir), self.hashes, only=only)
+
+    def delete_prefix(self, prefix: str) -> int:
+        base = self._path(prefix)
+        n = len(list(_files(base)))
+        shutil.rmtree(base, ignore_errors=True)
+        return n
+
+
+
+def usable_folder(path: Path, what: str, fix: str) -> Path:
+    """Create `path` if needed and check that it can be written; else a clear error (exit 2) naming it and the fix."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / ".probe").touch()
+    except OSError as exc:
+        raise OrchError(f"cannot use {what} {path}: {exc.strerror or exc}. {fix}", exit_code=2) from None
+    return path

@@ -1,0 +1,192 @@
+"""The store in S3 (s3://bucket/prefix): the same Store as a local folder, through boto3."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+from orchestrator.errors import OrchError
+from orchestrator.store.base import HashCache, Select, SyncResult, _files
+
+SYNC_INDEX = ".orch-sync.json"  # per synced prefix: {relative path: {"size", "sha256"}} of what was uploaded
+MULTIPART_THRESHOLD = 16 * 1024 * 1024
+
+
+class S3Store:
+    """A store under s3://bucket/prefix, through boto3/s3transfer (honours AWS_ENDPOINT_URL).
+
+    sync_up compares content: every object carries its sha256 (user metadata), and each synced
+    folder keeps an index of what it holds, so a re-sync of unchanged files is one GET plus local
+    hashing (cached by size + mtime for the life of the process), and a changed file of the same
+    size is still uploaded. Files upload in parallel; large ones in parallel parts.
+    """
+
+    def __init__(self, url: str, client=None, workers: int = 16):
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+
+        rest = url[len("s3://"):]
+        self.bucket, _, prefix = rest.partition("/")
+        self.prefix = prefix.strip("/")
+        self.url = url.rstrip("/")
+        self.client = client or boto3.client("s3")
+        self.workers = workers
+        self.transfer = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_THRESHOLD, max_concurrency=8)
+        self.hashes = HashCache()
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _missing(self, exc) -> bool:
+        return exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound")
+
+    def check(self) -> None:
+        """Fail with the next step when the bucket is missing or not ours."""
+        from botocore.exceptions import ClientError, NoCredentialsError
+
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except NoCredentialsError:
+            raise OrchError("No AWS credentials found. Run `aws configure` or set AWS_PROFILE.") from None
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if code in ("404", "NoSuchBucket", "NotFound"):
+                raise OrchError(f"bucket {self.bucket} does not exist. Create it (`aws s3 mb s3://{self.bucket}`) or fix `store:`.") from None
+            if code in ("403", "AccessDenied", "Forbidden"):
+                raise OrchError(f"access to bucket {self.bucket} is denied. Use a bucket your credentials may write, or fix their policy.") from None
+            raise
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        digest = hashlib.sha256(data).hexdigest()
+        self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, Metadata={"sha256": digest})
+
+    def get_bytes(self, key: str) -> Optional[bytes]:
+        return self.get_versioned(key)[0]
+
+    def get_versioned(self, key: str) -> Tuple[Optional[bytes], Optional[str]]:
+        from botocore.exceptions import ClientError
+
+        for again in (True, False):
+            try:
+                answer = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+                return answer["Body"].read(), answer["ETag"]
+            except ClientError as exc:
+                if self._missing(exc):
+                    return None, None
+                if exc.response.get("Error", {}).get("Code") not in ("AccessDenied", "403"):
+                    raise
+                if not self._exists(key):
+                    return None, None  # S3 answers 403, not 404, for a missing key to a caller that may not list the bucket itself
+                if not again:
+                    raise
+                # it is listed now: written between the GET and the LIST (another node's notice, say); read it
+        return None, None
+
+    def put_if(self, key: str, data: bytes, version: Optional[str]) -> Optional[str]:
+        """S3 conditional writes: If-Match the ETag read, or If-None-Match * for a new key; the new ETag, or None."""
+        from botocore.exceptions import ClientError
+
+        condition = {"IfMatch": version} if version else {"IfNoneMatch": "*"}
+        try:
+            return self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data,
+                                          Metadata={"sha256": hashlib.sha256(data).hexdigest()}, **condition)["ETag"]
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409"):
+                return None
+            raise
+
+    def _exists(self, key: str) -> bool:
+        """Whether a key exists, by listing its own prefix (what an instance role may do where it may not GET a missing key)."""
+        full = self._key(key)
+        answer = self.client.list_objects_v2(Bucket=self.bucket, Prefix=full, MaxKeys=1)
+        return any(o["Key"] == full for o in answer.get("Contents", []))
+
+    def list(self, prefix: str) -> List[str]:
+        base = self._key(prefix).rstrip("/") + "/"
+        out = []
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
+            for obj in page.get("Contents", []):
+                out.append(obj["Key"][len(self.prefix) + 1:] if self.prefix else obj["Key"])
+        return out
+
+    def _index(self, prefix: str) -> dict:
+        data = self.get_bytes(f"{prefix}/{SYNC_INDEX}")
+        try:
+            return json.loads(data) if data else {}
+        except ValueError:
+            return {}
+
+    def _upload(self, path: Path, key: str, digest: str) -> None:
+        self.client.upload_file(str(path), self.bucket, self._key(key), ExtraArgs={"Metadata": {"sha256": digest}}, Config=self.transfer)
+
+    def sync_up(self, local_dir: Path, prefix: str, prune: Optional[Select] = None) -> SyncResult:
+
+        local_dir = Path(local_dir)
+        index = self._index(prefix)
+        result = SyncResult()
+        todo = []
+        for path in _files(local_dir):
+            rel = str(path.relative_to(local_dir))
+            try:
+                digest = self.hashes.digest(path)
+            except FileNotFoundError:
+                continue
+            if index.get(rel, {}).get("sha256") == digest:
+                result.skipped += 1
+                continue
+            todo.append((path, rel, digest))
+        gone = [rel for rel in index if prune is not None and prune(rel) and not (local_dir / rel).exists()]
+        if not todo and not gone:
+            return result
+        if todo:
+            with ThreadPoolExecutor(min(self.workers, len(todo))) as pool:
+                sizes = list(pool.map(lambda t: (self._upload(t[0], f"{prefix}/{t[1]}", t[2]), t[0].stat().st_size)[1], todo))
+            for (path, rel, digest), size in zip(todo, sizes):
+                index[rel] = {"size": size, "sha256": digest}
+            result.copied, result.bytes = len(todo), sum(sizes)
+        for i in range(0, len(gone), 1000):  # what the command deleted (old checkpoints) goes from the store too
+            batch = gone[i:i + 1000]
+            self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": [{"Key": self._key(f"{prefix}/{rel}")} for rel in batch]})
+        for rel in gone:
+            index.pop(rel, None)
+        result.deleted = len(gone)
+        self.put_bytes(f"{prefix}/{SYNC_INDEX}", json.dumps(index, sort_keys=True).encode())
+        return result
+
+    def sync_down(self, prefix: str, local_dir: Path, only: Optional[Select] = None) -> SyncResult:
+
+        local_dir = Path(local_dir)
+        result = SyncResult()
+        todo = []
+        for rel, meta in self._index(prefix).items():
+            if only is not None and not only(rel):
+                continue
+            dst = local_dir / rel
+            if dst.is_file() and self.hashes.digest(dst) == meta.get("sha256"):
+                result.skipped += 1
+                continue
+            todo.append((rel, dst))
+
+        def fetch(item):
+            rel, dst = item
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dst.with_name(f".{dst.name}.sync.tmp")
+            self.client.download_file(self.bucket, self._key(f"{prefix}/{rel}"), str(tmp), Config=self.transfer)
+            os.replace(tmp, dst)
+            return dst.stat().st_size
+
+        if todo:
+            with ThreadPoolExecutor(min(self.workers, len(todo))) as pool:
+                result.bytes = sum(pool.map(fetch, todo))
+        result.copied = len(todo)
+        return result
+
+    def delete_prefix(self, prefix: str) -> int:
+        keys = [self._key(k) for k in self.list(prefix)]
+        for i in range(0, len(keys), 1000):
+            self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in keys[i:i + 1000]]})
+        return len(keys)

@@ -1,0 +1,129 @@
+"""The status protocol: <sweep>/.orch/<run>/status.json, one record per run, one writer per field.
+
+The agent owns the record of the attempt it runs (state while running, heartbeat, metrics, how
+it ended) and writes only while the record is still its attempt's. The controller owns claims
+(a new attempt), the verdicts it reaches (lost, failed for good, cancelled, stopped) and the
+outcomes provisioning threads report to it. Every write is conditional on the version that was
+read (S3 conditional writes; a folder lock locally), so no writer overwrites what it did not see.
+
+orch's own records live beside the run folder in the store, never in it: `<sweep>/<run>/` is the
+run folder and holds only what the command wrote, so nothing a command writes can overwrite them.
+A record that cannot be read (truncated, wrong types) is reported as `corrupt`, never a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from orchestrator.store.base import Store, json_bytes, put_json
+
+# States. Final ones are never left by themselves; `stopped` (orch down) resumes on the next launch.
+QUEUED, STARTING, RUNNING = "queued", "starting", "running"
+SUCCEEDED, FAILED, CANCELLED = "succeeded", "failed", "cancelled"
+INTERRUPTED, LOST, STOPPED = "interrupted", "lost", "stopped"
+CORRUPT = "corrupt"  # the record could not be read; shown with the reason, never acted on blindly
+ACTIVE = (STARTING, RUNNING)
+STATES = (QUEUED, STARTING, RUNNING, SUCCEEDED, FAILED, CANCELLED, INTERRUPTED, LOST, STOPPED)
+
+
+@dataclass
+class RunStatus:
+    """Contents of status.json."""
+
+    run_id: str
+    state: str = QUEUED
+    attempt: int = 0  # 1 for the first attempt; each restart or resume adds one
+    failures: int = 0  # attempts whose command failed (they count against max_restarts)
+    preemptions: int = 0  # attempts lost to interruption or a vanished host (free)
+    no_shows: int = 0  # attempts whose host never reported (its agent did not start); a few end the run
+    host: str = ""  # where the current attempt runs
+    started_at: Optional[float] = None  # of the current attempt, unix seconds
+    heartbeat: Optional[float] = None  # last sign of life from the agent (None until it first reported)
+    finished_at: Optional[float] = None
+    exit_code: Optional[int] = None
+    reason: str = ""  # why it ended, in words
+    log_tail: str = ""  # last lines of the log, for failures
+    last_metrics: Dict[str, Any] = field(default_factory=dict)  # newest metrics.jsonl line
+
+    @property
+    def elapsed(self) -> Optional[float]:
+        if self.started_at is None:
+            return None
+        end = self.finished_at or self.heartbeat or time.time()
+        return max(0.0, end - self.started_at)
+
+
+def orch_prefix(sweep: str, run_id: str) -> str:
+    """Where orch keeps a run's own records (status, logs): beside the run folder, not in it."""
+    return f"{sweep}/.orch/{run_id}"
+
+
+def status_key(sweep: str, run_id: str) -> str:
+    return f"{orch_prefix(sweep, run_id)}/status.json"
+
+
+_TYPES = {"attempt": int, "failures": int, "preemptions": int, "no_shows": int, "host": str, "reason": str, "log_tail": str,
+          "started_at": (int, float, type(None)), "heartbeat": (int, float, type(None)), "finished_at": (int, float, type(None)),
+          "exit_code": (int, type(None)), "last_metrics": dict}
+
+
+def read_status(store: Store, sweep: str, run_id: str) -> RunStatus:
+    return read_versioned(store, sweep, run_id)[0]
+
+
+def read_versioned(store: Store, sweep: str, run_id: str) -> Tuple[RunStatus, Optional[str]]:
+    """The record and the version it was read at (for write_if)."""
+    data, version = store.get_versioned(status_key(sweep, run_id))
+    if data is None:
+        return RunStatus(run_id=run_id), None
+    try:
+        record = json.loads(data)
+    except ValueError:
+        return RunStatus(run_id=run_id, state=CORRUPT, reason=f"status record {status_key(sweep, run_id)} is not JSON (truncated?)"), version
+    problem = _problem(record)
+    if problem:
+        return RunStatus(run_id=run_id, state=CORRUPT, reason=f"status record {status_key(sweep, run_id)} is corrupt: {problem}"), version
+    known = {f.name for f in fields(RunStatus)}
+    return RunStatus(**{**{k: v for k, v in record.items() if k in known}, "run_id": run_id}), version
+
+
+def _problem(record: Any) -> str:
+    if not isinstance(record, dict):
+        return f"a {type(record).__name__}, not an object"
+    if record.get("state") not in STATES:
+        return f"unknown state {record.get('state')!r}"
+    for key, kind in _TYPES.items():
+        if key in record and (not isinstance(record[key], kind) or (kind is int and isinstance(record[key], bool))):
+            return f"{key} is {record[key]!r}"
+    return ""
+
+
+def write_if(store: Store, sweep: str, status: RunStatus, version: Optional[str]) -> Optional[str]:
+    """Write the record only if it is still as it was read (at `version`): the new version, or None
+    (nothing written) when someone wrote since."""
+    return store.put_if(status_key(sweep, status.run_id), json_bytes(asdict(status)), version)
+
+
+def update_status(store: Store, sweep: str, run_id: str, change: Callable[[RunStatus], Optional[RunStatus]],
+                  tries: int = 20) -> Optional[RunStatus]:
+    """Read, change, write conditionally; on a conflicting write read again and re-apply the change.
+
+    `change` gets the current record and returns the record to write, or None to write nothing
+    (the record moved on in a way that makes this write wrong). Returns what was written, or None.
+    """
+    for _ in range(tries):
+        current, version = read_versioned(store, sweep, run_id)
+        new = change(current)
+        if new is None:
+            return None
+        if write_if(store, sweep, new, version):
+            return new
+    raise OSError(f"status record of {sweep}/{run_id} kept changing under {tries} writes in a row")
+
+
+def write_status(store: Store, sweep: str, status: RunStatus) -> None:
+    """Unconditional: only for records nobody else can be writing (tests, and tools that repair them)."""
+    put_json(store, status_key(sweep, status.run_id), asdict(status))

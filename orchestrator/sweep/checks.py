@@ -1,0 +1,99 @@
+"""Cross-field rules of sweep.yaml that pydantic cannot express: each problem is (location, message
+with the fix); spec.load_sweep turns them into errors that name file:line and field."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, List, Tuple
+
+from orchestrator.sweep.spec import (
+    BUILTINS,
+    KEY_RE,
+    SweepSpec,
+    expand,
+    placeholders,
+    run_count,
+    seeds_of,
+)
+
+
+def check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
+    """Cross-field rules pydantic cannot express; each problem is (location, message with fix)."""
+    out: List[Tuple[Tuple[Any, ...], str]] = []
+    for section in ("params", "grid"):
+        for key in getattr(spec, section):
+            if not KEY_RE.match(key):
+                out.append(((section, key), "not a valid name; use letters, digits and '_' (it becomes {%s})" % key))
+            if key in BUILTINS:
+                out.append(((section, key), f"'{key}' is reserved by orch; use the `seeds:` field for seeds" if key == "seed" else f"'{key}' is reserved by orch; rename it"))
+    for key, values in spec.grid.items():
+        if not values:
+            out.append((("grid", key), "empty list: a grid axis needs at least one value"))
+        elif len({json.dumps(v) for v in values}) != len(values):
+            out.append((("grid", key), "repeats a value; every value of an axis must differ"))
+        if key in spec.params:
+            out.append((("grid", key), f"'{key}' is also in params; keep it in one of the two"))
+    if not spec.grid and "grid" in spec.model_fields_set:
+        out.append((("grid",), "empty grid; give at least one axis, e.g. `lr: [0.1, 0.2]`, or remove `grid:`"))
+    for key in spec.env:
+        if not KEY_RE.match(key):
+            out.append((("env", key), "not a valid variable name; use letters, digits and '_', not starting with a digit"))
+    count = run_count(spec)
+    if count > spec.max_runs:  # before anything is expanded: `seeds: 1000000000` must not allocate
+        out.append((("seeds",) if len(spec.grid) == 0 else ("grid",),
+                    f"expands to {count} runs, over the limit of {spec.max_runs}; shrink the grid or seeds, "
+                    f"or raise `max_runs:` if you mean it"))
+        return out
+    seeds = seeds_of(spec)
+    if isinstance(spec.seeds, int) and spec.seeds < 1:
+        out.append((("seeds",), "must be a count >= 1 or a non-empty list of seeds"))
+    elif not seeds:
+        out.append((("seeds",), "empty list; give at least one seed, e.g. [0]"))
+    elif len(set(seeds)) != len(seeds):
+        out.append((("seeds",), "repeats a seed; every seed must differ"))
+    try:
+        names = placeholders(spec.command)
+        known = set(spec.params) | set(spec.grid) | set(BUILTINS)
+        for name in names:
+            if name not in known:
+                out.append((("command",), f"placeholder {{{name}}} has no param; add `{name}` to params or grid, or write {{{{{name}}}}} for a literal brace"))
+    except ValueError as exc:
+        out.append((("command",), f"{exc}; write {{{{ and }}}} for literal braces"))
+    if spec.backend == "aws":
+        if spec.aws is None:
+            out.append((("backend",), "backend aws needs an `aws:` section (at least `image:`); see README"))
+        if not spec.store.startswith("s3://"):
+            out.append((("store",) if spec.store else ("backend",), "backend aws needs `store: s3://bucket/prefix`: instances sync results there"))
+    if spec.aws is not None and not (spec.aws.instance_profile or "").strip():
+        out.append((("aws", "instance_profile"), "an instance without a profile has no AWS credentials: it can neither sync results to S3 "
+                    "nor terminate itself. Use `create` (the default) or the name of a profile that may do both"))
+    for i, entry in enumerate(spec.data or []):
+        if entry.source.startswith("s3://"):
+            if not re.match(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$", entry.source):
+                out.append((("data", i, "from"), "not a valid s3://bucket/prefix/ URL"))
+        elif spec.backend == "aws":
+            out.append((("data", i, "from"), "on aws, data comes from S3: `from: s3://bucket/prefix/` (`orch data push DIR s3://…` uploads a folder)"))
+    tos = [e.to.rstrip("/") for e in spec.data or []]
+    if len(set(tos)) != len(tos):
+        out.append((("data",), "two entries stage to the same `to:` folder; give each its own"))
+    from orchestrator.sweep.shapes import check as check_shape
+
+    out += check_shape(spec)
+    if spec.budget_usd is not None and spec.backend != "aws":
+        out.append((("budget_usd",), "a budget needs backend aws (local runs cost nothing orch can count); remove it"))
+    if spec.aws is not None and spec.backend != "aws":
+        out.append((("aws",), "an aws section with backend local; remove it or set `backend: aws`"))
+    if spec.store.startswith("s3://") and not re.match(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$", spec.store):
+        out.append((("store",), "not a valid s3://bucket/prefix URL (bucket names: lowercase letters, digits, '.', '-')"))
+    if not out:
+        from collections import Counter
+
+        ids = [r.run_id for r in expand(spec)]
+        from orchestrator.contract import session_name
+
+        seen, safe = Counter(ids), Counter(session_name(spec.name, i) for i in ids)
+        dup = sorted({i for i in ids if seen[i] > 1 or safe[session_name(spec.name, i)] > 1})
+        if dup:
+            out.append((("grid",), f"two runs get the same id {dup[0]!r}; make the values differ in letters, digits, '.', '+' or '-'"))
+    return out

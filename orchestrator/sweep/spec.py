@@ -1,0 +1,289 @@
+"""sweep.yaml -> validated SweepSpec -> the runs it expands to.
+
+Every error names file:line, the field and a fix, and is raised before anything is launched.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import shlex
+import string
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Literal, Optional, Union
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+)
+from typing_extensions import Annotated
+
+Scalar = Union[StrictBool, StrictInt, StrictFloat, StrictStr]
+
+
+def _no_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("true/false is not a number")
+    return value
+
+
+# Counts are whole numbers and never true/false; amounts are finite numbers (no .inf, no .nan).
+Count = Annotated[StrictInt, BeforeValidator(_no_bool)]
+Amount = Annotated[float, BeforeValidator(_no_bool), Field(allow_inf_nan=False)]
+
+# The bundled trainer reads ORCH_PARAMS_JSON, so every param and grid key becomes a trainer option.
+DEFAULT_COMMAND = "{python} -m trainer"
+# Placeholders every command may use besides its params.
+BUILTINS = ("python", "sweep", "run_id", "seed", "torchrun")
+AUTO_PYTHON = "auto"
+MAX_RUNS = 10_000  # default limit on runs per sweep
+NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$"
+KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LocalSection(Strict):
+    """Settings of the local backend (`backend: local`)."""
+
+    workdir: Optional[str] = Field(
+        None, description="Folder for the runs' working copies (default: $ORCH_HOME/work)."
+    )
+    threads_per_run: Optional[Count] = Field(
+        None, ge=1, description="OMP/torch threads per run (default: CPU cores / max_parallel)."
+    )
+
+
+class SshSection(Strict):
+    """How the controller reaches instances over SSH."""
+
+    user: str = Field("ubuntu", description="Login user on the image.")
+    port: Count = Field(22, ge=1, le=65535, description="sshd port.")
+    address: Literal["public_ip", "private_ip"] = Field("public_ip", description="Which instance address to dial.")
+    identity: str = Field(
+        "~/.ssh/id_ed25519", description="Private key file; its .pub goes into the instance's authorized keys."
+    )
+
+
+class AwsSection(Strict):
+    """Settings of the aws backend (`backend: aws`)."""
+
+    region: str = Field("us-east-1", description="AWS region.")
+    instance_types: List[str] = Field(
+        ["g5.xlarge", "g6.xlarge"], min_length=1, description="Acceptable instance types, best first."
+    )
+    subnet_ids: List[str] = Field(
+        default_factory=list, description="Subnets to launch into (one per AZ); default: the default VPC's."
+    )
+    image: str = Field(..., min_length=1, description="An AMI id (ami-...) or a name pattern resolved to the newest match.")
+    image_owner: str = Field("amazon", description="Owner of `image` when it is a name pattern.")
+    market: Literal["spot", "on-demand", "spot-then-on-demand"] = Field("spot", description="Capacity market.")
+    max_minutes: Count = Field(240, ge=5, description="Safety net: every instance powers off (terminates) after this.")
+    security_group: Optional[str] = Field(None, description="Use this security group instead of creating one.")
+    ssh_cidr: Optional[str] = Field(
+        None, description="Who may reach port 22 (default: this machine's public address /32)."
+    )
+    instance_profile: Optional[str] = Field(
+        "create", description="'create' (default): a profile limited to this sweep's S3 prefix and to terminating its own instances; or an existing profile's name."
+    )
+    python: str = Field(
+        "auto", min_length=1,
+        description="Interpreter on the instance ({python}); 'auto' finds the image's PyTorch interpreter (DLAMI: /opt/pytorch/bin/python) on the first host.",
+    )
+    volume_gb: Count = Field(100, ge=8, description="Root volume size (deleted with the instance).")
+    keep_alive: bool = Field(False, description="Keep an instance after its run ends (debugging); `orch down` removes it.")
+    idle_minutes: Optional[Amount] = Field(
+        None, gt=0, description="With keep_alive: the instance terminates itself once its run ended and nobody was attached for this long."
+    )
+    boot_timeout_s: Amount = Field(600, gt=0, description="How long to wait for an instance's sshd.")
+    heartbeat_s: Amount = Field(10, gt=0, description="How often the agent writes status.json to S3.")
+    sync_s: Amount = Field(30, gt=0, description="How often the agent syncs the run folder to S3 (and at once on a spot notice).")
+    ssh: SshSection = Field(default_factory=SshSection, description="SSH settings.")
+
+
+class ResourcesSection(Strict):
+    """The shape of each run (README: Run shapes)."""
+
+    nodes: Count = Field(1, ge=1, description="Instances (hosts) per run.")
+    gpus: Optional[Count] = Field(None, ge=0, description="GPUs per node the run uses (default: every GPU of the host).")
+    procs_per_node: Optional[Count] = Field(None, ge=1, description="Processes per node (default: gpus, or 1 without GPUs).")
+
+
+class DataEntry(Strict):
+    """A data set staged to each host before its runs start (README: Data)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    source: str = Field(..., alias="from", min_length=1, description="s3://bucket/prefix/, or (local backend) a folder.")
+    to: str = Field(..., min_length=1, description="Folder on the host (~ allowed); relative: under orch's data folder.")
+
+
+class SweepSpec(Strict):
+    """One sweep: a command run once per point of `grid` x `seeds`."""
+
+    name: str = Field(
+        ..., pattern=NAME_RE, description="Sweep name: letters, digits, '-' and '_'; names the store folder."
+    )
+    description: str = Field("", description="Free text, shown by `orch status`.")
+    backend: Literal["local", "aws"] = Field("local", description="Where runs execute: local or aws.")
+    command: str = Field(
+        DEFAULT_COMMAND,
+        min_length=1,
+        description="Shell command of one run; {name} placeholders take params, grid values and builtins.",
+    )
+    params: Dict[str, Scalar] = Field(default_factory=dict, description="Fixed values shared by every run.")
+    grid: Dict[str, List[Scalar]] = Field(
+        default_factory=dict, description="Lists of values; the sweep runs their cartesian product."
+    )
+    seeds: Union[StrictInt, List[StrictInt]] = Field(
+        1, description="A count N (seeds 0..N-1) or an explicit list of seeds; each point runs once per seed."
+    )
+    max_parallel: Count = Field(2, ge=1, description="How many runs execute at the same time.")
+    max_restarts: Count = Field(1, ge=0, description="Restarts of a run whose command fails (preemptions are free).")
+    timeout_minutes: Optional[Amount] = Field(None, gt=0, description="A run still going after this is stopped and failed.")
+    budget_usd: Optional[Amount] = Field(
+        None, gt=0, description="aws: once the realized cost reaches this, no new run or attempt starts."
+    )
+    store: str = Field(
+        "",
+        description="Where results go: a folder (relative to this file) or s3://bucket/prefix. Default $ORCH_HOME/store.",
+    )
+    env: Dict[str, str] = Field(default_factory=dict, description="Extra environment variables for every run.")
+    max_runs: Count = Field(
+        MAX_RUNS, ge=1, description="Refuse the sweep when grid x seeds expands to more runs than this (a guard against typos)."
+    )
+    data: Optional[List[DataEntry]] = Field(None, description="Data sets staged to each host before the command starts.")
+    resources: Optional[ResourcesSection] = Field(None, description="The shape of each run: nodes, GPUs, processes per node.")
+    local: LocalSection = Field(default_factory=LocalSection, description="Local backend settings.")
+    aws: Optional[AwsSection] = Field(None, description="AWS backend settings (required with backend: aws).")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of a sweep, fully resolved."""
+
+    run_id: str  # readable and stable: grid values (and seed) joined, e.g. "lr=0.1,seed=0"
+    params: Dict[str, Any]  # params + this point's grid values + seed
+    command: str  # the shell command with placeholders substituted
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A loaded sweep: the validated spec, where it came from, and its runs."""
+
+    spec: SweepSpec
+    path: Path  # the sweep file
+    store_url: str  # resolved: absolute folder or s3:// URL
+    runs: List[RunSpec] = field(default_factory=list)
+
+    def resolved(self) -> Dict[str, Any]:
+        """What is recorded as sweep.json; a relaunch must match it."""
+        data = self.spec.model_dump(mode="json")
+        data["store"] = self.store_url
+        data["runs"] = [r.run_id for r in self.runs]
+        return data
+
+
+# --- loading ----------------------------------------------------------------------------------
+
+
+def host_python(spec: SweepSpec) -> Optional[str]:
+    """The interpreter `{python}` means: the instance's on aws, this one's locally."""
+    return spec.aws.python if spec.backend == "aws" and spec.aws else None
+
+
+def orch_home() -> Path:
+    return Path(os.environ.get("ORCH_HOME") or Path.home() / ".orch")
+
+
+def resolve_store(store: str, base: Path) -> str:
+    if store.startswith("s3://"):
+        return store.rstrip("/")
+    if not store:
+        return str(orch_home() / "store")
+    p = Path(os.path.expanduser(store))
+    return str((p if p.is_absolute() else base / p).resolve())
+
+
+def seeds_of(spec: SweepSpec) -> List[int]:
+    return list(range(spec.seeds)) if isinstance(spec.seeds, int) else list(spec.seeds)
+
+
+def placeholders(command: str) -> List[str]:
+    """Field names used in a command template; raises ValueError on malformed braces."""
+    names = []
+    for _, name, _, _ in string.Formatter().parse(command):
+        if name is None:
+            continue
+        if name == "" or name.isdigit():
+            raise ValueError("positional placeholder '{}' is not allowed: name a param, e.g. {lr}")
+        names.append(re.split(r"[.\[]", name)[0])
+    return names
+
+
+# --- expansion --------------------------------------------------------------------------------
+
+
+ID_VALUE_MAX = 48  # longer values are shortened in run ids, with a hash of the whole value so ids stay distinct
+
+
+def run_count(spec: SweepSpec) -> int:
+    """How many runs the spec expands to, computed without expanding it."""
+    n = spec.seeds if isinstance(spec.seeds, int) else len(spec.seeds)
+    for values in spec.grid.values():
+        n *= len(values)
+    return n
+
+
+def _id_value(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, bool) else str(value)
+    safe = re.sub(r"[^A-Za-z0-9.+-]", "_", text)
+    if len(safe) <= ID_VALUE_MAX:
+        return safe
+    import hashlib
+
+    return f"{safe[:ID_VALUE_MAX - 9]}~{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+
+
+def _shell_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, str):
+        return shlex.quote(value)
+    return str(value)
+
+
+def expand(spec: SweepSpec, python: Optional[str] = None) -> List[RunSpec]:
+    """grid x seeds -> runs, in a deterministic order with stable, readable ids."""
+    from orchestrator.sweep.shapes import torchrun_text
+
+    seeds = seeds_of(spec)
+    axes = list(spec.grid.items())
+    runs = []
+    for point in itertools.product(*(values for _, values in axes)):
+        for seed in seeds:
+            chosen = dict(zip((k for k, _ in axes), point))
+            parts = [f"{k}={_id_value(v)}" for k, v in chosen.items()]
+            if len(seeds) > 1:
+                parts.append(f"seed={seed}")
+            run_id = ",".join(parts) or "run"
+            params = {**spec.params, **chosen, "seed": seed}
+            values = {k: _shell_value(v) for k, v in params.items()}
+            # "auto": the interpreter is found on the first host; the run reads it from $ORCH_PYTHON
+            py = '"$ORCH_PYTHON"' if python == AUTO_PYTHON else shlex.quote(python or sys.executable)
+            values.update(python=py, sweep=spec.name, run_id=shlex.quote(run_id), torchrun=torchrun_text(py))
+            runs.append(RunSpec(run_id=run_id, params=params, command=spec.command.format(**values)))
+    return runs
+
+

@@ -1,0 +1,62 @@
+"""One attempt of a run as its host needs it: the task (RunTask), its ORCH_* environment and its data entries.
+
+Built on the user's machine from the validated sweep; the agent on the host reads only the task.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Dict, Optional
+
+from orchestrator.contract import RunTask, ctl_dir, run_root, session_name
+
+if TYPE_CHECKING:  # the agent imports this module on hosts; keep pydantic out of its start-up
+    from orchestrator.sweep.spec import Sweep
+import logging
+import os
+from pathlib import Path
+from typing import List
+
+log = logging.getLogger("orch.agent")
+
+
+def run_env(sweep: "Sweep", run_id: str, attempt: int, run_dir: str, params_json: str) -> Dict[str, str]:
+    """The ORCH_* environment of one attempt (README: the run contract), over the sweep's `env:`."""
+    from orchestrator.sweep.shapes import shape_env
+
+    env = dict(sweep.spec.env)
+    env.update(ORCH_SWEEP=sweep.spec.name, ORCH_RUN_ID=run_id, ORCH_ATTEMPT=str(attempt), ORCH_RUN_DIR=run_dir,
+               ORCH_PARAMS_JSON=params_json, PYTHONUNBUFFERED="1", ORCH_RDZV_ID=f"{sweep.spec.name}-{run_id}-{attempt}",
+               **shape_env(sweep.spec.resources))
+    return env
+
+
+
+def new_task(sweep: "Sweep", run_id: str, attempt: int, command: str, params_json: str, base: str,
+             env: Optional[Dict[str, str]] = None, **periods) -> RunTask:
+    """The task of one attempt; `env` is laid under the contract's variables, `periods` are RunTask fields."""
+    from orchestrator.sweep.tasks import resolve
+
+    root = run_root(base, sweep.spec.name, run_id)
+    minutes = sweep.spec.timeout_minutes
+    data = resolve(sweep.spec.data, sweep.path.parent, f"{base.rstrip('/')}/.data")  # relative `to:`: beside the runs
+    env = {**(env or {}), **({"ORCH_DATA_DIR": data[0]["to"]} if data else {})}
+    return RunTask(sweep=sweep.spec.name, run_id=run_id, attempt=attempt, command=command, store_url=sweep.store_url,
+                   run_dir=f"{root}/run", ctl_dir=ctl_dir(base, sweep.spec.name, run_id), session=session_name(sweep.spec.name, run_id),
+                   env={**(env or {}), **run_env(sweep, run_id, attempt, f"{root}/run", params_json)},
+                   timeout_s=minutes * 60 if minutes else None, data=data, **periods)
+
+
+def resolve(entries: Optional[list], source_base: Path, to_base: str) -> List[Dict[str, str]]:
+    """`data:` of a spec as the agent needs it: local sources absolute (relative to the sweep file),
+    relative `to:` under `to_base` (the host's data folder)."""
+    out = []
+    for e in entries or []:
+        src = e.source
+        if not src.startswith("s3://"):
+            p = Path(os.path.expanduser(src))
+            src = str(p if p.is_absolute() else (source_base / p).resolve())
+        to = e.to
+        if not (to.startswith("/") or to.startswith("~")):
+            to = f"{to_base.rstrip('/')}/{to}"
+        out.append({"from": src, "to": to})
+    return out

@@ -1,0 +1,135 @@
+"""YAML with line numbers and duplicate-key checks, and pydantic errors as `file:line: field: message. Fix: ...`."""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import yaml
+from pydantic import ValidationError
+
+
+class Loader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently)."""
+
+
+def _construct_mapping(loader: Loader, node: yaml.MappingNode, deep: bool = False) -> Dict[Any, Any]:
+    seen: Dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.MarkedYAMLError(
+                problem=f"duplicate key '{key}' (first at line {seen[key] + 1})", problem_mark=key_node.start_mark
+            )
+        seen[key] = key_node.start_mark.line
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+# YAML 1.2 numbers: `1e-3` is a float (PyYAML follows YAML 1.1, which wants `1.0e-3`, and would hand a string to the run).
+Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    __import__("re").compile(r"^[-+]?(?:[0-9][0-9_]*)?(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def line_of(root: Optional[yaml.Node], loc: Tuple[Any, ...]) -> int:
+    """1-based line of the deepest node along `loc` (a pydantic error location)."""
+    node, line = root, 1
+    if node is not None:
+        line = node.start_mark.line + 1
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = [(k, v) for k, v in node.value if k.value == str(part)]
+            if not match:
+                break
+            key, node = match[0]
+            line = key.start_mark.line + 1
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+def dotted(loc: Tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if not (isinstance(p, str) and p in _TYPE_TAGS)]
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)
+    return out or "(top level)"
+
+
+# Union members pydantic appends to error locations; they mean nothing to a user.
+_TYPE_TAGS = {"bool", "int", "float", "str", "list[int]", "function-after[_check(), str]"}
+
+_FIXES = {
+    "extra_forbidden": "remove it or fix its spelling; allowed here: {allowed}",
+    "missing": "add it",
+    "literal_error": "use one of the allowed values",
+    "string_type": "write it as text, e.g. in quotes",
+    "int_type": "write a whole number, e.g. 2",
+    "int_parsing": "write a whole number, e.g. 2",
+    "int_from_float": "write a whole number, e.g. 2",
+    "float_type": "write a number, e.g. 0.5",
+    "float_parsing": "write a number, e.g. 0.5",
+    "finite_number": "write a finite number, e.g. 30",
+    "bool_type": "write true or false",
+    "list_type": "write a list, e.g. [0.1, 0.2]",
+    "dict_type": "write a mapping of names to values",
+    "greater_than": "use a larger value",
+    "greater_than_equal": "use a larger value",
+    "less_than_equal": "use a smaller value",
+    "value_error": "see the message",
+    "string_pattern_mismatch": "rename it",
+    "string_too_short": "write something here",
+}
+
+
+def _allowed_fields(loc: Tuple[Any, ...], root_model: Any) -> str:
+    model: Any = root_model
+    for part in loc[:-1]:
+        f = getattr(model, "model_fields", {}).get(part)
+        model = getattr(f, "annotation", None) if f else None
+    fields = getattr(model, "model_fields", None) or root_model.model_fields
+    return ", ".join(fields)
+
+
+def format_errors(exc: ValidationError, path: Path, root: Optional[yaml.Node], model: Any) -> List[str]:
+    """One line per field: file:line: field: message. Fix: ...; union alternatives merged."""
+    merged: Dict[Tuple[Any, ...], List[dict]] = {}
+    for err in exc.errors():
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p in _TYPE_TAGS))
+        merged.setdefault(loc, []).append(err)
+    lines = []
+    for loc, errs in list(merged.items())[:5]:
+        err = errs[0]
+        if loc == ("seeds",):
+            msg = "must be a count (e.g. 3, for seeds 0, 1, 2) or a list of seeds (e.g. [0, 42])"
+        elif len(errs) > 1:
+            msg = "must be a number, a string or true/false" if err["type"] in _SCALAR_ERRORS else err["msg"]
+        elif err["type"] == "string_pattern_mismatch" and loc == ("name",):
+            too_long = isinstance(err.get("input"), str) and len(err["input"]) > 63
+            msg = "at most 63 characters" if too_long else "use letters, digits, '-' and '_', starting with a letter or digit"
+        elif err["type"] == "finite_number":
+            msg = "must be a finite number"
+        else:
+            msg = err["msg"]
+        if err["type"] not in ("extra_forbidden", "missing") and not isinstance(err.get("input"), (dict, list)):
+            msg += f" (got {err['input']!r})"
+        elif isinstance(err.get("input"), (dict, list)) and err["type"] not in ("extra_forbidden", "missing"):
+            msg += f" (got {json.dumps(err['input'])[:60]})"
+        fix = _FIXES.get(err["type"], "").format(allowed=_allowed_fields(loc, model))
+        if err["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(str(loc[-1]), _allowed_fields(loc, model).split(", "), n=1)
+            if close:
+                fix = f"did you mean `{close[0]}`? Allowed here: {_allowed_fields(loc, model)}"
+        lines.append(f"{path}:{line_of(root, loc)}: {dotted(loc)}: {msg}" + (f". Fix: {fix}." if fix else ""))
+    return lines
+
+
+_SCALAR_ERRORS = {"bool_type", "int_type", "float_type", "string_type", "bool_parsing", "int_parsing", "float_parsing"}

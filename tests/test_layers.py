@@ -1,0 +1,90 @@
+"""The tree shows where code runs: layers (import-linter), no import circle, a bundle that ships only the
+host's side, and an `orch --help` that imports nothing heavy."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+
+from orchestrator.backends import bundle
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("boto3", "botocore", "paramiko", "pydantic", "torch", "matplotlib", "libtmux", "rich", "yaml", "numpy")
+
+
+def _cycles(graph) -> list:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+    for root in sorted(graph.modules):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
+        index[root] = low[root] = counter[0]; counter[0] += 1; stack.append(root); on.add(root)
+        while work:
+            node, it = work[-1]
+            nxt = next(it, None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter[0]; counter[0] += 1; stack.append(nxt); on.add(nxt)
+                    work.append((nxt, iter(sorted(graph.find_modules_directly_imported_by(nxt)))))
+                elif nxt in on:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                comp = []
+                while True:
+                    m = stack.pop(); on.discard(m); comp.append(m)
+                    if m == node:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_import_linter_contracts_hold():
+    lint = Path(sys.executable).parent / "lint-imports"
+    r = subprocess.run([str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Contracts: 4 kept, 0 broken" in r.stdout, r.stdout
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    graph = grimp.build_graph("orchestrator", "trainer", cache_dir=None)
+    assert _cycles(graph) == []
+    # The check itself sees a circle when there is one.
+    graph.add_import(importer="orchestrator.errors", imported="orchestrator.cli.main")
+    assert any("orchestrator.errors" in c for c in _cycles(graph))
+
+
+def test_the_bundle_ships_the_hosts_side_and_everything_it_imports():
+    names = {name for _, name in bundle._sources(ROOT)}
+    shipped = {n[:-3].replace("/", ".").removesuffix(".__init__") for n in names}
+    assert "orchestrator.host.agent" in shipped and "orchestrator.store.s3" in shipped and "trainer.train" in shipped
+    for controller_side in ("orchestrator.cli.main", "orchestrator.control.controller", "orchestrator.aws.ec2",
+                            "orchestrator.backends.local", "orchestrator.sweep.spec", "orchestrator.remote.ssh"):
+        assert controller_side not in shipped
+    graph = grimp.build_graph("orchestrator", "trainer", cache_dir=None)
+    missing = {(m, i) for m in shipped for i in graph.find_modules_directly_imported_by(m) if i not in shipped}
+    assert missing == set()
+    # What the bundle holds is what the host runs: its entry point is in it.
+    from orchestrator.contract import agent_command
+
+    assert "-m orchestrator.host.agent " in agent_command("python3", "t.json", "ctl")
+
+
+def test_orch_help_imports_nothing_heavy():
+    code = ("import sys\nfrom orchestrator.cli.main import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print('MODULES', ' '.join(sorted(sys.modules)))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "orch launch" in r.stdout or "launch" in r.stdout
+    loaded = set(r.stdout.split("MODULES", 1)[1].split())
+    assert not {m for m in loaded if m.split(".")[0] in HEAVY}
+    assert not {m for m in loaded if m.startswith(("orchestrator.aws", "orchestrator.control", "orchestrator.backends"))}
