@@ -52,7 +52,7 @@ from typing import Callable, Dict, List, Optional
 
 import yaml
 
-from tests.fakecloud_gate import Gate, Strictness, policies_from_moto
+from tests.fakecloud_gate import CONTROLLER_KEY, Gate, Strictness, policies_from_moto
 
 REGION = "us-east-1"
 AZS = ("us-east-1a", "us-east-1b")
@@ -278,6 +278,9 @@ class _GatedMotoServer:
         self.thread.join(10)
 
 
+HARNESS_KEY = "fakecloud-harness"  # not CONTROLLER_KEY: the gate checks the controller's calls against orch's policy
+
+
 class FakeCloud:
     def __init__(self, root: Path, poll_s: float = 0.2, boot_s: float = 0.0, cold_s: float = 0.0,
                  strict: Optional[Strictness] = None, default_vpc: bool = True):
@@ -317,6 +320,9 @@ class FakeCloud:
         self.gate = self.server.start()
         self.endpoint = f"http://127.0.0.1:{port}"
         self.gate.policy_source = policies_from_moto(self.endpoint, self.secret)
+        from orchestrator.aws.policy import controller_policy
+
+        self.gate.controller_policy = controller_policy(BUCKET)  # orch's own calls: exactly what docs/aws.md asks users to grant
         self._reset()  # moto keeps its state per process: every fake cloud starts empty
         for k, v in self.env().items():
             self._saved_env[k] = os.environ.get(k)
@@ -426,14 +432,15 @@ class FakeCloud:
         urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"), timeout=10).read()
 
     def env(self) -> Dict[str, str]:
-        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": self.secret,
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": CONTROLLER_KEY, "AWS_SECRET_ACCESS_KEY": self.secret,
                 "AWS_DEFAULT_REGION": REGION, "AWS_EC2_METADATA_DISABLED": "true"}
 
     def client(self, service: str):
         import boto3
 
+        # the harness's own key: setting up the cloud (VPCs, images, buckets) and inspecting it is not orch's doing
         return boto3.client(service, region_name=REGION, endpoint_url=self.endpoint,
-                            aws_access_key_id="testing", aws_secret_access_key=self.secret)
+                            aws_access_key_id=HARNESS_KEY, aws_secret_access_key=self.secret)
 
     # the watcher
 

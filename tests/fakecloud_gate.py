@@ -48,6 +48,8 @@ ACCOUNT = "123456789012"  # moto's default account
 # every request into it, and every direct read of its state, holds this lock.
 MOTO = threading.RLock()
 REGION = "us-east-1"
+CONTROLLER_KEY = "testing"  # the access key the orch CLI (the controller) runs with; the harness's own clients use another
+CONTROLLER = "(the controller)"  # its name where a role's would be
 AUTH_RE = re.compile(r"Credential=([^/]+)/[^/]+/([^/]+)/([^/]+)/")
 PLACEMENT_ACTIONS = ("CreatePlacementGroup", "DescribePlacementGroups", "DeletePlacementGroup")
 PROFILE_ERROR = "Value ({name}) for parameter iamInstanceProfile.name is invalid. Invalid IAM Instance Profile name"
@@ -64,6 +66,7 @@ class Strictness:
     profile_s: float = 1.0  # a new instance profile is refused by CreateFleet this long
     pending_s: float = 0.3  # new instances are `pending` this long
     terminate_s: float = 1.0  # terminated instances stay `shutting-down` this long
+    image_s: float = 1.0  # a new image is `pending` this long (EC2: minutes, more for large volumes)
     iam: bool = True  # evaluate role policies for hosts' requests
 
 
@@ -82,6 +85,10 @@ class Gate:
     policy_source: Optional[Callable[[str], List[dict]]] = None  # role -> policy documents
     garbled: set = field(default_factory=set)  # EC2 actions answered with a body no SDK can parse (any-exception injection)
     fleet_capacity: Dict[Tuple[str, str, str], int] = field(default_factory=dict)  # most instances one CreateFleet gets from a pool
+    spot_ids: set = field(default_factory=set)  # instances a fleet launched as spot (one-time requests: EC2 cannot stop them)
+    fail_images: bool = False  # set by a test: new images end `failed` instead of `available`
+    controller_policy: Optional[dict] = None  # the policy orch documents (orch aws policy): every controller call is checked
+    denied: List[str] = field(default_factory=list)  # controller calls the documented policy refused
 
     def __post_init__(self):
         from tests.fakecloud_placement import PlacementGroups
@@ -98,8 +105,13 @@ class Gate:
         m = AUTH_RE.search(environ.get("HTTP_AUTHORIZATION", ""))
         akid, service = (m.group(1), m.group(3)) if m else ("", "")
         role = self.roles.get(akid) if self.strict.iam else None
+        if not role and akid == CONTROLLER_KEY and self.controller_policy is not None and self.strict.iam:
+            role = CONTROLLER  # the controller runs under exactly the policy orch documents
         try:
-            if service == "s3" and role:
+            refused = self._controller_refused(service, environ, body) if role == CONTROLLER else None
+            if refused:
+                answer = refused
+            elif service == "s3" and role:
                 answer = self._s3(environ, body, role)
             elif service == "ec2":
                 answer = self._ec2(environ, body, role)
@@ -110,7 +122,8 @@ class Gate:
         except Exception as exc:  # a bug in the gate must be loud, not a hang
             answer = ("500 Internal Server Error", [("Content-Type", "text/plain")], f"fake cloud gate: {exc!r}".encode())
         status, headers, data = answer
-        headers = [(k, v) for k, v in headers if k.lower() != "content-length"] + [("Content-Length", str(len(data)))]
+        if environ["REQUEST_METHOD"] != "HEAD":  # a HEAD answer has no body but the object's length (S3 HeadObject)
+            headers = [(k, v) for k, v in headers if k.lower() != "content-length"] + [("Content-Length", str(len(data)))]
         start_response(status, headers)
         return [data] if environ["REQUEST_METHOD"] != "HEAD" else [b""]
 
@@ -140,7 +153,7 @@ class Gate:
         form = parse_qs(body.decode())
         action = form.get("Action", [""])[0]
         ids = [v[0] for k, v in form.items() if k.startswith("InstanceId.") or (action == "DeleteTags" and k.startswith("ResourceId."))]
-        if role:  # a host: only what its role allows (the agent terminates, or untags, its own instance)
+        if role and role != CONTROLLER:  # a host: only what its role allows (the agent terminates, or untags, its own instance)
             if action not in ("TerminateInstances", "DeleteTags") or not ids or not all(
                     self._allowed(role, f"ec2:{action}", f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/{i}",
                                   {f"aws:ResourceTag/{k}": v for k, v in _instance_tags(i).items()}) for i in ids):
@@ -156,6 +169,12 @@ class Gate:
                 return self._ec2_error("InvalidGroup.NotFound", f"The security group '{fresh[0]}' does not exist")
             if action == "DeleteSecurityGroup" and groups and self._in_use(groups[0]):
                 return self._ec2_error("DependencyViolation", f"resource {groups[0]} has a dependent object")
+        if action == "StopInstances":  # EC2 user guide, Spot Instance request limitations
+            spot = [i for i in ids if i in self.spot_ids]
+            if spot:
+                return self._ec2_error("UnsupportedOperation", f"You can't stop the Spot Instance '{spot[0]}' because it is associated "
+                                       "with a one-time Spot Instance request. You can only stop Spot Instances associated with "
+                                       "persistent Spot Instance requests.")
         if action in self.garbled:
             self.counts[f"garbled:{action}"] += 1
             return "200 OK", [("Content-Type", "text/xml")], b"<garbled"
@@ -170,6 +189,9 @@ class Gate:
         if action == "TerminateInstances" and answer[0].startswith("200"):
             for iid in ids:
                 self._shut_down(iid)
+        if action in ("CreateImage", "CopyImage") and answer[0].startswith("200"):
+            for image_id in set(re.findall(rb"ami-[0-9a-f]+", answer[2])):
+                self._image_pending(image_id.decode())
         return answer
 
     def _create_fleet(self, environ, form):
@@ -189,7 +211,10 @@ class Gate:
             if placed:
                 refused.append((o, *placed))
             elif profile and self._is_young(profile, self.strict.profile_s):
+                # as a real answer pairs them (karpenter-provider-aws issue 3051): the propagation error, and a capacity error
                 refused.append((o, "InvalidParameterValue", PROFILE_ERROR.format(name=profile)))
+                refused.append((o, "UnfulfillableCapacity", "Unable to fulfill capacity due to your request configuration. "
+                                                            "Please adjust your request and try again."))
             elif code:
                 refused.append((o, code, f"injected by the fake cloud for ({market}, {o.get('InstanceType')}, {az})"))
             else:
@@ -213,14 +238,16 @@ class Gate:
             self.counts["partial"] += 1
             new_form = [(k, str(cap) if k == "TargetCapacitySpecification.TotalTargetCapacity" and int(v) > cap else v) for k, v in new_form]
         with MOTO:  # launched and made `pending` in one step: no DescribeInstances between sees a new instance `running`
-            return self._launched(self.forward(environ, urlencode(new_form).encode()), data, profile, kept)
+            return self._launched(self.forward(environ, urlencode(new_form).encode()), data, profile, kept, market)
 
-    def _launched(self, answer: tuple, data: dict, profile: Optional[str], kept: list) -> tuple:
+    def _launched(self, answer: tuple, data: dict, profile: Optional[str], kept: list, market: str = "on-demand") -> tuple:
         if answer[0].startswith("200"):
             groups = list(data.get("SecurityGroupIds") or [g for nic in data.get("NetworkInterfaces") or [] for g in nic.get("Groups", [])])
             for iid in set(re.findall(rb"i-[0-9a-f]{8,17}", answer[2])):
                 iid = iid.decode()
                 self._born(iid)
+                if market == "spot":
+                    self.spot_ids.add(iid)
                 self.groups_of[iid] = groups
                 if profile:
                     self.profile_of[iid] = profile
@@ -284,6 +311,24 @@ class Gate:
 
         _later(self.strict.pending_s, run)
 
+    def _image_pending(self, image_id: str) -> None:
+        """CreateImage answers at once; the image is `pending` for minutes, then `available` or `failed`
+        (EC2 user guide, Create an Amazon EBS-backed AMI). moto makes it `available` at once."""
+        with MOTO:
+            image = _ec2_backend().amis.get(image_id)
+            if image is None or self.strict.image_s <= 0:
+                return
+            image.state = "pending"
+        fail = self.fail_images
+
+        def done():
+            with MOTO:
+                image.state = "failed" if fail else "available"
+                if fail:
+                    image.state_reason = {"Code": "Client.InternalError", "Message": "injected by the fake cloud: the snapshot failed"}
+
+        _later(self.strict.image_s, done)
+
     def _shut_down(self, iid: str) -> None:
         inst = _instance(iid)
         if inst is None or self.strict.terminate_s <= 0 or inst._state.name != "terminated":
@@ -314,9 +359,38 @@ class Gate:
             self._born(form.get("InstanceProfileName", [""])[0])
         return answer
 
+    def _controller_refused(self, service: str, environ, body: bytes) -> Optional[tuple]:
+        """EC2 and IAM calls of the controller against the documented policy (S3 goes through _s3 with it)."""
+        if service not in ("ec2", "iam"):
+            return None
+        form = parse_qs(body.decode())
+        action = form.get("Action", [""])[0]
+        checks = [(f"{service}:{action}", "*")]
+        if service == "iam":
+            name = form.get("RoleName", form.get("InstanceProfileName", [""]))[0]
+            kind = "role" if "RoleName" in form else "instance-profile"
+            checks = [(f"iam:{action}", f"arn:aws:iam::{ACCOUNT}:{kind}/{name}" if name else "*")]
+        if action == "CreateFleet":  # launching with an instance profile passes its role to EC2
+            template_id = form.get("LaunchTemplateConfigs.1.LaunchTemplateSpecification.LaunchTemplateId", [""])[0]
+            version = form.get("LaunchTemplateConfigs.1.LaunchTemplateSpecification.Version", ["1"])[0]
+            profile = (_template_data(template_id, version).get("IamInstanceProfile") or {}).get("Name", "")
+            checks += [("ec2:RunInstances", "*")] + ([("iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/{profile}")] if profile else [])
+        for what, resource in checks:
+            if not self._allowed(CONTROLLER, what, resource, {}):
+                self.denied.append(what)
+                message = f"User: orch is not authorized to perform: {what} (not in the policy `orch aws policy` prints)"
+                if service == "ec2":
+                    return self._ec2_error("UnauthorizedOperation", message, 403)
+                self.counts["AccessDenied"] += 1
+                xml = (f'<ErrorResponse xmlns="https://iam.amazonaws.com/doc/2010-05-08/"><Error><Type>Sender</Type>'
+                       f"<Code>AccessDenied</Code><Message>{_xml(message)}</Message></Error><RequestId>{uuid.uuid4()}</RequestId></ErrorResponse>")
+                return "403 Forbidden", [("Content-Type", "text/xml")], xml.encode()
+        return None
+
     def _allowed(self, role: str, action: str, resource: str, context: Dict[str, str]) -> bool:
         allow = False
-        for doc in (self.policy_source(role) if self.policy_source else []):
+        docs = [self.controller_policy] if role == CONTROLLER else (self.policy_source(role) if self.policy_source else [])
+        for doc in docs:
             statements = doc.get("Statement", [])
             for st in statements if isinstance(statements, list) else [statements]:
                 if not (_matches(st.get("Action"), action, fold=True) and _matches(st.get("Resource"), resource)
@@ -333,6 +407,8 @@ class Gate:
         method = environ["REQUEST_METHOD"]
         path = environ.get("PATH_INFO", "").lstrip("/")
         bucket, _, key = path.partition("/")
+        if not _bucket_exists(bucket):  # S3 says NoSuchBucket (404) before it evaluates any policy
+            return self.forward(environ)
         query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
         bucket_arn = f"arn:aws:s3:::{bucket}"
         checks: List[Tuple[str, str, Dict[str, str]]] = []
@@ -371,6 +447,13 @@ class Gate:
 
 
 # --- moto's in-process state -----------------------------------------------------------------------
+
+
+def _bucket_exists(name: str) -> bool:
+    from moto.s3.models import s3_backends
+
+    with MOTO:
+        return name in s3_backends[ACCOUNT]["aws"].buckets
 
 
 def _ec2_backend():
@@ -463,7 +546,7 @@ def policies_from_moto(endpoint: str, secret: str) -> Callable[[str], List[dict]
     """Inline and attached policies of a role, read from moto's IAM (the controller's view)."""
     import boto3
 
-    iam = boto3.client("iam", region_name=REGION, endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key=secret)
+    iam = boto3.client("iam", region_name=REGION, endpoint_url=endpoint, aws_access_key_id="fakecloud-harness", aws_secret_access_key=secret)
 
     def source(role: str) -> List[dict]:
         docs = []

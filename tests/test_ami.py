@@ -105,3 +105,39 @@ def test_a_failing_step_shows_its_output_and_leaves_nothing(orch, cloud, identit
     assert cloud.instances(states=("pending", "running", "stopping", "stopped")) == []
     assert not any(cloud.leftovers("ami-broken").values())
     assert cloud.client("ec2").describe_images(Owners=["self"], Filters=[{"Name": "tag-key", "Values": ["orch:recipe"]}])["Images"] == []
+
+
+def test_a_failed_image_is_an_error_and_stays_listed_for_rm(orch, cloud, identity):
+    # market spot: the builder is a one-time spot instance, which EC2 (and the fake) refuses to stop
+    path = recipe(orch, identity, "flaky", ["true"])
+    spec = yaml.safe_load(path.read_text())
+    spec["aws"]["market"] = "spot"
+    path.write_text(yaml.safe_dump(spec))
+    cloud.gate.fail_images = True
+    r = orch("ami", "build", str(path), timeout=600)
+    assert r.code != 0 and "failed" in r.err and "orch ami rm" in r.err and "Traceback" not in r.err, r.out + r.err
+    assert cloud.gate.counts["UnsupportedOperation"] == 0  # nothing tried to stop the spot builder
+    (image,) = [i for i in cloud.client("ec2").describe_images(Owners=["self"])["Images"]
+                if any(t["Key"] == "orch:recipe" and t["Value"] == "flaky" for t in i.get("Tags", []))]
+    assert image["State"] == "failed"
+    listed = orch("ami", "list", "--region", "us-east-1")
+    assert image["ImageId"] in listed.out and "failed" in listed.out, listed.out
+    dry = orch.sweep(yaml.safe_dump({"name": "onflaky", "backend": "aws", "store": f"s3://{BUCKET}/s", "command": "true",
+                                     "aws": {**spec["aws"], "image": "recipe:flaky"}}), name="onflaky.yaml")
+    refused = orch("launch", str(dry), "--dry-run")
+    assert refused.code != 0 and "no image built from recipe 'flaky'" in refused.err, refused.out + refused.err  # never a failed one
+    assert orch("ami", "rm", image["ImageId"], "--region", "us-east-1").code == 0
+    assert cloud.instances(states=("pending", "running", "stopping", "stopped")) == []
+
+
+def test_the_controller_runs_under_the_documented_policy_only(cloud):
+    from botocore.exceptions import ClientError
+
+    from orchestrator.aws import ec2 as api
+
+    ec2 = api.client("ec2", "us-east-1")  # the controller's credentials, as every orch command has them
+    assert ec2.describe_images(Owners=["self"])["Images"]  # in the policy
+    with pytest.raises(ClientError, match="UnauthorizedOperation"):  # not in it: orch never stops an instance
+        ec2.stop_instances(InstanceIds=["i-0123456789abcdef0"])
+    assert cloud.gate.denied == ["ec2:StopInstances"]
+    cloud.gate.denied.clear()

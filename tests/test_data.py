@@ -94,17 +94,19 @@ def test_push_then_two_runs_on_one_host_stage_once_and_a_resume_stages_nothing(o
 
 
 def test_a_source_that_cannot_be_staged_fails_the_run_with_the_reason(orch, job, tmp_path):
+    # a missing folder is refused at validation (tests/test_trust.py); one that exists but holds nothing fails the run
+    (tmp_path / "empty").mkdir()
     path = orch.sweep(f"""
         name: nodata
         command: "{job(steps=1)}"
         max_restarts: 0
         store: store
         data:
-          - from: {tmp_path / "missing"}
+          - from: {tmp_path / "empty"}
             to: {tmp_path / "dest"}
     """)
     r = orch("launch", str(path), timeout=120)
     assert r.code == 1, r.out + r.err
     v = status(orch, "nodata")["run"]
-    assert v["state"] == "failed" and "data staging failed" in v["reason"] and "missing" in v["reason"], v
+    assert v["state"] == "failed" and "data staging failed" in v["reason"] and "holds no files" in v["reason"], v
     assert starts(job.marks) == []  # the command never ran

@@ -53,9 +53,15 @@ def expect_cleanup(stub):
     stub.add_response("delete_launch_template_versions", {}, {"LaunchTemplateId": "lt-1", "Versions": ["7"]})
 
 
-def test_a_200_with_errors_and_no_instances_falls_back_to_the_next_choice():
+# Every capacity code EC2 documents for CreateFleet (written out: a code dropped from fleet.CAPACITY_ERRORS must fail here)
+CAPACITY_CODES = ["InsufficientInstanceCapacity", "InsufficientCapacity", "UnfulfillableCapacity", "InsufficientHostCapacity",
+                  "InsufficientReservedInstanceCapacity", "SpotMaxPriceTooLow", "InsufficientFreeAddressesInSubnet", "Unsupported"]
+
+
+@pytest.mark.parametrize("code", CAPACITY_CODES)
+def test_a_200_with_errors_and_no_instances_falls_back_to_the_next_choice(code):
     client, stub = stubbed()
-    expect_fleet(stub, CHOICES, fleet_error("InsufficientInstanceCapacity", "g5.xlarge", "subnet-a"))
+    expect_fleet(stub, CHOICES, fleet_error(code, "g5.xlarge", "subnet-a"))
     expect_fleet(stub, CHOICES[1:], fleet_ok("g5.xlarge", "subnet-b"))
     expect_cleanup(stub)
     blocklist = fleet.Blocklist()
@@ -190,3 +196,22 @@ def test_a_reclaimed_pool_is_avoided_but_not_refused():
     assert blocklist.allowed(CHOICES, "spot") == CHOICES  # all avoided: all still worth a try
     blocklist.block("spot", CHOICES[0].instance_type, CHOICES[0].subnet_id)
     assert blocklist.allowed(CHOICES, "spot") == CHOICES[1:]  # a capacity error is a hard no
+
+
+def test_a_fresh_profiles_capacity_error_blocks_no_pool():
+    # A real answer for a profile IAM has not propagated yet (karpenter-provider-aws issue 3051): the propagation error
+    # *and* UnfulfillableCapacity. The capacity error is the profile's: no pool may be blocked for it.
+    client, stub = stubbed()
+    profile = {"ErrorCode": "InvalidParameterValue", "ErrorMessage": "Value (orch-x) for parameter iamInstanceProfile.name is invalid. "
+               "Invalid IAM Instance Profile name", "LaunchTemplateAndOverrides": {"Overrides": {"InstanceType": "g5.xlarge", "SubnetId": "subnet-a"}}}
+    capacity = {"ErrorCode": "UnfulfillableCapacity", "ErrorMessage": "Unable to fulfill capacity due to your request configuration.",
+                "LaunchTemplateAndOverrides": {"Overrides": {"InstanceType": "g5.xlarge", "SubnetId": "subnet-a"}}}
+    expect_fleet(stub, CHOICES, {"FleetId": "fleet-1", "Instances": [], "Errors": [profile, capacity]})
+    expect_fleet(stub, CHOICES, fleet_ok("g5.xlarge", "subnet-a"))
+    expect_cleanup(stub)
+    blocklist, slept = fleet.Blocklist(), []
+    with stub:
+        got = fleet.acquire(client, "lt-1", BASE, "x", CHOICES, ["spot"], [], blocklist, sleep=slept.append)
+    stub.assert_no_pending_responses()
+    assert got.instance_type == "g5.xlarge" and slept  # asked again after a pause, for the same pools
+    assert blocklist.allowed(CHOICES, "spot") == CHOICES

@@ -88,3 +88,18 @@ def test_orch_help_imports_nothing_heavy():
     loaded = set(r.stdout.split("MODULES", 1)[1].split())
     assert not {m for m in loaded if m.split(".")[0] in HEAVY}
     assert not {m for m in loaded if m.startswith(("orchestrator.aws", "orchestrator.control", "orchestrator.backends"))}
+
+
+def test_the_documented_policy_is_the_one_orch_prints(orch):
+    import json
+
+    from orchestrator.aws.policy import controller_policy
+
+    page = (ROOT / "docs" / "aws.md").read_text().split("## The IAM permissions orch needs", 1)[1]
+    shown = json.loads(page.split("```json\n", 1)[1].split("```", 1)[0])
+    assert shown == controller_policy()
+    r = orch("aws", "policy", "--bucket", "my-bucket")
+    assert r.code == 0 and json.loads(r.out) == controller_policy("my-bucket"), r.out + r.err
+    assert "arn:aws:s3:::my-bucket/*" in r.out and "ec2:CreateImage" in r.out and "ec2:StopInstances" not in r.out
+    bad = orch("aws", "policy", "--bucket", "s3://my-bucket/x")
+    assert bad.code == 2 and "not a bucket name" in bad.err and "Traceback" not in bad.err

@@ -105,3 +105,21 @@ def test_nodes_come_all_at_once_and_a_lost_node_ends_the_attempt_on_every_node(o
     assert (v["state"], v["attempt"], v["preemptions"]) == ("succeeded", 2, 1), v
     retry_until(lambda: not cloud.instances("mn2"), 60, 0.5, "every node to be gone")  # node 0 of attempt 1 too
     assert orch("down", "mn2", timeout=300).code == 0
+
+
+@pytest.mark.timeout(600)
+def test_a_node_whose_command_fails_fails_the_attempt_and_counts_against_max_restarts(orch, cloud, identity):
+    # node 1 always fails: the run must fail after max_restarts + 1 attempts, not be called lost and restarted forever
+    command = 'echo "node $ORCH_NODE_RANK"; if [ "$ORCH_NODE_RANK" = 1 ]; then exit 7; fi; sleep 600'
+    path = orch.sweep(cloud.sweep_yaml("mnfail", identity, command, extra="max_restarts: 1\nresources:\n  nodes: 2", **FAST))
+    assert orch("launch", str(path), "--detach").code == 0
+    retry_until(lambda: status(orch, "mnfail").get("run", {}).get("state") == "failed" and status(orch, "mnfail")["run"]["attempt"] == 2,
+                400, 0.5, "the run to fail on its second attempt")
+    v = status(orch, "mnfail")["run"]
+    assert (v["exit_code"], v["failures"], v["preemptions"]) == (7, 2, 0), v
+    assert "node 1 exited with code 7" in v["reason"], v
+    node1 = orch("logs", "run", "--node", "1")
+    assert node1.code == 0 and "node 1" in node1.out, node1.out + node1.err
+    assert orch("logs", "run", "--node", "2").code == 2
+    retry_until(lambda: not cloud.instances("mnfail"), 120, 0.5, "every node to be gone")
+    assert orch("down", "mnfail", timeout=300).code == 0

@@ -8,6 +8,7 @@ import csv
 import os
 import signal
 import subprocess
+import threading
 
 import pytest
 
@@ -44,11 +45,19 @@ def test_logs_follow_and_status_watch_run_until_the_sweep_ends(orch, job):
     running(orch, job, "follow")
     logs = orch.popen("logs", "run", "-f")
     watch = orch.popen("status", "follow", "--watch")
+    seen: list = []
+    reader = threading.Thread(target=lambda: seen.extend(iter(watch.stdout.readline, "")), daemon=True)
+    reader.start()
     store_log = orch.store("follow", ".orch", "run", "logs", "1.log")
     retry_until(lambda: store_log.exists() and "tick 3" in store_log.read_text(), 60, 0.3, "the log to reach the store")
+    # the watch has shown the run running before it may end (on a loaded machine its start can take seconds)
+    retry_until(lambda: any("run: running (attempt 1)" in line for line in list(seen)), 120, 0.2, "the watch to show the run running")
     assert logs.poll() is None and watch.poll() is None  # both keep following a running sweep
     job.release.touch()
-    out_logs, out_watch = logs.communicate(timeout=90)[0], watch.communicate(timeout=90)[0]
+    out_logs = logs.communicate(timeout=90)[0]
+    watch.wait(timeout=90)
+    reader.join(timeout=30)
+    out_watch = "".join(seen)
     assert logs.returncode == 0 and "tick 0 of run" in out_logs and "finished run with code 0" in out_logs, out_logs
     assert watch.returncode == 0, out_watch
     assert "run: running (attempt 1)" in out_watch and "run: succeeded (attempt 1)" in out_watch, out_watch

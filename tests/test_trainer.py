@@ -141,9 +141,10 @@ def test_config_precedence_and_errors(tmp_path):
     assert bad.returncode != 0 and "unknown option 'learning_rate'" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def test_resume_after_sigusr1_then_sigkill_is_bitwise_identical(tmp_path):
+@pytest.mark.parametrize("extra", [[], ["--ema", "0.9"]], ids=["plain", "ema"])
+def test_resume_after_sigusr1_then_sigkill_is_bitwise_identical(tmp_path, extra):
     ref, cut = tmp_path / "ref", tmp_path / "cut"
-    args = [*SMALL, "--epochs", "6"]  # room for the signal to land mid-epoch however late a loaded machine sends it
+    args = [*SMALL, "--epochs", "6", *extra]  # room for the signal to land mid-epoch however late a loaded machine sends it
     run_trainer([*args, "--out", str(ref)])
 
     proc = subprocess.Popen([sys.executable, "-m", "trainer", *args, "--out", str(cut), "--log-every", "1"],
@@ -178,6 +179,9 @@ def test_resume_after_sigusr1_then_sigkill_is_bitwise_identical(tmp_path):
             shutil.rmtree(later)
     run_trainer([*args, "--out", str(cut)])  # --resume auto
     assert_same_weights(final_weights(ref), final_weights(cut))
+    if extra:  # the evaluated weights are the EMA's: a resume that does not restore them ends elsewhere
+        ema_ref, ema_cut = (checkpoint.load(checkpoint.latest(o))["ema"] for o in (ref, cut))
+        assert ema_ref is not None and same(ema_ref, ema_cut)
     r, c = metrics(ref)[-1], metrics(cut)[-1]
     assert (r["step"], r["test_acc"], r["train_loss"]) == (c["step"], c["test_acc"], c["train_loss"])
     assert json.loads((ref / "summary.json").read_text())["final_acc"] == json.loads((cut / "summary.json").read_text())["final_acc"]
@@ -279,7 +283,7 @@ def test_compile_trains_and_matches_eager_closely(tmp_path):
 def test_an_unknown_compile_mode_is_refused_before_anything_runs(tmp_path):
     p = subprocess.run([sys.executable, "-m", "trainer", *SMALL, "--compile", "true", "--compile-mode", "fastest",
                         "--out", str(tmp_path / "x")], env=trainer_env(), capture_output=True, text=True, timeout=120)
-    assert p.returncode != 0 and "compile_mode 'fastest'" in p.stderr and "reduce-overhead" in p.stderr
+    assert p.returncode != 0 and "--compile-mode 'fastest'" in p.stderr and "reduce-overhead" in p.stderr
     assert "Traceback" not in p.stderr and not (tmp_path / "x").exists()
 
 
@@ -407,3 +411,68 @@ def test_bench_reports_throughput_and_ratio():
     r = json.loads(p.stdout)
     assert r["images_per_s"] > 0 and r["baseline_images_per_s"] > 0 and r["gflops_per_image_fwd"] > 0
     assert r["speedup_vs_baseline"] == pytest.approx(r["images_per_s"] / r["baseline_images_per_s"], rel=0.02)
+
+
+def test_no_host_tensor_indexes_device_data(tmp_path):
+    """Structural, so it holds on the CPU too: a tensor made on the host (a factory call without `device=`, or
+    from numpy) and never moved is "host"; what is computed from it is host too. Indexing a tensor that is not
+    host (the model's device) with a host index copies the index to the device and waits for it on CUDA: no
+    such indexing anywhere in a run (a host-side permutation or crop index sliced into the step would be)."""
+    import weakref
+
+    from torch.overrides import TorchFunctionMode
+
+    from trainer.config import resolve_config
+    from trainer.train import DEFAULTS, PRESETS, train
+
+    factories = {torch.tensor, torch.as_tensor, torch.arange, torch.randperm, torch.rand, torch.randn, torch.randint,
+                 torch.zeros, torch.ones, torch.empty, torch.full, torch.from_numpy, torch.linspace}
+    indexing = {torch.Tensor.__getitem__, torch.Tensor.index_select, torch.index_select, torch.gather, torch.Tensor.gather,
+                torch.take, torch.Tensor.take, torch.Tensor.index_put_, torch.Tensor.__setitem__}
+    moves = {torch.Tensor.to, torch.Tensor.cuda}
+
+    class HostTaint(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.host = {}  # id -> weakref: tensors compare elementwise, so no WeakSet
+            self.bad = []
+            self.made = 0
+
+        def is_host(self, t) -> bool:
+            ref = self.host.get(id(t))
+            return ref is not None and ref() is t
+
+        def _tensors(self, obj):
+            if isinstance(obj, torch.Tensor):
+                yield obj
+            elif isinstance(obj, (list, tuple)):
+                for o in obj:
+                    yield from self._tensors(o)
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in indexing and args and isinstance(args[0], torch.Tensor) and not self.is_host(args[0]):
+                if any(self.is_host(t) for t in self._tensors(args[1:]) if t.dtype in (torch.long, torch.int, torch.bool)):
+                    self.bad.append(getattr(func, "__name__", str(func)))
+            out = func(*args, **kwargs)
+            tensors_in = list(self._tensors(args)) + list(self._tensors(list(kwargs.values())))
+            if func in factories and kwargs.get("device") is None:
+                tainted = True
+                self.made += 1
+            elif func in moves:
+                tainted = False  # moved to a device on purpose (a no-op on the CPU, a copy on CUDA)
+            else:
+                tainted = any(self.is_host(t) for t in tensors_in)
+            for t in self._tensors(out):
+                if tainted:
+                    self.host[id(t)] = weakref.ref(t)
+                else:
+                    self.host.pop(id(t), None)
+            return out
+
+    cfg = resolve_config(DEFAULTS, PRESETS, [*SMALL, "--epochs", "1", "--ema", "0.9", "--out", str(tmp_path / "o")])
+    mode = HostTaint()
+    with mode:
+        train(cfg)
+    assert mode.made > 0, "no host tensor was seen: the test no longer measures"
+    assert mode.bad == [], f"device data indexed by a host tensor: {mode.bad[:5]}"

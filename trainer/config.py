@@ -77,10 +77,16 @@ def build_parser(defaults: Dict[str, Any], presets: Dict[str, Any]) -> argparse.
     p.add_argument("--preset", choices=sorted(presets), help="a named recipe (applied before the other options)")
     p.add_argument("--config", help="a YAML or JSON file of options")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    from .validate import CHOICES, option_help
+
+    helps = option_help((Path(__file__).with_name("train.py")).read_text())
     for key, default in defaults.items():
         kind = _parse_bool if isinstance(default, bool) else type(default)
-        p.add_argument(f"--{key.replace('_', '-')}", dest=key, type=kind, default=None, metavar=type(default).__name__.upper(),
-                       help=f"(default: {default!r})")
+        choices = [c for c in CHOICES.get(key, ()) if c]
+        meta = "{" + ",".join(choices) + "}" if choices else type(default).__name__.upper()
+        # choices are checked after every source is merged (a preset, a file, $ORCH_PARAMS_JSON): see validate.py
+        p.add_argument(f"--{key.replace('_', '-')}", dest=key, type=kind, default=None, metavar=meta,
+                       help=f"{helps.get(key, '')} (default: {default!r})".replace("%", "%%"))
     return p
 
 
@@ -99,6 +105,10 @@ def resolve_config(defaults: Dict[str, Any], presets: Dict[str, Any], argv: List
     _merge(cfg, env, defaults, "ORCH_PARAMS_JSON")
     cfg.update(flags)
     cfg["preset"] = preset or ""
+    from .validate import check_config
+
+    explicit = set(flags) | {k.replace("-", "_") for k in env} | {k.replace("-", "_") for k in file_cfg}
+    check_config(cfg, explicit)
     if not cfg["out"]:
         cfg["out"] = os.environ.get("ORCH_RUN_DIR") or "runs/trainer"
     if args.print_config:

@@ -30,6 +30,9 @@ EXTENSIONS = (".jpg", ".jpeg", ".png")
 LAYOUT = "DIR/train/<class>/*.jpg|png and DIR/val/<class>/*.jpg|png"
 
 
+REFILL_TRIES = 32  # next files tried in place of one that does not decode
+
+
 class DataError(ValueError):
     """The data folder is not usable; the message names the folder and the fix."""
 
@@ -51,6 +54,8 @@ def scan(data_dir: str) -> Folder:
     classes = sorted(d.name for d in (root / "train").iterdir() if d.is_dir())
     if not classes:
         raise DataError(f"{root / 'train'}: no class folders. Put each class's images in train/<class>/ ({LAYOUT}).")
+    if len(classes) < 2:
+        raise DataError(f"{root / 'train'}: one class ({classes[0]}); a classifier needs at least two class folders ({LAYOUT}).")
     unknown = sorted(d.name for d in (root / "val").iterdir() if d.is_dir() and d.name not in classes)
     if unknown:
         raise DataError(f"{root / 'val'}: classes {', '.join(unknown)} have no folder in train/. The classes of val/ must be those of train/.")
@@ -189,6 +194,7 @@ class ImageFolderSource:
         """Images `indices` of the training set, each cropped with its own draws (4 uniforms) and flip."""
         items = [self.folder.train[int(i)] for i in indices]
         images = self._decoded([p for p, _ in items])
+        self._refill(images, items, [int(i) for i in indices])
 
         def one(k: int) -> Optional[torch.Tensor]:
             img = images[k]
@@ -198,7 +204,27 @@ class ImageFolderSource:
             return out.flip(2) if self.flip and bool(flips[k]) else out
 
         done = [one(k) for k in range(len(items))] if self.device.type == "cuda" else list(self.pool().map(one, range(len(items))))
-        return self._batch(done, [label for _, label in items])
+        if sum(img is not None for img in done) < 2:  # BatchNorm needs two; an empty batch makes the loss NaN
+            raise DataError(f"{self.folder.root}: {len(done)} training files and the next {REFILL_TRIES} after each do not decode; "
+                            f"is the data set corrupt? ({self.skipped} unreadable files so far)")
+        return self._batch(done, [label for _, label in items], count=False)
+
+    def _refill(self, images: List[Optional[torch.Tensor]], items: list, indices: List[int]) -> None:
+        """A file that does not decode is counted and replaced by the next training file that does (same crop
+        draws), so a batch keeps its size: BatchNorm never sees one image, the loss never averages nothing."""
+        n = len(self.folder.train)
+        for k, img in enumerate(images):
+            if img is not None:
+                continue
+            j = indices[k]
+            for _ in range(REFILL_TRIES):
+                with self._lock:
+                    self.skipped += 1
+                j = (j + 1) % n
+                images[k] = self._decoded([self.folder.train[j][0]])[0]
+                if images[k] is not None:
+                    items[k] = self.folder.train[j]
+                    break
 
     def val_batches(self, size: int, rect: bool = False, batch: int = 256, shard: Tuple[int, int] = (0, 1)):
         """(x, y) batches of the validation set (this rank's shard) at `size`: center crop, or
@@ -208,6 +234,10 @@ class ImageFolderSource:
             items = val[start:start + batch]
             images = self._decoded([p for p, _ in items])
             groups: dict = {}
+            unreadable = sum(img is None for img in images)
+            if unreadable:  # counted like training files (summary.json: skipped_files)
+                with self._lock:
+                    self.skipped += unreadable
             for img, (_, label) in zip(images, items):
                 if img is None:
                     continue
@@ -218,10 +248,10 @@ class ImageFolderSource:
                 b = self._batch([p for p, _ in pairs], [lab for _, lab in pairs])
                 yield b.x, b.y
 
-    def _batch(self, images: List[Optional[torch.Tensor]], labels: List[int]) -> Batch:
+    def _batch(self, images: List[Optional[torch.Tensor]], labels: List[int], count: bool = True) -> Batch:
         keep = [k for k, img in enumerate(images) if img is not None]
         skipped = len(images) - len(keep)
-        if skipped:
+        if skipped and count:
             with self._lock:
                 self.skipped += skipped
         if not keep:

@@ -223,4 +223,6 @@ def build(name: str, num_classes: int = 10, width: float = 1.0, concat_pool: boo
     raise ValueError(f"unknown model {name!r}: use {', '.join(MODELS)}")
 
 
-MODELS = ("resnet9", "preact_resnet18", "wide_resnet", "airbench", "airbench_muon", "resnet18", "resnet50")
+from .validate import CHOICES  # noqa: E402  (one list of models: --help and validation read it too)
+
+MODELS = CHOICES["model"]

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import signal
 import time
 from pathlib import Path
 
 import torch
+
+from .validate import CHOICES
 import torch.nn as nn
 
 
@@ -50,7 +53,7 @@ def graphs_compiled() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+COMPILE_MODES = CHOICES["compile_mode"]
 
 
 def check_compile_mode(mode: str) -> None:
@@ -109,7 +112,8 @@ class MetricsLog:
     def write(self, row: dict) -> None:
         if self.enabled:
             with open(self.path, "a") as f:
-                f.write(json.dumps(row) + "\n")
+                # strict JSON: a non-finite number (a diverged loss) is null, not NaN, which JSON readers refuse
+                f.write(json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}) + "\n")
 
 
 class StepTimer:

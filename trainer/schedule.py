@@ -74,6 +74,8 @@ class Cursor:
     crosses the end of an epoch (the remainder of the epoch's order is dropped, as before)."""
 
     def __init__(self, n: int, epochs: int, batch_points: List[Tuple[float, float]]):
+        if any(b < 1 for _, b in batch_points):  # a step of 0 images never advances: total_steps would never end
+            raise ValueError(f"batch sizes must be at least 1, got {[int(b) for _, b in batch_points]}")
         self.n, self.epochs, self.points = n, epochs, batch_points
 
     def progress(self, epoch: int, pos: int) -> float:

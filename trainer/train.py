@@ -8,6 +8,7 @@ import copy
 import gc
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -302,8 +303,6 @@ def train(cfg: dict) -> dict:
             row = dict(step=st["step"], epoch=round(epoch + 1 if place is None or place[0] != epoch else epoch + (pos + B) / n, 4), elapsed_s=round(st["train_time"], 3),
                        lr=lr, train_loss=st["loss_sum"] / max(st["loss_n"], 1), image_size=size, batch_size=B,
                        images_per_s=round(epoch_images / max(epoch_time, 1e-9), 1))
-            if source.skipped:
-                row["skipped_files"] = source.skipped
         if end_of_epoch:
             acc = evaluate(ema_model if ema_model is not None else model, source, cfg, autocast, eval_size, rank, world)
             st["acc"], st["best_acc"] = acc, max(st["best_acc"], acc)
@@ -316,7 +315,12 @@ def train(cfg: dict) -> dict:
                 log.info("epoch %.2f step %d/%d loss %.4f acc %.4f lr %.4f size %d %.0f img/s", row["epoch"], st["step"],
                          total, row["train_loss"], acc, lr, size, row["images_per_s"])
         if row is not None:
+            if source.skipped:  # after the evaluation: its unreadable files count too
+                row["skipped_files"] = source.skipped
             metrics.write(row)
+            if not math.isfinite(row["train_loss"]):  # every later step would be NaN too: a failed run, not a "succeeded" one
+                raise SystemExit(f"trainer: the training loss is {row['train_loss']} at step {st['step']} (epoch {row['epoch']}); "
+                                 f"the run failed. Lower --lr, check the data (skipped_files: {source.skipped}), or try --precision fp32")
         by_epoch = end_of_epoch and cfg["ckpt_every_epochs"] and (epoch + 1) % cfg["ckpt_every_epochs"] == 0
         by_time = bool(cfg["ckpt_every_s"]) and time.time() - last_ckpt >= cfg["ckpt_every_s"]
         want_ckpt, want_exit = sig.checkpoint or by_time, sig.exit
@@ -365,5 +369,10 @@ def main(argv=None) -> int:
     cfg = resolve_config(DEFAULTS, PRESETS, sys.argv[1:] if argv is None else argv)
     if cfg is None:
         return 0
-    train(cfg)
+    from .imagefolder import DataError
+
+    try:
+        train(cfg)
+    except DataError as exc:  # a data set that cannot be read on: a clear line, exit 1, no traceback
+        raise SystemExit(f"trainer: {exc}") from None
     return 0

@@ -193,13 +193,14 @@ def _acquire(ec2, template_id: str, base: dict, user_data: str, choices: List[Ch
                 errors = answer.get("Errors", [])
                 if not errors:
                     raise CapacityUnavailable("CreateFleet answered with neither instances nor errors; will retry")
-                propagating = False
-                for err in errors:  # a 200 answer with Errors and no instances
+                # A new instance profile not yet visible to EC2 comes with a capacity error beside it
+                # (karpenter-provider-aws issue 3051: InvalidParameterValue + UnfulfillableCapacity): that
+                # capacity error is the profile's, not the pool's, so the answer blocks nothing.
+                propagating = any(is_propagation(e.get("ErrorCode", ""), e.get("ErrorMessage", "")) for e in errors)
+                for err in [] if propagating else errors:  # a 200 answer with Errors and no instances
                     code, message = err.get("ErrorCode", ""), err.get("ErrorMessage", "")
                     o = err.get("LaunchTemplateAndOverrides", {}).get("Overrides", {})
-                    if is_propagation(code, message):
-                        propagating = True
-                    elif code in CAPACITY_ERRORS:
+                    if code in CAPACITY_ERRORS:
                         hit = [c for c in allowed if c.instance_type == o.get("InstanceType") and c.subnet_id == o.get("SubnetId")]
                         for c in hit or allowed:
                             blocklist.block(market, c.instance_type, c.subnet_id)
@@ -207,7 +208,8 @@ def _acquire(ec2, template_id: str, base: dict, user_data: str, choices: List[Ch
                         raise _refused(code, message, market, o.get("InstanceType", "?"), f" in {o.get('SubnetId', '?')}")
                 if propagating:
                     if waited >= propagation_s:
-                        raise AwsFatal(f"EC2 still refuses the instance profile after {waited:.0f} s ({errors[0].get('ErrorMessage')}). "
+                        first = next(e for e in errors if is_propagation(e.get("ErrorCode", ""), e.get("ErrorMessage", "")))
+                        raise AwsFatal(f"EC2 still refuses the instance profile after {waited:.0f} s ({first.get('ErrorMessage')}). "
                                        "Check that its role trusts ec2.amazonaws.com, or name an existing profile in `aws.instance_profile`.")
                     log.info("the instance profile is not visible to EC2 yet; asking again")
                     waited += _backoff(waited, sleep)

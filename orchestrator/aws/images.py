@@ -11,12 +11,13 @@ Builders are tagged `orch:sweep=ami-<recipe>`: `orch gc` and `orch down --all` s
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Optional
+import time
+from typing import Callable, Dict, List, Optional
 
 from orchestrator.aws.ec2 import _code, explain
 from orchestrator.errors import OrchError
 from orchestrator.sweep.recipe import Recipe
-from orchestrator.wait import retry_until
+from orchestrator.wait import Timeout, retry_until
 
 log = logging.getLogger("orch.ami")
 
@@ -42,14 +43,29 @@ def tags_of(image: dict) -> Dict[str, str]:
     return {t["Key"]: t["Value"] for t in image.get("Tags", [])}
 
 
-def _wait_available(ec2, image_id: str) -> None:
+IMAGE_WAIT_S = 3 * 3600.0  # EC2 gives no bound; large volumes and cross-region copies take an hour and more
+
+
+def _wait_available(ec2, image_id: str, say: Callable[[str], None] = lambda _: None, timeout_s: float = IMAGE_WAIT_S) -> None:
+    """Until the image is `available`; a `failed` one is an error with EC2's reason. Says how long it has
+    waited every minute. Giving up leaves the image (tagged) for `orch ami list` / `orch ami rm`."""
+    start, told = time.time(), [time.time()]
+
     def state():
         found = ec2.describe_images(ImageIds=[image_id])["Images"]
         if found and found[0]["State"] == "failed":
-            raise OrchError(f"image {image_id} failed: {found[0].get('StateReason', {}).get('Message', 'no reason given')}")
+            raise OrchError(f"image {image_id} failed: {found[0].get('StateReason', {}).get('Message', 'no reason given')}. "
+                            f"`orch ami rm {image_id}` removes it; build again.")
+        if time.time() - told[0] >= 60:
+            told[0] = time.time()
+            say(f"  image {image_id} still {found[0]['State'] if found else 'not listed'} after {(time.time() - start) / 60:.0f} min")
         return found and found[0]["State"] == "available"
 
-    retry_until(state, 3600, 5.0, f"image {image_id} to be available")
+    try:
+        retry_until(state, timeout_s, 5.0, f"image {image_id} to be available")
+    except Timeout:
+        raise OrchError(f"image {image_id} is still not available after {timeout_s / 60:.0f} min; it is kept (tagged): "
+                        f"`orch ami list` shows it, `orch ami rm {image_id}` removes it.") from None
 
 
 def remove(ec2, image_id: str) -> List[str]:
@@ -72,7 +88,7 @@ def remove(ec2, image_id: str) -> List[str]:
 def resolve_recipe_image(ec2, image: str, region: str) -> str:
     """`recipe:NAME` -> the newest image built from recipe NAME in this region."""
     name = image[len("recipe:"):]
-    found = images(ec2, name)
+    found = [i for i in images(ec2, name) if i.get("State") == "available"]  # never a pending or failed one
     if not found:
         raise OrchError(f"no image built from recipe {name!r} in {region}. Build it: `orch ami build ami/{name}.yaml` "
                         f"(or `orch ami build` for the default recipe), with `--region {region}` when it builds elsewhere.")

@@ -57,9 +57,11 @@ def ami_build(recipe: Path, regions: Tuple[str, ...], dry_run: bool, force: bool
 
 @ami.command("list")
 @click.option("--region", "regions", multiple=True, help="Regions to look in (default: the default recipe's, else us-east-1).")
+@click.option("--wide", is_flag=True, help="One line per image however narrow the terminal.")
 @expected_errors
-def ami_list(regions: Tuple[str, ...]):
-    """List the images orch built: name, id, region, recipe, hash, base, created, size.
+def ami_list(regions: Tuple[str, ...], wide: bool):
+    """List the images orch built: id, region, recipe, state, size, created; then name, hash and base
+    (on a line of their own in a narrow terminal).
 
     \b
     Example:
@@ -68,13 +70,21 @@ def ami_list(regions: Tuple[str, ...]):
     from orchestrator.aws import ec2 as api
     from orchestrator.aws import images
 
+    import shutil
+
+    width = shutil.get_terminal_size((100, 24)).columns
     rows = 0
     for region in regions or (_default_region(),):
         for im in images.images(api.client("ec2", region)):
             t = images.tags_of(im)
             size = sum(b.get("Ebs", {}).get("VolumeSize", 0) for b in im.get("BlockDeviceMappings", []))
-            click.echo(f"{im.get('Name', '')}  {im['ImageId']}  {region}  recipe {t.get(images.RECIPE_TAG)}  "
-                       f"sha {t.get(images.SHA_TAG, '')[:12]}  base {t.get(images.BASE_TAG)}  {im.get('CreationDate', '')}  {size} GB")
+            head = f"{im['ImageId']}  {region}  recipe {t.get(images.RECIPE_TAG)}  {im.get('State', '')}  {size} GB  {im.get('CreationDate', '')[:16]}"
+            more = f"    name {im.get('Name', '')}  sha {t.get(images.SHA_TAG, '')[:12]}  base {t.get(images.BASE_TAG)}"
+            if wide or len(head) + len(more) <= width:
+                click.echo(head + more)
+            else:  # a narrow terminal: the details on a line of their own, nothing cut
+                click.echo(head)
+                click.echo(more)
             rows += 1
     if not rows:
         click.echo("no images built by orch in " + ", ".join(regions or (_default_region(),)))

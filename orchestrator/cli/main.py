@@ -307,14 +307,17 @@ def attach(run: str, node: int):
 @click.argument("run")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing as the log grows, until the run ends.")
 @click.option("--attempt", type=click.IntRange(min=1), help="Which attempt's log, 1 or more (default: the latest).")
+@click.option("--node", type=click.IntRange(min=0), default=0, show_default=True,
+              help="A multi-node run's node (0 is the run's own log; K > 0 that node's copy of the command).")
 @expected_errors
-def logs(run: str, follow: bool, attempt: Optional[int]):
+def logs(run: str, follow: bool, attempt: Optional[int], node: int):
     """Print RUN's log (the command's stdout and stderr) from the store.
 
     \b
     Example:
       orch logs 'lr=0.1,seed=0' -f
     """
+    from orchestrator.host.nodes import node_logs_prefix
     from orchestrator.store.status import ACTIVE, orch_prefix, read_status
     from orchestrator.wait import retry_until
 
@@ -324,7 +327,10 @@ def logs(run: str, follow: bool, attempt: Optional[int]):
     n = attempt or read_status(store, name, run_id).attempt
     if not n:
         raise NotFound(f"run {run_id} has not started yet, so it has no log.")
-    key = f"{orch_prefix(name, run_id)}/logs/{n}.log"
+    if node >= max(1, sweep.spec.resources.nodes if sweep.spec.resources else 1):
+        raise OrchError(f"run {run_id} has no node {node}: its nodes are 0 … {(sweep.spec.resources.nodes if sweep.spec.resources else 1) - 1}.",
+                        exit_code=2)
+    key = f"{node_logs_prefix(name, run_id, node)}/{n}.log" if node else f"{orch_prefix(name, run_id)}/logs/{n}.log"
     printed = 0
 
     def pump() -> bool:
@@ -346,8 +352,9 @@ def logs(run: str, follow: bool, attempt: Optional[int]):
 @main.command()
 @click.argument("sweep")
 @click.option("--out", type=click.Path(file_okay=False), help="Output folder (default: results/<sweep>).")
+@click.option("--wide", is_flag=True, help="Show every column, however narrow the terminal (runs.csv always has them all).")
 @expected_errors
-def collect(sweep: str, out: Optional[str]):
+def collect(sweep: str, out: Optional[str], wide: bool):
     """Gather SWEEP's results: a table here, runs.csv, runs.json and curves.png in --out.
 
     \b
@@ -364,7 +371,7 @@ def collect(sweep: str, out: Optional[str]):
     out_dir = Path(out or Path("results") / sw.spec.name)
     paths = write_outputs(results, out_dir)
     con = _console()
-    con.print(results_table(results))
+    con.print(results_table(results, width=con.width, wide=wide))
     con.print(f"wrote {', '.join(str(p) for p in paths)}", markup=False)
 
 
@@ -386,13 +393,14 @@ def cancel(run: str):
 
 
 from orchestrator.cli.ami import ami  # noqa: E402
-from orchestrator.cli.ops import chaos, data, down, gc  # noqa: E402  (registered below)
+from orchestrator.cli.ops import aws_group, chaos, data, down, gc  # noqa: E402  (registered below)
 
 main.add_command(ami)
 main.add_command(chaos)
 main.add_command(data)
 main.add_command(down)
 main.add_command(gc)
+main.add_command(aws_group)
 
 
 if __name__ == "__main__":

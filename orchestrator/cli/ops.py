@@ -183,3 +183,33 @@ def data_push(local_dir: Path, url: str):
     r = push(local_dir, url)
     click.echo(f"{url}: {r.files} files, {r.fetched} uploaded ({r.bytes / 1e6:.1f} MB), every file verified in S3")
 
+
+
+@click.group("aws")
+def aws_group():
+    """AWS setup: what the credentials that run orch need."""
+
+
+@aws_group.command("policy")
+@click.option("--bucket", help="The store's bucket (from `store: s3://BUCKET/prefix`); default: YOUR-BUCKET, to fill in.")
+@expected_errors
+def aws_policy(bucket: Optional[str]):
+    """Print the IAM policy orch needs, as JSON, ready for `aws iam put-user-policy`.
+
+    It covers sweeps (EC2 Fleet, launch templates, security and placement groups, the instance profile
+    orch creates), `orch ami` and the store. docs/aws.md explains each statement.
+
+    \b
+    Example:
+      orch aws policy --bucket my-bucket > orch-policy.json
+      aws iam put-user-policy --user-name me --policy-name orch --policy-document file://orch-policy.json
+    """
+    import json
+    import re
+
+    from orchestrator.aws.policy import controller_policy
+
+    if bucket is not None and not re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", bucket):
+        raise OrchError(f"--bucket {bucket!r} is not a bucket name (3-63 of a-z, 0-9, '.', '-'); give the name alone, "
+                        "without s3:// or a prefix", exit_code=2)
+    click.echo(json.dumps(controller_policy(bucket), indent=2))

@@ -69,21 +69,37 @@ def failure_report(views: List[RunView]) -> List[str]:
     return out
 
 
-def results_table(res: Results) -> Table:
+def results_table(res: Results, width: int = 200, wide: bool = False) -> Table:
+    """The results as a table that fits `width` columns: run ids and states are never cut (an id wraps);
+    in a narrow terminal the optional columns go first (best-of, time, GPU-h, then metrics beyond two)
+    unless `wide` (`orch collect --wide`)."""
     metrics = ranked(res.metric_names())[:4]
     costs = any(r.cost_usd is not None for r in res.runs)
     title = f"results of sweep {res.sweep}" + (f" (spent ${res.spend_usd:.2f} in all)" if res.spend_usd is not None else "")
-    table = Table(title=title, title_justify="left")
-    for col in ["run", "state", *metrics, *[f"best {m}" for m in metrics if m.endswith("acc")], "time", *(["GPU-h", "$"] if costs else [])]:
-        table.add_column(col)
+    rows = []
     for r in res.runs:
-        row = [r.run_id, Text(r.state, style=STYLE.get(r.state, ""))]
-        row += [fmt_value(r.final.get(m, "-")) for m in metrics]
-        row += [fmt_value(r.best.get(m, "-")) for m in metrics if m.endswith("acc")]
-        row.append(fmt_seconds(r.elapsed_s))
+        cells = {"run": r.run_id, "state": r.state, "time": fmt_seconds(r.elapsed_s)}
+        cells.update({m: fmt_value(r.final.get(m, "-")) for m in metrics})
+        cells.update({f"best {m}": fmt_value(r.best.get(m, "-")) for m in metrics if m.endswith("acc")})
         if costs:
-            row += [f"{r.gpu_hours or 0.0:.2f}", f"{r.cost_usd or 0.0:.2f}"]
-        table.add_row(*row)
+            cells.update({"GPU-h": f"{r.gpu_hours or 0.0:.2f}", "$": f"{r.cost_usd or 0.0:.2f}"})
+        rows.append(cells)
+    columns = ["run", "state", *metrics, *[f"best {m}" for m in metrics if m.endswith("acc")], "time", *(["GPU-h", "$"] if costs else [])]
+    optional = [*[f"best {m}" for m in metrics if m.endswith("acc")], "time", *(["GPU-h"] if costs else []), *metrics[2:][::-1]]
+
+    def need(cols) -> int:  # every column at its widest cell, plus borders and padding
+        return sum(max([len(c), *(len(str(row[c])) for row in rows)]) for c in cols) + 3 * len(cols) + 1
+
+    shown = list(columns)
+    while not wide and optional and need(shown) > width:
+        shown.remove(optional.pop(0))
+    table = Table(title=title, title_justify="left")
+    for col in shown:
+        table.add_column(col, overflow="fold") if col == "run" else table.add_column(col, no_wrap=True)
+    for cells in rows:
+        table.add_row(*[Text(cells[c], style=STYLE.get(cells[c], "")) if c == "state" else cells[c] for c in shown])
+    if len(shown) < len(columns):
+        table.caption = f"not shown (narrow terminal; --wide shows all): {', '.join(c for c in columns if c not in shown)}"
     return table
 
 

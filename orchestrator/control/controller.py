@@ -272,7 +272,9 @@ def check_recorded(sweep: Sweep, store: Store, state: State) -> Optional[dict]:
     existing = get_json(store, f"{sweep.spec.name}/sweep.json")
     resolved = sweep.resolved()
     if existing is not None:
-        changed = sorted(k for k in set(existing.get("spec", {})) | set(resolved) if existing.get("spec", {}).get(k) != resolved.get(k))
+        before = existing.get("spec", {})
+        changed = sorted(k for k in set(before) | set(resolved) if before.get(k) != resolved.get(k)
+                         and not (k == "grid_order" and k not in before))  # recorded before orch kept the order
         if changed:
             raise OrchError(
                 f"{sweep.path}: a different sweep named {sweep.spec.name!r} already exists in {store.url} "

@@ -23,6 +23,7 @@ from typing import Optional
 from orchestrator.contract import AGENT_PID_FILE, NOTICE_FILE, STOP_REASON_FILE, RunTask
 from orchestrator.host import tmux
 from orchestrator.host.attempt import (
+    pid_file,
     SUPERSEDED,
     _write_private,
     checkpoint_ok,
@@ -35,7 +36,7 @@ from orchestrator.host.attempt import (
     wrapper_script,
 )
 from orchestrator.host.env import complete_on_host
-from orchestrator.host.nodes import FollowerReporter, Relay, node_logs_prefix, relay_key
+from orchestrator.host.nodes import FollowerReporter, Relay, failed_node, node_exit_key, node_logs_prefix, relay_key
 from orchestrator.host.notices import NoticeSource
 from orchestrator.host.policy import HostPolicy
 from orchestrator.host.reporter import Reporter
@@ -60,6 +61,7 @@ POLL_S = 0.05  # how often the agent looks for the command's exit
 KILL_GRACE_S = 10.0  # SIGTERM -> SIGKILL
 LEFTOVER_GRACE_S = 2.0  # after the command exited, how long what it left in the background may finish
 NOTICE_GRACE_S = 60.0  # after a notice, how long to wait for the command's checkpoint before syncing anyway
+NODE_FAILED = "node failed"  # stop reason on node 0: a follower's command exited non-zero
 FOLLOWER_WAIT_S = 300.0  # a follower whose command ended waits this long for node 0's verdict
 
 
@@ -80,6 +82,7 @@ class Agent:
         self.log_file = self.ctl / "logs" / f"{task.attempt}.log"  # orch's, beside the run folder (never in it)
         self.cmd_group: Optional[int] = None  # the command's process group, to stop what it leaves behind
         self.stop_requested: Optional[str] = None
+        self.node_failed: Optional[tuple] = None  # (node, exit code) of a follower whose command failed
         self.stop_sent_at: Optional[float] = None
         self.notice_at: Optional[float] = None
         self.ckpt_at_notice: Optional[int] = None
@@ -145,7 +148,7 @@ class Agent:
 
     def _cmd_pid(self) -> Optional[int]:
         try:
-            return int((self.ctl / "cmd.pid").read_text())
+            return int((self.ctl / pid_file("cmd", self.task.attempt)).read_text())
         except (FileNotFoundError, ValueError):
             return None
 
@@ -210,7 +213,7 @@ class Agent:
         with open(self.log_file, "a") as f:  # the header from Python: user text never becomes shell syntax
             f.write(f"[orch] {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} attempt {t.attempt} of {t.run_id}: {t.command}\n")
         self.exit_file.unlink(missing_ok=True)
-        for stale in ("cmd.pid", "wrapper.pid"):
+        for stale in (pid_file("cmd", t.attempt), pid_file("wrapper", t.attempt)):
             (self.ctl / stale).unlink(missing_ok=True)
         tmux.new_window(t.session, "run", f"bash {shlex.quote(str(script))}", cwd=str(self.run_dir))
 
@@ -230,6 +233,11 @@ class Agent:
                     return True
             if self.reporter.superseded and not self.stop_requested:
                 self.stop_requested = SUPERSEDED
+            if t.node_hosts > 1 and not self.follower and not self.stop_requested and now >= next_notice:
+                self.node_failed = failed_node(self.store, t.sweep, t.run_id, t.attempt, t.node_hosts)
+                if self.node_failed:  # a node's failure is the attempt's: stop this node's command too
+                    log.info("node %s exited with code %s: the attempt ends", *self.node_failed)
+                    self.stop_requested = NODE_FAILED
             if not self.stop_requested and (self.notice_at is not None or (now >= next_notice and self.notices.notice())):
                 self._on_notice(status, now)
             elif not self.stop_requested and (now >= next_notice or (self.rebalance_at or 0) > 0):
@@ -266,12 +274,17 @@ class Agent:
         # our own SIGUSR1 (a notice, or a rebalance recommendation) ending a command that has no handler is a preemption
         noticed = self.notice_at is not None or (self.rebalance_at is not None and code == 128 + signal.SIGUSR1)
         state, reason, failed = final_status(self.stop_requested, noticed, code, t.timeout_s)
+        if self.stop_requested == NODE_FAILED and self.node_failed:
+            node, status.exit_code = self.node_failed
+            state, reason, failed = FAILED, f"node {node} exited with code {status.exit_code} (`orch logs {t.run_id} --node {node}`)", True
         if self.stage_error:
             state, reason, failed = FAILED, f"data staging failed: {self.stage_error}", True
         status.state, status.reason = state, reason or (status.reason if state == INTERRUPTED else "")
         status.failures += 1 if failed else 0
         status.log_tail = "" if state == SUCCEEDED else tail(self.log_file)
         if self.follower:
+            if code not in (0, None) and not self.stop_requested:  # this node failed: so did the attempt (node 0 records it)
+                self._quietly(self.store.put_bytes, node_exit_key(t.sweep, t.run_id, t.attempt, t.node_rank), f"{code}\n".encode())
             self._await_node0()
         else:
             try:  # the record of how it ended matters most: a store that is briefly unwritable gets a minute
@@ -341,7 +354,7 @@ class Agent:
     def _group_of_command(self) -> Optional[int]:
         """The wrapper leads the process group of its tmux pane: the command, the log's tee, and whatever they start."""
         try:
-            return int((self.ctl / "wrapper.pid").read_text())
+            return int((self.ctl / pid_file("wrapper", self.task.attempt)).read_text())
         except (FileNotFoundError, ValueError):
             return None
 

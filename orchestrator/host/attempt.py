@@ -25,6 +25,12 @@ from orchestrator.store.status import (
 TAIL_LINES = 20
 
 
+def pid_file(what: str, attempt: int) -> str:
+    """`cmd.<attempt>.pid`, `wrapper.<attempt>.pid`: one per attempt, so an agent of an earlier attempt that
+    is still finishing (its tmux session was killed and the run restarted) never signals a later one."""
+    return f"{what}.{attempt}.pid"
+
+
 def wrapper_script(task: RunTask, log_file: Path) -> str:
     """The script the "run" window executes: environment, the command, its exit code.
 
@@ -45,10 +51,10 @@ def wrapper_script(task: RunTask, log_file: Path) -> str:
 # attempt {task.attempt}, written by the orch agent
 {exports}
 cd {shlex.quote(task.run_dir)} || exit 97
-echo $$ > {shlex.quote(str(ctl / 'wrapper.pid'))}
+echo $$ > {shlex.quote(str(ctl / pid_file('wrapper', task.attempt)))}
 exec > >(tee -a {shlex.quote(str(log_file))}) 2>&1
 tee_pid=$!
-bash -c {shlex.quote(launcher)} orch-run {shlex.quote(str(ctl / 'cmd.pid'))} {shlex.quote(task.command)}
+bash -c {shlex.quote(launcher)} orch-run {shlex.quote(str(ctl / pid_file('cmd', task.attempt)))} {shlex.quote(task.command)}
 code=$?
 echo $code > {exit_file}.tmp && mv {exit_file}.tmp {exit_file}
 exec >&- 2>&-
@@ -56,13 +62,18 @@ wait $tee_pid  # the pane (and tmux's SIGHUP to it) must not end before the log 
 """
 
 
-# N copies of the command, ORCH_NODE_RANK 0..N-1, as N node process groups on one host. SIGTERM,
-# SIGINT and SIGHUP reach every copy; the exit code is the first non-zero one (0 when all succeed).
+# N copies of the command, ORCH_NODE_RANK 0..N-1, as N node processes on one host. SIGTERM, SIGINT and
+# SIGHUP reach every copy. The first copy to fail ends the attempt: the others are stopped (their
+# children first, then them) and the exit code is that first non-zero one (0 when all succeed) — a
+# crashed node must not leave the rest waiting for it in a rendezvous until a timeout.
 NODES_LAUNCHER = (
     'echo $$ > "$1"; pids=(); for k in $(seq 0 $((ORCH_NODES - 1))); do ORCH_NODE_RANK=$k bash -c "$2" & pids+=($!); done; '
-    'trap \'kill -TERM "${pids[@]}" 2>/dev/null\' TERM INT HUP; code=0; '
-    'for p in "${pids[@]}"; do wait "$p"; c=$?; while kill -0 "$p" 2>/dev/null; do wait "$p"; c=$?; done; '
-    '[ "$code" -eq 0 ] && code=$c; done; exit $code')
+    'stop() { for q in "${pids[@]}"; do pkill -TERM -P "$q" 2>/dev/null; kill -TERM "$q" 2>/dev/null; done; }; '
+    'trap stop TERM INT HUP; code=0; '
+    'while [ ${#pids[@]} -gt 0 ]; do left=(); failed=0; for p in "${pids[@]}"; do '
+    'if kill -0 "$p" 2>/dev/null; then left+=("$p"); else wait "$p"; c=$?; '
+    'if [ "$c" -ne 0 ] && [ "$code" -eq 0 ]; then code=$c; failed=1; fi; fi; done; '
+    'pids=("${left[@]}"); [ "$failed" -eq 1 ] && stop; [ ${#pids[@]} -gt 0 ] && sleep 0.2; done; exit $code')
 
 SUPERSEDED = "superseded"  # the agent found its record taken over: it stops and writes nothing more
 

@@ -36,6 +36,27 @@ def relay_key(sweep: str, run_id: str, attempt: int) -> str:
     return f"{orch_prefix(sweep, run_id)}/notices/{attempt}"
 
 
+def node_exit_key(sweep: str, run_id: str, attempt: int, node: int) -> str:
+    """Where a follower whose command failed puts its exit code for node 0 (the attempt's exit)."""
+    return f"{orch_prefix(sweep, run_id)}/node-exits/{attempt}/{node}"
+
+
+def failed_node(store: Store, sweep: str, run_id: str, attempt: int, nodes: int) -> Optional[tuple]:
+    """(node, exit code) of the first follower of this attempt whose command failed, or None."""
+    for node in range(1, nodes):
+        try:
+            data = store.get_bytes(node_exit_key(sweep, run_id, attempt, node))
+        except Exception as exc:  # the store briefly unreachable: asked again at the next poll
+            log.warning("reading node %s's exit: %s", node, exc)
+            continue
+        if data is not None:
+            try:
+                return node, int(data.decode().strip())
+            except ValueError:
+                return node, 1  # a follower said it failed, in words we cannot read: still a failure
+    return None
+
+
 def node_logs_prefix(sweep: str, run_id: str, node: int) -> str:
     """Where a follower's attempt logs go (node 0's are the run's logs)."""
     return f"{orch_prefix(sweep, run_id)}/node-logs/{node}"

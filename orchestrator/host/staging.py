@@ -78,6 +78,15 @@ def _listing_local(folder: Path) -> Dict[str, Tuple[int, str]]:
     return out
 
 
+def inside(dest: Path, rel: str) -> bool:
+    """A relative key names a file inside `dest`: no absolute path, no '..', '.' or empty part, and no link out."""
+    parts = rel.split("/")
+    if rel.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\0" in rel:
+        return False
+    root = dest.resolve()
+    return (root / rel).resolve().is_relative_to(root)
+
+
 def stage(source: str, to: str, client=None, workers: int = 16) -> StageResult:
     """Make `to` hold what `source` holds (s3://bucket/prefix/ or a local folder); fetch only what differs."""
     dest = Path(os.path.expanduser(to))
@@ -96,6 +105,10 @@ def _stage_locked(source: str, dest: Path, client, workers: int) -> StageResult:
     want = _listing_s3(client, source) if s3 else _listing_local(Path(os.path.expanduser(source)))
     if not want:
         raise FileNotFoundError(f"data source {source} holds no files")
+    outside = sorted(rel for rel in want if not inside(dest, rel))
+    if outside:  # a key like `x/../../../etc/cron.d/y` is anyone-with-write-access-to-the-prefix's file on every host
+        raise OSError(f"data source {source}: {len(outside)} key(s) would be written outside {dest}, e.g. {outside[0]!r} "
+                      f"(a '..' part, an absolute path or an empty name); nothing was staged. Remove or rename those objects")
     manifest = dest / MANIFEST
     try:
         had = json.loads(manifest.read_text()) if manifest.exists() else {}
@@ -160,7 +173,8 @@ def push(local_dir: Path, url: str, client=None) -> StageResult:
         raise OrchError(f"{local_dir}: no files to push", exit_code=2)
     store = S3Store(f"s3://{m.group(1)}", client=client)
     store.check()
-    done = store.sync_up(Path(local_dir), m.group(2).strip("/"))
+    before = {rel: size for rel, (size, _) in _listing_s3(store.client, url).items()}  # the index alone would miss a deleted object
+    done = store.sync_up(Path(local_dir), m.group(2).strip("/"), there=before)
     there = _listing_s3(store.client, url)
     bad = sorted(rel for rel, size in local.items() if there.get(rel, (None, ""))[0] != size)
     if bad:

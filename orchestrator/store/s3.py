@@ -7,7 +7,7 @@ import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from orchestrator.errors import OrchError
 from orchestrator.store.base import HashCache, Select, SyncResult, _files
@@ -123,10 +123,13 @@ class S3Store:
     def _upload(self, path: Path, key: str, digest: str) -> None:
         self.client.upload_file(str(path), self.bucket, self._key(key), ExtraArgs={"Metadata": {"sha256": digest}}, Config=self.transfer)
 
-    def sync_up(self, local_dir: Path, prefix: str, prune: Optional[Select] = None) -> SyncResult:
-
+    def sync_up(self, local_dir: Path, prefix: str, prune: Optional[Select] = None, there: Optional[Dict[str, int]] = None) -> SyncResult:
+        """`there` ({key under prefix: size}, from a listing): index entries it contradicts (an object deleted
+        or replaced behind orch's back) are uploaded again instead of trusted."""
         local_dir = Path(local_dir)
         index = self._index(prefix)
+        if there is not None:
+            index = {rel: meta for rel, meta in index.items() if there.get(rel) == meta.get("size")}
         result = SyncResult()
         todo = []
         for path in _files(local_dir):

@@ -4,6 +4,7 @@ with the fix); spec.load_sweep turns them into errors that name file:line and fi
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Any, List, Tuple
 
@@ -74,6 +75,10 @@ def check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
                 out.append((("data", i, "from"), "not a valid s3://bucket/prefix/ URL"))
         elif spec.backend == "aws":
             out.append((("data", i, "from"), "on aws, data comes from S3: `from: s3://bucket/prefix/` (`orch data push DIR s3://…` uploads a folder)"))
+    for i, entry in enumerate(spec.data or []):
+        to = entry.to
+        if not to.startswith(("/", "~")) and os.path.normpath(to).split(os.sep)[0] == "..":
+            out.append((("data", i, "to"), f"{to!r} leaves orch's data folder; use a path inside it (e.g. `cifar10`) or an absolute one"))
     tos = [e.to.rstrip("/") for e in spec.data or []]
     if len(set(tos)) != len(tos):
         out.append((("data",), "two entries stage to the same `to:` folder; give each its own"))

@@ -5,6 +5,7 @@ Every error names file:line, the field and a fix, and is raised before anything 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Dict, Union
 
@@ -51,6 +52,10 @@ def load_sweep(path: Union[str, Path]) -> Sweep:
     if problems:
         raise SpecError("\n".join(f"{path}:{line_of(root, loc)}: {dotted(loc)}: {msg}" for loc, msg in problems))
 
+    problems = _local_sources(spec, path.parent)
+    if problems:
+        raise SpecError("\n".join(f"{path}:{line_of(root, loc)}: {dotted(loc)}: {msg}" for loc, msg in problems))
+
     store_url = resolve_store(spec.store, path.parent)
     runs = expand(spec, python=host_python(spec))
     return Sweep(spec=spec, path=path.resolve(), store_url=store_url, runs=runs)
@@ -58,8 +63,44 @@ def load_sweep(path: Union[str, Path]) -> Sweep:
 
 
 def sweep_from_record(record: Dict[str, Any], path: str) -> Sweep:
-    """Rebuild a Sweep from the resolved spec kept in the store's sweep.json."""
+    """Rebuild a Sweep from the resolved spec kept in the store's sweep.json.
+
+    Records are written with sorted keys, so the grid's order (which orders every run id's parts)
+    comes from `grid_order`, or, in a record written before that field, from the recorded run ids.
+    The runs must be exactly the recorded ones: a sweep named instead of given as a file must
+    never address other runs than its file does (`orch down NAME` would miss them)."""
     resolved = record.get("spec", {})
     fields_ = {k: v for k, v in resolved.items() if k in SweepSpec.model_fields}
+    recorded = resolved.get("runs")
+    order = resolved.get("grid_order") or _order_from_ids(recorded, list(fields_.get("grid") or {}))
+    if isinstance(fields_.get("grid"), dict) and order and sorted(order) == sorted(fields_["grid"]):
+        fields_["grid"] = {k: fields_["grid"][k] for k in order}
     spec = SweepSpec.model_validate(fields_)
-    return Sweep(spec=spec, path=Path(path), store_url=resolved.get("store", spec.store), runs=expand(spec, python=host_python(spec)))
+    sweep = Sweep(spec=spec, path=Path(path), store_url=resolved.get("store", spec.store), runs=expand(spec, python=host_python(spec)))
+    if isinstance(recorded, list) and [r.run_id for r in sweep.runs] != recorded:
+        raise SpecError(f"the sweep.json of {spec.name} in {sweep.store_url} does not expand to the runs it records; "
+                        f"give the sweep file instead of its name (`orch status {path}`)")
+    return sweep
+
+
+def _order_from_ids(run_ids: Any, keys: list) -> list:
+    """The grid's keys in the order the first recorded run id names them (`lr=0.1,batch_size=64`)."""
+    if not isinstance(run_ids, list) or not run_ids or not isinstance(run_ids[0], str):
+        return []
+    named = [part.split("=", 1)[0] for part in run_ids[0].split(",")]
+    return [k for k in named if k in keys]
+
+
+def _local_sources(spec: SweepSpec, base: Path) -> list:
+    """`data: from:` folders on this machine must be there (relative to the sweep file) before a run tries."""
+    out = []
+    for i, entry in enumerate(spec.data or []):
+        if entry.source.startswith("s3://") or spec.backend != "local":
+            continue
+        p = Path(os.path.expanduser(entry.source))
+        p = p if p.is_absolute() else base / p
+        if not p.exists():
+            out.append((("data", i, "from"), f"{entry.source!r}: no such folder ({p}); give a folder on this machine or s3://bucket/prefix/"))
+        elif not p.is_dir():
+            out.append((("data", i, "from"), f"{entry.source!r} is not a folder; give a folder or s3://bucket/prefix/"))
+    return out

@@ -15,6 +15,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from orchestrator.contract import AUTO
 
+LOCAL_PROCS_PER_CORE = 4  # locally, nodes x procs_per_node may not exceed this many per CPU core
+
 # GPUs per instance type, for types an endpoint does not describe (DescribeInstanceTypes GpuInfo wins).
 GPUS_OF_TYPE = {
     "g4dn.xlarge": 1, "g4dn.2xlarge": 1, "g4dn.4xlarge": 1, "g4dn.8xlarge": 1, "g4dn.12xlarge": 4, "g4dn.16xlarge": 1,
@@ -57,6 +59,16 @@ def check(spec: Any) -> List[Tuple[Tuple[Any, ...], str]]:
         if known and len(known) == len(spec.aws.instance_types) and r.gpus > max(known):
             out.append((("resources", "gpus"), f"{r.gpus} GPUs per node, but the most any of {', '.join(spec.aws.instance_types)} "
                         f"has is {max(known)}; lower `gpus:` or list a larger type (e.g. p4d.24xlarge: 8)"))
+    if spec.backend == "local":
+        import os
+
+        cores = os.cpu_count() or 1
+        procs = r.nodes * (r.procs_per_node or max(1, r.gpus or 1))
+        if procs > cores * LOCAL_PROCS_PER_CORE:
+            where = ("resources", "nodes") if r.nodes > 1 else ("resources", "procs_per_node")
+            out.append((where, f"{r.nodes} node(s) x {procs // r.nodes} process(es) = {procs} processes per run on this machine's "
+                        f"{cores} CPU core(s); locally at most {cores * LOCAL_PROCS_PER_CORE} ({LOCAL_PROCS_PER_CORE} per core). "
+                        f"Lower `nodes:` / `procs_per_node:`"))
     return out
 
 

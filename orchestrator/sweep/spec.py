@@ -47,6 +47,9 @@ DEFAULT_COMMAND = "{python} -m trainer"
 BUILTINS = ("python", "sweep", "run_id", "seed", "torchrun")
 AUTO_PYTHON = "auto"
 MAX_RUNS = 10_000  # default limit on runs per sweep
+MAX_NODES = 64  # nodes per run: a cluster placement group of more is rare and a typo is likelier (README: resources)
+MAX_GPUS = 16  # GPUs per node: the most any EC2 instance has (p2.16xlarge); 8 on every current GPU type
+MAX_PROCS = 256  # processes per node
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$"
 KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -116,9 +119,9 @@ class AwsSection(Strict):
 class ResourcesSection(Strict):
     """The shape of each run (README: Run shapes)."""
 
-    nodes: Count = Field(1, ge=1, description="Instances (hosts) per run.")
-    gpus: Optional[Count] = Field(None, ge=0, description="GPUs per node the run uses (default: every GPU of the host).")
-    procs_per_node: Optional[Count] = Field(None, ge=1, description="Processes per node (default: gpus, or 1 without GPUs).")
+    nodes: Count = Field(1, ge=1, le=MAX_NODES, description=f"Instances (hosts) per run (at most {MAX_NODES}).")
+    gpus: Optional[Count] = Field(None, ge=0, le=MAX_GPUS, description=f"GPUs per node the run uses (default: every GPU of the host; at most {MAX_GPUS}).")
+    procs_per_node: Optional[Count] = Field(None, ge=1, le=MAX_PROCS, description=f"Processes per node (default: gpus, or 1 without GPUs; at most {MAX_PROCS}).")
 
 
 class DataEntry(Strict):
@@ -192,6 +195,7 @@ class Sweep:
         data = self.spec.model_dump(mode="json")
         data["store"] = self.store_url
         data["runs"] = [r.run_id for r in self.runs]
+        data["grid_order"] = list(self.spec.grid)  # records are written with sorted keys; run ids follow the file's order
         return data
 
 
@@ -223,12 +227,19 @@ def seeds_of(spec: SweepSpec) -> List[int]:
 def placeholders(command: str) -> List[str]:
     """Field names used in a command template; raises ValueError on malformed braces."""
     names = []
-    for _, name, _, _ in string.Formatter().parse(command):
+    for _, name, spec, conversion in string.Formatter().parse(command):
         if name is None:
             continue
         if name == "" or name.isdigit():
             raise ValueError("positional placeholder '{}' is not allowed: name a param, e.g. {lr}")
-        names.append(re.split(r"[.\[]", name)[0])
+        # Only plain {name}: a conversion, format spec, attribute or index would bypass the shell
+        # quoting every value gets ({v!r} of "$(touch x)" is unquoted text) or crash at expansion.
+        if conversion is not None or spec or not KEY_RE.match(name):
+            shown = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+            plain = re.split(r"[^A-Za-z0-9_]", name)[0] or "name"
+            raise ValueError(f"placeholder {shown} is not allowed: only plain {{name}} placeholders are (no !conversion, "
+                             f":format, .attribute or [index]); write {{{plain}}}")
+        names.append(name)
     return names
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import typing
 import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -90,13 +91,29 @@ _FIXES = {
 }
 
 
+def _model_of(annotation: Any) -> Any:
+    """The pydantic model inside an annotation (Optional[X], List[X], X), or None."""
+    if hasattr(annotation, "model_fields"):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
 def _allowed_fields(loc: Tuple[Any, ...], root_model: Any) -> str:
+    """The fields of the section the location is in (`resources.gpu` -> nodes, gpus, procs_per_node)."""
     model: Any = root_model
     for part in loc[:-1]:
+        if isinstance(part, int) or (isinstance(part, str) and part.isdigit()):
+            continue  # a list index: the same model
         f = getattr(model, "model_fields", {}).get(part)
-        model = getattr(f, "annotation", None) if f else None
-    fields = getattr(model, "model_fields", None) or root_model.model_fields
-    return ", ".join(fields)
+        model = _model_of(f.annotation) if f else None
+        if model is None:
+            model = root_model
+            break
+    return ", ".join(f.alias or name for name, f in model.model_fields.items())
 
 
 def format_errors(exc: ValidationError, path: Path, root: Optional[yaml.Node], model: Any) -> List[str]:

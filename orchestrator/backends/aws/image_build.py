@@ -29,7 +29,6 @@ from orchestrator.aws.images import (
 from orchestrator.backends import bundle as code_bundle
 from orchestrator.errors import OrchError
 from orchestrator.sweep.recipe import Recipe
-from orchestrator.wait import retry_until
 
 log = logging.getLogger("orch.ami")
 
@@ -46,7 +45,7 @@ def build(recipe: Recipe, sha: str, recipe_dir: Path, regions: List[str], force:
 
     cfg = recipe.aws
     ec2 = api.client("ec2", cfg.region)
-    have = images(ec2, recipe.name, sha)
+    have = [i for i in images(ec2, recipe.name, sha) if i.get("State") == "available"]
     if have and not force:
         say(f"recipe {recipe.name} (sha {sha[:12]}) is already built in {cfg.region}: {have[0]['ImageId']} (--force builds it again)")
         image_id = have[0]["ImageId"]
@@ -70,19 +69,22 @@ def build(recipe: Recipe, sha: str, recipe_dir: Path, regions: List[str], force:
             conn = connect(Target(address, cfg.ssh.port, cfg.ssh.user, cfg.ssh.identity, host_public), timeout=cfg.boot_timeout_s, interval=1.0)
             try:
                 _provision(conn, recipe, recipe_dir, say)
+                conn.check("sync")
             finally:
                 conn.close()
-            ec2.stop_instances(InstanceIds=[instance_id])
-            retry_until(lambda: (api.describe(ec2, instance_id) or {}).get("state") == "stopped", 900, 2.0, f"builder {instance_id} to stop")
+            # No StopInstances: a builder launched by a fleet as spot is a one-time Spot request, which EC2
+            # refuses to stop (UnsupportedOperation; EC2 user guide, Spot Instance request limitations).
+            # CreateImage on the running builder lets EC2 reboot it (NoReboot=False, the default) so the
+            # file system is consistent, whatever the builder's market.
             image_tags = [{"Key": RECIPE_TAG, "Value": recipe.name}, {"Key": SHA_TAG, "Value": sha}, {"Key": BASE_TAG, "Value": base["ImageId"]}]
             image_id = ec2.create_image(InstanceId=instance_id, Name=f"orch-{recipe.name}-{sha[:12]}-{time.strftime('%Y%m%d-%H%M%S')}",
                                         Description=f"orch recipe {recipe.name} ({sha[:12]}) from {base['ImageId']}")["ImageId"]
             ec2.create_tags(Resources=[image_id], Tags=image_tags)  # at once: `orch ami list` and `gc` know it while it is pending
-            _wait_available(ec2, image_id)
-            found = ec2.describe_images(ImageIds=[image_id])["Images"][0]
-            snapshots = [m["Ebs"]["SnapshotId"] for m in found.get("BlockDeviceMappings", []) if m.get("Ebs", {}).get("SnapshotId")]
-            if snapshots:
-                ec2.create_tags(Resources=snapshots, Tags=image_tags)
+            say(f"image {image_id} is pending: EC2 reboots the builder and snapshots its volume (minutes; more for large volumes)")
+            try:
+                _wait_available(ec2, image_id, say)
+            finally:  # available, failed or given up: its snapshots carry the recipe's tags, so `orch ami list`/`rm` find them
+                _tag_snapshots(ec2, image_id, image_tags)
             say(f"image {image_id} in {cfg.region}")
         except OrchError:
             raise
@@ -121,13 +123,22 @@ def _provision(conn, recipe: Recipe, recipe_dir: Path, say: Callable[[str], None
 
 def _copy(image_id: str, source: str, region: str, recipe: Recipe, sha: str, say: Callable[[str], None]) -> str:
     ec2 = api.client("ec2", region)
-    have = images(ec2, recipe.name, sha)
+    have = [i for i in images(ec2, recipe.name, sha) if i.get("State") == "available"]
     if have:
         say(f"{region}: already there: {have[0]['ImageId']}")
         return have[0]["ImageId"]
+    say(f"{region}: copying {image_id} (minutes to an hour, by volume size)")
     copied = ec2.copy_image(SourceImageId=image_id, SourceRegion=source, Name=f"orch-{recipe.name}-{sha[:12]}")["ImageId"]
     ec2.create_tags(Resources=[copied], Tags=[{"Key": RECIPE_TAG, "Value": recipe.name}, {"Key": SHA_TAG, "Value": sha},
                                               {"Key": BASE_TAG, "Value": image_id}])
-    _wait_available(ec2, copied)
+    _wait_available(ec2, copied, say)
     say(f"{region}: {copied}")
     return copied
+
+
+def _tag_snapshots(ec2, image_id: str, tags: list) -> None:
+    found = ec2.describe_images(ImageIds=[image_id])["Images"]
+    snapshots = [m["Ebs"]["SnapshotId"] for m in (found[0].get("BlockDeviceMappings", []) if found else [])
+                 if m.get("Ebs", {}).get("SnapshotId")]
+    if snapshots:
+        ec2.create_tags(Resources=snapshots, Tags=tags)
