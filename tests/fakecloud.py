@@ -552,4 +552,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the module under its own name: moto's model classes (the fake image's, above) take their service
+    # from a dotted module name, which `__main__` is not (it crashed at start with an IndexError).
+    from tests.fakecloud import main as _main
+
+    sys.exit(_main())

@@ -181,7 +181,10 @@ class Gate:
         if action == "CreateFleet":
             return self._create_fleet(environ, form)
         if action in PLACEMENT_ACTIONS:
-            return self.placement.answer(action, form, self._ec2_error)
+            answer = self.placement.answer(action, form, self._ec2_error)
+            if action == "CreatePlacementGroup" and answer[0].startswith("200"):
+                self._born("pg:" + form.get("GroupName", [""])[0])  # CreateFleet may not know it for a moment
+            return answer
         answer = self.forward(environ)
         if action == "CreateSecurityGroup" and answer[0].startswith("200"):
             for gid in set(re.findall(rb"sg-[0-9a-f]+", answer[2])):
@@ -203,12 +206,23 @@ class Gate:
         profile = (data.get("IamInstanceProfile") or {}).get("Name", "")
         refused: List[Tuple[dict, str, str]] = []
         kept: List[dict] = []
+        subnet_of: Dict[str, str] = {}
+        for o in overrides:  # EC2 Fleet quotas: one request cannot span two subnets of one AZ
+            az = _subnet_az(o.get("SubnetId", ""))
+            if subnet_of.setdefault(az, o.get("SubnetId", "")) != o.get("SubnetId", ""):
+                return self._ec2_error("InvalidParameterValue", "An EC2 Fleet request can't span different subnets from the same "
+                                       f"Availability Zone ({subnet_of[az]}, {o.get('SubnetId')} in {az})")
+        young_sg = [g for g in (data.get("SecurityGroupIds") or []) if self._is_young(g, self.strict.group_s)]
         for o in overrides:
             az = _subnet_az(o.get("SubnetId", ""))
             code = self._injected(market, o.get("InstanceType", ""), az)
             group = o.pop("Placement.GroupName", "")
             placed = self.placement.refusal(group, az) if group else None
-            if placed:
+            if group and self._is_young("pg:" + group, self.strict.group_s):  # eventual consistency, as for ids
+                refused.append((o, "InvalidPlacementGroup.Unknown", f"The Placement Group '{group}' is unknown."))
+            elif young_sg:
+                refused.append((o, "InvalidGroup.NotFound", f"The security group '{young_sg[0]}' does not exist"))
+            elif placed:
                 refused.append((o, *placed))
             elif profile and self._is_young(profile, self.strict.profile_s):
                 # as a real answer pairs them (karpenter-provider-aws issue 3051): the propagation error, and a capacity error

@@ -132,7 +132,7 @@ def test_nodes_come_from_one_pool_all_at_once_and_a_partial_fill_is_released():
         stub.add_response("create_fleet", answer, {
             "Type": "instant", "ClientToken": ANY, "TargetCapacitySpecification": {"TotalTargetCapacity": 2, "DefaultTargetCapacityType": "spot"},
             "SpotOptions": {"AllocationStrategy": "price-capacity-optimized", **together},
-            "OnDemandOptions": {"AllocationStrategy": "lowest-price", **together},
+            "OnDemandOptions": {"AllocationStrategy": "lowest-price"},  # MinTargetCapacity only for the market asked
             "LaunchTemplateConfigs": [{"LaunchTemplateSpecification": {"LaunchTemplateId": "lt-1", "Version": "7"},
                                        "Overrides": [{"InstanceType": choice.instance_type, "SubnetId": choice.subnet_id,
                                                       "Placement": {"GroupName": f"pg-{choice.az}"}}]}],
@@ -215,3 +215,31 @@ def test_a_fresh_profiles_capacity_error_blocks_no_pool():
     stub.assert_no_pending_responses()
     assert got.instance_type == "g5.xlarge" and slept  # asked again after a pause, for the same pools
     assert blocklist.allowed(CHOICES, "spot") == CHOICES
+
+
+def test_one_fleet_request_names_one_subnet_per_az():
+    # EC2 Fleet quotas: "An EC2 Fleet request can't span different subnets from the same Availability Zone"
+    two_in_1a = [fleet.Choice("g5.xlarge", "subnet-a", "us-east-1a"), fleet.Choice("g5.xlarge", "subnet-a2", "us-east-1a"),
+                 fleet.Choice("g5.xlarge", "subnet-b", "us-east-1b")]
+    client, stub = stubbed()
+    expect_fleet(stub, [two_in_1a[0], two_in_1a[2]], fleet_error("InsufficientInstanceCapacity", "g5.xlarge", "subnet-a"))
+    expect_fleet(stub, [two_in_1a[1], two_in_1a[2]], fleet_ok("g5.xlarge", "subnet-a2"))  # the AZ's next subnet, once the first is blocked
+    expect_cleanup(stub)
+    with stub:
+        got = fleet.acquire(client, "lt-1", BASE, "x", two_in_1a, ["spot"], [], fleet.Blocklist())
+    stub.assert_no_pending_responses()
+    assert got.subnet_id == "subnet-a2"
+
+
+@pytest.mark.parametrize("code, message", [("InvalidPlacementGroup.Unknown", "The Placement Group 'orch-x-us-east-1a' is unknown."),
+                                           ("InvalidGroup.NotFound", "The security group 'sg-0123' does not exist")])
+def test_a_new_group_not_yet_visible_is_asked_again_not_fatal(code, message):
+    client, stub = stubbed()
+    err = {"ErrorCode": code, "ErrorMessage": message, "LaunchTemplateAndOverrides": {"Overrides": {"InstanceType": "g5.xlarge", "SubnetId": "subnet-a"}}}
+    expect_fleet(stub, CHOICES, {"FleetId": "fleet-1", "Instances": [], "Errors": [err]})
+    expect_fleet(stub, CHOICES, fleet_ok("g5.xlarge", "subnet-a"))
+    expect_cleanup(stub)
+    slept, blocklist = [], fleet.Blocklist()
+    with stub:
+        got = fleet.acquire(client, "lt-1", BASE, "x", CHOICES, ["spot"], [], blocklist, sleep=slept.append)
+    assert got.subnet_id == "subnet-a" and slept and blocklist.allowed(CHOICES, "spot") == CHOICES

@@ -42,8 +42,15 @@ class CapacityUnavailable(OrchError):
     """No pool could give an instance right now; the run stays queued and is tried again later."""
 
 
+# Things orch made a moment ago that CreateFleet may not see yet (eventual consistency): asked again, never
+# fatal at once, never a capacity verdict. Placement and security groups: EC2 API reference, "Eventual consistency".
+NOT_YET_CODES = frozenset({"InvalidPlacementGroup.Unknown", "InvalidGroup.NotFound"})
+
+
 def is_propagation(code: str, message: str) -> bool:
-    """EC2 does not see a freshly created instance profile yet (IAM is eventually consistent)."""
+    """EC2 does not see a freshly created instance profile, placement group or security group yet."""
+    if code in NOT_YET_CODES:
+        return True
     return code == "InvalidParameterValue" and ("iamInstanceProfile" in message or "Invalid IAM Instance Profile" in message)
 
 
@@ -102,14 +109,19 @@ class Blocklist:
 def _fleet(ec2, template_id: str, version: str, choices: List[Choice], market: str, tags: List[dict], count: int = 1,
            group: str = "") -> dict:
     placement = {"Placement": {"GroupName": group}} if group else {}
-    # several nodes: all or nothing, of one type in one AZ (EC2 launches none when it cannot give them all)
+    # several nodes: all or nothing, of one type in one AZ (EC2 launches none when it cannot give them all);
+    # only in the market asked for: the other market's options say nothing about this request
     together = {"MinTargetCapacity": count, "SingleInstanceType": True, "SingleAvailabilityZone": True} if count > 1 else {}
+    # "An EC2 Fleet request can't span different subnets from the same Availability Zone" (EC2 Fleet quotas):
+    # per AZ, the first subnet the choices name (the user's order); the others are asked once it is blocked
+    subnet_of: Dict[str, str] = {}
+    choices = [c for c in choices if subnet_of.setdefault(c.az, c.subnet_id) == c.subnet_id]
     return ec2.create_fleet(
         Type="instant",
         ClientToken=str(uuid.uuid4()),
         TargetCapacitySpecification={"TotalTargetCapacity": count, "DefaultTargetCapacityType": market},
-        SpotOptions={"AllocationStrategy": "price-capacity-optimized", **together},
-        OnDemandOptions={"AllocationStrategy": "lowest-price", **together},
+        SpotOptions={"AllocationStrategy": "price-capacity-optimized", **(together if market == "spot" else {})},
+        OnDemandOptions={"AllocationStrategy": "lowest-price", **(together if market == "on-demand" else {})},
         LaunchTemplateConfigs=[{
             "LaunchTemplateSpecification": {"LaunchTemplateId": template_id, "Version": version},
             "Overrides": [{"InstanceType": c.instance_type, "SubnetId": c.subnet_id, **placement} for c in choices],
@@ -209,9 +221,11 @@ def _acquire(ec2, template_id: str, base: dict, user_data: str, choices: List[Ch
                 if propagating:
                     if waited >= propagation_s:
                         first = next(e for e in errors if is_propagation(e.get("ErrorCode", ""), e.get("ErrorMessage", "")))
-                        raise AwsFatal(f"EC2 still refuses the instance profile after {waited:.0f} s ({first.get('ErrorMessage')}). "
-                                       "Check that its role trusts ec2.amazonaws.com, or name an existing profile in `aws.instance_profile`.")
-                    log.info("the instance profile is not visible to EC2 yet; asking again")
+                        raise AwsFatal(f"EC2 still does not see what orch made for this sweep after {waited:.0f} s "
+                                       f"({first.get('ErrorCode')}: {first.get('ErrorMessage')}). For an instance profile: check that its "
+                                       "role trusts ec2.amazonaws.com, or name an existing profile in `aws.instance_profile`; "
+                                       "otherwise run the launch again.")
+                    log.info("what orch just made is not visible to EC2 yet; asking again")
                     waited += _backoff(waited, sleep)
                     continue
                 log.info("CreateFleet gave no %s instance (%s); trying the next choices", market, ", ".join(e.get("ErrorCode", "?") for e in errors))

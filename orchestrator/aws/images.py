@@ -70,8 +70,18 @@ def _wait_available(ec2, image_id: str, say: Callable[[str], None] = lambda _: N
 
 def remove(ec2, image_id: str) -> List[str]:
     """Deregister an image of orch's and delete its snapshots; refuses one that live instances run."""
-    found = ec2.describe_images(ImageIds=[image_id])["Images"]
-    if not found or RECIPE_TAG not in tags_of(found[0]):
+    from botocore.exceptions import ClientError
+
+    try:
+        found = ec2.describe_images(ImageIds=[image_id])["Images"]
+    except ClientError as exc:
+        if _code(exc) in ("InvalidAMIID.NotFound", "InvalidAMIID.Unavailable"):
+            found = []
+        else:
+            raise
+    if not found:
+        raise OrchError(f"{image_id} does not exist in this region (already removed?); `orch ami list` shows orch's images.")
+    if RECIPE_TAG not in tags_of(found[0]):
         raise OrchError(f"{image_id} is not an image orch built (no {RECIPE_TAG} tag); `orch ami list` shows those.")
     users = [i["InstanceId"] for r in ec2.describe_instances(Filters=[{"Name": "image-id", "Values": [image_id]},
                                                                       {"Name": "instance-state-name", "Values": ["pending", "running"]}])["Reservations"]

@@ -8,6 +8,7 @@ from typing import Optional, Tuple
 import click
 
 from orchestrator.cli.common import expected_errors
+from orchestrator.errors import OrchError
 
 
 @click.group()
@@ -50,7 +51,18 @@ def ami_build(recipe: Path, regions: Tuple[str, ...], dry_run: bool, force: bool
         say("dry run: nothing launched.")
         return
     _remember_region(spec.aws.region)
-    built = image_build.build(spec, sha, recipe.parent, list(regions), force, say)
+    import signal
+
+    def hand_off(signum, _frame):
+        raise KeyboardInterrupt  # SIGTERM or a closed terminal cleans up exactly as Ctrl-C does
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, hand_off)
+    try:
+        built = image_build.build(spec, sha, recipe.parent, list(regions), force, say)
+    except KeyboardInterrupt:
+        raise OrchError(f"interrupted: the builder was terminated and what the build made removed (`orch gc` checks; "
+                        f"`orch down ami-{spec.name}` removes anything left).", exit_code=130) from None
     for region, image_id in built.items():
         say(f"{region}: {image_id}  (use `image: recipe:{spec.name}` in a sweep's aws section)")
 
@@ -104,6 +116,10 @@ def ami_rm(image: str, region: Optional[str]):
     from orchestrator.aws import ec2 as api
     from orchestrator.aws import images
 
+    import re
+
+    if not re.match(r"^ami-[0-9a-f]{8,17}$", image):
+        raise OrchError(f"{image!r} is not an image id (ami- and 8 or 17 hex digits); `orch ami list` shows orch's images.", exit_code=2)
     gone = images.remove(api.client("ec2", region or _default_region()), image)
     click.echo("removed " + ", ".join(gone))
 

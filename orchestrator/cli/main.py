@@ -69,13 +69,25 @@ def launch(sweep_file: str, dry_run: bool, detach: bool):
         return
     from orchestrator.control.controller import Controller
     from orchestrator.control.state import SweepLock
+    from orchestrator.store.base import get_json
 
     backend, store, state = _parts(sweep)
     lock = SweepLock(state.home, sweep.spec.name)
     lock.acquire()
-    backend.preflight()
+    # SIGTERM or a closed terminal in the first seconds (preflight makes the security group, template and
+    # profile on AWS) is treated like Ctrl-C there: whatever preflight made is removed before orch exits.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _hand_off)
     controller = Controller(sweep, backend, store, state)
-    new = controller.prepare()
+    fresh = get_json(store, f"{sweep.spec.name}/sweep.json") is None  # a sweep seen before keeps what it has (its runs use it)
+    try:
+        backend.preflight()
+        new = controller.prepare()
+    except KeyboardInterrupt:
+        removed = backend.teardown() if fresh else []
+        lock.release()
+        raise OrchError(f"interrupted before the sweep started; removed what this launch had made ({len(removed)} resource(s)). "
+                        f"Nothing new runs.", exit_code=130) from None
     con.print(f"{'launching' if new else 'continuing'} sweep [bold]{sweep.spec.name}[/]: {len(sweep.runs)} runs, "
               f"max_parallel {sweep.spec.max_parallel}, store {sweep.store_url}")
     if detach:
@@ -83,10 +95,8 @@ def launch(sweep_file: str, dry_run: bool, detach: bool):
         pid = _spawn_controller(sweep)
         con.print(f"controller running in the background (pid {pid}). Watch: `orch status {sweep.spec.name} --watch`.")
         return
-    # Closing the terminal (SIGHUP) or a plain `kill` (SIGTERM) is treated like Ctrl-C: the loop is
-    # handed to a background controller, so queued runs still start.
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _hand_off)
+    # Closing the terminal (SIGHUP) or a plain `kill` (SIGTERM) is treated like Ctrl-C from here on: the
+    # loop is handed to a background controller, so queued runs still start.
     try:
         progress = _watch(con, controller.run)
     except KeyboardInterrupt:

@@ -66,7 +66,11 @@ def down(sweep: Optional[str], everything: bool):
     if not everything and not sweep:
         raise OrchError("which sweep? `orch down SWEEP` stops one (`orch status` lists them); `orch down --all` stops every sweep "
                         "launched from here.", exit_code=2)
-    names = [sweep] if sweep else [rec.name for rec in State().sweeps()]
+    known = {rec.name for rec in State().sweeps()}
+    if sweep and sweep not in known and sweep.startswith("ami-"):  # an image build's leftovers (builder, its group, template)
+        _down_leftovers(sweep)
+        return
+    names = [sweep] if sweep else sorted(known)
     for name in names:
         for line in _down_one(load_sweep_arg(name)):
             click.echo(line)
@@ -80,6 +84,21 @@ def down(sweep: Optional[str], everything: bool):
                 click.echo(f"{region}: removed {len(removed)} resource(s) of unknown sweep {name}: {', '.join(removed)}")
     if not names and not everything:
         click.echo("no sweeps launched from here.")
+
+
+def _down_leftovers(name: str) -> None:
+    """`orch down ami-RECIPE`: what an interrupted `orch ami build` left, in every region orch knows of."""
+    from orchestrator.aws.ec2 import client
+    from orchestrator.aws.teardown import teardown
+
+    found = False
+    for region, by_sweep in _scan_regions().items():
+        if name in by_sweep:
+            found = True
+            removed = teardown(client("ec2", region), client("iam", region), name)
+            click.echo(f"{region}: removed {len(removed)} resource(s) of {name}: {', '.join(removed)}")
+    if not found:
+        click.echo(f"nothing of {name} exists in the regions orch knows of (`orch gc` lists what does).")
 
 
 def _down_one(sw) -> List[str]:
@@ -140,7 +159,8 @@ def _scan_regions():
 def gc():
     """List what orch made and what still exists (instances, security groups, launch
     templates, instance profiles), by sweep, in the regions of the sweeps launched from
-    here. Removes nothing: `orch down SWEEP` or `orch down --all` does.
+    here, each with the command that removes it (`orch down SWEEP`; an image build's leftovers:
+    `orch down ami-RECIPE`; images themselves: `orch ami list` / `orch ami rm`). Removes nothing.
 
     \b
     Example:
@@ -154,7 +174,7 @@ def gc():
         for name, items in sorted(by_sweep.items()):
             found = True
             tag = "" if name in known else " (not launched from here)"
-            click.echo(f"{region} {name}{tag}: {len(items)} resource(s)")
+            click.echo(f"{region} {name}{tag}: {len(items)} resource(s); remove with `orch down {name}`")
             for item in items:
                 click.echo(f"  {item}")
     if not found:

@@ -172,7 +172,10 @@ def push(local_dir: Path, url: str, client=None) -> StageResult:
     if not local:
         raise OrchError(f"{local_dir}: no files to push", exit_code=2)
     store = S3Store(f"s3://{m.group(1)}", client=client)
-    store.check()
+    try:
+        store.check()
+    except OrchError as exc:  # said for a sweep's `store:`; here the bucket is the URL's
+        raise OrchError(str(exc).replace("or fix `store:`", f"or fix the URL ({url})"), exit_code=2) from None
     before = {rel: size for rel, (size, _) in _listing_s3(store.client, url).items()}  # the index alone would miss a deleted object
     done = store.sync_up(Path(local_dir), m.group(2).strip("/"), there=before)
     there = _listing_s3(store.client, url)

@@ -66,6 +66,10 @@ def check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
             out.append((("backend",), "backend aws needs an `aws:` section (at least `image:`); see README"))
         if not spec.store.startswith("s3://"):
             out.append((("store",) if spec.store else ("backend",), "backend aws needs `store: s3://bucket/prefix`: instances sync results there"))
+    if spec.aws is not None and spec.aws.ssh.address == "private_ip" and not spec.aws.ssh_cidr and not spec.aws.security_group:
+        # the default rule admits this machine's *public* address, which never reaches a private IP
+        out.append((("aws", "ssh", "address"), "private_ip needs `aws.ssh_cidr`: the range this machine reaches the VPC from "
+                    "(e.g. the VPC's CIDR, 10.0.0.0/16, from a bastion or VPN), or a `security_group` that admits it"))
     if spec.aws is not None and not (spec.aws.instance_profile or "").strip():
         out.append((("aws", "instance_profile"), "an instance without a profile has no AWS credentials: it can neither sync results to S3 "
                     "nor terminate itself. Use `create` (the default) or the name of a profile that may do both"))

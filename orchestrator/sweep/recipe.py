@@ -36,7 +36,12 @@ def load_recipe(path: Path) -> tuple:
     path = Path(path)
     if not path.is_file():
         raise SpecError(f"{path}: recipe not found. The default is ami/recipe.yaml.")
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not UTF-8 text (byte {exc.start}); a recipe is YAML. Save it as UTF-8.") from None
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read the recipe: {exc.strerror}") from None
     try:
         root, data = yaml.compose(text, Loader=Loader), yaml.load(text, Loader=Loader)
     except yaml.YAMLError as exc:

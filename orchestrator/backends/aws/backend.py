@@ -109,7 +109,11 @@ class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
                 raise api.explain(exc, "preparing the sweep's AWS resources") from None
             choices = fleet.choices(cfg.instance_types, subnets)
             self._plan_packing(sorted({s["AvailabilityZone"] for s in subnets}))
-            self._setup = {"template": template, "base": api.template_data(self.ec2, template), "choices": choices, "image": image, "sg": sg}
+            # Each instance gets a template version of its own from exactly this data (today's image, group, volume,
+            # profile) plus its user data: a template made by an earlier launch never pins an older (or deleted)
+            # image after `orch ami build --force` / `orch ami rm`, and no DescribeLaunchTemplateVersions answer
+            # (response fields such as MetadataOptions.State) is ever posted back as a request.
+            self._setup = {"template": template, "base": data, "choices": choices, "image": image, "sg": sg}
         return self._setup
 
     def _plan_packing(self, azs: List[str]) -> None:

@@ -57,11 +57,12 @@ def build(recipe: Recipe, sha: str, recipe_dir: Path, regions: List[str], force:
             base = resolve_image(ec2, cfg.image, cfg.image_owner, cfg.region)
             sg = cfg.security_group or api.ensure_security_group(ec2, name, subnets[0]["VpcId"], cfg.ssh_cidr or api.caller_cidr())
             public_ip = cfg.ssh.address == "public_ip" and not all(s["MapPublicIpOnLaunch"] for s in subnets)
-            template = api.ensure_launch_template(ec2, name, api.launch_template_data(base, sg, cfg.volume_gb, None, public_ip))
+            data = api.launch_template_data(base, sg, cfg.volume_gb, None, public_ip)
+            template = api.ensure_launch_template(ec2, name, data)
             host_private, host_public = new_host_key()
             user_data = cloud_config(host_private, host_public, public_key_of(cfg.ssh.identity), cfg.max_minutes)
             tags = api.sweep_tags(name, run="builder", attempt="1", hostkey=host_public) + [{"Key": "Name", "Value": f"orch builder {recipe.name}"}]
-            got = fleet.acquire(ec2, template, api.template_data(ec2, template), user_data, fleet.choices(cfg.instance_types, subnets),
+            got = fleet.acquire(ec2, template, data, user_data, fleet.choices(cfg.instance_types, subnets),
                                 fleet.markets(cfg.market), tags, fleet.Blocklist())
             instance_id = got.instance_id
             say(f"builder {instance_id} ({got.instance_type} in {got.az}, {got.market}) from {base['ImageId']} ({base['Name']})")

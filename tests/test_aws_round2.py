@@ -1,0 +1,34 @@
+"""AWS on the first real try, round 2: what AWS's documents say that the fake cloud now imitates, and orch's
+answer to each (docs/aws.md's table names the source of each)."""
+
+from __future__ import annotations
+
+import time
+
+from orchestrator.backends.aws.backend import AwsBackend
+from orchestrator.sweep.load import load_sweep
+from tests.fakecloud import IMAGE_NAME
+
+
+def test_a_relaunch_uses_todays_image_not_the_templates_first(orch, cloud, identity):
+    path = orch.sweep(cloud.sweep_yaml("tpl", identity, "true"))
+    first = AwsBackend(load_sweep(path))
+    old = first.bootstrap()
+    assert old["base"]["ImageId"] == cloud.image
+    time.sleep(1.1)  # a newer CreationDate: `image:` names a pattern, resolved to the newest match
+    newer = cloud.register_image(IMAGE_NAME)
+    again = AwsBackend(load_sweep(path)).bootstrap()  # the sweep's launch template exists from the first launch
+    assert again["template"] == old["template"]
+    assert again["base"]["ImageId"] == newer  # each instance's template version carries it, not version 1's image
+    assert "LaunchTemplateInstanceMetadataOptions" not in str(again["base"])  # request fields only, never a describe answer
+    first.pool.shutdown(wait=False)
+    from orchestrator.aws import ec2 as api
+    from orchestrator.aws.teardown import teardown
+
+    teardown(api.client("ec2", "us-east-1"), api.client("iam", "us-east-1"), "tpl")  # what the two bootstraps made
+
+
+def test_private_ip_without_ssh_cidr_is_refused_with_the_fix(orch, cloud, identity):
+    text = cloud.sweep_yaml("privnet", identity, "true").replace("  ssh_cidr: 127.0.0.1/32\n", "")
+    r = orch("launch", str(orch.sweep(text)), "--dry-run")
+    assert r.code == 2 and "aws.ssh_cidr" in r.err and "private_ip" in r.err and "Traceback" not in r.err, r.err
