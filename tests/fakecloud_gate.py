@@ -86,6 +86,7 @@ class Gate:
     garbled: set = field(default_factory=set)  # EC2 actions answered with a body no SDK can parse (any-exception injection)
     fleet_capacity: Dict[Tuple[str, str, str], int] = field(default_factory=dict)  # most instances one CreateFleet gets from a pool
     spot_ids: set = field(default_factory=set)  # instances a fleet launched as spot (one-time requests: EC2 cannot stop them)
+    spot_quota: Optional[int] = None  # set by a test: most live spot instances the account may run (the vCPU quota, in instances)
     fail_images: bool = False  # set by a test: new images end `failed` instead of `available`
     controller_policy: Optional[dict] = None  # the policy orch documents (orch aws policy): every controller call is checked
     denied: List[str] = field(default_factory=list)  # controller calls the documented policy refused
@@ -213,6 +214,14 @@ class Gate:
                 return self._ec2_error("InvalidParameterValue", "An EC2 Fleet request can't span different subnets from the same "
                                        f"Availability Zone ({subnet_of[az]}, {o.get('SubnetId')} in {az})")
         young_sg = [g for g in (data.get("SecurityGroupIds") or []) if self._is_young(g, self.strict.group_s)]
+        if market == "spot" and self.spot_quota is not None:
+            live = sum(1 for i in self.spot_ids if _state_of(i) in ("pending", "running"))
+            if live + int(form.get("TargetCapacitySpecification.TotalTargetCapacity", ["1"])[0]) > self.spot_quota:
+                # EC2: "You have requested more vCPU capacity than your current vCPU limit … allows" (a fleet Error)
+                self.counts["MaxSpotInstanceCountExceeded"] += 1
+                return self._fleet_errors(template_id, version, market, [
+                    (o, "MaxSpotInstanceCountExceeded", f"Max spot instance count exceeded ({live} running; limit {self.spot_quota})")
+                    for o in overrides[:1]])
         for o in overrides:
             az = _subnet_az(o.get("SubnetId", ""))
             code = self._injected(market, o.get("InstanceType", ""), az)

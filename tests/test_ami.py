@@ -141,3 +141,36 @@ def test_the_controller_runs_under_the_documented_policy_only(cloud):
         ec2.stop_instances(InstanceIds=["i-0123456789abcdef0"])
     assert cloud.gate.denied == ["ec2:StopInstances"]
     cloud.gate.denied.clear()
+
+
+def test_sigterm_mid_build_cleans_up_like_ctrl_c(orch, cloud, identity):
+    import signal
+
+    path = recipe(orch, identity, "slow", ["echo started; sleep 600"])
+    p = orch.popen("ami", "build", str(path))
+    lines = []
+    for line in p.stdout:  # the step is running on the builder
+        lines.append(line)
+        if "started" in line:
+            break
+    p.send_signal(signal.SIGTERM)
+    out = "".join(lines) + p.communicate(timeout=280)[0]
+    assert p.returncode == 130 and "interrupted" in out and "Traceback" not in out, out
+    assert cloud.instances(states=("pending", "running", "stopping", "stopped")) == []
+    assert not any(cloud.leftovers("ami-slow").values())
+    assert "nothing of ami-slow" in orch("down", "ami-slow").out
+
+
+def test_ami_inputs_that_cannot_work_are_clear_errors(orch, cloud, identity):
+    bad = orch.tmp / "latin1.yaml"
+    bad.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    r = orch("ami", "build", str(bad), "--dry-run")
+    assert r.code == 2 and "not UTF-8" in r.err and "Traceback" not in r.err, r.err
+    r = orch("ami", "rm", "not-an-id", "--region", "us-east-1")
+    assert r.code == 2 and "not an image id" in r.err, r.err
+    r = orch("ami", "rm", "ami-0123456789abcdef0", "--region", "us-east-1")
+    assert r.code == 1 and "does not exist" in r.err and "Traceback" not in r.err, r.err
+    (orch.tmp / "ds").mkdir()
+    (orch.tmp / "ds" / "f.txt").write_text("x")
+    r = orch("data", "push", str(orch.tmp / "ds"), "s3://no-such-bucket-here/datasets/x/")
+    assert r.code == 2 and "no-such-bucket-here" in r.err and "store:" not in r.err and "Traceback" not in r.err, r.err

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from orchestrator.backends.aws.backend import AwsBackend
+from orchestrator.wait import retry_until
+from tests.conftest import run_states as status
 from orchestrator.sweep.load import load_sweep
 from tests.fakecloud import IMAGE_NAME
 
@@ -32,3 +36,21 @@ def test_private_ip_without_ssh_cidr_is_refused_with_the_fix(orch, cloud, identi
     text = cloud.sweep_yaml("privnet", identity, "true").replace("  ssh_cidr: 127.0.0.1/32\n", "")
     r = orch("launch", str(orch.sweep(text)), "--dry-run")
     assert r.code == 2 and "aws.ssh_cidr" in r.err and "private_ip" in r.err and "Traceback" not in r.err, r.err
+
+
+@pytest.mark.timeout(900)
+def test_a_quota_reached_while_runs_go_makes_runs_wait_not_the_sweep_fail(orch, cloud, identity):
+    cloud.gate.spot_quota = 1  # one spot instance at a time: the second run must wait for the first, not end the sweep
+    path = orch.sweep(cloud.sweep_yaml("quota", identity, "sleep 45", extra="max_parallel: 2\ngrid:\n  k: [1, 2]",
+                                       market="spot"))
+    assert orch("launch", str(path), "--detach").code == 0
+
+    def seen():
+        runs = status(orch, "quota")
+        return runs if len(runs) == 2 and any(v["state"] == "running" for v in runs.values()) and \
+            any("quota" in (v.get("reason") or "") for v in runs.values()) else None
+
+    runs = retry_until(seen, 300, 0.5, "one run running, the other waiting for quota")
+    retry_until(lambda: {v["state"] for v in status(orch, "quota").values()} == {"succeeded"}, 400, 0.5, "both runs to succeed")
+    assert cloud.gate.counts["MaxSpotInstanceCountExceeded"] >= 1, runs
+    assert orch("down", "quota", timeout=300).code == 0

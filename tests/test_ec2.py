@@ -243,3 +243,19 @@ def test_a_new_group_not_yet_visible_is_asked_again_not_fatal(code, message):
     with stub:
         got = fleet.acquire(client, "lt-1", BASE, "x", CHOICES, ["spot"], [], blocklist, sleep=slept.append)
     assert got.subnet_id == "subnet-a" and slept and blocklist.allowed(CHOICES, "spot") == CHOICES
+
+
+def test_a_spot_quota_still_tries_on_demand_and_then_says_quota():
+    client, stub = stubbed()
+    one = CHOICES[:1]
+    expect_fleet(stub, one, fleet_error("MaxSpotInstanceCountExceeded", "g5.xlarge", "subnet-a"))
+    stub.add_response("create_fleet", {"FleetId": "fleet-2", "Instances": [{"InstanceIds": ["i-0123456789abcdef1"], "InstanceType": "g5.xlarge",
+                                                                             "LaunchTemplateAndOverrides": {"Overrides": {"InstanceType": "g5.xlarge", "SubnetId": "subnet-a"}},
+                                                                             "Lifecycle": "on-demand"}]}, ANY)
+    expect_cleanup(stub)
+    blocklist = fleet.Blocklist()
+    with stub:
+        got = fleet.acquire(client, "lt-1", BASE, "x", one, ["spot", "on-demand"], [], blocklist)
+    assert got.market == "on-demand"  # the quota of one market is no reason not to ask the other
+    with pytest.raises(fleet.CapacityUnavailable, match="waiting for quota"):  # asked again soon, without an API call
+        fleet.acquire(client, "lt-1", BASE, "x", one, ["spot"], [], blocklist)

@@ -35,11 +35,17 @@ CAPACITY_ERRORS = frozenset({
     "InsufficientReservedInstanceCapacity", "SpotMaxPriceTooLow", "InsufficientFreeAddressesInSubnet", "Unsupported",
 })
 BLOCK_S = 300.0  # how long a pool stays blocked after a capacity error
+QUOTA_BLOCK_S = 30.0  # a market refused for its quota is asked again this soon: the sweep's own instances free it as they end
 PROPAGATION_S = 120.0  # how long a new instance profile may stay invisible to EC2 before orch gives up
 
 
 class CapacityUnavailable(OrchError):
     """No pool could give an instance right now; the run stays queued and is tried again later."""
+
+
+class QuotaReached(AwsFatal):
+    """Every market asked answered with an instance quota (vCPUs, spot instances). Fatal for a sweep only when
+    none of its instances is alive (nothing of its own will free capacity); else its runs wait (the backend decides)."""
 
 
 # Things orch made a moment ago that CreateFleet may not see yet (eventual consistency): asked again, never
@@ -92,6 +98,7 @@ class Blocklist:
 
     until: Dict[Tuple[str, str, str], float] = field(default_factory=dict)
     soft_until: Dict[Tuple[str, str], float] = field(default_factory=dict)
+    quota: Dict[str, Tuple[float, str]] = field(default_factory=dict)  # market -> (until, what AWS said): asked again sooner
 
     def block(self, market: str, instance_type: str, subnet_id: str, seconds: float = BLOCK_S) -> None:
         self.until[(market, instance_type, subnet_id)] = time.time() + seconds
@@ -130,6 +137,15 @@ def _fleet(ec2, template_id: str, version: str, choices: List[Choice], market: s
     )
 
 
+def _quota(blocklist: Blocklist, choices: List[Choice], market: str, error: OrchError) -> OrchError:
+    """A quota covers the whole market: none of its pools is asked again for a while."""
+    log.info("%s: %s", market, error)
+    for c in choices:
+        blocklist.block(market, c.instance_type, c.subnet_id, QUOTA_BLOCK_S)
+    blocklist.quota[market] = (time.time() + QUOTA_BLOCK_S, str(error))
+    return error
+
+
 def _refused(code: str, message: str, market: str, instance_type: str, where: str = "") -> OrchError:
     """A CreateFleet error that is neither capacity nor propagation, in AWS's words."""
     if code in QUOTA_ERRORS or code in PERMISSION_ERRORS:
@@ -164,6 +180,9 @@ def _acquire(ec2, template_id: str, base: dict, user_data: str, choices: List[Ch
     from botocore.exceptions import ClientError
 
     if not any(blocklist.allowed(choices, m) for m in markets):  # everything just refused: wait without calling the API
+        quota = [blocklist.quota[m][1] for m in markets if blocklist.quota.get(m, (0, ""))[0] > time.time()]
+        if quota:  # what AWS said a moment ago: the run waits; only a fresh answer can end the sweep
+            raise CapacityUnavailable(f"waiting for quota to free: {quota[0]}")
         raise CapacityUnavailable(f"no capacity for {', '.join(sorted({c.instance_type for c in choices}))} right now (all choices cooling down); will retry")
     try:
         version = str(ec2.create_launch_template_version(
@@ -173,6 +192,7 @@ def _acquire(ec2, template_id: str, base: dict, user_data: str, choices: List[Ch
     except ClientError as exc:
         raise explain(exc, "creating a launch template version") from None
     waited = 0.0
+    quota: Optional[OrchError] = None  # a market refused for its quota: the next market is still asked
     try:
         for market in markets:
             while True:
@@ -192,6 +212,9 @@ def _acquire(ec2, template_id: str, base: dict, user_data: str, choices: List[Ch
                     if is_propagation(code, message) and waited < propagation_s:
                         waited += _backoff(waited, sleep)
                         continue
+                    if code in QUOTA_ERRORS:
+                        quota = _quota(blocklist, choices, market, _refused(code, message, market, allowed[0].instance_type))
+                        break
                     raise _refused(code, message, market, allowed[0].instance_type) from None
                 got = _instances(answer, allowed, market)
                 if len(got) >= count:
@@ -209,6 +232,11 @@ def _acquire(ec2, template_id: str, base: dict, user_data: str, choices: List[Ch
                 # (karpenter-provider-aws issue 3051: InvalidParameterValue + UnfulfillableCapacity): that
                 # capacity error is the profile's, not the pool's, so the answer blocks nothing.
                 propagating = any(is_propagation(e.get("ErrorCode", ""), e.get("ErrorMessage", "")) for e in errors)
+                quota_err = next((e for e in errors if e.get("ErrorCode") in QUOTA_ERRORS), None)
+                if quota_err is not None and not propagating:
+                    quota = _quota(blocklist, choices, market, _refused(quota_err["ErrorCode"], quota_err.get("ErrorMessage", ""), market,
+                                                                        allowed[0].instance_type))
+                    break
                 for err in [] if propagating else errors:  # a 200 answer with Errors and no instances
                     code, message = err.get("ErrorCode", ""), err.get("ErrorMessage", "")
                     o = err.get("LaunchTemplateAndOverrides", {}).get("Overrides", {})
@@ -229,6 +257,8 @@ def _acquire(ec2, template_id: str, base: dict, user_data: str, choices: List[Ch
                     waited += _backoff(waited, sleep)
                     continue
                 log.info("CreateFleet gave no %s instance (%s); trying the next choices", market, ", ".join(e.get("ErrorCode", "?") for e in errors))
+        if quota is not None:
+            raise QuotaReached(str(quota))
         raise CapacityUnavailable(f"no capacity for {', '.join(sorted({c.instance_type for c in choices}))} in "
                                   f"{', '.join(sorted({c.az for c in choices}))} ({' or '.join(markets)}) right now; will retry")
     finally:

@@ -61,6 +61,12 @@ class PackMixin:
             raise fleet.CapacityUnavailable("every instance with a free slot was ending; will retry")
         except fleet.CapacityUnavailable as exc:
             self._requeue(task, str(exc), new_ids)
+        except fleet.QuotaReached as exc:
+            if api.sweep_instances(self.ec2, self.name_, api.NOT_GONE):  # as in provision: wait while the sweep's own instances run
+                self._requeue(task, f"waiting for quota to free (the sweep's running instances hold it): {exc}", new_ids)
+            else:
+                self.fatal = exc
+                self._requeue(task, str(exc), new_ids)
         except api.AwsFatal as exc:
             self.fatal = exc
             self._requeue(task, str(exc), new_ids)

@@ -79,6 +79,13 @@ class ProvisionMixin:
             reported = False
         except fleet.CapacityUnavailable as exc:
             self._requeue(task, str(exc), ids)
+        except fleet.QuotaReached as exc:
+            # its own instances will free quota as they end (one shutting down still holds it, and frees it soon)
+            if api.sweep_instances(self.ec2, self.name_, api.NOT_GONE):
+                self._requeue(task, f"waiting for quota to free (the sweep's running instances hold it): {exc}", ids)
+            else:  # nothing of this sweep runs: no run can ever start until the quota is raised
+                self.fatal = exc
+                self._requeue(task, str(exc), ids)
         except api.AwsFatal as exc:
             self.fatal = exc  # fail fast: the controller's next pass raises it
             self._requeue(task, str(exc), ids)
