@@ -249,9 +249,9 @@ def test_a_spot_quota_still_tries_on_demand_and_then_says_quota():
     client, stub = stubbed()
     one = CHOICES[:1]
     expect_fleet(stub, one, fleet_error("MaxSpotInstanceCountExceeded", "g5.xlarge", "subnet-a"))
-    stub.add_response("create_fleet", {"FleetId": "fleet-2", "Instances": [{"InstanceIds": ["i-0123456789abcdef1"], "InstanceType": "g5.xlarge",
-                                                                             "LaunchTemplateAndOverrides": {"Overrides": {"InstanceType": "g5.xlarge", "SubnetId": "subnet-a"}},
-                                                                             "Lifecycle": "on-demand"}]}, ANY)
+    expect_fleet(stub, one, {"FleetId": "fleet-2", "Instances": [{"InstanceIds": ["i-0123456789abcdef1"], "InstanceType": "g5.xlarge",
+                                                                  "LaunchTemplateAndOverrides": {"Overrides": {"InstanceType": "g5.xlarge", "SubnetId": "subnet-a"}},
+                                                                  "Lifecycle": "on-demand"}]}, market="on-demand")
     expect_cleanup(stub)
     blocklist = fleet.Blocklist()
     with stub:
