@@ -66,7 +66,7 @@ def test_2_a_command_that_cannot_parse_is_a_failed_attempt_with_its_error(orch):
     path = orch.sweep("name: trailing\ncommand: 'echo hi \\'\nmax_restarts: 0\nstore: store\n", name="t.yaml")
     finish(orch, path)
     assert status(orch, "trailing")["run"]["state"] == "succeeded"  # bash takes a trailing backslash literally (exit 0)
-    assert "hi \\" in orch("logs", "run").out
+    assert "hi \\" in orch("logs", "trailing/run").out
 
 
 def test_3_env_keys_must_be_identifiers(orch, tmp_path):
