@@ -85,7 +85,7 @@ class AwsSection(Strict):
 
     region: str = Field("us-east-1", description="AWS region.")
     instance_types: List[str] = Field(
-        ["g5.xlarge", "g6.xlarge"], min_length=1, description="Acceptable instance types, best first."
+        ["g5.xlarge", "g6.xlarge"], min_length=1, description="Acceptable instance types; EC2 picks among them by price and capacity (the order does not rank them: docs/aws.md)."
     )
     subnet_ids: List[str] = Field(
         default_factory=list, description="Subnets to launch into (one per AZ); default: the default VPC's."
