@@ -1,4 +1,4 @@
-"""The `orch` command: click commands (`main`, `ami`, `ops`), their shared helpers (`common`) and the
+"""The `orch` command: click commands (`main`, `runs`, `ami`, `ops`), their shared helpers (`common`) and the
 rendering of tables and reports (`render`).
 
 The only package that prints. Nothing imports it. Heavy modules are imported inside commands, so

@@ -1,0 +1,79 @@
+"""`orch attach` and `orch logs`: one run, live in its tmux window or from the store."""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import click
+
+from orchestrator.cli.common import _parts, expected_errors, resolve_run
+from orchestrator.errors import NotFound, OrchError
+
+
+@click.command()
+@click.argument("run")
+@click.option("--node", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Which node of a run that spans several instances (`resources: nodes:`); 0 is the rendezvous node.")
+@expected_errors
+def attach(run: str, node: int):
+    """Open an interactive terminal in RUN's tmux session (detach: Ctrl-b d).
+
+    RUN is a run id, or SWEEP/RUN when several sweeps have it.
+
+    \b
+    Example:
+      orch attach 'lr=0.1,seed=0'
+      orch attach run --node 1     # node 1 of a run on several instances
+    """
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise NotFound(f"orch attach needs a terminal: it opens {run}'s tmux window. From a script, follow its log: `orch logs {run} -f`.")
+    sweep, run_id = resolve_run(run)
+    backend, _, _ = _parts(sweep)
+    sys.exit(backend.attach(run_id, node))
+
+
+@click.command()
+@click.argument("run")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing as the log grows, until the run ends.")
+@click.option("--attempt", type=click.IntRange(min=1), help="Which attempt's log, 1 or more (default: the latest).")
+@click.option("--node", type=click.IntRange(min=0), default=0, show_default=True,
+              help="A multi-node run's node (0 is the run's own log; K > 0 that node's copy of the command).")
+@expected_errors
+def logs(run: str, follow: bool, attempt: Optional[int], node: int):
+    """Print RUN's log (the command's stdout and stderr) from the store.
+
+    \b
+    Example:
+      orch logs 'lr=0.1,seed=0' -f
+    """
+    from orchestrator.host.nodes import node_logs_prefix
+    from orchestrator.store.status import ACTIVE, orch_prefix, read_status
+    from orchestrator.wait import retry_until
+
+    sweep, run_id = resolve_run(run)
+    _, store, _ = _parts(sweep)
+    name = sweep.spec.name
+    n = attempt or read_status(store, name, run_id).attempt
+    if not n:
+        raise NotFound(f"run {run_id} has not started yet, so it has no log.")
+    if node >= max(1, sweep.spec.resources.nodes if sweep.spec.resources else 1):
+        raise OrchError(f"run {run_id} has no node {node}: its nodes are 0 … {(sweep.spec.resources.nodes if sweep.spec.resources else 1) - 1}.",
+                        exit_code=2)
+    key = f"{node_logs_prefix(name, run_id, node)}/{n}.log" if node else f"{orch_prefix(name, run_id)}/logs/{n}.log"
+    printed = 0
+
+    def pump() -> bool:
+        nonlocal printed
+        data = store.get_bytes(key) or b""
+        if len(data) > printed:
+            sys.stdout.write(data[printed:].decode(errors="replace"))
+            sys.stdout.flush()
+            printed = len(data)
+        st = read_status(store, name, run_id)
+        return not follow or (st.attempt != n or st.state not in ACTIVE)
+
+    if store.get_bytes(key) is None and not follow:
+        raise NotFound(f"no log for attempt {n} of {run_id} in the store yet ({key}).")
+    retry_until(pump, None, 0.5)
+    pump()
