@@ -32,6 +32,7 @@ hammering.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import io
 import json
 import re
@@ -86,6 +87,7 @@ class Gate:
     garbled: set = field(default_factory=set)  # EC2 actions answered with a body no SDK can parse (any-exception injection)
     fleet_capacity: Dict[Tuple[str, str, str], int] = field(default_factory=dict)  # most instances one CreateFleet gets from a pool
     spot_ids: set = field(default_factory=set)  # instances a fleet launched as spot (one-time requests: EC2 cannot stop them)
+    kms_buckets: set = field(default_factory=set)  # buckets whose default encryption is SSE-KMS: their ETags are no MD5s
     spot_quota: Optional[int] = None  # set by a test: most live spot instances the account may run (the vCPU quota, in instances)
     fail_images: bool = False  # set by a test: new images end `failed` instead of `available`
     controller_policy: Optional[dict] = None  # the policy orch documents (orch aws policy): every controller call is checked
@@ -123,6 +125,8 @@ class Gate:
         except Exception as exc:  # a bug in the gate must be loud, not a hang
             answer = ("500 Internal Server Error", [("Content-Type", "text/plain")], f"fake cloud gate: {exc!r}".encode())
         status, headers, data = answer
+        if service == "s3" and environ.get("PATH_INFO", "").lstrip("/").split("/")[0] in self.kms_buckets:
+            headers, data = _not_md5(headers, data)
         if environ["REQUEST_METHOD"] != "HEAD":  # a HEAD answer has no body but the object's length (S3 HeadObject)
             headers = [(k, v) for k, v in headers if k.lower() != "content-length"] + [("Content-Length", str(len(data)))]
         start_response(status, headers)
@@ -470,6 +474,19 @@ class Gate:
 
 
 # --- moto's in-process state -----------------------------------------------------------------------
+
+
+def _not_md5(headers: list, data: bytes) -> tuple:
+    """ETags as S3 gives them for SSE-KMS objects: not the MD5 of the content (S3 API reference, *Common
+    Response Headers*: "Objects encrypted by SSE-C or SSE-KMS have ETags that are not an MD5 digest"),
+    the same for an object in a listing and on GET/HEAD."""
+    def other(etag: str) -> str:
+        return hashlib.sha256(etag.strip('"').encode()).hexdigest()[:32]
+
+    headers = [(k, f'"{other(v)}"' if k.lower() == "etag" else v) for k, v in headers]
+    data = re.sub(rb"<ETag>(&quot;|\")?([0-9a-f-]+)(&quot;|\")?</ETag>",
+                  lambda m: b"<ETag>&quot;" + other(m.group(2).decode()).encode() + b"&quot;</ETag>", data)
+    return headers, data
 
 
 def _bucket_exists(name: str) -> bool:

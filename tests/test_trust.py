@@ -204,3 +204,22 @@ def test_collect_in_80_columns_cuts_no_id_state_or_number(orch):
     assert table.count("succeeded") == 6 and "0.7912" in table
     wide = orch("collect", "narrow", "--out", str(orch.tmp / "res2"), "--wide")
     assert wide.code == 0 and "best test_acc" in wide.out and "not shown" not in wide.out, wide.out
+
+
+def test_staging_from_a_kms_bucket_does_not_take_etags_for_md5s(tmp_path):
+    from orchestrator.host.staging import push, stage
+    from tests.fakecloud import FakeCloud
+
+    src = tmp_path / "ds"
+    src.mkdir()
+    for i in range(3):
+        (src / f"{i}.bin").write_bytes(os.urandom(1000 + i))
+    with FakeCloud(tmp_path / "cloud") as cloud:
+        s3 = cloud.client("s3")
+        s3.create_bucket(Bucket="orch-kms")
+        cloud.gate.kms_buckets.add("orch-kms")  # its objects' ETags are no MD5s, as under SSE-KMS
+        assert push(src, "s3://orch-kms/ds/", s3).fetched == 3
+        head = s3.head_object(Bucket="orch-kms", Key="ds/0.bin", ChecksumMode="ENABLED")
+        assert head.get("ChecksumSHA256"), head  # push stores a SHA-256 with every object
+        got = stage("s3://orch-kms/ds/", str(tmp_path / "staged"), s3)
+        assert got.fetched == 3 and (tmp_path / "staged" / "2.bin").read_bytes() == (src / "2.bin").read_bytes()

@@ -4,8 +4,9 @@ Once per host: each `to:` folder keeps a manifest of what it holds (`.orch-stage
 source, and per file its size and ETag), so later attempts and other runs on the same host
 fetch nothing; a file already there with the same size and content (e.g. baked into the image:
 no manifest yet) is kept. Transfers run in parallel (S3: boto3's transfer manager, multipart for
-large objects), go to a temporary name and are renamed when verified (size, and the MD5 of
-single-part objects against their ETag). Runs staging the same folder take turns (a lock).
+large objects), go to a temporary name and are renamed when verified (size, and the object's SHA-256
+checksum where it has one, checked by botocore; an ETag is not trusted as an MD5 after a download: it
+is none for SSE-KMS objects and multipart uploads). Runs staging the same folder take turns (a lock).
 """
 
 from __future__ import annotations
@@ -127,10 +128,12 @@ def _stage_locked(source: str, dest: Path, client, workers: int) -> StageResult:
         tmp = target.with_name(f".{target.name}.orch-part")
         if s3:
             bucket, prefix = _bucket_prefix(source)
-            client.download_file(bucket, prefix + rel, str(tmp))
+            # An ETag is no MD5 for SSE-KMS/SSE-C objects or multipart uploads: what S3 guarantees is the size and, where
+            # the object has one (`orch data push` always adds it), its SHA-256, which botocore checks as it downloads.
+            client.download_file(bucket, prefix + rel, str(tmp), ExtraArgs={"ChecksumMode": "ENABLED"})
         else:
             shutil.copyfile(Path(os.path.expanduser(source)) / rel, tmp)
-        if tmp.stat().st_size != size or (s3 and not _same(tmp, size, tag)):
+        if tmp.stat().st_size != size:
             tmp.unlink(missing_ok=True)
             raise OSError(f"{source}{rel}: the copy does not match the source (size or checksum); try again")
         os.replace(tmp, target)

@@ -121,7 +121,10 @@ class S3Store:
             return {}
 
     def _upload(self, path: Path, key: str, digest: str) -> None:
-        self.client.upload_file(str(path), self.bucket, self._key(key), ExtraArgs={"Metadata": {"sha256": digest}}, Config=self.transfer)
+        # ChecksumAlgorithm: S3 keeps a SHA-256 of every object orch uploads, so a download can be verified whatever the
+        # ETag is (not an MD5 under SSE-KMS or for multipart uploads)
+        self.client.upload_file(str(path), self.bucket, self._key(key), ExtraArgs={"Metadata": {"sha256": digest}, "ChecksumAlgorithm": "SHA256"},
+                                Config=self.transfer)
 
     def sync_up(self, local_dir: Path, prefix: str, prune: Optional[Select] = None, there: Optional[Dict[str, int]] = None) -> SyncResult:
         """`there` ({key under prefix: size}, from a listing): index entries it contradicts (an object deleted
