@@ -54,3 +54,16 @@ def test_a_quota_reached_while_runs_go_makes_runs_wait_not_the_sweep_fail(orch, 
     retry_until(lambda: {v["state"] for v in status(orch, "quota").values()} == {"succeeded"}, 400, 0.5, "both runs to succeed")
     assert cloud.gate.counts["MaxSpotInstanceCountExceeded"] >= 1, runs
     assert orch("down", "quota", timeout=300).code == 0
+
+
+def test_a_run_is_not_packed_where_the_safety_net_shutdown_would_cut_it():
+    from types import SimpleNamespace
+
+    from orchestrator.backends.aws.pack import PackMixin
+
+    def fits(max_minutes, timeout_minutes, age_minutes):
+        backend = SimpleNamespace(cfg=SimpleNamespace(max_minutes=max_minutes), sweep=SimpleNamespace(spec=SimpleNamespace(timeout_minutes=timeout_minutes)))
+        return PackMixin._lives_long_enough(backend, 0.0, age_minutes * 60.0)
+
+    assert fits(240, 60, 100) and not fits(240, 60, 180)  # 60 min left: not enough for a 60-min run plus its sync
+    assert fits(240, None, 100) and not fits(240, None, 130)  # without a timeout: at least half the instance's life left

@@ -114,15 +114,24 @@ class PackMixin:
         now = time.time()
         for iid in [i for i in self.fresh if i in live or now - self.fresh[i][2] > FRESH_S]:
             del self.fresh[iid]  # listed now (or gone): the listing speaks for it
-        view = {iid: (i["slot_count"], set(i["slots"]), i["host_key"]) for iid, i in live.items()}
-        view.update({iid: (n, set(), key) for iid, (n, key, _) in self.fresh.items()})
+        view = {iid: (i["slot_count"], set(i["slots"]), i["host_key"], i["launch_time"] or now) for iid, i in live.items()}
+        view.update({iid: (n, set(), key, born) for iid, (n, key, born) in self.fresh.items()})
         best = None
-        for iid, (n, used, key) in view.items():
+        for iid, (n, used, key, born) in view.items():
             taken = used | self.reserved.get(iid, set())
             free = [k for k in range(n) if k not in taken]
+            if not self._lives_long_enough(born, now):
+                continue  # its safety-net shutdown would cut the run short: a fresh instance instead
             if iid not in self.dead and free and (best is None or len(taken) > best[3]):
                 best = (iid, free[0], key, len(taken))
         return best[:3] if best else None
+
+    def _lives_long_enough(self, launched_at: float, now: float) -> bool:
+        """Every instance powers itself off `aws.max_minutes` after boot. A new run goes only where that leaves it
+        its `timeout_minutes` (+5 min to sync), or, without one, at least half of an instance's life."""
+        left = launched_at + self.cfg.max_minutes * 60 - now
+        minutes = self.sweep.spec.timeout_minutes
+        return left >= (minutes * 60 + 300 if minutes else self.cfg.max_minutes * 30)
 
     def _acquire_packed(self, task: RunTask, setup: dict, value: str) -> Tuple[str, int, str]:
         """A new instance of the best type that has capacity, with this run in slot 0."""
