@@ -81,10 +81,29 @@ def claim_net():
         f = open(NETS / f"{n}.lock", "w")
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return n, f
         except BlockingIOError:
             f.close()
+            continue
+        if n in _nets_with_sshd():  # a host of a cloud whose process was killed still listens there: not free
+            f.close()
+            continue
+        return n, f
     raise RuntimeError(f"all 255 loopback /16s are held by other fake clouds ({NETS})")
+
+
+def _nets_with_sshd() -> set:
+    """The N of every 127.N.x.x on which something listens on SSH_PORT (from /proc/net/tcp: LISTEN is state 0A)."""
+    found = set()
+    try:
+        lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return found
+    for line in lines:
+        local, state = line.split()[1], line.split()[3]
+        ip_hex, port_hex = local.split(":")
+        if state == "0A" and int(port_hex, 16) == SSH_PORT and ip_hex.endswith("7F"):  # little-endian: 127 last
+            found.add(int(ip_hex[4:6], 16))
+    return found
 
 
 def free_port(host: str = "127.0.0.1") -> int:
