@@ -75,6 +75,8 @@ class S3Store:
                 answer = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
                 return answer["Body"].read(), answer["ETag"]
             except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") == "NoSuchBucket":  # S3 says so before any policy is read
+                    raise OrchError(f"bucket {self.bucket} does not exist. Create it (`aws s3 mb s3://{self.bucket}`) or fix `store:`.") from None
                 if self._missing(exc):
                     return None, None
                 if exc.response.get("Error", {}).get("Code") not in ("AccessDenied", "403"):
