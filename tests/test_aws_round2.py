@@ -45,13 +45,11 @@ def test_a_quota_reached_while_runs_go_makes_runs_wait_not_the_sweep_fail(orch, 
                                        market="spot"))
     assert orch("launch", str(path), "--detach").code == 0
 
-    def seen():
-        runs = status(orch, "quota")
-        return runs if len(runs) == 2 and any(v["state"] == "running" for v in runs.values()) and \
-            any("quota" in (v.get("reason") or "") for v in runs.values()) else None
-
-    runs = retry_until(seen, 300, 0.5, "one run running, the other waiting for quota")
-    retry_until(lambda: {v["state"] for v in status(orch, "quota").values()} == {"succeeded"}, 400, 0.5, "both runs to succeed")
+    # the quota refuses the second run while the first holds the only spot instance: it waits (not a fatal stop of
+    # the sweep) and starts once the first instance is gone
+    retry_until(lambda: {v["state"] for v in status(orch, "quota").values()} == {"succeeded"} and len(status(orch, "quota")) == 2,
+                600, 1.0, "both runs to succeed")
+    runs = status(orch, "quota")
     assert cloud.gate.counts["MaxSpotInstanceCountExceeded"] >= 1, runs
     assert orch("down", "quota", timeout=300).code == 0
 
