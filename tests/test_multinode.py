@@ -113,9 +113,9 @@ def test_a_node_whose_command_fails_fails_the_attempt_and_counts_against_max_res
     command = "echo node $ORCH_NODE_RANK; if [ $ORCH_NODE_RANK = 1 ]; then exit 7; fi; sleep 600"
     path = orch.sweep(cloud.sweep_yaml("mnfail", identity, command, extra="max_restarts: 1\nresources:\n  nodes: 2", **FAST))
     assert orch("launch", str(path), "--detach").code == 0
-    retry_until(lambda: status(orch, "mnfail").get("run", {}).get("state") == "failed" and status(orch, "mnfail")["run"]["attempt"] == 2,
-                400, 0.5, "the run to fail on its second attempt")
-    v = status(orch, "mnfail")["run"]
+    # one read per check: two reads could see "failed" (attempt 1) and then attempt 2 already starting
+    v = retry_until(lambda: (lambda r: r if (r.get("state"), r.get("attempt")) == ("failed", 2) else None)(status(orch, "mnfail").get("run", {})),
+                    400, 0.5, "the run to fail on its second attempt")
     assert (v["exit_code"], v["failures"], v["preemptions"]) == (7, 2, 0), v
     assert "node 1 exited with code 7" in v["reason"], v
     node1 = orch("logs", "run", "--node", "1")
