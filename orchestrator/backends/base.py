@@ -91,7 +91,7 @@ class Backend(Protocol):
 class BackendBase:
     """Defaults for the optional parts of the Backend interface."""
 
-    poll_s = 0.1
+    poll_s = 1.0  # a pass a second: a pass reads only live runs, but back to back it would still spin a core
     stale_s = 60.0
     start_timeout_s = 60.0
     releases_interrupted_host = True

@@ -43,8 +43,9 @@ def main():
 @click.argument("sweep_file", type=click.Path(dir_okay=False))
 @click.option("--dry-run", is_flag=True, help="Validate and print the runs and their commands; launch nothing.")
 @click.option("--detach", is_flag=True, help="Run the controller in the background and return at once.")
+@click.option("--all", "every", is_flag=True, help="With --dry-run: print every run (without it, the first 50).")
 @expected_errors
-def launch(sweep_file: str, dry_run: bool, detach: bool):
+def launch(sweep_file: str, dry_run: bool, detach: bool, every: bool):
     """Launch (or continue) the sweep in SWEEP_FILE and watch it.
 
     A second launch of the same sweep adopts what runs, skips what finished and
@@ -64,7 +65,7 @@ def launch(sweep_file: str, dry_run: bool, detach: bool):
         from orchestrator.backends import backend_for
         from orchestrator.cli.render import dry_run_lines
 
-        for line in dry_run_lines(sweep, backend_for(sweep).plan()):
+        for line in dry_run_lines(sweep, backend_for(sweep).plan(), every):
             con.print(line, markup=False)
         return
     from orchestrator.control.controller import Controller
@@ -223,9 +224,15 @@ def controller_cmd(sweep_file: str):
 @click.argument("sweep", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--watch", is_flag=True, help="Keep the table live until the sweep is done.")
+@click.option("--all", "every", is_flag=True,
+              help="Read every run's record and list every run (by default: the sweep's summary record, the records of "
+                   "active runs, and a table of active and newest finished runs with counts per state).")
 @expected_errors
-def status(sweep: Optional[str], as_json: bool, watch: bool):
+def status(sweep: Optional[str], as_json: bool, watch: bool, every: bool):
     """Show the runs of SWEEP (a name or a sweep file), or every sweep launched from here.
+
+    It reads the sweep's summary record and the records of its active runs: a
+    second at any sweep size. --json lists every run (from the summary).
 
     \b
     Example:
@@ -263,7 +270,7 @@ def status(sweep: Optional[str], as_json: bool, watch: bool):
     sw = load_sweep_arg(sweep)
     backend, store, _ = _parts(sw)
     if as_json:
-        p = observe(sw, backend, store)
+        p = observe(sw, backend, store, every)
         click.echo(json.dumps({"sweep": p.sweep, "done": p.done, "spend_usd": p.spend_usd, "budget_usd": p.budget_usd,
                                "runs": [asdict(r) for r in p.runs]}, indent=2))
         return
@@ -272,7 +279,7 @@ def status(sweep: Optional[str], as_json: bool, watch: bool):
             last = []
 
             def once():
-                last[:] = [observe(sw, backend, store)]
+                last[:] = [observe(sw, backend, store, every)]
                 on_progress(last[0])
                 return last[0].done
 
@@ -281,8 +288,8 @@ def status(sweep: Optional[str], as_json: bool, watch: bool):
 
         _watch(con, run_fn)
         return
-    progress = observe(sw, backend, store)
-    con.print(runs_table(progress))
+    progress = observe(sw, backend, store, every)
+    con.print(runs_table(progress, every))
     from orchestrator.control.state import State, SweepLock
 
     state = State()

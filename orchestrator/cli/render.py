@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.control.collect import Results, ranked
-from orchestrator.control.controller import Progress, RunView
+from orchestrator.control.views import Progress, RunView
 
 STYLE = {
     "succeeded": "green", "failed": "red", "running": "cyan", "starting": "cyan",
@@ -34,10 +34,7 @@ def metrics_text(m: Dict[str, Any]) -> str:
 
 
 def summary_line(p: Progress) -> str:
-    counts: Dict[str, int] = {}
-    for r in p.runs:
-        counts[r.state] = counts.get(r.state, 0) + 1
-    return ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    return ", ".join(f"{n} {s}" for s, n in sorted(p.counts().items()))
 
 
 def spend_text(p: Progress) -> str:
@@ -47,12 +44,17 @@ def spend_text(p: Progress) -> str:
     return text + (f" of budget ${p.budget_usd:.2f}" if p.budget_usd is not None else "")
 
 
-def runs_table(p: Progress) -> Table:
+def runs_table(p: Progress, every: bool = False) -> Table:
+    """Every active run and the newest finished ones (every run with `every`); the title counts them all."""
     spend = spend_text(p)
-    table = Table(title=f"sweep {p.sweep} — {summary_line(p)}" + (f" — {spend}" if spend else ""), title_justify="left")
+    rows = p.shown(every)
+    hidden = len(p.runs) - len(rows)
+    caption = f"{hidden} more runs not shown (queued or finished earlier): `orch status {p.sweep} --all` lists every run" if hidden else None
+    table = Table(title=f"sweep {p.sweep} — {summary_line(p)}" + (f" — {spend}" if spend else ""), title_justify="left",
+                  caption=caption, caption_justify="left")
     for col in ("run", "state", "attempt", "elapsed", "last metrics"):
         table.add_column(col, overflow="fold")
-    for r in p.runs:
+    for r in rows:
         state = Text(r.state, style=STYLE.get(r.state, ""))
         if r.state == "failed" and r.exit_code is not None:
             state.append(f" ({r.exit_code})")
@@ -103,14 +105,20 @@ def results_table(res: Results, width: int = 200, wide: bool = False) -> Table:
     return table
 
 
-def dry_run_lines(sweep, plan) -> List[str]:
+DRY_RUN_SHOWN = 50  # run lines a dry run prints without --all
+
+
+def dry_run_lines(sweep, plan, every: bool = False) -> List[str]:
     """What `orch launch --dry-run` prints: the runs and their commands, each run's shape, and on
     AWS the (type, AZ) choices with their spot prices and GPUs, and a cost bound."""
     from orchestrator.sweep.shapes import describe
 
     spec = sweep.spec
     lines = [f"sweep {spec.name}: {len(sweep.runs)} runs on backend {spec.backend}, max_parallel {spec.max_parallel}, store {sweep.store_url}"]
-    lines += [f"  {run.run_id}: {run.command}" for run in sweep.runs]
+    shown = sweep.runs if every else sweep.runs[:DRY_RUN_SHOWN]
+    lines += [f"  {run.run_id}: {run.command}" for run in shown]
+    if len(shown) < len(sweep.runs):
+        lines.append(f"  ... and {len(sweep.runs) - len(shown)} more runs (`--all` prints every one)")
     if not plan:
         lines.append(f"each run: {describe(spec.resources)}")
     else:

@@ -12,11 +12,14 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Callable, Dict, List, Optional, Tuple
 
 from orchestrator.backends.base import Backend, Host
+from orchestrator.control import summary
 from orchestrator.control.state import State
+from orchestrator.control.table import RunTable, read_many
+from orchestrator.control.views import Progress, RunView, view_of
 from orchestrator.errors import OrchError
 from orchestrator.store.base import Store, get_json, put_json
 from orchestrator.store.status import (
@@ -31,8 +34,8 @@ from orchestrator.store.status import (
     STOPPED,
     SUCCEEDED,
     RunStatus,
+    PRUNED,
     read_status,
-    read_versioned,
     update_status,
     write_if,
 )
@@ -45,45 +48,6 @@ WAIT, START, DONE, REPLACE = "wait", "start", "done", "replace"
 MAX_NO_SHOWS = 3  # attempts whose host never reported before the run fails for good
 
 
-@dataclass
-class RunView:
-    """One row of the live table."""
-
-    run_id: str
-    state: str  # as in status.json, or "queued"
-    attempt: int
-    failures: int
-    preemptions: int
-    elapsed: Optional[float]  # seconds in the current/last attempt
-    metrics: Dict[str, object]  # newest metrics line
-    reason: str = ""  # why it failed or stopped
-    exit_code: Optional[int] = None
-    log_tail: str = ""
-    final: bool = False  # no further attempt will be made
-
-
-@dataclass
-class Progress:
-    """What one pass saw and did."""
-
-    sweep: str
-    runs: List[RunView] = field(default_factory=list)
-    started: List[str] = field(default_factory=list)  # run ids started in this pass
-    spend_usd: float = 0.0  # realized cost so far (aws)
-    budget_usd: Optional[float] = None  # the sweep's budget, if any
-
-    @property
-    def done(self) -> bool:
-        return all(r.final for r in self.runs)
-
-    def count(self, state: str) -> int:
-        return sum(1 for r in self.runs if r.state == state)
-
-    @property
-    def failed(self) -> List[RunView]:
-        return [r for r in self.runs if r.final and r.state == FAILED]
-
-
 def decide(status: RunStatus, host: Optional[Host], max_restarts: int, now: float, stale_s: float, start_timeout_s: float) -> str:
     """What a run needs now: wait (it runs, or must not run again yet), start, replace its host, or done.
 
@@ -91,7 +55,7 @@ def decide(status: RunStatus, host: Optional[Host], max_restarts: int, now: floa
     AWS comes after a boot of minutes) for the agent's first report; after that the agent must
     keep heartbeating.
     """
-    if status.state in (SUCCEEDED, CANCELLED):
+    if status.state in (SUCCEEDED, CANCELLED, PRUNED):
         return DONE
     if status.state == CORRUPT:
         return WAIT if host is not None else DONE  # reported with its reason; never restarted blindly
@@ -114,6 +78,8 @@ class Controller:
     def __init__(self, sweep: Sweep, backend: Backend, store: Store, state: State):
         self.sweep, self.backend, self.store, self.state = sweep, backend, store, state
         self.name = sweep.spec.name
+        self.table = RunTable(sweep, store)
+        self._published: Tuple[Optional[float], float] = (None, 0.0)  # (spend, when) of the last summary written
 
     def prepare(self) -> bool:
         """Record the sweep in the store; refuse if a different sweep of that name is already there.
@@ -128,27 +94,67 @@ class Controller:
         return existing is None
 
     def step(self) -> Progress:
-        if get_json(self.store, f"{self.name}/sweep.json") is None:  # without it every status read would say "queued"
+        """One pass. It reads the records of live runs only (see table.py): O(active runs), not O(runs)."""
+        if not self.store.exists(f"{self.name}/sweep.json"):  # without it every status read would say "queued"
             raise OSError(f"{self.name}/sweep.json is gone")
+        table = self.table
+        if not table.loaded:
+            table.load(summary.read(self.store, self.name, table.order))
         self._record_outcomes()
-        hosts, every, rows, versions = survey(self.sweep, self.backend, self.store)
+        marked = summary.touched(self.store, self.name)  # records changed by `orch cancel` meanwhile
+        table.follow(marked)
+        hosts, every = live_hosts(self.backend)  # one call, before any status is read (see the module doc)
+        table.follow(hosts)
+        tracked = table.read_tracked()
+        if marked:
+            summary.untouch(self.store, self.name, marked)
+        rows = [self._row(rid, hosts.get(rid)) for rid in tracked]
         budget = self.sweep.spec.budget_usd
         spend = self.backend.spend()
-        progress = Progress(sweep=self.name, runs=[view for *_, view in rows], spend_usd=spend, budget_usd=budget)
         for run, status, action, view in rows:
             if action == REPLACE:
-                self._replace(hosts[run.run_id], [h for h in every if h.run_id == run.run_id], status, view, versions[run.run_id])
-        self._release_unclaimed(every, {run.run_id: status for run, status, _, _ in rows})
+                self._replace(hosts[run.run_id], [h for h in every if h.run_id == run.run_id], status, view, table.versions[run.run_id])
+        self._release_unclaimed(every, table.status)
         free = self.sweep.spec.max_parallel - len(hosts)
+        started: List[str] = []
         if budget is not None and spend >= budget:
-            self._stop_for_budget(rows, spend, budget, versions)
-            return progress
-        for run, status, action, view in rows:
-            if action == START and free > 0:
-                if self._start(run, status, view, versions[run.run_id]):
-                    progress.started.append(run.run_id)
-                free -= 1
+            self._stop_for_budget(rows, spend, budget)
+        else:
+            for run, status, action, view in rows:
+                if action == START and free > 0:
+                    if self._start(run, status, view, table.versions[run.run_id]):
+                        started.append(run.run_id)
+                    free -= 1
+            while free > 0:  # then the queue, in grid order: each run is read just before its claim
+                rid = table.take_queued()
+                if rid is None:
+                    break
+                run, status, action, view = self._row(rid, hosts.get(rid))
+                if action == START:
+                    if self._start(run, status, view, table.versions[rid]):
+                        started.append(rid)
+                    free -= 1
+        progress = Progress(sweep=self.name, runs=table.all_views(), started=started, spend_usd=spend, budget_usd=budget)
+        self._publish(progress)
         return progress
+
+    def _row(self, run_id: str, host: Optional[Host]) -> tuple:
+        """Decide one run from the record just read; its view goes into the table."""
+        status = self.table.status[run_id]
+        action = decide(status, host, self.sweep.spec.max_restarts, time.time(), self.backend.stale_s, self.backend.start_timeout_s)
+        view = view_of(status, host is not None, action == DONE)
+        self.table.settle(run_id, view, action == DONE)
+        return self.table.runs[run_id], status, action, view
+
+    def _publish(self, progress: Progress) -> None:
+        """The summary record, when something changed (and now and then while runs are active)."""
+        key = (self.table.changed, round(progress.spend_usd, 4))
+        now = time.time()
+        if key == (False, self._published[0]) and (progress.done or now - self._published[1] < summary.REFRESH_S):
+            return
+        summary.write(self.store, progress)
+        self.table.changed = False
+        self._published = (round(progress.spend_usd, 4), now)
 
     def _record_outcomes(self) -> None:
         """Attempts that ended before their agent ran: the controller, the writer of claims, records them."""
@@ -163,24 +169,39 @@ class Controller:
                 status.reason = outcome.reason
                 return status
 
+            self.table.follow([outcome.run_id])
             if update_status(self.store, self.name, outcome.run_id, change):
                 self.state.journal(self.name, f"provision-{outcome.state}", outcome.run_id, outcome.reason)
 
-    def _stop_for_budget(self, rows, spend: float, budget: float, versions: Dict[str, Optional[str]]) -> None:
+    def _stop_for_budget(self, rows, spend: float, budget: float) -> None:
         """The budget is spent: what has not started never will (running attempts finish)."""
+        def cancel(status: RunStatus, view: RunView) -> None:
+            status.state, status.reason = CANCELLED, f"not started: budget ${budget:.2f} reached (spent ${spend:.2f})"
+            status.finished_at = time.time()
+            if not self._write(status, self.table.versions[status.run_id]):
+                return
+            self.state.journal(self.name, "budget", status.run_id, status.reason)
+            view.state, view.reason = CANCELLED, status.reason
+            self.table.settle(status.run_id, view, True)
+
         for run, status, action, view in rows:
             if action == START:
-                status.state, status.reason = CANCELLED, f"not started: budget ${budget:.2f} reached (spent ${spend:.2f})"
-                status.finished_at = time.time()
-                if not self._write(status, versions[run.run_id]):
-                    continue
-                self.state.journal(self.name, "budget", run.run_id, status.reason)
-                view.state, view.reason, view.final = CANCELLED, status.reason, True
+                cancel(status, view)
+        while True:
+            rid = self.table.take_queued()
+            if rid is None:
+                break
+            _, status, action, view = self._row(rid, None)
+            if action == START:
+                cancel(status, view)
 
     def _write(self, status: RunStatus, version: Optional[str]) -> bool:
         """A verdict or a claim, written only over the record this pass read: if the agent wrote
         since (it is alive after all, or ended), the run is decided again on the next pass."""
-        if write_if(self.store, self.name, status, version):
+        new = write_if(self.store, self.name, status, version)
+        if new:
+            self.table.status[status.run_id], self.table.versions[status.run_id] = status, new
+            self.table.changed = True
             return True
         log.info("%s: its record changed since this pass read it; deciding again next pass", status.run_id)
         return False
@@ -204,6 +225,8 @@ class Controller:
             status.state, status.reason = LOST, reason
         if not self._write(status, version):  # first the verdict: an agent that wakes up sees it is no longer the run's
             return
+        if view.final:
+            self.table.settle(status.run_id, view, True)
         log.warning("%s: %s; releasing its host(s)", status.run_id, reason)
         for h in all_hosts or [host]:
             self.backend.release(h)
@@ -283,50 +306,48 @@ def check_recorded(sweep: Sweep, store: Store, state: State) -> Optional[dict]:
     return existing
 
 
-def survey(sweep: Sweep, backend: Backend, store: Store) -> Tuple[Dict[str, Host], List[Host], List[tuple]]:
-    """Live hosts (newest per run, and all), per run (run, status, action, view), and the version of
-    each record as read (what the controller's writes are conditional on) — a read-only look."""
+def live_hosts(backend: Backend) -> Tuple[Dict[str, Host], List[Host]]:
+    """Live hosts: the newest attempt's node 0 (or its lowest node left) per run, and all of them (one backend call)."""
     hosts: Dict[str, Host] = {}
-    every = backend.list()  # one call, before any status is read (see the module doc)
+    every = backend.list()
     for h in sorted(every, key=lambda h: h.node):
         if h.run_id not in hosts or (h.attempt or 0) > (hosts[h.run_id].attempt or 0):
-            hosts[h.run_id] = h  # the newest attempt's node 0 (or its lowest node left)
+            hosts[h.run_id] = h
     for run_id, h in hosts.items():  # a run spanning several hosts needs all of them
         present = sum(1 for x in every if x.run_id == run_id and x.attempt == h.attempt)
         if present < h.nodes and not h.provisioning:
             hosts[run_id] = replace(h, missing=h.nodes - present)
-    stale_s, start_timeout_s = backend.stale_s, backend.start_timeout_s
-    now = time.time()
-    rows, versions = [], {}
-    for run in sweep.runs:
-        status, versions[run.run_id] = read_versioned(store, sweep.spec.name, run.run_id)
-        host = hosts.get(run.run_id)
-        action = decide(status, host, sweep.spec.max_restarts, now, stale_s, start_timeout_s)
-        lost = status.state in ACTIVE and host is None
-        view = RunView(
-            run_id=run.run_id, state=LOST if lost else status.state, attempt=status.attempt,
-            failures=status.failures, preemptions=status.preemptions, elapsed=status.elapsed,
-            metrics=status.last_metrics, reason=status.reason, exit_code=status.exit_code,
-            log_tail=status.log_tail, final=action == DONE,
-        )
-        rows.append((run, status, action, view))
-    return hosts, every, rows, versions
+    return hosts, every
 
 
-def observe(sweep: Sweep, backend: Backend, store: Store) -> Progress:
-    """What each run is doing, without acting (for `orch status`)."""
+def observe(sweep: Sweep, backend: Backend, store: Store, every: bool = False) -> Progress:
+    """What each run is doing, without acting (for `orch status`). From the summary record plus the
+    records of live, hosted and touched runs — O(active runs); `every` reads every record instead."""
     from orchestrator.aws.pricing import ledger_cost
 
-    _, _, rows, _ = survey(sweep, backend, store)
-    ledger = get_json(store, f"{sweep.spec.name}/cost.json") or {}
-    return Progress(sweep=sweep.spec.name, runs=[view for *_, view in rows], spend_usd=ledger_cost(ledger),
-                    budget_usd=sweep.spec.budget_usd)
+    name = sweep.spec.name
+    order = [run.run_id for run in sweep.runs]
+    views = None if every else summary.read(store, name, order)
+    hosts, _ = live_hosts(backend)
+    if views is None:
+        fresh = order
+        views = {}
+    else:
+        fresh = [rid for rid in order if views[rid].live or rid in hosts]
+        fresh += [rid for rid in summary.touched(store, name) if rid in views and rid not in fresh]
+    now = time.time()
+    for rid, (status, _) in read_many(store, name, fresh).items():
+        host = hosts.get(rid)
+        action = decide(status, host, sweep.spec.max_restarts, now, backend.stale_s, backend.start_timeout_s)
+        views[rid] = view_of(status, host is not None, action == DONE)
+    ledger = (get_json(store, f"{name}/cost.json") or {}) if sweep.spec.backend == "aws" else {}
+    return Progress(sweep=name, runs=[views[rid] for rid in order], spend_usd=ledger_cost(ledger), budget_usd=sweep.spec.budget_usd)
 
 
 def cancel_run(sweep: Sweep, backend: Backend, store: Store, run_id: str) -> str:
     """Stop one run for good. Returns what happened, in words; a finished run is left as it is."""
     status = read_status(store, sweep.spec.name, run_id)
-    if status.state in (SUCCEEDED, FAILED, CANCELLED) and not any(h.run_id == run_id for h in backend.list()):
+    if status.state in (SUCCEEDED, FAILED, CANCELLED, PRUNED) and not any(h.run_id == run_id for h in backend.list()):
         if status.state != FAILED or status.failures > sweep.spec.max_restarts:
             return f"{sweep.spec.name}/{run_id} already {status.state}; nothing to cancel."
     was_running = backend.stop(run_id, CANCELLED)
@@ -338,23 +359,35 @@ def cancel_run(sweep: Sweep, backend: Backend, store: Store, run_id: str) -> str
         return status
 
     update_status(store, sweep.spec.name, run_id, cancelled)
+    summary.touch(store, sweep.spec.name, run_id)  # readers of the summary (and the controller) re-read it
     return f"cancelled {sweep.spec.name}/{run_id}" + ("" if was_running else " (it was not running)")
 
 
 def stop_sweep(sweep: Sweep, backend: Backend, store: Store) -> List[str]:
-    """Stop every live run of the sweep (resumable by the next launch); idempotent. Returns what was stopped."""
+    """Stop every live run of the sweep (resumable by the next launch); idempotent. Returns what was stopped.
+
+    Touches only what is active: the runs with a host, and the claims the summary shows as live (every
+    record when there is no summary)."""
+    name = sweep.spec.name
+    order = [run.run_id for run in sweep.runs]
     stopped = []
+    hosted = []
     for host in backend.list():
+        hosted.append(host.run_id)
         if backend.stop(host.run_id, STOPPED):
             stopped.append(host.run_id)
+
     def stopped_claim(status: RunStatus) -> Optional[RunStatus]:
         if status.state not in ACTIVE:
             return None
         status.state, status.reason = STOPPED, "stopped by orch down"
         return status
 
-    for run in sweep.runs:  # claims whose host never came up
-        update_status(store, sweep.spec.name, run.run_id, stopped_claim)
+    views = summary.read(store, name, order)
+    candidates = order if views is None else [rid for rid in order if views[rid].live or rid in hosted]
+    for rid in candidates:  # claims whose host never came up
+        if update_status(store, name, rid, stopped_claim):
+            summary.touch(store, name, rid)
     return stopped
 
 

@@ -36,6 +36,9 @@ class Store(Protocol):
 
     def list(self, prefix: str) -> List[str]: ...
 
+    def exists(self, key: str) -> bool:
+        """Whether the key exists, in one small request (S3: a LIST of its own name; no body is read)."""
+
     def sync_up(self, local_dir: Path, prefix: str, prune: Optional[Select] = None) -> SyncResult:
         """Copy what changed; then delete from the store the files `prune` selects that are gone locally."""
 

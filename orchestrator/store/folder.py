@@ -62,6 +62,9 @@ class LocalStore:
         except (FileNotFoundError, NotADirectoryError):
             return None
 
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
     def get_versioned(self, key: str) -> Tuple[Optional[bytes], Optional[str]]:
         data = self.get_bytes(key)
         return data, None if data is None else hashlib.sha256(data).hexdigest()

@@ -81,7 +81,7 @@ class S3Store:
                     return None, None
                 if exc.response.get("Error", {}).get("Code") not in ("AccessDenied", "403"):
                     raise
-                if not self._exists(key):
+                if not self.exists(key):
                     return None, None  # S3 answers 403, not 404, for a missing key to a caller that may not list the bucket itself
                 if not again:
                     raise
@@ -101,7 +101,7 @@ class S3Store:
                 return None
             raise
 
-    def _exists(self, key: str) -> bool:
+    def exists(self, key: str) -> bool:
         """Whether a key exists, by listing its own prefix (what an instance role may do where it may not GET a missing key)."""
         full = self._key(key)
         answer = self.client.list_objects_v2(Bucket=self.bucket, Prefix=full, MaxKeys=1)

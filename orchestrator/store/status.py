@@ -24,9 +24,11 @@ from orchestrator.store.base import Store, json_bytes, put_json
 QUEUED, STARTING, RUNNING = "queued", "starting", "running"
 SUCCEEDED, FAILED, CANCELLED = "succeeded", "failed", "cancelled"
 INTERRUPTED, LOST, STOPPED = "interrupted", "lost", "stopped"
+PRUNED = "pruned"  # stopped by `prune:` (successive halving): final, not a failure, never retried
 CORRUPT = "corrupt"  # the record could not be read; shown with the reason, never acted on blindly
 ACTIVE = (STARTING, RUNNING)
-STATES = (QUEUED, STARTING, RUNNING, SUCCEEDED, FAILED, CANCELLED, INTERRUPTED, LOST, STOPPED)
+STATES = (QUEUED, STARTING, RUNNING, SUCCEEDED, FAILED, CANCELLED, INTERRUPTED, LOST, STOPPED, PRUNED)
+FINAL = (SUCCEEDED, CANCELLED, PRUNED)  # and FAILED once its restarts are spent
 
 
 @dataclass

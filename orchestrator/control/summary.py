@@ -1,0 +1,84 @@
+"""The sweep's summary record, `<sweep>/summary.json`: one request tells `orch status` what every run is doing.
+
+The controller writes it in a pass that changed something (and at least every REFRESH_S while runs
+are active): counts per state, spend, and one compact row per run. Readers trust its final rows
+(a final run never changes again) and its queued rows, and re-read only the records of live runs,
+of runs with a host, and of runs someone touched outside the controller (`orch cancel` leaves a
+marker under `<sweep>/.orch-touched/`), so `orch status` costs O(active runs) at any sweep size.
+A summary that cannot be read is ignored: the reader falls back to reading every record.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, fields
+from typing import Dict, Iterable, List, Optional
+
+from orchestrator.control.views import Progress, RunView
+from orchestrator.store.base import Store, get_json
+
+VERSION = 1
+REFRESH_S = 30.0  # an unchanged summary is still rewritten this often while runs are active (elapsed, metrics)
+_FIELDS = {f.name for f in fields(RunView)}
+
+
+def summary_key(sweep: str) -> str:
+    return f"{sweep}/summary.json"
+
+
+def touched_prefix(sweep: str) -> str:
+    return f"{sweep}/.orch-touched"
+
+
+def build(progress: Progress) -> dict:
+    return {"version": VERSION, "sweep": progress.sweep, "updated_at": time.time(), "done": progress.done,
+            "counts": progress.counts(), "spend_usd": progress.spend_usd, "budget_usd": progress.budget_usd,
+            "runs": [asdict(r) for r in progress.runs]}
+
+
+def write(store: Store, progress: Progress) -> None:
+    data = json.dumps(build(progress), separators=(",", ":"), sort_keys=True, allow_nan=False, default=str)
+    store.put_bytes(summary_key(progress.sweep), data.encode() + b"\n")
+
+
+def read(store: Store, sweep: str, run_ids: List[str]) -> Optional[Dict[str, RunView]]:
+    """The rows of the summary, one per run of the sweep (runs it lacks show as queued), or None when
+    there is none or it cannot be trusted (another version, another sweep, wrong types)."""
+    doc = get_json(store, summary_key(sweep))
+    if not isinstance(doc, dict) or doc.get("version") != VERSION or doc.get("sweep") != sweep or not isinstance(doc.get("runs"), list):
+        return None
+    rows: Dict[str, RunView] = {}
+    try:
+        for row in doc["runs"]:
+            view = RunView(**{k: v for k, v in row.items() if k in _FIELDS})
+            if not isinstance(view.run_id, str) or not isinstance(view.state, str) or not isinstance(view.final, bool):
+                return None
+            rows[view.run_id] = view
+    except (TypeError, AttributeError):
+        return None
+    from orchestrator.store.status import QUEUED
+
+    return {rid: rows.get(rid) or RunView(run_id=rid, state=QUEUED, attempt=0, failures=0, preemptions=0, elapsed=None, metrics={})
+            for rid in run_ids}
+
+
+def touch(store: Store, sweep: str, run_id: str) -> None:
+    """Say that a run's record changed outside the controller (readers of the summary re-read it)."""
+    store.put_bytes(f"{touched_prefix(sweep)}/{run_id}/at", f"{time.time()}\n".encode())
+
+
+def touched(store: Store, sweep: str) -> List[str]:
+    """Run ids with a marker (one LIST)."""
+    base = touched_prefix(sweep) + "/"
+    out = []
+    for key in store.list(touched_prefix(sweep)):
+        rest = key[len(base):] if key.startswith(base) else ""
+        if rest.endswith("/at"):
+            out.append(rest[:-len("/at")])
+    return out
+
+
+def untouch(store: Store, sweep: str, run_ids: Iterable[str]) -> None:
+    for run_id in run_ids:
+        store.delete_prefix(f"{touched_prefix(sweep)}/{run_id}")

@@ -1,0 +1,117 @@
+"""The controller's run table: the last-read record of every run, in memory, so a pass reads only what may change.
+
+A final run (succeeded, cancelled, pruned, failed for good) is never read again. A queued run is not
+read until the controller is about to claim it (the claim is conditional, so a record changed
+meanwhile, e.g. by `orch cancel`, shows up as a refused write and is read then). Everything else —
+starting, running, interrupted, lost, stopped, failed with restarts left — is read every pass.
+The first pass starts from the summary record when there is one (its final and queued rows are
+trusted, see summary.py), else it reads every record, in parallel.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Deque, Dict, Iterable, List, Optional, Set
+
+from orchestrator.control.views import RunView
+from orchestrator.store.base import Store
+from orchestrator.store.status import QUEUED, RunStatus, read_versioned
+from orchestrator.sweep.spec import Sweep
+
+READERS = 16  # parallel record reads (S3 answers each in tens of milliseconds)
+
+
+def read_many(store: Store, sweep: str, run_ids: List[str]) -> Dict[str, tuple]:
+    """{run_id: (status, version)}, read in parallel when there are several."""
+    if len(run_ids) <= 2:
+        return {rid: read_versioned(store, sweep, rid) for rid in run_ids}
+    with ThreadPoolExecutor(max_workers=min(READERS, len(run_ids))) as pool:
+        return dict(zip(run_ids, pool.map(lambda rid: read_versioned(store, sweep, rid), run_ids)))
+
+
+class RunTable:
+    def __init__(self, sweep: Sweep, store: Store):
+        self.sweep, self.store, self.name = sweep, store, sweep.spec.name
+        self.runs = {run.run_id: run for run in sweep.runs}
+        self.order = [run.run_id for run in sweep.runs]
+        self.index = {rid: i for i, rid in enumerate(self.order)}
+        self.status: Dict[str, RunStatus] = {}  # the records read (or written) by this controller
+        self.versions: Dict[str, Optional[str]] = {}
+        self.views: Dict[str, RunView] = {rid: _queued(rid) for rid in self.order}
+        self.final: Set[str] = set()
+        self.watch: Set[str] = set()  # read every pass
+        self.queue: Deque[str] = deque()  # presumed queued: read only when about to be claimed, in this order
+        self.loaded = False
+        self.changed = True  # a view changed since the summary was last written
+        self.reads = 0  # records read, in all (the scale benchmark reports it)
+
+    def load(self, summary: Optional[Dict[str, RunView]]) -> None:
+        """Before the first pass: trust a summary's final and queued rows and read the rest this pass;
+        without a summary, read every record now."""
+        self.loaded = True
+        if summary is None:
+            records = read_many(self.store, self.name, self.order)
+            self.update(records)
+            for rid in self.order:
+                status = records[rid][0]
+                (self.queue.append if status.state == QUEUED and status.attempt == 0 else self.watch.add)(rid)
+            return
+        for rid in self.order:
+            row = summary[rid]
+            if row.final:
+                self.views[rid] = row
+                self.final.add(rid)
+            elif row.state == QUEUED:
+                self.queue.append(rid)
+            else:
+                self.watch.add(rid)
+
+    def update(self, records: Dict[str, tuple]) -> None:
+        self.reads += len(records)
+        for rid, (status, version) in records.items():
+            self.status[rid], self.versions[rid] = status, version
+
+    def follow(self, run_ids: Iterable[str]) -> None:
+        """Read these runs every pass from now on (a host of theirs is up, or someone touched their record)."""
+        for rid in run_ids:
+            if rid in self.runs:
+                self.final.discard(rid)
+                self.watch.add(rid)
+
+    def read_tracked(self) -> List[str]:
+        """Read the runs followed every pass; returns them in grid order."""
+        tracked = sorted(self.watch, key=self.index.__getitem__)
+        self.update(read_many(self.store, self.name, tracked))
+        return tracked
+
+    def take_queued(self) -> Optional[str]:
+        """The next run waiting in the queue, read now (it is about to be claimed), or None."""
+        while self.queue:
+            rid = self.queue.popleft()
+            if rid in self.final or rid in self.watch:
+                continue
+            self.update(read_many(self.store, self.name, [rid]))
+            self.watch.add(rid)
+            return rid
+        return None
+
+    def settle(self, run_id: str, view: RunView, final: bool) -> None:
+        view.final = final
+        if _key(self.views[run_id]) != _key(view):
+            self.changed = True
+        self.views[run_id] = view
+        if final:
+            self.final.add(run_id)
+            self.watch.discard(run_id)
+
+    def all_views(self) -> List[RunView]:
+        return [self.views[rid] for rid in self.order]
+
+
+def _key(v: RunView) -> tuple:
+    return (v.state, v.attempt, v.failures, v.preemptions, v.exit_code, v.final, v.reason, v.reached)
+
+
+def _queued(run_id: str) -> RunView:
+    return RunView(run_id=run_id, state=QUEUED, attempt=0, failures=0, preemptions=0, elapsed=None, metrics={})

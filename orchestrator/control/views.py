@@ -1,0 +1,82 @@
+"""What the controller and `orch status` show of a sweep: one view per run, and a pass's progress."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from orchestrator.store.status import ACTIVE, FAILED, LOST, QUEUED, RunStatus
+
+LIVE_ROWS_FINISHED = 10  # the live table shows every active run and this many of the newest finished ones
+
+
+@dataclass
+class RunView:
+    """One row of the live table (and of `orch status --json`)."""
+
+    run_id: str
+    state: str  # as in status.json, or "queued"
+    attempt: int
+    failures: int
+    preemptions: int
+    elapsed: Optional[float]  # seconds in the current/last attempt
+    metrics: Dict[str, object]  # newest metrics line
+    reason: str = ""  # why it failed or stopped
+    exit_code: Optional[int] = None
+    log_tail: str = ""
+    final: bool = False  # no further attempt will be made
+    finished_at: Optional[float] = None  # when its last attempt ended (orders the newest finished runs)
+    reached: Optional[bool] = None  # with `target:`: whether a metrics line met it (None: no target)
+
+    @property
+    def live(self) -> bool:
+        """Neither final nor waiting in the queue: its record may change at any moment."""
+        return not self.final and self.state != QUEUED
+
+
+@dataclass
+class Progress:
+    """What one pass saw and did."""
+
+    sweep: str
+    runs: List[RunView] = field(default_factory=list)
+    started: List[str] = field(default_factory=list)  # run ids started in this pass
+    spend_usd: float = 0.0  # realized cost so far (aws)
+    budget_usd: Optional[float] = None  # the sweep's budget, if any
+
+    @property
+    def done(self) -> bool:
+        return all(r.final for r in self.runs)
+
+    def count(self, state: str) -> int:
+        return sum(1 for r in self.runs if r.state == state)
+
+    def counts(self) -> Dict[str, int]:
+        out: Dict[str, int] = {}
+        for r in self.runs:
+            out[r.state] = out.get(r.state, 0) + 1
+        return out
+
+    @property
+    def failed(self) -> List[RunView]:
+        return [r for r in self.runs if r.final and r.state == FAILED]
+
+    def shown(self, every: bool = False) -> List[RunView]:
+        """The rows a live table shows: every active run and the newest finished ones (all rows with `every`)."""
+        if every or len(self.runs) <= 2 * LIVE_ROWS_FINISHED + 20:
+            return list(self.runs)
+        live = [r for r in self.runs if r.live]
+        done = sorted((r for r in self.runs if r.final), key=lambda r: r.finished_at or 0.0)[-LIVE_ROWS_FINISHED:]
+        keep = {id(r) for r in live + done}
+        return [r for r in self.runs if id(r) in keep]
+
+
+def view_of(status: RunStatus, has_host: bool, final: bool) -> RunView:
+    """A run's row from its record: an active record without a host shows as lost."""
+    lost = status.state in ACTIVE and not has_host
+    return RunView(
+        run_id=status.run_id, state=LOST if lost else status.state, attempt=status.attempt,
+        failures=status.failures, preemptions=status.preemptions, elapsed=status.elapsed,
+        metrics=status.last_metrics, reason=status.reason, exit_code=status.exit_code,
+        log_tail=status.log_tail, final=final, finished_at=status.finished_at,
+    )
