@@ -266,6 +266,7 @@ class Controller:
             return False
         self.state.journal(self.name, "start", run.run_id, f"attempt {status.attempt}" + (f" after {previous.state}" if previous.attempt else ""))
         view.state, view.attempt, view.elapsed, view.final = STARTING, status.attempt, 0.0, False
+        view.failures, view.preemptions, view.exit_code, view.reason = status.failures, status.preemptions, None, ""
         return True
 
     def run(self, on_progress: Callable[[Progress], None] = lambda p: None, interval: Optional[float] = None) -> Progress:
