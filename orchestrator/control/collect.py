@@ -70,30 +70,36 @@ def _best(lines: List[dict]) -> Dict[str, float]:
     return best
 
 
+READERS = 16  # parallel reads: a status record and a metrics file per run
+
+
 def collect(sweep: Sweep, store: Store) -> Results:
+    from concurrent.futures import ThreadPoolExecutor
+
     from orchestrator.aws.pricing import ledger_cost, per_run
     from orchestrator.store.base import get_json
 
     ledger = get_json(store, f"{sweep.spec.name}/cost.json") if sweep.spec.backend == "aws" else None
     costs = per_run(ledger) if ledger is not None else {}
-    runs = []
-    for run in sweep.runs:
+
+    def one(run) -> RunResult:
         status = read_status(store, sweep.spec.name, run.run_id)
         lines = read_jsonl(store.get_bytes(f"{sweep.spec.name}/{run.run_id}/metrics.jsonl"))
-        runs.append(
-            RunResult(
-                run_id=run.run_id,
-                state=status.state,
-                attempts=status.attempt,
-                params=run.params,
-                final=lines[-1] if lines else {},
-                best=_best(lines),
-                elapsed_s=status.elapsed,
-                curves=lines,
-                cost_usd=costs.get(run.run_id, (0.0, 0.0))[0] if ledger is not None else None,
-                gpu_hours=costs.get(run.run_id, (0.0, 0.0))[1] if ledger is not None else None,
-            )
+        return RunResult(
+            run_id=run.run_id,
+            state=status.state,
+            attempts=status.attempt,
+            params=run.params,
+            final=lines[-1] if lines else {},
+            best=_best(lines),
+            elapsed_s=status.elapsed,
+            curves=lines,
+            cost_usd=costs.get(run.run_id, (0.0, 0.0))[0] if ledger is not None else None,
+            gpu_hours=costs.get(run.run_id, (0.0, 0.0))[1] if ledger is not None else None,
         )
+
+    with ThreadPoolExecutor(max_workers=READERS) as pool:
+        runs = list(pool.map(one, sweep.runs))
     return Results(sweep=sweep.spec.name, runs=runs, spend_usd=ledger_cost(ledger) if ledger is not None else None)
 
 
@@ -134,22 +140,47 @@ def _write(results: Results, out_dir: Path) -> List[Path]:
     return paths
 
 
+LINES = 10  # runs drawn as labelled lines in curves.png; the others are drawn faint, without legend entries
+
+
+def _score(r: RunResult, metric: str) -> float:
+    """How good a run's best value of `metric` is, higher is better (NaN-free; runs without it last)."""
+    v = r.best.get(metric, r.final.get(metric))
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v:
+        return float("-inf")
+    return -v if metric.endswith("loss") else v
+
+
 def plot(results: Results, metrics: List[str], path: Path) -> Path:
+    """One panel per metric. Up to LINES runs (the best by the first metric) are lines with a legend;
+    every other run is one faint line in a single collection, so a sweep of thousands stays readable
+    and fast to draw."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.collections import LineCollection
 
     n = len(metrics)
     cols = min(3, n)
     rows = math.ceil(n / cols)
+    ranked_runs = sorted(results.runs, key=lambda r: _score(r, metrics[0]), reverse=True)
+    top, rest = ranked_runs[:LINES], ranked_runs[LINES:]
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
     for ax, metric in zip(axes.flat, metrics):
-        for r in results.runs:
-            points = [(line.get("step", i), line[metric]) for i, line in enumerate(r.curves) if isinstance(line.get(metric), (int, float))]
-            if points:
-                xs, ys = zip(*points)
-                ax.plot(xs, ys, label=r.run_id, marker="." if len(points) < 30 else None)
+        def points(r: RunResult):
+            return [(line.get("step", i), line[metric]) for i, line in enumerate(r.curves)
+                    if isinstance(line.get(metric), (int, float)) and not isinstance(line.get(metric), bool)]
+
+        faint = [p for p in (points(r) for r in rest) if p]
+        if faint:
+            ax.add_collection(LineCollection(faint, colors="0.6", alpha=max(0.03, min(0.4, 20 / len(faint))), linewidths=0.6))
+            ax.autoscale_view()
+        for r in top:
+            pts = points(r)
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, label=r.run_id, marker="." if len(pts) < 30 else None)
         ax.set_title(metric)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -158,7 +189,8 @@ def plot(results: Results, metrics: List[str], path: Path) -> Path:
     handles, labels = axes.flat[0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8, frameon=False)
-    fig.suptitle(f"sweep {results.sweep}")
+    more = f" (best {len(top)} by {metrics[0]} labelled; {len(rest)} more in grey)" if rest else ""
+    fig.suptitle(f"sweep {results.sweep}{more}")
     fig.tight_layout(rect=(0, 0.06 + 0.02 * math.ceil(len(labels) / 4), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
