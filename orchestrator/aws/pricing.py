@@ -3,8 +3,9 @@
 The spend of a sweep is kept as a ledger in the store (<sweep>/cost.json): one entry per instance
 with its type, AZ, market, hourly price at acquisition, run, GPUs, and first/last time it was seen running,
 so wasted attempts (interrupted, failed) count too, and `orch status` can show it without AWS calls.
-On-demand prices are not in the EC2 API; orch prices an on-demand hour at ON_DEMAND_FACTOR times
-the spot price of the same (type, AZ) — an approximation, said so wherever it is shown.
+On-demand prices are not in the EC2 API: orch uses the published Linux on-demand prices of us-east-1
+for the GPU types it knows (ON_DEMAND_USD_PER_H) and, for any other type, ON_DEMAND_FACTOR times the
+spot price of the same (type, AZ) — approximations, said so wherever they are shown.
 """
 
 from __future__ import annotations
@@ -17,6 +18,20 @@ from typing import Dict, List, Optional, Tuple
 log = logging.getLogger("orch.pricing")
 
 ON_DEMAND_FACTOR = 3.0
+# Published Linux on-demand prices, us-east-1, USD per hour (aws.amazon.com/ec2/pricing/on-demand, 2025).
+# Other regions differ by up to ~30%; used only to say what the same hours would have cost on demand.
+ON_DEMAND_USD_PER_H = {
+    "g4dn.xlarge": 0.526, "g4dn.12xlarge": 3.912, "g5.xlarge": 1.006, "g5.2xlarge": 1.212, "g5.12xlarge": 5.672,
+    "g5.48xlarge": 16.288, "g6.xlarge": 0.8048, "g6.12xlarge": 4.6016, "g6e.xlarge": 1.861, "p3.2xlarge": 3.06,
+    "p3.8xlarge": 12.24, "p3.16xlarge": 24.48, "p4d.24xlarge": 32.7726, "p5.48xlarge": 98.32,
+}
+
+
+def on_demand_price(instance_type: str, spot_price: Optional[float]) -> Optional[float]:
+    """An on-demand hour of the type: the published price when known, else ON_DEMAND_FACTOR x its spot price."""
+    if instance_type in ON_DEMAND_USD_PER_H:
+        return ON_DEMAND_USD_PER_H[instance_type]
+    return None if spot_price is None else spot_price * ON_DEMAND_FACTOR
 CACHE_S = 3600.0
 
 
@@ -66,7 +81,7 @@ class PriceBook:
         spot = self.prices.get((instance_type, az))
         if spot is None:
             return None
-        return spot if market == "spot" else spot * ON_DEMAND_FACTOR
+        return spot if market == "spot" else on_demand_price(instance_type, spot)
 
 
 class CostLedger:
@@ -91,7 +106,8 @@ class CostLedger:
             self._entries = get_json(self.store, self.key) or {}
         return self._entries
 
-    def acquired(self, instance_id: str, instance_type: str, az: str, market: str, run: str = "", gpus: int = 0, slots: int = 0) -> None:
+    def acquired(self, instance_id: str, instance_type: str, az: str, market: str, run: str = "", gpus: int = 0, slots: int = 0,
+                 attempt: int = 0) -> None:
         try:
             price = self.prices.price(instance_type, az, market)
         except Exception as exc:  # a missing price must not lose the instance
@@ -100,7 +116,8 @@ class CostLedger:
         now = time.time()
         with self.lock:
             self.entries[instance_id] = {"type": instance_type, "az": az, "market": market, "price_per_h": price, "start": now, "end": now,
-                                         "run": run, "gpus": gpus, **({"slots": slots, "run_s": {}} if slots else {})}
+                                         "run": run, "gpus": gpus, **({"slots": slots, "run_s": {}} if slots else {}),
+                                         **({"attempt": attempt} if attempt else {})}
             self._save()
 
     def observe(self, live_ids: List[str], occupants: Optional[Dict[str, List[str]]] = None) -> None:

@@ -321,6 +321,10 @@ def collect(sweep: str, out: Optional[str], wide: bool):
     paths = write_outputs(results, out_dir)
     con = _console()
     con.print(results_table(results, width=con.width, wide=wide))
+    from orchestrator.cli.render import results_notes
+
+    for line in results_notes(results):
+        con.print(line, markup=False)
     con.print(f"wrote {', '.join(str(p) for p in paths)}", markup=False)
 
 

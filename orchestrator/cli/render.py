@@ -12,7 +12,7 @@ from orchestrator.control.views import Progress, RunView
 
 STYLE = {
     "succeeded": "green", "failed": "red", "running": "cyan", "starting": "cyan",
-    "queued": "dim", "cancelled": "yellow", "stopped": "yellow", "lost": "magenta", "interrupted": "magenta",
+    "queued": "dim", "cancelled": "yellow", "stopped": "yellow", "lost": "magenta", "interrupted": "magenta", "pruned": "yellow",
 }
 SHOWN_METRICS = 4
 def fmt_seconds(s: Any) -> str:
@@ -58,7 +58,9 @@ def runs_table(p: Progress, every: bool = False) -> Table:
         state = Text(r.state, style=STYLE.get(r.state, ""))
         if r.state == "failed" and r.exit_code is not None:
             state.append(f" ({r.exit_code})")
-        note = metrics_text(r.metrics) or (r.reason or "")
+        if r.reached:
+            state.append(" ✓ target", style="bold green")
+        note = (r.reason if r.state == "pruned" else "") or metrics_text(r.metrics) or (r.reason or "")
         table.add_row(r.run_id, state, str(r.attempt or "-"), fmt_seconds(r.elapsed), note)
     return table
 
@@ -85,8 +87,15 @@ def results_table(res: Results, width: int = 200, wide: bool = False) -> Table:
         cells.update({f"best {m}": fmt_value(r.best.get(m, "-")) for m in metrics if m.endswith("acc")})
         if costs:
             cells.update({"GPU-h": f"{r.gpu_hours or 0.0:.2f}", "$": f"{r.cost_usd or 0.0:.2f}"})
+        if res.target:
+            t = r.to_target
+            cells["target"] = "yes" if t.reached else "no"
+            cells["time to target"] = fmt_seconds(t.time_to_target_s if t.time_to_target_s is not None else t.wall_to_target_s) if t.reached else "-"
+            cells["$ to target"] = f"{t.usd_to_target:.4f}" if t.usd_to_target is not None else "-"
         rows.append(cells)
-    columns = ["run", "state", *metrics, *[f"best {m}" for m in metrics if m.endswith("acc")], "time", *(["GPU-h", "$"] if costs else [])]
+    to_target = (["target", "time to target", *(["$ to target"] if costs else [])] if res.target else [])
+    columns = ["run", "state", *metrics, *[f"best {m}" for m in metrics if m.endswith("acc")], *to_target, "time",
+               *(["GPU-h", "$"] if costs else [])]
     optional = [*[f"best {m}" for m in metrics if m.endswith("acc")], "time", *(["GPU-h"] if costs else []), *metrics[2:][::-1]]
 
     def need(cols) -> int:  # every column at its widest cell, plus borders and padding
@@ -103,6 +112,14 @@ def results_table(res: Results, width: int = 200, wide: bool = False) -> Table:
     if len(shown) < len(columns):
         table.caption = f"not shown (narrow terminal; --wide shows all): {', '.join(c for c in columns if c not in shown)}"
     return table
+
+
+def results_notes(res: Results) -> List[str]:
+    """Under the results table: why runs were pruned, and with `target:` the sweep's time and dollars to it."""
+    out = [f"{r.run_id}: {r.reason}" for r in res.runs if r.state == "pruned" and r.reason]
+    if res.economics is not None:
+        out += res.economics.words()
+    return out
 
 
 DRY_RUN_SHOWN = 50  # run lines a dry run prints without --all

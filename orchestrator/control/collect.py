@@ -5,10 +5,11 @@ from __future__ import annotations
 import csv
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
+from orchestrator.control.target import Economics, ToTarget, economics, entries_of, to_target
 from orchestrator.errors import OrchError
 from orchestrator.store.base import Store, plain_json, read_jsonl
 from orchestrator.store.status import read_status
@@ -40,6 +41,8 @@ class RunResult:
     curves: List[dict] = field(default_factory=list, repr=False)  # every metrics line
     cost_usd: float | None = None  # aws: every instance of every attempt (the sweep's cost ledger)
     gpu_hours: float | None = None  # aws: instance hours x GPUs of the type, summed the same way
+    to_target: ToTarget = field(default_factory=ToTarget)  # with `target:`
+    reason: str = ""  # why it ended so (pruned: the rung, its value and the cutoff)
 
 
 @dataclass
@@ -47,6 +50,8 @@ class Results:
     sweep: str
     runs: List[RunResult]
     spend_usd: float | None = None  # the whole sweep (aws), wasted attempts and set-up included
+    target: bool = False  # the sweep has `target:` (the to-target columns are shown)
+    economics: Optional[Economics] = None  # with `target:`: the summary line
 
     def metric_names(self) -> List[str]:
         names: Dict[str, None] = {}
@@ -82,9 +87,14 @@ def collect(sweep: Sweep, store: Store) -> Results:
     ledger = get_json(store, f"{sweep.spec.name}/cost.json") if sweep.spec.backend == "aws" else None
     costs = per_run(ledger) if ledger is not None else {}
 
+    target = sweep.spec.target
+    statuses = {}
+
     def one(run) -> RunResult:
-        status = read_status(store, sweep.spec.name, run.run_id)
+        status = statuses[run.run_id] = read_status(store, sweep.spec.name, run.run_id)
         lines = read_jsonl(store.get_bytes(f"{sweep.spec.name}/{run.run_id}/metrics.jsonl"))
+        reached = (to_target(target, lines, status.first_started_at, entries_of(ledger, run.run_id) if ledger is not None else None,
+                             run.run_id) if target is not None else ToTarget())
         return RunResult(
             run_id=run.run_id,
             state=status.state,
@@ -96,11 +106,15 @@ def collect(sweep: Sweep, store: Store) -> Results:
             curves=lines,
             cost_usd=costs.get(run.run_id, (0.0, 0.0))[0] if ledger is not None else None,
             gpu_hours=costs.get(run.run_id, (0.0, 0.0))[1] if ledger is not None else None,
+            to_target=reached,
+            reason=status.reason if status.state in ("pruned", "failed", "cancelled") else "",
         )
 
     with ThreadPoolExecutor(max_workers=READERS) as pool:
         runs = list(pool.map(one, sweep.runs))
-    return Results(sweep=sweep.spec.name, runs=runs, spend_usd=ledger_cost(ledger) if ledger is not None else None)
+    eco = economics(runs, ledger, {rid: st.attempt for rid, st in statuses.items()}) if target is not None else None
+    return Results(sweep=sweep.spec.name, runs=runs, spend_usd=ledger_cost(ledger) if ledger is not None else None,
+                   target=target is not None, economics=eco)
 
 
 def write_outputs(results: Results, out_dir: Path) -> List[Path]:
@@ -124,6 +138,14 @@ def _write(results: Results, out_dir: Path) -> List[Path]:
         row["elapsed_s"] = None if r.elapsed_s is None else round(r.elapsed_s, 2)
         if r.cost_usd is not None:
             row["cost_usd"], row["gpu_hours"] = round(r.cost_usd, 4), round(r.gpu_hours or 0.0, 4)
+        if results.target:
+            t = r.to_target
+            row["reached"] = t.reached
+            row["time_to_target_s"] = None if t.time_to_target_s is None else round(t.time_to_target_s, 3)
+            row["wall_to_target_s"] = None if t.wall_to_target_s is None else round(t.wall_to_target_s, 3)
+            if r.cost_usd is not None:
+                row["usd_to_target"] = None if t.usd_to_target is None else round(t.usd_to_target, 4)
+        row["reason"] = r.reason
         rows.append(row)
     columns = list(dict.fromkeys(k for row in rows for k in row))
     csv_path, json_path = out_dir / "runs.csv", out_dir / "runs.json"
@@ -132,6 +154,8 @@ def _write(results: Results, out_dir: Path) -> List[Path]:
         writer.writeheader()
         writer.writerows(rows)
     doc = {"sweep": results.sweep, "runs": rows, **({"spend_usd": round(results.spend_usd, 4)} if results.spend_usd is not None else {})}
+    if results.economics is not None:
+        doc["summary"] = {**asdict(results.economics), "words": results.economics.words()}
     json_path.write_text(json.dumps(plain_json(doc), indent=2, allow_nan=False) + "\n")
     paths = [csv_path, json_path]
     curves = ranked(metrics) + [m for m in metrics if m not in X_KEYS and m not in ranked(metrics)]

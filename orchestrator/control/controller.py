@@ -17,11 +17,12 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from orchestrator.backends.base import Backend, Host
 from orchestrator.control import summary
+from orchestrator.control.prune import Rungs, Verdict
 from orchestrator.control.state import State
 from orchestrator.control.table import RunTable, read_many
 from orchestrator.control.views import Progress, RunView, view_of
 from orchestrator.errors import OrchError
-from orchestrator.store.base import Store, get_json, put_json
+from orchestrator.store.base import Store, get_json, put_json, read_jsonl
 from orchestrator.store.status import (
     ACTIVE,
     CANCELLED,
@@ -79,6 +80,8 @@ class Controller:
         self.sweep, self.backend, self.store, self.state = sweep, backend, store, state
         self.name = sweep.spec.name
         self.table = RunTable(sweep, store)
+        self.rungs = Rungs(store, self.name, sweep.spec) if sweep.spec.prune is not None else None
+        self.reached: set = set()  # runs a metrics line of which met `target:` (sticky: a later line may fall back)
         self._published: Tuple[Optional[float], float] = (None, 0.0)  # (spend, when) of the last summary written
 
     def prepare(self) -> bool:
@@ -99,7 +102,9 @@ class Controller:
             raise OSError(f"{self.name}/sweep.json is gone")
         table = self.table
         if not table.loaded:
-            table.load(summary.read(self.store, self.name, table.order))
+            rows_before = summary.read(self.store, self.name, table.order)
+            table.load(rows_before)
+            self.reached |= {rid for rid, v in (rows_before or {}).items() if v.reached}
         self._record_outcomes()
         marked = summary.touched(self.store, self.name)  # records changed by `orch cancel` meanwhile
         table.follow(marked)
@@ -114,6 +119,8 @@ class Controller:
         for run, status, action, view in rows:
             if action == REPLACE:
                 self._replace(hosts[run.run_id], [h for h in every if h.run_id == run.run_id], status, view, table.versions[run.run_id])
+            elif self.rungs is not None:
+                self._rung(run, status, action, view)
         self._release_unclaimed(every, table.status)
         free = self.sweep.spec.max_parallel - len(hosts)
         started: List[str] = []
@@ -121,7 +128,7 @@ class Controller:
             self._stop_for_budget(rows, spend, budget)
         else:
             for run, status, action, view in rows:
-                if action == START and free > 0:
+                if action == START and free > 0 and not view.final:  # (final: pruned in this pass)
                     if self._start(run, status, view, table.versions[run.run_id]):
                         started.append(run.run_id)
                     free -= 1
@@ -143,8 +150,46 @@ class Controller:
         status = self.table.status[run_id]
         action = decide(status, host, self.sweep.spec.max_restarts, time.time(), self.backend.stale_s, self.backend.start_timeout_s)
         view = view_of(status, host is not None, action == DONE)
+        target = self.sweep.spec.target
+        if target is not None:
+            if target.met(status.last_metrics):
+                self.reached.add(run_id)
+            view.reached = run_id in self.reached
         self.table.settle(run_id, view, action == DONE)
         return self.table.runs[run_id], status, action, view
+
+    def _rung(self, run, status: RunStatus, action: str, view: RunView) -> None:
+        """`prune:` — a run whose newest line passed a rung it has not reported at: read its lines, record
+        its value there, and prune it if the rung says so. A run that already ended only adds its values."""
+        rid = run.run_id
+        earlier = self.rungs.verdict_of(rid)
+        if earlier is not None:  # decided before (a pass whose write lost a race, or a resumed attempt): the verdict stands
+            if status.state in ACTIVE or action == START:
+                self._prune(status, view, earlier)
+            return
+        if not self.rungs.due(rid, status.last_metrics):
+            return
+        lines = read_jsonl(self.store.get_bytes(f"{self.name}/{rid}/metrics.jsonl"))
+        live = status.state in ACTIVE
+        verdict = self.rungs.observe(rid, lines, judge=live)
+        if verdict is not None:
+            self._prune(status, view, verdict)
+
+    def _prune(self, status: RunStatus, view: RunView, verdict: Verdict) -> None:
+        """The verdict first (the agent, seeing its record moved on, writes nothing more), then the stop:
+        the command ends, and on AWS the instance goes; the slot is free for the next queued run."""
+        metric, at = self.rungs.metric, self.rungs.p.at
+        status.state, status.finished_at = PRUNED, time.time()
+        status.reason = verdict.words(metric, at)
+        status.pruned = {"rung": verdict.rung, "value": verdict.value, "cutoff": verdict.cutoff, "reported": verdict.reported,
+                         "kept": verdict.best_k, "metric": metric, "at": at}
+        if not self._write(status, self.table.versions[status.run_id]):
+            return  # decided again next pass, with the same verdict
+        view.state, view.reason = PRUNED, status.reason
+        self.table.settle(status.run_id, view, True)
+        self.backend.stop(status.run_id, PRUNED)
+        self.state.journal(self.name, "prune", status.run_id, status.reason)
+        log.info("%s: %s", status.run_id, status.reason)
 
     def _publish(self, progress: Progress) -> None:
         """The summary record, when something changed (and now and then while runs are active)."""
@@ -185,7 +230,7 @@ class Controller:
             self.table.settle(status.run_id, view, True)
 
         for run, status, action, view in rows:
-            if action == START:
+            if action == START and not view.final:
                 cancel(status, view)
         while True:
             rid = self.table.take_queued()
@@ -253,6 +298,8 @@ class Controller:
             preemptions=previous.preemptions + (1 if was_lost else 0),
             no_shows=previous.no_shows,
             started_at=time.time(),
+            first_started_at=previous.first_started_at or time.time(),
+            pruned=previous.pruned,
         )
         if not self._write(status, version):  # claim it before a host exists; never over a record this pass did not see
             return False
@@ -340,7 +387,10 @@ def observe(sweep: Sweep, backend: Backend, store: Store, every: bool = False) -
     for rid, (status, _) in read_many(store, name, fresh).items():
         host = hosts.get(rid)
         action = decide(status, host, sweep.spec.max_restarts, now, backend.stale_s, backend.start_timeout_s)
+        before = views.get(rid)
         views[rid] = view_of(status, host is not None, action == DONE)
+        if sweep.spec.target is not None:
+            views[rid].reached = bool((before and before.reached) or sweep.spec.target.met(status.last_metrics))
     ledger = (get_json(store, f"{name}/cost.json") or {}) if sweep.spec.backend == "aws" else {}
     return Progress(sweep=name, runs=[views[rid] for rid in order], spend_usd=ledger_cost(ledger), budget_usd=sweep.spec.budget_usd)
 

@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Tuple
 from orchestrator.contract import RunTask
 from orchestrator.store.status import (
     CANCELLED,
+    PRUNED,
     FAILED,
     INTERRUPTED,
     LOST,
@@ -92,6 +93,8 @@ def final_status(stop_requested: Optional[str], noticed: bool, code: Optional[in
         return INTERRUPTED, "", False
     if stop_requested == CANCELLED:
         return CANCELLED, "cancelled by orch cancel", False
+    if stop_requested == PRUNED:
+        return PRUNED, "pruned (successive halving)", False
     if stop_requested == STOPPED:
         return STOPPED, "stopped by orch down", False
     if code == 0:

@@ -19,6 +19,7 @@ from typing import Optional
 from orchestrator.host.attempt import last_metrics
 from orchestrator.store.base import Store
 from orchestrator.store.status import (
+    PRUNED,
     LOST,
     RUNNING,
     STARTING,
@@ -51,8 +52,8 @@ class Reporter:
                     return False
                 if self.version is None:
                     current, version = read_versioned(self.store, self.sweep, self.run_id)
-                    if current.attempt != self.attempt or current.state == LOST:
-                        self.superseded = True  # the controller moved on: a newer attempt, or this one given up
+                    if current.attempt != self.attempt or current.state in (LOST, PRUNED):
+                        self.superseded = True  # the controller moved on: a newer attempt, or this one given up or pruned
                         log.warning("the record of %s is no longer attempt %s's (the controller moved on): writing nothing more",
                                     self.run_id, self.attempt)
                         return False

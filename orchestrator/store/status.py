@@ -49,6 +49,8 @@ class RunStatus:
     reason: str = ""  # why it ended, in words
     log_tail: str = ""  # last lines of the log, for failures
     last_metrics: Dict[str, Any] = field(default_factory=dict)  # newest metrics.jsonl line
+    first_started_at: Optional[float] = None  # the first claim of the run (wall time to a target counts from it)
+    pruned: Dict[str, Any] = field(default_factory=dict)  # `prune:`: the rung, the run's value, the cutoff (state pruned)
 
     @property
     def elapsed(self) -> Optional[float]:
@@ -69,7 +71,7 @@ def status_key(sweep: str, run_id: str) -> str:
 
 _TYPES = {"attempt": int, "failures": int, "preemptions": int, "no_shows": int, "host": str, "reason": str, "log_tail": str,
           "started_at": (int, float, type(None)), "heartbeat": (int, float, type(None)), "finished_at": (int, float, type(None)),
-          "exit_code": (int, type(None)), "last_metrics": dict}
+          "exit_code": (int, type(None)), "last_metrics": dict, "first_started_at": (int, float, type(None)), "pruned": dict}
 
 
 def read_status(store: Store, sweep: str, run_id: str) -> RunStatus:

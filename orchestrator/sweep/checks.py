@@ -10,6 +10,7 @@ from typing import Any, List, Tuple
 
 from orchestrator.sweep.spec import (
     BUILTINS,
+    default_mode,
     KEY_RE,
     SweepSpec,
     expand,
@@ -40,6 +41,7 @@ def check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
     for key in spec.env:
         if not KEY_RE.match(key):
             out.append((("env", key), "not a valid variable name; use letters, digits and '_', not starting with a digit"))
+    out += _prune_problems(spec)
     count = run_count(spec)
     if count > spec.max_runs:  # before anything is expanded: `seeds: 1000000000` must not allocate
         out.append((("seeds",) if len(spec.grid) == 0 else ("grid",),
@@ -105,4 +107,23 @@ def check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
         dup = sorted({i for i in ids if seen[i] > 1 or safe[session_name(spec.name, i)] > 1})
         if dup:
             out.append((("grid",), f"two runs get the same id {dup[0]!r}; make the values differ in letters, digits, '.', '+' or '-'"))
+    return out
+
+
+def _prune_problems(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
+    out: List[Tuple[Tuple[Any, ...], str]] = []
+    if spec.target is not None and spec.target.mode is None and default_mode(spec.target.metric) is None:
+        out.append((("target", "mode"), f"say `mode: max` or `mode: min`: '{spec.target.metric}' ends neither in acc nor in loss"))
+    p = spec.prune
+    if p is None:
+        return out
+    metric = p.metric or (spec.target.metric if spec.target else None)
+    if metric is None:
+        out.append((("prune", "metric"), "name the metric to compare, e.g. `metric: test_acc` (or give `target:`)"))
+    elif p.mode is None and not (spec.target and spec.target.metric == metric) and default_mode(metric) is None:
+        out.append((("prune", "mode"), f"say `mode: max` or `mode: min`: '{metric}' ends neither in acc nor in loss"))
+    if any(b <= a for a, b in zip(p.rungs, p.rungs[1:])):
+        out.append((("prune", "rungs"), "must increase, e.g. [2, 4, 8]"))
+    if metric is not None and p.at == metric:
+        out.append((("prune", "at"), f"'at' measures progress (e.g. epoch or step); it cannot be the compared metric '{metric}'"))
     return out

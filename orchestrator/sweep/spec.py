@@ -132,6 +132,40 @@ class DataEntry(Strict):
     to: str = Field(..., min_length=1, description="Folder on the host (~ allowed); relative: under orch's data folder.")
 
 
+def default_mode(metric: str) -> Optional[str]:
+    """max for names ending in acc (accuracy), min for names ending in loss; None when neither."""
+    return "max" if metric.endswith("acc") else "min" if metric.endswith("loss") else None
+
+
+class TargetSection(Strict):
+    """When a run is good enough (README: Time and dollars to a target)."""
+
+    metric: str = Field(..., min_length=1, description="A key of the run's metrics lines, e.g. test_acc.")
+    value: Amount = Field(..., description="The value to reach, e.g. 0.94.")
+    mode: Optional[Literal["max", "min"]] = Field(
+        None, description="max: reached at >= value; min: at <= value. Default: max for *acc, min for *loss.")
+
+    def resolved_mode(self) -> str:
+        return self.mode or default_mode(self.metric) or "max"
+
+    def met(self, line: Dict[str, Any]) -> bool:
+        v = line.get(self.metric)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v:
+            return False
+        return v >= self.value if self.resolved_mode() == "max" else v <= self.value
+
+
+class PruneSection(Strict):
+    """Asynchronous successive halving across the sweep (README: Pruning losing runs)."""
+
+    metric: Optional[str] = Field(None, min_length=1, description="The metric compared at each rung (default: target's metric).")
+    mode: Optional[Literal["max", "min"]] = Field(None, description="max or min (default: from target, or the metric's name).")
+    at: str = Field("epoch", min_length=1, description="The metrics key that measures progress (a rung is a value of it).")
+    rungs: List[Amount] = Field(..., min_length=1, description="Progress values where runs are compared, increasing.")
+    keep: Amount = Field(0.34, gt=0, lt=1, description="The fraction of runs kept at each rung (the best ones).")
+    min_runs: Count = Field(3, ge=1, description="No decision at a rung before this many runs have reported there.")
+
+
 class SweepSpec(Strict):
     """One sweep: a command run once per point of `grid` x `seeds`."""
 
@@ -168,6 +202,8 @@ class SweepSpec(Strict):
     )
     data: Optional[List[DataEntry]] = Field(None, description="Data sets staged to each host before the command starts.")
     resources: Optional[ResourcesSection] = Field(None, description="The shape of each run: nodes, GPUs, processes per node.")
+    target: Optional[TargetSection] = Field(None, description="When a run is good enough: collect reports time and dollars to it.")
+    prune: Optional[PruneSection] = Field(None, description="Successive halving: stop runs that fall behind at each rung.")
     local: LocalSection = Field(default_factory=LocalSection, description="Local backend settings.")
     aws: Optional[AwsSection] = Field(None, description="AWS backend settings (required with backend: aws).")
 

@@ -64,7 +64,8 @@ class ProvisionMixin:
             got.sort(key=lambda g: g.instance_id)  # node ranks: the order list() sees them in
             ids = [g.instance_id for g in got]
             for g in got:
-                self.ledger.acquired(g.instance_id, g.instance_type, g.az, g.market, run=task.run_id, gpus=self._gpus_of(g.instance_type))
+                self.ledger.acquired(g.instance_id, g.instance_type, g.az, g.market, run=task.run_id, gpus=self._gpus_of(g.instance_type),
+                                     attempt=task.attempt)
             log.info("%s: %s %s in %s (%s)", task.run_id, ", ".join(ids), got[0].instance_type, got[0].az, got[0].market)
             addresses = [api.wait_running(self.ec2, i, self.cfg.ssh.address, self.cfg.boot_timeout_s) for i in ids]
             conns = []

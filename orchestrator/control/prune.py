@@ -1,0 +1,136 @@
+"""Asynchronous successive halving (ASHA) across a sweep's runs (`prune:` in sweep.yaml).
+
+Li et al., "A System for Massively Parallel Hyperparameter Tuning" (2018); the anchors are Ray Tune's
+ASHAScheduler and Optuna's SuccessiveHalvingPruner. When a run's progress (`at`, e.g. epoch) passes
+a rung, its value of the metric there (on the first metrics line at or past the rung that carries
+it) is compared with every value reported at that rung so far, its own included. With n values and
+n >= min_runs, the cutoff is the k-th best, k = max(1, floor(n * keep)); a run worse than the cutoff
+is pruned. Fewer than min_runs values: no decision, the run goes on. Order of arrival decides, as in
+ASHA: an early run is judged against the runs that reached the rung before it.
+
+The rung table lives in the store (`<sweep>/rungs.json`, written by the controller alone), so a
+restarted controller keeps it, and a run never meets a rung's decision twice: a resumed attempt
+that passes a rung again keeps the verdict its earlier attempt got there.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+from orchestrator.store.base import Store, get_json, put_json
+from orchestrator.sweep.spec import PruneSection, SweepSpec, default_mode
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A rung's decision on one run."""
+
+    run_id: str
+    rung: float
+    value: float
+    cutoff: Optional[float]  # None: too few runs had reported there to decide
+    reported: int  # runs with a value at this rung, this one included
+    kept: bool
+    best_k: int = 0  # how many of them the rung keeps
+
+    def words(self, metric: str, at: str) -> str:
+        return (f"pruned at {at} {self.rung:g}: {metric} {self.value:.4g} is worse than the cutoff {self.cutoff:.4g} "
+                f"(the best {self.best_k} of the {self.reported} runs that reached that rung go on)")
+
+
+def rule(spec: SweepSpec) -> tuple:
+    """(metric, mode) that `prune:` compares: its own, else target's, else from the metric's name."""
+    p: PruneSection = spec.prune
+    metric = p.metric or spec.target.metric
+    mode = p.mode or (spec.target.resolved_mode() if spec.target and spec.target.metric == metric else None) or default_mode(metric) or "max"
+    return metric, mode
+
+
+def number(v) -> Optional[float]:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf")):
+        return None
+    return float(v)
+
+
+class Rungs:
+    def __init__(self, store: Store, sweep: str, spec: SweepSpec):
+        self.store, self.key = store, f"{sweep}/rungs.json"
+        self.p: PruneSection = spec.prune
+        self.metric, self.mode = rule(spec)
+        doc = get_json(store, self.key) or {}
+        self.values: Dict[str, Dict[str, float]] = {}  # rung (as text) -> {run: value}
+        for rung, runs in (doc.get("values") or {}).items() if isinstance(doc, dict) else []:
+            if isinstance(runs, dict):
+                self.values[str(rung)] = {r: float(v) for r, v in runs.items() if number(v) is not None}
+        self.pruned: Dict[str, dict] = {r: v for r, v in (doc.get("pruned") or {}).items()} if isinstance(doc, dict) else {}
+
+    def next_rung(self, run_id: str) -> Optional[float]:
+        """The first rung this run has not reported at yet (None: it has passed them all)."""
+        for rung in self.p.rungs:
+            if run_id not in self.values.get(_k(rung), {}):
+                return rung
+        return None
+
+    def due(self, run_id: str, last_metrics: dict) -> bool:
+        """Whether the run's newest line is past a rung it has not reported at (its lines are then worth reading)."""
+        rung, progress = self.next_rung(run_id), number(last_metrics.get(self.p.at))
+        return rung is not None and progress is not None and progress >= rung and run_id not in self.pruned
+
+    def observe(self, run_id: str, lines: List[dict], judge: bool = True) -> Optional[Verdict]:
+        """Record the run's value at each rung its lines passed; the first rung that prunes it, or None.
+        `judge=False` (a run that already ended): its values count for later runs, no verdict on it."""
+        for rung in self.p.rungs:
+            seen = self.values.setdefault(_k(rung), {})
+            if run_id in seen:
+                continue
+            value = _value_at(lines, self.p.at, self.metric, rung)
+            if value is None:
+                return None  # not there yet (or the metric is not on any line past it yet)
+            seen[run_id] = value
+            verdict = self._decide(run_id, rung, value, seen)
+            if judge and not verdict.kept:  # the value and the verdict are written together
+                self.pruned[run_id] = {"rung": rung, "value": value, "cutoff": verdict.cutoff, "reported": verdict.reported,
+                                       "kept": verdict.best_k, "metric": self.metric, "at": self.p.at}
+                self.save()
+                return verdict
+            self.save()
+        return None
+
+    def _decide(self, run_id: str, rung: float, value: float, seen: Dict[str, float]) -> Verdict:
+        n = len(seen)
+        if n < self.p.min_runs:
+            return Verdict(run_id, rung, value, None, n, True)
+        k = max(1, math.floor(n * self.p.keep))
+        best = sorted(seen.values(), reverse=self.mode == "max")
+        cutoff = best[k - 1]
+        kept = value >= cutoff if self.mode == "max" else value <= cutoff
+        return Verdict(run_id, rung, value, cutoff, n, kept, k)
+
+    def verdict_of(self, run_id: str) -> Optional[Verdict]:
+        """The pruning verdict a run got earlier (a resumed attempt keeps it)."""
+        v = self.pruned.get(run_id)
+        if not isinstance(v, dict) or number(v.get("value")) is None or number(v.get("cutoff")) is None:
+            return None
+        return Verdict(run_id, float(v.get("rung", 0)), float(v["value"]), float(v["cutoff"]), int(v.get("reported", 0)), False,
+                       int(v.get("kept", 0)))
+
+    def save(self) -> None:
+        put_json(self.store, self.key, {"metric": self.metric, "mode": self.mode, "at": self.p.at, "rungs": list(self.p.rungs),
+                                        "values": self.values, "pruned": self.pruned})
+
+
+def _k(rung: float) -> str:
+    return f"{rung:g}"
+
+
+def _value_at(lines: List[dict], at: str, metric: str, rung: float) -> Optional[float]:
+    """The metric on the first line at or past the rung that carries it."""
+    for line in lines:
+        progress = number(line.get(at))
+        if progress is not None and progress >= rung:
+            value = number(line.get(metric))
+            if value is not None:
+                return value
+    return None

@@ -1,0 +1,126 @@
+"""Time and dollars to a target (`target:` in sweep.yaml): DAWNBench's two numbers, per run and per sweep.
+
+Per run, from its metrics lines (one file across attempts: a resumed run appends), its record and the
+sweep's cost ledger (AWS):
+
+- time_to_target_s: the `elapsed_s` of the first line that meets the target — the run's training
+  seconds summed over its attempts, as the bundled trainer writes them (it restores them on resume);
+- wall_to_target_s: that line's `time` (unix seconds of the write) minus the run's first claim, boots
+  and lost attempts included;
+- usd_to_target: what the run's instances cost from their start up to that moment, wasted attempts
+  included (AWS only).
+
+A command that writes neither `elapsed_s` nor `time` gets `reached` without the times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+from orchestrator.sweep.spec import TargetSection
+
+
+@dataclass
+class ToTarget:
+    reached: bool = False
+    time_to_target_s: Optional[float] = None
+    wall_to_target_s: Optional[float] = None
+    usd_to_target: Optional[float] = None
+
+
+def _num(v) -> Optional[float]:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
+
+
+def entries_of(ledger: Dict[str, dict], run_id: str) -> List[dict]:
+    return [e for e in ledger.values() if e.get("run") == run_id or run_id in (e.get("run_s") or {})]
+
+
+def usd_until(entries: List[dict], run_id: str, until: Optional[float] = None) -> float:
+    """Dollars of a run's instances up to `until` (None: all). A shared instance counts the run's slot
+    time at its share, spread evenly over the instance's life."""
+    total = 0.0
+    for e in entries:
+        start, end, price = float(e.get("start") or 0), float(e.get("end") or 0), float(e.get("price_per_h") or 0)
+        stop = end if until is None else min(end, until)
+        if stop <= start:
+            continue
+        if e.get("slots"):
+            seconds = float((e.get("run_s") or {}).get(run_id, 0.0)) * (stop - start) / max(end - start, 1e-9)
+            total += seconds / 3600 * price / int(e["slots"])
+        else:
+            total += (stop - start) / 3600 * price
+    return total
+
+
+def to_target(target: TargetSection, lines: List[dict], first_started_at: Optional[float],
+              entries: Optional[List[dict]], run_id: str) -> ToTarget:
+    for line in lines:
+        if target.met(line):
+            at = _num(line.get("time"))
+            return ToTarget(
+                reached=True,
+                time_to_target_s=_num(line.get("elapsed_s", line.get("elapsed"))),
+                wall_to_target_s=None if at is None or first_started_at is None else max(0.0, at - first_started_at),
+                usd_to_target=None if entries is None or at is None else usd_until(entries, run_id, at),
+            )
+    return ToTarget()
+
+
+@dataclass
+class Economics:
+    """The sweep's line under the table."""
+
+    runs: int
+    reached: int
+    fastest: Optional[tuple] = None  # (run_id, time_to_target_s or wall_to_target_s)
+    cheapest: Optional[tuple] = None  # (run_id, usd_to_target)
+    total_usd: Optional[float] = None
+    unfinished_attempts_usd: Optional[float] = None  # instances of attempts that did not finish (interrupted, lost, failed)
+    pruned_usd: Optional[float] = None  # everything pruned runs cost
+    on_demand_usd: Optional[float] = None  # the same instance hours at on-demand prices
+
+    def words(self) -> List[str]:
+        out = [f"target: {self.reached} of {self.runs} runs reached it"]
+        if self.fastest:
+            out.append(f"fastest {self.fastest[0]} in {self.fastest[1]:.1f} s")
+        if self.cheapest:
+            out.append(f"cheapest {self.cheapest[0]} for ${self.cheapest[1]:.4f}")
+        line = "; ".join(out)
+        if self.total_usd is not None:
+            line += (f". Spent ${self.total_usd:.4f} in all: ${self.unfinished_attempts_usd or 0:.4f} on attempts that did not "
+                     f"finish (interrupted or failed), ${self.pruned_usd or 0:.4f} on pruned runs")
+            if self.on_demand_usd:
+                saved = self.on_demand_usd - self.total_usd
+                line += (f"; on demand the same hours would have cost ${self.on_demand_usd:.4f} "
+                         f"(saved ${saved:.4f}, {saved / self.on_demand_usd:.0%}; on-demand prices are approximate)")
+        return [line + "."]
+
+
+def economics(rows, ledger: Optional[Dict[str, dict]], attempts: Dict[str, int]) -> Economics:
+    """`rows`: RunResults with their ToTarget filled; `attempts`: each run's last attempt."""
+    from orchestrator.aws.pricing import ledger_cost, on_demand_price
+
+    reached = [r for r in rows if r.to_target.reached]
+    timed = [(r.run_id, r.to_target.time_to_target_s if r.to_target.time_to_target_s is not None else r.to_target.wall_to_target_s)
+             for r in reached]
+    timed = [t for t in timed if t[1] is not None]
+    priced = [(r.run_id, r.to_target.usd_to_target) for r in reached if r.to_target.usd_to_target is not None]
+    eco = Economics(runs=len(rows), reached=len(reached), fastest=min(timed, key=lambda t: t[1]) if timed else None,
+                    cheapest=min(priced, key=lambda t: t[1]) if priced else None)
+    if ledger is None:
+        return eco
+    eco.total_usd = ledger_cost(ledger)
+    pruned = {r.run_id for r in rows if r.state == "pruned"}
+    eco.unfinished_attempts_usd = sum(usd_until([e], e["run"]) for e in ledger.values()
+                                      if e.get("run") and e.get("attempt") and e["attempt"] < attempts.get(e["run"], 0))
+    eco.pruned_usd = sum(usd_until(entries_of(ledger, rid), rid) for rid in pruned)
+    on_demand = 0.0
+    for e in ledger.values():
+        hours = max(0.0, float(e.get("end") or 0) - float(e.get("start") or 0)) / 3600
+        price = float(e.get("price_per_h") or 0.0)
+        od = on_demand_price(e.get("type", ""), price if e.get("market") == "spot" else None) if e.get("market") == "spot" else price
+        on_demand += hours * (od or price)
+    eco.on_demand_usd = on_demand
+    return eco

@@ -1,0 +1,124 @@
+"""`target:` (time and dollars to a target) and `prune:` (asynchronous successive halving)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+import textwrap
+
+import pytest
+
+from orchestrator.control.prune import Rungs
+from orchestrator.store.folder import LocalStore
+from orchestrator.sweep.load import load_sweep
+
+# Each run's test_acc at its rungs (epoch 2 and epoch 4). Arrival is the grid's order (max_parallel 1,
+# and each run waits at a rung until the controller has recorded it there). Worked by hand, with
+# keep 0.34 and min_runs 3 (the cutoff is the k-th best of the n runs at the rung, k = max(1, floor(n * keep))):
+#   rung 2: x=0 (n=1) and x=1 (n=2) go on undecided; x=2 .15 < .45 (k=1): pruned; x=3 .40, x=4 .10: pruned;
+#           x=5 .475 (n=6, k=2, cutoff .45): kept; x=6 .20, x=7 .30 (k=2): pruned; x=8 .35 (n=9, k=3, cutoff .40): pruned
+#   rung 4: x=0 .50, x=1 .90 undecided (n=1, 2); x=5 .85 (n=3, k=1, cutoff .90): pruned
+CURVES = {0: (.25, .50), 1: (.45, .90), 2: (.15, .60), 3: (.40, .70), 4: (.10, .20), 5: (.475, .85), 6: (.20, .30),
+          7: (.30, .40), 8: (.35, .99)}
+PRUNED_AT = {2: 2, 3: 2, 4: 2, 6: 2, 7: 2, 8: 2, 5: 4}
+
+CURVE_SCRIPT = textwrap.dedent('''
+    import json, os, sys, time
+    x, rungs_file = int(sys.argv[1]), sys.argv[2]
+    r2, r4 = CURVES[x]
+    run = os.environ["ORCH_RUN_ID"]
+    for epoch, acc in ((1, r2 / 2), (2, r2), (3, (r2 + r4) / 2), (4, r4)):
+        with open(os.path.join(os.environ["ORCH_RUN_DIR"], "metrics.jsonl"), "a") as f:
+            f.write(json.dumps({"epoch": epoch, "test_acc": acc, "elapsed_s": 10.0 * epoch, "time": time.time()}) + "\\n")
+        if epoch in (2, 4):  # wait for the controller to record this run at the rung: arrival stays in grid order
+            for _ in range(6000):
+                try:
+                    table = json.load(open(rungs_file))
+                    if run in table["values"][str(epoch)] and run not in table["pruned"]:
+                        break  # kept: go on (a pruned run waits here to be stopped)
+                except (OSError, ValueError, KeyError):
+                    pass
+                time.sleep(0.1)
+''')
+
+
+def test_rungs_decide_by_arrival_and_never_twice(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("name: r\ncommand: 'true'\nstore: st\ngrid:\n  x: [0, 1, 2, 3, 4, 5, 6, 7, 8]\n"
+                    "target: {metric: test_acc, value: 0.88}\nprune: {rungs: [2, 4], keep: 0.34, min_runs: 3}\n")
+    spec = load_sweep(path).spec
+    store = LocalStore(str(tmp_path / "st"))
+    rungs = Rungs(store, "r", spec)
+    pruned = {}
+    for x, (r2, r4) in CURVES.items():
+        lines = [{"epoch": 1, "test_acc": r2 / 2}, {"epoch": 2, "test_acc": r2}]
+        v = rungs.observe(f"x={x}", lines)
+        if v is None:
+            v = rungs.observe(f"x={x}", lines + [{"epoch": 3.5}, {"epoch": 4, "test_acc": r4}])
+        if v is not None:
+            pruned[x] = v.rung
+            assert not v.kept and v.reported >= 3 and "pruned at epoch" in v.words("test_acc", "epoch")
+    assert pruned == PRUNED_AT
+    # a resumed attempt passes its rungs again: no second decision, the earlier verdict stands
+    again = Rungs(store, "r", spec)  # a restarted controller reads the table back
+    assert again.observe("x=2", [{"epoch": 2, "test_acc": 0.99}, {"epoch": 4, "test_acc": 0.99}]) is None
+    assert again.verdict_of("x=2").rung == 2 and again.verdict_of("x=1") is None
+    assert not again.due("x=2", {"epoch": 9})
+
+
+@pytest.mark.timeout(600)
+def test_a_pruned_local_sweep_reports_pruned_runs_and_time_to_target(orch, tmp_path):
+    script = tmp_path / "curve.py"
+    script.write_text(f"CURVES = {CURVES!r}\n" + CURVE_SCRIPT)
+    rungs_file = orch.store("asha", "rungs.json")
+    path = orch.sweep(f"""
+        name: asha
+        command: "{sys.executable} {script} {{x}} {rungs_file}"
+        grid:
+          x: [0, 1, 2, 3, 4, 5, 6, 7, 8]
+        max_parallel: 1
+        max_restarts: 0
+        store: store
+        target:
+          metric: test_acc
+          value: 0.88
+        prune:
+          rungs: [2, 4]
+          keep: 0.34
+          min_runs: 3
+    """)
+    r = orch("launch", str(path), timeout=550)
+    assert r.code == 0, r.out + r.err
+    states = {v["run_id"]: v for v in json.loads(orch("status", "asha", "--json").out)["runs"]}
+    assert {rid for rid, v in states.items() if v["state"] == "pruned"} == {f"x={x}" for x in PRUNED_AT}, states
+    assert {rid for rid, v in states.items() if v["state"] == "succeeded"} == {"x=0", "x=1"}
+    assert states["x=1"]["reached"] is True and states["x=0"]["reached"] is False
+    assert "pruned at epoch 4" in states["x=5"]["reason"] and "cutoff 0.9" in states["x=5"]["reason"]
+    assert "✓ target" in orch("status", "asha", "--all").out
+
+    out = tmp_path / "res"
+    c = orch("collect", "asha", "--out", str(out))
+    assert c.code == 0, c.err
+    assert "target: 1 of 9 runs reached it; fastest x=1 in 40.0 s" in c.out, c.out
+    assert "x=3: pruned at epoch 2" in c.out
+    rows = {row["run_id"]: row for row in csv.DictReader(open(out / "runs.csv"))}
+    assert rows["x=1"]["reached"] == "True" and float(rows["x=1"]["time_to_target_s"]) == 40.0
+    assert float(rows["x=1"]["wall_to_target_s"]) > 0 and rows["x=0"]["time_to_target_s"] == ""
+    assert rows["x=4"]["state"] == "pruned" and "cutoff" in rows["x=4"]["reason"]
+    doc = json.loads((out / "runs.json").read_text())
+    assert doc["summary"]["reached"] == 1 and doc["summary"]["fastest"] == ["x=1", 40.0]
+
+
+def test_target_and_prune_errors_name_the_field_and_the_fix(orch, tmp_path):
+    cases = {
+        "target:\n  metric: score\n  value: 3\n": ("target.mode", "mode: max"),
+        "prune:\n  rungs: [2, 4]\n": ("prune.metric", "metric: test_acc"),
+        "prune:\n  metric: test_acc\n  rungs: [4, 2]\n": ("prune.rungs", "must increase"),
+        "prune:\n  metric: test_acc\n  rungs: [2]\n  keep: 1.5\n": ("prune.keep", "less than 1"),
+        "prune:\n  metric: test_acc\n  rung: [2]\n": ("prune", "rung"),
+    }
+    for i, (extra, (field, fix)) in enumerate(cases.items()):
+        path = orch.sweep(f"name: bad{i}\ncommand: 'true'\nstore: store\n" + extra, name=f"bad{i}.yaml")
+        r = orch("launch", str(path), "--dry-run")
+        assert r.code == 2 and field in r.err and fix in r.err and "Traceback" not in r.err, (extra, r.err)
