@@ -191,6 +191,8 @@ class Gate:
                 self._born("pg:" + form.get("GroupName", [""])[0])  # CreateFleet may not know it for a moment
             return answer
         answer = self.forward(environ)
+        if action == "DescribeSpotPriceHistory" and answer[0].startswith("200"):
+            answer = (answer[0], answer[1], spot_history(answer[2]))
         if action == "CreateSecurityGroup" and answer[0].startswith("200"):
             for gid in set(re.findall(rb"sg-[0-9a-f]+", answer[2])):
                 self._born(gid.decode())
@@ -600,3 +602,44 @@ def policies_from_moto(endpoint: str, secret: str) -> Callable[[str], List[dict]
         return docs
 
     return source
+
+
+# --- spot prices ---------------------------------------------------------------------------------
+# moto answers every DescribeSpotPriceHistory with $0.00001 and a timestamp of 2006. The fake answers
+# with plausible prices instead: EXAMPLES, NOT QUOTES (docs/aws.md says so). Each (type, AZ) gets a
+# spot price of 35-50% of the type's published us-east-1 Linux on-demand price (aws.amazon.com/ec2/
+# pricing/on-demand), fixed per AZ, moving by up to ±6% between the entries of the last three days (one
+# every 12 hours, newest first, as EC2 lists them). Types not listed: $0.10/h on demand.
+ON_DEMAND = {"g4dn.xlarge": 0.526, "g5.xlarge": 1.006, "g5.2xlarge": 1.212, "g5.12xlarge": 5.672, "g5.48xlarge": 16.288,
+             "g6.xlarge": 0.8048, "g6.12xlarge": 4.6016, "p3.2xlarge": 3.06, "p3.8xlarge": 12.24, "p4d.24xlarge": 32.7726,
+             "p5.48xlarge": 98.32, "t3.micro": 0.0104, "t3.medium": 0.0416, "c5.xlarge": 0.17, "m5.large": 0.096}
+HISTORY_ENTRIES, HISTORY_EVERY_S = 6, 12 * 3600
+
+
+def spot_price(instance_type: str, az: str, age_s: float = 0.0) -> float:
+    """The fake's spot price of a (type, AZ), `age_s` seconds ago (newest entry: 0)."""
+    h = int(hashlib.sha256(f"{instance_type}/{az}".encode()).hexdigest()[:8], 16)
+    share = 0.35 + 0.15 * (h % 1000) / 999
+    step = int(age_s // HISTORY_EVERY_S)
+    wobble = 1 + 0.06 * ((((h >> 10) + 7 * step) % 13) - 6) / 6
+    return round(ON_DEMAND.get(instance_type, 0.10) * share * wobble, 4)
+
+
+def spot_history(xml: bytes) -> bytes:
+    items = re.findall(rb"<item>.*?</item>", xml, flags=re.S)
+    now = time.time() // HISTORY_EVERY_S * HISTORY_EVERY_S
+    out = []
+    for item in items:
+        itype = re.search(rb"<instanceType>(.*?)</instanceType>", item)
+        az = re.search(rb"<availabilityZone>(.*?)</availabilityZone>", item)
+        if not itype or not az:
+            continue
+        for n in range(HISTORY_ENTRIES):
+            ts = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(now - n * HISTORY_EVERY_S))
+            price = spot_price(itype.group(1).decode(), az.group(1).decode(), n * HISTORY_EVERY_S)
+            entry = re.sub(rb"<spotPrice>.*?</spotPrice>", f"<spotPrice>{price:.6f}</spotPrice>".encode(), item)
+            out.append(re.sub(rb"<timestamp>.*?</timestamp>", f"<timestamp>{ts}</timestamp>".encode(), entry))
+    if not items:
+        return xml
+    start, end = xml.index(items[0]), xml.rindex(items[-1]) + len(items[-1])
+    return xml[:start] + b"".join(out) + xml[end:]

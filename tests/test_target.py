@@ -122,3 +122,57 @@ def test_target_and_prune_errors_name_the_field_and_the_fix(orch, tmp_path):
         path = orch.sweep(f"name: bad{i}\ncommand: 'true'\nstore: store\n" + extra, name=f"bad{i}.yaml")
         r = orch("launch", str(path), "--dry-run")
         assert r.code == 2 and field in r.err and fix in r.err and "Traceback" not in r.err, (extra, r.err)
+
+
+AWS_CURVE = textwrap.dedent('''
+    import json, os, sys, time
+    q = int(sys.argv[1])
+    def line(epoch, acc):
+        with open(os.path.join(os.environ["ORCH_RUN_DIR"], "metrics.jsonl"), "a") as f:
+            f.write(json.dumps({"epoch": epoch, "test_acc": acc, "elapsed_s": 2.0 * epoch, "time": time.time()}) + "\\n")
+    line(1, q / 10)
+    if q < 5:
+        time.sleep(600)  # a losing run: it waits to be pruned
+    time.sleep(4)
+    line(2, 0.95)
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_on_the_fake_cloud_a_pruned_run_loses_its_instance_and_dollars_match_the_ledger(orch, cloud, identity, tmp_path):
+    from orchestrator.aws.pricing import ledger_cost
+    from tests.conftest import run_states
+    from tests.fakecloud import BUCKET
+
+    script = tmp_path / "curve.py"
+    script.write_text(AWS_CURVE)
+    extra = ("grid:\n  q: [9, 1]\nmax_parallel: 1\nmax_restarts: 0\ntarget:\n  metric: test_acc\n  value: 0.9\n"
+             "prune:\n  at: epoch\n  rungs: [1]\n  keep: 0.5\n  min_runs: 2\n")
+    path = orch.sweep(cloud.sweep_yaml("prunecloud", identity, f"{sys.executable} {script} {{q}}", extra=extra,
+                                       heartbeat_s="1", sync_s="2"))
+    assert orch("launch", str(path), "--detach").code == 0
+    from orchestrator.wait import retry_until
+
+    def summary_says_pruned() -> bool:  # the summary record is written at the end of the pass that pruned (and released) it
+        try:
+            doc = json.loads(cloud.client("s3").get_object(Bucket=BUCKET, Key="sweeps/prunecloud/summary.json")["Body"].read())
+        except Exception:
+            return False
+        return any(r["run_id"] == "q=1" and r["state"] == "pruned" for r in doc["runs"])
+
+    retry_until(summary_says_pruned, 400, 0.5, "the summary to say q=1 was pruned")
+    assert not [i for i in cloud.instances("prunecloud") if i["tags"].get("orch:run") == "q=1"], cloud.instances("prunecloud")
+    retry_until(lambda: run_states(orch, "prunecloud")["q=9"]["state"] == "succeeded", 120, 0.5, "q=9 to succeed")
+    out = tmp_path / "res"
+    c = orch("collect", "prunecloud", "--out", str(out))
+    assert c.code == 0, c.err
+    doc = json.loads((out / "runs.json").read_text())
+    rows = {r["run_id"]: r for r in doc["runs"]}
+    ledger = json.loads(cloud.client("s3").get_object(Bucket=BUCKET, Key="sweeps/prunecloud/cost.json")["Body"].read())
+    assert doc["spend_usd"] == pytest.approx(ledger_cost(ledger), abs=1e-3) and doc["spend_usd"] > 0
+    assert rows["q=9"]["reached"] is True and 0 < rows["q=9"]["usd_to_target"] <= rows["q=9"]["cost_usd"] + 1e-6
+    assert rows["q=1"]["state"] == "pruned" and "cutoff 0.9" in rows["q=1"]["reason"]
+    assert doc["summary"]["pruned_usd"] > 0 and doc["summary"]["on_demand_usd"] > doc["spend_usd"]
+    assert "on demand the same hours would have cost" in c.out
+    assert orch("down", "prunecloud", timeout=300).code == 0
