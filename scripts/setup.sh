@@ -18,6 +18,16 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
+# The browser test of `orch tensorboard` renders the page in Debian's chromium; where it cannot be
+# installed, that one test skips and says why.
+if [[ ",$extras," == *",dev,"* ]] && ! command -v chromium >/dev/null 2>&1; then
+  echo "setup: installing chromium with apt-get (for the TensorBoard browser test)"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  { $sudo_cmd apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq chromium >/dev/null; } \
+    || echo "setup: chromium could not be installed; the TensorBoard browser test will skip" >&2
+fi
+
 python="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv with $($python --version)"

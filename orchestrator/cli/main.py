@@ -302,8 +302,11 @@ def status(sweep: Optional[str], as_json: bool, watch: bool, every: bool):
 @click.argument("sweep")
 @click.option("--out", type=click.Path(file_okay=False), help="Output folder (default: results/<sweep>).")
 @click.option("--wide", is_flag=True, help="Show every column, however narrow the terminal (runs.csv always has them all).")
+@click.option("--tensorboard", "tb_dir", type=click.Path(file_okay=False),
+              help="Also write TensorBoard event files there (one folder per run; needs the board extra). "
+                   "`orch tensorboard SWEEP` keeps them current and serves them.")
 @expected_errors
-def collect(sweep: str, out: Optional[str], wide: bool):
+def collect(sweep: str, out: Optional[str], wide: bool, tb_dir: Optional[str]):
     """Gather SWEEP's results: a table here, runs.csv, runs.json and curves.png in --out.
 
     \b
@@ -325,6 +328,13 @@ def collect(sweep: str, out: Optional[str], wide: bool):
 
     for line in results_notes(results):
         con.print(line, markup=False)
+    if tb_dir:
+        from orchestrator.control.board import Board
+
+        board = Board(sw, store, Path(tb_dir))
+        n = board.update()
+        board.close()
+        con.print(f"wrote TensorBoard event files to {tb_dir} ({n} metrics lines). View: tensorboard --logdir {tb_dir}", markup=False)
     con.print(f"wrote {', '.join(str(p) for p in paths)}", markup=False)
 
 
@@ -347,6 +357,7 @@ def cancel(run: str):
 
 from orchestrator.cli.ami import ami  # noqa: E402
 from orchestrator.cli.ops import aws_group, chaos, data, down, gc  # noqa: E402  (registered below)
+from orchestrator.cli.board import tensorboard  # noqa: E402
 from orchestrator.cli.runs import attach, logs  # noqa: E402
 
 main.add_command(ami)
@@ -357,6 +368,7 @@ main.add_command(gc)
 main.add_command(aws_group)
 main.add_command(attach)
 main.add_command(logs)
+main.add_command(tensorboard)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,231 @@
+"""The store as a TensorBoard log directory (`orch tensorboard`, `orch collect --tensorboard`).
+
+One folder per run: each metrics.jsonl line becomes scalars at its `step` (else its `epoch`, else its
+line number), written with TensorBoard's own event writer; the run's parameters are its HParams
+(session start), and its final and best metrics — with `target:` whether and when it was reached,
+on AWS its dollars — are scalars under `hparams/` that the HParams dashboard lists as metrics.
+
+Kept current pass after pass: per run, the byte offset of the metrics file already converted and the
+last step written are kept in `<logdir>/.orch-board.json`; a pass converts only new complete lines,
+and a line whose step is not past the last one written (a resumed attempt writing again the steps
+its predecessor wrote after its last checkpoint) is skipped, so a curve never doubles back. Only runs
+that are live, or not yet converted since they ended, are read: a pass costs O(active runs).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from orchestrator.errors import OrchError
+from orchestrator.store.base import Store, read_jsonl
+from orchestrator.store.status import CANCELLED, FAILED, PRUNED, SUCCEEDED, read_status
+from orchestrator.sweep.spec import Sweep
+
+STATE_FILE = ".orch-board.json"
+INSTALL = "pip install 'orch[board]'   (or: pip install tensorboard)"
+STEP_KEYS = ("step", "epoch")
+SKIP = ("time",)  # not a curve
+FINAL = (SUCCEEDED, FAILED, CANCELLED, PRUNED)
+
+
+def need_tensorboard() -> None:
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        raise OrchError(f"TensorBoard is not installed (it is an optional extra). Install it: {INSTALL}", exit_code=2) from None
+
+
+def _num(v: Any) -> Optional[float]:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+@dataclass
+class RunBoard:
+    offset: int = 0  # bytes of metrics.jsonl converted
+    step: Optional[float] = None  # last step written
+    index: int = 0  # lines converted (the step of lines without step/epoch)
+    done: bool = False  # converted after the run ended: never read again
+    best: Dict[str, float] = field(default_factory=dict)
+    last: Dict[str, float] = field(default_factory=dict)
+
+
+class Board:
+    def __init__(self, sweep: Sweep, store: Store, logdir: Path):
+        need_tensorboard()
+        self.sweep, self.store, self.logdir = sweep, store, Path(logdir)
+        self.name = sweep.spec.name
+        try:
+            self.logdir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OrchError(f"cannot write the TensorBoard folder {self.logdir}: {exc.strerror or exc}. Pass another with --logdir.",
+                            exit_code=2) from None
+        self.runs: Dict[str, RunBoard] = {}
+        saved = self._load()
+        for rid, data in saved.get("runs", {}).items():
+            try:
+                self.runs[rid] = RunBoard(**data)
+            except TypeError:
+                pass
+        self.writers: Dict[str, Any] = {}
+        self.metric_tags: List[str] = list(saved.get("metric_tags", []))
+        self.passes = 0
+
+    # --- one pass ----------------------------------------------------------------------------
+
+    def update(self) -> int:
+        """Convert what is new; returns the number of lines written in this pass."""
+        from orchestrator.control.summary import read as read_summary
+
+        self.passes += 1
+        order = [r.run_id for r in self.sweep.runs]
+        views = read_summary(self.store, self.name, order)
+        wrote = 0
+        for run in self.sweep.runs:
+            rb = self.runs.get(run.run_id)
+            if rb is not None and rb.done:
+                continue
+            view = views.get(run.run_id) if views else None
+            if view is not None and view.state == "queued" and rb is None:
+                continue  # nothing to read yet
+            wrote += self._convert(run, rb or RunBoard())
+        self._experiment()
+        self._save()
+        for w in self.writers.values():
+            w.flush()
+        return wrote
+
+    def _convert(self, run, rb: RunBoard) -> int:
+        from orchestrator.control.target import to_target
+
+        data = self.store.get_bytes(f"{self.name}/{run.run_id}/metrics.jsonl") or b""
+        status = read_status(self.store, self.name, run.run_id)
+        new = data[rb.offset:]
+        complete = new[:new.rfind(b"\n") + 1] if b"\n" in new else b""
+        fresh = run.run_id not in self.runs  # first seen by this log directory: its HParams session starts
+        self.runs[run.run_id] = rb
+        writer = self._writer(run.run_id)
+        if fresh:
+            self._session(run, writer)
+        lines = read_jsonl(complete)
+        wrote = 0
+        for line in lines:
+            step = next((_num(line.get(k)) for k in STEP_KEYS if _num(line.get(k)) is not None), None)
+            rb.index += 1
+            step = float(rb.index) if step is None else step
+            if rb.step is not None and step <= rb.step:
+                continue  # a resumed attempt writing again what the run already has
+            rb.step = step
+            wall = _num(line.get("time")) or time.time()
+            values = {k: v for k, v in ((k, _num(v)) for k, v in line.items() if k not in SKIP) if v is not None}
+            self._scalars(writer, values, step, wall)
+            for k, v in values.items():
+                rb.last[k] = v
+                if k.endswith("acc"):
+                    rb.best[k] = max(rb.best.get(k, v), v)
+                elif k.endswith("loss"):
+                    rb.best[k] = min(rb.best.get(k, v), v)
+            wrote += 1
+        rb.offset += len(complete)
+        if wrote or status.state in FINAL:
+            hp = {f"hparams/final_{k}": v for k, v in rb.last.items() if k not in STEP_KEYS}
+            hp.update({f"hparams/best_{k}": v for k, v in rb.best.items()})
+            target = self.sweep.spec.target
+            if target is not None:
+                t = to_target(target, read_jsonl(data), status.first_started_at, None, run.run_id)
+                hp["hparams/reached"] = 1.0 if t.reached else 0.0
+                if t.time_to_target_s is not None:
+                    hp["hparams/time_to_target_s"] = t.time_to_target_s
+            cost = self._cost(run.run_id)
+            if cost is not None:
+                hp["hparams/usd"] = cost
+            self._scalars(writer, hp, rb.step or 0.0, time.time())
+            for tag in hp:
+                if tag not in self.metric_tags:
+                    self.metric_tags.append(tag)
+        if status.state in FINAL and not new[len(complete):].strip():
+            rb.done = True  # ended and converted: never read again
+        return wrote
+
+    def _cost(self, run_id: str) -> Optional[float]:
+        if self.sweep.spec.backend != "aws":
+            return None
+        from orchestrator.aws.pricing import per_run
+        from orchestrator.store.base import get_json
+
+        ledger = get_json(self.store, f"{self.name}/cost.json")
+        return per_run(ledger)[run_id][0] if ledger and run_id in per_run(ledger) else None
+
+    # --- writing -----------------------------------------------------------------------------
+
+    def _writer(self, run_id: str):
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        if run_id not in self.writers:
+            self.writers[run_id] = EventFileWriter(str(self.logdir / run_id))
+        return self.writers[run_id]
+
+    def _scalars(self, writer, values: Dict[str, float], step: float, wall: float) -> None:
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+
+        if not values:
+            return
+        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in values.items()])
+        writer.add_event(event_pb2.Event(wall_time=wall, step=int(step), summary=summary))
+
+    def _session(self, run, writer) -> None:
+        from tensorboard.compat.proto import event_pb2
+        from tensorboard.plugins.hparams import summary_v2 as hp
+
+        params = {k: v for k, v in run.params.items() if isinstance(v, (bool, int, float, str))}
+        writer.add_event(event_pb2.Event(wall_time=time.time(), summary=hp.hparams_pb(params, trial_id=run.run_id)))
+
+    def _experiment(self) -> None:
+        """The HParams dashboard's columns: every param of the sweep, every metric written so far."""
+        from tensorboard.compat.proto import event_pb2
+        from tensorboard.plugins.hparams import summary_v2 as hp
+
+        key = json.dumps(self.metric_tags)
+        if getattr(self, "_experiment_key", None) == key:
+            return
+        self._experiment_key = key
+        values: Dict[str, list] = {}
+        for run in self.sweep.runs:
+            for k, v in run.params.items():
+                if isinstance(v, (bool, int, float, str)) and v not in values.setdefault(k, []):
+                    values[k].append(v)
+        hparams = []
+        for k, vs in values.items():
+            same = all(type(v) is type(vs[0]) for v in vs) and not isinstance(vs[0], bool)
+            hparams.append(hp.HParam(k, hp.Discrete(vs)) if same else hp.HParam(k))
+        pb = hp.hparams_config_pb(hparams=hparams, metrics=[hp.Metric(t) for t in self.metric_tags])
+        self._experiment_pb = pb
+        for run_id in list(self.runs):  # in each run's own folder (a folder of its own would show as one more run)
+            self._writer(run_id).add_event(event_pb2.Event(wall_time=time.time(), summary=pb))
+
+    # --- state -------------------------------------------------------------------------------
+
+    def _load(self) -> dict:
+        try:
+            data = json.loads((self.logdir / STATE_FILE).read_text())
+            return data if isinstance(data, dict) and data.get("sweep") == self.name else {}
+        except (OSError, ValueError):
+            return {}
+
+    def _save(self) -> None:
+        from dataclasses import asdict
+
+        doc = {"sweep": self.name, "metric_tags": self.metric_tags, "runs": {rid: asdict(rb) for rid, rb in self.runs.items()}}
+        tmp = self.logdir / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(self.logdir / STATE_FILE)
+
+    def close(self) -> None:
+        for w in self.writers.values():
+            w.close()
