@@ -447,6 +447,8 @@ class Gate:
                 checks.append(("s3:ListBucket", bucket_arn, ctx))
             elif method == "HEAD":
                 checks.append(("s3:ListBucket", bucket_arn, {}))
+            elif method == "GET" and "encryption" in query:  # GetBucketEncryption's IAM action (S3 actions reference)
+                checks.append(("s3:GetEncryptionConfiguration", bucket_arn, {}))
             elif method == "POST" and "delete" in query:
                 for k in re.findall(rb"<Key>(.*?)</Key>", body):
                     checks.append(("s3:DeleteObject", f"{bucket_arn}/{k.decode()}", {}))

@@ -65,3 +65,30 @@ def test_a_run_is_not_packed_where_the_safety_net_shutdown_would_cut_it():
 
     assert fits(240, 60, 100) and not fits(240, 60, 180)  # 60 min left: not enough for a 60-min run plus its sync
     assert fits(240, None, 100) and not fits(240, None, 130)  # without a timeout: at least half the instance's life left
+
+
+def test_a_bucket_encrypted_with_a_kms_key_gets_that_key_in_the_instance_profile(orch, cloud, identity, monkeypatch):
+    """S3 user guide, "Using SSE-KMS": reading an SSE-KMS object needs kms:Decrypt on its key, writing needs
+    kms:GenerateDataKey. Preflight reads the bucket's default encryption (s3:GetEncryptionConfiguration, in the
+    documented policy) and grants the key to the instance role it creates."""
+    import json as _json
+
+    from tests.fakecloud import BUCKET
+
+    key = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    cloud.client("s3").put_bucket_encryption(Bucket=BUCKET, ServerSideEncryptionConfiguration={"Rules": [
+        {"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "aws:kms", "KMSMasterKeyID": key}}]})
+    for k, v in cloud.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("ORCH_HOME", str(orch.home))
+    sweep = load_sweep(orch.sweep(cloud.sweep_yaml("kmsb", identity, "true")))
+    backend = AwsBackend(sweep)
+    backend.preflight()
+    try:
+        doc = cloud.client("iam").get_role_policy(RoleName="orch-kmsb", PolicyName="orch-sweep")["PolicyDocument"]
+        doc = _json.loads(doc) if isinstance(doc, str) else doc
+        granted = [s for s in doc["Statement"] if "kms:Decrypt" in s["Action"]]
+        assert granted and granted[0]["Resource"] == [key] and "kms:GenerateDataKey" in granted[0]["Action"], doc
+        assert "s3:GetEncryptionConfiguration" not in cloud.gate.denied
+    finally:
+        backend.teardown()

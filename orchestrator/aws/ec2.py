@@ -168,9 +168,46 @@ def ensure_security_group(ec2, sweep: str, vpc_id: str, cidr: str) -> str:
     return gid
 
 
-def instance_profile_policy(bucket: str, prefix: str, sweep: str, data: Sequence[str] = ()) -> dict:
-    """What an instance of the sweep may do: its own S3 prefix, read its `data:` prefixes, and
-    terminate (and untag: a packed run gives its slot back) instances of its sweep."""
+def bucket_kms_keys(s3, buckets: Sequence[str]) -> List[str]:
+    """The customer-managed KMS keys the buckets encrypt new objects with by default (GetBucketEncryption;
+    IAM action s3:GetEncryptionConfiguration): an instance must be allowed to use them to read (kms:Decrypt)
+    and write (kms:GenerateDataKey) there. A bucket without SSE-KMS, or with the AWS managed key aws/s3
+    (whose key policy already lets the account use it through S3), adds nothing; one whose configuration
+    orch may not read is logged and skipped."""
+    from botocore.exceptions import ClientError
+
+    keys: List[str] = []
+    for b in dict.fromkeys(buckets):
+        try:
+            rules = s3.get_bucket_encryption(Bucket=b)["ServerSideEncryptionConfiguration"]["Rules"]
+        except ClientError as exc:
+            if _code(exc) not in ("ServerSideEncryptionConfigurationNotFoundError",):
+                log.warning("cannot read the default encryption of bucket %s (%s): if it uses a KMS key of yours, the instances "
+                            "may not read or write it. Allow s3:GetEncryptionConfiguration (see `orch aws policy`).", b, _code(exc))
+            continue
+        for rule in rules:
+            default = rule.get("ApplyServerSideEncryptionByDefault") or {}
+            key = default.get("KMSMasterKeyID")
+            if default.get("SSEAlgorithm", "").startswith("aws:kms") and key and key not in keys:
+                keys.append(key)
+    return keys
+
+
+def kms_statements(keys: Sequence[str]) -> List[dict]:
+    """kms:Decrypt and kms:GenerateDataKey on the keys: by ARN where the bucket names one; a key id or
+    alias cannot be a policy resource, so those are allowed on any key, only when S3 calls KMS."""
+    actions = ["kms:Decrypt", "kms:GenerateDataKey"]
+    arns = [k for k in keys if k.startswith("arn:")]
+    out = [{"Effect": "Allow", "Action": actions, "Resource": arns}] if arns else []
+    if len(arns) < len(keys):
+        out.append({"Effect": "Allow", "Action": actions, "Resource": "*", "Condition": {"StringLike": {"kms:ViaService": "s3.*.amazonaws.com"}}})
+    return out
+
+
+def instance_profile_policy(bucket: str, prefix: str, sweep: str, data: Sequence[str] = (), kms_keys: Sequence[str] = ()) -> dict:
+    """What an instance of the sweep may do: its own S3 prefix, read its `data:` prefixes (and use the
+    KMS keys those buckets encrypt with), and terminate (and untag: a packed run gives its slot back)
+    instances of its sweep."""
     base = f"{prefix}/{sweep}" if prefix else sweep
     reads = []
     for url in data:
@@ -190,11 +227,11 @@ def instance_profile_policy(bucket: str, prefix: str, sweep: str, data: Sequence
              "Condition": {"StringEquals": {"aws:ResourceTag/orch:sweep": sweep}}},
         ],
     }
-    policy["Statement"] += reads
+    policy["Statement"] += reads + kms_statements(kms_keys)
     return policy
 
 
-def ensure_instance_profile(iam, sweep: str, bucket: str, prefix: str, data: Sequence[str] = ()) -> str:
+def ensure_instance_profile(iam, sweep: str, bucket: str, prefix: str, data: Sequence[str] = (), kms_keys: Sequence[str] = ()) -> str:
     """The sweep's role + instance profile (created or updated), found by name; returns the profile name."""
     from botocore.exceptions import ClientError
 
@@ -207,7 +244,7 @@ def ensure_instance_profile(iam, sweep: str, bucket: str, prefix: str, data: Seq
         except ClientError as exc:
             if _code(exc) != "EntityAlreadyExists":
                 raise
-        iam.put_role_policy(RoleName=name, PolicyName="orch-sweep", PolicyDocument=json.dumps(instance_profile_policy(bucket, prefix, sweep, data)))
+        iam.put_role_policy(RoleName=name, PolicyName="orch-sweep", PolicyDocument=json.dumps(instance_profile_policy(bucket, prefix, sweep, data, kms_keys)))
         try:
             profile = iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"]
         except ClientError as exc:

@@ -40,7 +40,7 @@ def controller_policy(bucket: Optional[str] = None) -> dict:
             {"Sid": "IamList", "Effect": "Allow", "Resource": "*", "Action": ["iam:ListInstanceProfiles"]},
             {"Sid": "SpotServiceRoles", "Effect": "Allow", "Resource": "*", "Action": "iam:CreateServiceLinkedRole",
              "Condition": {"StringEquals": {"iam:AWSServiceName": ["spot.amazonaws.com", "ec2fleet.amazonaws.com"]}}},
-            {"Sid": "Store", "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": f"arn:aws:s3:::{b}"},
+            {"Sid": "Store", "Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetEncryptionConfiguration"], "Resource": f"arn:aws:s3:::{b}"},
             {"Sid": "StoreObjects", "Effect": "Allow", "Resource": f"arn:aws:s3:::{b}/*", "Action": list(S3_OBJECT_ACTIONS)},
         ],
     }

@@ -100,8 +100,10 @@ class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
                 profile = cfg.instance_profile
                 if profile == "create":
                     bucket, _, prefix = self.sweep.store_url[len("s3://"):].partition("/")
-                    profile = api.ensure_instance_profile(api.client("iam", cfg.region), sweep, bucket, prefix.strip("/"),
-                                                          [e.source for e in self.sweep.spec.data or []])
+                    sources = [e.source for e in self.sweep.spec.data or []]
+                    buckets = [bucket] + [u[len("s3://"):].partition("/")[0] for u in sources if u.startswith("s3://")]
+                    profile = api.ensure_instance_profile(api.client("iam", cfg.region), sweep, bucket, prefix.strip("/"), sources,
+                                                          api.bucket_kms_keys(api.client("s3", cfg.region), buckets))
                 public_ip = cfg.ssh.address == "public_ip" and not all(s["MapPublicIpOnLaunch"] for s in subnets)
                 data = api.launch_template_data(image, sg, cfg.volume_gb, profile, public_ip)
                 template = api.ensure_launch_template(self.ec2, sweep, data)
