@@ -169,7 +169,8 @@ class Controller:
             return
         if not self.rungs.due(rid, status.last_metrics):
             return
-        lines = read_jsonl(self.store.get_bytes(f"{self.name}/{rid}/metrics.jsonl"))
+        # the agent reports the newest line each heartbeat, but syncs the file less often: the newest line ends the list
+        lines = read_jsonl(self.store.get_bytes(f"{self.name}/{rid}/metrics.jsonl")) + [status.last_metrics]
         live = status.state in ACTIVE
         verdict = self.rungs.observe(rid, lines, judge=live)
         if verdict is not None:
