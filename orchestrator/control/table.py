@@ -19,12 +19,13 @@ from orchestrator.store.base import Store
 from orchestrator.store.status import QUEUED, RunStatus, read_versioned
 from orchestrator.sweep.spec import Sweep
 
-READERS = 16  # parallel record reads (S3 answers each in tens of milliseconds)
+READERS = 10  # parallel record reads (S3 answers each in tens of milliseconds); botocore keeps 10 connections a client
+SEQUENTIAL = 64  # fewer records than this are read one after the other
 
 
 def read_many(store: Store, sweep: str, run_ids: List[str]) -> Dict[str, tuple]:
     """{run_id: (status, version)}, read in parallel when there are several."""
-    if len(run_ids) <= 2:
+    if len(run_ids) <= SEQUENTIAL:  # a pass's few live runs: one kept-alive connection costs less CPU than threads
         return {rid: read_versioned(store, sweep, rid) for rid in run_ids}
     with ThreadPoolExecutor(max_workers=min(READERS, len(run_ids))) as pool:
         return dict(zip(run_ids, pool.map(lambda rid: read_versioned(store, sweep, rid), run_ids)))
