@@ -176,3 +176,20 @@ def test_on_the_fake_cloud_a_pruned_run_loses_its_instance_and_dollars_match_the
     assert doc["summary"]["pruned_usd"] > 0 and doc["summary"]["on_demand_usd"] > doc["spend_usd"]
     assert "on demand the same hours would have cost" in c.out
     assert orch("down", "prunecloud", timeout=300).code == 0
+
+
+def test_a_relaunch_may_change_the_target_and_collect_by_name_uses_the_new_one(orch, tmp_path):
+    script = tmp_path / "one_line.py"
+    script.write_text("import json, os\nopen(os.path.join(os.environ['ORCH_RUN_DIR'], 'metrics.jsonl'), 'a').write("
+                      "json.dumps({'epoch': 1, 'test_acc': 0.92, 'elapsed_s': 3.0}) + '\\n')\n")
+    text = f"name: moving\ncommand: '{sys.executable} {script}'\nstore: store\ntarget:\n  metric: test_acc\n  value: VALUE\n"
+    assert orch("launch", str(orch.sweep(text.replace("VALUE", "0.95")))).code == 0
+    first = orch("collect", "moving", "--out", str(tmp_path / "a"))
+    assert "target: 0 of 1 runs reached it" in first.out, first.out
+    again = orch("launch", str(orch.sweep(text.replace("VALUE", "0.9"))))
+    assert again.code == 0, again.err
+    second = orch("collect", "moving", "--out", str(tmp_path / "b"))
+    assert "target: 1 of 1 runs reached it; fastest run in 3.0 s" in second.out, second.out
+    pruned = text.replace("VALUE", "0.8") + "prune:\n  rungs: [1]\n"
+    refused = orch("launch", str(orch.sweep(pruned)), "--dry-run")
+    assert refused.code == 2 and "changed: prune, target" in refused.err, refused.err

@@ -302,7 +302,7 @@ def train(cfg: dict) -> dict:
             st["loss_sum"] += fold_loss(loss_acc, world)
             row = dict(step=st["step"], epoch=round(epoch + 1 if place is None or place[0] != epoch else epoch + (pos + B) / n, 4), elapsed_s=round(st["train_time"], 3),
                        lr=lr, train_loss=st["loss_sum"] / max(st["loss_n"], 1), image_size=size, batch_size=B,
-                       images_per_s=round(epoch_images / max(epoch_time, 1e-9), 1))
+                       images_per_s=round(epoch_images / max(epoch_time, 1e-9), 1), time=round(time.time(), 3))  # wall clock: orch's wall time to a target
         if end_of_epoch:
             acc = evaluate(ema_model if ema_model is not None else model, source, cfg, autocast, eval_size, rank, world)
             st["acc"], st["best_acc"] = acc, max(st["best_acc"], acc)

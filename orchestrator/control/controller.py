@@ -90,6 +90,9 @@ class Controller:
         Returns True when the sweep is new.
         """
         existing = check_recorded(self.sweep, self.store, self.state)
+        if existing is not None and any(existing.get("spec", {}).get(k) != self.sweep.resolved().get(k) for k in REPORT_ONLY):
+            existing["spec"] = {**existing["spec"], **{k: self.sweep.resolved().get(k) for k in REPORT_ONLY}}
+            put_json(self.store, f"{self.name}/sweep.json", existing)  # the new target, for status and collect by name
         if existing is None:
             put_json(self.store, f"{self.name}/sweep.json", {"spec": self.sweep.resolved(), "launched_at": time.time(),
                                                            "spec_file": str(self.sweep.path)})
@@ -337,6 +340,9 @@ class Controller:
         return last[0]
 
 
+REPORT_ONLY = ("target",)  # changes nothing a run does (unless prune: compares by it): a relaunch may change it
+
+
 def check_recorded(sweep: Sweep, store: Store, state: State) -> Optional[dict]:
     """What launch checks before it acts (a dry run checks the same): the sweep's record in the store,
     which must match this file; and the name, which must not move to another store. Read-only."""
@@ -346,7 +352,8 @@ def check_recorded(sweep: Sweep, store: Store, state: State) -> Optional[dict]:
     if existing is not None:
         before = existing.get("spec", {})
         changed = sorted(k for k in set(before) | set(resolved) if before.get(k) != resolved.get(k)
-                         and not (k == "grid_order" and k not in before))  # recorded before orch kept the order
+                         and not (k == "grid_order" and k not in before)  # recorded before orch kept the order
+                         and not (k in REPORT_ONLY and before.get("prune") is None and resolved.get("prune") is None))
         if changed:
             raise OrchError(
                 f"{sweep.path}: a different sweep named {sweep.spec.name!r} already exists in {store.url} "

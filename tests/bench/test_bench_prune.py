@@ -55,7 +55,7 @@ def test_pruning_costs_a_fraction_of_the_grid(orch, tmp_path):
     full = sweep(orch, tmp_path, "grid", "")
     asha = sweep(orch, tmp_path, "asha", "prune:\n  metric: test_acc\n  rungs: [1, 3]\n  keep: 0.34\n  min_runs: 3\n")
     ratio = asha["run_s"] / full["run_s"]
-    print(f"\n27 runs x 8 epochs of 1 s, 3 at a time:")
+    print("\n27 runs x 8 epochs of 1 s, 3 at a time:")
     print(f"  whole grid:   {full['run_s']:.1f} run-seconds, best {full['best']} test_acc {full['best_acc']:.4f}")
     print(f"  with prune:   {asha['run_s']:.1f} run-seconds, best {asha['best']} test_acc {asha['best_acc']:.4f} ({asha['pruned']} pruned)")
     print(f"  ratio: {ratio:.2f} of the run-seconds (goal <= 0.40), same best: {asha['best'] == full['best']}")
