@@ -167,7 +167,7 @@ def test_a_pass_reads_the_active_runs_only(tmp_path, monkeypatch):
             break
         for rid in list(hosts.hosts):
             hosts.report(rid, SUCCEEDED, 0)
-    assert passes[0] >= 300  # the first pass reads every record (there is no summary yet)
+    assert 300 <= passes[0] <= 320, passes[0]  # the first pass reads every record once (there is no summary yet)
     steady = passes[5:]
     # per pass: sweep.json exists, the touched markers, 3 running records, 3 finished ones found, 3 queued read
     # before their claim, 3 claims, the summary: about 15 — never O(runs)

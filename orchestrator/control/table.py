@@ -42,6 +42,7 @@ class RunTable:
         self.views: Dict[str, RunView] = {rid: _queued(rid) for rid in self.order}
         self.final: Set[str] = set()
         self.watch: Set[str] = set()  # read every pass
+        self.fresh: Set[str] = set()  # read by load() in this very pass
         self.queue: Deque[str] = deque()  # presumed queued: read only when about to be claimed, in this order
         self.loaded = False
         self.changed = True  # a view changed since the summary was last written
@@ -54,6 +55,7 @@ class RunTable:
         if summary is None:
             records = read_many(self.store, self.name, self.order)
             self.update(records)
+            self.fresh = set(self.order)  # read just now: the first pass decides them without reading again
             for rid in self.order:
                 status = records[rid][0]
                 (self.queue.append if status.state == QUEUED and status.attempt == 0 else self.watch.add)(rid)
@@ -83,7 +85,8 @@ class RunTable:
     def read_tracked(self) -> List[str]:
         """Read the runs followed every pass; returns them in grid order."""
         tracked = sorted(self.watch, key=self.index.__getitem__)
-        self.update(read_many(self.store, self.name, tracked))
+        self.update(read_many(self.store, self.name, [rid for rid in tracked if rid not in self.fresh]))
+        self.fresh = set()
         return tracked
 
     def take_queued(self) -> Optional[str]:
