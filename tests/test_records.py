@@ -124,3 +124,26 @@ def test_the_controller_never_claims_over_a_record_that_changed_since_it_read_it
     assert (after.state, after.attempt) == (RUNNING, 1), after  # the woken agent's record stands
     controller.step()  # and the next pass, seeing it alive, leaves it alone
     assert backend.started == [] and read_status(store, "rec", "run").attempt == 1
+
+
+def test_a_writer_stuck_holding_a_records_lock_does_not_block_the_others(tmp_path, monkeypatch):
+    """An agent stopped (SIGSTOP) or stalled while it holds the folder lock of its record must not hang the
+    controller: the lock is held for a compare and a rename only, and one not had in time counts as a change."""
+    import fcntl
+    import os
+
+    from orchestrator.store import folder
+
+    store = folder.LocalStore(str(tmp_path / "store"))
+    key = "sw/.orch/r/status.json"
+    assert store.put_if(key, b"one", None)
+    version = store.get_versioned(key)[1]
+    holder = os.open(tmp_path / "store" / "sw" / ".orch" / "r", os.O_RDONLY)  # another open file: flock conflicts
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    monkeypatch.setattr(folder, "LOCK_WAIT_S", 0.3)
+    try:
+        assert store.put_if(key, b"two", version) is None  # refused, not blocked
+        assert store.get_bytes(key) == b"one" and not list((tmp_path / "store" / "sw" / ".orch" / "r").glob("*.tmp"))
+    finally:
+        os.close(holder)
+    assert store.put_if(key, b"two", version) and store.get_bytes(key) == b"two"

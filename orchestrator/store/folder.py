@@ -6,6 +6,8 @@ import fcntl
 import hashlib
 import os
 import shutil
+import tempfile
+import time
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -42,6 +44,22 @@ def _copy_tree(src_root: Path, dst_root: Path, hashes: HashCache, only: Optional
 
 
 
+LOCK_WAIT_S = 10.0
+
+
+def _lock(fd: int, wait_s: float) -> bool:
+    """flock(LOCK_EX) within wait_s (closing fd releases it)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
+
 class LocalStore:
     """A store in a local folder."""
 
@@ -70,17 +88,30 @@ class LocalStore:
         return data, None if data is None else hashlib.sha256(data).hexdigest()
 
     def put_if(self, key: str, data: bytes, version: Optional[str]) -> Optional[str]:
+        """Writers of a folder's records take turns (flock on the folder). The new file is written and
+        fsynced before the lock is taken, so the lock is held for a compare and a rename only: a writer
+        stopped or stalled (SIGSTOP, a slow disk) while holding it blocks the others for microseconds, not
+        for ever. A lock not had within LOCK_WAIT_S counts as a changed record (None: decide again)."""
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path.parent, os.O_RDONLY)  # writers of this folder's records take turns (flock on the folder)
+        fd_tmp, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            if self.get_versioned(key)[1] != version:
-                return None
-            atomic_write(path, data)
-            return hashlib.sha256(data).hexdigest()
+            with os.fdopen(fd_tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                if not _lock(fd, LOCK_WAIT_S):
+                    return None
+                if self.get_versioned(key)[1] != version:
+                    return None
+                os.replace(tmp, path)
+                return hashlib.sha256(data).hexdigest()
+            finally:
+                os.close(fd)
         finally:
-            os.close(fd)
+            Path(tmp).unlink(missing_ok=True)
 
     def list(self, prefix: str) -> List[str]:
         base = self._path(prefix)
