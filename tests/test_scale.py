@@ -12,7 +12,8 @@ import pytest
 
 from orchestrator.backends.base import BackendBase, Host
 from orchestrator.contract import RunTask
-from orchestrator.control.controller import Controller, cancel_run
+from orchestrator.control.actions import cancel_run
+from orchestrator.control.controller import Controller
 from orchestrator.control.state import State
 from orchestrator.store.status import FAILED, RUNNING, SUCCEEDED, RunStatus, read_status, update_status
 from orchestrator.sweep.load import load_sweep

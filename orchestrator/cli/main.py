@@ -239,7 +239,7 @@ def status(sweep: Optional[str], as_json: bool, watch: bool, every: bool):
       orch status local-smoke --json
     """
     from orchestrator.cli.render import runs_table, summary_line
-    from orchestrator.control.controller import observe
+    from orchestrator.control.actions import observe
     from orchestrator.control.state import State, SweepLock
     from orchestrator.wait import retry_until
 
@@ -348,7 +348,7 @@ def cancel(run: str):
     Example:
       orch cancel 'lr=0.1,seed=0'
     """
-    from orchestrator.control.controller import cancel_run
+    from orchestrator.control.actions import cancel_run
 
     sweep, run_id = resolve_run(run)
     backend, store, _ = _parts(sweep)

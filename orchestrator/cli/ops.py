@@ -35,7 +35,7 @@ def chaos_interrupt_cmd(run: str, grace: float):
     Example:
       orch chaos interrupt 'lr=0.1,seed=0'
     """
-    from orchestrator.control.controller import chaos_interrupt
+    from orchestrator.control.actions import chaos_interrupt
 
     sweep, run_id = resolve_run(run)
     backend, store, _ = _parts(sweep)
@@ -102,7 +102,7 @@ def _down_leftovers(name: str) -> None:
 
 
 def _down_one(sw) -> List[str]:
-    from orchestrator.control.controller import stop_sweep
+    from orchestrator.control.actions import stop_sweep
     from orchestrator.control.state import SweepLock
     from orchestrator.wait import Timeout, retry_until
 

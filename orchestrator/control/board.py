@@ -84,6 +84,7 @@ class Board:
         from orchestrator.control.summary import read as read_summary
 
         self.passes += 1
+        self._costs: Optional[Dict[str, tuple]] = None  # the ledger, read when the first run of this pass needs it
         order = [r.run_id for r in self.sweep.runs]
         views = read_summary(self.store, self.name, order)
         wrote = 0
@@ -154,13 +155,15 @@ class Board:
         return wrote
 
     def _cost(self, run_id: str) -> Optional[float]:
+        """The run's dollars from the sweep's cost ledger, read once per pass (AWS only)."""
         if self.sweep.spec.backend != "aws":
             return None
-        from orchestrator.aws.pricing import per_run
-        from orchestrator.store.base import get_json
+        if self._costs is None:
+            from orchestrator.aws.pricing import per_run
+            from orchestrator.store.base import get_json
 
-        ledger = get_json(self.store, f"{self.name}/cost.json")
-        return per_run(ledger)[run_id][0] if ledger and run_id in per_run(ledger) else None
+            self._costs = per_run(get_json(self.store, f"{self.name}/cost.json") or {})
+        return self._costs[run_id][0] if run_id in self._costs else None
 
     # --- writing -----------------------------------------------------------------------------
 

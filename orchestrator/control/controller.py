@@ -19,7 +19,7 @@ from orchestrator.backends.base import Backend, Host
 from orchestrator.control import summary
 from orchestrator.control.prune import Rungs, Verdict
 from orchestrator.control.state import State
-from orchestrator.control.table import RunTable, read_many
+from orchestrator.control.table import RunTable
 from orchestrator.control.views import Progress, RunView, view_of
 from orchestrator.errors import OrchError
 from orchestrator.store.base import Store, get_json, put_json, read_jsonl
@@ -32,11 +32,9 @@ from orchestrator.store.status import (
     LOST,
     QUEUED,
     STARTING,
-    STOPPED,
     SUCCEEDED,
     RunStatus,
     PRUNED,
-    read_status,
     update_status,
     write_if,
 )
@@ -374,99 +372,3 @@ def live_hosts(backend: Backend) -> Tuple[Dict[str, Host], List[Host]]:
         if present < h.nodes and not h.provisioning:
             hosts[run_id] = replace(h, missing=h.nodes - present)
     return hosts, every
-
-
-def observe(sweep: Sweep, backend: Backend, store: Store, every: bool = False) -> Progress:
-    """What each run is doing, without acting (for `orch status`). From the summary record plus the
-    records of live, hosted and touched runs — O(active runs); `every` reads every record instead."""
-    from orchestrator.aws.pricing import ledger_cost
-
-    name = sweep.spec.name
-    order = [run.run_id for run in sweep.runs]
-    views = None if every else summary.read(store, name, order)
-    hosts, _ = live_hosts(backend)
-    if views is None:
-        fresh = order
-        views = {}
-    else:
-        fresh = [rid for rid in order if views[rid].live or rid in hosts]
-        fresh += [rid for rid in summary.touched(store, name) if rid in views and rid not in fresh]
-    now = time.time()
-    for rid, (status, _) in read_many(store, name, fresh).items():
-        host = hosts.get(rid)
-        action = decide(status, host, sweep.spec.max_restarts, now, backend.stale_s, backend.start_timeout_s)
-        before = views.get(rid)
-        views[rid] = view_of(status, host is not None, action == DONE)
-        if sweep.spec.target is not None:
-            views[rid].reached = bool((before and before.reached) or sweep.spec.target.met(status.last_metrics))
-    ledger = (get_json(store, f"{name}/cost.json") or {}) if sweep.spec.backend == "aws" else {}
-    return Progress(sweep=name, runs=[views[rid] for rid in order], spend_usd=ledger_cost(ledger), budget_usd=sweep.spec.budget_usd)
-
-
-def cancel_run(sweep: Sweep, backend: Backend, store: Store, run_id: str) -> str:
-    """Stop one run for good. Returns what happened, in words; a finished run is left as it is."""
-    status = read_status(store, sweep.spec.name, run_id)
-    if status.state in (SUCCEEDED, FAILED, CANCELLED, PRUNED) and not any(h.run_id == run_id for h in backend.list()):
-        if status.state != FAILED or status.failures > sweep.spec.max_restarts:
-            return f"{sweep.spec.name}/{run_id} already {status.state}; nothing to cancel."
-    was_running = backend.stop(run_id, CANCELLED)
-
-    def cancelled(status: RunStatus) -> Optional[RunStatus]:
-        if status.state == CANCELLED:
-            return None
-        status.state, status.reason, status.finished_at = CANCELLED, "cancelled by orch cancel", time.time()
-        return status
-
-    update_status(store, sweep.spec.name, run_id, cancelled)
-    summary.touch(store, sweep.spec.name, run_id)  # readers of the summary (and the controller) re-read it
-    return f"cancelled {sweep.spec.name}/{run_id}" + ("" if was_running else " (it was not running)")
-
-
-def stop_sweep(sweep: Sweep, backend: Backend, store: Store) -> List[str]:
-    """Stop every live run of the sweep (resumable by the next launch); idempotent. Returns what was stopped.
-
-    Touches only what is active: the runs with a host, and the claims the summary shows as live (every
-    record when there is no summary)."""
-    name = sweep.spec.name
-    order = [run.run_id for run in sweep.runs]
-    stopped = []
-    hosted = []
-    for host in backend.list():
-        hosted.append(host.run_id)
-        if backend.stop(host.run_id, STOPPED):
-            stopped.append(host.run_id)
-
-    def stopped_claim(status: RunStatus) -> Optional[RunStatus]:
-        if status.state not in ACTIVE:
-            return None
-        status.state, status.reason = STOPPED, "stopped by orch down"
-        return status
-
-    views = summary.read(store, name, order)
-    candidates = order if views is None else [rid for rid in order if views[rid].live or rid in hosted]
-    for rid in candidates:  # claims whose host never came up
-        if update_status(store, name, rid, stopped_claim):
-            summary.touch(store, name, rid)
-    return stopped
-
-
-def chaos_interrupt(sweep: Sweep, backend: Backend, store: Store, run_id: str, grace_s: float = 120.0) -> RunStatus:
-    """A spot interruption, as the agent sees one: the notice, then (after it checkpointed) the host goes away."""
-    from orchestrator.errors import NotFound
-    from orchestrator.wait import Timeout
-
-    before = read_status(store, sweep.spec.name, run_id).attempt
-    hosts = [h for h in backend.list() if h.run_id == run_id]  # the hosts of the attempt being interrupted
-    if not backend.notify_interruption(run_id):
-        raise NotFound(f"run {run_id} has no live host to interrupt. `orch status {sweep.spec.name}` shows what runs.")
-    try:
-        retry_until(lambda: read_status(store, sweep.spec.name, run_id).state == INTERRUPTED, grace_s, 0.5, "the agent to checkpoint")
-    except Timeout:
-        log.warning("%s did not report the checkpoint within %.0f s; taking the host anyway", run_id, grace_s)
-    # Take the host away, unless the controller already moved the run on: a new attempt's host
-    # may carry the same name (a local tmux session) and must not be touched.
-    # Locally the agent ends its session itself once interrupted, and the next attempt reuses the name.
-    if backend.releases_interrupted_host and read_status(store, sweep.spec.name, run_id).attempt == before:
-        for h in hosts:
-            backend.release(h)
-    return read_status(store, sweep.spec.name, run_id)

@@ -25,7 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from orchestrator.control.controller import Controller, observe
+from orchestrator.control.actions import observe
+from orchestrator.control.controller import Controller
 from orchestrator.control.state import State
 from orchestrator.store.base import json_bytes
 from orchestrator.store.status import RunStatus, status_key
