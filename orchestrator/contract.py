@@ -104,6 +104,8 @@ class RunTask:
     node_hosts: int = 1  # aws: hosts the attempt spans, one node each (its agents: node 0 reports, the others follow)
     node_rank: int = 0  # aws: which of them this host is
     slot: int = -1  # aws packing: the slot (set of GPUs) this run holds on an instance shared with other runs; -1: none
+    rungs_at: str = ""  # prune: the metrics key of progress (`prune.at`); a line passing one of `rungs` is reported at once,
+    rungs: List[float] = field(default_factory=list)  # not at the next heartbeat (the controller decides at rungs)
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -193,3 +193,45 @@ def test_a_relaunch_may_change_the_target_and_collect_by_name_uses_the_new_one(o
     pruned = text.replace("VALUE", "0.8") + "prune:\n  rungs: [1]\n"
     refused = orch("launch", str(orch.sweep(pruned)), "--dry-run")
     assert refused.code == 2 and "changed: prune, target" in refused.err, refused.err
+
+
+@pytest.mark.timeout(300)
+def test_the_agent_reports_a_line_at_a_rung_at_once_not_at_the_next_heartbeat(orch, tmp_path, monkeypatch):
+    """The controller decides at rungs from the record: a line that passes a rung is written into the
+    record when it appears, so a losing run is stopped without waiting for a heartbeat (here an hour)."""
+    from dataclasses import replace
+
+    from orchestrator.backends.local import LocalBackend
+    from orchestrator.store.status import RUNNING, STARTING, RunStatus, read_status, write_if
+    from orchestrator.wait import retry_until
+
+    monkeypatch.setenv("ORCH_HOME", str(orch.home))
+    monkeypatch.setenv("ORCH_TMUX_SOCKET", orch.socket)
+    go = tmp_path / "go"
+    script = tmp_path / "lines.py"
+    script.write_text(textwrap.dedent(f'''
+        import json, os, time
+        with open(os.path.join(os.environ["ORCH_RUN_DIR"], "metrics.jsonl"), "a") as f:
+            for epoch in (1, 2):
+                f.write(json.dumps({{"epoch": epoch, "test_acc": epoch / 10}}) + "\\n")
+        while not os.path.exists({str(go)!r}):
+            time.sleep(0.1)
+    '''))
+    path = tmp_path / "rung.yaml"
+    path.write_text(f"name: rung\ncommand: '{sys.executable} {script}'\nstore: {tmp_path / 'st'}\n"
+                    "prune: {metric: test_acc, rungs: [2], min_runs: 3}\n")
+    sweep = load_sweep(path)
+    store = LocalStore(str(tmp_path / "st"))
+    run = sweep.runs[0]
+    assert write_if(store, "rung", RunStatus(run_id=run.run_id, state=STARTING, attempt=1), None)  # the controller's claim
+    backend = LocalBackend(sweep)
+    task = replace(backend.new_task(run.run_id, 1, run.command, json.dumps(run.params)), heartbeat_s=3600.0)
+    assert task.rungs_at == "epoch" and task.rungs == [2.0]
+    backend.start(task)
+    try:
+        retry_until(lambda: read_status(store, "rung", run.run_id).last_metrics.get("epoch") == 2, 120, 0.2,
+                    "the line at epoch 2 in the record (heartbeats come hourly)")
+        assert read_status(store, "rung", run.run_id).state == RUNNING
+    finally:
+        go.touch()
+    retry_until(lambda: read_status(store, "rung", run.run_id).state == "succeeded", 120, 0.2, "the run to end")

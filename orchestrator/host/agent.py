@@ -23,6 +23,7 @@ from typing import Optional
 from orchestrator.contract import AGENT_PID_FILE, NOTICE_FILE, STOP_REASON_FILE, RunTask
 from orchestrator.host import tmux
 from orchestrator.host.attempt import (
+    RungWatch,
     pid_file,
     SUPERSEDED,
     _write_private,
@@ -92,6 +93,7 @@ class Agent:
         self.reporter = (FollowerReporter(self.store, task.sweep, task.run_id, task.attempt) if self.follower
                          else Reporter(self.store, task.sweep, task.run_id, task.attempt, self.run_dir / "metrics.jsonl"))
         self.status_lock = self.reporter.lock  # the record is shared with the heartbeat thread
+        self.rungs = RungWatch(self.run_dir / "metrics.jsonl", task.rungs_at, [] if self.follower else task.rungs)
         self.notices = NoticeSource(self.ctl, task.imds, self.relay.received if task.node_hosts > 1 and not self.follower else None)
         self.host_policy = HostPolicy(task.session, task.terminate_on_exit, task.idle_s or 0, task.slot, slot_value(task.run_id, task.attempt))
         self.rebalance_at: Optional[float] = None  # when the rebalance recommendation was seen; -1 once handled
@@ -231,6 +233,8 @@ class Agent:
                 next_look = now + 2.0
                 if not tmux.has_window(t.session, "run") and not self.exit_file.exists():
                     return True
+            if self.rungs.passed():  # prune: a line at a rung is reported now, not at the next heartbeat
+                self._quietly(self.reporter.beat, status)
             if self.reporter.superseded and not self.stop_requested:
                 self.stop_requested = SUPERSEDED
             if t.node_hosts > 1 and not self.follower and not self.stop_requested and now >= next_notice:

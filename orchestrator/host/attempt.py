@@ -144,6 +144,31 @@ def last_metrics(path: Path) -> dict:
     return {}
 
 
+class RungWatch:
+    """`prune:` — has the newest metrics line passed the next rung? The controller decides at rungs, from
+    the record: a line that passes one is reported at once, so a losing run stops a heartbeat sooner.
+    Cheap when nothing changed (one stat of the file)."""
+
+    def __init__(self, path: Path, at: str, rungs: List[float]):
+        self.path, self.at, self.rungs, self.size = path, at, sorted(rungs), -1
+
+    def passed(self) -> bool:
+        if not self.rungs:
+            return False
+        try:
+            size = self.path.stat().st_size
+        except OSError:
+            return False
+        if size == self.size:
+            return False
+        self.size = size
+        value = last_metrics(self.path).get(self.at)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < self.rungs[0]:
+            return False
+        self.rungs = [r for r in self.rungs if r > value]
+        return True
+
+
 def is_checkpoint(rel: str) -> bool:
     """Checkpoint files (ckpt/<step>/...): the store keeps those the command keeps, and a resume takes one."""
     return rel.startswith("ckpt/")

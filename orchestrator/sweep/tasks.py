@@ -40,6 +40,9 @@ def new_task(sweep: "Sweep", run_id: str, attempt: int, command: str, params_jso
     minutes = sweep.spec.timeout_minutes
     data = resolve(sweep.spec.data, sweep.path.parent, f"{base.rstrip('/')}/.data")  # relative `to:`: beside the runs
     env = {**(env or {}), **({"ORCH_DATA_DIR": data[0]["to"]} if data else {})}
+    prune = sweep.spec.prune
+    if prune is not None:
+        periods = {"rungs_at": prune.at, "rungs": [float(r) for r in prune.rungs], **periods}
     return RunTask(sweep=sweep.spec.name, run_id=run_id, attempt=attempt, command=command, store_url=sweep.store_url,
                    run_dir=f"{root}/run", ctl_dir=ctl_dir(base, sweep.spec.name, run_id), session=session_name(sweep.spec.name, run_id),
                    env={**(env or {}), **run_env(sweep, run_id, attempt, f"{root}/run", params_json)},
