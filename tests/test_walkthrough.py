@@ -57,7 +57,13 @@ def test_the_readme_fake_cloud_walkthrough_runs_as_written(tmp_path):
             assert "Traceback" not in r.stderr, r.stderr
             if "--dry-run" in command:
                 assert "estimated cost" in r.stdout and "nothing launched" in r.stdout, r.stdout
+            elif "launch experiments/fakecloud-budget.yaml" in command:  # the first runs spend the budget; the others never start
+                assert re.search(r"cancelled \(attempt \d\) \(not started: budget \$0\.0010 reached \(spent \$0\.\d{4}\)", r.stdout), r.stdout
+                assert re.search(r"done: [12] of 4 runs succeeded, spent \$\d+\.\d+ of budget \$0\.0010", r.stdout), r.stdout
+            elif "collect fakecloud-smoke" in command:  # fake dollars, and the target's summary line
+                assert "target: " in r.stdout and "Spent $0.0" in r.stdout, r.stdout
         assert (work / "results" / "fakecloud-smoke" / "runs.csv").exists()
+        assert any("fakecloud-budget" in c for c in walkthrough_commands())
     finally:
         cloud.send_signal(signal.SIGINT)
         try:

@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.control.collect import Results, ranked
-from orchestrator.control.views import Progress, RunView
+from orchestrator.control.views import Progress, RunView, usd
 
 STYLE = {
     "succeeded": "green", "failed": "red", "running": "cyan", "starting": "cyan",
@@ -40,8 +40,7 @@ def summary_line(p: Progress) -> str:
 def spend_text(p: Progress) -> str:
     if p.budget_usd is None and not p.spend_usd:
         return ""
-    text = f"spent ${p.spend_usd:.4f}" if p.spend_usd < 1 else f"spent ${p.spend_usd:.2f}"
-    return text + (f" of budget ${p.budget_usd:.2f}" if p.budget_usd is not None else "")
+    return f"spent {usd(p.spend_usd)}" + (f" of budget {usd(p.budget_usd)}" if p.budget_usd is not None else "")
 
 
 def runs_table(p: Progress, every: bool = False) -> Table:
@@ -79,14 +78,14 @@ def results_table(res: Results, width: int = 200, wide: bool = False) -> Table:
     unless `wide` (`orch collect --wide`)."""
     metrics = ranked(res.metric_names())[:4]
     costs = any(r.cost_usd is not None for r in res.runs)
-    title = f"results of sweep {res.sweep}" + (f" (spent ${res.spend_usd:.2f} in all)" if res.spend_usd is not None else "")
+    title = f"results of sweep {res.sweep}" + (f" (spent {usd(res.spend_usd)} in all)" if res.spend_usd is not None else "")
     rows = []
     for r in res.runs:
         cells = {"run": r.run_id, "state": r.state, "time": fmt_seconds(r.elapsed_s)}
         cells.update({m: fmt_value(r.final.get(m, "-")) for m in metrics})
         cells.update({f"best {m}": fmt_value(r.best.get(m, "-")) for m in metrics if m.endswith("acc")})
         if costs:
-            cells.update({"GPU-h": f"{r.gpu_hours or 0.0:.2f}", "$": f"{r.cost_usd or 0.0:.2f}"})
+            cells.update({"GPU-h": f"{r.gpu_hours or 0.0:.2f}", "$": usd(r.cost_usd or 0.0)[1:]})
         if res.target:
             t = r.to_target
             cells["target"] = "yes" if t.reached else "no"
@@ -146,7 +145,7 @@ def dry_run_lines(sweep, plan, every: bool = False) -> List[str]:
         lines += plan.get("packing") or []
         est = plan["estimate_usd_max"]
         per = f" x {plan['nodes_per_run']} instances" if plan.get("nodes_per_run", 1) > 1 else ""
-        lines.append(f"estimated cost at most ${est:.2f} ({plan['runs']} runs{per} x {plan['hours_per_run_max']:.1f} h at the cheapest "
+        lines.append(f"estimated cost at most {usd(est)} ({plan['runs']} runs{per} x {plan['hours_per_run_max']:.1f} h at the cheapest "
                      "spot price; runs that end sooner cost less)" if est is not None else "estimated cost unknown: no spot price history")
     lines.append("dry run: nothing launched.")
     return lines

@@ -20,7 +20,7 @@ from orchestrator.control import summary
 from orchestrator.control.prune import Rungs, Verdict
 from orchestrator.control.state import State
 from orchestrator.control.table import RunTable
-from orchestrator.control.views import Progress, RunView, view_of
+from orchestrator.control.views import Progress, RunView, usd, view_of
 from orchestrator.errors import OrchError
 from orchestrator.store.base import Store, get_json, put_json, read_jsonl
 from orchestrator.store.status import (
@@ -223,7 +223,7 @@ class Controller:
     def _stop_for_budget(self, rows, spend: float, budget: float) -> None:
         """The budget is spent: what has not started never will (running attempts finish)."""
         def cancel(status: RunStatus, view: RunView) -> None:
-            status.state, status.reason = CANCELLED, f"not started: budget ${budget:.2f} reached (spent ${spend:.2f})"
+            status.state, status.reason = CANCELLED, f"not started: budget {usd(budget)} reached (spent {usd(spend)})"
             status.finished_at = time.time()
             if not self._write(status, self.table.versions[status.run_id]):
                 return

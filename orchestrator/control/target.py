@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 from orchestrator.sweep.spec import TargetSection
+from orchestrator.control.views import usd
 
 
 @dataclass
@@ -86,15 +87,15 @@ class Economics:
         if self.fastest:
             out.append(f"fastest {self.fastest[0]} in {self.fastest[1]:.1f} s")
         if self.cheapest:
-            out.append(f"cheapest {self.cheapest[0]} for ${self.cheapest[1]:.4f}")
+            out.append(f"cheapest {self.cheapest[0]} for {usd(self.cheapest[1])}")
         line = "; ".join(out)
         if self.total_usd is not None:
-            line += (f". Spent ${self.total_usd:.4f} in all: ${self.unfinished_attempts_usd or 0:.4f} on attempts that did not "
-                     f"finish (interrupted or failed), ${self.pruned_usd or 0:.4f} on pruned runs")
+            line += (f". Spent {usd(self.total_usd)} in all: {usd(self.unfinished_attempts_usd or 0)} on attempts that did not "
+                     f"finish (interrupted or failed), {usd(self.pruned_usd or 0)} on pruned runs")
             if self.on_demand_usd:
                 saved = self.on_demand_usd - self.total_usd
-                line += (f"; on demand the same hours would have cost ${self.on_demand_usd:.4f} "
-                         f"(saved ${saved:.4f}, {saved / self.on_demand_usd:.0%}; on-demand prices are approximate)")
+                line += (f"; on demand the same hours would have cost {usd(self.on_demand_usd)} "
+                         f"(saved {usd(saved)}, {saved / self.on_demand_usd:.0%}; on-demand prices are approximate)")
         return [line + "."]
 
 

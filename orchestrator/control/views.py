@@ -10,6 +10,11 @@ from orchestrator.store.status import ACTIVE, FAILED, LOST, QUEUED, RunStatus
 LIVE_ROWS_FINISHED = 10  # the live table shows every active run and this many of the newest finished ones
 
 
+def usd(amount: float) -> str:
+    """Dollars as a person reads them: cents from $1 up, hundredths of a cent below (a short run costs a fraction of a cent)."""
+    return f"${amount:.2f}" if abs(amount) >= 1 else f"${amount:.4f}"
+
+
 @dataclass
 class RunView:
     """One row of the live table (and of `orch status --json`)."""
