@@ -5,7 +5,8 @@ read until the controller is about to claim it (the claim is conditional, so a r
 meanwhile, e.g. by `orch cancel`, shows up as a refused write and is read then). Everything else —
 starting, running, interrupted, lost, stopped, failed with restarts left — is read every pass.
 The first pass starts from the summary record when there is one (its final and queued rows are
-trusted, see summary.py), else it reads every record, in parallel.
+trusted, see summary.py), else it lists which records exist (one LIST per 1,000 keys) and reads
+those, in parallel: a new sweep of 10,000 runs starts after one LIST, not 10,000 reads of nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Deque, Dict, Iterable, List, Optional, Set
 
 from orchestrator.control.views import RunView
 from orchestrator.store.base import Store
-from orchestrator.store.status import QUEUED, RunStatus, read_versioned
+from orchestrator.store.status import QUEUED, RunStatus, orch_prefix, read_versioned, status_key
 from orchestrator.sweep.spec import Sweep
 
 READERS = 10  # parallel record reads (S3 answers each in tens of milliseconds); botocore keeps 10 connections a client
@@ -53,8 +54,15 @@ class RunTable:
         without a summary, read every record now."""
         self.loaded = True
         if summary is None:
-            records = read_many(self.store, self.name, self.order)
+            # a record missing now may be written before its claim (a second controller): the claim is
+            # conditional on the key's absence, so that shows as a refused write and is read then
+            present = self._recorded()
+            records = read_many(self.store, self.name, [rid for rid in self.order if rid in present])
             self.update(records)
+            for rid in self.order:
+                if rid not in records:
+                    self.status[rid], self.versions[rid] = RunStatus(run_id=rid), None
+                    records[rid] = (self.status[rid], None)
             self.fresh = set(self.order)  # read just now: the first pass decides them without reading again
             for rid in self.order:
                 status = records[rid][0]
@@ -69,6 +77,12 @@ class RunTable:
                 self.queue.append(rid)
             else:
                 self.watch.add(rid)
+
+    def _recorded(self) -> Set[str]:
+        """The runs that have a record, from one listing of the sweep's records folder."""
+        base = orch_prefix(self.name, "")
+        tail = status_key(self.name, "x")[len(orch_prefix(self.name, "x")):]  # "/status.json"
+        return {key[len(base):-len(tail)] for key in self.store.list(base) if key.startswith(base) and key.endswith(tail)}
 
     def update(self, records: Dict[str, tuple]) -> None:
         self.reads += len(records)

@@ -4,10 +4,14 @@
 command:
 
 - against moto's S3: S3 requests and controller CPU per pass (steady state, after the first pass), the
-  first pass of a fresh controller (no summary: it reads every record) and of a restarted one (from the
-  summary), and `observe` (what `orch status` does) from the summary against reading every record;
+  first pass of a fresh controller (no summary: it lists and reads every record), of a restarted one
+  (from the summary) and of a new sweep of 10,000 runs (nothing recorded yet), and `observe` (what `orch status` does) from the summary against reading every record;
 - on a folder store through the real CLI: `orch status NAME`, `--json`, `--all`, `orch collect NAME`
   (wall time and the child's max RSS) and `orch launch --dry-run`.
+
+Controller CPU is the controller thread's own (`time.thread_time`): moto's server answers in other threads
+of this same process, so the process's CPU (printed beside it) counts the fake S3's work too. With 20 active
+runs the controller reads sequentially (a pool only above 64 reads), so its thread holds all of botocore's work.
 
 The hosts of the 20 running runs are a test double (a backend whose list() returns them): what is
 measured is the controller's reading of the store, not a cloud's API.
@@ -89,14 +93,22 @@ def test_ten_thousand_runs_on_s3(tmp_path, monkeypatch):
         steady = []
         for _ in range(5):
             del calls[:]
-            t0, cpu0 = time.perf_counter(), time.process_time()
+            t0, cpu0, own0 = time.perf_counter(), time.process_time(), time.thread_time()
             c.step()
-            steady.append((len(calls), time.perf_counter() - t0, time.process_time() - cpu0))
+            steady.append((len(calls), time.perf_counter() - t0, time.thread_time() - own0, time.process_time() - cpu0))
         del calls[:]
         restarted = Controller(sweep, hosts, store, State(tmp_path / "home"))
         t0 = time.perf_counter()
         restarted.step()
         again = (len(calls), time.perf_counter() - t0)
+        del calls[:]
+        new = make_sweep(tmp_path, "new", RUNS, ACTIVE, "unused")  # a new sweep of 10,000 runs: nothing recorded yet
+        fresh = Controller(new, Hosts("new", store), store, State(tmp_path / "home"))
+        fresh.prepare()
+        del calls[:]
+        t0 = time.perf_counter()
+        fresh.step()
+        launched = (len(calls), time.perf_counter() - t0)
         del calls[:]
         t0 = time.perf_counter()
         p = observe(sweep, hosts, store)
@@ -105,16 +117,18 @@ def test_ten_thousand_runs_on_s3(tmp_path, monkeypatch):
         t0 = time.perf_counter()
         observe(sweep, hosts, store, every=True)
         full = (len(calls), time.perf_counter() - t0)
-    steady.sort()
+    steady.sort(key=lambda row: row[2])
     median = steady[len(steady) // 2]
     print(f"\n10,000 runs on moto's S3 ({FINISHED} finished, {ACTIVE} running):")
-    print(f"  first pass, no summary (reads every record): {first[0]} requests, {first[1]:.1f} s, CPU {first[2]:.2f} s")
-    print(f"  steady pass (median of 5): {median[0]} S3 requests, {median[1]:.3f} s, controller CPU {median[2]:.3f} s")
+    print(f"  a new sweep's first pass (lists its records: none; claims {ACTIVE}): {launched[0]} requests, {launched[1]:.2f} s")
+    print(f"  first pass, no summary (lists and reads every record): {first[0]} requests, {first[1]:.1f} s, CPU {first[2]:.2f} s")
+    print(f"  steady pass (median of 5): {median[0]} S3 requests, {median[1]:.3f} s, controller CPU {median[2]:.3f} s"
+          f" (the whole process, moto's server included: {median[3]:.3f} s)")
     print(f"  a restarted controller's first pass (from the summary): {again[0]} requests, {again[1]:.2f} s")
     print(f"  orch status (observe, summary + active records): {summary[0]} requests, {summary[1]:.2f} s")
     print(f"  orch status --all (every record): {full[0]} requests, {full[1]:.1f} s")
     assert p.count("succeeded") == FINISHED
-    assert median[0] <= 25 and again[0] <= 25 and summary[0] <= 25
+    assert max(row[0] for row in steady) <= 25 and again[0] <= 25 and summary[0] <= 25 and launched[0] <= 3 * ACTIVE + 10
 
 
 def timed(argv, env, cwd):
