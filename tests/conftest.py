@@ -18,6 +18,24 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# The longest tests (minutes each, mostly waiting on fake boots and real training) start first, so the
+# two workers share them instead of one worker ending the suite alone with the last of them.
+LONGEST_FIRST = (
+    "test_acceptance_three_runs_with_realistic_boot", "test_every_run_interrupted_once", "test_the_readme_fake_cloud_walkthrough",
+    "test_sweep_runs_on_fake_spot_instances", "test_the_speed_table_command_runs_every_row", "test_two_nodes_of_two_processes",
+    "test_a_quota_reached_while_runs_go", "test_digits_preset_reaches_97", "test_controller_killed_right_after_createfleet",
+    "test_host_lost_without_notice_resumes", "test_four_ranks_resumed_mid_epoch", "test_compile_trains_and_matches_eager",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Known-long tests first (a stable sort: the rest keep their order)."""
+    def rank(item) -> int:
+        return next((i for i, name in enumerate(LONGEST_FIRST) if item.name.startswith(name)), len(LONGEST_FIRST))
+
+    items.sort(key=rank)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _never_real_aws():
     """Fail closed: a test may only ever talk to an AWS endpoint on loopback."""
