@@ -24,6 +24,7 @@ from orchestrator.contract import AGENT_PID_FILE, NOTICE_FILE, STOP_REASON_FILE,
 from orchestrator.host import tmux
 from orchestrator.host.attempt import (
     RungWatch,
+    group_runs,
     pid_file,
     SUPERSEDED,
     _write_private,
@@ -369,11 +370,7 @@ class Agent:
             return
 
         def gone() -> bool:
-            try:
-                os.killpg(group, 0)
-                return False
-            except (ProcessLookupError, PermissionError):
-                return True
+            return not group_runs(group)
 
         for sig, wait_s in ((None, LEFTOVER_GRACE_S), (signal.SIGTERM, 2.0), (signal.SIGKILL, 2.0)):
             if sig is not None:

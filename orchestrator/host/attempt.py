@@ -218,6 +218,27 @@ def usr1_targets(root: int) -> List[int]:
     return catchers or [root]
 
 
+def group_runs(group: int) -> bool:
+    """Whether a process of this process group still runs. A zombie (exited, not yet reaped by its
+    parent: the wrapper's parent is the tmux server, which may reap it seconds later) does not; where
+    there is no /proc, any member counts."""
+    try:
+        os.killpg(group, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            state, _ppid, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(pgrp) == group and state != "Z":
+            return True
+    return False
+
+
 def _caught(pid: int) -> int:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
