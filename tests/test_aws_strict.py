@@ -15,6 +15,7 @@ import yaml
 
 from orchestrator.aws import ec2 as api
 from orchestrator.aws import fleet
+from orchestrator.aws import iam as iam_api
 from orchestrator.aws.images import resolve_image
 from orchestrator.store.s3 import S3Store
 from tests.conftest import ROOT
@@ -63,8 +64,8 @@ def test_acceptance_three_runs_with_realistic_boot_use_exactly_three_instances(o
 def test_b_role_credentials_read_missing_keys_as_missing_and_nothing_else(cloud):
     iam = cloud.client("iam")
     long_sweep = "s" * 63
-    profile = api.ensure_instance_profile(iam, long_sweep, BUCKET, "sweeps")
-    assert len(profile) <= 64 and api.ensure_instance_profile(iam, long_sweep, BUCKET, "sweeps") == profile
+    profile = iam_api.ensure_instance_profile(iam, long_sweep, BUCKET, "sweeps")
+    assert len(profile) <= 64 and iam_api.ensure_instance_profile(iam, long_sweep, BUCKET, "sweeps") == profile
     role = iam.get_instance_profile(InstanceProfileName=profile)["InstanceProfile"]["Roles"][0]
     c = cloud.client("sts").assume_role(RoleArn=role["Arn"], RoleSessionName="test")["Credentials"]
     cloud.gate.roles[c["AccessKeyId"]] = role["RoleName"]  # as the fake IMDS hands them out
@@ -86,7 +87,7 @@ def test_b_role_credentials_read_missing_keys_as_missing_and_nothing_else(cloud)
 def test_b_a_new_instance_profile_is_retried_until_ec2_sees_it(tmp_path):
     with FakeCloud(tmp_path / "c", strict=Strictness(profile_s=6)) as cloud:
         ec2 = cloud.client("ec2")
-        profile = api.ensure_instance_profile(cloud.client("iam"), "prop", BUCKET, "sweeps")
+        profile = iam_api.ensure_instance_profile(cloud.client("iam"), "prop", BUCKET, "sweeps")
         image = resolve_image(ec2, cloud.image, "self", REGION)
         sg = api.ensure_security_group(ec2, "prop", cloud.vpc, "127.0.0.1/32")
         lt = api.ensure_launch_template(ec2, "prop", api.launch_template_data(image, sg, 20, profile, public_ip=False))

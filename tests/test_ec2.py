@@ -11,6 +11,7 @@ from botocore.stub import ANY, Stubber
 
 from orchestrator.aws import ec2 as api
 from orchestrator.aws import fleet
+from orchestrator.aws import iam as iam_api
 from orchestrator.aws.images import resolve_image
 from orchestrator.aws.teardown import teardown
 
@@ -165,7 +166,7 @@ def test_security_group_launch_template_and_instance_profile(cloud):
                      {"FromPort": 22, "ToPort": 22, "IpProtocol": "tcp", "IpRanges": [{"CidrIp": "203.0.113.7/32", "Description": "orch controller"}],
                       "Ipv6Ranges": [], "PrefixListIds": [], "UserIdGroupPairs": []}]
 
-    profile = api.ensure_instance_profile(iam, "sec", "bucket", "team/orch")
+    profile = iam_api.ensure_instance_profile(iam, "sec", "bucket", "team/orch")
     policy = iam.get_role_policy(RoleName=profile, PolicyName="orch-sweep")["PolicyDocument"]
     policy = policy if isinstance(policy, dict) else json.loads(policy)
     objects, listing, terminate = policy["Statement"]

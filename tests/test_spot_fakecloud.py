@@ -192,11 +192,12 @@ def test_teardown_failing_halfway_is_finished_by_a_rerun(cloud):
     from botocore.exceptions import ClientError
 
     from orchestrator.aws import ec2 as api
+    from orchestrator.aws import iam as iam_api
     from orchestrator.aws.teardown import teardown
 
     ec2, iam = api.client("ec2", "us-east-1"), api.client("iam", "us-east-1")
     sg = api.ensure_security_group(ec2, "half", cloud.vpc, "127.0.0.1/32")
-    api.ensure_instance_profile(iam, "half", "b", "p")
+    iam_api.ensure_instance_profile(iam, "half", "b", "p")
     image = resolve_image(ec2, cloud.image, "self", "us-east-1")
     api.ensure_launch_template(ec2, "half", api.launch_template_data(image, sg, 20, "orch-half", public_ip=False))
     failures = []

@@ -1,4 +1,4 @@
-"""EC2 and IAM control-plane calls: with fleet.py, the only code (with the rest of aws/) that talks to the EC2 and IAM APIs.
+"""EC2 control-plane calls: with fleet.py, the only code (with the rest of aws/) that talks to the EC2 API (IAM: iam.py).
 
 Plain functions over a boto3 client; what crosses out of here is dicts of plain values, never a
 boto3 object. Throttling is retried by botocore's standard mode. EC2 is eventually consistent: an
@@ -8,11 +8,9 @@ NotFound as "not yet". Code that runs on the instance itself is in host/imds.py.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from orchestrator.errors import OrchError
 
@@ -25,7 +23,6 @@ PERMISSION_ERRORS = frozenset({"UnauthorizedOperation", "AccessDenied", "AuthFai
 LIVE_STATES = ["pending", "running", "stopping", "stopped"]
 NOT_GONE = LIVE_STATES + ["shutting-down"]  # still holds its network interface (and so its security group)
 NOT_FOUND_S = 60.0  # how long a NotFound for an id orch just got is taken as "not yet"
-IAM_NAME_MAX = 64
 
 
 class AwsFatal(OrchError):
@@ -40,14 +37,6 @@ def quota_name(market: str, instance_type: str) -> str:
     if market == "spot":
         return f"All {kind} Spot Instance Requests"
     return f"Running On-Demand {kind} instances"
-
-
-def iam_name(sweep: str) -> str:
-    """The sweep's role and instance profile name, within IAM's 64 characters."""
-    name = f"orch-{sweep}"
-    if len(name) <= IAM_NAME_MAX:
-        return name
-    return f"{name[:IAM_NAME_MAX - 9]}-{hashlib.sha256(sweep.encode()).hexdigest()[:8]}"
 
 
 def client(service: str, region: str):
@@ -166,96 +155,6 @@ def ensure_security_group(ec2, sweep: str, vpc_id: str, cidr: str) -> str:
 
     retry_until(authorize, NOT_FOUND_S, 1.0, f"security group {gid} to exist")
     return gid
-
-
-def bucket_kms_keys(s3, buckets: Sequence[str]) -> List[str]:
-    """The customer-managed KMS keys the buckets encrypt new objects with by default (GetBucketEncryption;
-    IAM action s3:GetEncryptionConfiguration): an instance must be allowed to use them to read (kms:Decrypt)
-    and write (kms:GenerateDataKey) there. A bucket without SSE-KMS, or with the AWS managed key aws/s3
-    (whose key policy already lets the account use it through S3), adds nothing; one whose configuration
-    orch may not read is logged and skipped."""
-    from botocore.exceptions import ClientError
-
-    keys: List[str] = []
-    for b in dict.fromkeys(buckets):
-        try:
-            rules = s3.get_bucket_encryption(Bucket=b)["ServerSideEncryptionConfiguration"]["Rules"]
-        except ClientError as exc:
-            if _code(exc) not in ("ServerSideEncryptionConfigurationNotFoundError",):
-                log.warning("cannot read the default encryption of bucket %s (%s): if it uses a KMS key of yours, the instances "
-                            "may not read or write it. Allow s3:GetEncryptionConfiguration (see `orch aws policy`).", b, _code(exc))
-            continue
-        for rule in rules:
-            default = rule.get("ApplyServerSideEncryptionByDefault") or {}
-            key = default.get("KMSMasterKeyID")
-            if default.get("SSEAlgorithm", "").startswith("aws:kms") and key and key not in keys:
-                keys.append(key)
-    return keys
-
-
-def kms_statements(keys: Sequence[str]) -> List[dict]:
-    """kms:Decrypt and kms:GenerateDataKey on the keys: by ARN where the bucket names one; a key id or
-    alias cannot be a policy resource, so those are allowed on any key, only when S3 calls KMS."""
-    actions = ["kms:Decrypt", "kms:GenerateDataKey"]
-    arns = [k for k in keys if k.startswith("arn:")]
-    out = [{"Effect": "Allow", "Action": actions, "Resource": arns}] if arns else []
-    if len(arns) < len(keys):
-        out.append({"Effect": "Allow", "Action": actions, "Resource": "*", "Condition": {"StringLike": {"kms:ViaService": "s3.*.amazonaws.com"}}})
-    return out
-
-
-def instance_profile_policy(bucket: str, prefix: str, sweep: str, data: Sequence[str] = (), kms_keys: Sequence[str] = ()) -> dict:
-    """What an instance of the sweep may do: its own S3 prefix, read its `data:` prefixes (and use the
-    KMS keys those buckets encrypt with), and terminate (and untag: a packed run gives its slot back)
-    instances of its sweep."""
-    base = f"{prefix}/{sweep}" if prefix else sweep
-    reads = []
-    for url in data:
-        b, _, p = url[len("s3://"):].partition("/")
-        p = p.rstrip("/")
-        reads += [{"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [f"arn:aws:s3:::{b}/{p + '/' if p else ''}*"]},
-                  {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [f"arn:aws:s3:::{b}"],
-                   "Condition": {"StringLike": {"s3:prefix": [f"{p}/*" if p else "*"]}}}]
-    policy = {
-        "Version": "2012-10-17",
-        "Statement": [
-            {"Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
-             "Resource": [f"arn:aws:s3:::{bucket}/{base}/*"]},
-            {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [f"arn:aws:s3:::{bucket}"],
-             "Condition": {"StringLike": {"s3:prefix": [f"{base}/*"]}}},
-            {"Effect": "Allow", "Action": ["ec2:TerminateInstances", "ec2:DeleteTags"], "Resource": "*",
-             "Condition": {"StringEquals": {"aws:ResourceTag/orch:sweep": sweep}}},
-        ],
-    }
-    policy["Statement"] += reads + kms_statements(kms_keys)
-    return policy
-
-
-def ensure_instance_profile(iam, sweep: str, bucket: str, prefix: str, data: Sequence[str] = (), kms_keys: Sequence[str] = ()) -> str:
-    """The sweep's role + instance profile (created or updated), found by name; returns the profile name."""
-    from botocore.exceptions import ClientError
-
-    name = iam_name(sweep)
-    trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}
-    tags = [{"Key": "orch:sweep", "Value": sweep}]
-    try:
-        try:
-            iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust), Tags=tags)
-        except ClientError as exc:
-            if _code(exc) != "EntityAlreadyExists":
-                raise
-        iam.put_role_policy(RoleName=name, PolicyName="orch-sweep", PolicyDocument=json.dumps(instance_profile_policy(bucket, prefix, sweep, data, kms_keys)))
-        try:
-            profile = iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"]
-        except ClientError as exc:
-            if _code(exc) != "NoSuchEntity":
-                raise
-            profile = iam.create_instance_profile(InstanceProfileName=name, Tags=tags)["InstanceProfile"]
-        if not any(r["RoleName"] == name for r in profile.get("Roles", [])):
-            iam.add_role_to_instance_profile(InstanceProfileName=name, RoleName=name)
-    except ClientError as exc:
-        raise explain(exc, "creating the sweep's instance profile") from None
-    return name
 
 
 def launch_template_data(image: dict, sg_id: str, volume_gb: int, profile: Optional[str], public_ip: bool) -> dict:

@@ -12,10 +12,10 @@ from orchestrator.aws.ec2 import (
     NOT_GONE,
     _code,
     explain,
-    iam_name,
     sweep_instances,
     terminate,
 )
+from orchestrator.aws.iam import iam_name
 from orchestrator.aws.placement import delete_group, sweep_groups
 from orchestrator.errors import OrchError
 

@@ -20,6 +20,7 @@ from typing import Dict, List, Optional
 
 from orchestrator import contract
 from orchestrator.aws import ec2 as api
+from orchestrator.aws import iam
 from orchestrator.aws import fleet
 from orchestrator.aws.images import resolve_image
 from orchestrator.aws.pricing import CostLedger, PriceBook
@@ -102,8 +103,8 @@ class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
                     bucket, _, prefix = self.sweep.store_url[len("s3://"):].partition("/")
                     sources = [e.source for e in self.sweep.spec.data or []]
                     buckets = [bucket] + [u[len("s3://"):].partition("/")[0] for u in sources if u.startswith("s3://")]
-                    profile = api.ensure_instance_profile(api.client("iam", cfg.region), sweep, bucket, prefix.strip("/"), sources,
-                                                          api.bucket_kms_keys(api.client("s3", cfg.region), buckets))
+                    profile = iam.ensure_instance_profile(api.client("iam", cfg.region), sweep, bucket, prefix.strip("/"), sources,
+                                                          iam.bucket_kms_keys(api.client("s3", cfg.region), buckets))
                 public_ip = cfg.ssh.address == "public_ip" and not all(s["MapPublicIpOnLaunch"] for s in subnets)
                 data = api.launch_template_data(image, sg, cfg.volume_gb, profile, public_ip)
                 template = api.ensure_launch_template(self.ec2, sweep, data)

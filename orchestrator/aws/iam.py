@@ -1,0 +1,116 @@
+"""The sweep's instance role and profile (IAM), and the KMS keys its buckets encrypt with: what an instance may do.
+
+Plain functions over boto3 clients, as in ec2.py; `orch aws policy` documents the caller's side
+(docs/aws.md), this module the instances' side.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from typing import List, Sequence
+
+from orchestrator.aws.ec2 import _code, explain
+
+log = logging.getLogger("orch.ec2")
+
+IAM_NAME_MAX = 64
+
+
+def iam_name(sweep: str) -> str:
+    """The sweep's role and instance profile name, within IAM's 64 characters."""
+    name = f"orch-{sweep}"
+    if len(name) <= IAM_NAME_MAX:
+        return name
+    return f"{name[:IAM_NAME_MAX - 9]}-{hashlib.sha256(sweep.encode()).hexdigest()[:8]}"
+
+
+def bucket_kms_keys(s3, buckets: Sequence[str]) -> List[str]:
+    """The customer-managed KMS keys the buckets encrypt new objects with by default (GetBucketEncryption;
+    IAM action s3:GetEncryptionConfiguration): an instance must be allowed to use them to read (kms:Decrypt)
+    and write (kms:GenerateDataKey) there. A bucket without SSE-KMS, or with the AWS managed key aws/s3
+    (whose key policy already lets the account use it through S3), adds nothing; one whose configuration
+    orch may not read is logged and skipped."""
+    from botocore.exceptions import ClientError
+
+    keys: List[str] = []
+    for b in dict.fromkeys(buckets):
+        try:
+            rules = s3.get_bucket_encryption(Bucket=b)["ServerSideEncryptionConfiguration"]["Rules"]
+        except ClientError as exc:
+            if _code(exc) not in ("ServerSideEncryptionConfigurationNotFoundError",):
+                log.warning("cannot read the default encryption of bucket %s (%s): if it uses a KMS key of yours, the instances "
+                            "may not read or write it. Allow s3:GetEncryptionConfiguration (see `orch aws policy`).", b, _code(exc))
+            continue
+        for rule in rules:
+            default = rule.get("ApplyServerSideEncryptionByDefault") or {}
+            key = default.get("KMSMasterKeyID")
+            if default.get("SSEAlgorithm", "").startswith("aws:kms") and key and key not in keys:
+                keys.append(key)
+    return keys
+
+
+def kms_statements(keys: Sequence[str]) -> List[dict]:
+    """kms:Decrypt and kms:GenerateDataKey on the keys: by ARN where the bucket names one; a key id or
+    alias cannot be a policy resource, so those are allowed on any key, only when S3 calls KMS."""
+    actions = ["kms:Decrypt", "kms:GenerateDataKey"]
+    arns = [k for k in keys if k.startswith("arn:")]
+    out = [{"Effect": "Allow", "Action": actions, "Resource": arns}] if arns else []
+    if len(arns) < len(keys):
+        out.append({"Effect": "Allow", "Action": actions, "Resource": "*", "Condition": {"StringLike": {"kms:ViaService": "s3.*.amazonaws.com"}}})
+    return out
+
+
+def instance_profile_policy(bucket: str, prefix: str, sweep: str, data: Sequence[str] = (), kms_keys: Sequence[str] = ()) -> dict:
+    """What an instance of the sweep may do: its own S3 prefix, read its `data:` prefixes (and use the
+    KMS keys those buckets encrypt with), and terminate (and untag: a packed run gives its slot back)
+    instances of its sweep."""
+    base = f"{prefix}/{sweep}" if prefix else sweep
+    reads = []
+    for url in data:
+        b, _, p = url[len("s3://"):].partition("/")
+        p = p.rstrip("/")
+        reads += [{"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [f"arn:aws:s3:::{b}/{p + '/' if p else ''}*"]},
+                  {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [f"arn:aws:s3:::{b}"],
+                   "Condition": {"StringLike": {"s3:prefix": [f"{p}/*" if p else "*"]}}}]
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+             "Resource": [f"arn:aws:s3:::{bucket}/{base}/*"]},
+            {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [f"arn:aws:s3:::{bucket}"],
+             "Condition": {"StringLike": {"s3:prefix": [f"{base}/*"]}}},
+            {"Effect": "Allow", "Action": ["ec2:TerminateInstances", "ec2:DeleteTags"], "Resource": "*",
+             "Condition": {"StringEquals": {"aws:ResourceTag/orch:sweep": sweep}}},
+        ],
+    }
+    policy["Statement"] += reads + kms_statements(kms_keys)
+    return policy
+
+
+def ensure_instance_profile(iam, sweep: str, bucket: str, prefix: str, data: Sequence[str] = (), kms_keys: Sequence[str] = ()) -> str:
+    """The sweep's role + instance profile (created or updated), found by name; returns the profile name."""
+    from botocore.exceptions import ClientError
+
+    name = iam_name(sweep)
+    trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}
+    tags = [{"Key": "orch:sweep", "Value": sweep}]
+    try:
+        try:
+            iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust), Tags=tags)
+        except ClientError as exc:
+            if _code(exc) != "EntityAlreadyExists":
+                raise
+        iam.put_role_policy(RoleName=name, PolicyName="orch-sweep", PolicyDocument=json.dumps(instance_profile_policy(bucket, prefix, sweep, data, kms_keys)))
+        try:
+            profile = iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"]
+        except ClientError as exc:
+            if _code(exc) != "NoSuchEntity":
+                raise
+            profile = iam.create_instance_profile(InstanceProfileName=name, Tags=tags)["InstanceProfile"]
+        if not any(r["RoleName"] == name for r in profile.get("Roles", [])):
+            iam.add_role_to_instance_profile(InstanceProfileName=name, RoleName=name)
+    except ClientError as exc:
+        raise explain(exc, "creating the sweep's instance profile") from None
+    return name
