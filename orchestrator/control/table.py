@@ -17,7 +17,7 @@ from typing import Deque, Dict, Iterable, List, Optional, Set
 
 from orchestrator.control.views import RunView
 from orchestrator.store.base import Store
-from orchestrator.store.status import QUEUED, RunStatus, orch_prefix, read_versioned, status_key
+from orchestrator.store.status import QUEUED, RunStatus, read_versioned, recorded_runs
 from orchestrator.sweep.spec import Sweep
 
 READERS = 10  # parallel record reads (S3 answers each in tens of milliseconds); botocore keeps 10 connections a client
@@ -56,17 +56,14 @@ class RunTable:
         if summary is None:
             # a record missing now may be written before its claim (a second controller): the claim is
             # conditional on the key's absence, so that shows as a refused write and is read then
-            present = self._recorded()
+            present = recorded_runs(self.store, self.name)
             records = read_many(self.store, self.name, [rid for rid in self.order if rid in present])
             self.update(records)
+            self.fresh = set(records)  # read just now: the first pass decides them without reading again
             for rid in self.order:
-                if rid not in records:
-                    self.status[rid], self.versions[rid] = RunStatus(run_id=rid), None
-                    records[rid] = (self.status[rid], None)
-            self.fresh = set(self.order)  # read just now: the first pass decides them without reading again
-            for rid in self.order:
-                status = records[rid][0]
-                (self.queue.append if status.state == QUEUED and status.attempt == 0 else self.watch.add)(rid)
+                status = records[rid][0] if rid in records else None
+                unclaimed = status is None or (status.state == QUEUED and status.attempt == 0)
+                (self.queue.append if unclaimed else self.watch.add)(rid)
             return
         for rid in self.order:
             row = summary[rid]
@@ -77,12 +74,6 @@ class RunTable:
                 self.queue.append(rid)
             else:
                 self.watch.add(rid)
-
-    def _recorded(self) -> Set[str]:
-        """The runs that have a record, from one listing of the sweep's records folder."""
-        base = orch_prefix(self.name, "")
-        tail = status_key(self.name, "x")[len(orch_prefix(self.name, "x")):]  # "/status.json"
-        return {key[len(base):-len(tail)] for key in self.store.list(base) if key.startswith(base) and key.endswith(tail)}
 
     def update(self, records: Dict[str, tuple]) -> None:
         self.reads += len(records)

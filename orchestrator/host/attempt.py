@@ -163,7 +163,7 @@ class RungWatch:
             return False
         self.size = size
         value = last_metrics(self.path).get(self.at)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < self.rungs[0]:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < self.rungs[0]:  # NaN: no progress
             return False
         self.rungs = [r for r in self.rungs if r > value]
         return True

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Set, Tuple
 
 from orchestrator.store.base import Store, json_bytes, put_json
 
@@ -65,8 +65,17 @@ def orch_prefix(sweep: str, run_id: str) -> str:
     return f"{sweep}/.orch/{run_id}"
 
 
+STATUS_FILE = "status.json"
+
+
 def status_key(sweep: str, run_id: str) -> str:
-    return f"{orch_prefix(sweep, run_id)}/status.json"
+    return f"{orch_prefix(sweep, run_id)}/{STATUS_FILE}"
+
+
+def recorded_runs(store: Store, sweep: str) -> Set[str]:
+    """The runs that have a record, from one listing of the sweep's records folder (one LIST per 1,000 keys)."""
+    base, tail = orch_prefix(sweep, ""), f"/{STATUS_FILE}"
+    return {key[len(base):-len(tail)] for key in store.list(base) if key.startswith(base) and key.endswith(tail)}
 
 
 _TYPES = {"attempt": int, "failures": int, "preemptions": int, "no_shows": int, "host": str, "reason": str, "log_tail": str,
