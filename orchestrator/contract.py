@@ -50,15 +50,19 @@ def ctl_dir(base: str, sweep: str, run_id: str) -> str:
 def sh_path(path: str) -> str:
     """A path as one shell word; `~/...` stays expandable (as "$HOME/...")."""
     if path.startswith("~/"):
-        return '"$HOME/' + path[2:].replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`") + '"'
+        return (
+            '"$HOME/' + path[2:].replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`") + '"'
+        )
     return shlex.quote(path)
 
 
 def agent_command(python: str, task_file: str, ctl_dir: str, pythonpath: Optional[str] = None) -> str:
     """The shell command that runs the agent for a task; its own output goes to ctl/agent.log."""
     prefix = f"PYTHONPATH={sh_path(pythonpath)} " if pythonpath else ""
-    return (f"{prefix}{shlex.quote(python)} -m orchestrator.host.agent {sh_path(task_file)} "
-            f"2>&1 | tee -a {sh_path(ctl_dir + '/' + AGENT_LOG_FILE)}")
+    return (
+        f"{prefix}{shlex.quote(python)} -m orchestrator.host.agent {sh_path(task_file)} "
+        f"2>&1 | tee -a {sh_path(ctl_dir + '/' + AGENT_LOG_FILE)}"
+    )
 
 
 def stop_script(ctl_dir: str, session: str, reason: str, wait_s: float, tmux_socket: str) -> str:
@@ -67,10 +71,13 @@ def stop_script(ctl_dir: str, session: str, reason: str, wait_s: float, tmux_soc
     Exit 0: it ended. Exit 3: the session was still there after wait_s (the caller may kill it).
     """
     ctl = ctl_dir.rstrip("/")
-    return (f"echo {shlex.quote(reason)} > {sh_path(ctl + '/' + STOP_REASON_FILE)}; "
-            f"kill -TERM \"$(cat {sh_path(ctl + '/' + AGENT_PID_FILE)} 2>/dev/null)\" 2>/dev/null; "
-            f"for i in $(seq {max(1, int(wait_s * 10))}); do "
-            f"tmux -L {shlex.quote(tmux_socket)} has-session -t {shlex.quote('=' + session)} 2>/dev/null || exit 0; sleep 0.1; done; exit 3")
+    return (
+        f"echo {shlex.quote(reason)} > {sh_path(ctl + '/' + STOP_REASON_FILE)}; "
+        f'kill -TERM "$(cat {sh_path(ctl + "/" + AGENT_PID_FILE)} 2>/dev/null)" 2>/dev/null; '
+        f"for i in $(seq {max(1, int(wait_s * 10))}); do "
+        f"tmux -L {shlex.quote(tmux_socket)} has-session -t {shlex.quote('=' + session)} 2>/dev/null || exit 0; sleep "
+        "0.1; done; exit 3"
+    )
 
 
 def notice_path(ctl_dir: str) -> str:
@@ -95,7 +102,9 @@ class RunTask:
     sync_s: float = 5.0  # run folder -> store period
     host: str = "localhost"  # shown in status
     terminate_on_exit: bool = False  # aws: the agent terminates its own instance when the attempt ends
-    idle_s: Optional[float] = None  # with terminate_on_exit off: terminate after this long unattached once the run ended
+    idle_s: Optional[float] = (
+        None  # with terminate_on_exit off: terminate after this long unattached once the run ended
+    )
     replaces: str = ""  # host of the previous attempt when that one was preempted or lost
     notice_poll_s: float = 5.0  # how often the agent looks for a spot interruption notice
     imds: bool = False  # also ask the instance metadata service (aws), not only ctl/spot-notice
@@ -104,7 +113,9 @@ class RunTask:
     node_hosts: int = 1  # aws: hosts the attempt spans, one node each (its agents: node 0 reports, the others follow)
     node_rank: int = 0  # aws: which of them this host is
     slot: int = -1  # aws packing: the slot (set of GPUs) this run holds on an instance shared with other runs; -1: none
-    rungs_at: str = ""  # prune: the metrics key of progress (`prune.at`); a line passing one of `rungs` is reported at once,
+    rungs_at: str = (
+        ""  # prune: the metrics key of progress (`prune.at`); a line passing one of `rungs` is reported at once,
+    )
     rungs: List[float] = field(default_factory=list)  # not at the next heartbeat (the controller decides at rungs)
 
     def save(self, path: Path) -> None:

@@ -21,15 +21,24 @@ ROOT = Path(__file__).resolve().parents[1]
 # The longest tests (minutes each, mostly waiting on fake boots and real training) start first, so the
 # two workers share them instead of one worker ending the suite alone with the last of them.
 LONGEST_FIRST = (
-    "test_acceptance_three_runs_with_realistic_boot", "test_every_run_interrupted_once", "test_the_readme_fake_cloud_walkthrough",
-    "test_sweep_runs_on_fake_spot_instances", "test_the_speed_table_command_runs_every_row", "test_two_nodes_of_two_processes",
-    "test_a_quota_reached_while_runs_go", "test_digits_preset_reaches_97", "test_controller_killed_right_after_createfleet",
-    "test_host_lost_without_notice_resumes", "test_four_ranks_resumed_mid_epoch", "test_compile_trains_and_matches_eager",
+    "test_acceptance_three_runs_with_realistic_boot",
+    "test_every_run_interrupted_once",
+    "test_the_readme_fake_cloud_walkthrough",
+    "test_sweep_runs_on_fake_spot_instances",
+    "test_the_speed_table_command_runs_every_row",
+    "test_two_nodes_of_two_processes",
+    "test_a_quota_reached_while_runs_go",
+    "test_digits_preset_reaches_97",
+    "test_controller_killed_right_after_createfleet",
+    "test_host_lost_without_notice_resumes",
+    "test_four_ranks_resumed_mid_epoch",
+    "test_compile_trains_and_matches_eager",
 )
 
 
 def pytest_collection_modifyitems(config, items):
     """Known-long tests first (a stable sort: the rest keep their order)."""
+
     def rank(item) -> int:
         return next((i for i, name in enumerate(LONGEST_FIRST) if item.name.startswith(name)), len(LONGEST_FIRST))
 
@@ -71,21 +80,38 @@ class Orch:
         return [sys.executable, "-X", "faulthandler", "-m", "orchestrator.cli", *args]
 
     def __call__(self, *args: str, timeout: float = 280, cwd: Path | None = None) -> CliResult:
-        """The CLI to its end. One that outlives `timeout` (by default under pytest's own 300 s) is stopped with SIGABRT, so
-        Python's faulthandler prints every thread's stack: the failure shows where it hung and what it logged."""
-        p = subprocess.Popen(self.argv(*args), env=self.env, cwd=cwd or self.tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        """The CLI to its end. One that outlives `timeout` (by default under pytest's own 300 s) is stopped with
+        SIGABRT, so Python's faulthandler prints every thread's stack: the failure shows where it hung and what it
+        logged."""
+        p = subprocess.Popen(
+            self.argv(*args),
+            env=self.env,
+            cwd=cwd or self.tmp,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             out, err = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             p.send_signal(signal.SIGABRT)
             out, err = p.communicate()
-            raise AssertionError(f"orch {' '.join(args)} still running after {timeout:.0f} s; its output and stacks:\n"
-                                 f"{out[-3000:]}\n{err[-12000:]}") from None
+            raise AssertionError(
+                f"orch {' '.join(args)} still running after {timeout:.0f} s; its output and stacks:\n"
+                f"{out[-3000:]}\n{err[-12000:]}"
+            ) from None
         return CliResult(p.returncode, out, err)
 
     def popen(self, *args: str, **kw) -> subprocess.Popen:
-        return subprocess.Popen(self.argv(*args), env=self.env, cwd=self.tmp, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, **kw)
+        return subprocess.Popen(
+            self.argv(*args),
+            env=self.env,
+            cwd=self.tmp,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            **kw,
+        )
 
     def tmux(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, env=self.env)
@@ -126,7 +152,7 @@ def script(tmp_path):
     return write
 
 
-JOB = '''
+JOB = """
 import json, os, signal, sys, time
 run, out = os.environ["ORCH_RUN_ID"], os.environ["ORCH_RUN_DIR"]
 marks, steps, release = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -153,7 +179,7 @@ while i < steps or (release and not os.path.exists(release)):
 print(f"finished {run} with code {code}", flush=True)
 os.rmdir(lock)
 sys.exit(code)
-'''
+"""
 
 
 @pytest.fixture
@@ -202,7 +228,9 @@ def identity(tmp_path) -> Path:
 
     key = Ed25519PrivateKey.generate()
     path = tmp_path / "id_ed25519"
-    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()))
+    path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption())
+    )
     path.chmod(0o600)
     pub = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
     path.with_name("id_ed25519.pub").write_text(pub + " orch-test\n")
@@ -221,6 +249,7 @@ def cloud(tmp_path, orch):
         leaks = c.all_leftovers()
         assert not leaks, f"left behind: {leaks}"
 
+
 @pytest.fixture(params=["local", "s3"])
 def store(request, tmp_path):
     """A store of each kind: a LocalStore folder, and an S3Store on a fake cloud's moto."""
@@ -236,4 +265,3 @@ def store(request, tmp_path):
         s = S3Store(f"s3://{BUCKET}/pre", client=cloud.client("s3"))
         s.check()
         yield s
-

@@ -127,7 +127,9 @@ def _extend_moto() -> None:
             version = template.get_version(v)
             version.data = {k: val for k, val in version.data.items() if k != "UserData"}
             done.append({"LaunchTemplateId": template.id, "LaunchTemplateName": template.name, "VersionNumber": int(v)})
-        return ActionResult({"SuccessfullyDeletedLaunchTemplateVersions": done, "UnsuccessfullyDeletedLaunchTemplateVersions": []})
+        return ActionResult(
+            {"SuccessfullyDeletedLaunchTemplateVersions": done, "UnsuccessfullyDeletedLaunchTemplateVersions": []}
+        )
 
     LaunchTemplates.delete_launch_template_versions = delete_launch_template_versions
 
@@ -153,9 +155,12 @@ class _Imds(BaseHTTPRequestHandler):
         path = self.path.removeprefix("/latest/meta-data/")
         host = self.host
         value = {
-            "instance-id": host.instance_id, "placement/region": REGION,
-            "placement/availability-zone": host.az, "local-ipv4": host.ip,
-            "spot/instance-action": host.spot_notice, "events/recommendations/rebalance": host.rebalance,
+            "instance-id": host.instance_id,
+            "placement/region": REGION,
+            "placement/availability-zone": host.az,
+            "local-ipv4": host.ip,
+            "spot/instance-action": host.spot_notice,
+            "events/recommendations/rebalance": host.rebalance,
         }.get(path)
         if path.startswith("iam/security-credentials/") and host.credentials is not None:
             role, creds = host.credentials()
@@ -220,22 +225,41 @@ class FakeHost:
         imds_url = f"http://{self.ip}:{self.imds.server_address[1]}"
         # No AWS keys: like an EC2 instance, a host has only what its instance profile gives (IMDS).
         env = {
-            "HOME": str(self.home), "AWS_ENDPOINT_URL": self.endpoint, "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds_url,
-            "AWS_DEFAULT_REGION": REGION, "ORCH_FAKE_HOST": self.instance_id, "TMUX_TMPDIR": str(self.tmux_dir),
-            "ORCH_FAKE_HOST_ROOT": str(self.root), "ORCH_FAKE_PYTHON": sys.executable, "ORCH_FAKE_COLD_S": str(self.cold_s or ""),
+            "HOME": str(self.home),
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds_url,
+            "AWS_DEFAULT_REGION": REGION,
+            "ORCH_FAKE_HOST": self.instance_id,
+            "TMUX_TMPDIR": str(self.tmux_dir),
+            "ORCH_FAKE_HOST_ROOT": str(self.root),
+            "ORCH_FAKE_PYTHON": sys.executable,
+            "ORCH_FAKE_COLD_S": str(self.cold_s or ""),
             "PATH": f"{self.image or Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
         }
-        config = "\n".join([
-            f"ListenAddress {self.ip}", f"Port {SSH_PORT}", f"HostKey {host_key}",
-            f"AuthorizedKeysFile {self.root / 'authorized_keys'}", f"PidFile {self.root / 'sshd.pid'}",
-            "UsePAM no", "StrictModes no", "PermitRootLogin prohibit-password", "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no", f"Subsystem sftp internal-sftp -d {self.home}",
-            "SetEnv " + " ".join(f"{k}={v}" for k, v in env.items()), "",
-        ])
+        config = "\n".join(
+            [
+                f"ListenAddress {self.ip}",
+                f"Port {SSH_PORT}",
+                f"HostKey {host_key}",
+                f"AuthorizedKeysFile {self.root / 'authorized_keys'}",
+                f"PidFile {self.root / 'sshd.pid'}",
+                "UsePAM no",
+                "StrictModes no",
+                "PermitRootLogin prohibit-password",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                f"Subsystem sftp internal-sftp -d {self.home}",
+                "SetEnv " + " ".join(f"{k}={v}" for k, v in env.items()),
+                "",
+            ]
+        )
         (self.root / "sshd_config").write_text(config)
         Path("/run/sshd").mkdir(exist_ok=True)  # privilege separation directory
-        self.sshd = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.root / "sshd_config")],
-                                     stdout=open(self.root / "sshd.log", "ab"), stderr=subprocess.STDOUT)
+        self.sshd = subprocess.Popen(
+            [SSHD, "-D", "-e", "-f", str(self.root / "sshd_config")],
+            stdout=open(self.root / "sshd.log", "ab"),
+            stderr=subprocess.STDOUT,
+        )
 
     def stop(self) -> None:
         """The instance is gone: its sshd, its IMDS and everything that ran on it stop."""
@@ -301,8 +325,15 @@ HARNESS_KEY = "fakecloud-harness"  # not CONTROLLER_KEY: the gate checks the con
 
 
 class FakeCloud:
-    def __init__(self, root: Path, poll_s: float = 0.2, boot_s: float = 0.0, cold_s: float = 0.0,
-                 strict: Optional[Strictness] = None, default_vpc: bool = True):
+    def __init__(
+        self,
+        root: Path,
+        poll_s: float = 0.2,
+        boot_s: float = 0.0,
+        cold_s: float = 0.0,
+        strict: Optional[Strictness] = None,
+        default_vpc: bool = True,
+    ):
         self.root = Path(root)
         self.poll_s = poll_s
         self.boot_s = boot_s  # seconds from `running` until sshd answers (real: 30-120)
@@ -341,7 +372,9 @@ class FakeCloud:
         self.gate.policy_source = policies_from_moto(self.endpoint, self.secret)
         from orchestrator.aws.policy import controller_policy
 
-        self.gate.controller_policy = controller_policy(BUCKET)  # orch's own calls: exactly what docs/aws.md asks users to grant
+        self.gate.controller_policy = controller_policy(
+            BUCKET
+        )  # orch's own calls: exactly what docs/aws.md asks users to grant
         self._reset()  # moto keeps its state per process: every fake cloud starts empty
         for k, v in self.env().items():
             self._saved_env[k] = os.environ.get(k)
@@ -355,8 +388,14 @@ class FakeCloud:
         ec2.associate_vpc_cidr_block(VpcId=vpc, CidrBlock=f"127.{self.net}.0.0/16")
         self.vpc = vpc
         for i, az in enumerate(AZS, start=1):
-            self.subnets.append(ec2.create_subnet(VpcId=vpc, CidrBlock=f"127.{self.net}.{i}.0/24", AvailabilityZone=az)["Subnet"]["SubnetId"])
-            ec2.modify_subnet_attribute(SubnetId=self.subnets[-1], MapPublicIpOnLaunch={"Value": False})  # moto maps them; custom VPCs do not
+            self.subnets.append(
+                ec2.create_subnet(VpcId=vpc, CidrBlock=f"127.{self.net}.{i}.0/24", AvailabilityZone=az)["Subnet"][
+                    "SubnetId"
+                ]
+            )
+            ec2.modify_subnet_attribute(
+                SubnetId=self.subnets[-1], MapPublicIpOnLaunch={"Value": False}
+            )  # moto maps them; custom VPCs do not
         if not self.default_vpc:  # an account whose default VPC was deleted: sweeps must name subnets
             from tests.fakecloud_gate import _ec2_backend
 
@@ -371,15 +410,26 @@ class FakeCloud:
         """An image shaped like the DLAMI in DescribeImages: its root device name and snapshot size."""
         from tests.fakecloud_gate import _ec2_backend
 
-        image_id = self.client("ec2").register_image(Name=name, Description="fake Deep Learning AMI (OSS PyTorch, Ubuntu)")["ImageId"]
+        image_id = self.client("ec2").register_image(
+            Name=name, Description="fake Deep Learning AMI (OSS PyTorch, Ubuntu)"
+        )["ImageId"]
         ami = _ec2_backend().amis[image_id]
         ami.root_device_name = root_device
 
         class _Dlami(type(ami)):  # moto gives every registered image a 15 GB standard volume
             @property
             def block_device_mappings(self):
-                return [{"DeviceName": self.root_device_name, "Ebs": {"SnapshotId": self.ebs_snapshot.id, "VolumeSize": snapshot_gb,
-                                                                     "DeleteOnTermination": True, "VolumeType": "gp3"}}]
+                return [
+                    {
+                        "DeviceName": self.root_device_name,
+                        "Ebs": {
+                            "SnapshotId": self.ebs_snapshot.id,
+                            "VolumeSize": snapshot_gb,
+                            "DeleteOnTermination": True,
+                            "VolumeType": "gp3",
+                        },
+                    }
+                ]
 
         ami.__class__ = _Dlami
         return image_id
@@ -392,7 +442,9 @@ class FakeCloud:
         (notorch / "__init__.py").write_text('raise ModuleNotFoundError("No module named \'torch\'", name="torch")\n')
         bin_dir.mkdir(parents=True, exist_ok=True)
         plain = bin_dir / "python3"
-        plain.write_text(PYTHON_WRAPPER.format(block=f'export PYTHONPATH="{notorch.parent}${{PYTHONPATH:+:$PYTHONPATH}}"\n'))
+        plain.write_text(
+            PYTHON_WRAPPER.format(block=f'export PYTHONPATH="{notorch.parent}${{PYTHONPATH:+:$PYTHONPATH}}"\n')
+        )
         plain.chmod(0o755)
         (bin_dir / "python").symlink_to("python3")
         framework = PYTHON_WRAPPER.format(block="")
@@ -423,9 +475,15 @@ class FakeCloud:
         role = roles[0]
         c = self.client("sts").assume_role(RoleArn=role["Arn"], RoleSessionName=instance_id)["Credentials"]
         self.gate.roles[c["AccessKeyId"]] = role["RoleName"]
-        doc = {"Code": "Success", "Type": "AWS-HMAC", "AccessKeyId": c["AccessKeyId"], "SecretAccessKey": c["SecretAccessKey"],
-               "Token": c["SessionToken"], "Expiration": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 6 * 3600)),
-               "LastUpdated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        doc = {
+            "Code": "Success",
+            "Type": "AWS-HMAC",
+            "AccessKeyId": c["AccessKeyId"],
+            "SecretAccessKey": c["SecretAccessKey"],
+            "Token": c["SessionToken"],
+            "Expiration": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 6 * 3600)),
+            "LastUpdated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
         self._creds[instance_id] = (role["RoleName"], doc)
         return self._creds[instance_id]
 
@@ -448,18 +506,30 @@ class FakeCloud:
     def _reset(self) -> None:
         import urllib.request
 
-        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"), timeout=10).read()
+        urllib.request.urlopen(
+            urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"), timeout=10
+        ).read()
 
     def env(self) -> Dict[str, str]:
-        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": CONTROLLER_KEY, "AWS_SECRET_ACCESS_KEY": self.secret,
-                "AWS_DEFAULT_REGION": REGION, "AWS_EC2_METADATA_DISABLED": "true"}
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": CONTROLLER_KEY,
+            "AWS_SECRET_ACCESS_KEY": self.secret,
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
 
     def client(self, service: str):
         import boto3
 
         # the harness's own key: setting up the cloud (VPCs, images, buckets) and inspecting it is not orch's doing
-        return boto3.client(service, region_name=REGION, endpoint_url=self.endpoint,
-                            aws_access_key_id=HARNESS_KEY, aws_secret_access_key=self.secret)
+        return boto3.client(
+            service,
+            region_name=REGION,
+            endpoint_url=self.endpoint,
+            aws_access_key_id=HARNESS_KEY,
+            aws_secret_access_key=self.secret,
+        )
 
     # the watcher
 
@@ -481,12 +551,26 @@ class FakeCloud:
         for iid, inst in running.items():
             self.seen.setdefault(iid, now)
             if iid not in self.hosts and iid not in self.gone and now - self.seen[iid] >= self.boot_s:
-                ud = ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData").get("UserData", {}).get("Value", "")
-                host = FakeHost(iid, inst["PrivateIpAddress"], inst["Placement"]["AvailabilityZone"], self.root / "hosts" / iid,
-                                self.endpoint, wrong_key=self.wrong_host_keys, image=self.image_bin, cold_s=self.cold_s,
-                                credentials=lambda iid=iid: self.host_credentials(iid))
+                ud = (
+                    ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")
+                    .get("UserData", {})
+                    .get("Value", "")
+                )
+                host = FakeHost(
+                    iid,
+                    inst["PrivateIpAddress"],
+                    inst["Placement"]["AvailabilityZone"],
+                    self.root / "hosts" / iid,
+                    self.endpoint,
+                    wrong_key=self.wrong_host_keys,
+                    image=self.image_bin,
+                    cold_s=self.cold_s,
+                    credentials=lambda iid=iid: self.host_credentials(iid),
+                )
                 if self.no_sshd:
-                    self.hosts[iid] = FakeHost(iid, inst["PrivateIpAddress"], "", self.root / "hosts" / iid, self.endpoint)
+                    self.hosts[iid] = FakeHost(
+                        iid, inst["PrivateIpAddress"], "", self.root / "hosts" / iid, self.endpoint
+                    )
                     continue
                 self.host_credentials(iid)  # minted at boot: IMDS answers at once, as EC2's does (botocore waits 1 s)
                 host.start(base64.b64decode(ud).decode() if ud else "")
@@ -504,7 +588,9 @@ class FakeCloud:
 
     def rebalance_recommendation(self, instance_id: str) -> None:
         """EC2's earlier, softer signal that this spot instance is at elevated risk."""
-        self.hosts[instance_id].rebalance = json.dumps({"noticeTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        self.hosts[instance_id].rebalance = json.dumps(
+            {"noticeTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        )
 
     def reclaim(self, instance_id: str) -> None:
         """The spot market takes the instance back."""
@@ -518,7 +604,14 @@ class FakeCloud:
             for i in res["Instances"]:
                 tags = {t["Key"]: t["Value"] for t in i.get("Tags", [])}
                 if i["State"]["Name"] in states and (sweep is None or tags.get("orch:sweep") == sweep):
-                    out.append({"id": i["InstanceId"], "state": i["State"]["Name"], "tags": tags, "ip": i.get("PrivateIpAddress")})
+                    out.append(
+                        {
+                            "id": i["InstanceId"],
+                            "state": i["State"]["Name"],
+                            "tags": tags,
+                            "ip": i.get("PrivateIpAddress"),
+                        }
+                    )
         return out
 
     def leftovers(self, sweep: str) -> Dict[str, list]:
@@ -527,9 +620,22 @@ class FakeCloud:
         name = f"orch-{sweep}"
         return {
             "instances": [i["id"] for i in self.instances(sweep, states=("pending", "running", "stopping", "stopped"))],
-            "security_groups": [g["GroupId"] for g in ec2.describe_security_groups(Filters=[{"Name": "tag:orch:sweep", "Values": [sweep]}])["SecurityGroups"]],
-            "launch_templates": [t["LaunchTemplateId"] for t in ec2.describe_launch_templates()["LaunchTemplates"] if t["LaunchTemplateName"] == name],
-            "instance_profiles": [p["InstanceProfileName"] for p in iam.list_instance_profiles()["InstanceProfiles"] if p["InstanceProfileName"] == name],
+            "security_groups": [
+                g["GroupId"]
+                for g in ec2.describe_security_groups(Filters=[{"Name": "tag:orch:sweep", "Values": [sweep]}])[
+                    "SecurityGroups"
+                ]
+            ],
+            "launch_templates": [
+                t["LaunchTemplateId"]
+                for t in ec2.describe_launch_templates()["LaunchTemplates"]
+                if t["LaunchTemplateName"] == name
+            ],
+            "instance_profiles": [
+                p["InstanceProfileName"]
+                for p in iam.list_instance_profiles()["InstanceProfiles"]
+                if p["InstanceProfileName"] == name
+            ],
         }
 
     def all_leftovers(self) -> Dict[str, list]:
@@ -539,12 +645,21 @@ class FakeCloud:
 
     def sweep_yaml(self, name: str, identity: Path, command: str, extra: str = "", **aws: str) -> str:
         """A sweep for this cloud (what experiments/fakecloud-smoke.yaml holds, with this cloud's ids)."""
-        fields = {"region": REGION, "instance_types": "[g5.xlarge, g6.xlarge]", "image": IMAGE_NAME, "image_owner": "self",
-                  "ssh_cidr": "127.0.0.1/32", "max_minutes": "60", **aws}
+        fields = {
+            "region": REGION,
+            "instance_types": "[g5.xlarge, g6.xlarge]",
+            "image": IMAGE_NAME,
+            "image_owner": "self",
+            "ssh_cidr": "127.0.0.1/32",
+            "max_minutes": "60",
+            **aws,
+        }
         lines = "\n".join(f"  {k}: {v}" for k, v in fields.items())
         user = os.environ.get("USER") or "root"
-        return (f"name: {name}\nbackend: aws\ncommand: \"{command}\"\nstore: s3://{BUCKET}/sweeps\n{extra}\naws:\n{lines}\n"
-                f"  ssh:\n    user: {user}\n    port: {SSH_PORT}\n    address: private_ip\n    identity: {identity}\n")
+        return (
+            f'name: {name}\nbackend: aws\ncommand: "{command}"\nstore: s3://{BUCKET}/sweeps\n{extra}\naws:\n{lines}\n'
+            f"  ssh:\n    user: {user}\n    port: {SSH_PORT}\n    address: private_ip\n    identity: {identity}\n"
+        )
 
 
 def main() -> int:
@@ -553,8 +668,12 @@ def main() -> int:
     import tempfile
 
     ap = argparse.ArgumentParser(prog="python -m tests.fakecloud", description=__doc__.split("\n")[0])
-    ap.add_argument("--boot-s", type=float, default=0.0, help="seconds from `running` until a host's sshd answers (EC2: 30-120)")
-    ap.add_argument("--cold-s", type=float, default=0.0, help="extra seconds of a host's first interpreter start (a cold volume)")
+    ap.add_argument(
+        "--boot-s", type=float, default=0.0, help="seconds from `running` until a host's sshd answers (EC2: 30-120)"
+    )
+    ap.add_argument(
+        "--cold-s", type=float, default=0.0, help="extra seconds of a host's first interpreter start (a cold volume)"
+    )
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="orch-fakecloud-"))
     with FakeCloud(root, boot_s=args.boot_s, cold_s=args.cold_s) as cloud:

@@ -49,7 +49,9 @@ ACCOUNT = "123456789012"  # moto's default account
 # every request into it, and every direct read of its state, holds this lock.
 MOTO = threading.RLock()
 REGION = "us-east-1"
-CONTROLLER_KEY = "testing"  # the access key the orch CLI (the controller) runs with; the harness's own clients use another
+CONTROLLER_KEY = (
+    "testing"  # the access key the orch CLI (the controller) runs with; the harness's own clients use another
+)
 CONTROLLER = "(the controller)"  # its name where a role's would be
 AUTH_RE = re.compile(r"Credential=([^/]+)/[^/]+/([^/]+)/([^/]+)/")
 PLACEMENT_ACTIONS = ("CreatePlacementGroup", "DescribePlacementGroups", "DeletePlacementGroup")
@@ -84,13 +86,25 @@ class Gate:
     groups_of: Dict[str, List[str]] = field(default_factory=dict)  # instance id -> security groups (from its template)
     profile_of: Dict[str, str] = field(default_factory=dict)  # instance id -> instance profile (moto's fleets drop it)
     policy_source: Optional[Callable[[str], List[dict]]] = None  # role -> policy documents
-    garbled: set = field(default_factory=set)  # EC2 actions answered with a body no SDK can parse (any-exception injection)
-    fleet_capacity: Dict[Tuple[str, str, str], int] = field(default_factory=dict)  # most instances one CreateFleet gets from a pool
-    spot_ids: set = field(default_factory=set)  # instances a fleet launched as spot (one-time requests: EC2 cannot stop them)
-    kms_buckets: set = field(default_factory=set)  # buckets whose default encryption is SSE-KMS: their ETags are no MD5s
-    spot_quota: Optional[int] = None  # set by a test: most live spot instances the account may run (the vCPU quota, in instances)
+    garbled: set = field(
+        default_factory=set
+    )  # EC2 actions answered with a body no SDK can parse (any-exception injection)
+    fleet_capacity: Dict[Tuple[str, str, str], int] = field(
+        default_factory=dict
+    )  # most instances one CreateFleet gets from a pool
+    spot_ids: set = field(
+        default_factory=set
+    )  # instances a fleet launched as spot (one-time requests: EC2 cannot stop them)
+    kms_buckets: set = field(
+        default_factory=set
+    )  # buckets whose default encryption is SSE-KMS: their ETags are no MD5s
+    spot_quota: Optional[int] = (
+        None  # set by a test: most live spot instances the account may run (the vCPU quota, in instances)
+    )
     fail_images: bool = False  # set by a test: new images end `failed` instead of `available`
-    controller_policy: Optional[dict] = None  # the policy orch documents (orch aws policy): every controller call is checked
+    controller_policy: Optional[dict] = (
+        None  # the policy orch documents (orch aws policy): every controller call is checked
+    )
     denied: List[str] = field(default_factory=list)  # controller calls the documented policy refused
 
     def __post_init__(self):
@@ -123,12 +137,18 @@ class Gate:
             else:
                 answer = self.forward(environ)
         except Exception as exc:  # a bug in the gate must be loud, not a hang
-            answer = ("500 Internal Server Error", [("Content-Type", "text/plain")], f"fake cloud gate: {exc!r}".encode())
+            answer = (
+                "500 Internal Server Error",
+                [("Content-Type", "text/plain")],
+                f"fake cloud gate: {exc!r}".encode(),
+            )
         status, headers, data = answer
         if service == "s3" and environ.get("PATH_INFO", "").lstrip("/").split("/")[0] in self.kms_buckets:
             headers, data = _not_md5(headers, data)
         if environ["REQUEST_METHOD"] != "HEAD":  # a HEAD answer has no body but the object's length (S3 HeadObject)
-            headers = [(k, v) for k, v in headers if k.lower() != "content-length"] + [("Content-Length", str(len(data)))]
+            headers = [(k, v) for k, v in headers if k.lower() != "content-length"] + [
+                ("Content-Length", str(len(data)))
+            ]
         start_response(status, headers)
         return [data] if environ["REQUEST_METHOD"] != "HEAD" else [b""]
 
@@ -157,12 +177,30 @@ class Gate:
     def _ec2(self, environ, body: bytes, role: Optional[str]):
         form = parse_qs(body.decode())
         action = form.get("Action", [""])[0]
-        ids = [v[0] for k, v in form.items() if k.startswith("InstanceId.") or (action == "DeleteTags" and k.startswith("ResourceId."))]
-        if role and role != CONTROLLER:  # a host: only what its role allows (the agent terminates, or untags, its own instance)
-            if action not in ("TerminateInstances", "DeleteTags") or not ids or not all(
-                    self._allowed(role, f"ec2:{action}", f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/{i}",
-                                  {f"aws:ResourceTag/{k}": v for k, v in _instance_tags(i).items()}) for i in ids):
-                return self._ec2_error("UnauthorizedOperation", f"You are not authorized to perform this operation ({action}).", 403)
+        ids = [
+            v[0]
+            for k, v in form.items()
+            if k.startswith("InstanceId.") or (action == "DeleteTags" and k.startswith("ResourceId."))
+        ]
+        if (
+            role and role != CONTROLLER
+        ):  # a host: only what its role allows (the agent terminates, or untags, its own instance)
+            if (
+                action not in ("TerminateInstances", "DeleteTags")
+                or not ids
+                or not all(
+                    self._allowed(
+                        role,
+                        f"ec2:{action}",
+                        f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/{i}",
+                        {f"aws:ResourceTag/{k}": v for k, v in _instance_tags(i).items()},
+                    )
+                    for i in ids
+                )
+            ):
+                return self._ec2_error(
+                    "UnauthorizedOperation", f"You are not authorized to perform this operation ({action}).", 403
+                )
         if action in ("DescribeInstances", "TerminateInstances"):
             fresh = [i for i in ids if self._is_young(i, self.strict.instance_s)]
             if fresh:
@@ -177,9 +215,12 @@ class Gate:
         if action == "StopInstances":  # EC2 user guide, Spot Instance request limitations
             spot = [i for i in ids if i in self.spot_ids]
             if spot:
-                return self._ec2_error("UnsupportedOperation", f"You can't stop the Spot Instance '{spot[0]}' because it is associated "
-                                       "with a one-time Spot Instance request. You can only stop Spot Instances associated with "
-                                       "persistent Spot Instance requests.")
+                return self._ec2_error(
+                    "UnsupportedOperation",
+                    f"You can't stop the Spot Instance '{spot[0]}' because it is associated "
+                    "with a one-time Spot Instance request. You can only stop Spot Instances associated with "
+                    "persistent Spot Instance requests.",
+                )
         if action in self.garbled:
             self.counts[f"garbled:{action}"] += 1
             return "200 OK", [("Content-Type", "text/xml")], b"<garbled"
@@ -217,17 +258,30 @@ class Gate:
         for o in overrides:  # EC2 Fleet quotas: one request cannot span two subnets of one AZ
             az = _subnet_az(o.get("SubnetId", ""))
             if subnet_of.setdefault(az, o.get("SubnetId", "")) != o.get("SubnetId", ""):
-                return self._ec2_error("InvalidParameterValue", "An EC2 Fleet request can't span different subnets from the same "
-                                       f"Availability Zone ({subnet_of[az]}, {o.get('SubnetId')} in {az})")
+                return self._ec2_error(
+                    "InvalidParameterValue",
+                    "An EC2 Fleet request can't span different subnets from the same "
+                    f"Availability Zone ({subnet_of[az]}, {o.get('SubnetId')} in {az})",
+                )
         young_sg = [g for g in (data.get("SecurityGroupIds") or []) if self._is_young(g, self.strict.group_s)]
         if market == "spot" and self.spot_quota is not None:
             live = sum(1 for i in self.spot_ids if _state_of(i) in ("pending", "running"))
             if live + int(form.get("TargetCapacitySpecification.TotalTargetCapacity", ["1"])[0]) > self.spot_quota:
                 # EC2: "You have requested more vCPU capacity than your current vCPU limit … allows" (a fleet Error)
                 self.counts["MaxSpotInstanceCountExceeded"] += 1
-                return self._fleet_errors(template_id, version, market, [
-                    (o, "MaxSpotInstanceCountExceeded", f"Max spot instance count exceeded ({live} running; limit {self.spot_quota})")
-                    for o in overrides[:1]])
+                return self._fleet_errors(
+                    template_id,
+                    version,
+                    market,
+                    [
+                        (
+                            o,
+                            "MaxSpotInstanceCountExceeded",
+                            f"Max spot instance count exceeded ({live} running; limit {self.spot_quota})",
+                        )
+                        for o in overrides[:1]
+                    ],
+                )
         for o in overrides:
             az = _subnet_az(o.get("SubnetId", ""))
             code = self._injected(market, o.get("InstanceType", ""), az)
@@ -240,10 +294,17 @@ class Gate:
             elif placed:
                 refused.append((o, *placed))
             elif profile and self._is_young(profile, self.strict.profile_s):
-                # as a real answer pairs them (karpenter-provider-aws issue 3051): the propagation error, and a capacity error
+                # as a real answer pairs them (karpenter-provider-aws issue 3051): the propagation error, and a capacity
+                # error
                 refused.append((o, "InvalidParameterValue", PROFILE_ERROR.format(name=profile)))
-                refused.append((o, "UnfulfillableCapacity", "Unable to fulfill capacity due to your request configuration. "
-                                                            "Please adjust your request and try again."))
+                refused.append(
+                    (
+                        o,
+                        "UnfulfillableCapacity",
+                        "Unable to fulfill capacity due to your request configuration. "
+                        "Please adjust your request and try again.",
+                    )
+                )
             elif code:
                 refused.append((o, code, f"injected by the fake cloud for ({market}, {o.get('InstanceType')}, {az})"))
             else:
@@ -252,26 +313,50 @@ class Gate:
             self.counts[code] += 1
         wanted = int(form.get("TargetCapacitySpecification.TotalTargetCapacity", ["1"])[0])
         least = int(form.get(f"{'SpotOptions' if market == 'spot' else 'OnDemandOptions'}.MinTargetCapacity", ["0"])[0])
-        for o in [o for o in kept if least and (self._capacity(market, o.get("InstanceType", ""), o["_az"]) or wanted) < least]:
+        for o in [
+            o for o in kept if least and (self._capacity(market, o.get("InstanceType", ""), o["_az"]) or wanted) < least
+        ]:
             kept.remove(o)  # MinTargetCapacity: EC2 launches nothing rather than too few
-            refused.append((o, "InsufficientInstanceCapacity", f"fewer than {least} {o.get('InstanceType')} in {o['_az']} (fake cloud)"))
+            refused.append(
+                (
+                    o,
+                    "InsufficientInstanceCapacity",
+                    f"fewer than {least} {o.get('InstanceType')} in {o['_az']} (fake cloud)",
+                )
+            )
             self.counts["InsufficientInstanceCapacity"] += 1
         if not kept:
             return self._fleet_errors(template_id, version, market, refused)
-        new_form = [(k, v) for k, v in parse_qsl(urlencode(form, doseq=True)) if not k.startswith("LaunchTemplateConfigs.1.Overrides.")]
+        new_form = [
+            (k, v)
+            for k, v in parse_qsl(urlencode(form, doseq=True))
+            if not k.startswith("LaunchTemplateConfigs.1.Overrides.")
+        ]
         for n, o in enumerate(kept, start=1):
-            new_form += [(f"LaunchTemplateConfigs.1.Overrides.{n}.{k}", v) for k, v in o.items() if not k.startswith("_")]
+            new_form += [
+                (f"LaunchTemplateConfigs.1.Overrides.{n}.{k}", v) for k, v in o.items() if not k.startswith("_")
+            ]
         caps = [c for o in kept if (c := self._capacity(market, o.get("InstanceType", ""), o["_az"])) is not None]
         cap = min(caps) if caps else None
         if cap is not None:
             self.counts["partial"] += 1
-            new_form = [(k, str(cap) if k == "TargetCapacitySpecification.TotalTargetCapacity" and int(v) > cap else v) for k, v in new_form]
-        with MOTO:  # launched and made `pending` in one step: no DescribeInstances between sees a new instance `running`
+            new_form = [
+                (k, str(cap) if k == "TargetCapacitySpecification.TotalTargetCapacity" and int(v) > cap else v)
+                for k, v in new_form
+            ]
+        with (
+            MOTO
+        ):  # launched and made `pending` in one step: no DescribeInstances between sees a new instance `running`
             return self._launched(self.forward(environ, urlencode(new_form).encode()), data, profile, kept, market)
 
-    def _launched(self, answer: tuple, data: dict, profile: Optional[str], kept: list, market: str = "on-demand") -> tuple:
+    def _launched(
+        self, answer: tuple, data: dict, profile: Optional[str], kept: list, market: str = "on-demand"
+    ) -> tuple:
         if answer[0].startswith("200"):
-            groups = list(data.get("SecurityGroupIds") or [g for nic in data.get("NetworkInterfaces") or [] for g in nic.get("Groups", [])])
+            groups = list(
+                data.get("SecurityGroupIds")
+                or [g for nic in data.get("NetworkInterfaces") or [] for g in nic.get("Groups", [])]
+            )
             for iid in set(re.findall(rb"i-[0-9a-f]{8,17}", answer[2])):
                 iid = iid.decode()
                 self._born(iid)
@@ -300,20 +385,32 @@ class Gate:
     def _fleet_errors(self, template_id: str, version: str, market: str, refused) -> tuple:
         items = "".join(
             f"<item><launchTemplateAndOverrides><launchTemplateSpecification><launchTemplateId>{template_id}</launchTemplateId>"
-            f"<version>{version}</version></launchTemplateSpecification><overrides><instanceType>{o.get('InstanceType', '')}</instanceType>"
-            f"<subnetId>{o.get('SubnetId', '')}</subnetId></overrides></launchTemplateAndOverrides><lifecycle>{market}</lifecycle>"
+            f"<version>{version}</version></launchTemplateSpecification><overrides>"
+            f"<instanceType>{o.get('InstanceType', '')}</instanceType>"
+            f"<subnetId>{o.get('SubnetId', '')}</subnetId></overrides></launchTemplateAndOverrides>"
+            f"<lifecycle>{market}</lifecycle>"
             f"<errorCode>{code}</errorCode><errorMessage>{_xml(msg)}</errorMessage></item>"
-            for o, code, msg in refused)
-        xml = (f'<?xml version="1.0" encoding="UTF-8"?><CreateFleetResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">'
-               f"<requestId>{uuid.uuid4()}</requestId><fleetId>fleet-{uuid.uuid4().hex[:17]}</fleetId>"
-               f"<errorSet>{items}</errorSet><fleetInstanceSet/></CreateFleetResponse>")
+            for o, code, msg in refused
+        )
+        xml = (
+            f'<?xml version="1.0" encoding="UTF-8"?><CreateFleetResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">'
+            f"<requestId>{uuid.uuid4()}</requestId><fleetId>fleet-{uuid.uuid4().hex[:17]}</fleetId>"
+            f"<errorSet>{items}</errorSet><fleetInstanceSet/></CreateFleetResponse>"
+        )
         return "200 OK", [("Content-Type", "text/xml")], xml.encode()
 
     def _ec2_error(self, code: str, message: str, status: int = 400) -> tuple:
         self.counts[code] += 1
-        xml = (f'<?xml version="1.0" encoding="UTF-8"?><Response><Errors><Error><Code>{code}</Code><Message>{_xml(message)}</Message>'
-               f"</Error></Errors><RequestID>{uuid.uuid4()}</RequestID></Response>")
-        return f"{status} {'Bad Request' if status == 400 else 'Forbidden'}", [("Content-Type", "text/xml")], xml.encode()
+        xml = (
+            '<?xml version="1.0" encoding="UTF-8"?><Response><Errors><Error>'
+            f"<Code>{code}</Code><Message>{_xml(message)}</Message>"
+            f"</Error></Errors><RequestID>{uuid.uuid4()}</RequestID></Response>"
+        )
+        return (
+            f"{status} {'Bad Request' if status == 400 else 'Forbidden'}",
+            [("Content-Type", "text/xml")],
+            xml.encode(),
+        )
 
     # --- state changes AWS makes slowly ----------------------------------------------------------
 
@@ -354,7 +451,10 @@ class Gate:
             with MOTO:
                 image.state = "failed" if fail else "available"
                 if fail:
-                    image.state_reason = {"Code": "Client.InternalError", "Message": "injected by the fake cloud: the snapshot failed"}
+                    image.state_reason = {
+                        "Code": "Client.InternalError",
+                        "Message": "injected by the fake cloud: the snapshot failed",
+                    }
 
         _later(self.strict.image_s, done)
 
@@ -403,27 +503,38 @@ class Gate:
             template_id = form.get("LaunchTemplateConfigs.1.LaunchTemplateSpecification.LaunchTemplateId", [""])[0]
             version = form.get("LaunchTemplateConfigs.1.LaunchTemplateSpecification.Version", ["1"])[0]
             profile = (_template_data(template_id, version).get("IamInstanceProfile") or {}).get("Name", "")
-            checks += [("ec2:RunInstances", "*")] + ([("iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/{profile}")] if profile else [])
+            checks += [("ec2:RunInstances", "*")] + (
+                [("iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/{profile}")] if profile else []
+            )
         for what, resource in checks:
             if not self._allowed(CONTROLLER, what, resource, {}):
                 self.denied.append(what)
-                message = f"User: orch is not authorized to perform: {what} (not in the policy `orch aws policy` prints)"
+                message = (
+                    f"User: orch is not authorized to perform: {what} (not in the policy `orch aws policy` prints)"
+                )
                 if service == "ec2":
                     return self._ec2_error("UnauthorizedOperation", message, 403)
                 self.counts["AccessDenied"] += 1
-                xml = (f'<ErrorResponse xmlns="https://iam.amazonaws.com/doc/2010-05-08/"><Error><Type>Sender</Type>'
-                       f"<Code>AccessDenied</Code><Message>{_xml(message)}</Message></Error><RequestId>{uuid.uuid4()}</RequestId></ErrorResponse>")
+                xml = (
+                    f'<ErrorResponse xmlns="https://iam.amazonaws.com/doc/2010-05-08/"><Error><Type>Sender</Type>'
+                    f"<Code>AccessDenied</Code><Message>{_xml(message)}</Message></Error><RequestId>{uuid.uuid4()}</RequestId></ErrorResponse>"
+                )
                 return "403 Forbidden", [("Content-Type", "text/xml")], xml.encode()
         return None
 
     def _allowed(self, role: str, action: str, resource: str, context: Dict[str, str]) -> bool:
         allow = False
-        docs = [self.controller_policy] if role == CONTROLLER else (self.policy_source(role) if self.policy_source else [])
+        docs = (
+            [self.controller_policy] if role == CONTROLLER else (self.policy_source(role) if self.policy_source else [])
+        )
         for doc in docs:
             statements = doc.get("Statement", [])
             for st in statements if isinstance(statements, list) else [statements]:
-                if not (_matches(st.get("Action"), action, fold=True) and _matches(st.get("Resource"), resource)
-                        and _conditions_hold(st.get("Condition") or {}, context)):
+                if not (
+                    _matches(st.get("Action"), action, fold=True)
+                    and _matches(st.get("Resource"), resource)
+                    and _conditions_hold(st.get("Condition") or {}, context)
+                ):
                     continue
                 if st.get("Effect") == "Deny":
                     return False
@@ -466,14 +577,21 @@ class Gate:
             if not self._allowed(role, action, resource, ctx):
                 return self._s3_denied()
         answer = self.forward(environ)
-        if key and method in ("GET", "HEAD") and answer[0].startswith("404") and not self._allowed(role, "s3:ListBucket", bucket_arn, {}):
+        if (
+            key
+            and method in ("GET", "HEAD")
+            and answer[0].startswith("404")
+            and not self._allowed(role, "s3:ListBucket", bucket_arn, {})
+        ):
             return self._s3_denied()  # S3 hides whether a key exists from callers who may not list
         return answer
 
     def _s3_denied(self) -> tuple:
         self.counts["AccessDenied"] += 1
-        xml = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code><Message>Access Denied</Message>'
-               f"<RequestId>{uuid.uuid4().hex}</RequestId></Error>")
+        xml = (
+            f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code><Message>Access Denied</Message>'
+            f"<RequestId>{uuid.uuid4().hex}</RequestId></Error>"
+        )
         return "403 Forbidden", [("Content-Type", "application/xml")], xml.encode()
 
 
@@ -484,12 +602,16 @@ def _not_md5(headers: list, data: bytes) -> tuple:
     """ETags as S3 gives them for SSE-KMS objects: not the MD5 of the content (S3 API reference, *Common
     Response Headers*: "Objects encrypted by SSE-C or SSE-KMS have ETags that are not an MD5 digest"),
     the same for an object in a listing and on GET/HEAD."""
+
     def other(etag: str) -> str:
         return hashlib.sha256(etag.strip('"').encode()).hexdigest()[:32]
 
     headers = [(k, f'"{other(v)}"' if k.lower() == "etag" else v) for k, v in headers]
-    data = re.sub(rb"<ETag>(&quot;|\")?([0-9a-f-]+)(&quot;|\")?</ETag>",
-                  lambda m: b"<ETag>&quot;" + other(m.group(2).decode()).encode() + b"&quot;</ETag>", data)
+    data = re.sub(
+        rb"<ETag>(&quot;|\")?([0-9a-f-]+)(&quot;|\")?</ETag>",
+        lambda m: b"<ETag>&quot;" + other(m.group(2).decode()).encode() + b"&quot;</ETag>",
+        data,
+    )
     return headers, data
 
 
@@ -590,7 +712,13 @@ def policies_from_moto(endpoint: str, secret: str) -> Callable[[str], List[dict]
     """Inline and attached policies of a role, read from moto's IAM (the controller's view)."""
     import boto3
 
-    iam = boto3.client("iam", region_name=REGION, endpoint_url=endpoint, aws_access_key_id="fakecloud-harness", aws_secret_access_key=secret)
+    iam = boto3.client(
+        "iam",
+        region_name=REGION,
+        endpoint_url=endpoint,
+        aws_access_key_id="fakecloud-harness",
+        aws_secret_access_key=secret,
+    )
 
     def source(role: str) -> List[dict]:
         docs = []
@@ -599,7 +727,9 @@ def policies_from_moto(endpoint: str, secret: str) -> Callable[[str], List[dict]
             docs.append(doc if isinstance(doc, dict) else json.loads(doc))
         for att in iam.list_attached_role_policies(RoleName=role)["AttachedPolicies"]:
             pol = iam.get_policy(PolicyArn=att["PolicyArn"])["Policy"]
-            doc = iam.get_policy_version(PolicyArn=att["PolicyArn"], VersionId=pol["DefaultVersionId"])["PolicyVersion"]["Document"]
+            doc = iam.get_policy_version(PolicyArn=att["PolicyArn"], VersionId=pol["DefaultVersionId"])[
+                "PolicyVersion"
+            ]["Document"]
             docs.append(doc if isinstance(doc, dict) else json.loads(doc))
         return docs
 
@@ -612,9 +742,23 @@ def policies_from_moto(endpoint: str, secret: str) -> Callable[[str], List[dict]
 # spot price of 35-50% of the type's published us-east-1 Linux on-demand price (aws.amazon.com/ec2/
 # pricing/on-demand), fixed per AZ, moving by up to ±6% between the entries of the last three days (one
 # every 12 hours, newest first, as EC2 lists them). Types not listed: $0.10/h on demand.
-ON_DEMAND = {"g4dn.xlarge": 0.526, "g5.xlarge": 1.006, "g5.2xlarge": 1.212, "g5.12xlarge": 5.672, "g5.48xlarge": 16.288,
-             "g6.xlarge": 0.8048, "g6.12xlarge": 4.6016, "p3.2xlarge": 3.06, "p3.8xlarge": 12.24, "p4d.24xlarge": 32.7726,
-             "p5.48xlarge": 98.32, "t3.micro": 0.0104, "t3.medium": 0.0416, "c5.xlarge": 0.17, "m5.large": 0.096}
+ON_DEMAND = {
+    "g4dn.xlarge": 0.526,
+    "g5.xlarge": 1.006,
+    "g5.2xlarge": 1.212,
+    "g5.12xlarge": 5.672,
+    "g5.48xlarge": 16.288,
+    "g6.xlarge": 0.8048,
+    "g6.12xlarge": 4.6016,
+    "p3.2xlarge": 3.06,
+    "p3.8xlarge": 12.24,
+    "p4d.24xlarge": 32.7726,
+    "p5.48xlarge": 98.32,
+    "t3.micro": 0.0104,
+    "t3.medium": 0.0416,
+    "c5.xlarge": 0.17,
+    "m5.large": 0.096,
+}
 HISTORY_ENTRIES, HISTORY_EVERY_S = 6, 12 * 3600
 
 

@@ -39,19 +39,29 @@ class PlacementGroups:
                 if name in self.groups:
                     return error("InvalidPlacementGroup.Duplicate", f"Placement group '{name}' already exists")
                 tags = _tags(form)
-                group = {"id": f"pg-{uuid.uuid4().hex[:17]}", "strategy": form.get("Strategy", ["cluster"])[0], "tags": tags}
+                group = {
+                    "id": f"pg-{uuid.uuid4().hex[:17]}",
+                    "strategy": form.get("Strategy", ["cluster"])[0],
+                    "tags": tags,
+                }
                 self.groups[name] = group
                 return _ok("CreatePlacementGroupResponse", f"<placementGroup>{_item(name, group)}</placementGroup>")
             if action == "DeletePlacementGroup":
                 if name not in self.groups:
                     return error("InvalidPlacementGroup.Unknown", f"The Placement Group '{name}' is unknown")
                 if self._live_members(name):
-                    return error("InvalidPlacementGroup.InUse", f"The placement group '{name}' is in use and may not be deleted")
+                    return error(
+                        "InvalidPlacementGroup.InUse", f"The placement group '{name}' is in use and may not be deleted"
+                    )
                 del self.groups[name]
                 return _ok("DeletePlacementGroupResponse", "<return>true</return>")
             names = [v[0] for k, v in form.items() if k.startswith("GroupName.")]
             wanted = _filters(form)
-            items = "".join(f"<item>{_item(n, g)}</item>" for n, g in self.groups.items() if (not names or n in names) and wanted(g["tags"]))
+            items = "".join(
+                f"<item>{_item(n, g)}</item>"
+                for n, g in self.groups.items()
+                if (not names or n in names) and wanted(g["tags"])
+            )
             return _ok("DescribePlacementGroupsResponse", f"<placementGroupSet>{items}</placementGroupSet>")
 
     # --- CreateFleet -------------------------------------------------------------------------------
@@ -64,8 +74,11 @@ class PlacementGroups:
             if self.groups[group]["strategy"] == "cluster":
                 zones = {z for iid, (g, z) in self.members.items() if g == group and self._live(iid)}
                 if zones and az not in zones:
-                    return ("InvalidParameterCombination",
-                            f"a cluster placement group holds instances of one Availability Zone ({', '.join(sorted(zones))}), not {az}")
+                    return (
+                        "InvalidParameterCombination",
+                        "a cluster placement group holds instances of one Availability Zone "
+                        f"({', '.join(sorted(zones))}), not {az}",
+                    )
         return None
 
     def joined(self, instance_id: str, group: str, az: str) -> None:
@@ -103,11 +116,15 @@ def _filters(form: Dict[str, List[str]]) -> Callable[[Dict[str, str]], bool]:
 
 def _item(name: str, group: dict) -> str:
     tags = "".join(f"<item><key>{k}</key><value>{v}</value></item>" for k, v in group["tags"].items())
-    return (f"<groupName>{name}</groupName><groupId>{group['id']}</groupId><state>available</state>"
-            f"<strategy>{group['strategy']}</strategy><tagSet>{tags}</tagSet>")
+    return (
+        f"<groupName>{name}</groupName><groupId>{group['id']}</groupId><state>available</state>"
+        f"<strategy>{group['strategy']}</strategy><tagSet>{tags}</tagSet>"
+    )
 
 
 def _ok(root: str, body: str) -> tuple:
-    xml = (f'<?xml version="1.0" encoding="UTF-8"?><{root} xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">'
-           f"<requestId>{uuid.uuid4()}</requestId>{body}</{root}>")
+    xml = (
+        f'<?xml version="1.0" encoding="UTF-8"?><{root} xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">'
+        f"<requestId>{uuid.uuid4()}</requestId>{body}</{root}>"
+    )
     return "200 OK", [("Content-Type", "text/xml")], xml.encode()

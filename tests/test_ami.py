@@ -24,9 +24,22 @@ pytestmark = pytest.mark.slow
 def recipe(orch, identity, name: str, steps, smoke: str = "") -> Path:
     spec = {
         "name": name,
-        "aws": {"region": "us-east-1", "instance_types": ["g5.xlarge"], "image": "orch-fake-ubuntu-gpu", "image_owner": "self",
-                "market": "spot-then-on-demand", "max_minutes": 30, "ssh_cidr": "127.0.0.1/32", "boot_timeout_s": 120,
-                "ssh": {"user": os.environ.get("USER") or "root", "port": 2222, "address": "private_ip", "identity": str(identity)}},
+        "aws": {
+            "region": "us-east-1",
+            "instance_types": ["g5.xlarge"],
+            "image": "orch-fake-ubuntu-gpu",
+            "image_owner": "self",
+            "market": "spot-then-on-demand",
+            "max_minutes": 30,
+            "ssh_cidr": "127.0.0.1/32",
+            "boot_timeout_s": 120,
+            "ssh": {
+                "user": os.environ.get("USER") or "root",
+                "port": 2222,
+                "address": "private_ip",
+                "identity": str(identity),
+            },
+        },
         "files": {"hello.sh": "~/hello.sh"},
         "steps": steps,
     }
@@ -52,7 +65,13 @@ def test_provision_script_is_valid_shell():
 
 
 def test_build_list_use_and_remove_an_image(orch, cloud, identity):
-    path = recipe(orch, identity, "tiny", ["bash ~/hello.sh", "cat ~/hello.txt"], smoke="test -s ~/hello.txt && python3 -c 'import trainer'")
+    path = recipe(
+        orch,
+        identity,
+        "tiny",
+        ["bash ~/hello.sh", "cat ~/hello.txt"],
+        smoke="test -s ~/hello.txt && python3 -c 'import trainer'",
+    )
     dry = orch("ami", "build", str(path), "--dry-run")
     assert dry.code == 0 and "not built yet" in dry.out and "nothing launched" in dry.out, dry.out + dry.err
     built = orch("ami", "build", str(path), timeout=600)
@@ -73,7 +92,9 @@ def test_build_list_use_and_remove_an_image(orch, cloud, identity):
     assert listed.code == 0 and image_id in listed.out and "recipe tiny" in listed.out, listed.out
 
     sweep = yaml.safe_load((ROOT / "experiments" / "fakecloud-smoke.yaml").read_text())
-    sweep.update(name="onimage", store=f"s3://{BUCKET}/sweeps", command="true")  # the fake cloud does not carry a home into an image
+    sweep.update(
+        name="onimage", store=f"s3://{BUCKET}/sweeps", command="true"
+    )  # the fake cloud does not carry a home into an image
     sweep.pop("grid")
     sweep["aws"].update(image="recipe:tiny")
     sweep["aws"]["ssh"].update(identity=str(identity), user=os.environ.get("USER") or "root")
@@ -82,29 +103,45 @@ def test_build_list_use_and_remove_an_image(orch, cloud, identity):
     assert dry.code == 0 and f"image recipe:tiny: {image_id}" in dry.out, dry.out + dry.err
     ran = orch("launch", str(onimage), timeout=300)
     assert ran.code == 0, ran.out + ran.err
-    used = [i for r in ec2.describe_instances(Filters=[{"Name": "tag:orch:sweep", "Values": ["onimage"]}])["Reservations"]
-            for i in r["Instances"]]
+    used = [
+        i
+        for r in ec2.describe_instances(Filters=[{"Name": "tag:orch:sweep", "Values": ["onimage"]}])["Reservations"]
+        for i in r["Instances"]
+    ]
     assert [i["ImageId"] for i in used] == [image_id]
     assert orch("down", "onimage").code == 0
 
-    snapshots = [b["Ebs"]["SnapshotId"] for b in image.get("BlockDeviceMappings", []) if "SnapshotId" in b.get("Ebs", {})]
+    snapshots = [
+        b["Ebs"]["SnapshotId"] for b in image.get("BlockDeviceMappings", []) if "SnapshotId" in b.get("Ebs", {})
+    ]
     gone = orch("ami", "rm", image_id, "--region", "us-east-1")
     assert gone.code == 0 and image_id in gone.out, gone.out + gone.err
-    assert ec2.describe_images(Owners=["self"], Filters=[{"Name": "tag-key", "Values": ["orch:recipe"]}])["Images"] == []
+    assert (
+        ec2.describe_images(Owners=["self"], Filters=[{"Name": "tag-key", "Values": ["orch:recipe"]}])["Images"] == []
+    )
     left = {s["SnapshotId"] for s in ec2.describe_snapshots(OwnerIds=["self"])["Snapshots"]}
     assert not set(snapshots) & left
     missing = orch("launch", str(orch.tmp / "onimage.yaml"), "--dry-run")
-    assert missing.code != 0 and "orch ami build" in missing.err and "Traceback" not in missing.err, missing.out + missing.err
+    assert missing.code != 0 and "orch ami build" in missing.err and "Traceback" not in missing.err, (
+        missing.out + missing.err
+    )
 
 
 def test_a_failing_step_shows_its_output_and_leaves_nothing(orch, cloud, identity):
     path = recipe(orch, identity, "broken", ["bash ~/hello.sh", "echo about to fail; exit 3", "echo never"])
     r = orch("ami", "build", str(path), timeout=600)
-    assert r.code != 0 and "step 2/3 failed (exit 3)" in r.err and "about to fail" in r.err and "Traceback" not in r.err, r.out + r.err
+    assert (
+        r.code != 0 and "step 2/3 failed (exit 3)" in r.err and "about to fail" in r.err and "Traceback" not in r.err
+    ), r.out + r.err
     assert "never" not in r.out
     assert cloud.instances(states=("pending", "running", "stopping", "stopped")) == []
     assert not any(cloud.leftovers("ami-broken").values())
-    assert cloud.client("ec2").describe_images(Owners=["self"], Filters=[{"Name": "tag-key", "Values": ["orch:recipe"]}])["Images"] == []
+    assert (
+        cloud.client("ec2").describe_images(Owners=["self"], Filters=[{"Name": "tag-key", "Values": ["orch:recipe"]}])[
+            "Images"
+        ]
+        == []
+    )
 
 
 def test_a_failed_image_is_an_error_and_stays_listed_for_rm(orch, cloud, identity):
@@ -117,15 +154,30 @@ def test_a_failed_image_is_an_error_and_stays_listed_for_rm(orch, cloud, identit
     r = orch("ami", "build", str(path), timeout=600)
     assert r.code != 0 and "failed" in r.err and "orch ami rm" in r.err and "Traceback" not in r.err, r.out + r.err
     assert cloud.gate.counts["UnsupportedOperation"] == 0  # nothing tried to stop the spot builder
-    (image,) = [i for i in cloud.client("ec2").describe_images(Owners=["self"])["Images"]
-                if any(t["Key"] == "orch:recipe" and t["Value"] == "flaky" for t in i.get("Tags", []))]
+    (image,) = [
+        i
+        for i in cloud.client("ec2").describe_images(Owners=["self"])["Images"]
+        if any(t["Key"] == "orch:recipe" and t["Value"] == "flaky" for t in i.get("Tags", []))
+    ]
     assert image["State"] == "failed"
     listed = orch("ami", "list", "--region", "us-east-1")
     assert image["ImageId"] in listed.out and "failed" in listed.out, listed.out
-    dry = orch.sweep(yaml.safe_dump({"name": "onflaky", "backend": "aws", "store": f"s3://{BUCKET}/s", "command": "true",
-                                     "aws": {**spec["aws"], "image": "recipe:flaky"}}), name="onflaky.yaml")
+    dry = orch.sweep(
+        yaml.safe_dump(
+            {
+                "name": "onflaky",
+                "backend": "aws",
+                "store": f"s3://{BUCKET}/s",
+                "command": "true",
+                "aws": {**spec["aws"], "image": "recipe:flaky"},
+            }
+        ),
+        name="onflaky.yaml",
+    )
     refused = orch("launch", str(dry), "--dry-run")
-    assert refused.code != 0 and "no image built from recipe 'flaky'" in refused.err, refused.out + refused.err  # never a failed one
+    assert refused.code != 0 and "no image built from recipe 'flaky'" in refused.err, (
+        refused.out + refused.err
+    )  # never a failed one
     assert orch("ami", "rm", image["ImageId"], "--region", "us-east-1").code == 0
     assert cloud.instances(states=("pending", "running", "stopping", "stopped")) == []
 

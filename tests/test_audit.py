@@ -39,11 +39,17 @@ def test_a_403_on_a_key_that_exists_is_an_error_not_missing():
     client, stub = _s3()
     denied = {"Bucket": "b", "Key": "p/sweep/.orch/r/status.json"}
     stub.add_client_error("get_object", "AccessDenied", "Access Denied", 403, expected_params=denied)
-    stub.add_response("list_objects_v2", {"Contents": [{"Key": "p/sweep/.orch/r/status.json"}], "KeyCount": 1},
-                      {"Bucket": "b", "Prefix": "p/sweep/.orch/r/status.json", "MaxKeys": 1})
+    stub.add_response(
+        "list_objects_v2",
+        {"Contents": [{"Key": "p/sweep/.orch/r/status.json"}], "KeyCount": 1},
+        {"Bucket": "b", "Prefix": "p/sweep/.orch/r/status.json", "MaxKeys": 1},
+    )
     stub.add_client_error("get_object", "AccessDenied", "Access Denied", 403, expected_params=denied)
-    stub.add_response("list_objects_v2", {"Contents": [{"Key": "p/sweep/.orch/r/status.json"}], "KeyCount": 1},
-                      {"Bucket": "b", "Prefix": "p/sweep/.orch/r/status.json", "MaxKeys": 1})
+    stub.add_response(
+        "list_objects_v2",
+        {"Contents": [{"Key": "p/sweep/.orch/r/status.json"}], "KeyCount": 1},
+        {"Bucket": "b", "Prefix": "p/sweep/.orch/r/status.json", "MaxKeys": 1},
+    )
     with stub:
         with pytest.raises(ClientError, match="AccessDenied"):
             S3Store("s3://b/p", client=client).get_bytes("sweep/.orch/r/status.json")
@@ -51,7 +57,9 @@ def test_a_403_on_a_key_that_exists_is_an_error_not_missing():
     # the same 403 for a key the listing does not show: S3's answer to a caller without ListBucket, i.e. missing
     client, stub = _s3()
     stub.add_client_error("get_object", "AccessDenied", "Access Denied", 403, expected_params=denied)
-    stub.add_response("list_objects_v2", {"KeyCount": 0}, {"Bucket": "b", "Prefix": "p/sweep/.orch/r/status.json", "MaxKeys": 1})
+    stub.add_response(
+        "list_objects_v2", {"KeyCount": 0}, {"Bucket": "b", "Prefix": "p/sweep/.orch/r/status.json", "MaxKeys": 1}
+    )
     with stub:
         assert S3Store("s3://b/p", client=client).get_bytes("sweep/.orch/r/status.json") is None
 

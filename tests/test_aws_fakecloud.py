@@ -19,10 +19,13 @@ from tests.fakecloud import BUCKET
 pytestmark = pytest.mark.slow
 
 
-
 def s3_objects(cloud, prefix):
     s3 = cloud.client("s3")
-    keys = [o["Key"] for p in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix) for o in p.get("Contents", [])]
+    keys = [
+        o["Key"]
+        for p in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+        for o in p.get("Contents", [])
+    ]
     return {k: s3.get_object(Bucket=BUCKET, Key=k)["Body"].read() for k in keys}
 
 
@@ -54,7 +57,11 @@ def test_sweep_runs_on_fake_spot_instances_and_leaves_nothing(orch, cloud, ident
     for run in final:
         base = f"sweeps/fc/{run}/"
         orch_base = f"sweeps/fc/.orch/{run}/"  # orch's own records, beside the run folder
-        assert base + "metrics.jsonl" in objects and orch_base + "logs/1.log" in objects and orch_base + "status.json" in objects
+        assert (
+            base + "metrics.jsonl" in objects
+            and orch_base + "logs/1.log" in objects
+            and orch_base + "status.json" in objects
+        )
         manifests = [k for k in objects if k.startswith(base + "ckpt/") and k.endswith("MANIFEST.json")]
         assert manifests, f"no checkpoint of {run} in S3"
         for m in manifests:  # every manifested checkpoint verifies against what S3 holds
@@ -80,28 +87,67 @@ def test_sweep_runs_on_fake_spot_instances_and_leaves_nothing(orch, cloud, ident
 
     d = orch("down", "fc")
     assert d.code == 0, d.err
-    assert cloud.leftovers("fc") == {"instances": [], "security_groups": [], "launch_templates": [], "instance_profiles": []}
+    assert cloud.leftovers("fc") == {
+        "instances": [],
+        "security_groups": [],
+        "launch_templates": [],
+        "instance_profiles": [],
+    }
     assert orch("down", "fc").code == 0
 
 
 def test_attach_shows_the_live_run_over_ssh(orch, cloud, identity, job):
     path = orch.sweep(cloud.sweep_yaml("fcattach", identity, job(steps=2, release=True), extra="max_restarts: 0"))
     assert orch("launch", str(path), "--detach").code == 0
-    retry_until(lambda: status(orch, "fcattach").get("run", {}).get("state") == "running", 120, 0.5, "the run to start on its instance")
+    retry_until(
+        lambda: status(orch, "fcattach").get("run", {}).get("state") == "running",
+        120,
+        0.5,
+        "the run to start on its instance",
+    )
     outer = f"outer-{uuid.uuid4().hex[:6]}"
     try:
-        subprocess.run(["tmux", "-L", outer, "new-session", "-d", "-s", "t", "-x", "160", "-y", "40", " ".join(orch.argv("attach", "run"))],
-                       env=orch.env, check=True)
+        subprocess.run(
+            [
+                "tmux",
+                "-L",
+                outer,
+                "new-session",
+                "-d",
+                "-s",
+                "t",
+                "-x",
+                "160",
+                "-y",
+                "40",
+                " ".join(orch.argv("attach", "run")),
+            ],
+            env=orch.env,
+            check=True,
+        )
 
         def screen():
-            return subprocess.run(["tmux", "-L", outer, "capture-pane", "-p", "-t", "t"], capture_output=True, text=True).stdout
+            return subprocess.run(
+                ["tmux", "-L", outer, "capture-pane", "-p", "-t", "t"], capture_output=True, text=True
+            ).stdout
 
         retry_until(lambda: "tick" in screen(), 30, 0.3, "the trainer's output through ssh + tmux")
         # orch attach also takes the instance id, as users of the seed tooling expect
         iid = cloud.instances("fcattach")[0]["id"]
-        subprocess.run(["tmux", "-L", outer, "new-window", "-t", "t", " ".join(orch.argv("attach", iid))], env=orch.env, check=True)
-        retry_until(lambda: "tick" in subprocess.run(["tmux", "-L", outer, "capture-pane", "-p", "-t", "t:1"], capture_output=True, text=True).stdout,
-                    30, 0.3, "attach by instance id")
+        subprocess.run(
+            ["tmux", "-L", outer, "new-window", "-t", "t", " ".join(orch.argv("attach", iid))], env=orch.env, check=True
+        )
+        retry_until(
+            lambda: (
+                "tick"
+                in subprocess.run(
+                    ["tmux", "-L", outer, "capture-pane", "-p", "-t", "t:1"], capture_output=True, text=True
+                ).stdout
+            ),
+            30,
+            0.3,
+            "attach by instance id",
+        )
     finally:
         subprocess.run(["tmux", "-L", outer, "kill-server"], capture_output=True)
     job.release.touch()
@@ -122,11 +168,14 @@ def test_host_key_mismatch_refuses_and_terminates(orch, cloud, identity):
     orch("down", "fckey")
 
 
-@pytest.mark.parametrize("case, aws_fields, store, message", [
-    ("no_bucket", {}, "s3://no-such-bucket/x", "bucket no-such-bucket does not exist"),
-    ("no_ami", {"image": "ami-12345678"}, None, "AMI 'ami-12345678' not found"),
-    ("no_subnet", {"subnet_ids": "[subnet-0123456789abcdef0]"}, None, "subnet not found"),
-])
+@pytest.mark.parametrize(
+    "case, aws_fields, store, message",
+    [
+        ("no_bucket", {}, "s3://no-such-bucket/x", "bucket no-such-bucket does not exist"),
+        ("no_ami", {"image": "ami-12345678"}, None, "AMI 'ami-12345678' not found"),
+        ("no_subnet", {"subnet_ids": "[subnet-0123456789abcdef0]"}, None, "subnet not found"),
+    ],
+)
 def test_bad_cloud_settings_fail_clearly_and_leave_nothing(orch, cloud, identity, case, aws_fields, store, message):
     text = cloud.sweep_yaml(f"fc{case.replace('_', '')}", identity, "true", **aws_fields)
     if store:

@@ -8,9 +8,9 @@ import time
 import pytest
 
 from orchestrator.backends.aws.backend import AwsBackend
+from orchestrator.sweep.load import load_sweep
 from orchestrator.wait import retry_until
 from tests.conftest import run_states as status
-from orchestrator.sweep.load import load_sweep
 from tests.fakecloud import IMAGE_NAME
 
 
@@ -24,7 +24,9 @@ def test_a_relaunch_uses_todays_image_not_the_templates_first(orch, cloud, ident
     again = AwsBackend(load_sweep(path)).bootstrap()  # the sweep's launch template exists from the first launch
     assert again["template"] == old["template"]
     assert again["base"]["ImageId"] == newer  # each instance's template version carries it, not version 1's image
-    assert "LaunchTemplateInstanceMetadataOptions" not in str(again["base"])  # request fields only, never a describe answer
+    assert "LaunchTemplateInstanceMetadataOptions" not in str(
+        again["base"]
+    )  # request fields only, never a describe answer
     first.pool.shutdown(wait=False)
     from orchestrator.aws import ec2 as api
     from orchestrator.aws.teardown import teardown
@@ -41,14 +43,21 @@ def test_private_ip_without_ssh_cidr_is_refused_with_the_fix(orch, cloud, identi
 @pytest.mark.timeout(900)
 def test_a_quota_reached_while_runs_go_makes_runs_wait_not_the_sweep_fail(orch, cloud, identity):
     cloud.gate.spot_quota = 1  # one spot instance at a time: the second run must wait for the first, not end the sweep
-    path = orch.sweep(cloud.sweep_yaml("quota", identity, "sleep 45", extra="max_parallel: 2\ngrid:\n  k: [1, 2]",
-                                       market="spot"))
+    path = orch.sweep(
+        cloud.sweep_yaml("quota", identity, "sleep 45", extra="max_parallel: 2\ngrid:\n  k: [1, 2]", market="spot")
+    )
     assert orch("launch", str(path), "--detach").code == 0
 
     # the quota refuses the second run while the first holds the only spot instance: it waits (not a fatal stop of
     # the sweep) and starts once the first instance is gone
-    retry_until(lambda: {v["state"] for v in status(orch, "quota").values()} == {"succeeded"} and len(status(orch, "quota")) == 2,
-                600, 1.0, "both runs to succeed")
+    retry_until(
+        lambda: (
+            {v["state"] for v in status(orch, "quota").values()} == {"succeeded"} and len(status(orch, "quota")) == 2
+        ),
+        600,
+        1.0,
+        "both runs to succeed",
+    )
     runs = status(orch, "quota")
     assert cloud.gate.counts["MaxSpotInstanceCountExceeded"] >= 1, runs
     assert orch("down", "quota", timeout=300).code == 0
@@ -60,11 +69,16 @@ def test_a_run_is_not_packed_where_the_safety_net_shutdown_would_cut_it():
     from orchestrator.backends.aws.pack import PackMixin
 
     def fits(max_minutes, timeout_minutes, age_minutes):
-        backend = SimpleNamespace(cfg=SimpleNamespace(max_minutes=max_minutes), sweep=SimpleNamespace(spec=SimpleNamespace(timeout_minutes=timeout_minutes)))
+        backend = SimpleNamespace(
+            cfg=SimpleNamespace(max_minutes=max_minutes),
+            sweep=SimpleNamespace(spec=SimpleNamespace(timeout_minutes=timeout_minutes)),
+        )
         return PackMixin._lives_long_enough(backend, 0.0, age_minutes * 60.0)
 
     assert fits(240, 60, 100) and not fits(240, 60, 180)  # 60 min left: not enough for a 60-min run plus its sync
-    assert fits(240, None, 100) and not fits(240, None, 130)  # without a timeout: at least half the instance's life left
+    assert fits(240, None, 100) and not fits(
+        240, None, 130
+    )  # without a timeout: at least half the instance's life left
 
 
 def test_a_bucket_encrypted_with_a_kms_key_gets_that_key_in_the_instance_profile(orch, cloud, identity, monkeypatch):
@@ -76,8 +90,12 @@ def test_a_bucket_encrypted_with_a_kms_key_gets_that_key_in_the_instance_profile
     from tests.fakecloud import BUCKET
 
     key = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
-    cloud.client("s3").put_bucket_encryption(Bucket=BUCKET, ServerSideEncryptionConfiguration={"Rules": [
-        {"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "aws:kms", "KMSMasterKeyID": key}}]})
+    cloud.client("s3").put_bucket_encryption(
+        Bucket=BUCKET,
+        ServerSideEncryptionConfiguration={
+            "Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "aws:kms", "KMSMasterKeyID": key}}]
+        },
+    )
     for k, v in cloud.env().items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("ORCH_HOME", str(orch.home))

@@ -38,7 +38,12 @@ def smoke(orch, identity, name, **changes):
 @pytest.fixture
 def slow_cloud(tmp_path, orch):
     """EC2-like timing: sshd 75 s after `running`, 15 s more for the first interpreter start."""
-    with FakeCloud(tmp_path / "cloud", boot_s=75, cold_s=15, strict=Strictness(instance_s=5, profile_s=10, group_s=3, pending_s=5, terminate_s=10)) as c:
+    with FakeCloud(
+        tmp_path / "cloud",
+        boot_s=75,
+        cold_s=15,
+        strict=Strictness(instance_s=5, profile_s=10, group_s=3, pending_s=5, terminate_s=10),
+    ) as c:
         orch.env.update(c.env())
         yield c
         assert not c.all_leftovers()
@@ -69,8 +74,13 @@ def test_b_role_credentials_read_missing_keys_as_missing_and_nothing_else(cloud)
     role = iam.get_instance_profile(InstanceProfileName=profile)["InstanceProfile"]["Roles"][0]
     c = cloud.client("sts").assume_role(RoleArn=role["Arn"], RoleSessionName="test")["Credentials"]
     cloud.gate.roles[c["AccessKeyId"]] = role["RoleName"]  # as the fake IMDS hands them out
-    s3 = boto3.client("s3", region_name=REGION, aws_access_key_id=c["AccessKeyId"], aws_secret_access_key=c["SecretAccessKey"],
-                      aws_session_token=c["SessionToken"])
+    s3 = boto3.client(
+        "s3",
+        region_name=REGION,
+        aws_access_key_id=c["AccessKeyId"],
+        aws_secret_access_key=c["SecretAccessKey"],
+        aws_session_token=c["SessionToken"],
+    )
     mine = S3Store(f"s3://{BUCKET}/sweeps", client=s3)
     assert mine.get_bytes(f"{long_sweep}/run/status.json") is None  # a 403 from S3, read as "not there yet"
     mine.put_bytes(f"{long_sweep}/run/status.json", b"{}")
@@ -92,7 +102,16 @@ def test_b_a_new_instance_profile_is_retried_until_ec2_sees_it(tmp_path):
         sg = api.ensure_security_group(ec2, "prop", cloud.vpc, "127.0.0.1/32")
         lt = api.ensure_launch_template(ec2, "prop", api.launch_template_data(image, sg, 20, profile, public_ip=False))
         choices = [fleet.Choice("g5.xlarge", s, az) for s, az in zip(cloud.subnets, ("us-east-1a", "us-east-1b"))]
-        got = fleet.acquire(ec2, lt, api.template_data(ec2, lt), "#cloud-config\n", choices, ["spot"], api.sweep_tags("prop"), fleet.Blocklist())
+        got = fleet.acquire(
+            ec2,
+            lt,
+            api.template_data(ec2, lt),
+            "#cloud-config\n",
+            choices,
+            ["spot"],
+            api.sweep_tags("prop"),
+            fleet.Blocklist(),
+        )
         assert got.instance_id.startswith("i-") and cloud.gate.counts["InvalidParameterValue"] >= 2
         api.terminate(ec2, [got.instance_id])  # (e) a fresh id is NotFound for a moment: asked again, not failed
 
@@ -130,10 +149,15 @@ def test_d_spot_then_on_demand_falls_back_on_the_fake_cloud(orch, cloud, identit
 
     (entry,) = ledger.values()
     spot = api.spot_prices(cloud.client("ec2"), [entry["type"]], [entry["az"]])[(entry["type"], entry["az"])]
-    assert entry["price_per_h"] == pytest.approx(ON_DEMAND_USD_PER_H.get(entry["type"], 3 * spot)) and entry["price_per_h"] > spot
+    assert (
+        entry["price_per_h"] == pytest.approx(ON_DEMAND_USD_PER_H.get(entry["type"], 3 * spot))
+        and entry["price_per_h"] > spot
+    )
     # the root volume the instances were launched with is encrypted and goes with the instance (moto does not
     # apply a template's block devices to the volumes it makes, so this reads what EC2 was asked for)
-    versions = cloud.client("ec2").describe_launch_template_versions(LaunchTemplateName="orch-fallback")["LaunchTemplateVersions"]
+    versions = cloud.client("ec2").describe_launch_template_versions(LaunchTemplateName="orch-fallback")[
+        "LaunchTemplateVersions"
+    ]
     ebs = [m["Ebs"] for v in versions for m in v["LaunchTemplateData"]["BlockDeviceMappings"]]
     assert ebs and all(e["Encrypted"] and e["DeleteOnTermination"] for e in ebs), ebs
     orch("down", "fallback")
@@ -153,7 +177,9 @@ def test_f_an_exception_after_createfleet_loses_no_instance(orch, cloud, identit
 def test_g_an_interpreter_without_torch_stops_the_sweep_once_with_the_fix(orch, cloud, identity):
     path = smoke(orch, identity, "interp", aws_python="python3", max_parallel=1)
     r = orch("launch", str(path), timeout=300)
-    assert r.code != 0 and "/opt/pytorch/bin/python" in r.err and "torch" in r.err and "Traceback" not in r.err, r.out + r.err
+    assert r.code != 0 and "/opt/pytorch/bin/python" in r.err and "torch" in r.err and "Traceback" not in r.err, (
+        r.out + r.err
+    )
     used = cloud.instances("interp", states=("pending", "running", "shutting-down", "terminated"))
     assert len(used) == 1 and cloud.instances("interp") == []  # one host told us; it was terminated
     orch("down", "interp")
@@ -162,7 +188,9 @@ def test_g_an_interpreter_without_torch_stops_the_sweep_once_with_the_fix(orch, 
 def test_h_an_instance_without_a_profile_is_refused_at_validation(orch, cloud, identity):
     path = smoke(orch, identity, "noprof", aws_instance_profile=None)
     r = orch("launch", str(path))
-    assert r.code == 2 and "aws.instance_profile" in r.err and "terminate itself" in r.err and "Traceback" not in r.err, r.err
+    assert (
+        r.code == 2 and "aws.instance_profile" in r.err and "terminate itself" in r.err and "Traceback" not in r.err
+    ), r.err
     assert not cloud.all_leftovers()
 
 
@@ -173,7 +201,12 @@ def test_i_root_volume_follows_the_image(cloud):
     data = api.launch_template_data(image, "sg-1", 20, None, public_ip=False)
     assert data["BlockDeviceMappings"][0]["DeviceName"] == "/dev/xvda"
     assert data["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] == 75  # never below the snapshot
-    assert api.launch_template_data(image, "sg-1", 200, None, public_ip=False)["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] == 200
+    assert (
+        api.launch_template_data(image, "sg-1", 200, None, public_ip=False)["BlockDeviceMappings"][0]["Ebs"][
+            "VolumeSize"
+        ]
+        == 200
+    )
 
 
 def test_j_reused_group_gets_the_current_cidr_and_public_ip_is_asked_for(orch, cloud, identity):
@@ -181,18 +214,31 @@ def test_j_reused_group_gets_the_current_cidr_and_public_ip_is_asked_for(orch, c
     sg = api.ensure_security_group(ec2, "netw", cloud.vpc, "203.0.113.7/32")
     assert api.ensure_security_group(ec2, "netw", cloud.vpc, "198.51.100.9/32") == sg
     api.ensure_security_group(ec2, "netw", cloud.vpc, "198.51.100.9/32")  # a duplicate rule is fine
-    cidrs = {r["CidrIp"] for p in ec2.describe_security_groups(GroupIds=[sg])["SecurityGroups"][0]["IpPermissions"] for r in p["IpRanges"]}
+    cidrs = {
+        r["CidrIp"]
+        for p in ec2.describe_security_groups(GroupIds=[sg])["SecurityGroups"][0]["IpPermissions"]
+        for r in p["IpRanges"]
+    }
     assert cidrs == {"203.0.113.7/32", "198.51.100.9/32"}
 
     from orchestrator.backends.aws.backend import AwsBackend
     from orchestrator.sweep.load import load_sweep
 
-    path = smoke(orch, identity, "netw", aws_ssh={"address": "public_ip", "identity": str(identity), "user": "root", "port": 2222})
+    path = smoke(
+        orch,
+        identity,
+        "netw",
+        aws_ssh={"address": "public_ip", "identity": str(identity), "user": "root", "port": 2222},
+    )
     backend = AwsBackend(load_sweep(path))
     try:
         setup = backend.bootstrap()  # the fake's subnets, like most custom VPCs', do not map public IPs
         nic = setup["base"]["NetworkInterfaces"][0]
-        assert nic["AssociatePublicIpAddress"] is True and nic["Groups"] == [sg] and "SecurityGroupIds" not in setup["base"]
+        assert (
+            nic["AssociatePublicIpAddress"] is True
+            and nic["Groups"] == [sg]
+            and "SecurityGroupIds" not in setup["base"]
+        )
     finally:
         from orchestrator.aws.teardown import teardown
 
@@ -206,7 +252,9 @@ def test_k_down_waits_for_shutting_down_instead_of_hammering_the_group(orch, tmp
         assert orch("launch", str(path), "--detach").code == 0
         from orchestrator.wait import retry_until
 
-        retry_until(lambda: status(orch, "slowdown").get("lr=1", {}).get("state") == "running", 120, 0.5, "the run to start")
+        retry_until(
+            lambda: status(orch, "slowdown").get("lr=1", {}).get("state") == "running", 120, 0.5, "the run to start"
+        )
         d = orch("down", "slowdown", timeout=300)
         assert d.code == 0, d.out + d.err  # one go
         assert cloud.gate.counts["DependencyViolation"] == 0
@@ -217,5 +265,7 @@ def test_no_default_vpc_is_a_clear_error(orch, tmp_path, identity):
     with FakeCloud(tmp_path / "c", default_vpc=False) as cloud:
         orch.env.update(cloud.env())
         r = orch("launch", str(smoke(orch, identity, "novpc", command="true")))
-        assert r.code != 0 and "no default VPC" in r.err and "aws.subnet_ids" in r.err and "Traceback" not in r.err, r.err
+        assert r.code != 0 and "no default VPC" in r.err and "aws.subnet_ids" in r.err and "Traceback" not in r.err, (
+            r.err
+        )
         assert not cloud.all_leftovers()

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("tensorboard", reason="the board extra (tensorboard) is part of the dev extras: scripts/test.sh installs it")
+pytest.importorskip(
+    "tensorboard", reason="the board extra (tensorboard) is part of the dev extras: scripts/test.sh installs it"
+)
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 from tensorboard.plugins.hparams import plugin_data_pb2  # noqa: E402
@@ -30,14 +32,20 @@ def lines(*rows) -> bytes:
 
 def make(tmp_path: Path):
     path = tmp_path / "tb.yaml"
-    path.write_text("name: tb\ncommand: 'true'\nstore: store\ngrid:\n  lr: [0.1, 0.2]\n  opt: [sgd, adam]\n"
-                    "target:\n  metric: test_acc\n  value: 0.9\n")
+    path.write_text(
+        "name: tb\ncommand: 'true'\nstore: store\ngrid:\n  lr: [0.1, 0.2]\n  opt: [sgd, adam]\n"
+        "target:\n  metric: test_acc\n  value: 0.9\n"
+    )
     sweep = load_sweep(path)
     return sweep, LocalStore(str(tmp_path / "store"))
 
 
 def put_run(store, run_id: str, data: bytes, state: str = "running") -> None:
-    write_status(store, "tb", RunStatus(run_id=run_id, state=state, attempt=1, started_at=time.time(), first_started_at=time.time()))
+    write_status(
+        store,
+        "tb",
+        RunStatus(run_id=run_id, state=state, attempt=1, started_at=time.time(), first_started_at=time.time()),
+    )
     store.put_bytes(f"tb/{run_id}/metrics.jsonl", data)
 
 
@@ -51,17 +59,34 @@ def session_hparams(folder: Path) -> dict:
     acc = accumulator(folder)
     content = acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]
     data = plugin_data_pb2.HParamsPluginData.FromString(content)
-    return {k: (v.number_value if v.HasField("number_value") else v.string_value) for k, v in data.session_start_info.hparams.items()}
+    return {
+        k: (v.number_value if v.HasField("number_value") else v.string_value)
+        for k, v in data.session_start_info.hparams.items()
+    }
 
 
 def test_every_run_and_metric_at_its_steps_with_hparams_and_no_doubled_steps(tmp_path):
     sweep, store = make(tmp_path)
     ids = [r.run_id for r in sweep.runs]
-    put_run(store, ids[0], lines({"step": 1, "loss": 2.0, "test_acc": 0.5}, {"step": 2, "loss": 1.0, "test_acc": 0.95, "elapsed_s": 7.5}),
-            state="succeeded")
+    put_run(
+        store,
+        ids[0],
+        lines({"step": 1, "loss": 2.0, "test_acc": 0.5}, {"step": 2, "loss": 1.0, "test_acc": 0.95, "elapsed_s": 7.5}),
+        state="succeeded",
+    )
     # a resumed run: attempt 2 wrote steps 2 and 3 again (its checkpoint was at step 1), then went on
-    put_run(store, ids[1], lines({"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.5}, {"step": 3, "loss": 2.4},
-                                 {"step": 2, "loss": 2.6}, {"step": 3, "loss": 2.2}, {"step": 4, "loss": 2.0}))
+    put_run(
+        store,
+        ids[1],
+        lines(
+            {"step": 1, "loss": 3.0},
+            {"step": 2, "loss": 2.5},
+            {"step": 3, "loss": 2.4},
+            {"step": 2, "loss": 2.6},
+            {"step": 3, "loss": 2.2},
+            {"step": 4, "loss": 2.0},
+        ),
+    )
     logdir = tmp_path / "board"
     board = Board(sweep, store, logdir)
     board.update()
@@ -76,7 +101,9 @@ def test_every_run_and_metric_at_its_steps_with_hparams_and_no_doubled_steps(tmp
 
     # a run that starts later appears in the next pass; only new lines are converted
     put_run(store, ids[2], lines({"step": 1, "loss": 9.0}))
-    store.put_bytes(f"tb/{ids[1]}/metrics.jsonl", store.get_bytes(f"tb/{ids[1]}/metrics.jsonl") + lines({"step": 5, "loss": 1.5}))
+    store.put_bytes(
+        f"tb/{ids[1]}/metrics.jsonl", store.get_bytes(f"tb/{ids[1]}/metrics.jsonl") + lines({"step": 5, "loss": 1.5})
+    )
     assert board.update() == 2
     assert [e.step for e in accumulator(logdir / ids[1]).Scalars("loss")] == [1, 2, 3, 4, 5]
     assert [e.value for e in accumulator(logdir / ids[2]).Scalars("loss")] == [9.0]
@@ -137,17 +164,48 @@ def test_orch_tensorboard_in_a_real_browser_shows_every_run(orch, tmp_path):
             except OSError:
                 return None
 
-        retry_until(lambda: answers() and all(rid in json.loads(answers()) for rid in ids[:3]), 120, 0.5, "TensorBoard to list the runs")
+        retry_until(
+            lambda: answers() and all(rid in json.loads(answers()) for rid in ids[:3]),
+            120,
+            0.5,
+            "TensorBoard to list the runs",
+        )
         put_run(store, ids[3], lines({"step": 1, "loss": 0.5}))  # a run that starts while orch tensorboard runs
         retry_until(lambda: ids[3] in json.loads(answers() or b"[]"), 60, 0.5, "the late run to appear")
         shot = tmp_path / "tensorboard.png"
-        page = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                               "--virtual-time-budget=15000", "--window-size=1400,900", "--dump-dom", url + "#timeseries"],
-                              capture_output=True, text=True, timeout=120)
+        page = subprocess.run(
+            [
+                browser,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--virtual-time-budget=15000",
+                "--window-size=1400,900",
+                "--dump-dom",
+                url + "#timeseries",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         missing = [rid for rid in ids if rid not in page.stdout]
         assert not missing, f"not in the rendered page: {missing}\n{page.stderr[-2000:]}"
-        subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--virtual-time-budget=15000",
-                        "--window-size=1400,900", f"--screenshot={shot}", url + "#timeseries"], capture_output=True, timeout=120)
+        subprocess.run(
+            [
+                browser,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--virtual-time-budget=15000",
+                "--window-size=1400,900",
+                f"--screenshot={shot}",
+                url + "#timeseries",
+            ],
+            capture_output=True,
+            timeout=120,
+        )
         assert shot.exists() and shot.stat().st_size > 10_000
     finally:
         proc.terminate()

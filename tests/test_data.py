@@ -71,8 +71,14 @@ def test_push_then_two_runs_on_one_host_stage_once_and_a_resume_stages_nothing(o
             to: {dest}
     """)
     assert orch("launch", str(path), "--detach").code == 0
-    retry_until(lambda: all(v["state"] == "running" for v in status(orch, "staged").values()) and len(status(orch, "staged")) == 2,
-                120, 0.5, "both runs to start")
+    retry_until(
+        lambda: (
+            all(v["state"] == "running" for v in status(orch, "staged").values()) and len(status(orch, "staged")) == 2
+        ),
+        120,
+        0.5,
+        "both runs to start",
+    )
     assert len(inodes(dest)) == 200 and (dest / "part0" / "f000.bin").stat().st_ino == baked
     manifest = json.loads((dest / MANIFEST).read_text())
     assert manifest["source"] == url and len(manifest["files"]) == 200
@@ -81,15 +87,28 @@ def test_push_then_two_runs_on_one_host_stage_once_and_a_resume_stages_nothing(o
     # a resume on the same host: the data is there, nothing is fetched again
     r = orch("chaos", "interrupt", "shard=a", "--grace", "20", timeout=120)
     assert r.code == 0, r.out + r.err
-    retry_until(lambda: status(orch, "staged")["shard=a"]["attempt"] == 2 and status(orch, "staged")["shard=a"]["state"] == "running",
-                120, 0.5, "attempt 2 of shard=a")
+    retry_until(
+        lambda: (
+            status(orch, "staged")["shard=a"]["attempt"] == 2
+            and status(orch, "staged")["shard=a"]["state"] == "running"
+        ),
+        120,
+        0.5,
+        "attempt 2 of shard=a",
+    )
     assert inodes(dest) == staged
     job.release.touch()
-    retry_until(lambda: all(v["state"] == "succeeded" for v in status(orch, "staged").values()), 120, 0.5, "the runs to end")
+    retry_until(
+        lambda: all(v["state"] == "succeeded" for v in status(orch, "staged").values()), 120, 0.5, "the runs to end"
+    )
     assert sorted(a for _, a in starts(job.marks)) == ["1", "1", "2"]
     # what each attempt's agent fetched: 199 files once (one was already there), then nothing, twice
-    logs = "".join((orch.home / "work" / "staged" / run / "ctl" / "agent.log").read_text() for run in ("shard=a", "shard=b"))
-    fetched = sorted(int(line.split(" fetched")[0].rsplit(" ", 1)[-1]) for line in logs.splitlines() if " fetched (" in line)
+    logs = "".join(
+        (orch.home / "work" / "staged" / run / "ctl" / "agent.log").read_text() for run in ("shard=a", "shard=b")
+    )
+    fetched = sorted(
+        int(line.split(" fetched")[0].rsplit(" ", 1)[-1]) for line in logs.splitlines() if " fetched (" in line
+    )
     assert fetched == [0, 0, 199], logs
 
 

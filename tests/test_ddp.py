@@ -39,14 +39,28 @@ def _step(path) -> int:
 
 
 def torchrun(port: int) -> list:
-    return ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(port)]
+    return [
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(port),
+    ]
 
 
 @pytest.mark.timeout(600)
 def test_ddp_run_interrupted_by_a_notice_resumes_bitwise(orch, tmp_path):
     ref = tmp_path / "ref"
-    p = subprocess.run([sys.executable, *torchrun(_free_port()), "-m", "trainer", *ARGS, "--out", str(ref)],
-                       env=trainer_env(), capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, *torchrun(_free_port()), "-m", "trainer", *ARGS, "--out", str(ref)],
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
 
     command = " ".join(["{torchrun}", "-m", "trainer", *ARGS, "--log-every", "1"])  # the rendezvous comes from orch
@@ -85,7 +99,8 @@ def test_two_local_nodes_of_two_processes_equal_one_node_of_four(orch):
     and the same final weights as one node of four processes."""
     command = " ".join(["{torchrun}", "-m", "trainer", *SMALL, "--epochs", "1", "--synthetic-train", "512"])
     for name, nodes, procs in (("nodes2", 2, 2), ("nodes1", 1, 4)):
-        path = orch.sweep(f"""
+        path = orch.sweep(
+            f"""
             name: {name}
             command: "{command}"
             max_restarts: 0
@@ -95,12 +110,17 @@ def test_two_local_nodes_of_two_processes_equal_one_node_of_four(orch):
               procs_per_node: {procs}
             local:
               threads_per_run: 1
-        """, name=f"{name}.yaml")
+        """,
+            name=f"{name}.yaml",
+        )
         r = orch("launch", str(path), timeout=400)
         assert r.code == 0, r.out[-2000:] + r.err[-2000:]
         summary = json.loads((orch.home / "work" / name / "run" / "run" / "summary.json").read_text())
         assert summary["world_size"] == 4, summary
-    assert same(final_weights(orch.home / "work" / "nodes2" / "run" / "run"), final_weights(orch.home / "work" / "nodes1" / "run" / "run"))
+    assert same(
+        final_weights(orch.home / "work" / "nodes2" / "run" / "run"),
+        final_weights(orch.home / "work" / "nodes1" / "run" / "run"),
+    )
 
 
 @pytest.mark.timeout(600)
@@ -111,13 +131,35 @@ def test_four_ranks_resumed_mid_epoch_reduce_as_the_run_they_continue(tmp_path):
     args = [*SMALL, "--epochs", "2", "--ckpt-keep", "100"]
 
     def run(out, *extra):
-        p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--master_addr", "127.0.0.1",
-                            "--master_port", str(_free_port()), "-m", "trainer", *args, "--out", str(out), *extra],
-                           env=trainer_env(), capture_output=True, text=True, timeout=300)
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node",
+                "4",
+                "--master_addr",
+                "127.0.0.1",
+                "--master_port",
+                str(_free_port()),
+                "-m",
+                "trainer",
+                *args,
+                "--out",
+                str(out),
+                *extra,
+            ],
+            env=trainer_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert p.returncode == 0, p.stderr[-3000:]
         return p
 
     run(tmp_path / "whole")
-    run(tmp_path / "stopped", "--max-steps", "24", "--ckpt-every-s", "0.00001")  # a checkpoint at step 24 of 32, mid-epoch 2
+    run(
+        tmp_path / "stopped", "--max-steps", "24", "--ckpt-every-s", "0.00001"
+    )  # a checkpoint at step 24 of 32, mid-epoch 2
     assert "resumed from" in run(tmp_path / "stopped").stderr
     assert same(final_weights(tmp_path / "whole"), final_weights(tmp_path / "stopped"))

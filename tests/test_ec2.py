@@ -15,27 +15,51 @@ from orchestrator.aws import iam as iam_api
 from orchestrator.aws.images import resolve_image
 from orchestrator.aws.teardown import teardown
 
-CHOICES = [fleet.Choice("g5.xlarge", "subnet-a", "us-east-1a"), fleet.Choice("g5.xlarge", "subnet-b", "us-east-1b"),
-           fleet.Choice("g6.xlarge", "subnet-a", "us-east-1a")]
+CHOICES = [
+    fleet.Choice("g5.xlarge", "subnet-a", "us-east-1a"),
+    fleet.Choice("g5.xlarge", "subnet-b", "us-east-1b"),
+    fleet.Choice("g6.xlarge", "subnet-a", "us-east-1a"),
+]
 BASE = {"ImageId": "ami-12345678"}
 
 
 def stubbed():
     client = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
     stub = Stubber(client)
-    stub.add_response("create_launch_template_version", {"LaunchTemplateVersion": {"VersionNumber": 7}},
-                      {"LaunchTemplateId": "lt-1", "LaunchTemplateData": ANY})
+    stub.add_response(
+        "create_launch_template_version",
+        {"LaunchTemplateVersion": {"VersionNumber": 7}},
+        {"LaunchTemplateId": "lt-1", "LaunchTemplateData": ANY},
+    )
     return client, stub
 
 
 def fleet_ok(itype, subnet):
-    return {"FleetId": "fleet-1", "Instances": [{"InstanceIds": ["i-0123456789abcdef0"], "InstanceType": itype, "Lifecycle": "spot",
-                                                  "LaunchTemplateAndOverrides": {"Overrides": {"InstanceType": itype, "SubnetId": subnet}}}]}
+    return {
+        "FleetId": "fleet-1",
+        "Instances": [
+            {
+                "InstanceIds": ["i-0123456789abcdef0"],
+                "InstanceType": itype,
+                "Lifecycle": "spot",
+                "LaunchTemplateAndOverrides": {"Overrides": {"InstanceType": itype, "SubnetId": subnet}},
+            }
+        ],
+    }
 
 
 def fleet_error(code, itype, subnet):
-    return {"FleetId": "fleet-1", "Instances": [], "Errors": [{"ErrorCode": code, "ErrorMessage": "no",
-            "LaunchTemplateAndOverrides": {"Overrides": {"InstanceType": itype, "SubnetId": subnet}}}]}
+    return {
+        "FleetId": "fleet-1",
+        "Instances": [],
+        "Errors": [
+            {
+                "ErrorCode": code,
+                "ErrorMessage": "no",
+                "LaunchTemplateAndOverrides": {"Overrides": {"InstanceType": itype, "SubnetId": subnet}},
+            }
+        ],
+    }
 
 
 def overrides(choices):
@@ -43,20 +67,42 @@ def overrides(choices):
 
 
 def expect_fleet(stub, choices, answer, market="spot"):
-    stub.add_response("create_fleet", answer, {
-        "Type": "instant", "ClientToken": ANY, "TargetCapacitySpecification": {"TotalTargetCapacity": 1, "DefaultTargetCapacityType": market},
-        "SpotOptions": {"AllocationStrategy": "price-capacity-optimized"}, "OnDemandOptions": {"AllocationStrategy": "lowest-price"},
-        "LaunchTemplateConfigs": [{"LaunchTemplateSpecification": {"LaunchTemplateId": "lt-1", "Version": "7"}, "Overrides": overrides(choices)}],
-        "TagSpecifications": ANY})
+    stub.add_response(
+        "create_fleet",
+        answer,
+        {
+            "Type": "instant",
+            "ClientToken": ANY,
+            "TargetCapacitySpecification": {"TotalTargetCapacity": 1, "DefaultTargetCapacityType": market},
+            "SpotOptions": {"AllocationStrategy": "price-capacity-optimized"},
+            "OnDemandOptions": {"AllocationStrategy": "lowest-price"},
+            "LaunchTemplateConfigs": [
+                {
+                    "LaunchTemplateSpecification": {"LaunchTemplateId": "lt-1", "Version": "7"},
+                    "Overrides": overrides(choices),
+                }
+            ],
+            "TagSpecifications": ANY,
+        },
+    )
 
 
 def expect_cleanup(stub):
     stub.add_response("delete_launch_template_versions", {}, {"LaunchTemplateId": "lt-1", "Versions": ["7"]})
 
 
-# Every capacity code EC2 documents for CreateFleet (written out: a code dropped from fleet.CAPACITY_ERRORS must fail here)
-CAPACITY_CODES = ["InsufficientInstanceCapacity", "InsufficientCapacity", "UnfulfillableCapacity", "InsufficientHostCapacity",
-                  "InsufficientReservedInstanceCapacity", "SpotMaxPriceTooLow", "InsufficientFreeAddressesInSubnet", "Unsupported"]
+# Every capacity code EC2 documents for CreateFleet (written out: a code dropped from fleet.CAPACITY_ERRORS must fail
+# here)
+CAPACITY_CODES = [
+    "InsufficientInstanceCapacity",
+    "InsufficientCapacity",
+    "UnfulfillableCapacity",
+    "InsufficientHostCapacity",
+    "InsufficientReservedInstanceCapacity",
+    "SpotMaxPriceTooLow",
+    "InsufficientFreeAddressesInSubnet",
+    "Unsupported",
+]
 
 
 @pytest.mark.parametrize("code", CAPACITY_CODES)
@@ -89,8 +135,13 @@ def test_spot_then_on_demand_when_spot_is_exhausted():
     client, stub = stubbed()
     one = CHOICES[:1]
     expect_fleet(stub, one, fleet_error("UnfulfillableCapacity", "g5.xlarge", "subnet-a"))
-    expect_fleet(stub, one, fleet_ok("g5.xlarge", "subnet-a") | {"Instances": [{**fleet_ok("g5.xlarge", "subnet-a")["Instances"][0],
-                                                                            "Lifecycle": "on-demand"}]}, market="on-demand")
+    expect_fleet(
+        stub,
+        one,
+        fleet_ok("g5.xlarge", "subnet-a")
+        | {"Instances": [{**fleet_ok("g5.xlarge", "subnet-a")["Instances"][0], "Lifecycle": "on-demand"}]},
+        market="on-demand",
+    )
     expect_cleanup(stub)
     blocklist = fleet.Blocklist()
     with stub:
@@ -102,7 +153,9 @@ def test_spot_then_on_demand_when_spot_is_exhausted():
         fleet.acquire(client, "lt-1", BASE, "x", one, ["spot"], [], blocklist)
 
 
-@pytest.mark.parametrize("code, words", [("VcpuLimitExceeded", "quota reached"), ("UnauthorizedOperation", "permission denied")])
+@pytest.mark.parametrize(
+    "code, words", [("VcpuLimitExceeded", "quota reached"), ("UnauthorizedOperation", "permission denied")]
+)
 def test_quota_and_permission_fail_fast_with_the_next_step(code, words):
     client, stub = stubbed()
     expect_fleet(stub, CHOICES, fleet_error(code, "g5.xlarge", "subnet-a"))
@@ -128,24 +181,64 @@ def test_nodes_come_from_one_pool_all_at_once_and_a_partial_fill_is_released():
     together = {"MinTargetCapacity": 2, "SingleInstanceType": True, "SingleAvailabilityZone": True}
 
     def expect(choice, ids):
-        answer = {"FleetId": "fleet-1", "Instances": [{"InstanceIds": ids, "InstanceType": choice.instance_type, "Lifecycle": "spot",
-                  "LaunchTemplateAndOverrides": {"Overrides": {"InstanceType": choice.instance_type, "SubnetId": choice.subnet_id}}}]}
-        stub.add_response("create_fleet", answer, {
-            "Type": "instant", "ClientToken": ANY, "TargetCapacitySpecification": {"TotalTargetCapacity": 2, "DefaultTargetCapacityType": "spot"},
-            "SpotOptions": {"AllocationStrategy": "price-capacity-optimized", **together},
-            "OnDemandOptions": {"AllocationStrategy": "lowest-price"},  # MinTargetCapacity only for the market asked
-            "LaunchTemplateConfigs": [{"LaunchTemplateSpecification": {"LaunchTemplateId": "lt-1", "Version": "7"},
-                                       "Overrides": [{"InstanceType": choice.instance_type, "SubnetId": choice.subnet_id,
-                                                      "Placement": {"GroupName": f"pg-{choice.az}"}}]}],
-            "TagSpecifications": ANY})
+        answer = {
+            "FleetId": "fleet-1",
+            "Instances": [
+                {
+                    "InstanceIds": ids,
+                    "InstanceType": choice.instance_type,
+                    "Lifecycle": "spot",
+                    "LaunchTemplateAndOverrides": {
+                        "Overrides": {"InstanceType": choice.instance_type, "SubnetId": choice.subnet_id}
+                    },
+                }
+            ],
+        }
+        stub.add_response(
+            "create_fleet",
+            answer,
+            {
+                "Type": "instant",
+                "ClientToken": ANY,
+                "TargetCapacitySpecification": {"TotalTargetCapacity": 2, "DefaultTargetCapacityType": "spot"},
+                "SpotOptions": {"AllocationStrategy": "price-capacity-optimized", **together},
+                "OnDemandOptions": {
+                    "AllocationStrategy": "lowest-price"
+                },  # MinTargetCapacity only for the market asked
+                "LaunchTemplateConfigs": [
+                    {
+                        "LaunchTemplateSpecification": {"LaunchTemplateId": "lt-1", "Version": "7"},
+                        "Overrides": [
+                            {
+                                "InstanceType": choice.instance_type,
+                                "SubnetId": choice.subnet_id,
+                                "Placement": {"GroupName": f"pg-{choice.az}"},
+                            }
+                        ],
+                    }
+                ],
+                "TagSpecifications": ANY,
+            },
+        )
 
     expect(CHOICES[0], ["i-1"])  # one of two
     expect(CHOICES[1], ["i-3", "i-2"])
     expect_cleanup(stub)
     released, blocklist = [], fleet.Blocklist()
     with stub:
-        got = fleet.acquire_nodes(client, "lt-1", BASE, "x", CHOICES, ["spot"], [], blocklist, count=2,
-                                  group_of=lambda az: f"pg-{az}", release=released.extend)
+        got = fleet.acquire_nodes(
+            client,
+            "lt-1",
+            BASE,
+            "x",
+            CHOICES,
+            ["spot"],
+            [],
+            blocklist,
+            count=2,
+            group_of=lambda az: f"pg-{az}",
+            release=released.extend,
+        )
     stub.assert_no_pending_responses()
     assert released == ["i-1"] and sorted(g.instance_id for g in got) == ["i-2", "i-3"]
     assert {(g.instance_type, g.az) for g in got} == {("g5.xlarge", "us-east-1b")}
@@ -159,12 +252,23 @@ def test_security_group_launch_template_and_instance_profile(cloud):
     ec2, iam = cloud.client("ec2"), cloud.client("iam")
     sg = api.ensure_security_group(ec2, "sec", cloud.vpc, "203.0.113.7/32")
     assert api.ensure_security_group(ec2, "sec", cloud.vpc, "203.0.113.7/32") == sg  # idempotent
-    perms = sorted(ec2.describe_security_groups(GroupIds=[sg])["SecurityGroups"][0]["IpPermissions"], key=lambda p: p["IpProtocol"])
+    perms = sorted(
+        ec2.describe_security_groups(GroupIds=[sg])["SecurityGroups"][0]["IpPermissions"], key=lambda p: p["IpProtocol"]
+    )
     own = [{"Description": "orch: the sweep's own instances", "UserId": "123456789012", "GroupId": sg}]
     # ssh from the controller's address only, and anything between the sweep's own instances (multi-node rendezvous)
-    assert perms == [{"IpProtocol": "-1", "IpRanges": [], "Ipv6Ranges": [], "PrefixListIds": [], "UserIdGroupPairs": own},
-                     {"FromPort": 22, "ToPort": 22, "IpProtocol": "tcp", "IpRanges": [{"CidrIp": "203.0.113.7/32", "Description": "orch controller"}],
-                      "Ipv6Ranges": [], "PrefixListIds": [], "UserIdGroupPairs": []}]
+    assert perms == [
+        {"IpProtocol": "-1", "IpRanges": [], "Ipv6Ranges": [], "PrefixListIds": [], "UserIdGroupPairs": own},
+        {
+            "FromPort": 22,
+            "ToPort": 22,
+            "IpProtocol": "tcp",
+            "IpRanges": [{"CidrIp": "203.0.113.7/32", "Description": "orch controller"}],
+            "Ipv6Ranges": [],
+            "PrefixListIds": [],
+            "UserIdGroupPairs": [],
+        },
+    ]
 
     profile = iam_api.ensure_instance_profile(iam, "sec", "bucket", "team/orch")
     policy = iam.get_role_policy(RoleName=profile, PolicyName="orch-sweep")["PolicyDocument"]
@@ -172,12 +276,16 @@ def test_security_group_launch_template_and_instance_profile(cloud):
     objects, listing, terminate = policy["Statement"]
     assert objects["Resource"] == ["arn:aws:s3:::bucket/team/orch/sec/*"]
     assert listing["Condition"] == {"StringLike": {"s3:prefix": ["team/orch/sec/*"]}}
-    assert terminate["Action"] == ["ec2:TerminateInstances", "ec2:DeleteTags"] and terminate["Condition"] == {"StringEquals": {"aws:ResourceTag/orch:sweep": "sec"}}
+    assert terminate["Action"] == ["ec2:TerminateInstances", "ec2:DeleteTags"] and terminate["Condition"] == {
+        "StringEquals": {"aws:ResourceTag/orch:sweep": "sec"}
+    }
 
     image = resolve_image(ec2, cloud.image, "self", "us-east-1")
     lt = api.ensure_launch_template(ec2, "sec", api.launch_template_data(image, sg, 50, profile, public_ip=False))
     data = api.template_data(ec2, lt)
-    assert data["MetadataOptions"]["HttpTokens"] == "required" and data["MetadataOptions"]["HttpPutResponseHopLimit"] == 1
+    assert (
+        data["MetadataOptions"]["HttpTokens"] == "required" and data["MetadataOptions"]["HttpPutResponseHopLimit"] == 1
+    )
     assert data["InstanceInitiatedShutdownBehavior"] == "terminate"
     assert all(b["Ebs"]["DeleteOnTermination"] for b in data["BlockDeviceMappings"])
     assert "UserData" not in data  # the host keys live only in short-lived per-instance versions
@@ -203,10 +311,17 @@ def test_a_fresh_profiles_capacity_error_blocks_no_pool():
     # A real answer for a profile IAM has not propagated yet (karpenter-provider-aws issue 3051): the propagation error
     # *and* UnfulfillableCapacity. The capacity error is the profile's: no pool may be blocked for it.
     client, stub = stubbed()
-    profile = {"ErrorCode": "InvalidParameterValue", "ErrorMessage": "Value (orch-x) for parameter iamInstanceProfile.name is invalid. "
-               "Invalid IAM Instance Profile name", "LaunchTemplateAndOverrides": {"Overrides": {"InstanceType": "g5.xlarge", "SubnetId": "subnet-a"}}}
-    capacity = {"ErrorCode": "UnfulfillableCapacity", "ErrorMessage": "Unable to fulfill capacity due to your request configuration.",
-                "LaunchTemplateAndOverrides": {"Overrides": {"InstanceType": "g5.xlarge", "SubnetId": "subnet-a"}}}
+    profile = {
+        "ErrorCode": "InvalidParameterValue",
+        "ErrorMessage": "Value (orch-x) for parameter iamInstanceProfile.name is invalid. "
+        "Invalid IAM Instance Profile name",
+        "LaunchTemplateAndOverrides": {"Overrides": {"InstanceType": "g5.xlarge", "SubnetId": "subnet-a"}},
+    }
+    capacity = {
+        "ErrorCode": "UnfulfillableCapacity",
+        "ErrorMessage": "Unable to fulfill capacity due to your request configuration.",
+        "LaunchTemplateAndOverrides": {"Overrides": {"InstanceType": "g5.xlarge", "SubnetId": "subnet-a"}},
+    }
     expect_fleet(stub, CHOICES, {"FleetId": "fleet-1", "Instances": [], "Errors": [profile, capacity]})
     expect_fleet(stub, CHOICES, fleet_ok("g5.xlarge", "subnet-a"))
     expect_cleanup(stub)
@@ -220,11 +335,18 @@ def test_a_fresh_profiles_capacity_error_blocks_no_pool():
 
 def test_one_fleet_request_names_one_subnet_per_az():
     # EC2 Fleet quotas: "An EC2 Fleet request can't span different subnets from the same Availability Zone"
-    two_in_1a = [fleet.Choice("g5.xlarge", "subnet-a", "us-east-1a"), fleet.Choice("g5.xlarge", "subnet-a2", "us-east-1a"),
-                 fleet.Choice("g5.xlarge", "subnet-b", "us-east-1b")]
+    two_in_1a = [
+        fleet.Choice("g5.xlarge", "subnet-a", "us-east-1a"),
+        fleet.Choice("g5.xlarge", "subnet-a2", "us-east-1a"),
+        fleet.Choice("g5.xlarge", "subnet-b", "us-east-1b"),
+    ]
     client, stub = stubbed()
-    expect_fleet(stub, [two_in_1a[0], two_in_1a[2]], fleet_error("InsufficientInstanceCapacity", "g5.xlarge", "subnet-a"))
-    expect_fleet(stub, [two_in_1a[1], two_in_1a[2]], fleet_ok("g5.xlarge", "subnet-a2"))  # the AZ's next subnet, once the first is blocked
+    expect_fleet(
+        stub, [two_in_1a[0], two_in_1a[2]], fleet_error("InsufficientInstanceCapacity", "g5.xlarge", "subnet-a")
+    )
+    expect_fleet(
+        stub, [two_in_1a[1], two_in_1a[2]], fleet_ok("g5.xlarge", "subnet-a2")
+    )  # the AZ's next subnet, once the first is blocked
     expect_cleanup(stub)
     with stub:
         got = fleet.acquire(client, "lt-1", BASE, "x", two_in_1a, ["spot"], [], fleet.Blocklist())
@@ -232,11 +354,20 @@ def test_one_fleet_request_names_one_subnet_per_az():
     assert got.subnet_id == "subnet-a2"
 
 
-@pytest.mark.parametrize("code, message", [("InvalidPlacementGroup.Unknown", "The Placement Group 'orch-x-us-east-1a' is unknown."),
-                                           ("InvalidGroup.NotFound", "The security group 'sg-0123' does not exist")])
+@pytest.mark.parametrize(
+    "code, message",
+    [
+        ("InvalidPlacementGroup.Unknown", "The Placement Group 'orch-x-us-east-1a' is unknown."),
+        ("InvalidGroup.NotFound", "The security group 'sg-0123' does not exist"),
+    ],
+)
 def test_a_new_group_not_yet_visible_is_asked_again_not_fatal(code, message):
     client, stub = stubbed()
-    err = {"ErrorCode": code, "ErrorMessage": message, "LaunchTemplateAndOverrides": {"Overrides": {"InstanceType": "g5.xlarge", "SubnetId": "subnet-a"}}}
+    err = {
+        "ErrorCode": code,
+        "ErrorMessage": message,
+        "LaunchTemplateAndOverrides": {"Overrides": {"InstanceType": "g5.xlarge", "SubnetId": "subnet-a"}},
+    }
     expect_fleet(stub, CHOICES, {"FleetId": "fleet-1", "Instances": [], "Errors": [err]})
     expect_fleet(stub, CHOICES, fleet_ok("g5.xlarge", "subnet-a"))
     expect_cleanup(stub)
@@ -250,9 +381,22 @@ def test_a_spot_quota_still_tries_on_demand_and_then_says_quota():
     client, stub = stubbed()
     one = CHOICES[:1]
     expect_fleet(stub, one, fleet_error("MaxSpotInstanceCountExceeded", "g5.xlarge", "subnet-a"))
-    expect_fleet(stub, one, {"FleetId": "fleet-2", "Instances": [{"InstanceIds": ["i-0123456789abcdef1"], "InstanceType": "g5.xlarge",
-                                                                  "LaunchTemplateAndOverrides": {"Overrides": {"InstanceType": "g5.xlarge", "SubnetId": "subnet-a"}},
-                                                                  "Lifecycle": "on-demand"}]}, market="on-demand")
+    expect_fleet(
+        stub,
+        one,
+        {
+            "FleetId": "fleet-2",
+            "Instances": [
+                {
+                    "InstanceIds": ["i-0123456789abcdef1"],
+                    "InstanceType": "g5.xlarge",
+                    "LaunchTemplateAndOverrides": {"Overrides": {"InstanceType": "g5.xlarge", "SubnetId": "subnet-a"}},
+                    "Lifecycle": "on-demand",
+                }
+            ],
+        },
+        market="on-demand",
+    )
     expect_cleanup(stub)
     blocklist = fleet.Blocklist()
     with stub:

@@ -16,7 +16,9 @@ def test_every_experiment_loads(path):
     assert sweep.runs and sweep.spec.name == path.stem
 
 
-@pytest.mark.parametrize("path", [p for p in EXPERIMENTS if load_sweep(p).spec.backend == "local"], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", [p for p in EXPERIMENTS if load_sweep(p).spec.backend == "local"], ids=lambda p: p.name
+)
 def test_local_experiments_dry_run(orch, path):
     r = orch("launch", str(path), "--dry-run")
     assert r.code == 0 and "nothing launched" in r.out and "Traceback" not in r.err, r.out + r.err
@@ -48,9 +50,13 @@ def test_aws_experiments_dry_run_on_the_fake_cloud(orch, cloud, identity):
             assert "image recipe:orch-dl: ami-" in r.out, r.out
         if path.name == "cifar10-8gpu.yaml":  # the shape per type, GPUs from DescribeInstanceTypes
             assert "choice p4d.24xlarge in" in r.out and "per node 8 GPU(s), 8 process(es)" in r.out, r.out
-        if path.name == "cifar10-pack.yaml":  # 8 one-GPU runs; the fake prices every type alike, so one 8-GPU instance is cheapest
+        if (
+            path.name == "cifar10-pack.yaml"
+        ):  # 8 one-GPU runs; the fake prices every type alike, so one 8-GPU instance is cheapest
             assert "packing: 8 runs of 1 GPU(s) per g6.48xlarge; max_parallel 8 -> 1 instance(s)" in r.out, r.out
             assert "then g6.12xlarge: 4 per instance, 2 instance(s)" in r.out, r.out
         if path.name == "imagenette.yaml":
             assert "g5.xlarge in" in r.out and "per node 1 GPU(s), 1 process(es)" in r.out, r.out
-    assert [i["tags"]["orch:sweep"] for i in cloud.instances(states=("pending", "running", "stopped", "terminated"))] == ["ami-orch-dl"]
+    assert [
+        i["tags"]["orch:sweep"] for i in cloud.instances(states=("pending", "running", "stopped", "terminated"))
+    ] == ["ami-orch-dl"]

@@ -15,12 +15,28 @@ import torch
 from tests.test_trainer import final_weights, same, trainer_env
 from trainer.muon import Muon, orthogonalize
 
-DIGITS = ["--preset", "fast-muon", "--dataset", "digits", "--image-size", "32", "--batch-size", "200", "--width", "0.25",
-          "--threads", "1", "--precision", "fp32"]
+DIGITS = [
+    "--preset",
+    "fast-muon",
+    "--dataset",
+    "digits",
+    "--image-size",
+    "32",
+    "--batch-size",
+    "200",
+    "--width",
+    "0.25",
+    "--threads",
+    "1",
+    "--precision",
+    "fp32",
+]
 
 
 def trainer(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainer", *args], env=trainer_env(), capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "trainer", *args], env=trainer_env(), capture_output=True, text=True, timeout=600
+    )
 
 
 def test_muon_steps_along_an_orthogonalized_update():
@@ -32,7 +48,7 @@ def test_muon_steps_along_an_orthogonalized_update():
     w.grad = torch.randn_like(w)
     before = w.detach().clone()
     Muon([w], lr=0.1, momentum=0.6).step()
-    rescaled = before * (16 ** 0.5 / before.norm())  # the weight is renormalized to norm sqrt(out) first
+    rescaled = before * (16**0.5 / before.norm())  # the weight is renormalized to norm sqrt(out) first
     step = (rescaled - w.detach()).reshape(16, -1) / 0.1
     assert torch.allclose(step, orthogonalize(w.grad.add(w.grad, alpha=0.6).reshape(16, -1)).float(), atol=1e-2)
 
@@ -55,7 +71,9 @@ def test_fast_muon_resumed_mid_epoch_ends_with_the_weights_of_a_run_never_stoppe
     assert first.returncode == 0, first.stderr[-2000:]
     assert (stopped / "ckpt" / "10" / "MANIFEST.json").exists()
     second = trainer(*DIGITS, "--epochs", "2", "--out", str(stopped))
-    assert second.returncode == 0 and "resumed from" in second.stderr and "step 10 of 14" in second.stderr, second.stderr[-2000:]
+    assert second.returncode == 0 and "resumed from" in second.stderr and "step 10 of 14" in second.stderr, (
+        second.stderr[-2000:]
+    )
     assert same(final_weights(whole), final_weights(stopped))
 
 
@@ -66,11 +84,28 @@ def test_no_host_sync_inside_the_fast_muon_step(tmp_path, monkeypatch):
     reads = []
     for name in ("item", "tolist", "__float__", "__bool__", "__int__"):
         original = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _o=original, _n=name: (reads.append(_n), _o(self, *a))[1])
+        monkeypatch.setattr(
+            torch.Tensor, name, lambda self, *a, _o=original, _n=name: (reads.append(_n), _o(self, *a))[1]
+        )
 
     def count(batch: int, out: Path) -> int:  # one epoch of the same data: 14 steps, then 7
-        cfg = resolve_config(DEFAULTS, PRESETS, [*DIGITS, "--epochs", "1", "--batch-size", str(batch), "--ckpt-every-epochs", "0",
-                                                 "--ckpt-every-s", "0", "--out", str(out)])
+        cfg = resolve_config(
+            DEFAULTS,
+            PRESETS,
+            [
+                *DIGITS,
+                "--epochs",
+                "1",
+                "--batch-size",
+                str(batch),
+                "--ckpt-every-epochs",
+                "0",
+                "--ckpt-every-s",
+                "0",
+                "--out",
+                str(out),
+            ],
+        )
         reads.clear()
         train(cfg)
         return len(reads)

@@ -16,7 +16,15 @@ from tests.conftest import run_states as status
 
 pytestmark = pytest.mark.slow
 
-METACHARS = ["`touch {m}/bt`", "$(touch {m}/dollar)", "a; touch {m}/semi", "it's \"quoted\"", "back\\slash", "two\nlines", "trail\\"]
+METACHARS = [
+    "`touch {m}/bt`",
+    "$(touch {m}/dollar)",
+    "a; touch {m}/semi",
+    'it\'s "quoted"',
+    "back\\slash",
+    "two\nlines",
+    "trail\\",
+]
 
 
 def no_traceback(r):
@@ -36,10 +44,18 @@ def test_1_shell_metacharacters_in_params_env_and_commands_stay_data(orch, tmp_p
     marks = tmp_path / "marks"
     marks.mkdir()
     values = [v.format(m=marks) for v in METACHARS]
-    path = orch.sweep(json.dumps({
-        "name": "meta", "command": "printf '<%s>\\n' {c} \"$V\"; echo 'cmd `touch " + str(marks) + "/incmd` ok'",
-        "grid": {"c": values}, "env": {"V": f"$(touch {marks}/env)`touch {marks}/env2`"}, "max_parallel": 4, "store": "store",
-    }))
+    path = orch.sweep(
+        json.dumps(
+            {
+                "name": "meta",
+                "command": "printf '<%s>\\n' {c} \"$V\"; echo 'cmd `touch " + str(marks) + "/incmd` ok'",
+                "grid": {"c": values},
+                "env": {"V": f"$(touch {marks}/env)`touch {marks}/env2`"},
+                "max_parallel": 4,
+                "store": "store",
+            }
+        )
+    )
     r = finish(orch, path)
     assert r.code == 0, r.out + r.err
     assert list(marks.iterdir()) == []  # nothing ran
@@ -84,7 +100,7 @@ def test_3_env_keys_must_be_identifiers(orch, tmp_path):
 def test_4_a_run_writing_status_json_is_just_a_file(orch):
     path = orch.sweep("""
         name: mine
-        command: "echo '{{\\"state\\": null}}' > $ORCH_RUN_DIR/status.json; mkdir -p $ORCH_RUN_DIR/logs; echo x > $ORCH_RUN_DIR/logs/1.log"
+        command: "D=$ORCH_RUN_DIR;echo '{{\\"state\\": null}}' >$D/status.json; mkdir -p $D/logs; echo x >$D/logs/1.log"
         grid:
           a: [1, 2, 3]
         max_parallel: 1
@@ -96,7 +112,9 @@ def test_4_a_run_writing_status_json_is_just_a_file(orch):
     assert orch("collect", "mine").code == 0
 
 
-@pytest.mark.parametrize("record", [b"{}", b'{"state": null}', b'{"run_id": "run", "state": "running", "attempt": "x"', b"[1]"])
+@pytest.mark.parametrize(
+    "record", [b"{}", b'{"state": null}', b'{"run_id": "run", "state": "running", "attempt": "x"', b"[1]"]
+)
 def test_4_a_corrupt_status_record_is_reported_not_a_crash(orch, record):
     path = orch.sweep("name: corrupt\ncommand: 'true'\nstore: store\n")
     assert finish(orch, path).code == 0
@@ -125,8 +143,12 @@ def test_5_a_background_child_does_not_hold_the_run(orch, tmp_path):
     assert r.code == 0 and status(orch, "bg")["run"]["state"] == "succeeded", r.out
     assert time.time() - t0 < 30  # the command ended at once; its orphan did not keep the run going
     child = int(pidfile.read_text())
-    retry_until(lambda: not os.path.exists(f"/proc/{child}") or open(f"/proc/{child}/stat").read().split()[2] == "Z", 15, 0.2,
-                "the orphan to be stopped")
+    retry_until(
+        lambda: not os.path.exists(f"/proc/{child}") or open(f"/proc/{child}/stat").read().split()[2] == "Z",
+        15,
+        0.2,
+        "the orphan to be stopped",
+    )
 
 
 def test_6_cancelling_a_finished_run_changes_nothing(orch):
@@ -178,7 +200,9 @@ def test_8_sigterm_or_sighup_hands_the_loop_over(orch, job, sig):
     out = p.communicate(timeout=30)[0]
     assert "background" in out and "Traceback" not in out, out
     job.release.touch()
-    retry_until(lambda: all(v["state"] == "succeeded" for v in status(orch, name).values()), 90, 0.5, "queued runs to finish")
+    retry_until(
+        lambda: all(v["state"] == "succeeded" for v in status(orch, name).values()), 90, 0.5, "queued runs to finish"
+    )
 
 
 def test_8_status_says_when_no_controller_runs(orch, job):
@@ -204,7 +228,9 @@ def test_8_status_says_when_no_controller_runs(orch, job):
 
 @pytest.mark.timeout(60)
 def test_9_huge_sweeps_are_refused_at_once_with_the_count(orch):
-    r = orch("launch", str(orch.sweep("name: huge\ncommand: 'echo {seed}'\nseeds: 1000000000\n")), "--dry-run", timeout=60)
+    r = orch(
+        "launch", str(orch.sweep("name: huge\ncommand: 'echo {seed}'\nseeds: 1000000000\n")), "--dry-run", timeout=60
+    )
     assert r.code == 2 and "1000000000 runs" in r.err and "max_runs" in r.err, r.err
     grid = {"name": "wide", "command": "echo {a} {b}", "grid": {"a": list(range(400)), "b": list(range(300))}}
     r = orch("launch", str(orch.sweep(json.dumps(grid))), "--dry-run", timeout=60)
@@ -216,7 +242,16 @@ def test_9_expansion_is_linear(tmp_path):
     from orchestrator.sweep.load import load_sweep
 
     p = tmp_path / "s.yaml"
-    p.write_text(json.dumps({"name": "big", "command": "echo {a} {b}", "grid": {"a": list(range(200)), "b": list(range(150))}, "max_runs": 30000}))
+    p.write_text(
+        json.dumps(
+            {
+                "name": "big",
+                "command": "echo {a} {b}",
+                "grid": {"a": list(range(200)), "b": list(range(150))},
+                "max_runs": 30000,
+            }
+        )
+    )
     assert len(load_sweep(p).runs) == 30000  # quadratic id checks took minutes here
 
 
@@ -254,15 +289,18 @@ def test_10_deeply_nested_yaml_is_a_clear_error(orch):
 # --- 11: validation gaps --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text, words", [
-    ("name: x\nmax_parallel: true\n", ["max_parallel", "Fix:"]),
-    ("name: x\ntimeout_minutes: .inf\n", ["timeout_minutes", "finite"]),
-    ("name: " + "a" * 64 + "\n", ["63 characters"]),
-    ("name: 123\n", ["name", "Fix:"]),
-    ("name: x\ngrid:\n  lr: 0.1\n", ["grid.lr", "Fix:"]),
-    ("name: x\nenv:\n  A: 1\n", ["env.A", "Fix:"]),
-    ("name: x\nseeds: two\n", ["seeds", "a count"]),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("name: x\nmax_parallel: true\n", ["max_parallel", "Fix:"]),
+        ("name: x\ntimeout_minutes: .inf\n", ["timeout_minutes", "finite"]),
+        ("name: " + "a" * 64 + "\n", ["63 characters"]),
+        ("name: 123\n", ["name", "Fix:"]),
+        ("name: x\ngrid:\n  lr: 0.1\n", ["grid.lr", "Fix:"]),
+        ("name: x\nenv:\n  A: 1\n", ["env.A", "Fix:"]),
+        ("name: x\nseeds: two\n", ["seeds", "a count"]),
+    ],
+)
 def test_11_validation_gaps(orch, text, words):
     r = orch("launch", str(orch.sweep(text)))
     no_traceback(r)
@@ -296,7 +334,10 @@ def test_12_dry_run_refuses_a_changed_sweep_like_launch(orch):
     assert finish(orch, path).code == 0
     path.write_text("name: chg\ncommand: 'echo changed'\nstore: store\n")
     dry, real = orch("launch", str(path), "--dry-run"), orch("launch", str(path))
-    assert dry.code == real.code != 0 and "different sweep" in dry.err and "different sweep" in real.err, (dry.err, real.err)
+    assert dry.code == real.code != 0 and "different sweep" in dry.err and "different sweep" in real.err, (
+        dry.err,
+        real.err,
+    )
 
 
 def test_12_same_name_other_store_is_refused(orch):
@@ -335,7 +376,12 @@ def test_12_small_cli_surprises(orch):
     assert finish(orch, orch.sweep("name: small\ncommand: 'true'\nstore: store\n")).code == 0
     r = orch("logs", "run", "--attempt", "0")
     assert r.code == 2 and "attempt" in r.err, r.err
-    assert orch("launch", str(orch.sweep("name: live\ncommand: 'sleep 30'\nstore: store\n", name="l.yaml")), "--detach").code == 0
+    assert (
+        orch(
+            "launch", str(orch.sweep("name: live\ncommand: 'sleep 30'\nstore: store\n", name="l.yaml")), "--detach"
+        ).code
+        == 0
+    )
     retry_until(lambda: status(orch, "live").get("run", {}).get("state") == "running", 30, 0.2, "the run")
     r = orch("attach", "live/run")  # no terminal here
     no_traceback(r)
@@ -355,7 +401,9 @@ def test_10_a_store_that_becomes_unwritable_mid_run_is_a_clear_error_and_nothing
     folder.rename(folder.with_name("rostore.saved"))
     folder.write_text("not a folder any more")  # every write under it now fails
     out = p.communicate(timeout=60)[0]
-    assert p.returncode == 2 and "cannot be read or written" in out and str(orch.store()) in out and "Traceback" not in out, out
+    assert (
+        p.returncode == 2 and "cannot be read or written" in out and str(orch.store()) in out and "Traceback" not in out
+    ), out
     folder.unlink()
     folder.with_name("rostore.saved").rename(folder)
     job.release.touch()  # the run was never stopped; its agent kept going and records its end once it can
@@ -379,7 +427,9 @@ def test_a_process_group_whose_last_member_is_an_unreaped_zombie_has_ended():
         assert group_runs(child.pid)  # a leader that runs
         os.kill(child.pid, 9)
         # not reaped (no wait()): still a member for kill(0), a zombie in /proc
-        retry_until(lambda: open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z", 30, 0.05, "the zombie")
+        retry_until(
+            lambda: open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z", 30, 0.05, "the zombie"
+        )
         os.killpg(child.pid, 0)  # the group still "exists" for a signal
         assert not group_runs(child.pid)
     finally:

@@ -24,15 +24,45 @@ from trainer.imagefolder import (
     write_imagefolder_like,
 )
 
-ARGS = ["--dataset", "imagefolder", "--model", "resnet18", "--width", "0.25", "--precision", "fp32", "--threads", "2",
-        "--sizes", "32@0,48@0.5,64@0.8", "--batch-sizes", "32@0,16@0.5", "--batch-size", "32", "--lr", "0.4",
-        "--label-smoothing", "0.1", "--ckpt-every-s", "0", "--ckpt-every-epochs", "1", "--ckpt-keep", "20",
-        "--workers", "2", "--seed", "3"]
+ARGS = [
+    "--dataset",
+    "imagefolder",
+    "--model",
+    "resnet18",
+    "--width",
+    "0.25",
+    "--precision",
+    "fp32",
+    "--threads",
+    "2",
+    "--sizes",
+    "32@0,48@0.5,64@0.8",
+    "--batch-sizes",
+    "32@0,16@0.5",
+    "--batch-size",
+    "32",
+    "--lr",
+    "0.4",
+    "--label-smoothing",
+    "0.1",
+    "--ckpt-every-s",
+    "0",
+    "--ckpt-every-epochs",
+    "1",
+    "--ckpt-keep",
+    "20",
+    "--workers",
+    "2",
+    "--seed",
+    "3",
+]
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    return write_imagefolder_like(str(tmp_path_factory.mktemp("images") / "data"), classes=4, per_class=24, val_per_class=8)
+    return write_imagefolder_like(
+        str(tmp_path_factory.mktemp("images") / "data"), classes=4, per_class=24, val_per_class=8
+    )
 
 
 def test_crops_stay_inside_the_image_and_validation_shapes():
@@ -45,8 +75,13 @@ def test_crops_stay_inside_the_image_and_validation_shapes():
 
 def test_layout_errors_name_the_folder_and_the_fix(folder, tmp_path):
     def fails(data_dir, words):
-        p = subprocess.run([sys.executable, "-m", "trainer", *ARGS, "--data-dir", str(data_dir), "--out", str(tmp_path / "o")],
-                           env=trainer_env(), capture_output=True, text=True, timeout=120)
+        p = subprocess.run(
+            [sys.executable, "-m", "trainer", *ARGS, "--data-dir", str(data_dir), "--out", str(tmp_path / "o")],
+            env=trainer_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr[-2000:]
         assert all(w in p.stderr for w in words), p.stderr[-2000:]
 
@@ -82,21 +117,32 @@ def test_interrupted_mid_epoch_resumes_bitwise(folder, tmp_path):
     ref, cut = tmp_path / "ref", tmp_path / "cut"
     args = [*ARGS, "--epochs", "4", "--data-dir", str(folder)]
     run_trainer([*args, "--out", str(ref)], timeout=600)
-    proc = subprocess.Popen([sys.executable, "-m", "trainer", *args, "--out", str(cut), "--log-every", "1"],
-                            env=trainer_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainer", *args, "--out", str(cut), "--log-every", "1"],
+        env=trainer_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
+
         def steps() -> int:
             try:
                 return metrics(cut)[-1]["step"] if (cut / "metrics.jsonl").exists() else 0
             except (ValueError, KeyError):
                 return 0
 
-        retry_until(lambda: steps() >= 7, 300, 0.05, "training to pass into epoch 3")  # 3 steps an epoch at batch 32, then 6 at 16
+        retry_until(
+            lambda: steps() >= 7, 300, 0.05, "training to pass into epoch 3"
+        )  # 3 steps an epoch at batch 32, then 6 at 16
         at = steps()
         proc.send_signal(signal.SIGUSR1)
 
         def mid_epoch_checkpoint():
-            done = [int(p.name) for p in checkpoint.candidates(cut) if (p / checkpoint.MANIFEST).exists() and int(p.name) > at]
+            done = [
+                int(p.name)
+                for p in checkpoint.candidates(cut)
+                if (p / checkpoint.MANIFEST).exists() and int(p.name) > at
+            ]
             mid = [s for s in done if json.loads((cut / "metrics.jsonl").read_text().splitlines()[s - 1])["epoch"] % 1]
             return min(mid) if mid else None
 
@@ -111,4 +157,7 @@ def test_interrupted_mid_epoch_resumes_bitwise(folder, tmp_path):
             shutil.rmtree(later)
     run_trainer([*args, "--out", str(cut)], timeout=600)
     assert same(final_weights(ref), final_weights(cut))
-    assert json.loads((ref / "summary.json").read_text())["final_acc"] == json.loads((cut / "summary.json").read_text())["final_acc"]
+    assert (
+        json.loads((ref / "summary.json").read_text())["final_acc"]
+        == json.loads((cut / "summary.json").read_text())["final_acc"]
+    )

@@ -53,15 +53,30 @@ def test_launch_status_attach_logs_collect_down(orch, job):
     outer = f"outer-{uuid.uuid4().hex[:6]}"
     try:
         cmd = " ".join(orch.argv("attach", "a=1"))
-        subprocess.run(["tmux", "-L", outer, "new-session", "-d", "-s", "t", "-x", "160", "-y", "40", cmd], env=orch.env, check=True)
+        subprocess.run(
+            ["tmux", "-L", outer, "new-session", "-d", "-s", "t", "-x", "160", "-y", "40", cmd],
+            env=orch.env,
+            check=True,
+        )
 
         def screen():
-            return subprocess.run(["tmux", "-L", outer, "capture-pane", "-p", "-t", "t"], capture_output=True, text=True).stdout
+            return subprocess.run(
+                ["tmux", "-L", outer, "capture-pane", "-p", "-t", "t"], capture_output=True, text=True
+            ).stdout
 
-        retry_until(lambda: "tick" in screen() and "of a=1" in screen(), 20, 0.2, "the run's output in the attached terminal")
+        retry_until(
+            lambda: "tick" in screen() and "of a=1" in screen(), 20, 0.2, "the run's output in the attached terminal"
+        )
         subprocess.run(["tmux", "-L", outer, "send-keys", "-t", "t", "C-b", "d"], check=True)
-        retry_until(lambda: subprocess.run(["tmux", "-L", outer, "has-session", "-t", "t"]).returncode != 0 or "detached" in screen(),
-                    10, 0.2, "the attach client to detach")
+        retry_until(
+            lambda: (
+                subprocess.run(["tmux", "-L", outer, "has-session", "-t", "t"]).returncode != 0
+                or "detached" in screen()
+            ),
+            10,
+            0.2,
+            "the attach client to detach",
+        )
     finally:
         subprocess.run(["tmux", "-L", outer, "kill-server"], capture_output=True)
     assert orch.tmux("has-session", "-t", "=orch_flow_a=1").returncode == 0  # detaching left the run alone
@@ -113,10 +128,14 @@ def test_down_stops_everything_and_launch_resumes(orch, job):
         store: store
     """)
     assert orch("launch", str(path), "--detach").code == 0
-    retry_until(lambda: sum(r["state"] == "running" for r in status(orch, "stoppy").values()) == 2, 30, 0.3, "2 running")
+    retry_until(
+        lambda: sum(r["state"] == "running" for r in status(orch, "stoppy").values()) == 2, 30, 0.3, "2 running"
+    )
     d = orch("down", "stoppy")
     assert d.code == 0 and "stopped controller pid" in d.out and "stopped 2 run(s)" in d.out, d.out + d.err
-    assert not any(s.startswith("orch_stoppy") for s in orch.tmux("list-sessions", "-F", "#{session_name}").stdout.split())
+    assert not any(
+        s.startswith("orch_stoppy") for s in orch.tmux("list-sessions", "-F", "#{session_name}").stdout.split()
+    )
     st = status(orch, "stoppy")
     assert sorted(r["state"] for r in st.values()) == ["queued", "stopped", "stopped"]
     again = orch("down", "stoppy")
@@ -142,7 +161,9 @@ def test_controller_killed_mid_sweep_then_relaunched(orch, job):
     """)
     ctl = orch.popen("launch", str(path))
     # kill the controller once some runs finished and others run
-    retry_until(lambda: sum(r["state"] == "succeeded" for r in status(orch, "crashy").values()) >= 1, 60, 0.2, "a finished run")
+    retry_until(
+        lambda: sum(r["state"] == "succeeded" for r in status(orch, "crashy").values()) >= 1, 60, 0.2, "a finished run"
+    )
     ctl.send_signal(signal.SIGKILL)
     ctl.wait(10)
     mid = status(orch, "crashy")
@@ -196,13 +217,16 @@ def test_cancel_stops_the_command_and_timeout_fails_it(orch, job):
     assert not (job.marks / "run.running").exists()  # its SIGTERM handler ran: cancel stopped the command
     assert "finished run" not in orch("logs", "cancelly/run").out
     assert orch.tmux("has-session", "-t", "=orch_cancelly_run").returncode != 0
-    timed = orch.sweep("""
+    timed = orch.sweep(
+        """
         name: timely
         command: "sleep 60"
         max_restarts: 0
         timeout_minutes: 0.05
         store: store
-    """, name="t.yaml")
+    """,
+        name="t.yaml",
+    )
     assert orch("launch", str(timed), timeout=120).code == 1
     v = status(orch, "timely")["run"]
     assert v["state"] == "failed" and "timed out after 3 s" in v["reason"]

@@ -28,8 +28,11 @@ FAST = {"heartbeat_s": "1", "sync_s": "2"}
 
 def nodes_of(cloud, sweep: str, attempt: int) -> list:
     """Instance ids of an attempt, in node order (orch ranks the nodes by instance id)."""
-    return sorted(i["id"] for i in cloud.instances(sweep, states=("pending", "running", "shutting-down", "terminated"))
-                  if i["tags"].get("orch:attempt") == str(attempt))
+    return sorted(
+        i["id"]
+        for i in cloud.instances(sweep, states=("pending", "running", "shutting-down", "terminated"))
+        if i["tags"].get("orch:attempt") == str(attempt)
+    )
 
 
 def s3_bytes(cloud, key: str) -> bytes:
@@ -38,7 +41,11 @@ def s3_bytes(cloud, key: str) -> bytes:
 
 def newest_weights(cloud, prefix: str):
     s3 = cloud.client("s3")
-    keys = [o["Key"] for p in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix) for o in p.get("Contents", [])]
+    keys = [
+        o["Key"]
+        for p in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+        for o in p.get("Contents", [])
+    ]
     step = max(int(k.split("/")[-2]) for k in keys if k.endswith("/MANIFEST.json") and "/ckpt/" in k)
     return torch.load(io.BytesIO(s3_bytes(cloud, f"{prefix}ckpt/{step}/state.pt")), weights_only=False)["model"]
 
@@ -46,21 +53,48 @@ def newest_weights(cloud, prefix: str):
 @pytest.mark.timeout(900)
 def test_two_nodes_of_two_processes_interrupted_on_node_1_end_as_one_node_of_four(orch, cloud, identity, tmp_path):
     ref = tmp_path / "ref"  # the same run as one node of four processes, launched by hand
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--master_addr", "127.0.0.1",
-                        "--master_port", str(_free_port()), "-m", "trainer", *ARGS, "--out", str(ref)],
-                       env=trainer_env(), capture_output=True, text=True, timeout=400)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "4",
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(_free_port()),
+            "-m",
+            "trainer",
+            *ARGS,
+            "--out",
+            str(ref),
+        ],
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
 
     command = " ".join(["{torchrun}", "-m", "trainer", *ARGS, "--log-every", "1"])
-    path = orch.sweep(cloud.sweep_yaml("mn", identity, command, extra="max_restarts: 0\nresources:\n  nodes: 2\n  procs_per_node: 2", **FAST))
+    path = orch.sweep(
+        cloud.sweep_yaml(
+            "mn", identity, command, extra="max_restarts: 0\nresources:\n  nodes: 2\n  procs_per_node: 2", **FAST
+        )
+    )
     dry = orch("launch", str(path), "--dry-run")
     assert dry.code == 0 and "2 node(s); per node" in dry.out and "x 2 instances" in dry.out, dry.out + dry.err
     assert orch("launch", str(path), "--detach").code == 0
-    retry_until(lambda: status(orch, "mn").get("run", {}).get("metrics", {}).get("step", 0) >= 3, 400, 0.5, "training to start")
+    retry_until(
+        lambda: status(orch, "mn").get("run", {}).get("metrics", {}).get("step", 0) >= 3, 400, 0.5, "training to start"
+    )
     first = nodes_of(cloud, "mn", 1)
     assert len(first) == 2
     placed = {iid: cloud.gate.placement.members.get(iid) for iid in first}
-    assert len({g for g, _ in placed.values()}) == 1 and len({az for _, az in placed.values()}) == 1, placed  # one group, one AZ
+    assert len({g for g, _ in placed.values()}) == 1 and len({az for _, az in placed.values()}) == 1, (
+        placed
+    )  # one group, one AZ
     cloud.spot_notice(first[1])  # node 1's IMDS, as AWS gives it: node 0 must checkpoint for the run
 
     retry_until(lambda: status(orch, "mn")["run"]["state"] in ("succeeded", "failed"), 600, 1.0, "the run to end")
@@ -84,17 +118,33 @@ def test_two_nodes_of_two_processes_interrupted_on_node_1_end_as_one_node_of_fou
 def test_nodes_come_all_at_once_and_a_lost_node_ends_the_attempt_on_every_node(orch, cloud, identity):
     # g5.xlarge gives one instance at most: a 2-node run must not start half there, but on g6.xlarge
     cloud.gate.fleet_capacity[("*", "g5.xlarge", "*")] = 1
-    command = ("echo $ORCH_NODE_RANK/$ORCH_NODES $ORCH_MASTER_ADDR:$ORCH_MASTER_PORT $ORCH_RDZV_ID > $ORCH_RUN_DIR/node$ORCH_NODE_RANK.txt; "
-               "if [ $ORCH_ATTEMPT = 1 ]; then sleep 600; fi")
-    path = orch.sweep(cloud.sweep_yaml("mn2", identity, command, extra="max_restarts: 0\nresources:\n  nodes: 2", **FAST))
+    command = (
+        "echo $ORCH_NODE_RANK/$ORCH_NODES $ORCH_MASTER_ADDR:$ORCH_MASTER_PORT $ORCH_RDZV_ID > "
+        "$ORCH_RUN_DIR/node$ORCH_NODE_RANK.txt; "
+        "if [ $ORCH_ATTEMPT = 1 ]; then sleep 600; fi"
+    )
+    path = orch.sweep(
+        cloud.sweep_yaml("mn2", identity, command, extra="max_restarts: 0\nresources:\n  nodes: 2", **FAST)
+    )
     assert orch("launch", str(path), "--detach").code == 0
     retry_until(lambda: status(orch, "mn2").get("run", {}).get("state") == "running", 120, 0.5, "attempt 1 to run")
     first = nodes_of(cloud, "mn2", 1)
-    types = {i["id"]: cloud.client("ec2").describe_instances(InstanceIds=[i["id"]])["Reservations"][0]["Instances"][0]["InstanceType"]
-             for i in cloud.instances("mn2")}
+    types = {
+        i["id"]: cloud.client("ec2").describe_instances(InstanceIds=[i["id"]])["Reservations"][0]["Instances"][0][
+            "InstanceType"
+        ]
+        for i in cloud.instances("mn2")
+    }
     assert len(first) == 2 and set(types.values()) == {"g6.xlarge"}, types
-    assert cloud.gate.counts["InsufficientInstanceCapacity"] >= 1  # g5 was asked for two and refused: nothing launched there
-    retry_until(lambda: cloud.client("s3").list_objects_v2(Bucket=BUCKET, Prefix="sweeps/mn2/run/node0.txt").get("KeyCount"), 60, 0.5, "node 0's file")
+    assert (
+        cloud.gate.counts["InsufficientInstanceCapacity"] >= 1
+    )  # g5 was asked for two and refused: nothing launched there
+    retry_until(
+        lambda: cloud.client("s3").list_objects_v2(Bucket=BUCKET, Prefix="sweeps/mn2/run/node0.txt").get("KeyCount"),
+        60,
+        0.5,
+        "node 0's file",
+    )
     master = [i["ip"] for i in cloud.instances("mn2") if i["id"] == first[0]][0]
     line = s3_bytes(cloud, "sweeps/mn2/run/node0.txt").decode().split()
     assert line[0] == "0/2" and line[1].startswith(master + ":") and line[2] == "mn2-run-1", line
@@ -111,11 +161,19 @@ def test_nodes_come_all_at_once_and_a_lost_node_ends_the_attempt_on_every_node(o
 def test_a_node_whose_command_fails_fails_the_attempt_and_counts_against_max_restarts(orch, cloud, identity):
     # node 1 always fails: the run must fail after max_restarts + 1 attempts, not be called lost and restarted forever
     command = "echo node $ORCH_NODE_RANK; if [ $ORCH_NODE_RANK = 1 ]; then exit 7; fi; sleep 600"
-    path = orch.sweep(cloud.sweep_yaml("mnfail", identity, command, extra="max_restarts: 1\nresources:\n  nodes: 2", **FAST))
+    path = orch.sweep(
+        cloud.sweep_yaml("mnfail", identity, command, extra="max_restarts: 1\nresources:\n  nodes: 2", **FAST)
+    )
     assert orch("launch", str(path), "--detach").code == 0
     # one read per check: two reads could see "failed" (attempt 1) and then attempt 2 already starting
-    v = retry_until(lambda: (lambda r: r if (r.get("state"), r.get("attempt")) == ("failed", 2) else None)(status(orch, "mnfail").get("run", {})),
-                    400, 0.5, "the run to fail on its second attempt")
+    v = retry_until(
+        lambda: (lambda r: r if (r.get("state"), r.get("attempt")) == ("failed", 2) else None)(
+            status(orch, "mnfail").get("run", {})
+        ),
+        400,
+        0.5,
+        "the run to fail on its second attempt",
+    )
     assert (v["exit_code"], v["failures"], v["preemptions"]) == (7, 2, 0), v
     assert "node 1 exited with code 7" in v["reason"], v
     node1 = orch("logs", "run", "--node", "1")

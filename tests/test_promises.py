@@ -18,7 +18,7 @@ from tests.conftest import starts
 
 pytestmark = pytest.mark.slow
 
-PROBE = '''
+PROBE = """
 import json, os
 out = os.environ["ORCH_RUN_DIR"]
 import sys
@@ -26,16 +26,19 @@ print("threads", os.environ["OMP_NUM_THREADS"], "sweep", sys.argv[1], os.environ
 with open(os.path.join(out, "metrics.jsonl"), "a") as f:
     for step, (loss, acc) in enumerate([(3.0, 0.1), (1.0, 0.9), (2.0, 0.5)]):
         f.write(json.dumps({"step": step, "val_loss": loss, "val_acc": acc}) + "\\n")
-'''
+"""
 
 
 def running(orch, job, name: str):
     """A one-run sweep of the release job, launched in the background and running; returns its file."""
-    path = orch.sweep(f"""
+    path = orch.sweep(
+        f"""
         name: {name}
         command: "{job(steps=2, release=True)}"
         store: store
-    """, name=f"{name}.yaml")
+    """,
+        name=f"{name}.yaml",
+    )
     assert orch("launch", str(path), "--detach").code == 0
     retry_until(lambda: status(orch, name).get("run", {}).get("state") == "running", 60, 0.3, "the run to start")
     return path
@@ -51,7 +54,12 @@ def test_logs_follow_and_status_watch_run_until_the_sweep_ends(orch, job):
     store_log = orch.store("follow", ".orch", "run", "logs", "1.log")
     retry_until(lambda: store_log.exists() and "tick 3" in store_log.read_text(), 60, 0.3, "the log to reach the store")
     # the watch has shown the run running before it may end (on a loaded machine its start can take seconds)
-    retry_until(lambda: any("run: running (attempt 1)" in line for line in list(seen)), 120, 0.2, "the watch to show the run running")
+    retry_until(
+        lambda: any("run: running (attempt 1)" in line for line in list(seen)),
+        120,
+        0.2,
+        "the watch to show the run running",
+    )
     assert logs.poll() is None and watch.poll() is None  # both keep following a running sweep
     job.release.touch()
     out_logs = logs.communicate(timeout=90)[0]
@@ -65,19 +73,25 @@ def test_logs_follow_and_status_watch_run_until_the_sweep_ends(orch, job):
 
 def test_threads_per_run_ambiguous_run_ids_and_lowest_loss(orch, script):
     probe = script(PROBE, "probe.py")
-    one = orch.sweep(f"""
+    one = orch.sweep(
+        f"""
         name: pinned
         command: "{{python}} {probe} {{sweep}}"
         store: store
         local:
           threads_per_run: 3
-    """, "one.yaml")
-    two = orch.sweep(f"""
+    """,
+        "one.yaml",
+    )
+    two = orch.sweep(
+        f"""
         name: shared
         command: "{{python}} {probe} {{sweep}}"
         max_parallel: 2
         store: store
-    """, "two.yaml")
+    """,
+        "two.yaml",
+    )
     for path in (one, two):
         r = orch("launch", str(path))
         assert r.code == 0, r.out + r.err
@@ -99,7 +113,9 @@ def test_threads_per_run_ambiguous_run_ids_and_lowest_loss(orch, script):
 def test_a_second_launch_of_a_running_sweep_launches_nothing(orch, job):
     path = running(orch, job, "twice")
     again = orch("launch", str(path))
-    assert again.code != 0 and "already being run by controller pid" in again.err and "Traceback" not in again.err, again.err
+    assert again.code != 0 and "already being run by controller pid" in again.err and "Traceback" not in again.err, (
+        again.err
+    )
     dry = orch("launch", str(path), "--dry-run")
     assert dry.code == 0 and "nothing launched" in dry.out, dry.err
     job.release.touch()
@@ -137,8 +153,12 @@ def test_an_agent_that_goes_silent_loses_its_host_and_the_run_restarts(orch, job
         except ProcessLookupError:
             pass
     # the old agent, woken up, finds its record taken over: it writes nothing (one writer per record) and exits
-    retry_until(lambda: subprocess.run(["kill", "-0", str(agent_pid)], capture_output=True).returncode != 0, 60, 0.5,
-                "the woken agent to exit")
+    retry_until(
+        lambda: subprocess.run(["kill", "-0", str(agent_pid)], capture_output=True).returncode != 0,
+        60,
+        0.5,
+        "the woken agent to exit",
+    )
     v = status(orch, "silent")["run"]
     assert (v["state"], v["attempt"], v["preemptions"], v["failures"]) == ("running", 2, 1, 0), v
     job.release.touch()

@@ -96,8 +96,16 @@ class WakingAgent(BackendBase):
         return 0.0
 
     def new_task(self, run_id, attempt, command, params_json) -> RunTask:
-        return RunTask(sweep="rec", run_id=run_id, attempt=attempt, command=command, store_url=self.store.url,
-                       run_dir=str(self.tmp / "run"), ctl_dir=str(self.tmp / "ctl"), session="s")
+        return RunTask(
+            sweep="rec",
+            run_id=run_id,
+            attempt=attempt,
+            command=command,
+            store_url=self.store.url,
+            run_dir=str(self.tmp / "run"),
+            ctl_dir=str(self.tmp / "ctl"),
+            session="s",
+        )
 
     def start(self, task: RunTask) -> Host:
         self.started.append(task)
@@ -114,8 +122,11 @@ def test_the_controller_never_claims_over_a_record_that_changed_since_it_read_it
     sweep = load_sweep(path)
     store = LocalStore(str(tmp_path / "store"))
     # attempt 1's agent has been silent for 10 minutes: the controller's pass will want to replace it
-    write_status(store, "rec", RunStatus(run_id="run", state=RUNNING, attempt=1, started_at=time.time() - 900,
-                                        heartbeat=time.time() - 600))
+    write_status(
+        store,
+        "rec",
+        RunStatus(run_id="run", state=RUNNING, attempt=1, started_at=time.time() - 900, heartbeat=time.time() - 600),
+    )
     backend = WakingAgent(store, tmp_path)
     controller = Controller(sweep, backend, store, State(tmp_path / "home"))
     controller.prepare()

@@ -53,12 +53,21 @@ class Hosts(BackendBase):
         return list(self.hosts.values())
 
     def new_task(self, run_id, attempt, command, params_json) -> RunTask:
-        return RunTask(sweep=self.sweep, run_id=run_id, attempt=attempt, command=command, store_url=self.store.url,
-                       run_dir="/nonexistent", ctl_dir="/nonexistent", session=run_id)
+        return RunTask(
+            sweep=self.sweep,
+            run_id=run_id,
+            attempt=attempt,
+            command=command,
+            store_url=self.store.url,
+            run_dir="/nonexistent",
+            ctl_dir="/nonexistent",
+            session=run_id,
+        )
 
     def start(self, task: RunTask) -> Host:
-        self.hosts[task.run_id] = Host(run_id=task.run_id, host_id=f"h-{task.run_id}-{task.attempt}", address="localhost",
-                                       attempt=task.attempt)
+        self.hosts[task.run_id] = Host(
+            run_id=task.run_id, host_id=f"h-{task.run_id}-{task.attempt}", address="localhost", attempt=task.attempt
+        )
         return self.hosts[task.run_id]
 
     def release(self, host: Host) -> None:
@@ -84,8 +93,10 @@ class Hosts(BackendBase):
 
 def make_sweep(tmp_path: Path, name: str, runs: int, parallel: int, store_url: str):
     path = tmp_path / f"{name}.yaml"
-    path.write_text(f"name: {name}\ncommand: 'true'\nstore: {store_url}\nmax_parallel: {parallel}\nmax_restarts: 0\n"
-                    f"grid:\n  i: [{', '.join(str(i) for i in range(runs))}]\n")
+    path.write_text(
+        f"name: {name}\ncommand: 'true'\nstore: {store_url}\nmax_parallel: {parallel}\nmax_restarts: 0\n"
+        f"grid:\n  i: [{', '.join(str(i) for i in range(runs))}]\n"
+    )
     return load_sweep(path)
 
 
@@ -123,7 +134,9 @@ def scenario(store, tmp_path: Path, name: str, full_read: bool) -> Dict[str, tup
     assert cancel_run(sweep, a_hosts, store, ids[6]).startswith("cancelled")  # queued: a has never read it
     step()
     assert cancel_run(sweep, a_hosts, store, ids[0]).startswith("cancelled")  # running
-    b = Controller(sweep, b_hosts, store, State(tmp_path / f"home-b-{name}"))  # the second controller (its lock was elsewhere)
+    b = Controller(
+        sweep, b_hosts, store, State(tmp_path / f"home-b-{name}")
+    )  # the second controller (its lock was elsewhere)
     b.step()  # claims what it sees startable: a's claims (no host of b's: lost to it) and queued runs a has not read
     assert set(b_hosts.hosts) - set(a_hosts.hosts), b_hosts.hosts  # at least one run a has never read
     for _ in range(40):
@@ -133,8 +146,10 @@ def scenario(store, tmp_path: Path, name: str, full_read: bool) -> Dict[str, tup
         if progress.done:
             break
     assert progress.done, progress.runs
-    return {rid: (s.state, s.attempt, s.failures, s.preemptions, s.exit_code)
-            for rid, s in ((rid, read_status(store, name, rid)) for rid in ids)}
+    return {
+        rid: (s.state, s.attempt, s.failures, s.preemptions, s.exit_code)
+        for rid, s in ((rid, read_status(store, name, rid)) for rid in ids)
+    }
 
 
 @pytest.mark.timeout(300)
@@ -177,7 +192,9 @@ def test_a_pass_reads_the_active_runs_only(tmp_path, monkeypatch):
     before = store.calls
     restarted.step()
     assert store.calls - before <= 20, "a restarted controller starts from the summary record, not from every record"
-    (tmp_path / "store" / "wide" / "summary.json").unlink()  # a sweep without a summary (an older orch wrote it): every record, once
+    (
+        tmp_path / "store" / "wide" / "summary.json"
+    ).unlink()  # a sweep without a summary (an older orch wrote it): every record, once
     recorded = len(list((tmp_path / "store" / "wide" / ".orch").glob("*/status.json")))  # runs never claimed have none
     assert 270 <= recorded < 300
     before = store.calls
@@ -217,8 +234,12 @@ def test_orch_status_shows_active_and_newest_runs_and_all_lists_every_one(orch, 
 
 def test_a_dry_run_prints_fifty_runs_unless_asked_for_all(orch, tmp_path):
     path = tmp_path / "dry.yaml"
-    path.write_text("name: dry\ncommand: 'echo {i}'\nstore: store\ngrid:\n  i: [" + ", ".join(map(str, range(120))) + "]\n")
+    path.write_text(
+        "name: dry\ncommand: 'echo {i}'\nstore: store\ngrid:\n  i: [" + ", ".join(map(str, range(120))) + "]\n"
+    )
     short = orch("launch", str(path), "--dry-run")
-    assert short.code == 0 and "i=49: echo 49" in short.out and "i=50:" not in short.out and "70 more runs" in short.out, short.out
+    assert (
+        short.code == 0 and "i=49: echo 49" in short.out and "i=50:" not in short.out and "70 more runs" in short.out
+    ), short.out
     full = orch("launch", str(path), "--dry-run", "--all")
     assert "i=119: echo 119" in full.out and "more runs" not in full.out

@@ -20,7 +20,9 @@ def write(tmp_path, text, name="s.yaml"):
 
 
 def test_grid_times_seeds_gives_stable_readable_ids(tmp_path):
-    p = write(tmp_path, """
+    p = write(
+        tmp_path,
+        """
         name: demo
         command: "train --lr {lr} --bs {bs} --seed {seed} --tag {tag}"
         params: {tag: "a b"}
@@ -28,7 +30,8 @@ def test_grid_times_seeds_gives_stable_readable_ids(tmp_path):
           lr: [0.1, 0.01]
           bs: [128]
         seeds: [3, 7]
-    """)
+    """,
+    )
     sweep = load_sweep(p)
     ids = [r.run_id for r in sweep.runs]
     assert ids == ["lr=0.1,bs=128,seed=3", "lr=0.1,bs=128,seed=7", "lr=0.01,bs=128,seed=3", "lr=0.01,bs=128,seed=7"]
@@ -61,7 +64,7 @@ def test_seed_count(tmp_path):
 
 
 def test_literal_braces(tmp_path):
-    sweep = load_sweep(write(tmp_path, "name: x\ncommand: \"echo {{x}} {run_id}\"\n"))
+    sweep = load_sweep(write(tmp_path, 'name: x\ncommand: "echo {{x}} {run_id}"\n'))
     assert sweep.runs[0].command == "echo {x} run"
 
 
@@ -94,10 +97,22 @@ BAD = {
     "budget_on_local": ("name: x\nbudget_usd: 5\n", 2, "budget_usd"),
     "bad_s3_url": ("name: x\nstore: s3://Bad_Bucket\n", 2, "store"),
     "zero_nodes": ("name: x\nresources:\n  nodes: 0\n", 3, "resources.nodes"),
-    "zero_procs": ("name: x\ncommand: '{torchrun} -m trainer'\nresources:\n  procs_per_node: 0\n", 4, "resources.procs_per_node"),
-    "more_gpus_than_any_type": ("name: x\nbackend: aws\nstore: s3://bucket-1/p\nresources:\n  gpus: 16\naws:\n  image: ami-1\n"
-                                "  instance_types: [g5.xlarge, p4d.24xlarge]\n", 5, "resources.gpus"),
-    "aws_unknown_market": ("name: x\nbackend: aws\nstore: s3://b/p\naws:\n  image: ami-1\n  market: cheap\n", 6, "aws.market"),
+    "zero_procs": (
+        "name: x\ncommand: '{torchrun} -m trainer'\nresources:\n  procs_per_node: 0\n",
+        4,
+        "resources.procs_per_node",
+    ),
+    "more_gpus_than_any_type": (
+        "name: x\nbackend: aws\nstore: s3://bucket-1/p\nresources:\n  gpus: 16\naws:\n  image: ami-1\n"
+        "  instance_types: [g5.xlarge, p4d.24xlarge]\n",
+        5,
+        "resources.gpus",
+    ),
+    "aws_unknown_market": (
+        "name: x\nbackend: aws\nstore: s3://b/p\naws:\n  image: ami-1\n  market: cheap\n",
+        6,
+        "aws.market",
+    ),
 }
 
 
@@ -145,12 +160,16 @@ def test_torchrun_placeholder_and_the_shape_environment(tmp_path):
 
     sweep = load_sweep(write(tmp_path, "name: x\ncommand: '{torchrun} -m trainer'\nresources:\n  procs_per_node: 2\n"))
     command = sweep.runs[0].command
-    assert command.startswith(shlex.quote(sys.executable) + " -m torch.distributed.run --nnodes \"$ORCH_NODES\"")
+    assert command.startswith(shlex.quote(sys.executable) + ' -m torch.distributed.run --nnodes "$ORCH_NODES"')
     assert '--nproc-per-node "$ORCH_PROCS_PER_NODE"' in command and '--master-port "$ORCH_MASTER_PORT"' in command
     env = run_env(sweep, "run", 1, "/r", "{}")
-    assert (env["ORCH_NODES"], env["ORCH_NODE_RANK"], env["ORCH_PROCS_PER_NODE"], env["ORCH_MASTER_ADDR"]) == ("1", "0", "2", "127.0.0.1")
+    assert (env["ORCH_NODES"], env["ORCH_NODE_RANK"], env["ORCH_PROCS_PER_NODE"], env["ORCH_MASTER_ADDR"]) == (
+        "1",
+        "0",
+        "2",
+        "127.0.0.1",
+    )
     host = complete_on_host(env)
     assert int(host["ORCH_MASTER_PORT"]) > 0 and host["ORCH_PROCS_PER_NODE"] == "2"
     auto = complete_on_host(run_env(load_sweep(write(tmp_path, "name: y\n")), "run", 1, "/r", "{}"))
     assert auto["ORCH_PROCS_PER_NODE"] == "1" and auto["ORCH_GPUS"] == "0"  # no GPU here: one process
-

@@ -22,7 +22,18 @@ from tests.test_trainer import SMALL, run_trainer, same
 pytestmark = pytest.mark.slow
 
 LONGER = [*SMALL, "--epochs", "16"]  # 256 steps: time to interrupt mid-run (the agent looks every 5 s)
-TRAIN = " ".join(["{python}", "-m", "trainer", *[a for a in LONGER if a not in ("--seed", "5")], "--seed", "{seed}", "--log-every", "1"])
+TRAIN = " ".join(
+    [
+        "{python}",
+        "-m",
+        "trainer",
+        *[a for a in LONGER if a not in ("--seed", "5")],
+        "--seed",
+        "{seed}",
+        "--log-every",
+        "1",
+    ]
+)
 FAST_SYNC = {"heartbeat_s": "1", "sync_s": "2"}
 
 
@@ -33,7 +44,11 @@ def weights_in_s3(cloud, prefix):
     from tests.fakecloud import BUCKET
 
     s3 = cloud.client("s3")
-    keys = [o["Key"] for p in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix) for o in p.get("Contents", [])]
+    keys = [
+        o["Key"]
+        for p in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+        for o in p.get("Contents", [])
+    ]
     steps = [int(k.split("/")[-2]) for k in keys if k.endswith("/MANIFEST.json") and "/ckpt/" in k]
     blob = s3.get_object(Bucket=BUCKET, Key=f"{prefix}ckpt/{max(steps)}/state.pt")["Body"].read()
     return torch.load(io.BytesIO(blob), weights_only=False)["model"], max(steps)
@@ -68,7 +83,9 @@ def instance_of(cloud, sweep, run, attempt):
 @pytest.mark.timeout(900)
 def test_every_run_interrupted_once_finishes_with_uninterrupted_results(orch, cloud, identity, tmp_path):
     rng = random.Random(7)
-    path = orch.sweep(cloud.sweep_yaml("spot3", identity, TRAIN, extra="seeds: 3\nmax_parallel: 3\nmax_restarts: 0", **FAST_SYNC))
+    path = orch.sweep(
+        cloud.sweep_yaml("spot3", identity, TRAIN, extra="seeds: 3\nmax_parallel: 3\nmax_restarts: 0", **FAST_SYNC)
+    )
     assert orch("launch", str(path), "--detach").code == 0
     runs = ("seed=0", "seed=1", "seed=2")
     target = {run: rng.randint(10, 150) for run in runs}  # a random moment per run, in steps
@@ -82,7 +99,11 @@ def test_every_run_interrupted_once_finishes_with_uninterrupted_results(orch, cl
                 iid = instance_of(cloud, "spot3", run, 1)
                 cloud.spot_notice(iid)  # through the fake IMDS, as AWS gives it
                 noticed[run] = (iid, time.time())
-            elif run in noticed and run not in reclaimed and (v.get("state") == "interrupted" or v.get("preemptions", 0) >= 1):
+            elif (
+                run in noticed
+                and run not in reclaimed
+                and (v.get("state") == "interrupted" or v.get("preemptions", 0) >= 1)
+            ):
                 iid, t_notice = noticed[run]
                 lost[run] = {"notice_to_checkpoint_in_s3_s": round(time.time() - t_notice, 2)}
                 cloud.reclaim(iid)  # the two minutes are up
@@ -92,11 +113,22 @@ def test_every_run_interrupted_once_finishes_with_uninterrupted_results(orch, cl
     try:
         retry_until(chaos_pass, 300, 0.2, f"each run to be interrupted once (targets {target})")
     except Exception:
-        snap = {k: (v["state"], v["attempt"], v["metrics"].get("step"), v["reason"]) for k, v in status(orch, "spot3").items()}
-        logs = {iid: (cloud.root / "hosts" / iid / "home" / "orch").exists() and
-                [p.read_text()[-800:] for p in (cloud.root / "hosts" / iid / "home").rglob("agent.log")] for iid, _ in noticed.values()}
+        snap = {
+            k: (v["state"], v["attempt"], v["metrics"].get("step"), v["reason"])
+            for k, v in status(orch, "spot3").items()
+        }
+        logs = {
+            iid: (cloud.root / "hosts" / iid / "home" / "orch").exists()
+            and [p.read_text()[-800:] for p in (cloud.root / "hosts" / iid / "home").rglob("agent.log")]
+            for iid, _ in noticed.values()
+        }
         raise AssertionError(f"runs: {snap}\nnoticed: {noticed}\nagent logs: {logs}")
-    retry_until(lambda: all(v["state"] in ("succeeded", "failed") for v in status(orch, "spot3").values()), 600, 1.0, "the sweep to finish")
+    retry_until(
+        lambda: all(v["state"] in ("succeeded", "failed") for v in status(orch, "spot3").values()),
+        600,
+        1.0,
+        "the sweep to finish",
+    )
     final = status(orch, "spot3")
     for seed, run in enumerate(runs):
         v = final[run]
@@ -111,9 +143,13 @@ def test_every_run_interrupted_once_finishes_with_uninterrupted_results(orch, cl
 
 
 def test_host_lost_without_notice_resumes(orch, cloud, identity, tmp_path):
-    path = orch.sweep(cloud.sweep_yaml("lost1", identity, TRAIN.replace("{seed}", "5"), extra="max_restarts: 0", **FAST_SYNC))
+    path = orch.sweep(
+        cloud.sweep_yaml("lost1", identity, TRAIN.replace("{seed}", "5"), extra="max_restarts: 0", **FAST_SYNC)
+    )
     assert orch("launch", str(path), "--detach").code == 0
-    retry_until(lambda: status(orch, "lost1").get("run", {}).get("metrics", {}).get("step", 0) >= 60, 300, 0.2, "step 60")
+    retry_until(
+        lambda: status(orch, "lost1").get("run", {}).get("metrics", {}).get("step", 0) >= 60, 300, 0.2, "step 60"
+    )
     cloud.reclaim(instance_of(cloud, "lost1", "run", 1))  # no notice: gone
     retry_until(lambda: status(orch, "lost1")["run"]["state"] in ("succeeded", "failed"), 600, 1.0, "the run to end")
     v = status(orch, "lost1")["run"]
@@ -124,8 +160,15 @@ def test_host_lost_without_notice_resumes(orch, cloud, identity, tmp_path):
 
 
 def test_controller_killed_right_after_createfleet_is_adopted(orch, cloud, identity, job):
-    path = orch.sweep(cloud.sweep_yaml("crash", identity, job(steps=3), extra="grid:\n  a: [1, 2]\nmax_parallel: 2\nmax_restarts: 0",
-                                       boot_timeout_s="20"))
+    path = orch.sweep(
+        cloud.sweep_yaml(
+            "crash",
+            identity,
+            job(steps=3),
+            extra="grid:\n  a: [1, 2]\nmax_parallel: 2\nmax_restarts: 0",
+            boot_timeout_s="20",
+        )
+    )
     ctl = orch.popen("launch", str(path))
     retry_until(lambda: len(cloud.instances("crash")) >= 1, 60, 0.02, "CreateFleet to return")
     ctl.send_signal(signal.SIGKILL)
@@ -178,9 +221,16 @@ def test_throttling_is_retried_with_backoff(cloud):
     def throttle_first(request, **_):
         calls.append(request.url)
         if len(calls) == 1:
-            body = (b'<?xml version="1.0"?><Response><Errors><Error><Code>RequestLimitExceeded</Code>'
-                    b"<Message>Request limit exceeded.</Message></Error></Errors></Response>")
-            return AWSResponse(request.url, 503, {}, type("Raw", (), {"stream": lambda *a, **k: iter([body]), "read": lambda *a: body})())
+            body = (
+                b'<?xml version="1.0"?><Response><Errors><Error><Code>RequestLimitExceeded</Code>'
+                b"<Message>Request limit exceeded.</Message></Error></Errors></Response>"
+            )
+            return AWSResponse(
+                request.url,
+                503,
+                {},
+                type("Raw", (), {"stream": lambda *a, **k: iter([body]), "read": lambda *a: body})(),
+            )
         return None
 
     client.meta.events.register("before-send.ec2.DescribeInstances", throttle_first)
@@ -220,12 +270,24 @@ def test_gc_lists_and_down_all_removes_everything(orch, cloud, identity, job):
     from orchestrator.aws import ec2 as api
 
     for name in ("gca", "gcb"):
-        path = orch.sweep(cloud.sweep_yaml(name, identity, job(steps=1, release=True), extra="max_restarts: 0"), name=f"{name}.yaml")
+        path = orch.sweep(
+            cloud.sweep_yaml(name, identity, job(steps=1, release=True), extra="max_restarts: 0"), name=f"{name}.yaml"
+        )
         assert orch("launch", str(path), "--detach").code == 0
-    retry_until(lambda: all(status(orch, n).get("run", {}).get("state") == "running" for n in ("gca", "gcb")), 120, 0.5, "both running")
+    retry_until(
+        lambda: all(status(orch, n).get("run", {}).get("state") == "running" for n in ("gca", "gcb")),
+        120,
+        0.5,
+        "both running",
+    )
     api.ensure_security_group(cloud.client("ec2"), "ghost", cloud.vpc, "127.0.0.1/32")  # left by a lost controller
     g = orch("gc")
-    assert g.code == 0 and "us-east-1 gca:" in g.out and "us-east-1 gcb:" in g.out and "ghost (not launched from here)" in g.out, g.out
+    assert (
+        g.code == 0
+        and "us-east-1 gca:" in g.out
+        and "us-east-1 gcb:" in g.out
+        and "ghost (not launched from here)" in g.out
+    ), g.out
     assert "instance i-" in g.out and "launch-template lt-" in g.out
     d = orch("down", "--all", timeout=600)
     assert d.code == 0, d.err
@@ -238,7 +300,14 @@ def test_gc_lists_and_down_all_removes_everything(orch, cloud, identity, job):
 def test_budget_stops_new_launches_and_status_shows_spend(orch, cloud, identity, job):
     from tests.fakecloud import BUCKET
 
-    path = orch.sweep(cloud.sweep_yaml("budget", identity, job(steps=10), extra="grid:\n  a: [1, 2, 3]\nmax_parallel: 1\nbudget_usd: 0.000000000001"))
+    path = orch.sweep(
+        cloud.sweep_yaml(
+            "budget",
+            identity,
+            job(steps=10),
+            extra="grid:\n  a: [1, 2, 3]\nmax_parallel: 1\nbudget_usd: 0.000000000001",
+        )
+    )
     r = orch("launch", str(path), timeout=280)
     assert r.code == 0, r.out + r.err
     st = json.loads(orch("status", "budget", "--json").out)
@@ -254,14 +323,17 @@ def test_budget_stops_new_launches_and_status_shows_spend(orch, cloud, identity,
 
 
 def test_keep_alive_instance_terminates_itself_once_idle(orch, cloud, identity):
-    path = orch.sweep(cloud.sweep_yaml("idle", identity, "echo done", extra="max_restarts: 0", keep_alive="true", idle_minutes="0.1"))
+    path = orch.sweep(
+        cloud.sweep_yaml("idle", identity, "echo done", extra="max_restarts: 0", keep_alive="true", idle_minutes="0.1")
+    )
     r = orch("launch", str(path), timeout=280)
     assert r.code == 0, r.out + r.err
     assert status(orch, "idle")["run"]["state"] == "succeeded"
     # kept after its run... (on a loaded machine it may already be on its way out when the launch returns)
     (iid,) = [i["id"] for i in cloud.instances("idle", states=("pending", "running", "shutting-down", "terminated"))]
     retry_until(lambda: cloud.instances("idle") == [], 60, 0.5, "the idle instance to terminate itself")
-    # ...for idle_minutes (6 s) after the run ended, by its own agent (no controller runs now): the agent's log says when,
+    # ...for idle_minutes (6 s) after the run ended, by its own agent (no controller runs now): the agent's log says
+    # when,
     # on its own clock, however loaded the machine was
     log = (cloud.root / "hosts" / iid / "home" / "orch" / "runs" / "idle" / "run" / "ctl" / "agent.log").read_text()
     stamps = {}
@@ -269,6 +341,9 @@ def test_keep_alive_instance_terminates_itself_once_idle(orch, cloud, identity):
         for what in ("keeping this instance until nobody was attached", "run ended; terminating this instance"):
             if what in line:
                 stamps[what] = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
-    kept, gone = stamps["keeping this instance until nobody was attached"], stamps["run ended; terminating this instance"]
+    kept, gone = (
+        stamps["keeping this instance until nobody was attached"],
+        stamps["run ended; terminating this instance"],
+    )
     assert (gone - kept).total_seconds() >= 6.0, log
     orch("down", "idle")

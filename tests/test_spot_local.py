@@ -30,10 +30,17 @@ def reference(tmp_path_factory):
 def test_chaos_interrupt_resumes_to_the_same_result(orch, reference):
     path = orch.sweep(f'name: chaos\ncommand: "{TRAIN}"\nmax_restarts: 0\nstore: store\n')
     assert orch("launch", str(path), "--detach").code == 0
-    retry_until(lambda: status(orch, "chaos").get("run", {}).get("metrics", {}).get("step", 0) >= 20, 120, 0.2, "training past step 20")
+    retry_until(
+        lambda: status(orch, "chaos").get("run", {}).get("metrics", {}).get("step", 0) >= 20,
+        120,
+        0.2,
+        "training past step 20",
+    )
     r = orch("chaos", "interrupt", "run")
     assert r.code == 0 and "spot interruption notice; checkpoint step" in r.out, r.out + r.err
-    retry_until(lambda: status(orch, "chaos")["run"]["state"] in ("succeeded", "failed"), 180, 0.5, "the resumed run to end")
+    retry_until(
+        lambda: status(orch, "chaos")["run"]["state"] in ("succeeded", "failed"), 180, 0.5, "the resumed run to end"
+    )
     final = status(orch, "chaos")["run"]
     assert (final["state"], final["attempt"], final["preemptions"], final["failures"]) == ("succeeded", 2, 1, 0)
     log2 = orch("logs", "run", "--attempt", "2").out
@@ -75,47 +82,70 @@ def st(state, **kw):
     return RunStatus(run_id="r", state=state, **kw)
 
 
-@pytest.mark.parametrize("status, host, want", [
-    (st("succeeded"), None, DONE),
-    (st("cancelled"), Host("r", "h", "a"), DONE),
-    (st("running", heartbeat=NOW - 5), Host("r", "h", "a"), WAIT),
-    (st("running", heartbeat=NOW - 500), Host("r", "h", "a"), REPLACE),        # silent agent: host lost
-    (st("running", heartbeat=NOW - 5), None, START),                          # host vanished
-    (st("interrupted"), None, START),
-    (st("starting", started_at=NOW - 500), Host("r", "i-1", "a"), REPLACE),   # orphan of a dead controller
-    (st("starting", started_at=NOW - 500), Host("r", "i-1", "a", provisioning=True), WAIT),
-    (st("failed", failures=1), None, START),
-    (st("failed", failures=2), None, DONE),
-    (st("stopped"), None, START),
-    # (a) the start timeout counts from the agent's start (a boot of minutes before it is not the agent's fault)
-    (st("starting", started_at=NOW - 500), Host("r", "i-1", "a", start_deadline=NOW + 10), WAIT),
-    (st("starting", started_at=NOW - 500), Host("r", "i-1", "a", start_deadline=NOW - 1), REPLACE),
-    (st("starting", started_at=NOW - 500, heartbeat=NOW - 5), Host("r", "i-1", "a", start_deadline=NOW - 1), WAIT),  # it reported: restoring
-    (st("starting", started_at=NOW - 500, heartbeat=NOW - 500), Host("r", "i-1", "a"), REPLACE),  # reported, then went silent
-    (st("failed", no_shows=3), None, DONE),  # hosts that never report end the run: no replacement loop
-    # a run on several instances needs every node of its attempt
-    (st("running", heartbeat=NOW - 5), Host("r", "i-1", "a", nodes=2, missing=1), REPLACE),
-    (st("starting", heartbeat=NOW - 5), Host("r", "i-1", "a", nodes=2, missing=1), REPLACE),
-    (st("starting"), Host("r", "i-1", "a", nodes=2, missing=1, provisioning=True), WAIT),  # still being acquired
-    (st("interrupted"), Host("r", "i-1", "a", nodes=2, missing=1), WAIT),  # the attempt ended: its nodes are on their way out
-    (st("succeeded"), Host("r", "i-1", "a", nodes=2, missing=1), DONE),
-])
+@pytest.mark.parametrize(
+    "status, host, want",
+    [
+        (st("succeeded"), None, DONE),
+        (st("cancelled"), Host("r", "h", "a"), DONE),
+        (st("running", heartbeat=NOW - 5), Host("r", "h", "a"), WAIT),
+        (st("running", heartbeat=NOW - 500), Host("r", "h", "a"), REPLACE),  # silent agent: host lost
+        (st("running", heartbeat=NOW - 5), None, START),  # host vanished
+        (st("interrupted"), None, START),
+        (st("starting", started_at=NOW - 500), Host("r", "i-1", "a"), REPLACE),  # orphan of a dead controller
+        (st("starting", started_at=NOW - 500), Host("r", "i-1", "a", provisioning=True), WAIT),
+        (st("failed", failures=1), None, START),
+        (st("failed", failures=2), None, DONE),
+        (st("stopped"), None, START),
+        # (a) the start timeout counts from the agent's start (a boot of minutes before it is not the agent's fault)
+        (st("starting", started_at=NOW - 500), Host("r", "i-1", "a", start_deadline=NOW + 10), WAIT),
+        (st("starting", started_at=NOW - 500), Host("r", "i-1", "a", start_deadline=NOW - 1), REPLACE),
+        (
+            st("starting", started_at=NOW - 500, heartbeat=NOW - 5),
+            Host("r", "i-1", "a", start_deadline=NOW - 1),
+            WAIT,
+        ),  # it reported: restoring
+        (
+            st("starting", started_at=NOW - 500, heartbeat=NOW - 500),
+            Host("r", "i-1", "a"),
+            REPLACE,
+        ),  # reported, then went silent
+        (st("failed", no_shows=3), None, DONE),  # hosts that never report end the run: no replacement loop
+        # a run on several instances needs every node of its attempt
+        (st("running", heartbeat=NOW - 5), Host("r", "i-1", "a", nodes=2, missing=1), REPLACE),
+        (st("starting", heartbeat=NOW - 5), Host("r", "i-1", "a", nodes=2, missing=1), REPLACE),
+        (st("starting"), Host("r", "i-1", "a", nodes=2, missing=1, provisioning=True), WAIT),  # still being acquired
+        (
+            st("interrupted"),
+            Host("r", "i-1", "a", nodes=2, missing=1),
+            WAIT,
+        ),  # the attempt ended: its nodes are on their way out
+        (st("succeeded"), Host("r", "i-1", "a", nodes=2, missing=1), DONE),
+    ],
+)
 def test_decide(status, host, want):
     assert decide(status, host, max_restarts=1, now=NOW, stale_s=60, start_timeout_s=60) == want
 
 
-@pytest.mark.parametrize("stop, noticed, code, want", [
-    (None, False, 0, ("succeeded", False)),
-    (None, False, 3, ("failed", True)),
-    (None, False, None, ("failed", True)),            # the command vanished
-    (None, True, 138, ("interrupted", False)),        # a notice killed a command without a SIGUSR1 handler
-    ("interrupted", False, 143, ("interrupted", False)),
-    ("timeout", False, 143, ("failed", True)),
-    ("timeout", True, 143, ("failed", True)),         # the limit came first
-    ("cancelled", False, 143, ("cancelled", False)),
-    ("stopped", False, 143, ("stopped", False)),
-    ("superseded", True, 0, ("lost", False)),         # the controller called it lost: whatever the exit, not ours to record
-])
+@pytest.mark.parametrize(
+    "stop, noticed, code, want",
+    [
+        (None, False, 0, ("succeeded", False)),
+        (None, False, 3, ("failed", True)),
+        (None, False, None, ("failed", True)),  # the command vanished
+        (None, True, 138, ("interrupted", False)),  # a notice killed a command without a SIGUSR1 handler
+        ("interrupted", False, 143, ("interrupted", False)),
+        ("timeout", False, 143, ("failed", True)),
+        ("timeout", True, 143, ("failed", True)),  # the limit came first
+        ("cancelled", False, 143, ("cancelled", False)),
+        ("stopped", False, 143, ("stopped", False)),
+        (
+            "superseded",
+            True,
+            0,
+            ("lost", False),
+        ),  # the controller called it lost: whatever the exit, not ours to record
+    ],
+)
 def test_final_status(stop, noticed, code, want):
     from orchestrator.host.agent import final_status
 

@@ -72,8 +72,11 @@ def test_the_store_keeps_the_checkpoints_the_run_keeps_and_restores_selectively(
     (src / "old.txt").write_text("x")
     r = store.sync_up(src, "sw/r", prune=is_checkpoint)
     assert r.deleted == 1
-    assert sorted(k.split("/", 2)[2] for k in store.list("sw/r") if not k.endswith(".orch-sync.json")) == \
-        ["ckpt/20/state.pt", "notes.txt", "old.txt"]
+    assert sorted(k.split("/", 2)[2] for k in store.list("sw/r") if not k.endswith(".orch-sync.json")) == [
+        "ckpt/20/state.pt",
+        "notes.txt",
+        "old.txt",
+    ]
     (src / "notes.txt").unlink()  # not a checkpoint: never pruned from the store
     store.sync_up(src, "sw/r", prune=is_checkpoint)
     assert any(k.endswith("notes.txt") for k in store.list("sw/r"))

@@ -17,20 +17,30 @@ from orchestrator.sweep.load import load_sweep
 # and each run waits at a rung until the controller has recorded it there). Worked by hand, with
 # keep 0.34 and min_runs 3 (the cutoff is the k-th best of the n runs at the rung, k = max(1, floor(n * keep))):
 #   rung 2: x=0 (n=1) and x=1 (n=2) go on undecided; x=2 .15 < .45 (k=1): pruned; x=3 .40, x=4 .10: pruned;
-#           x=5 .475 (n=6, k=2, cutoff .45): kept; x=6 .20, x=7 .30 (k=2): pruned; x=8 .35 (n=9, k=3, cutoff .40): pruned
+# x=5 .475 (n=6, k=2, cutoff .45): kept; x=6 .20, x=7 .30 (k=2): pruned; x=8 .35 (n=9, k=3, cutoff .40): pruned
 #   rung 4: x=0 .50, x=1 .90 undecided (n=1, 2); x=5 .85 (n=3, k=1, cutoff .90): pruned
-CURVES = {0: (.25, .50), 1: (.45, .90), 2: (.15, .60), 3: (.40, .70), 4: (.10, .20), 5: (.475, .85), 6: (.20, .30),
-          7: (.30, .40), 8: (.35, .99)}
+CURVES = {
+    0: (0.25, 0.50),
+    1: (0.45, 0.90),
+    2: (0.15, 0.60),
+    3: (0.40, 0.70),
+    4: (0.10, 0.20),
+    5: (0.475, 0.85),
+    6: (0.20, 0.30),
+    7: (0.30, 0.40),
+    8: (0.35, 0.99),
+}
 PRUNED_AT = {2: 2, 3: 2, 4: 2, 6: 2, 7: 2, 8: 2, 5: 4}
 
-CURVE_SCRIPT = textwrap.dedent('''
+CURVE_SCRIPT = textwrap.dedent("""
     import json, os, sys, time
     x, rungs_file = int(sys.argv[1]), sys.argv[2]
     r2, r4 = CURVES[x]
     run = os.environ["ORCH_RUN_ID"]
     for epoch, acc in ((1, r2 / 2), (2, r2), (3, (r2 + r4) / 2), (4, r4)):
         with open(os.path.join(os.environ["ORCH_RUN_DIR"], "metrics.jsonl"), "a") as f:
-            f.write(json.dumps({"epoch": epoch, "test_acc": acc, "elapsed_s": 10.0 * epoch, "time": time.time()}) + "\\n")
+            line = {"epoch": epoch, "test_acc": acc, "elapsed_s": 10.0 * epoch, "time": time.time()}
+            f.write(json.dumps(line) + "\\n")
         if epoch in (2, 4):  # wait for the controller to record this run at the rung: arrival stays in grid order
             for _ in range(6000):
                 try:
@@ -40,13 +50,15 @@ CURVE_SCRIPT = textwrap.dedent('''
                 except (OSError, ValueError, KeyError):
                     pass
                 time.sleep(0.1)
-''')
+""")
 
 
 def test_rungs_decide_by_arrival_and_never_twice(tmp_path):
     path = tmp_path / "s.yaml"
-    path.write_text("name: r\ncommand: 'true'\nstore: st\ngrid:\n  x: [0, 1, 2, 3, 4, 5, 6, 7, 8]\n"
-                    "target: {metric: test_acc, value: 0.88}\nprune: {rungs: [2, 4], keep: 0.34, min_runs: 3}\n")
+    path.write_text(
+        "name: r\ncommand: 'true'\nstore: st\ngrid:\n  x: [0, 1, 2, 3, 4, 5, 6, 7, 8]\n"
+        "target: {metric: test_acc, value: 0.88}\nprune: {rungs: [2, 4], keep: 0.34, min_runs: 3}\n"
+    )
     spec = load_sweep(path).spec
     store = LocalStore(str(tmp_path / "st"))
     rungs = Rungs(store, "r", spec)
@@ -124,45 +136,59 @@ def test_target_and_prune_errors_name_the_field_and_the_fix(orch, tmp_path):
         assert r.code == 2 and field in r.err and fix in r.err and "Traceback" not in r.err, (extra, r.err)
 
 
-AWS_CURVE = textwrap.dedent('''
+AWS_CURVE = textwrap.dedent("""
     import json, os, sys, time
     q = int(sys.argv[1])
     def line(epoch, acc):
         with open(os.path.join(os.environ["ORCH_RUN_DIR"], "metrics.jsonl"), "a") as f:
-            f.write(json.dumps({"epoch": epoch, "test_acc": acc, "elapsed_s": 2.0 * epoch, "time": time.time()}) + "\\n")
+            line = {"epoch": epoch, "test_acc": acc, "elapsed_s": 2.0 * epoch, "time": time.time()}
+            f.write(json.dumps(line) + "\\n")
     line(1, q / 10)
     if q < 5:
         time.sleep(600)  # a losing run: it waits to be pruned
     time.sleep(4)
     line(2, 0.95)
-''')
+""")
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_on_the_fake_cloud_a_pruned_run_loses_its_instance_and_dollars_match_the_ledger(orch, cloud, identity, tmp_path):
+def test_on_the_fake_cloud_a_pruned_run_loses_its_instance_and_dollars_match_the_ledger(
+    orch, cloud, identity, tmp_path
+):
     from orchestrator.aws.pricing import ledger_cost
     from tests.conftest import run_states
     from tests.fakecloud import BUCKET
 
     script = tmp_path / "curve.py"
     script.write_text(AWS_CURVE)
-    extra = ("grid:\n  q: [9, 1]\nmax_parallel: 1\nmax_restarts: 0\ntarget:\n  metric: test_acc\n  value: 0.9\n"
-             "prune:\n  at: epoch\n  rungs: [1]\n  keep: 0.5\n  min_runs: 2\n")
-    path = orch.sweep(cloud.sweep_yaml("prunecloud", identity, f"{sys.executable} {script} {{q}}", extra=extra,
-                                       heartbeat_s="1", sync_s="2"))
+    extra = (
+        "grid:\n  q: [9, 1]\nmax_parallel: 1\nmax_restarts: 0\ntarget:\n  metric: test_acc\n  value: 0.9\n"
+        "prune:\n  at: epoch\n  rungs: [1]\n  keep: 0.5\n  min_runs: 2\n"
+    )
+    path = orch.sweep(
+        cloud.sweep_yaml(
+            "prunecloud", identity, f"{sys.executable} {script} {{q}}", extra=extra, heartbeat_s="1", sync_s="2"
+        )
+    )
     assert orch("launch", str(path), "--detach").code == 0
     from orchestrator.wait import retry_until
 
-    def summary_says_pruned() -> bool:  # the summary record is written at the end of the pass that pruned (and released) it
+    def summary_says_pruned() -> (
+        bool
+    ):  # the summary record is written at the end of the pass that pruned (and released) it
         try:
-            doc = json.loads(cloud.client("s3").get_object(Bucket=BUCKET, Key="sweeps/prunecloud/summary.json")["Body"].read())
+            doc = json.loads(
+                cloud.client("s3").get_object(Bucket=BUCKET, Key="sweeps/prunecloud/summary.json")["Body"].read()
+            )
         except Exception:
             return False
         return any(r["run_id"] == "q=1" and r["state"] == "pruned" for r in doc["runs"])
 
     retry_until(summary_says_pruned, 400, 0.5, "the summary to say q=1 was pruned")
-    assert not [i for i in cloud.instances("prunecloud") if i["tags"].get("orch:run") == "q=1"], cloud.instances("prunecloud")
+    assert not [i for i in cloud.instances("prunecloud") if i["tags"].get("orch:run") == "q=1"], cloud.instances(
+        "prunecloud"
+    )
     retry_until(lambda: run_states(orch, "prunecloud")["q=9"]["state"] == "succeeded", 120, 0.5, "q=9 to succeed")
     out = tmp_path / "res"
     c = orch("collect", "prunecloud", "--out", str(out))
@@ -180,9 +206,14 @@ def test_on_the_fake_cloud_a_pruned_run_loses_its_instance_and_dollars_match_the
 
 def test_a_relaunch_may_change_the_target_and_collect_by_name_uses_the_new_one(orch, tmp_path):
     script = tmp_path / "one_line.py"
-    script.write_text("import json, os\nopen(os.path.join(os.environ['ORCH_RUN_DIR'], 'metrics.jsonl'), 'a').write("
-                      "json.dumps({'epoch': 1, 'test_acc': 0.92, 'elapsed_s': 3.0}) + '\\n')\n")
-    text = f"name: moving\ncommand: '{sys.executable} {script}'\nstore: store\ntarget:\n  metric: test_acc\n  value: VALUE\n"
+    script.write_text(
+        "import json, os\nopen(os.path.join(os.environ['ORCH_RUN_DIR'], 'metrics.jsonl'), 'a').write("
+        "json.dumps({'epoch': 1, 'test_acc': 0.92, 'elapsed_s': 3.0}) + '\\n')\n"
+    )
+    text = (
+        f"name: moving\ncommand: '{sys.executable} {script}'\nstore: store\ntarget:\n  metric: test_acc\n  value: "
+        "VALUE\n"
+    )
     assert orch("launch", str(orch.sweep(text.replace("VALUE", "0.95")))).code == 0
     first = orch("collect", "moving", "--out", str(tmp_path / "a"))
     assert "target: 0 of 1 runs reached it" in first.out, first.out
@@ -209,28 +240,38 @@ def test_the_agent_reports_a_line_at_a_rung_at_once_not_at_the_next_heartbeat(or
     monkeypatch.setenv("ORCH_TMUX_SOCKET", orch.socket)
     go = tmp_path / "go"
     script = tmp_path / "lines.py"
-    script.write_text(textwrap.dedent(f'''
+    script.write_text(
+        textwrap.dedent(f"""
         import json, os, time
         with open(os.path.join(os.environ["ORCH_RUN_DIR"], "metrics.jsonl"), "a") as f:
             for epoch in (1, 2):
                 f.write(json.dumps({{"epoch": epoch, "test_acc": epoch / 10}}) + "\\n")
         while not os.path.exists({str(go)!r}):
             time.sleep(0.1)
-    '''))
+    """)
+    )
     path = tmp_path / "rung.yaml"
-    path.write_text(f"name: rung\ncommand: '{sys.executable} {script}'\nstore: {tmp_path / 'st'}\n"
-                    "prune: {metric: test_acc, rungs: [2], min_runs: 3}\n")
+    path.write_text(
+        f"name: rung\ncommand: '{sys.executable} {script}'\nstore: {tmp_path / 'st'}\n"
+        "prune: {metric: test_acc, rungs: [2], min_runs: 3}\n"
+    )
     sweep = load_sweep(path)
     store = LocalStore(str(tmp_path / "st"))
     run = sweep.runs[0]
-    assert write_if(store, "rung", RunStatus(run_id=run.run_id, state=STARTING, attempt=1), None)  # the controller's claim
+    assert write_if(
+        store, "rung", RunStatus(run_id=run.run_id, state=STARTING, attempt=1), None
+    )  # the controller's claim
     backend = LocalBackend(sweep)
     task = replace(backend.new_task(run.run_id, 1, run.command, json.dumps(run.params)), heartbeat_s=3600.0)
     assert task.rungs_at == "epoch" and task.rungs == [2.0]
     backend.start(task)
     try:
-        retry_until(lambda: read_status(store, "rung", run.run_id).last_metrics.get("epoch") == 2, 120, 0.2,
-                    "the line at epoch 2 in the record (heartbeats come hourly)")
+        retry_until(
+            lambda: read_status(store, "rung", run.run_id).last_metrics.get("epoch") == 2,
+            120,
+            0.2,
+            "the line at epoch 2 in the record (heartbeats come hourly)",
+        )
         assert read_status(store, "rung", run.run_id).state == RUNNING
     finally:
         go.touch()

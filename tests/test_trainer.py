@@ -22,9 +22,36 @@ from trainer.schedule import one_cycle, parse_points, step_value
 ROOT = Path(__file__).resolve().parents[1]
 
 # Small but real: 16 steps per epoch of a narrow resnet9 at 16 px, fp32, one thread (bitwise reproducible).
-SMALL = ["--dataset", "synthetic", "--synthetic-train", "1024", "--image-size", "16", "--model", "resnet9",
-         "--width", "0.25", "--batch-size", "64", "--epochs", "3", "--precision", "fp32", "--threads", "1",
-         "--ckpt-every-s", "0", "--ckpt-every-epochs", "1", "--ckpt-keep", "10", "--seed", "5", "--lr", "0.2"]
+SMALL = [
+    "--dataset",
+    "synthetic",
+    "--synthetic-train",
+    "1024",
+    "--image-size",
+    "16",
+    "--model",
+    "resnet9",
+    "--width",
+    "0.25",
+    "--batch-size",
+    "64",
+    "--epochs",
+    "3",
+    "--precision",
+    "fp32",
+    "--threads",
+    "1",
+    "--ckpt-every-s",
+    "0",
+    "--ckpt-every-epochs",
+    "1",
+    "--ckpt-keep",
+    "10",
+    "--seed",
+    "5",
+    "--lr",
+    "0.2",
+]
 STEPS_PER_EPOCH = 16
 
 
@@ -37,7 +64,13 @@ def trainer_env(**extra):
 
 
 def run_trainer(args, timeout=300, **env):
-    p = subprocess.run([sys.executable, "-m", "trainer", *args], env=trainer_env(**env), capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(
+        [sys.executable, "-m", "trainer", *args],
+        env=trainer_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return p
 
@@ -80,7 +113,12 @@ def test_one_cycle_and_sizes():
     lrs = [one_cycle(t / 100, peak=1.0, warmup=0.25)[0] for t in range(101)]
     moms = [one_cycle(t / 100, peak=1.0, warmup=0.25)[1] for t in range(101)]
     assert lrs[0] == pytest.approx(0.04) and max(lrs) == pytest.approx(1.0) and lrs.index(max(lrs)) == 25
-    assert lrs[-1] < 0.01 and moms[0] == pytest.approx(0.95) and moms[25] == pytest.approx(0.85) and moms[-1] == pytest.approx(0.95)
+    assert (
+        lrs[-1] < 0.01
+        and moms[0] == pytest.approx(0.95)
+        and moms[25] == pytest.approx(0.85)
+        and moms[-1] == pytest.approx(0.95)
+    )
     pts = parse_points("24@0,32@0.5")
     assert step_value(pts, 0.2) == 24 and step_value(pts, 0.5) == 32
     with pytest.raises(ValueError):
@@ -104,8 +142,24 @@ def test_cifar10_loader_reads_the_real_format(tmp_path):
     with pytest.raises(FileNotFoundError):
         data.load_cifar10(str(tmp_path / "empty"), download=False)
     out = tmp_path / "run"
-    run_trainer(["--dataset", "cifar10", "--data-dir", str(tmp_path), "--width", "0.125", "--batch-size", "100",
-                 "--epochs", "1", "--out", str(out), "--ckpt-every-epochs", "0"])
+    run_trainer(
+        [
+            "--dataset",
+            "cifar10",
+            "--data-dir",
+            str(tmp_path),
+            "--width",
+            "0.125",
+            "--batch-size",
+            "100",
+            "--epochs",
+            "1",
+            "--out",
+            str(out),
+            "--ckpt-every-epochs",
+            "0",
+        ]
+    )
     assert metrics(out)[-1]["step"] == 5
 
 
@@ -122,7 +176,9 @@ def test_metrics_and_summary_schema(tmp_path):
         assert 0 <= row["test_acc"] <= 1 and row["images_per_s"] > 0
     assert [r["image_size"] for r in rows] == [24, 32]
     summary = json.loads((out / "summary.json").read_text())
-    assert {"final_acc", "best_acc", "time_to_target_s", "train_time_s", "world_size", "device", "precision"} <= set(summary)
+    assert {"final_acc", "best_acc", "time_to_target_s", "train_time_s", "world_size", "device", "precision"} <= set(
+        summary
+    )
     assert summary["precision"] == "fp32" and summary["world_size"] == 1 and summary["device"] == "cpu"
     config = json.loads((out / "config.json").read_text())
     assert config["sizes"] == "24@0,32@0.5" and config["code_sha256"]
@@ -132,24 +188,42 @@ def test_config_precedence_and_errors(tmp_path):
     cfg_file = tmp_path / "c.yaml"
     cfg_file.write_text("epochs: 5\nlr: 0.3\n")
     env = trainer_env(ORCH_PARAMS_JSON=json.dumps({"lr": 0.7, "seed": 3, "preset": "digits"}))
-    p = subprocess.run([sys.executable, "-m", "trainer", "--config", str(cfg_file), "--seed", "9", "--print-config"],
-                       env=env, capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "trainer", "--config", str(cfg_file), "--seed", "9", "--print-config"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     cfg = json.loads(p.stdout)
     assert (cfg["preset"], cfg["dataset"], cfg["epochs"], cfg["lr"], cfg["seed"]) == ("digits", "digits", 5, 0.7, 9)
-    bad = subprocess.run([sys.executable, "-m", "trainer", "--print-config"], capture_output=True, text=True,
-                         env=trainer_env(ORCH_PARAMS_JSON='{"learning_rate": 1}'))
+    bad = subprocess.run(
+        [sys.executable, "-m", "trainer", "--print-config"],
+        capture_output=True,
+        text=True,
+        env=trainer_env(ORCH_PARAMS_JSON='{"learning_rate": 1}'),
+    )
     assert bad.returncode != 0 and "unknown option 'learning_rate'" in bad.stderr and "Traceback" not in bad.stderr
 
 
 @pytest.mark.parametrize("extra", [[], ["--ema", "0.9"]], ids=["plain", "ema"])
 def test_resume_after_sigusr1_then_sigkill_is_bitwise_identical(tmp_path, extra):
     ref, cut = tmp_path / "ref", tmp_path / "cut"
-    args = [*SMALL, "--epochs", "6", *extra]  # room for the signal to land mid-epoch however late a loaded machine sends it
+    args = [
+        *SMALL,
+        "--epochs",
+        "6",
+        *extra,
+    ]  # room for the signal to land mid-epoch however late a loaded machine sends it
     run_trainer([*args, "--out", str(ref)])
 
-    proc = subprocess.Popen([sys.executable, "-m", "trainer", *args, "--out", str(cut), "--log-every", "1"],
-                            env=trainer_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainer", *args, "--out", str(cut), "--log-every", "1"],
+        env=trainer_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
+
         def step_now():
             try:
                 return metrics(cut)[-1]["step"] if (cut / "metrics.jsonl").exists() else 0
@@ -161,8 +235,11 @@ def test_resume_after_sigusr1_then_sigkill_is_bitwise_identical(tmp_path, extra)
         proc.send_signal(signal.SIGUSR1)
 
         def sigusr1_checkpoint():  # the one mid-epoch (the epoch-end ones are there too)
-            done = [int(p.name) for p in checkpoint.candidates(cut)
-                    if (p / checkpoint.MANIFEST).exists() and int(p.name) > at and int(p.name) % STEPS_PER_EPOCH]
+            done = [
+                int(p.name)
+                for p in checkpoint.candidates(cut)
+                if (p / checkpoint.MANIFEST).exists() and int(p.name) > at and int(p.name) % STEPS_PER_EPOCH
+            ]
             return min(done) if done else None
 
         ckpt_step = retry_until(sigusr1_checkpoint, 60, 0.02, "the SIGUSR1 checkpoint")
@@ -184,15 +261,27 @@ def test_resume_after_sigusr1_then_sigkill_is_bitwise_identical(tmp_path, extra)
         assert ema_ref is not None and same(ema_ref, ema_cut)
     r, c = metrics(ref)[-1], metrics(cut)[-1]
     assert (r["step"], r["test_acc"], r["train_loss"]) == (c["step"], c["test_acc"], c["train_loss"])
-    assert json.loads((ref / "summary.json").read_text())["final_acc"] == json.loads((cut / "summary.json").read_text())["final_acc"]
+    assert (
+        json.loads((ref / "summary.json").read_text())["final_acc"]
+        == json.loads((cut / "summary.json").read_text())["final_acc"]
+    )
 
 
 def test_sigterm_checkpoints_and_exits_then_resumes(tmp_path):
     ref, cut = tmp_path / "ref", tmp_path / "cut"
     run_trainer([*SMALL, "--out", str(ref)])
-    proc = subprocess.Popen([sys.executable, "-m", "trainer", *SMALL, "--out", str(cut), "--log-every", "1"],
-                            env=trainer_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    retry_until(lambda: (cut / "metrics.jsonl").exists() and len((cut / "metrics.jsonl").read_text().splitlines()) >= 5, 120, 0.05, "steps")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainer", *SMALL, "--out", str(cut), "--log-every", "1"],
+        env=trainer_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    retry_until(
+        lambda: (cut / "metrics.jsonl").exists() and len((cut / "metrics.jsonl").read_text().splitlines()) >= 5,
+        120,
+        0.05,
+        "steps",
+    )
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 143
     assert checkpoint.latest(cut) is not None
@@ -239,7 +328,10 @@ def test_digits_preset_reaches_97_percent(tmp_path):
     out = tmp_path / "digits"
     p = run_trainer(["--preset", "digits", "--out", str(out)], OMP_NUM_THREADS="2")
     summary = json.loads((out / "summary.json").read_text())
-    print(f"\ndigits: final {summary['final_acc']:.4f} best {summary['best_acc']:.4f} in {summary['train_time_s']:.1f} s training")
+    print(
+        f"\ndigits: final {summary['final_acc']:.4f} best {summary['best_acc']:.4f} in {summary['train_time_s']:.1f} s "
+        "training"
+    )
     assert summary["final_acc"] >= 0.97, p.stderr[-2000:]
 
 
@@ -251,7 +343,6 @@ def test_bf16_autocast_runs_on_cpu(tmp_path):
     fp32 = tmp_path / "fp32"
     run_trainer([*SMALL, "--epochs", "1", "--out", str(fp32)])
     assert json.loads((fp32 / "summary.json").read_text())["compute_dtype"] == "float32"
-
 
 
 def test_fp16_trains_with_loss_scaling(tmp_path):
@@ -271,7 +362,9 @@ def test_compile_trains_and_matches_eager_closely(tmp_path):
     CUDA-graph mode is accepted and reported as not in use on the CPU."""
     args = [*SMALL, "--epochs", "2", "--synthetic-train", "256", "--sizes", "12@0,16@0.5"]
     run_trainer([*args, "--out", str(tmp_path / "eager")])
-    p = run_trainer([*args, "--compile", "true", "--compile-mode", "reduce-overhead", "--out", str(tmp_path / "compiled")])
+    p = run_trainer(
+        [*args, "--compile", "true", "--compile-mode", "reduce-overhead", "--out", str(tmp_path / "compiled")]
+    )
     eager = json.loads((tmp_path / "eager" / "summary.json").read_text())
     compiled = json.loads((tmp_path / "compiled" / "summary.json").read_text())
     assert compiled.get("compiled") is True, p.stderr[-2000:]
@@ -281,8 +374,24 @@ def test_compile_trains_and_matches_eager_closely(tmp_path):
 
 
 def test_an_unknown_compile_mode_is_refused_before_anything_runs(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "trainer", *SMALL, "--compile", "true", "--compile-mode", "fastest",
-                        "--out", str(tmp_path / "x")], env=trainer_env(), capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer",
+            *SMALL,
+            "--compile",
+            "true",
+            "--compile-mode",
+            "fastest",
+            "--out",
+            str(tmp_path / "x"),
+        ],
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode != 0 and "--compile-mode 'fastest'" in p.stderr and "reduce-overhead" in p.stderr
     assert "Traceback" not in p.stderr and not (tmp_path / "x").exists()
 
@@ -309,7 +418,9 @@ def test_no_host_sync_inside_the_training_step(tmp_path, monkeypatch):
     reads, moves = [], []
     for name in ("item", "tolist", "__float__", "__bool__", "__int__"):
         original = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _o=original, _n=name: (reads.append(_n), _o(self, *a))[1])
+        monkeypatch.setattr(
+            torch.Tensor, name, lambda self, *a, _o=original, _n=name: (reads.append(_n), _o(self, *a))[1]
+        )
 
     def is_device(v) -> bool:
         return isinstance(v, torch.device) or (isinstance(v, str) and v.split(":")[0] in ("cpu", "cuda"))
@@ -321,6 +432,7 @@ def test_no_host_sync_inside_the_training_step(tmp_path, monkeypatch):
             elif kind == "factory" and k.get("device") is not None:
                 moves.append(name)
             return original(*a, **k)
+
         return call
 
     for name in ("to", "cuda"):
@@ -329,8 +441,11 @@ def test_no_host_sync_inside_the_training_step(tmp_path, monkeypatch):
         monkeypatch.setattr(torch, name, counted(getattr(torch, name), name, "factory"))
 
     def count(n_train: int, out: Path):
-        cfg = resolve_config(DEFAULTS, PRESETS, [*SMALL, "--epochs", "1", "--synthetic-train", str(n_train), "--ema", "0.9",
-                                                 "--out", str(out)])
+        cfg = resolve_config(
+            DEFAULTS,
+            PRESETS,
+            [*SMALL, "--epochs", "1", "--synthetic-train", str(n_train), "--ema", "0.9", "--out", str(out)],
+        )
         reads.clear(), moves.clear()
         train(cfg)
         return len(reads), len(moves)
@@ -392,9 +507,28 @@ def test_two_process_torchrun_lands_in_the_same_band(tmp_path):
     args = ["--preset", "digits", "--epochs", "8", "--ckpt-every-epochs", "0"]
     one, two = tmp_path / "one", tmp_path / "two"
     run_trainer([*args, "--out", str(one)])
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-                        "--master_port", str(_free_port()), "-m", "trainer", *args, "--out", str(two)],
-                       env=trainer_env(), capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(_free_port()),
+            "-m",
+            "trainer",
+            *args,
+            "--out",
+            str(two),
+        ],
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (one, two))
     assert s2["world_size"] == 2 and s1["world_size"] == 1
@@ -405,8 +539,28 @@ def test_two_process_torchrun_lands_in_the_same_band(tmp_path):
 
 
 def test_bench_reports_throughput_and_ratio():
-    p = subprocess.run([sys.executable, "-m", "trainer.bench", "--preset", "fast", "--steps", "3", "--warmup", "1",
-                        "--batch-size", "32", "--width", "0.25", "--json"], env=trainer_env(), capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer.bench",
+            "--preset",
+            "fast",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--batch-size",
+            "32",
+            "--width",
+            "0.25",
+            "--json",
+        ],
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     r = json.loads(p.stdout)
     assert r["images_per_s"] > 0 and r["baseline_images_per_s"] > 0 and r["gflops_per_image_fwd"] > 0
@@ -425,10 +579,32 @@ def test_no_host_tensor_indexes_device_data(tmp_path):
     from trainer.config import resolve_config
     from trainer.train import DEFAULTS, PRESETS, train
 
-    factories = {torch.tensor, torch.as_tensor, torch.arange, torch.randperm, torch.rand, torch.randn, torch.randint,
-                 torch.zeros, torch.ones, torch.empty, torch.full, torch.from_numpy, torch.linspace}
-    indexing = {torch.Tensor.__getitem__, torch.Tensor.index_select, torch.index_select, torch.gather, torch.Tensor.gather,
-                torch.take, torch.Tensor.take, torch.Tensor.index_put_, torch.Tensor.__setitem__}
+    factories = {
+        torch.tensor,
+        torch.as_tensor,
+        torch.arange,
+        torch.randperm,
+        torch.rand,
+        torch.randn,
+        torch.randint,
+        torch.zeros,
+        torch.ones,
+        torch.empty,
+        torch.full,
+        torch.from_numpy,
+        torch.linspace,
+    }
+    indexing = {
+        torch.Tensor.__getitem__,
+        torch.Tensor.index_select,
+        torch.index_select,
+        torch.gather,
+        torch.Tensor.gather,
+        torch.take,
+        torch.Tensor.take,
+        torch.Tensor.index_put_,
+        torch.Tensor.__setitem__,
+    }
     moves = {torch.Tensor.to, torch.Tensor.cuda}
 
     class HostTaint(TorchFunctionMode):
@@ -452,7 +628,9 @@ def test_no_host_tensor_indexes_device_data(tmp_path):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             if func in indexing and args and isinstance(args[0], torch.Tensor) and not self.is_host(args[0]):
-                if any(self.is_host(t) for t in self._tensors(args[1:]) if t.dtype in (torch.long, torch.int, torch.bool)):
+                if any(
+                    self.is_host(t) for t in self._tensors(args[1:]) if t.dtype in (torch.long, torch.int, torch.bool)
+                ):
                     self.bad.append(getattr(func, "__name__", str(func)))
             out = func(*args, **kwargs)
             tensors_in = list(self._tensors(args)) + list(self._tensors(list(kwargs.values())))

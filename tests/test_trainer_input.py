@@ -16,33 +16,42 @@ from trainer.imagefolder import write_imagefolder_like
 
 
 def trainer(args, tmp_path, timeout=120):
-    return subprocess.run([sys.executable, "-m", "trainer", *args, "--out", str(tmp_path / "out")], env=trainer_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "trainer", *args, "--out", str(tmp_path / "out")],
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--batch-size", "0"], ["--batch-size 0"]),
-    (["--batch-size=-4"], ["--batch-size -4"]),
-    (["--batch-sizes=0@0"], ["--batch-sizes '0@0'"]),
-    (["--batch-sizes=4@0,-2@0.5"], ["'-2@0.5'"]),
-    (["--sizes", "abc@0"], ["--sizes 'abc@0'", "value@progress"]),
-    (["--sizes", "0@0"], ["--sizes '0@0'", "[4, 4096]"]),
-    (["--sizes", "32@0,nan@0.5"], ["nan@0.5", "finite"]),
-    (["--sizes", "1e9@0"], ["1e9@0", "[4, 4096]"]),
-    (["--sizes", "128@0.5,64@0.2"], ["--sizes", "progress 0"]),
-    (["--sizes", "32@0,64@0.5,16@0.2"], ["in order of progress"]),
-    (["--sizes", "32@0,64@5"], ["'64@5'", "[0, 1]"]),
-    (["--model", "resnet51"], ["--model 'resnet51'", "resnet50"]),
-    (["--val-size=-5"], ["--val-size -5"]),
-    (["--workers=-1"], ["--workers -1"]),
-    (["--min-scale", "2"], ["--min-scale 2.0"]),
-    (["--dataset", "imagefolderx"], ["--dataset 'imagefolderx'", "imagefolder"]),
-    (["--epochs", "0"], ["--epochs 0"]),
-    (["--lr", "nan"], ["--lr nan", "finite"]),
-    (["--preset", "imagenet-rn50", "--batch-size", "256"], ["--batch-size 256 disagrees", "1024"]),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--batch-size", "0"], ["--batch-size 0"]),
+        (["--batch-size=-4"], ["--batch-size -4"]),
+        (["--batch-sizes=0@0"], ["--batch-sizes '0@0'"]),
+        (["--batch-sizes=4@0,-2@0.5"], ["'-2@0.5'"]),
+        (["--sizes", "abc@0"], ["--sizes 'abc@0'", "value@progress"]),
+        (["--sizes", "0@0"], ["--sizes '0@0'", "[4, 4096]"]),
+        (["--sizes", "32@0,nan@0.5"], ["nan@0.5", "finite"]),
+        (["--sizes", "1e9@0"], ["1e9@0", "[4, 4096]"]),
+        (["--sizes", "128@0.5,64@0.2"], ["--sizes", "progress 0"]),
+        (["--sizes", "32@0,64@0.5,16@0.2"], ["in order of progress"]),
+        (["--sizes", "32@0,64@5"], ["'64@5'", "[0, 1]"]),
+        (["--model", "resnet51"], ["--model 'resnet51'", "resnet50"]),
+        (["--val-size=-5"], ["--val-size -5"]),
+        (["--workers=-1"], ["--workers -1"]),
+        (["--min-scale", "2"], ["--min-scale 2.0"]),
+        (["--dataset", "imagefolderx"], ["--dataset 'imagefolderx'", "imagefolder"]),
+        (["--epochs", "0"], ["--epochs 0"]),
+        (["--lr", "nan"], ["--lr nan", "finite"]),
+        (["--preset", "imagenet-rn50", "--batch-size", "256"], ["--batch-size 256 disagrees", "1024"]),
+    ],
+)
 def test_every_bad_option_is_one_clear_line_and_exit_2(tmp_path, args, words):
-    # Without --print-config: the real start. A batch size of 0 used to loop forever here (the timeout would fail the test).
+    # Without --print-config: the real start. A batch size of 0 used to loop forever here (the timeout would fail the
+    # test).
     p = trainer([*SMALL, *args], tmp_path)
     assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
     assert "Traceback" not in p.stderr and p.stderr.startswith("trainer: "), p.stderr[-2000:]
@@ -52,7 +61,9 @@ def test_every_bad_option_is_one_clear_line_and_exit_2(tmp_path, args, words):
 
 
 def test_help_describes_every_option_with_its_choices(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "trainer", "--help"], env=trainer_env(), capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "trainer", "--help"], env=trainer_env(), capture_output=True, text=True, timeout=60
+    )
     assert p.returncode == 0
     assert "{cifar10,synthetic,digits,imagefolder}" in p.stdout and "resnet50}" in p.stdout
     assert "progressive resizing" in p.stdout and "global batch, split evenly over DDP ranks" in p.stdout
@@ -64,15 +75,39 @@ def test_help_describes_every_option_with_its_choices(tmp_path):
 
 @pytest.mark.slow
 def test_a_diverged_loss_fails_the_run_and_metrics_stay_strict_json(tmp_path):
-    p = trainer([*SMALL, "--epochs", "2", "--lr", "1e4", "--weight-decay", "10", "--warmup", "0"], tmp_path, timeout=300)
+    p = trainer(
+        [*SMALL, "--epochs", "2", "--lr", "1e4", "--weight-decay", "10", "--warmup", "0"], tmp_path, timeout=300
+    )
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
     assert "trainer: the training loss is nan" in p.stderr, p.stderr[-2000:]
     lines = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
     assert json.loads(lines[-1], parse_constant=lambda c: pytest.fail(f"{c} in metrics.jsonl"))["train_loss"] is None
 
 
-FOLDER = ["--dataset", "imagefolder", "--model", "resnet18", "--width", "0.25", "--precision", "fp32", "--threads", "2",
-          "--sizes", "32@0", "--batch-size", "8", "--epochs", "2", "--ckpt-every-s", "0", "--ckpt-every-epochs", "0", "--workers", "2"]
+FOLDER = [
+    "--dataset",
+    "imagefolder",
+    "--model",
+    "resnet18",
+    "--width",
+    "0.25",
+    "--precision",
+    "fp32",
+    "--threads",
+    "2",
+    "--sizes",
+    "32@0",
+    "--batch-size",
+    "8",
+    "--epochs",
+    "2",
+    "--ckpt-every-s",
+    "0",
+    "--ckpt-every-epochs",
+    "0",
+    "--workers",
+    "2",
+]
 
 
 def _corrupt(path):
@@ -107,8 +142,12 @@ def test_a_folder_where_nothing_decodes_fails_clearly_and_one_class_is_refused(t
     assert "do not decode" in p.stderr and "corrupt" in p.stderr, p.stderr[-2000:]
 
     one = tmp_path / "one"
-    shutil.copytree(write_imagefolder_like(str(tmp_path / "d2"), classes=2, per_class=4, val_per_class=2, corrupt=0), one)
+    shutil.copytree(
+        write_imagefolder_like(str(tmp_path / "d2"), classes=2, per_class=4, val_per_class=2, corrupt=0), one
+    )
     shutil.rmtree(one / "train" / "class_01")
     shutil.rmtree(one / "val" / "class_01", ignore_errors=True)
     p = trainer([*FOLDER, "--data-dir", str(one)], tmp_path)
-    assert p.returncode != 0 and "Traceback" not in p.stderr and "at least two class folders" in p.stderr, p.stderr[-2000:]
+    assert p.returncode != 0 and "Traceback" not in p.stderr and "at least two class folders" in p.stderr, p.stderr[
+        -2000:
+    ]

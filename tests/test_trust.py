@@ -34,7 +34,12 @@ def test_every_command_by_name_addresses_the_runs_of_the_file(orch, job):
     """)
     assert orch("launch", str(path), "--detach").code == 0
     ids = {"lr=0.1,batch_size=64", "lr=0.2,batch_size=64"}
-    retry_until(lambda: {k for k, v in status(orch, str(path)).items() if v["state"] == "running"} == ids, 60, 0.3, "both runs to run")
+    retry_until(
+        lambda: {k for k, v in status(orch, str(path)).items() if v["state"] == "running"} == ids,
+        60,
+        0.3,
+        "both runs to run",
+    )
     by_name = status(orch, "named")
     assert set(by_name) == ids and all(v["state"] == "running" for v in by_name.values()), by_name
     log = orch.store("named", ".orch", "lr=0.1,batch_size=64", "logs", "1.log")
@@ -74,13 +79,23 @@ def test_killing_a_runs_tmux_session_restarts_it_and_the_old_agent_leaves_the_ne
     assert orch("launch", str(path), "--detach").code == 0
     retry_until(lambda: status(orch, "killed").get("run", {}).get("state") == "running", 60, 0.3, "attempt 1 to run")
     assert orch.tmux("kill-session", "-t", "=orch_killed_run").returncode == 0
-    retry_until(lambda: status(orch, "killed")["run"]["attempt"] == 2 and status(orch, "killed")["run"]["state"] == "running",
-                120, 0.3, "attempt 2 to run")
+    retry_until(
+        lambda: status(orch, "killed")["run"]["attempt"] == 2 and status(orch, "killed")["run"]["state"] == "running",
+        120,
+        0.3,
+        "attempt 2 to run",
+    )
 
     def agents(attempt):
-        return [line for line in os.popen("ps -eo args").read().splitlines() if "orchestrator.host.agent" in line and f"task-{attempt}.json" in line]
+        return [
+            line
+            for line in os.popen("ps -eo args").read().splitlines()
+            if "orchestrator.host.agent" in line and f"task-{attempt}.json" in line
+        ]
 
-    retry_until(lambda: not agents(1), 120, 0.3, "attempt 1's agent to finish")  # it used to SIGKILL attempt 2 on its way out
+    retry_until(
+        lambda: not agents(1), 120, 0.3, "attempt 1's agent to finish"
+    )  # it used to SIGKILL attempt 2 on its way out
     assert status(orch, "killed")["run"]["state"] == "running"
     job.release.touch()
     retry_until(lambda: status(orch, "killed")["run"]["state"] in ("succeeded", "failed"), 120, 0.3, "the run to end")
@@ -123,13 +138,16 @@ def test_data_push_uploads_again_what_was_deleted_from_s3(tmp_path):
         assert s3.head_object(Bucket=BUCKET, Key="datasets/ds/a/1.bin")["ContentLength"] == 64
 
 
-@pytest.mark.parametrize("resources, words", [
-    ("{nodes: 1000}", ["resources.nodes", "64"]),
-    ("{nodes: 99999999999999999999999}", ["resources.nodes"]),
-    ("{gpus: 100000}", ["resources.gpus", "16"]),
-    ("{procs_per_node: 100000}", ["resources.procs_per_node", "256"]),
-    ("{nodes: 64, procs_per_node: 200}", ["resources.nodes", "per core"]),
-])
+@pytest.mark.parametrize(
+    "resources, words",
+    [
+        ("{nodes: 1000}", ["resources.nodes", "64"]),
+        ("{nodes: 99999999999999999999999}", ["resources.nodes"]),
+        ("{gpus: 100000}", ["resources.gpus", "16"]),
+        ("{procs_per_node: 100000}", ["resources.procs_per_node", "256"]),
+        ("{nodes: 64, procs_per_node: 200}", ["resources.nodes", "per core"]),
+    ],
+)
 def test_absurd_shapes_are_refused(orch, resources, words):
     path = orch.sweep(f"""
         name: absurd
@@ -139,9 +157,15 @@ def test_absurd_shapes_are_refused(orch, resources, words):
     _bad(orch("launch", str(path), "--dry-run"), str(path), *words)
 
 
-@pytest.mark.parametrize("command, shown", [
-    ("echo {v!r}", "{v!r}"), ("echo {torchrun.x}", "{torchrun.x}"), ("echo {v:>9}", "{v:>9}"), ("echo {v[0]}", "{v[0]}"),
-])
+@pytest.mark.parametrize(
+    "command, shown",
+    [
+        ("echo {v!r}", "{v!r}"),
+        ("echo {torchrun.x}", "{torchrun.x}"),
+        ("echo {v:>9}", "{v:>9}"),
+        ("echo {v[0]}", "{v[0]}"),
+    ],
+)
 def test_only_plain_placeholders(orch, tmp_path, command, shown):
     path = orch.sweep(f"""
         name: holders
@@ -153,12 +177,15 @@ def test_only_plain_placeholders(orch, tmp_path, command, shown):
     assert not (tmp_path / "owned").exists()
 
 
-@pytest.mark.parametrize("section, wanted", [
-    ("resources: {gpu: 1}", "did you mean `gpus`"),
-    ("data: [{from: s3://b/p/, too: x}]", "did you mean `to`"),
-    ("backend: aws\nstore: s3://b/p\naws: {image: ami-1, regionn: us-east-1}", "did you mean `region`"),
-    ("backend: aws\nstore: s3://b/p\naws: {image: ami-1, ssh: {usr: ubuntu}}", "did you mean `user`"),
-])
+@pytest.mark.parametrize(
+    "section, wanted",
+    [
+        ("resources: {gpu: 1}", "did you mean `gpus`"),
+        ("data: [{from: s3://b/p/, too: x}]", "did you mean `to`"),
+        ("backend: aws\nstore: s3://b/p\naws: {image: ami-1, regionn: us-east-1}", "did you mean `region`"),
+        ("backend: aws\nstore: s3://b/p\naws: {image: ami-1, ssh: {usr: ubuntu}}", "did you mean `user`"),
+    ],
+)
 def test_nested_misspellings_get_the_hint_of_their_section(orch, section, wanted):
     path = orch.sweep(f"name: typo\ncommand: 'true'\n{section}\n")
     r = orch("launch", str(path), "--dry-run")
@@ -166,11 +193,14 @@ def test_nested_misspellings_get_the_hint_of_their_section(orch, section, wanted
     assert "max_parallel" not in r.err  # not the top level's fields
 
 
-@pytest.mark.parametrize("entry, words", [
-    ("{from: missing-folder, to: d}", ["data[0].from", "no such folder"]),
-    ("{from: sweep.yaml, to: d}", ["data[0].from", "not a folder"]),
-    ("{from: ., to: ../../outside}", ["data[0].to", "leaves orch's data folder"]),
-])
+@pytest.mark.parametrize(
+    "entry, words",
+    [
+        ("{from: missing-folder, to: d}", ["data[0].from", "no such folder"]),
+        ("{from: sweep.yaml, to: d}", ["data[0].from", "not a folder"]),
+        ("{from: ., to: ../../outside}", ["data[0].to", "leaves orch's data folder"]),
+    ],
+)
 def test_data_entries_that_cannot_work_are_validation_errors(orch, entry, words):
     path = orch.sweep(f"name: dataval\ncommand: 'true'\ndata: [{entry}]\n")
     _bad(orch("launch", str(path), "--dry-run"), *words)
@@ -180,8 +210,10 @@ def test_data_entries_that_cannot_work_are_validation_errors(orch, entry, words)
 @pytest.mark.slow
 def test_collect_in_80_columns_cuts_no_id_state_or_number(orch):
     script = orch.tmp / "metrics.py"
-    script.write_text("import json, os\nrow = dict(epoch=1, train_loss=0.123456, test_acc=0.791234, lr=0.01, images_per_s=12345.6)\n"
-                      "open(os.path.join(os.environ['ORCH_RUN_DIR'], 'metrics.jsonl'), 'w').write(json.dumps(row) + '\\n')\n")
+    script.write_text(
+        "import json, os\nrow = dict(epoch=1, train_loss=0.123456, test_acc=0.791234, lr=0.01, images_per_s=12345.6)\n"
+        "open(os.path.join(os.environ['ORCH_RUN_DIR'], 'metrics.jsonl'), 'w').write(json.dumps(row) + '\\n')\n"
+    )
     path = orch.sweep(f"""
         name: narrow
         command: "{{python}} {script}"

@@ -34,11 +34,22 @@ def test_the_readme_fake_cloud_walkthrough_runs_as_written(tmp_path):
     home.mkdir(), work.mkdir()
     (work / "experiments").symlink_to(ROOT / "experiments")  # the commands name experiments/...; results/ lands here
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(HOME=str(home), ORCH_HOME=str(tmp_path / "orch-home"), ORCH_TMUX_SOCKET=f"walk-{uuid.uuid4().hex[:6]}",
-               PATH=f"{ROOT / '.venv' / 'bin'}:{os.path.dirname(sys.executable)}:{env.get('PATH', '')}", COLUMNS="200",
-               PYTHONPATH=str(ROOT))
-    cloud = subprocess.Popen([sys.executable, "-m", "tests.fakecloud"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    env.update(
+        HOME=str(home),
+        ORCH_HOME=str(tmp_path / "orch-home"),
+        ORCH_TMUX_SOCKET=f"walk-{uuid.uuid4().hex[:6]}",
+        PATH=f"{ROOT / '.venv' / 'bin'}:{os.path.dirname(sys.executable)}:{env.get('PATH', '')}",
+        COLUMNS="200",
+        PYTHONPATH=str(ROOT),
+    )
+    cloud = subprocess.Popen(
+        [sys.executable, "-m", "tests.fakecloud"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         exports, seen = {}, []
         for line in cloud.stdout:
@@ -52,14 +63,22 @@ def test_the_readme_fake_cloud_walkthrough_runs_as_written(tmp_path):
         threading.Thread(target=lambda: seen.extend(cloud.stdout), daemon=True).start()  # never let its pipe fill
         shell_env = {**env, **exports}
         for command in walkthrough_commands():
-            r = subprocess.run(["bash", "-c", command], cwd=work, env=shell_env, capture_output=True, text=True, timeout=600)
+            r = subprocess.run(
+                ["bash", "-c", command], cwd=work, env=shell_env, capture_output=True, text=True, timeout=600
+            )
             assert r.returncode == 0, f"{command}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
             assert "Traceback" not in r.stderr, r.stderr
             if "--dry-run" in command:
                 assert "estimated cost" in r.stdout and "nothing launched" in r.stdout, r.stdout
-            elif "launch experiments/fakecloud-budget.yaml" in command:  # the first runs spend the budget; the others never start
-                assert re.search(r"cancelled \(attempt \d\) \(not started: budget \$0\.0010 reached \(spent \$0\.\d{4}\)", r.stdout), r.stdout
-                assert re.search(r"done: [12] of 4 runs succeeded, spent \$\d+\.\d+ of budget \$0\.0010", r.stdout), r.stdout
+            elif (
+                "launch experiments/fakecloud-budget.yaml" in command
+            ):  # the first runs spend the budget; the others never start
+                assert re.search(
+                    r"cancelled \(attempt \d\) \(not started: budget \$0\.0010 reached \(spent \$0\.\d{4}\)", r.stdout
+                ), r.stdout
+                assert re.search(r"done: [12] of 4 runs succeeded, spent \$\d+\.\d+ of budget \$0\.0010", r.stdout), (
+                    r.stdout
+                )
             elif "collect fakecloud-smoke" in command:  # fake dollars, and the target's summary line
                 assert "target: " in r.stdout and "Spent $0.0" in r.stdout, r.stdout
         assert (work / "results" / "fakecloud-smoke" / "runs.csv").exists()

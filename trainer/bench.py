@@ -2,7 +2,7 @@
 
     python -m trainer.bench --preset fast [--steps 50] [--batch-size 512] [--compile-mode reduce-overhead] [--json]
     python -m trainer.bench --dataset imagefolder --data-dir DIR [--model resnet50] [--sizes 128,224,288]
-    python -m trainer.bench --reference airbench94 [--data-dir DIR]   # end to end, side by side (trainer/bench_reference.py)
+    python -m trainer.bench --reference airbench94 [--data-dir DIR]   # end to end (trainer/bench_reference.py)
     python -m trainer.bench --reference last.json                     # against an earlier --json result of that
 
 The measured path is the trainer's own (data resident on the device, normalized and padded once,
@@ -99,15 +99,21 @@ class _PerSample(torch.utils.data.Dataset):
         return len(self.split)
 
     def __getitem__(self, i):
-        x = data.normalize(self.split.images[i:i + 1], self.mean, self.std)
+        x = data.normalize(self.split.images[i : i + 1], self.mean, self.std)
         x = data.augment(x, self.pad, True, torch.Generator().manual_seed(i))
         return x[0], self.split.labels[i]
 
 
 def baseline_path(model, ds, device, batch, pad):
-    loader = torch.utils.data.DataLoader(_PerSample(ds.train, ds.mean, ds.std, pad), batch_size=batch, shuffle=True,
-                                         drop_last=True, num_workers=min(4, os.cpu_count() or 1),
-                                         pin_memory=device.type == "cuda", persistent_workers=True)
+    loader = torch.utils.data.DataLoader(
+        _PerSample(ds.train, ds.mean, ds.std, pad),
+        batch_size=batch,
+        shuffle=True,
+        drop_last=True,
+        num_workers=min(4, os.cpu_count() or 1),
+        pin_memory=device.type == "cuda",
+        persistent_workers=True,
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True)
     loss_fn = nn.CrossEntropyLoss()
     it = {"it": iter(loader)}
@@ -127,8 +133,15 @@ def baseline_path(model, ds, device, batch, pad):
     return step
 
 
-def run(preset: str, steps: int, warmup: int, batch: int | None, device_name: str, width: float | None,
-        compile_mode: str = "") -> dict:
+def run(
+    preset: str,
+    steps: int,
+    warmup: int,
+    batch: int | None,
+    device_name: str,
+    width: float | None,
+    compile_mode: str = "",
+) -> dict:
     cfg = {**DEFAULTS, **PRESETS[preset]}
     if width is not None:
         cfg["width"] = width
@@ -151,34 +164,62 @@ def run(preset: str, steps: int, warmup: int, batch: int | None, device_name: st
     fast_s = time_steps(measured_path(cfg, fresh(), ds, device, precision, batch), steps, warmup, device)
     base_s = time_steps(baseline_path(fresh(), ds, device, batch, cfg["crop_pad"]), steps, warmup, device)
     ips, base_ips = batch / fast_s, batch / base_s
-    return dict(preset=preset, model=cfg["model"], device=str(device),
-                device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                precision=precision, compile_mode=cfg["compile_mode"] if cfg["compile"] else "", batch_size=batch, steps=steps, images_per_s=round(ips, 1), step_ms=round(fast_s * 1e3, 2),
-                gflops_per_image_fwd=round(flops / 1e9, 4), achieved_tflops=round(3 * flops * ips / 1e12, 3),
-                baseline_images_per_s=round(base_ips, 1), baseline_step_ms=round(base_s * 1e3, 2),
-                speedup_vs_baseline=round(ips / base_ips, 2))
+    return dict(
+        preset=preset,
+        model=cfg["model"],
+        device=str(device),
+        device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        precision=precision,
+        compile_mode=cfg["compile_mode"] if cfg["compile"] else "",
+        batch_size=batch,
+        steps=steps,
+        images_per_s=round(ips, 1),
+        step_ms=round(fast_s * 1e3, 2),
+        gflops_per_image_fwd=round(flops / 1e9, 4),
+        achieved_tflops=round(3 * flops * ips / 1e12, 3),
+        baseline_images_per_s=round(base_ips, 1),
+        baseline_step_ms=round(base_s * 1e3, 2),
+        speedup_vs_baseline=round(ips / base_ips, 2),
+    )
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainer.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m trainer.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--preset", default="fast", choices=sorted(PRESETS))
     p.add_argument("--steps", type=int, default=30, help="timed steps per path")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     p.add_argument("--batch-size", type=int, help="default: the preset's")
     p.add_argument("--width", type=float, help="channel multiplier override (small CPU checks)")
     p.add_argument("--device", default="auto")
-    p.add_argument("--compile-mode", default="", help="compile the trainer path with this torch.compile mode (default: the preset's, "
-                                                     "uncompiled); reduce-overhead = CUDA graphs")
+    p.add_argument(
+        "--compile-mode",
+        default="",
+        help="compile the trainer path with this torch.compile mode (default: the preset's, "
+        "uncompiled); reduce-overhead = CUDA graphs",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object instead of text")
-    p.add_argument("--dataset", default="synthetic", choices=["synthetic", "imagefolder"],
-                   help="imagefolder: loader and training throughput on DIR's images (trainer/bench_data.py)")
+    p.add_argument(
+        "--dataset",
+        default="synthetic",
+        choices=["synthetic", "imagefolder"],
+        help="imagefolder: loader and training throughput on DIR's images (trainer/bench_data.py)",
+    )
     p.add_argument("--data-dir", help="the image folder (DIR/train/<class>/*), with --dataset imagefolder")
     p.add_argument("--model", default="resnet50", help="imagefolder: the model (default resnet50)")
     p.add_argument("--sizes", default="128,224,288", help="imagefolder: image sides to measure training at")
     p.add_argument("--workers", type=int, default=0, help="imagefolder: reader/decoder threads (0 = min(16, cores))")
-    p.add_argument("--reference", help="airbench94 (Keller Jordan's, the `bench` extra, CUDA only), or an earlier --json result of "
-                                       "--reference: train --preset end to end beside it on the same data and print the ratio")
-    p.add_argument("--trainer-args", default="", help="--reference: extra arguments for our run, e.g. '--epochs 1' (small CPU checks)")
+    p.add_argument(
+        "--reference",
+        help="airbench94 (Keller Jordan's, the `bench` extra, CUDA only), or an earlier --json result of "
+        "--reference: train --preset end to end beside it on the same data and print the ratio",
+    )
+    p.add_argument(
+        "--trainer-args",
+        default="",
+        help="--reference: extra arguments for our run, e.g. '--epochs 1' (small CPU checks)",
+    )
     a = p.parse_args(argv)
     if a.reference:
         import shlex
@@ -197,8 +238,15 @@ def main(argv=None) -> int:
 
         if not a.data_dir:
             p.error("--dataset imagefolder needs --data-dir DIR")
-        r = bench_data.run(a.data_dir, a.model, a.width or 1.0, [int(s) for s in a.sizes.split(",")], a.batch_size or 64,
-                           a.steps, a.workers)
+        r = bench_data.run(
+            a.data_dir,
+            a.model,
+            a.width or 1.0,
+            [int(s) for s in a.sizes.split(",")],
+            a.batch_size or 64,
+            a.steps,
+            a.workers,
+        )
         sys.stdout.write(json.dumps(r) + "\n" if a.json else bench_data.text(r))
         return 0
     r = run(a.preset, a.steps, a.warmup, a.batch_size, a.device, a.width, a.compile_mode)
@@ -209,8 +257,10 @@ def main(argv=None) -> int:
             f"{r['preset']} ({r['model']}) on {r['device_name']}, {r['precision']}, batch {r['batch_size']}:\n"
             f"  trainer path : {r['images_per_s']:>10.1f} images/s  {r['step_ms']:>8.2f} ms/step  "
             f"{r['achieved_tflops']:.3f} TFLOP/s ({r['gflops_per_image_fwd']} GFLOP/image forward)\n"
-            f"  baseline     : {r['baseline_images_per_s']:>10.1f} images/s  {r['baseline_step_ms']:>8.2f} ms/step  (eager fp32 + DataLoader)\n"
-            f"  ratio        : {r['speedup_vs_baseline']:.2f}x\n")
+            f"  baseline     : {r['baseline_images_per_s']:>10.1f} images/s  {r['baseline_step_ms']:>8.2f} ms/step  "
+            "(eager fp32 + DataLoader)\n"
+            f"  ratio        : {r['speedup_vs_baseline']:.2f}x\n"
+        )
     return 0
 
 

@@ -41,11 +41,15 @@ def loader_rates(data_dir: str, size: int, batch: int, repeats: int, workers: in
     out["cpu_loader_images_per_s"] = round(_rate(lambda: cpu.augmented(idx, draws, flips, size), len(idx), repeats), 1)
     if torch.cuda.is_available():
         gpu = ImageFolderSource(folder, torch.device("cuda"), workers=workers)
-        out["gpu_loader_images_per_s"] = round(_rate(lambda: gpu.augmented(idx, draws, flips, size), len(idx), repeats), 1)
+        out["gpu_loader_images_per_s"] = round(
+            _rate(lambda: gpu.augmented(idx, draws, flips, size), len(idx), repeats), 1
+        )
     return out
 
 
-def training_rates(data_dir: str, model_name: str, width: float, sizes: List[int], batch: int, steps: int, workers: int) -> List[dict]:
+def training_rates(
+    data_dir: str, model_name: str, width: float, sizes: List[int], batch: int, steps: int, workers: int
+) -> List[dict]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     folder = scan(data_dir)
     source = ImageFolderSource(folder, device, workers=workers)
@@ -69,11 +73,12 @@ def training_rates(data_dir: str, model_name: str, width: float, sizes: List[int
 
     rows = []
     for size in sizes:
+
         def batch_of(step: int):
             idx = torch.arange(step * batch, (step + 1) * batch) % n
             x, y = source.train_batch(idx, step, batch, slice(None), size)
             if len(y) < batch:  # a file that did not decode: keep the batch full, so both paths train equal batches
-                x, y = torch.cat([x, x[:batch - len(y)]]), torch.cat([y, y[:batch - len(y)]])
+                x, y = torch.cat([x, x[: batch - len(y)]]), torch.cat([y, y[: batch - len(y)]])
             return x, y
 
         x0, y0 = batch_of(0)
@@ -101,17 +106,30 @@ def training_rates(data_dir: str, model_name: str, width: float, sizes: List[int
 
         run(False)  # the first pass at a new shape pays for its set-up: not measured
         tensors, real = run(False), run(True)
-        rows.append(dict(size=size, batch=batch, train_images_per_s_real_loader=round(real, 1),
-                         train_images_per_s_predecoded=round(tensors, 1), ratio_real_to_predecoded=round(real / tensors, 3)))
+        rows.append(
+            dict(
+                size=size,
+                batch=batch,
+                train_images_per_s_real_loader=round(real, 1),
+                train_images_per_s_predecoded=round(tensors, 1),
+                ratio_real_to_predecoded=round(real / tensors, 3),
+            )
+        )
     return rows
 
 
 def run(data_dir: str, model: str, width: float, sizes: List[int], batch: int, steps: int, workers: int) -> dict:
-    torch.set_flush_denormal(True)  # a model trained on one fixed batch drifts into denormals, which the CPU computes slowly
+    torch.set_flush_denormal(
+        True
+    )  # a model trained on one fixed batch drifts into denormals, which the CPU computes slowly
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    return dict(device=torch.cuda.get_device_name(0) if device == "cuda" else "cpu", model=model, width=width,
-                loader=loader_rates(data_dir, 224 if 224 in sizes else sizes[-1], batch, max(2, steps // 5), workers),
-                training=training_rates(data_dir, model, width, sizes, batch, steps, workers))
+    return dict(
+        device=torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+        model=model,
+        width=width,
+        loader=loader_rates(data_dir, 224 if 224 in sizes else sizes[-1], batch, max(2, steps // 5), workers),
+        training=training_rates(data_dir, model, width, sizes, batch, steps, workers),
+    )
 
 
 def text(r: dict) -> str:
@@ -119,6 +137,10 @@ def text(r: dict) -> str:
     for k, v in r["loader"].items():
         lines.append(f"  {k:<28}: {v:>10.1f}")
     for row in r["training"]:
-        lines.append(f"  {row['size']:>4} px, batch {row['batch']}: {row['train_images_per_s_real_loader']:>9.1f} images/s from files, "
-                     f"{row['train_images_per_s_predecoded']:>9.1f} from pre-decoded tensors: ratio {row['ratio_real_to_predecoded']:.3f}")
+        lines.append(
+            f"  {row['size']:>4} px, batch {row['batch']}: {row['train_images_per_s_real_loader']:>9.1f} images/s from "
+            "files, "
+            f"{row['train_images_per_s_predecoded']:>9.1f} from pre-decoded tensors: ratio "
+            f"{row['ratio_real_to_predecoded']:.3f}"
+        )
     return "\n".join(lines) + "\n"

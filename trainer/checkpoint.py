@@ -52,7 +52,9 @@ def save(out_dir: Path, step: int, state: Dict[str, Any], keep: int = 2) -> Path
     if final.exists():
         shutil.rmtree(final)
     os.replace(staging, final)
-    files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(final.iterdir()) if p.name != MANIFEST}
+    files = {
+        p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(final.iterdir()) if p.name != MANIFEST
+    }
     manifest = {"step": step, "files": files, "created_at": time.time()}
     _fsync_write(final / MANIFEST, json.dumps(manifest, indent=2).encode())
     _fsync_dir(root)
@@ -74,7 +76,9 @@ def candidates(out_dir: Path) -> List[Path]:
     root = Path(out_dir) / "ckpt"
     if not root.is_dir():
         return []
-    return sorted((p for p in root.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name), reverse=True)
+    return sorted(
+        (p for p in root.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name), reverse=True
+    )
 
 
 def verify(folder: Path) -> Tuple[bool, str]:

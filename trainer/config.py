@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 
-
 def _parse_bool(text: str) -> bool:
     low = str(text).lower()
     if low in ("1", "true", "yes", "on"):
@@ -73,7 +72,9 @@ SIGUSR1 checkpoints at once and goes on; SIGTERM checkpoints and exits with 143.
 
 
 def build_parser(defaults: Dict[str, Any], presets: Dict[str, Any]) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m trainer", description=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m trainer", description=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--preset", choices=sorted(presets), help="a named recipe (applied before the other options)")
     p.add_argument("--config", help="a YAML or JSON file of options")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
@@ -85,8 +86,14 @@ def build_parser(defaults: Dict[str, Any], presets: Dict[str, Any]) -> argparse.
         choices = [c for c in CHOICES.get(key, ()) if c]
         meta = "{" + ",".join(choices) + "}" if choices else type(default).__name__.upper()
         # choices are checked after every source is merged (a preset, a file, $ORCH_PARAMS_JSON): see validate.py
-        p.add_argument(f"--{key.replace('_', '-')}", dest=key, type=kind, default=None, metavar=meta,
-                       help=f"{helps.get(key, '')} (default: {default!r})".replace("%", "%%"))
+        p.add_argument(
+            f"--{key.replace('_', '-')}",
+            dest=key,
+            type=kind,
+            default=None,
+            metavar=meta,
+            help=f"{helps.get(key, '')} (default: {default!r})".replace("%", "%%"),
+        )
     return p
 
 

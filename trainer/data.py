@@ -64,12 +64,15 @@ def load_cifar10(data_dir: str, download: bool = True) -> Dataset:
         from torchvision.datasets.utils import download_and_extract_archive
 
         download_and_extract_archive(
-            "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz", str(root),
+            "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
+            str(root),
             md5="c58f30108f718f92721af3b95e74349a",
         )
     parts = [_read_batch(folder / f"data_batch_{i}") for i in range(1, 6)]
     x_test, y_test = _read_batch(folder / "test_batch")
-    train = Split(torch.from_numpy(np.concatenate([p[0] for p in parts])), torch.from_numpy(np.concatenate([p[1] for p in parts])))
+    train = Split(
+        torch.from_numpy(np.concatenate([p[0] for p in parts])), torch.from_numpy(np.concatenate([p[1] for p in parts]))
+    )
     return Dataset(train, Split(torch.from_numpy(x_test), torch.from_numpy(y_test)), 10, CIFAR_MEAN, CIFAR_STD)
 
 
@@ -83,7 +86,9 @@ def write_cifar10_like(root: str, n_train: int = 500, n_test: int = 100, seed: i
         labels = rng.integers(0, 10, n).tolist()
         data = rng.integers(0, 256, (n, 3072), dtype=np.uint8)
         with open(folder / name, "wb") as f:
-            pickle.dump({b"batch_label": name.encode(), b"labels": labels, b"data": data, b"filenames": [b"x.png"] * n}, f)
+            pickle.dump(
+                {b"batch_label": name.encode(), b"labels": labels, b"data": data, b"filenames": [b"x.png"] * n}, f
+            )
 
     per = max(1, n_train // 5)
     for i in range(1, 6):
@@ -97,7 +102,9 @@ def write_cifar10_like(root: str, n_train: int = 500, n_test: int = 100, seed: i
 # --- synthetic and digits -----------------------------------------------------------------------
 
 
-def load_synthetic(n_train: int = 2048, n_test: int = 512, size: int = 32, num_classes: int = 10, seed: int = 0) -> Dataset:
+def load_synthetic(
+    n_train: int = 2048, n_test: int = 512, size: int = 32, num_classes: int = 10, seed: int = 0
+) -> Dataset:
     """CIFAR-shaped, learnable: each class is a fixed random low-frequency pattern plus noise."""
     g = torch.Generator().manual_seed(seed)
     protos = torch.rand(num_classes, 3, 4, 4, generator=g)
@@ -156,7 +163,9 @@ def crop(padded: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, h: int, w: in
     return x.gather(3, cols.expand(n, c, h, w))
 
 
-def augment(x: torch.Tensor, pad: int, flip: bool, generator: torch.Generator, batch: int = 0, share: slice = slice(None)) -> torch.Tensor:
+def augment(
+    x: torch.Tensor, pad: int, flip: bool, generator: torch.Generator, batch: int = 0, share: slice = slice(None)
+) -> torch.Tensor:
     """Random crop after reflect padding, and random horizontal flip, of one float batch (draws on the host:
     the benchmarks' per-step path; the trainer draws once per epoch, see EpochDraws).
 
@@ -237,19 +246,24 @@ class TensorSource:
         self.eval_batch = EVAL_BATCH.get(torch.device(device).type, 1000)
         self.draws: Optional[EpochDraws] = None
 
-    def train_batch(self, idx: torch.Tensor, step: int, batch: int, share: slice, size: int, epoch: int = 0, pos: int = 0):
-        """This rank's `share` of the global batch of `batch` images at `pos` in `epoch`'s order (idx: their indices)."""
+    def train_batch(
+        self, idx: torch.Tensor, step: int, batch: int, share: slice, size: int, epoch: int = 0, pos: int = 0
+    ):
+        """This rank's `share` of the global batch of `batch` images at `pos` in `epoch`'s order.
+
+        idx: their indices.
+        """
         if self.draws is None or self.draws.epoch != epoch:
             self.draws = EpochDraws.draw(self.n_train, self.pad, self.flip, self.seed, epoch, self.train_x.device)
         x = self.train_x[idx]
         if self.pad > 0:
-            dy, dx = self.draws.shifts[pos:pos + batch][share].unbind(1)
+            dy, dx = self.draws.shifts[pos : pos + batch][share].unbind(1)
             x = crop(x, dy, dx, *self.side)
         if self.flip:
-            x = torch.where(self.draws.mirror[pos:pos + batch][share].view(-1, 1, 1, 1), x.flip(3), x)
+            x = torch.where(self.draws.mirror[pos : pos + batch][share].view(-1, 1, 1, 1), x.flip(3), x)
         return resize(x, size), self.train.labels[idx]
 
     def eval_batches(self, size: int, rank: int = 0, world: int = 1):
         images, labels, b = self.test_x[rank::world], self.test.labels[rank::world], self.eval_batch
         for i in range(0, len(labels), b):
-            yield resize(images[i:i + b], size), labels[i:i + b]
+            yield resize(images[i : i + b], size), labels[i : i + b]

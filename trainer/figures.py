@@ -45,8 +45,12 @@ def _measure(root: Path, small: bool) -> List[dict]:
         out.append(dict(bench_reference.run_airbench94(root), what="airbench94 (reference, the airbench package)"))
     except bench_reference.BenchError as exc:
         out.append({"what": "airbench94 (reference, the airbench package)", "error": str(exc)})
-    runs = [("--preset fast", "fast", []), ("--preset fast-muon", "fast-muon", []), ("--preset resnet9", "resnet9", []),
-            ("--preset dawnbench-rn18", "dawnbench-rn18", [])]
+    runs = [
+        ("--preset fast", "fast", []),
+        ("--preset fast-muon", "fast-muon", []),
+        ("--preset resnet9", "resnet9", []),
+        ("--preset dawnbench-rn18", "dawnbench-rn18", []),
+    ]
     if not small:  # compiling on a CPU takes minutes and says nothing of CUDA graphs
         runs.insert(1, ("--preset fast, compiled, CUDA graphs", "fast", GRAPHS))
     for what, preset, args in runs:
@@ -55,30 +59,47 @@ def _measure(root: Path, small: bool) -> List[dict]:
         except bench_reference.BenchError as exc:
             out.append({"what": what, "error": str(exc)})
     for preset in ("fast", "resnet9", "dawnbench-rn18"):
-        step = bench.run(preset, 2 if small else 30, 1 if small else 5, 64 if small else None, "auto", 0.25 if small else None)
-        out.append({"what": f"{preset} step (trainer.bench)", "achieved_tflops": step["achieved_tflops"],
-                    "step_images_per_s": step["images_per_s"], "batch_size": step["batch_size"], "device": step["device_name"]})
+        step = bench.run(
+            preset, 2 if small else 30, 1 if small else 5, 64 if small else None, "auto", 0.25 if small else None
+        )
+        out.append(
+            {
+                "what": f"{preset} step (trainer.bench)",
+                "achieved_tflops": step["achieved_tflops"],
+                "step_images_per_s": step["images_per_s"],
+                "batch_size": step["batch_size"],
+                "device": step["device_name"],
+            }
+        )
     return out
 
 
 def table(found: List[dict]) -> str:
-    lines = ["| what | epochs | training time | images/s (end to end) | steady images/s | TFLOP/s | note |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| what | epochs | training time | images/s (end to end) | steady images/s | TFLOP/s | note |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in found:
+
         def cell(key, fmt="{}"):
             return fmt.format(r[key]) if r.get(key) is not None else ""
+
         note = r.get("error", "")
         if r.get("compile_s"):
             note = f"compile {r['compile_s']} s outside; CUDA graphs: {r.get('cuda_graphs')}"
         if "step_images_per_s" in r:
             note = f"{r['step_images_per_s']} images/s in the step, batch {r['batch_size']}"
-        lines.append(f"| {r['what']} | {cell('epochs')} | {cell('train_time_s', '{} s')} | {cell('images_per_s')} | "
-                     f"{cell('steady_images_per_s')} | {cell('achieved_tflops')} | {note} |")
+        lines.append(
+            f"| {r['what']} | {cell('epochs')} | {cell('train_time_s', '{} s')} | {cell('images_per_s')} | "
+            f"{cell('steady_images_per_s')} | {cell('achieved_tflops')} | {note} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainer.figures", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m trainer.figures", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--data-dir", help="a folder holding cifar-10-batches-py (default: generated images in its format)")
     p.add_argument("--small", action="store_true", help="tiny data, one epoch, narrow nets: check the command on a CPU")
     p.add_argument("--json", help="also write every figure to this file")

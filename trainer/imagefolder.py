@@ -55,10 +55,15 @@ def scan(data_dir: str) -> Folder:
     if not classes:
         raise DataError(f"{root / 'train'}: no class folders. Put each class's images in train/<class>/ ({LAYOUT}).")
     if len(classes) < 2:
-        raise DataError(f"{root / 'train'}: one class ({classes[0]}); a classifier needs at least two class folders ({LAYOUT}).")
+        raise DataError(
+            f"{root / 'train'}: one class ({classes[0]}); a classifier needs at least two class folders ({LAYOUT})."
+        )
     unknown = sorted(d.name for d in (root / "val").iterdir() if d.is_dir() and d.name not in classes)
     if unknown:
-        raise DataError(f"{root / 'val'}: classes {', '.join(unknown)} have no folder in train/. The classes of val/ must be those of train/.")
+        raise DataError(
+            f"{root / 'val'}: classes {', '.join(unknown)} have no folder in train/. The classes of val/ must be those "
+            "of train/."
+        )
     ignored = [0]
 
     def files(folder: Path) -> List[str]:
@@ -73,7 +78,10 @@ def scan(data_dir: str) -> Folder:
     for label, name in enumerate(classes):
         found = files(root / "train" / name)
         if not found:
-            raise DataError(f"{root / 'train' / name}: no JPEG or PNG images. Every class needs training images; remove the folder or fill it.")
+            raise DataError(
+                f"{root / 'train' / name}: no JPEG or PNG images. Every class needs training images; remove the folder "
+                "or fill it."
+            )
         train += [(p, label) for p in found]
         val += [(p, label) for p in files(root / "val" / name)]
     if not val:
@@ -92,7 +100,8 @@ def decode(data: bytes) -> Optional[torch.Tensor]:
 
 
 def crop_box(h: int, w: int, draw: torch.Tensor, min_scale: float) -> Tuple[int, int, int, int]:
-    """Random-resized-crop from four uniform draws: area fraction, log aspect, x and y offsets. (top, left, height, width)"""
+    """Random-resized-crop from four uniform draws: area fraction, log aspect, x and y offsets. (top, left, height,
+    width)"""
     scale = min_scale + (1 - min_scale) * float(draw[0])
     ratio = math.exp(math.log(3 / 4) + (math.log(4 / 3) - math.log(3 / 4)) * float(draw[1]))
     area = scale * h * w
@@ -114,7 +123,7 @@ def center_box(h: int, w: int, size: int, rect: bool) -> Tuple[int, int, int, in
 
 def crop_resize(img: torch.Tensor, box: Tuple[int, int, int, int], out_hw: Tuple[int, int]) -> torch.Tensor:
     top, left, ch, cw = box
-    x = img[:, top:top + ch, left:left + cw].unsqueeze(0).float()
+    x = img[:, top : top + ch, left : left + cw].unsqueeze(0).float()
     return F.interpolate(x, size=out_hw, mode="bilinear", align_corners=False, antialias=True)[0]
 
 
@@ -162,7 +171,9 @@ class ImageFolderSource:
 
     def pool(self) -> ThreadPoolExecutor:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.workers or min(16, os.cpu_count() or 1), thread_name_prefix="imagefolder")
+            self._pool = ThreadPoolExecutor(
+                self.workers or min(16, os.cpu_count() or 1), thread_name_prefix="imagefolder"
+            )
         return self._pool
 
     def _read(self, path: str) -> bytes:
@@ -176,7 +187,9 @@ class ImageFolderSource:
             return _decode_on_gpu(blobs, self.device)
         return list(self.pool().map(decode, blobs))
 
-    def train_batch(self, idx: torch.Tensor, step: int, batch: int, share: slice, size: int, epoch: int = 0, pos: int = 0):
+    def train_batch(
+        self, idx: torch.Tensor, step: int, batch: int, share: slice, size: int, epoch: int = 0, pos: int = 0
+    ):
         """This rank's `share` of a global batch of `batch` images: the draws are made for the whole
         batch from (seed, step) on the host (this path is host work anyway, one step ahead on a
         thread) and this share's are used, so every rank crops an image as one process would."""
@@ -203,10 +216,16 @@ class ImageFolderSource:
             out = crop_resize(img, crop_box(img.shape[1], img.shape[2], draws[k], self.min_scale), (size, size))
             return out.flip(2) if self.flip and bool(flips[k]) else out
 
-        done = [one(k) for k in range(len(items))] if self.device.type == "cuda" else list(self.pool().map(one, range(len(items))))
+        done = (
+            [one(k) for k in range(len(items))]
+            if self.device.type == "cuda"
+            else list(self.pool().map(one, range(len(items))))
+        )
         if sum(img is not None for img in done) < 2:  # BatchNorm needs two; an empty batch makes the loss NaN
-            raise DataError(f"{self.folder.root}: {len(done)} training files and the next {REFILL_TRIES} after each do not decode; "
-                            f"is the data set corrupt? ({self.skipped} unreadable files so far)")
+            raise DataError(
+                f"{self.folder.root}: {len(done)} training files and the next {REFILL_TRIES} after each do not decode; "
+                f"is the data set corrupt? ({self.skipped} unreadable files so far)"
+            )
         return self._batch(done, [label for _, label in items], count=False)
 
     def _refill(self, images: List[Optional[torch.Tensor]], items: list, indices: List[int]) -> None:
@@ -229,9 +248,9 @@ class ImageFolderSource:
     def val_batches(self, size: int, rect: bool = False, batch: int = 256, shard: Tuple[int, int] = (0, 1)):
         """(x, y) batches of the validation set (this rank's shard) at `size`: center crop, or
         rectangular (aspect kept), grouped by shape."""
-        val = self.folder.val[shard[0]::shard[1]]
+        val = self.folder.val[shard[0] :: shard[1]]
         for start in range(0, len(val), batch):
-            items = val[start:start + batch]
+            items = val[start : start + batch]
             images = self._decoded([p for p, _ in items])
             groups: dict = {}
             unreadable = sum(img is None for img in images)
@@ -255,7 +274,11 @@ class ImageFolderSource:
             with self._lock:
                 self.skipped += skipped
         if not keep:
-            return Batch(torch.zeros(0, 3, 1, 1, device=self.device), torch.zeros(0, dtype=torch.long, device=self.device), skipped)
+            return Batch(
+                torch.zeros(0, 3, 1, 1, device=self.device),
+                torch.zeros(0, dtype=torch.long, device=self.device),
+                skipped,
+            )
         x = torch.stack([images[k] for k in keep]).to(self.device, non_blocking=True)
         m = torch.tensor(self.mean, device=self.device).view(1, 3, 1, 1) * 255
         s = torch.tensor(self.std, device=self.device).view(1, 3, 1, 1) * 255
@@ -288,8 +311,9 @@ def _decode_on_gpu(blobs: List[bytes], device: torch.device) -> List[Optional[to
     return out
 
 
-def write_imagefolder_like(root: str, classes: int = 4, per_class: int = 40, val_per_class: int = 10, seed: int = 0,
-                           corrupt: int = 2) -> Path:
+def write_imagefolder_like(
+    root: str, classes: int = 4, per_class: int = 40, val_per_class: int = 10, seed: int = 0, corrupt: int = 2
+) -> Path:
     """A small learnable image folder for tests (nothing is downloaded): each class is a colour and an
     orientation of stripes, at varied sizes and aspect ratios, JPEG and PNG; plus `corrupt` files that
     do not decode and one file that is not an image."""
@@ -314,6 +338,8 @@ def write_imagefolder_like(root: str, classes: int = 4, per_class: int = 40, val
                 else:
                     (folder / f"{i:04d}.jpg").write_bytes(encode_jpeg(img, quality=90).numpy().tobytes())
     for k in range(corrupt):
-        (base / "train" / f"class_{k % classes:02d}" / f"broken_{k}.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+        (base / "train" / f"class_{k % classes:02d}" / f"broken_{k}.jpg").write_bytes(
+            b"\xff\xd8\xff\xe0 not really a jpeg"
+        )
     (base / "train" / "class_00" / "README.txt").write_text("not an image\n")
     return base

@@ -29,10 +29,16 @@ class ResNet9(nn.Module):
         c = [max(8, int(w * width)) for w in (64, 128, 256, 512)]
         self.net = nn.Sequential(
             conv_bn(3, c[0]),
-            conv_bn(c[0], c[1]), nn.MaxPool2d(2), Residual(c[1]),
-            conv_bn(c[1], c[2]), nn.MaxPool2d(2),
-            conv_bn(c[2], c[3]), nn.MaxPool2d(2), Residual(c[3]),
-            nn.AdaptiveMaxPool2d(1), nn.Flatten(),
+            conv_bn(c[0], c[1]),
+            nn.MaxPool2d(2),
+            Residual(c[1]),
+            conv_bn(c[1], c[2]),
+            nn.MaxPool2d(2),
+            conv_bn(c[2], c[3]),
+            nn.MaxPool2d(2),
+            Residual(c[3]),
+            nn.AdaptiveMaxPool2d(1),
+            nn.Flatten(),
         )
         self.fc = nn.Linear(c[3], num_classes, bias=False)
         self.scale = scale
@@ -134,7 +140,14 @@ class AirBench(nn.Module):
     identity on their first c_in outputs (dirac), the head's weights are scaled to unit std, and its
     output is divided by its width; its MaxPool2d(3) of the last map, 3x3 at 32 px, is the global max)."""
 
-    def __init__(self, num_classes: int = 10, widths=(64, 256, 256), whiten_width: int = 24, scale: float = 1 / 9, muon: bool = False):
+    def __init__(
+        self,
+        num_classes: int = 10,
+        widths=(64, 256, 256),
+        whiten_width: int = 24,
+        scale: float = 1 / 9,
+        muon: bool = False,
+    ):
         super().__init__()
         self.whiten = nn.Conv2d(3, whiten_width, 2, padding=0, bias=True)
         groups, c_in = [], whiten_width
@@ -149,7 +162,7 @@ class AirBench(nn.Module):
             with torch.no_grad():
                 for g in groups:
                     for conv in (g.conv1, g.conv2):
-                        nn.init.dirac_(conv.weight[:conv.weight.size(1)])
+                        nn.init.dirac_(conv.weight[: conv.weight.size(1)])
                 self.fc.weight.mul_(1 / self.fc.weight.std())
 
     @torch.no_grad()
@@ -170,7 +183,9 @@ class AirBench(nn.Module):
     def forward(self, x):
         x = F.gelu(self.whiten(x))
         x = self.groups(x)
-        return self.fc(F.adaptive_max_pool2d(x, 1).flatten(1)) * self.scale  # muon's MaxPool2d(3) of the 3x3 map at 32 px
+        return (
+            self.fc(F.adaptive_max_pool2d(x, 1).flatten(1)) * self.scale
+        )  # muon's MaxPool2d(3) of the 3x3 map at 32 px
 
 
 def imagenet_resnet(name: str, num_classes: int, width: float = 1.0) -> nn.Module:
@@ -185,7 +200,13 @@ def imagenet_resnet(name: str, num_classes: int, width: float = 1.0) -> nn.Modul
         def __init__(self):
             nn.Module.__init__(self)
             c = [max(8, int(round(64 * width * m))) for m in (1, 2, 4, 8)]
-            self._norm_layer, self.dilation, self.groups, self.base_width, self.inplanes = nn.BatchNorm2d, 1, 1, 64, c[0]
+            self._norm_layer, self.dilation, self.groups, self.base_width, self.inplanes = (
+                nn.BatchNorm2d,
+                1,
+                1,
+                64,
+                c[0],
+            )
             self.conv1 = nn.Conv2d(3, c[0], kernel_size=7, stride=2, padding=3, bias=False)
             self.bn1, self.relu, self.maxpool = nn.BatchNorm2d(c[0]), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)
             self.layer1 = self._make_layer(block, c[0], layers[0])
@@ -208,8 +229,11 @@ def imagenet_resnet(name: str, num_classes: int, width: float = 1.0) -> nn.Modul
     return ScaledResNet()
 
 
-def build(name: str, num_classes: int = 10, width: float = 1.0, concat_pool: bool = True, depth: int = 22, widen: int = 6) -> nn.Module:
-    """width scales the channels of resnet9/preact_resnet18/airbench/resnet18/resnet50; WRN takes depth and widen (WRN-22-6)."""
+def build(
+    name: str, num_classes: int = 10, width: float = 1.0, concat_pool: bool = True, depth: int = 22, widen: int = 6
+) -> nn.Module:
+    """width scales the channels of resnet9/preact_resnet18/airbench/resnet18/resnet50; WRN takes depth and widen
+    (WRN-22-6)."""
     if name in ("resnet18", "resnet50"):
         return imagenet_resnet(name, num_classes, width)
     if name == "resnet9":
@@ -219,7 +243,9 @@ def build(name: str, num_classes: int = 10, width: float = 1.0, concat_pool: boo
     if name == "wide_resnet":
         return WideResNet(num_classes, depth=depth, width=widen)
     if name in ("airbench", "airbench_muon"):
-        return AirBench(num_classes, widths=tuple(max(8, int(w * width)) for w in (64, 256, 256)), muon=name == "airbench_muon")
+        return AirBench(
+            num_classes, widths=tuple(max(8, int(w * width)) for w in (64, 256, 256)), muon=name == "airbench_muon"
+        )
     raise ValueError(f"unknown model {name!r}: use {', '.join(MODELS)}")
 
 

@@ -59,18 +59,19 @@ def epoch_images(padded: torch.Tensor, size: int, seed: int, epoch: int) -> torc
     for sy in range(-r, r + 1):  # one batched copy per offset
         for sx in range(-r, r + 1):
             hit = (shifts[:, 0] == sy) & (shifts[:, 1] == sx)
-            out[hit] = padded[hit, :, r + sy:r + sy + size, r + sx:r + sx + size]
+            out[hit] = padded[hit, :, r + sy : r + sy + size, r + sx : r + sx + size]
     return out.flip(-1) if epoch % 2 == 1 else out
 
 
 def tta_logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Level 2: the mirror-averaged logits of the image, averaged with those of its two one-pixel translations."""
+
     def mirrored(v):
         return 0.5 * model(v).float() + 0.5 * model(v.flip(-1)).float()
 
     padded = F.pad(x, (1,) * 4, "reflect")
     size = x.shape[-1]
-    shifted = 0.5 * (mirrored(padded[:, :, :size, :size]) + mirrored(padded[:, :, 2:size + 2, 2:size + 2]))
+    shifted = 0.5 * (mirrored(padded[:, :, :size, :size]) + mirrored(padded[:, :, 2 : size + 2, 2 : size + 2]))
     return 0.5 * mirrored(x) + 0.5 * shifted
 
 
@@ -89,10 +90,14 @@ def optimizers(model: models.AirBench, batch: int, device: torch.device):
     wd = WD_PER_EXAMPLE * batch
     norm_biases = [p for n, p in model.named_parameters() if ".bn" in n and p.requires_grad]
     filters = [p for p in model.parameters() if p.ndim == 4 and p.requires_grad]
-    groups = [dict(params=[model.whiten.bias], lr=BIAS_LR, weight_decay=wd / BIAS_LR),
-              dict(params=norm_biases, lr=BIAS_LR, weight_decay=wd / BIAS_LR),
-              dict(params=[model.fc.weight], lr=HEAD_LR, weight_decay=wd / HEAD_LR)]
-    sgd = torch.optim.SGD(groups, momentum=SGD_MOMENTUM, nesterov=True, **({"fused": True} if device.type == "cuda" else {}))
+    groups = [
+        dict(params=[model.whiten.bias], lr=BIAS_LR, weight_decay=wd / BIAS_LR),
+        dict(params=norm_biases, lr=BIAS_LR, weight_decay=wd / BIAS_LR),
+        dict(params=[model.fc.weight], lr=HEAD_LR, weight_decay=wd / HEAD_LR),
+    ]
+    sgd = torch.optim.SGD(
+        groups, momentum=SGD_MOMENTUM, nesterov=True, **({"fused": True} if device.type == "cuda" else {})
+    )
     muon = Muon(filters, lr=FILTER_LR, momentum=MUON_MOMENTUM, nesterov=True)
     for opt in (sgd, muon):
         for group in opt.param_groups:
@@ -102,17 +107,27 @@ def optimizers(model: models.AirBench, batch: int, device: torch.device):
 
 def train_recipe(cfg: dict) -> dict:
     if cfg["recipe"] != "airbench94_muon":
-        raise SystemExit(f"trainer: unknown --recipe {cfg['recipe']!r}: use airbench94_muon (--preset fast-muon), or none")
+        raise SystemExit(
+            f"trainer: unknown --recipe {cfg['recipe']!r}: use airbench94_muon (--preset fast-muon), or none"
+        )
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise SystemExit("trainer: --preset fast-muon is the single-GPU airbench94_muon recipe; under torchrun use --preset fast")
+        raise SystemExit(
+            "trainer: --preset fast-muon is the single-GPU airbench94_muon recipe; under torchrun use --preset fast"
+        )
     _, _, _, device, precision, out = start_run(cfg)
     torch.manual_seed(cfg["seed"])
-    ds = data.load(cfg["dataset"], cfg["data_dir"], cfg["seed"], cfg["image_size"], synthetic_train=cfg["synthetic_train"])
+    ds = data.load(
+        cfg["dataset"], cfg["data_dir"], cfg["seed"], cfg["image_size"], synthetic_train=cfg["synthetic_train"]
+    )
     size, B = ds.train.images.shape[-1], cfg["batch_size"]
     train_x = data.normalize(ds.train.images.to(device), ds.mean, ds.std)
     flip_once = torch.rand(len(train_x), generator=torch.Generator().manual_seed(cfg["seed"])).to(device) < 0.5
     padded = F.pad(torch.where(flip_once.view(-1, 1, 1, 1), train_x.flip(-1), train_x), (TRANSLATE,) * 4, "reflect")
-    train_y, test_x, test_y = ds.train.labels.to(device), data.normalize(ds.test.images.to(device), ds.mean, ds.std), ds.test.labels.to(device)
+    train_y, test_x, test_y = (
+        ds.train.labels.to(device),
+        data.normalize(ds.test.images.to(device), ds.mean, ds.std),
+        ds.test.labels.to(device),
+    )
     model = models.build("airbench_muon", ds.num_classes, cfg["width"]).to(device)
     model.init_whitening(train_x[:5000])
     if device.type == "cuda":
@@ -131,7 +146,9 @@ def train_recipe(cfg: dict) -> dict:
         raise SystemExit(f"trainer: batch size {B} is larger than the training set ({len(train_x)} images)")
     total = math.ceil(cfg["epochs"] * per_epoch)
     bias_steps = math.ceil(cfg["whiten_bias_epochs"] * per_epoch)
-    stop_at = min(total, cfg["max_steps"]) if cfg["max_steps"] else total  # max_steps ends early; the schedule stays the recipe's
+    stop_at = (
+        min(total, cfg["max_steps"]) if cfg["max_steps"] else total
+    )  # max_steps ends early; the schedule stays the recipe's
     st = dict(step=0, train_time=0.0, best_acc=0.0, acc=None, time_to_target=None)
     found = checkpoint.to_resume(cfg["resume"], out)
     if found is not None:
@@ -145,9 +162,15 @@ def train_recipe(cfg: dict) -> dict:
     loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg["label_smoothing"], reduction="sum")
     metrics, sig, timer = MetricsLog(out / "metrics.jsonl", True), Signals(), StepTimer(device)
     compile_s = 0.0
-    if cfg["compile"]:  # compiled before the clock, on a throwaway copy of the state: with the whitening bias trained and frozen
+    if cfg[
+        "compile"
+    ]:  # compiled before the clock, on a throwaway copy of the state: with the whitening bias trained and frozen
         t0, saved_sd = time.perf_counter(), {k: v.clone() for k, v in model.state_dict().items()}
-        for trains_bias in [t for t in sorted({st["step"] < bias_steps, stop_at - 1 < bias_steps}, reverse=True) for _ in range(1 + graphs)]:
+        for trains_bias in [
+            t
+            for t in sorted({st["step"] < bias_steps, stop_at - 1 < bias_steps}, reverse=True)
+            for _ in range(1 + graphs)
+        ]:
             if graphs:  # cudagraph trees run a graph once before recording it: twice each, so both happen here
                 torch.compiler.cudagraph_mark_step_begin()
             model.whiten.bias.requires_grad_(trains_bias)
@@ -160,8 +183,14 @@ def train_recipe(cfg: dict) -> dict:
         compile_s = time.perf_counter() - t0
 
     def save():
-        state = {"model": model.state_dict(), "sgd": sgd.state_dict(), "muon": muon.state_dict(), "scaler": scaler.state_dict(),
-                 "progress": dict(st), "config": cfg}
+        state = {
+            "model": model.state_dict(),
+            "sgd": sgd.state_dict(),
+            "muon": muon.state_dict(),
+            "scaler": scaler.state_dict(),
+            "progress": dict(st),
+            "config": cfg,
+        }
         log.info("checkpoint %s", checkpoint.save(out, st["step"], state, keep=cfg["ckpt_keep"]))
 
     loss_acc, last_ckpt, epoch_cache = torch.zeros((), device=device, dtype=torch.float64), time.time(), {}
@@ -171,10 +200,12 @@ def train_recipe(cfg: dict) -> dict:
         epoch, i = divmod(step, per_epoch)
         if epoch not in epoch_cache:
             epoch_cache.clear()
-            order = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(cfg["seed"] * 31 + epoch)).to(device)
+            order = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(cfg["seed"] * 31 + epoch)).to(
+                device
+            )
             epoch_cache[epoch] = (epoch_images(padded, size, cfg["seed"], epoch), order)
         images, order = epoch_cache[epoch]
-        idx = order[i * B:(i + 1) * B]
+        idx = order[i * B : (i + 1) * B]
         model.whiten.bias.requires_grad_(step < bias_steps)
         sgd.param_groups[0]["lr"] = BIAS_LR * max(0.0, 1 - step / bias_steps)
         for group in sgd.param_groups[1:] + muon.param_groups:
@@ -201,9 +232,15 @@ def train_recipe(cfg: dict) -> dict:
             dt = timer.take()
             st["train_time"] += dt
             window[1] += dt
-            row = dict(step=st["step"], epoch=round(st["step"] / per_epoch, 4), elapsed_s=round(st["train_time"], 3),
-                       lr=muon.param_groups[0]["lr"], train_loss=float(loss_acc) / (B * window[0]),
-                       images_per_s=round(window[0] * B / max(window[1], 1e-9), 1), time=round(time.time(), 3))  # wall clock: orch's wall time to a target
+            row = dict(
+                step=st["step"],
+                epoch=round(st["step"] / per_epoch, 4),
+                elapsed_s=round(st["train_time"], 3),
+                lr=muon.param_groups[0]["lr"],
+                train_loss=float(loss_acc) / (B * window[0]),
+                images_per_s=round(window[0] * B / max(window[1], 1e-9), 1),
+                time=round(time.time(), 3),
+            )  # wall clock: orch's wall time to a target
             loss_acc.zero_()
             window[:] = [0, 0.0]
             if end_of_epoch:
@@ -212,9 +249,13 @@ def train_recipe(cfg: dict) -> dict:
                 if st["time_to_target"] is None and acc >= cfg["target_acc"]:
                     st["time_to_target"] = st["train_time"]
                 row["test_acc"] = acc
-                log.info("epoch %.2f step %d/%d loss %.4f acc %.4f", row["epoch"], st["step"], total, row["train_loss"], acc)
+                log.info(
+                    "epoch %.2f step %d/%d loss %.4f acc %.4f", row["epoch"], st["step"], total, row["train_loss"], acc
+                )
             metrics.write(row)
-        by_epoch = end_of_epoch and cfg["ckpt_every_epochs"] and (st["step"] // per_epoch) % cfg["ckpt_every_epochs"] == 0
+        by_epoch = (
+            end_of_epoch and cfg["ckpt_every_epochs"] and (st["step"] // per_epoch) % cfg["ckpt_every_epochs"] == 0
+        )
         by_time = bool(cfg["ckpt_every_s"]) and time.time() - last_ckpt >= cfg["ckpt_every_s"]
         if sig.checkpoint or by_epoch or by_time:
             sig.checkpoint = False
@@ -226,11 +267,30 @@ def train_recipe(cfg: dict) -> dict:
         if sig.exit:
             log.info("SIGTERM: checkpointed at step %d, exiting", st["step"])
             raise SystemExit(143)
-    summary = dict(final_acc=st["acc"], best_acc=st["best_acc"], target_acc=cfg["target_acc"], time_to_target_s=st["time_to_target"],
-                   train_time_s=round(st["train_time"], 3), steps=st["step"], epochs=cfg["epochs"], world_size=1, device=str(device),
-                   precision=precision, model="airbench_muon", dataset=cfg["dataset"], recipe="airbench94_muon",
-                   compiled=bool(cfg["compile"]) and graphs_compiled() > 0, compile_s=round(compile_s, 3),
-                   compile_mode=cfg["compile_mode"] if cfg["compile"] else "", cuda_graphs=graphs)
+    summary = dict(
+        final_acc=st["acc"],
+        best_acc=st["best_acc"],
+        target_acc=cfg["target_acc"],
+        time_to_target_s=st["time_to_target"],
+        train_time_s=round(st["train_time"], 3),
+        steps=st["step"],
+        epochs=cfg["epochs"],
+        world_size=1,
+        device=str(device),
+        precision=precision,
+        model="airbench_muon",
+        dataset=cfg["dataset"],
+        recipe="airbench94_muon",
+        compiled=bool(cfg["compile"]) and graphs_compiled() > 0,
+        compile_s=round(compile_s, 3),
+        compile_mode=cfg["compile_mode"] if cfg["compile"] else "",
+        cuda_graphs=graphs,
+    )
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    log.info("done: final acc %.4f, best %.4f, %.1f s training", summary["final_acc"] or 0, summary["best_acc"], summary["train_time_s"])
+    log.info(
+        "done: final acc %.4f, best %.4f, %.1f s training",
+        summary["final_acc"] or 0,
+        summary["best_acc"],
+        summary["train_time_s"],
+    )
     return summary

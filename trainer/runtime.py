@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn as nn
 
 from .validate import CHOICES
-import torch.nn as nn
 
 
 def setup_distributed(device_kind: str):
@@ -113,7 +113,12 @@ class MetricsLog:
         if self.enabled:
             with open(self.path, "a") as f:
                 # strict JSON: a non-finite number (a diverged loss) is null, not NaN, which JSON readers refuse
-                f.write(json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}) + "\n")
+                f.write(
+                    json.dumps(
+                        {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+                    )
+                    + "\n"
+                )
 
 
 class StepTimer:
@@ -155,7 +160,11 @@ def ema_update(ema: nn.Module, model: nn.Module, decay: float, pairs: list) -> N
     if not pairs:
         e_sd, m_sd = ema.state_dict(), model.state_dict()
         floats = [k for k, v in e_sd.items() if v.dtype.is_floating_point]
-        pairs += [[e_sd[k] for k in floats], [m_sd[k] for k in floats], [(e_sd[k], m_sd[k]) for k in e_sd if k not in floats]]
+        pairs += [
+            [e_sd[k] for k in floats],
+            [m_sd[k] for k in floats],
+            [(e_sd[k], m_sd[k]) for k in e_sd if k not in floats],
+        ]
     e, m, others = pairs
     with torch.no_grad():
         torch._foreach_mul_(e, decay)
@@ -178,7 +187,9 @@ def start_run(cfg: dict):
     """What every training run does first: the process group (under torchrun), the device and its
     precision, CPU threads, and the output folder with config.json (rank 0). Returns
     (rank, world, local_rank, device, precision, out)."""
-    device_kind = "cuda" if (cfg["device"] == "cuda" or (cfg["device"] == "auto" and torch.cuda.is_available())) else "cpu"
+    device_kind = (
+        "cuda" if (cfg["device"] == "cuda" or (cfg["device"] == "auto" and torch.cuda.is_available())) else "cpu"
+    )
     rank, world, local_rank = setup_distributed(device_kind)
     device = pick_device(cfg, local_rank)
     precision = pick_precision(cfg, device)

@@ -37,8 +37,14 @@ def step_value(points: List[Tuple[float, float]], t: float) -> float:
     return value
 
 
-def one_cycle(t: float, peak: float, warmup: float = 0.25, div: float = 25.0, final_div: float = 1e3,
-              momentum: Tuple[float, float] = (0.95, 0.85)) -> Tuple[float, float]:
+def one_cycle(
+    t: float,
+    peak: float,
+    warmup: float = 0.25,
+    div: float = 25.0,
+    final_div: float = 1e3,
+    momentum: Tuple[float, float] = (0.95, 0.85),
+) -> Tuple[float, float]:
     """Smith's one-cycle at progress t: (lr, momentum). LR rises then anneals (cosine); momentum does the inverse."""
     hi_m, lo_m = momentum
     if t < warmup:

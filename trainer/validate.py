@@ -19,12 +19,33 @@ CHOICES = {
 }
 # (lowest, highest) allowed; None: unbounded on that side. Inclusive unless named in OPEN.
 RANGES = {
-    "epochs": (1, 100_000), "batch_size": (1, 1 << 24), "image_size": (4, 4096), "width": (0.01, 64.0), "depth": (10, 1000),
-    "widen": (1, 64), "lr": (0.0, 1e4), "warmup": (0.0, 1.0), "momentum_max": (0.0, 1.0), "momentum_min": (0.0, 1.0),
-    "weight_decay": (0.0, 10.0), "label_smoothing": (0.0, 1.0), "crop_pad": (0, 1024), "min_scale": (0.0, 1.0),
-    "val_size": (0, 4096), "workers": (0, 1024), "ema": (0.0, 1.0), "whiten_bias_epochs": (0, 100_000), "threads": (0, 4096),
-    "ckpt_every_s": (0.0, None), "ckpt_every_epochs": (0, None), "ckpt_keep": (1, 1000), "target_acc": (0.0, 1.0),
-    "log_every": (0, None), "max_steps": (0, None), "synthetic_train": (1, 10_000_000), "seed": (0, 2**63 - 1),
+    "epochs": (1, 100_000),
+    "batch_size": (1, 1 << 24),
+    "image_size": (4, 4096),
+    "width": (0.01, 64.0),
+    "depth": (10, 1000),
+    "widen": (1, 64),
+    "lr": (0.0, 1e4),
+    "warmup": (0.0, 1.0),
+    "momentum_max": (0.0, 1.0),
+    "momentum_min": (0.0, 1.0),
+    "weight_decay": (0.0, 10.0),
+    "label_smoothing": (0.0, 1.0),
+    "crop_pad": (0, 1024),
+    "min_scale": (0.0, 1.0),
+    "val_size": (0, 4096),
+    "workers": (0, 1024),
+    "ema": (0.0, 1.0),
+    "whiten_bias_epochs": (0, 100_000),
+    "threads": (0, 4096),
+    "ckpt_every_s": (0.0, None),
+    "ckpt_every_epochs": (0, None),
+    "ckpt_keep": (1, 1000),
+    "target_acc": (0.0, 1.0),
+    "log_every": (0, None),
+    "max_steps": (0, None),
+    "synthetic_train": (1, 10_000_000),
+    "seed": (0, 2**63 - 1),
 }
 OPEN = {"min_scale": "low", "width": "low", "ema": "high", "label_smoothing": "high"}  # (0, 1]: 0 is no crop at all
 SIZE_RANGE = (4, 4096)  # image sides in --sizes
@@ -68,10 +89,19 @@ def problems_of(cfg: Dict[str, Any], explicit: set) -> List[str]:
     batches = _points(cfg.get("batch_sizes", ""), "batch-sizes", out, whole=True, lo=1, hi=RANGES["batch_size"][1])
     if cfg.get("schedule") == "piecewise":
         _points(cfg.get("lr_points", ""), "lr-points", out, whole=False, lo=0.0, hi=1e4)
-    if batches and "batch_size" in explicit and "batch_sizes" not in explicit and int(batches[0][1]) != cfg.get("batch_size"):
-        out.append(f"--batch-size {cfg['batch_size']} disagrees with the batch-size schedule {cfg['batch_sizes']!r} (from the preset "
-                   f"or a config), which starts at {int(batches[0][1])}: give --batch-sizes as well (e.g. '{cfg['batch_size']}@0'), "
-                   f"or --batch-sizes '' for one batch size")
+    if (
+        batches
+        and "batch_size" in explicit
+        and "batch_sizes" not in explicit
+        and int(batches[0][1]) != cfg.get("batch_size")
+    ):
+        out.append(
+            f"--batch-size {cfg['batch_size']} disagrees with the batch-size schedule {cfg['batch_sizes']!r} (from the "
+            "preset "
+            f"or a config), which starts at {int(batches[0][1])}: give --batch-sizes as well (e.g. "
+            f"'{cfg['batch_size']}@0'), "
+            f"or --batch-sizes '' for one batch size"
+        )
     return out
 
 
@@ -83,7 +113,9 @@ def _flag(key: str) -> str:
     return key.replace("_", "-")
 
 
-def _points(text: str, name: str, out: List[str], whole: bool, lo: float, hi: float) -> Optional[List[Tuple[float, float]]]:
+def _points(
+    text: str, name: str, out: List[str], whole: bool, lo: float, hi: float
+) -> Optional[List[Tuple[float, float]]]:
     """'value@progress,...' as written: progress from 0, rising, within [0, 1]; values finite, in [lo, hi]."""
     if not text:
         return None
@@ -110,7 +142,9 @@ def _points(text: str, name: str, out: List[str], whole: bool, lo: float, hi: fl
             out.append(f"--{name} {text!r}: {part.strip()!r}: the value must be in [{_num(lo)}, {_num(hi)}]")
             return None
         if not 0.0 <= t <= 1.0:
-            out.append(f"--{name} {text!r}: {part.strip()!r}: the progress must be in [0, 1] (0 = start, 1 = end of training)")
+            out.append(
+                f"--{name} {text!r}: {part.strip()!r}: the progress must be in [0, 1] (0 = start, 1 = end of training)"
+            )
             return None
         points.append((t, v))
     if points[0][0] != 0.0:

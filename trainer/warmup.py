@@ -11,7 +11,9 @@ import torch
 from .schedule import step_value
 
 
-def warm_up(net, model, optimizer, places, batch_at, sizes, cursor, autocast, loss_fn, device, graphs: bool = False) -> float:
+def warm_up(
+    net, model, optimizer, places, batch_at, sizes, cursor, autocast, loss_fn, device, graphs: bool = False
+) -> float:
     """torch.compile compiles on first use (once per input shape: each image and batch size of the run), and DDP lays
     out its gradient buckets by the first backward (with 3+ ranks, another layout sums in another order): a step of
     each shape at `places` before the clock starts, then the model (BatchNorm statistics too) is put back as it was,

@@ -1,4 +1,5 @@
-"""EC2 control-plane calls: with fleet.py, the only code (with the rest of aws/) that talks to the EC2 API (IAM: iam.py).
+"""EC2 control-plane calls: with fleet.py, the only code (with the rest of aws/) that talks to the EC2 API
+(IAM: iam.py).
 
 Plain functions over a boto3 client; what crosses out of here is dicts of plain values, never a
 boto3 object. Throttling is retried by botocore's standard mode. EC2 is eventually consistent: an
@@ -17,8 +18,15 @@ from orchestrator.errors import OrchError
 log = logging.getLogger("orch.ec2")
 
 # Errors no retry fixes: stop the sweep and say what to do.
-QUOTA_ERRORS = frozenset({"MaxSpotInstanceCountExceeded", "VcpuLimitExceeded", "InstanceLimitExceeded",
-                          "MaxSpotFleetRequestCountExceeded", "MaxFleetCountExceeded"})
+QUOTA_ERRORS = frozenset(
+    {
+        "MaxSpotInstanceCountExceeded",
+        "VcpuLimitExceeded",
+        "InstanceLimitExceeded",
+        "MaxSpotFleetRequestCountExceeded",
+        "MaxFleetCountExceeded",
+    }
+)
 PERMISSION_ERRORS = frozenset({"UnauthorizedOperation", "AccessDenied", "AuthFailure", "OptInRequired", "Blocked"})
 LIVE_STATES = ["pending", "running", "stopping", "stopped"]
 NOT_GONE = LIVE_STATES + ["shutting-down"]  # still holds its network interface (and so its security group)
@@ -32,8 +40,17 @@ class AwsFatal(OrchError):
 def quota_name(market: str, instance_type: str) -> str:
     """The Service Quotas entry that limits this kind of instance (vCPUs per family and market)."""
     family = instance_type.split(".")[0].rstrip("0123456789dneaz-").lower() or instance_type[:1]
-    kind = "G and VT" if family[:1] in ("g", "v") else "P" if family[:1] == "p" else "Inf" if family.startswith("inf") else \
-        "Trn" if family.startswith("trn") else "Standard (A, C, D, H, I, M, R, T, Z)"
+    kind = (
+        "G and VT"
+        if family[:1] in ("g", "v")
+        else "P"
+        if family[:1] == "p"
+        else "Inf"
+        if family.startswith("inf")
+        else "Trn"
+        if family.startswith("trn")
+        else "Standard (A, C, D, H, I, M, R, T, Z)"
+    )
     if market == "spot":
         return f"All {kind} Spot Instance Requests"
     return f"Running On-Demand {kind} instances"
@@ -69,12 +86,17 @@ def explain(exc, what: str, market: str = "spot", instance_type: str = "") -> Or
     code = _code(exc)
     msg = getattr(exc, "response", {}).get("Error", {}).get("Message", str(exc))
     if code in PERMISSION_ERRORS or code.startswith("InvalidClientTokenId"):
-        return AwsFatal(f"{what}: permission denied ({code}: {msg}). Grant the caller EC2/IAM/S3 rights for orch (see README) or use another AWS_PROFILE.")
+        return AwsFatal(
+            f"{what}: permission denied ({code}: {msg}). Grant the caller EC2/IAM/S3 rights for orch (see README) or "
+            "use another AWS_PROFILE."
+        )
     if code in QUOTA_ERRORS:
         market = "spot" if code.startswith("MaxSpot") else market
         quota = quota_name(market, instance_type or "g5.xlarge")
-        return AwsFatal(f"{what}: quota reached ({code}: {msg}). Ask AWS for a higher limit (Service Quotas > Amazon EC2 > "
-                        f"'{quota}', in vCPUs) or lower max_parallel.")
+        return AwsFatal(
+            f"{what}: quota reached ({code}: {msg}). Ask AWS for a higher limit (Service Quotas > Amazon EC2 > "
+            f"'{quota}', in vCPUs) or lower max_parallel."
+        )
     return OrchError(f"{what} failed: {code or type(exc).__name__}: {msg}")
 
 
@@ -95,12 +117,22 @@ def resolve_subnets(ec2, subnet_ids: List[str], region: str) -> List[dict]:
             subnets = ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpcs[0]["VpcId"]]}])["Subnets"]
     except ClientError as exc:
         if _code(exc).startswith("InvalidSubnetID"):
-            raise OrchError(f"subnet not found in {region}: {', '.join(subnet_ids)}. Check `aws.subnet_ids` (`aws ec2 describe-subnets`).") from None
+            raise OrchError(
+                f"subnet not found in {region}: {', '.join(subnet_ids)}. Check `aws.subnet_ids` (`aws ec2 "
+                "describe-subnets`)."
+            ) from None
         raise explain(exc, "looking up subnets") from None
     if len({s["VpcId"] for s in subnets}) > 1:
         raise OrchError("`aws.subnet_ids` span several VPCs; give subnets of one VPC.")
-    return [{"SubnetId": s["SubnetId"], "AvailabilityZone": s["AvailabilityZone"], "VpcId": s["VpcId"],
-             "MapPublicIpOnLaunch": bool(s.get("MapPublicIpOnLaunch"))} for s in subnets]
+    return [
+        {
+            "SubnetId": s["SubnetId"],
+            "AvailabilityZone": s["AvailabilityZone"],
+            "VpcId": s["VpcId"],
+            "MapPublicIpOnLaunch": bool(s.get("MapPublicIpOnLaunch")),
+        }
+        for s in subnets
+    ]
 
 
 def caller_cidr() -> str:
@@ -111,7 +143,10 @@ def caller_cidr() -> str:
         with urllib.request.urlopen("https://checkip.amazonaws.com", timeout=5) as r:
             ip = r.read().decode().strip()
     except OSError:
-        raise OrchError("could not find this machine's public address. Set `aws.ssh_cidr` (e.g. 203.0.113.7/32) or `aws.security_group`.") from None
+        raise OrchError(
+            "could not find this machine's public address. Set `aws.ssh_cidr` (e.g. 203.0.113.7/32) or "
+            "`aws.security_group`."
+        ) from None
     return f"{ip}/32"
 
 
@@ -131,16 +166,27 @@ def ensure_security_group(ec2, sweep: str, vpc_id: str, cidr: str) -> str:
     from orchestrator.wait import retry_until
 
     name = f"orch-{sweep}"
-    found = ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": [name]}, {"Name": "vpc-id", "Values": [vpc_id]}])["SecurityGroups"]
+    found = ec2.describe_security_groups(
+        Filters=[{"Name": "group-name", "Values": [name]}, {"Name": "vpc-id", "Values": [vpc_id]}]
+    )["SecurityGroups"]
     if found:
         gid = found[0]["GroupId"]
     else:
         gid = ec2.create_security_group(
-            GroupName=name, Description=f"orch sweep {sweep}: ssh from one address, and its own instances", VpcId=vpc_id,
+            GroupName=name,
+            Description=f"orch sweep {sweep}: ssh from one address, and its own instances",
+            VpcId=vpc_id,
             TagSpecifications=[{"ResourceType": "security-group", "Tags": sweep_tags(sweep)}],
         )["GroupId"]
-    rules = [{"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": cidr, "Description": "orch controller"}]},
-             {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": gid, "Description": "orch: the sweep's own instances"}]}]
+    rules = [
+        {
+            "IpProtocol": "tcp",
+            "FromPort": 22,
+            "ToPort": 22,
+            "IpRanges": [{"CidrIp": cidr, "Description": "orch controller"}],
+        },
+        {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": gid, "Description": "orch: the sweep's own instances"}]},
+    ]
 
     def authorize() -> bool:
         for rule in rules:  # one call each: a rule already there must not keep the other out
@@ -163,11 +209,22 @@ def launch_template_data(image: dict, sg_id: str, volume_gb: int, profile: Optio
         "ImageId": image["ImageId"],
         "InstanceInitiatedShutdownBehavior": "terminate",
         "MetadataOptions": {"HttpTokens": "required", "HttpPutResponseHopLimit": 1, "HttpEndpoint": "enabled"},
-        "BlockDeviceMappings": [{"DeviceName": image["RootDeviceName"], "Ebs": {
-            "VolumeSize": max(volume_gb, image.get("SnapshotGb") or 0), "VolumeType": "gp3", "DeleteOnTermination": True, "Encrypted": True}}],
+        "BlockDeviceMappings": [
+            {
+                "DeviceName": image["RootDeviceName"],
+                "Ebs": {
+                    "VolumeSize": max(volume_gb, image.get("SnapshotGb") or 0),
+                    "VolumeType": "gp3",
+                    "DeleteOnTermination": True,
+                    "Encrypted": True,
+                },
+            }
+        ],
     }
     if public_ip:  # the subnets do not map one: ask for it on the instance's network interface
-        data["NetworkInterfaces"] = [{"DeviceIndex": 0, "AssociatePublicIpAddress": True, "Groups": [sg_id], "DeleteOnTermination": True}]
+        data["NetworkInterfaces"] = [
+            {"DeviceIndex": 0, "AssociatePublicIpAddress": True, "Groups": [sg_id], "DeleteOnTermination": True}
+        ]
     else:
         data["SecurityGroupIds"] = [sg_id]
     if profile:
@@ -177,18 +234,23 @@ def launch_template_data(image: dict, sg_id: str, volume_gb: int, profile: Optio
 
 def ensure_launch_template(ec2, sweep: str, data: dict) -> str:
     name = f"orch-{sweep}"
-    found = ec2.describe_launch_templates(Filters=[{"Name": "launch-template-name", "Values": [name]}])["LaunchTemplates"]
+    found = ec2.describe_launch_templates(Filters=[{"Name": "launch-template-name", "Values": [name]}])[
+        "LaunchTemplates"
+    ]
     if found:
         return found[0]["LaunchTemplateId"]
     return ec2.create_launch_template(
-        LaunchTemplateName=name, LaunchTemplateData=data,
+        LaunchTemplateName=name,
+        LaunchTemplateData=data,
         TagSpecifications=[{"ResourceType": "launch-template", "Tags": sweep_tags(sweep)}],
     )["LaunchTemplate"]["LaunchTemplateId"]
 
 
 def template_data(ec2, template_id: str) -> dict:
     """The base launch template data (version 1), which each per-instance version repeats with its user data."""
-    return ec2.describe_launch_template_versions(LaunchTemplateId=template_id, Versions=["1"])["LaunchTemplateVersions"][0]["LaunchTemplateData"]
+    return ec2.describe_launch_template_versions(LaunchTemplateId=template_id, Versions=["1"])[
+        "LaunchTemplateVersions"
+    ][0]["LaunchTemplateData"]
 
 
 # --- watching and releasing ------------------------------------------------------------------------
@@ -197,21 +259,35 @@ def template_data(ec2, template_id: str) -> dict:
 def sweep_instances(ec2, sweep: str, states: Optional[List[str]] = None) -> List[dict]:
     """Instances tagged with the sweep, in one paginated DescribeInstances, as plain dicts."""
     out = []
-    filters = [{"Name": "tag:orch:sweep", "Values": [sweep]}, {"Name": "instance-state-name", "Values": states or LIVE_STATES}]
+    filters = [
+        {"Name": "tag:orch:sweep", "Values": [sweep]},
+        {"Name": "instance-state-name", "Values": states or LIVE_STATES},
+    ]
     for page in ec2.get_paginator("describe_instances").paginate(Filters=filters):
         for res in page["Reservations"]:
             for i in res["Instances"]:
                 tags = {t["Key"]: t["Value"] for t in i.get("Tags", [])}
-                out.append({
-                    "instance_id": i["InstanceId"], "state": i["State"]["Name"], "type": i.get("InstanceType", ""),
-                    "az": i.get("Placement", {}).get("AvailabilityZone", ""), "private_ip": i.get("PrivateIpAddress", ""),
-                    "public_ip": i.get("PublicIpAddress", ""), "run": tags.get("orch:run", ""),
-                    "attempt": tags.get("orch:attempt", ""), "host_key": tags.get("orch:hostkey", ""),
-                    "launch_time": i.get("LaunchTime").timestamp() if i.get("LaunchTime") else None,
-                    "state_reason": i.get("StateReason", {}).get("Code", ""),
-                    "slot_count": int(tags.get("orch:slots") or 0),  # a packed instance: its runs are in orch:slot:<k> tags
-                    "slots": {int(k[10:]): v for k, v in tags.items() if k.startswith("orch:slot:") and k[10:].isdigit()},
-                })
+                out.append(
+                    {
+                        "instance_id": i["InstanceId"],
+                        "state": i["State"]["Name"],
+                        "type": i.get("InstanceType", ""),
+                        "az": i.get("Placement", {}).get("AvailabilityZone", ""),
+                        "private_ip": i.get("PrivateIpAddress", ""),
+                        "public_ip": i.get("PublicIpAddress", ""),
+                        "run": tags.get("orch:run", ""),
+                        "attempt": tags.get("orch:attempt", ""),
+                        "host_key": tags.get("orch:hostkey", ""),
+                        "launch_time": i.get("LaunchTime").timestamp() if i.get("LaunchTime") else None,
+                        "state_reason": i.get("StateReason", {}).get("Code", ""),
+                        "slot_count": int(
+                            tags.get("orch:slots") or 0
+                        ),  # a packed instance: its runs are in orch:slot:<k> tags
+                        "slots": {
+                            int(k[10:]): v for k, v in tags.items() if k.startswith("orch:slot:") and k[10:].isdigit()
+                        },
+                    }
+                )
     return out
 
 
@@ -239,8 +315,13 @@ def describe(ec2, instance_id: str) -> Optional[dict]:
     if not res:
         return None
     i = res[0]["Instances"][0]
-    return {"state": i["State"]["Name"], "private_ip": i.get("PrivateIpAddress", ""), "public_ip": i.get("PublicIpAddress", ""),
-            "type": i.get("InstanceType", ""), "subnet_id": i.get("SubnetId", "")}
+    return {
+        "state": i["State"]["Name"],
+        "private_ip": i.get("PrivateIpAddress", ""),
+        "public_ip": i.get("PublicIpAddress", ""),
+        "type": i.get("InstanceType", ""),
+        "subnet_id": i.get("SubnetId", ""),
+    }
 
 
 def instance_placement(ec2, instance_id: str) -> Optional[Tuple[str, str]]:
@@ -270,8 +351,10 @@ def terminate(ec2, instance_ids: List[str], patience_s: float = NOT_FOUND_S) -> 
     try:
         retry_until(once, patience_s, 2.0, f"EC2 to know {', '.join(instance_ids)}")
     except Timeout:
-        raise OrchError(f"EC2 still does not know {', '.join(instance_ids)} after {patience_s:.0f} s; "
-                        "if it exists, `orch down` removes it.") from None
+        raise OrchError(
+            f"EC2 still does not know {', '.join(instance_ids)} after {patience_s:.0f} s; "
+            "if it exists, `orch down` removes it."
+        ) from None
 
 
 def gpu_counts(ec2, instance_types: List[str]) -> Dict[str, int]:
@@ -294,7 +377,9 @@ def gpu_counts(ec2, instance_types: List[str]) -> Dict[str, int]:
 def spot_prices(ec2, instance_types: List[str], azs: List[str]) -> Dict[Tuple[str, str], float]:
     """Newest spot price per (type, AZ) for Linux."""
     prices: Dict[Tuple[str, str], Tuple[float, float]] = {}
-    answer = ec2.describe_spot_price_history(InstanceTypes=instance_types, ProductDescriptions=["Linux/UNIX"], StartTime=time.time() - 3600)
+    answer = ec2.describe_spot_price_history(
+        InstanceTypes=instance_types, ProductDescriptions=["Linux/UNIX"], StartTime=time.time() - 3600
+    )
     for p in answer.get("SpotPriceHistory", []):
         key = (p["InstanceType"], p["AvailabilityZone"])
         ts = p["Timestamp"].timestamp() if hasattr(p["Timestamp"], "timestamp") else 0

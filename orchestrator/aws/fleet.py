@@ -30,12 +30,22 @@ from orchestrator.errors import OrchError
 log = logging.getLogger("orch.fleet")
 
 # "Not here, not now": block that (market, type, subnet) for a while and try the next.
-CAPACITY_ERRORS = frozenset({
-    "InsufficientInstanceCapacity", "InsufficientCapacity", "UnfulfillableCapacity", "InsufficientHostCapacity",
-    "InsufficientReservedInstanceCapacity", "SpotMaxPriceTooLow", "InsufficientFreeAddressesInSubnet", "Unsupported",
-})
+CAPACITY_ERRORS = frozenset(
+    {
+        "InsufficientInstanceCapacity",
+        "InsufficientCapacity",
+        "UnfulfillableCapacity",
+        "InsufficientHostCapacity",
+        "InsufficientReservedInstanceCapacity",
+        "SpotMaxPriceTooLow",
+        "InsufficientFreeAddressesInSubnet",
+        "Unsupported",
+    }
+)
 BLOCK_S = 300.0  # how long a pool stays blocked after a capacity error
-QUOTA_BLOCK_S = 30.0  # a market refused for its quota is asked again this soon: the sweep's own instances free it as they end
+QUOTA_BLOCK_S = (
+    30.0  # a market refused for its quota is asked again this soon: the sweep's own instances free it as they end
+)
 PROPAGATION_S = 120.0  # how long a new instance profile may stay invisible to EC2 before orch gives up
 
 
@@ -57,7 +67,9 @@ def is_propagation(code: str, message: str) -> bool:
     """EC2 does not see a freshly created instance profile, placement group or security group yet."""
     if code in NOT_YET_CODES:
         return True
-    return code == "InvalidParameterValue" and ("iamInstanceProfile" in message or "Invalid IAM Instance Profile" in message)
+    return code == "InvalidParameterValue" and (
+        "iamInstanceProfile" in message or "Invalid IAM Instance Profile" in message
+    )
 
 
 @dataclass
@@ -98,7 +110,9 @@ class Blocklist:
 
     until: Dict[Tuple[str, str, str], float] = field(default_factory=dict)
     soft_until: Dict[Tuple[str, str], float] = field(default_factory=dict)
-    quota: Dict[str, Tuple[float, str]] = field(default_factory=dict)  # market -> (until, what AWS said): asked again sooner
+    quota: Dict[str, Tuple[float, str]] = field(
+        default_factory=dict
+    )  # market -> (until, what AWS said): asked again sooner
 
     def block(self, market: str, instance_type: str, subnet_id: str, seconds: float = BLOCK_S) -> None:
         self.until[(market, instance_type, subnet_id)] = time.time() + seconds
@@ -113,12 +127,22 @@ class Blocklist:
         return preferred or open_
 
 
-def _fleet(ec2, template_id: str, version: str, choices: List[Choice], market: str, tags: List[dict], count: int = 1,
-           group: str = "") -> dict:
+def _fleet(
+    ec2,
+    template_id: str,
+    version: str,
+    choices: List[Choice],
+    market: str,
+    tags: List[dict],
+    count: int = 1,
+    group: str = "",
+) -> dict:
     placement = {"Placement": {"GroupName": group}} if group else {}
     # several nodes: all or nothing, of one type in one AZ (EC2 launches none when it cannot give them all);
     # only in the market asked for: the other market's options say nothing about this request
-    together = {"MinTargetCapacity": count, "SingleInstanceType": True, "SingleAvailabilityZone": True} if count > 1 else {}
+    together = (
+        {"MinTargetCapacity": count, "SingleInstanceType": True, "SingleAvailabilityZone": True} if count > 1 else {}
+    )
     # "An EC2 Fleet request can't span different subnets from the same Availability Zone" (EC2 Fleet quotas):
     # per AZ, the first subnet the choices name (the user's order); the others are asked once it is blocked
     subnet_of: Dict[str, str] = {}
@@ -129,10 +153,12 @@ def _fleet(ec2, template_id: str, version: str, choices: List[Choice], market: s
         TargetCapacitySpecification={"TotalTargetCapacity": count, "DefaultTargetCapacityType": market},
         SpotOptions={"AllocationStrategy": "price-capacity-optimized", **(together if market == "spot" else {})},
         OnDemandOptions={"AllocationStrategy": "lowest-price", **(together if market == "on-demand" else {})},
-        LaunchTemplateConfigs=[{
-            "LaunchTemplateSpecification": {"LaunchTemplateId": template_id, "Version": version},
-            "Overrides": [{"InstanceType": c.instance_type, "SubnetId": c.subnet_id, **placement} for c in choices],
-        }],
+        LaunchTemplateConfigs=[
+            {
+                "LaunchTemplateSpecification": {"LaunchTemplateId": template_id, "Version": version},
+                "Overrides": [{"InstanceType": c.instance_type, "SubnetId": c.subnet_id, **placement} for c in choices],
+            }
+        ],
         TagSpecifications=[{"ResourceType": "instance", "Tags": tags}, {"ResourceType": "volume", "Tags": tags}],
     )
 
@@ -150,12 +176,24 @@ def _refused(code: str, message: str, market: str, instance_type: str, where: st
     """A CreateFleet error that is neither capacity nor propagation, in AWS's words."""
     if code in QUOTA_ERRORS or code in PERMISSION_ERRORS:
         return explain(_as_client_error(code, message), "CreateFleet", market=market, instance_type=instance_type)
-    return OrchError(f"CreateFleet refused {market} {instance_type}{where}: {code}: {message}. "
-                     "Check the sweep's `aws:` settings against that message.")
+    return OrchError(
+        f"CreateFleet refused {market} {instance_type}{where}: {code}: {message}. "
+        "Check the sweep's `aws:` settings against that message."
+    )
 
 
-def acquire(ec2, template_id: str, base: dict, user_data: str, choices: List[Choice], markets: List[str], tags: List[dict],
-            blocklist: Blocklist, sleep: Callable[[float], None] = time.sleep, propagation_s: float = PROPAGATION_S) -> Acquired:
+def acquire(
+    ec2,
+    template_id: str,
+    base: dict,
+    user_data: str,
+    choices: List[Choice],
+    markets: List[str],
+    tags: List[dict],
+    blocklist: Blocklist,
+    sleep: Callable[[float], None] = time.sleep,
+    propagation_s: float = PROPAGATION_S,
+) -> Acquired:
     """One instance from the first market and pool that has capacity.
 
     The user data (it holds this instance's host key) lives in a template version that is
@@ -165,30 +203,73 @@ def acquire(ec2, template_id: str, base: dict, user_data: str, choices: List[Cho
     return _acquire(ec2, template_id, base, user_data, choices, markets, tags, blocklist, sleep, propagation_s)[0]
 
 
-def acquire_nodes(ec2, template_id: str, base: dict, user_data: str, choices: List[Choice], markets: List[str], tags: List[dict],
-                  blocklist: Blocklist, count: int, group_of: Callable[[str], str], release: Callable[[List[str]], None],
-                  sleep: Callable[[float], None] = time.sleep, propagation_s: float = PROPAGATION_S) -> List[Acquired]:
+def acquire_nodes(
+    ec2,
+    template_id: str,
+    base: dict,
+    user_data: str,
+    choices: List[Choice],
+    markets: List[str],
+    tags: List[dict],
+    blocklist: Blocklist,
+    count: int,
+    group_of: Callable[[str], str],
+    release: Callable[[List[str]], None],
+    sleep: Callable[[float], None] = time.sleep,
+    propagation_s: float = PROPAGATION_S,
+) -> List[Acquired]:
     """`count` instances of one type in one AZ, in that AZ's placement group (`group_of(az)`), or none:
     one CreateFleet per pool; a pool that gives fewer has what it gave released (`release`) and is
     blocked like a capacity error, and the next pool is asked."""
-    return _acquire(ec2, template_id, base, user_data, choices, markets, tags, blocklist, sleep, propagation_s, count, group_of, release)
+    return _acquire(
+        ec2,
+        template_id,
+        base,
+        user_data,
+        choices,
+        markets,
+        tags,
+        blocklist,
+        sleep,
+        propagation_s,
+        count,
+        group_of,
+        release,
+    )
 
 
-def _acquire(ec2, template_id: str, base: dict, user_data: str, choices: List[Choice], markets: List[str], tags: List[dict],
-             blocklist: Blocklist, sleep: Callable[[float], None], propagation_s: float, count: int = 1,
-             group_of: Optional[Callable[[str], str]] = None, release: Optional[Callable[[List[str]], None]] = None) -> List[Acquired]:
+def _acquire(
+    ec2,
+    template_id: str,
+    base: dict,
+    user_data: str,
+    choices: List[Choice],
+    markets: List[str],
+    tags: List[dict],
+    blocklist: Blocklist,
+    sleep: Callable[[float], None],
+    propagation_s: float,
+    count: int = 1,
+    group_of: Optional[Callable[[str], str]] = None,
+    release: Optional[Callable[[List[str]], None]] = None,
+) -> List[Acquired]:
     from botocore.exceptions import ClientError
 
     if not any(blocklist.allowed(choices, m) for m in markets):  # everything just refused: wait without calling the API
         quota = [blocklist.quota[m][1] for m in markets if blocklist.quota.get(m, (0, ""))[0] > time.time()]
         if quota:  # what AWS said a moment ago: the run waits; only a fresh answer can end the sweep
             raise CapacityUnavailable(f"waiting for quota to free: {quota[0]}")
-        raise CapacityUnavailable(f"no capacity for {', '.join(sorted({c.instance_type for c in choices}))} right now (all choices cooling down); will retry")
+        raise CapacityUnavailable(
+            f"no capacity for {', '.join(sorted({c.instance_type for c in choices}))} right now (all choices cooling "
+            "down); will retry"
+        )
     try:
-        version = str(ec2.create_launch_template_version(
-            LaunchTemplateId=template_id,
-            LaunchTemplateData={**base, "UserData": base64.b64encode(user_data.encode()).decode()},
-        )["LaunchTemplateVersion"]["VersionNumber"])
+        version = str(
+            ec2.create_launch_template_version(
+                LaunchTemplateId=template_id,
+                LaunchTemplateData={**base, "UserData": base64.b64encode(user_data.encode()).decode()},
+            )["LaunchTemplateVersion"]["VersionNumber"]
+        )
     except ClientError as exc:
         raise explain(exc, "creating a launch template version") from None
     waited = 0.0
@@ -202,26 +283,48 @@ def _acquire(ec2, template_id: str, base: dict, user_data: str, choices: List[Ch
                 if count > 1:  # all nodes from one pool: one type, one AZ, one placement group
                     allowed = allowed[:1]
                 try:
-                    answer = _fleet(ec2, template_id, version, allowed, market, tags, count, group_of(allowed[0].az) if group_of else "")
+                    answer = _fleet(
+                        ec2,
+                        template_id,
+                        version,
+                        allowed,
+                        market,
+                        tags,
+                        count,
+                        group_of(allowed[0].az) if group_of else "",
+                    )
                 except ClientError as exc:
                     code, message = _code(exc), _message(exc)
                     if code in CAPACITY_ERRORS:  # the whole request was refused: block the first pool it offered
-                        log.info("capacity error %s for %s (%s); trying the next choice", code, allowed[0].instance_type, market)
+                        log.info(
+                            "capacity error %s for %s (%s); trying the next choice",
+                            code,
+                            allowed[0].instance_type,
+                            market,
+                        )
                         blocklist.block(market, allowed[0].instance_type, allowed[0].subnet_id)
                         continue
                     if is_propagation(code, message) and waited < propagation_s:
                         waited += _backoff(waited, sleep)
                         continue
                     if code in QUOTA_ERRORS:
-                        quota = _quota(blocklist, choices, market, _refused(code, message, market, allowed[0].instance_type))
+                        quota = _quota(
+                            blocklist, choices, market, _refused(code, message, market, allowed[0].instance_type)
+                        )
                         break
                     raise _refused(code, message, market, allowed[0].instance_type) from None
                 got = _instances(answer, allowed, market)
                 if len(got) >= count:
                     return got
                 if got:  # fewer than the run's nodes (MinTargetCapacity should prevent it): none is any use alone
-                    log.info("%s %s in %s gave %d of %d instances; releasing them and trying the next choice",
-                             market, allowed[0].instance_type, allowed[0].az, len(got), count)
+                    log.info(
+                        "%s %s in %s gave %d of %d instances; releasing them and trying the next choice",
+                        market,
+                        allowed[0].instance_type,
+                        allowed[0].az,
+                        len(got),
+                        count,
+                    )
                     _release_quietly(release, [g.instance_id for g in got])
                     blocklist.block(market, allowed[0].instance_type, allowed[0].subnet_id)
                     continue
@@ -234,37 +337,62 @@ def _acquire(ec2, template_id: str, base: dict, user_data: str, choices: List[Ch
                 propagating = any(is_propagation(e.get("ErrorCode", ""), e.get("ErrorMessage", "")) for e in errors)
                 quota_err = next((e for e in errors if e.get("ErrorCode") in QUOTA_ERRORS), None)
                 if quota_err is not None and not propagating:
-                    quota = _quota(blocklist, choices, market, _refused(quota_err["ErrorCode"], quota_err.get("ErrorMessage", ""), market,
-                                                                        allowed[0].instance_type))
+                    quota = _quota(
+                        blocklist,
+                        choices,
+                        market,
+                        _refused(
+                            quota_err["ErrorCode"], quota_err.get("ErrorMessage", ""), market, allowed[0].instance_type
+                        ),
+                    )
                     break
                 for err in [] if propagating else errors:  # a 200 answer with Errors and no instances
                     code, message = err.get("ErrorCode", ""), err.get("ErrorMessage", "")
                     o = err.get("LaunchTemplateAndOverrides", {}).get("Overrides", {})
                     if code in CAPACITY_ERRORS:
-                        hit = [c for c in allowed if c.instance_type == o.get("InstanceType") and c.subnet_id == o.get("SubnetId")]
+                        hit = [
+                            c
+                            for c in allowed
+                            if c.instance_type == o.get("InstanceType") and c.subnet_id == o.get("SubnetId")
+                        ]
                         for c in hit or allowed:
                             blocklist.block(market, c.instance_type, c.subnet_id)
                     else:
-                        raise _refused(code, message, market, o.get("InstanceType", "?"), f" in {o.get('SubnetId', '?')}")
+                        raise _refused(
+                            code, message, market, o.get("InstanceType", "?"), f" in {o.get('SubnetId', '?')}"
+                        )
                 if propagating:
                     if waited >= propagation_s:
-                        first = next(e for e in errors if is_propagation(e.get("ErrorCode", ""), e.get("ErrorMessage", "")))
-                        raise AwsFatal(f"EC2 still does not see what orch made for this sweep after {waited:.0f} s "
-                                       f"({first.get('ErrorCode')}: {first.get('ErrorMessage')}). For an instance profile: check that its "
-                                       "role trusts ec2.amazonaws.com, or name an existing profile in `aws.instance_profile`; "
-                                       "otherwise run the launch again.")
+                        first = next(
+                            e for e in errors if is_propagation(e.get("ErrorCode", ""), e.get("ErrorMessage", ""))
+                        )
+                        raise AwsFatal(
+                            f"EC2 still does not see what orch made for this sweep after {waited:.0f} s "
+                            f"({first.get('ErrorCode')}: {first.get('ErrorMessage')}). For an instance profile: check "
+                            "that its "
+                            "role trusts ec2.amazonaws.com, or name an existing profile in `aws.instance_profile`; "
+                            "otherwise run the launch again."
+                        )
                     log.info("what orch just made is not visible to EC2 yet; asking again")
                     waited += _backoff(waited, sleep)
                     continue
-                log.info("CreateFleet gave no %s instance (%s); trying the next choices", market, ", ".join(e.get("ErrorCode", "?") for e in errors))
+                log.info(
+                    "CreateFleet gave no %s instance (%s); trying the next choices",
+                    market,
+                    ", ".join(e.get("ErrorCode", "?") for e in errors),
+                )
         if quota is not None:
             raise QuotaReached(str(quota))
-        raise CapacityUnavailable(f"no capacity for {', '.join(sorted({c.instance_type for c in choices}))} in "
-                                  f"{', '.join(sorted({c.az for c in choices}))} ({' or '.join(markets)}) right now; will retry")
+        raise CapacityUnavailable(
+            f"no capacity for {', '.join(sorted({c.instance_type for c in choices}))} in "
+            f"{', '.join(sorted({c.az for c in choices}))} ({' or '.join(markets)}) right now; will retry"
+        )
     finally:
         try:
             ec2.delete_launch_template_versions(LaunchTemplateId=template_id, Versions=[version])
-        except Exception as exc:  # never fatal, never loses an instance: the version dies with the template at `orch down`
+        except (
+            Exception
+        ) as exc:  # never fatal, never loses an instance: the version dies with the template at `orch down`
             log.warning("could not delete launch template version %s: %s", version, exc)
 
 
@@ -280,9 +408,20 @@ def _instances(answer: dict, allowed: List[Choice], market: str) -> List[Acquire
     out = []
     for inst in answer.get("Instances", []):
         o = inst.get("LaunchTemplateAndOverrides", {}).get("Overrides", {})
-        chosen = next((c for c in allowed if c.instance_type == o.get("InstanceType") and c.subnet_id == o.get("SubnetId")), allowed[0])
+        chosen = next(
+            (c for c in allowed if c.instance_type == o.get("InstanceType") and c.subnet_id == o.get("SubnetId")),
+            allowed[0],
+        )
         for iid in inst.get("InstanceIds") or []:
-            out.append(Acquired(iid, o.get("InstanceType", chosen.instance_type), chosen.subnet_id, chosen.az, inst.get("Lifecycle", market)))
+            out.append(
+                Acquired(
+                    iid,
+                    o.get("InstanceType", chosen.instance_type),
+                    chosen.subnet_id,
+                    chosen.az,
+                    inst.get("Lifecycle", market),
+                )
+            )
     return out
 
 

@@ -23,7 +23,7 @@ def iam_name(sweep: str) -> str:
     name = f"orch-{sweep}"
     if len(name) <= IAM_NAME_MAX:
         return name
-    return f"{name[:IAM_NAME_MAX - 9]}-{hashlib.sha256(sweep.encode()).hexdigest()[:8]}"
+    return f"{name[: IAM_NAME_MAX - 9]}-{hashlib.sha256(sweep.encode()).hexdigest()[:8]}"
 
 
 def bucket_kms_keys(s3, buckets: Sequence[str]) -> List[str]:
@@ -40,8 +40,13 @@ def bucket_kms_keys(s3, buckets: Sequence[str]) -> List[str]:
             rules = s3.get_bucket_encryption(Bucket=b)["ServerSideEncryptionConfiguration"]["Rules"]
         except ClientError as exc:
             if _code(exc) not in ("ServerSideEncryptionConfigurationNotFoundError",):
-                log.warning("cannot read the default encryption of bucket %s (%s): if it uses a KMS key of yours, the instances "
-                            "may not read or write it. Allow s3:GetEncryptionConfiguration (see `orch aws policy`).", b, _code(exc))
+                log.warning(
+                    "cannot read the default encryption of bucket %s (%s): if it uses a KMS key of yours, the "
+                    "instances "
+                    "may not read or write it. Allow s3:GetEncryptionConfiguration (see `orch aws policy`).",
+                    b,
+                    _code(exc),
+                )
             continue
         for rule in rules:
             default = rule.get("ApplyServerSideEncryptionByDefault") or {}
@@ -58,43 +63,74 @@ def kms_statements(keys: Sequence[str]) -> List[dict]:
     arns = [k for k in keys if k.startswith("arn:")]
     out = [{"Effect": "Allow", "Action": actions, "Resource": arns}] if arns else []
     if len(arns) < len(keys):
-        out.append({"Effect": "Allow", "Action": actions, "Resource": "*", "Condition": {"StringLike": {"kms:ViaService": "s3.*.amazonaws.com"}}})
+        out.append(
+            {
+                "Effect": "Allow",
+                "Action": actions,
+                "Resource": "*",
+                "Condition": {"StringLike": {"kms:ViaService": "s3.*.amazonaws.com"}},
+            }
+        )
     return out
 
 
-def instance_profile_policy(bucket: str, prefix: str, sweep: str, data: Sequence[str] = (), kms_keys: Sequence[str] = ()) -> dict:
+def instance_profile_policy(
+    bucket: str, prefix: str, sweep: str, data: Sequence[str] = (), kms_keys: Sequence[str] = ()
+) -> dict:
     """What an instance of the sweep may do: its own S3 prefix, read its `data:` prefixes (and use the
     KMS keys those buckets encrypt with), and terminate (and untag: a packed run gives its slot back)
     instances of its sweep."""
     base = f"{prefix}/{sweep}" if prefix else sweep
     reads = []
     for url in data:
-        b, _, p = url[len("s3://"):].partition("/")
+        b, _, p = url[len("s3://") :].partition("/")
         p = p.rstrip("/")
-        reads += [{"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [f"arn:aws:s3:::{b}/{p + '/' if p else ''}*"]},
-                  {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [f"arn:aws:s3:::{b}"],
-                   "Condition": {"StringLike": {"s3:prefix": [f"{p}/*" if p else "*"]}}}]
+        reads += [
+            {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [f"arn:aws:s3:::{b}/{p + '/' if p else ''}*"]},
+            {
+                "Effect": "Allow",
+                "Action": ["s3:ListBucket"],
+                "Resource": [f"arn:aws:s3:::{b}"],
+                "Condition": {"StringLike": {"s3:prefix": [f"{p}/*" if p else "*"]}},
+            },
+        ]
     policy = {
         "Version": "2012-10-17",
         "Statement": [
-            {"Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
-             "Resource": [f"arn:aws:s3:::{bucket}/{base}/*"]},
-            {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [f"arn:aws:s3:::{bucket}"],
-             "Condition": {"StringLike": {"s3:prefix": [f"{base}/*"]}}},
-            {"Effect": "Allow", "Action": ["ec2:TerminateInstances", "ec2:DeleteTags"], "Resource": "*",
-             "Condition": {"StringEquals": {"aws:ResourceTag/orch:sweep": sweep}}},
+            {
+                "Effect": "Allow",
+                "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+                "Resource": [f"arn:aws:s3:::{bucket}/{base}/*"],
+            },
+            {
+                "Effect": "Allow",
+                "Action": ["s3:ListBucket"],
+                "Resource": [f"arn:aws:s3:::{bucket}"],
+                "Condition": {"StringLike": {"s3:prefix": [f"{base}/*"]}},
+            },
+            {
+                "Effect": "Allow",
+                "Action": ["ec2:TerminateInstances", "ec2:DeleteTags"],
+                "Resource": "*",
+                "Condition": {"StringEquals": {"aws:ResourceTag/orch:sweep": sweep}},
+            },
         ],
     }
     policy["Statement"] += reads + kms_statements(kms_keys)
     return policy
 
 
-def ensure_instance_profile(iam, sweep: str, bucket: str, prefix: str, data: Sequence[str] = (), kms_keys: Sequence[str] = ()) -> str:
+def ensure_instance_profile(
+    iam, sweep: str, bucket: str, prefix: str, data: Sequence[str] = (), kms_keys: Sequence[str] = ()
+) -> str:
     """The sweep's role + instance profile (created or updated), found by name; returns the profile name."""
     from botocore.exceptions import ClientError
 
     name = iam_name(sweep)
-    trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}
+    trust = {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}],
+    }
     tags = [{"Key": "orch:sweep", "Value": sweep}]
     try:
         try:
@@ -102,7 +138,11 @@ def ensure_instance_profile(iam, sweep: str, bucket: str, prefix: str, data: Seq
         except ClientError as exc:
             if _code(exc) != "EntityAlreadyExists":
                 raise
-        iam.put_role_policy(RoleName=name, PolicyName="orch-sweep", PolicyDocument=json.dumps(instance_profile_policy(bucket, prefix, sweep, data, kms_keys)))
+        iam.put_role_policy(
+            RoleName=name,
+            PolicyName="orch-sweep",
+            PolicyDocument=json.dumps(instance_profile_policy(bucket, prefix, sweep, data, kms_keys)),
+        )
         try:
             profile = iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"]
         except ClientError as exc:

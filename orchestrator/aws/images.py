@@ -46,7 +46,9 @@ def tags_of(image: dict) -> Dict[str, str]:
 IMAGE_WAIT_S = 3 * 3600.0  # EC2 gives no bound; large volumes and cross-region copies take an hour and more
 
 
-def _wait_available(ec2, image_id: str, say: Callable[[str], None] = lambda _: None, timeout_s: float = IMAGE_WAIT_S) -> None:
+def _wait_available(
+    ec2, image_id: str, say: Callable[[str], None] = lambda _: None, timeout_s: float = IMAGE_WAIT_S
+) -> None:
     """Until the image is `available`; a `failed` one is an error with EC2's reason. Says how long it has
     waited every minute. Giving up leaves the image (tagged) for `orch ami list` / `orch ami rm`."""
     start, told = time.time(), [time.time()]
@@ -54,18 +56,25 @@ def _wait_available(ec2, image_id: str, say: Callable[[str], None] = lambda _: N
     def state():
         found = ec2.describe_images(ImageIds=[image_id])["Images"]
         if found and found[0]["State"] == "failed":
-            raise OrchError(f"image {image_id} failed: {found[0].get('StateReason', {}).get('Message', 'no reason given')}. "
-                            f"`orch ami rm {image_id}` removes it; build again.")
+            raise OrchError(
+                f"image {image_id} failed: {found[0].get('StateReason', {}).get('Message', 'no reason given')}. "
+                f"`orch ami rm {image_id}` removes it; build again."
+            )
         if time.time() - told[0] >= 60:
             told[0] = time.time()
-            say(f"  image {image_id} still {found[0]['State'] if found else 'not listed'} after {(time.time() - start) / 60:.0f} min")
+            say(
+                f"  image {image_id} still {found[0]['State'] if found else 'not listed'} after "
+                f"{(time.time() - start) / 60:.0f} min"
+            )
         return found and found[0]["State"] == "available"
 
     try:
         retry_until(state, timeout_s, 5.0, f"image {image_id} to be available")
     except Timeout:
-        raise OrchError(f"image {image_id} is still not available after {timeout_s / 60:.0f} min; it is kept (tagged): "
-                        f"`orch ami list` shows it, `orch ami rm {image_id}` removes it.") from None
+        raise OrchError(
+            f"image {image_id} is still not available after {timeout_s / 60:.0f} min; it is kept (tagged): "
+            f"`orch ami list` shows it, `orch ami rm {image_id}` removes it."
+        ) from None
 
 
 def remove(ec2, image_id: str) -> List[str]:
@@ -80,15 +89,26 @@ def remove(ec2, image_id: str) -> List[str]:
         else:
             raise
     if not found:
-        raise OrchError(f"{image_id} does not exist in this region (already removed?); `orch ami list` shows orch's images.")
+        raise OrchError(
+            f"{image_id} does not exist in this region (already removed?); `orch ami list` shows orch's images."
+        )
     if RECIPE_TAG not in tags_of(found[0]):
         raise OrchError(f"{image_id} is not an image orch built (no {RECIPE_TAG} tag); `orch ami list` shows those.")
-    users = [i["InstanceId"] for r in ec2.describe_instances(Filters=[{"Name": "image-id", "Values": [image_id]},
-                                                                      {"Name": "instance-state-name", "Values": ["pending", "running"]}])["Reservations"]
-             for i in r["Instances"]]
+    users = [
+        i["InstanceId"]
+        for r in ec2.describe_instances(
+            Filters=[
+                {"Name": "image-id", "Values": [image_id]},
+                {"Name": "instance-state-name", "Values": ["pending", "running"]},
+            ]
+        )["Reservations"]
+        for i in r["Instances"]
+    ]
     if users:
         raise OrchError(f"{image_id} is in use by {', '.join(users)}; stop that sweep first (`orch down SWEEP`).")
-    snapshots = [b["Ebs"]["SnapshotId"] for b in found[0].get("BlockDeviceMappings", []) if b.get("Ebs", {}).get("SnapshotId")]
+    snapshots = [
+        b["Ebs"]["SnapshotId"] for b in found[0].get("BlockDeviceMappings", []) if b.get("Ebs", {}).get("SnapshotId")
+    ]
     ec2.deregister_image(ImageId=image_id)
     for snap in snapshots:
         ec2.delete_snapshot(SnapshotId=snap)
@@ -97,11 +117,13 @@ def remove(ec2, image_id: str) -> List[str]:
 
 def resolve_recipe_image(ec2, image: str, region: str) -> str:
     """`recipe:NAME` -> the newest image built from recipe NAME in this region."""
-    name = image[len("recipe:"):]
+    name = image[len("recipe:") :]
     found = [i for i in images(ec2, name) if i.get("State") == "available"]  # never a pending or failed one
     if not found:
-        raise OrchError(f"no image built from recipe {name!r} in {region}. Build it: `orch ami build ami/{name}.yaml` "
-                        f"(or `orch ami build` for the default recipe), with `--region {region}` when it builds elsewhere.")
+        raise OrchError(
+            f"no image built from recipe {name!r} in {region}. Build it: `orch ami build ami/{name}.yaml` "
+            f"(or `orch ami build` for the default recipe), with `--region {region}` when it builds elsewhere."
+        )
     return found[0]["ImageId"]
 
 
@@ -124,8 +146,20 @@ def resolve_image(ec2, image: str, owner: str, region: str) -> dict:
         else:
             raise explain(exc, "looking up the AMI") from None
     if not found:
-        raise OrchError(f"AMI {image!r} not found in {region} (owner {owner}). Check `aws.image` and `aws.region`; AMI ids differ per region.")
+        raise OrchError(
+            f"AMI {image!r} not found in {region} (owner {owner}). Check `aws.image` and `aws.region`; AMI ids differ "
+            "per region."
+        )
     newest = sorted(found, key=lambda i: i.get("CreationDate", ""))[-1]
     root = newest.get("RootDeviceName") or "/dev/sda1"
-    sizes = [b["Ebs"].get("VolumeSize", 0) for b in newest.get("BlockDeviceMappings", []) if b.get("DeviceName") == root and "Ebs" in b]
-    return {"ImageId": newest["ImageId"], "RootDeviceName": root, "SnapshotGb": max(sizes or [0]), "Name": newest.get("Name", "")}
+    sizes = [
+        b["Ebs"].get("VolumeSize", 0)
+        for b in newest.get("BlockDeviceMappings", [])
+        if b.get("DeviceName") == root and "Ebs" in b
+    ]
+    return {
+        "ImageId": newest["ImageId"],
+        "RootDeviceName": root,
+        "SnapshotGb": max(sizes or [0]),
+        "Name": newest.get("Name", ""),
+    }

@@ -28,8 +28,11 @@ def ensure_group(ec2, sweep: str, az: str, made: Dict[str, str]) -> str:
         if az in made:
             return made[az]
         try:
-            ec2.create_placement_group(GroupName=name, Strategy="cluster",
-                                       TagSpecifications=[{"ResourceType": "placement-group", "Tags": sweep_tags(sweep)}])
+            ec2.create_placement_group(
+                GroupName=name,
+                Strategy="cluster",
+                TagSpecifications=[{"ResourceType": "placement-group", "Tags": sweep_tags(sweep)}],
+            )
         except ClientError as exc:
             if _code(exc) != "InvalidPlacementGroup.Duplicate":  # made by an earlier controller of this sweep
                 raise

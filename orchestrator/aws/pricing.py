@@ -21,9 +21,20 @@ ON_DEMAND_FACTOR = 3.0
 # Published Linux on-demand prices, us-east-1, USD per hour (aws.amazon.com/ec2/pricing/on-demand, 2025).
 # Other regions differ by up to ~30%; used only to say what the same hours would have cost on demand.
 ON_DEMAND_USD_PER_H = {
-    "g4dn.xlarge": 0.526, "g4dn.12xlarge": 3.912, "g5.xlarge": 1.006, "g5.2xlarge": 1.212, "g5.12xlarge": 5.672,
-    "g5.48xlarge": 16.288, "g6.xlarge": 0.8048, "g6.12xlarge": 4.6016, "g6e.xlarge": 1.861, "p3.2xlarge": 3.06,
-    "p3.8xlarge": 12.24, "p3.16xlarge": 24.48, "p4d.24xlarge": 32.7726, "p5.48xlarge": 98.32,
+    "g4dn.xlarge": 0.526,
+    "g4dn.12xlarge": 3.912,
+    "g5.xlarge": 1.006,
+    "g5.2xlarge": 1.212,
+    "g5.12xlarge": 5.672,
+    "g5.48xlarge": 16.288,
+    "g6.xlarge": 0.8048,
+    "g6.12xlarge": 4.6016,
+    "g6e.xlarge": 1.861,
+    "p3.2xlarge": 3.06,
+    "p3.8xlarge": 12.24,
+    "p3.16xlarge": 24.48,
+    "p4d.24xlarge": 32.7726,
+    "p5.48xlarge": 98.32,
 }
 
 
@@ -32,6 +43,8 @@ def on_demand_price(instance_type: str, spot_price: Optional[float]) -> Optional
     if instance_type in ON_DEMAND_USD_PER_H:
         return ON_DEMAND_USD_PER_H[instance_type]
     return None if spot_price is None else spot_price * ON_DEMAND_FACTOR
+
+
 CACHE_S = 3600.0
 
 
@@ -46,7 +59,11 @@ def per_run(ledger: Dict[str, dict], now: Optional[float] = None) -> Dict[str, T
         out[run] = (usd + hours * price, gpu_h + hours * gpus)
 
     for entry in ledger.values():
-        price, gpus, slots = float(entry.get("price_per_h") or 0.0), int(entry.get("gpus") or 0), int(entry.get("slots") or 0)
+        price, gpus, slots = (
+            float(entry.get("price_per_h") or 0.0),
+            int(entry.get("gpus") or 0),
+            int(entry.get("slots") or 0),
+        )
         if slots:
             for run, seconds in (entry.get("run_s") or {}).items():
                 add(run, seconds / 3600, price / slots, gpus / slots)
@@ -106,8 +123,17 @@ class CostLedger:
             self._entries = get_json(self.store, self.key) or {}
         return self._entries
 
-    def acquired(self, instance_id: str, instance_type: str, az: str, market: str, run: str = "", gpus: int = 0, slots: int = 0,
-                 attempt: int = 0) -> None:
+    def acquired(
+        self,
+        instance_id: str,
+        instance_type: str,
+        az: str,
+        market: str,
+        run: str = "",
+        gpus: int = 0,
+        slots: int = 0,
+        attempt: int = 0,
+    ) -> None:
         try:
             price = self.prices.price(instance_type, az, market)
         except Exception as exc:  # a missing price must not lose the instance
@@ -115,9 +141,18 @@ class CostLedger:
             price = None
         now = time.time()
         with self.lock:
-            self.entries[instance_id] = {"type": instance_type, "az": az, "market": market, "price_per_h": price, "start": now, "end": now,
-                                         "run": run, "gpus": gpus, **({"slots": slots, "run_s": {}} if slots else {}),
-                                         **({"attempt": attempt} if attempt else {})}
+            self.entries[instance_id] = {
+                "type": instance_type,
+                "az": az,
+                "market": market,
+                "price_per_h": price,
+                "start": now,
+                "end": now,
+                "run": run,
+                "gpus": gpus,
+                **({"slots": slots, "run_s": {}} if slots else {}),
+                **({"attempt": attempt} if attempt else {}),
+            }
             self._save()
 
     def observe(self, live_ids: List[str], occupants: Optional[Dict[str, List[str]]] = None) -> None:

@@ -37,25 +37,37 @@ def teardown(ec2, iam, sweep: str, wait_s: float = TEARDOWN_WAIT_S) -> List[str]
         terminate(ec2, ids)
         removed += ids
     try:
-        retry_until(lambda: not sweep_instances(ec2, sweep, NOT_GONE), wait_s, 3.0, "the sweep's instances to terminate")
+        retry_until(
+            lambda: not sweep_instances(ec2, sweep, NOT_GONE), wait_s, 3.0, "the sweep's instances to terminate"
+        )
     except Timeout:
-        raise OrchError(f"instances of {sweep} are still shutting down after {wait_s:.0f} s; run `orch down {sweep}` again later.") from None
+        raise OrchError(
+            f"instances of {sweep} are still shutting down after {wait_s:.0f} s; run `orch down {sweep}` again later."
+        ) from None
     name = f"orch-{sweep}"
-    for lt in ec2.describe_launch_templates(Filters=[{"Name": "launch-template-name", "Values": [name]}])["LaunchTemplates"]:
+    for lt in ec2.describe_launch_templates(Filters=[{"Name": "launch-template-name", "Values": [name]}])[
+        "LaunchTemplates"
+    ]:
         ec2.delete_launch_template(LaunchTemplateId=lt["LaunchTemplateId"])
         removed.append(lt["LaunchTemplateId"])
     for sg in ec2.describe_security_groups(Filters=[{"Name": "tag:orch:sweep", "Values": [sweep]}])["SecurityGroups"]:
         try:  # network interfaces of terminated instances detach a little later
-            retry_until(lambda: _try_delete_sg(ec2, sg["GroupId"]), 120, 3.0, f"security group {sg['GroupId']} to be free")
+            retry_until(
+                lambda: _try_delete_sg(ec2, sg["GroupId"]), 120, 3.0, f"security group {sg['GroupId']} to be free"
+            )
             removed.append(sg["GroupId"])
         except Timeout:
-            raise OrchError(f"security group {sg['GroupId']} is still in use; run `orch down {sweep}` again in a minute.") from None
+            raise OrchError(
+                f"security group {sg['GroupId']} is still in use; run `orch down {sweep}` again in a minute."
+            ) from None
     for group in sweep_groups(ec2, sweep):  # cluster placement groups of multi-node runs
         try:
             retry_until(lambda: delete_group(ec2, group), 120, 3.0, f"placement group {group} to be empty")
             removed.append(f"placement-group/{group}")
         except Timeout:
-            raise OrchError(f"placement group {group} still holds an instance; run `orch down {sweep}` again in a minute.") from None
+            raise OrchError(
+                f"placement group {group} still holds an instance; run `orch down {sweep}` again in a minute."
+            ) from None
     removed += _delete_instance_profile(iam, iam_name(sweep))
     return removed
 
@@ -90,8 +102,9 @@ def _delete_instance_profile(iam, name: str) -> List[str]:
 def orch_resources(ec2, iam) -> Dict[str, List[str]]:
     """Everything orch made in this region, by sweep: what `orch gc` lists and `orch down --all` removes."""
     found: Dict[str, List[str]] = {}
-    for page in ec2.get_paginator("describe_instances").paginate(Filters=[{"Name": "tag-key", "Values": ["orch:sweep"]},
-                                                                         {"Name": "instance-state-name", "Values": LIVE_STATES}]):
+    for page in ec2.get_paginator("describe_instances").paginate(
+        Filters=[{"Name": "tag-key", "Values": ["orch:sweep"]}, {"Name": "instance-state-name", "Values": LIVE_STATES}]
+    ):
         for res in page["Reservations"]:
             for i in res["Instances"]:
                 sweep = {t["Key"]: t["Value"] for t in i.get("Tags", [])}.get("orch:sweep", "?")

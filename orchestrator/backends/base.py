@@ -23,12 +23,15 @@ class Host:
     node: int = 0  # its node rank in a run that spans several hosts
     nodes: int = 1  # hosts the attempt spans
     missing: int = 0  # (set by the controller's survey) nodes of this attempt that are gone
-    slot: int = -1  # packing: the run's slot on an instance shared with other runs (-1: the instance is the run's alone)
+    slot: int = (
+        -1
+    )  # packing: the run's slot on an instance shared with other runs (-1: the instance is the run's alone)
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """What became of an attempt before its agent ran (no capacity, or provisioning failed), for the controller to record."""
+    """What became of an attempt before its agent ran (no capacity, or provisioning failed), for the controller to
+    record."""
 
     run_id: str
     attempt: int  # the attempt it is about

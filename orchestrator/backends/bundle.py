@@ -11,8 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Paths relative to the repository root: a folder ships its *.py files, recursively.
-SHIPPED = ("orchestrator/__init__.py", "orchestrator/contract.py", "orchestrator/errors.py", "orchestrator/wait.py",
-           "orchestrator/host", "orchestrator/store", "trainer")
+SHIPPED = (
+    "orchestrator/__init__.py",
+    "orchestrator/contract.py",
+    "orchestrator/errors.py",
+    "orchestrator/wait.py",
+    "orchestrator/host",
+    "orchestrator/store",
+    "trainer",
+)
 
 
 @dataclass(frozen=True)
@@ -27,7 +34,7 @@ class Bundle:
 
 def _sources(root: Path):
     for part in SHIPPED:
-        for path in ([root / part] if part.endswith(".py") else sorted((root / part).rglob("*.py"))):
+        for path in [root / part] if part.endswith(".py") else sorted((root / part).rglob("*.py")):
             yield path, str(path.relative_to(root))
 
 

@@ -47,17 +47,31 @@ class LocalBackend(BackendBase):
 
     def list(self) -> List[Host]:
         by_session = {self.session(r.run_id): r.run_id for r in self.sweep.runs}
-        return [Host(run_id=by_session[s], host_id=s, address="localhost")
-                for s in tmux_server.sessions(contract.session_prefix(self.sweep.spec.name)) if s in by_session]
+        return [
+            Host(run_id=by_session[s], host_id=s, address="localhost")
+            for s in tmux_server.sessions(contract.session_prefix(self.sweep.spec.name))
+            if s in by_session
+        ]
 
     def new_task(self, run_id: str, attempt: int, command: str, params_json: str) -> RunTask:
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", str(self.threads))
         env.pop("TMUX", None)
         env["ORCH_PYTHON"] = sys.executable
-        return new_task(self.sweep, run_id, attempt, command, params_json, str(self.workdir), env=env,
-                                 heartbeat_s=1.0, notice_poll_s=1.0, sync_s=2.0, host="localhost",
-                                 nodes_here=self.sweep.spec.resources.nodes if self.sweep.spec.resources else 1)
+        return new_task(
+            self.sweep,
+            run_id,
+            attempt,
+            command,
+            params_json,
+            str(self.workdir),
+            env=env,
+            heartbeat_s=1.0,
+            notice_poll_s=1.0,
+            sync_s=2.0,
+            host="localhost",
+            nodes_here=self.sweep.spec.resources.nodes if self.sweep.spec.resources else 1,
+        )
 
     def start(self, task: RunTask) -> Host:
         if tmux_server.has_session(task.session):
@@ -84,20 +98,29 @@ class LocalBackend(BackendBase):
         session = self.session(run_id)
         if not tmux_server.has_session(session):
             return False
-        r = self.host.run(contract.stop_script(self.ctl_dir(run_id), session, reason, STOP_WAIT_S, tmux.socket_name()),
-                          timeout=STOP_WAIT_S + 10)
+        r = self.host.run(
+            contract.stop_script(self.ctl_dir(run_id), session, reason, STOP_WAIT_S, tmux.socket_name()),
+            timeout=STOP_WAIT_S + 10,
+        )
         if r.code != 0:  # it did not end in time (or never had an agent): end its session
             tmux_server.kill_session(session)
         return True
 
     def attach(self, run_id: str, node: int = 0) -> int:
         if node:
-            raise OrchError(f"--node {node}: on the local backend every node of a run runs in its one window; attach without --node.")
+            raise OrchError(
+                f"--node {node}: on the local backend every node of a run runs in its one window; attach without "
+                "--node."
+            )
         session = self.session(run_id)
         if not tmux_server.has_session(session):
-            raise OrchError(f"run {run_id} is not running (no tmux session {session}). See its log with `orch logs {run_id}`.")
+            raise OrchError(
+                f"run {run_id} is not running (no tmux session {session}). See its log with `orch logs {run_id}`."
+            )
         argv = tmux.attach_argv(session, "run")
-        os.execvpe(argv[0], argv, {k: v for k, v in os.environ.items() if k != "TMUX"})  # TMUX set: we may be inside tmux
+        os.execvpe(
+            argv[0], argv, {k: v for k, v in os.environ.items() if k != "TMUX"}
+        )  # TMUX set: we may be inside tmux
         return 0
 
     def preflight(self) -> None:

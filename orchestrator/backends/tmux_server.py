@@ -40,8 +40,16 @@ def new_session(name: str, command: str, window: str, cwd: str, env: Optional[Di
     from libtmux.exc import LibTmuxException
 
     try:
-        _server().new_session(session_name=name, window_name=window, window_command=command, start_directory=cwd,
-                              attach=False, x=200, y=50, environment=env or None)
+        _server().new_session(
+            session_name=name,
+            window_name=window,
+            window_command=command,
+            start_directory=cwd,
+            attach=False,
+            x=200,
+            y=50,
+            environment=env or None,
+        )
     except LibTmuxException as exc:
         raise OrchError(f"tmux new-session {name} failed: {exc}") from None
 

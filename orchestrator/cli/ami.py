@@ -1,4 +1,5 @@
-"""`orch ami`: build, list and remove images made from recipes (aws/images.py and backends/aws/image_build.py do the work)."""
+"""`orch ami`: build, list and remove images made from recipes (aws/images.py and backends/aws/image_build.py do the
+work)."""
 
 from __future__ import annotations
 
@@ -41,13 +42,19 @@ def ami_build(recipe: Path, regions: Tuple[str, ...], dry_run: bool, force: bool
         ec2 = api.client("ec2", spec.aws.region)
         base = images.resolve_image(ec2, spec.aws.image, spec.aws.image_owner, spec.aws.region)
         have = images.images(ec2, spec.name, sha)
-        say(f"recipe {spec.name} (sha {sha[:12]}) in {spec.aws.region}: base {base['ImageId']} ({base['Name']}), "
-            f"builder {' or '.join(spec.aws.instance_types)} ({spec.aws.market})")
+        say(
+            f"recipe {spec.name} (sha {sha[:12]}) in {spec.aws.region}: base {base['ImageId']} ({base['Name']}), "
+            f"builder {' or '.join(spec.aws.instance_types)} ({spec.aws.market})"
+        )
         for i, step in enumerate(spec.steps, start=1):
             say(f"  step {i}: {step}")
         if spec.smoke:
             say(f"  smoke: {spec.smoke}")
-        say(f"already built: {have[0]['ImageId']} (a build reuses it unless --force)" if have else "not built yet in this region")
+        say(
+            f"already built: {have[0]['ImageId']} (a build reuses it unless --force)"
+            if have
+            else "not built yet in this region"
+        )
         say("dry run: nothing launched.")
         return
     _remember_region(spec.aws.region)
@@ -61,14 +68,19 @@ def ami_build(recipe: Path, regions: Tuple[str, ...], dry_run: bool, force: bool
     try:
         built = image_build.build(spec, sha, recipe.parent, list(regions), force, say)
     except KeyboardInterrupt:
-        raise OrchError(f"interrupted: the builder was terminated and what the build made removed (`orch gc` checks; "
-                        f"`orch down ami-{spec.name}` removes anything left).", exit_code=130) from None
+        raise OrchError(
+            f"interrupted: the builder was terminated and what the build made removed (`orch gc` checks; "
+            f"`orch down ami-{spec.name}` removes anything left).",
+            exit_code=130,
+        ) from None
     for region, image_id in built.items():
         say(f"{region}: {image_id}  (use `image: recipe:{spec.name}` in a sweep's aws section)")
 
 
 @ami.command("list")
-@click.option("--region", "regions", multiple=True, help="Regions to look in (default: the default recipe's, else us-east-1).")
+@click.option(
+    "--region", "regions", multiple=True, help="Regions to look in (default: the default recipe's, else us-east-1)."
+)
 @click.option("--wide", is_flag=True, help="One line per image however narrow the terminal.")
 @expected_errors
 def ami_list(regions: Tuple[str, ...], wide: bool):
@@ -79,10 +91,10 @@ def ami_list(regions: Tuple[str, ...], wide: bool):
     Example:
       orch ami list --region us-east-1
     """
+    import shutil
+
     from orchestrator.aws import ec2 as api
     from orchestrator.aws import images
-
-    import shutil
 
     width = shutil.get_terminal_size((100, 24)).columns
     rows = 0
@@ -90,7 +102,10 @@ def ami_list(regions: Tuple[str, ...], wide: bool):
         for im in images.images(api.client("ec2", region)):
             t = images.tags_of(im)
             size = sum(b.get("Ebs", {}).get("VolumeSize", 0) for b in im.get("BlockDeviceMappings", []))
-            head = f"{im['ImageId']}  {region}  recipe {t.get(images.RECIPE_TAG)}  {im.get('State', '')}  {size} GB  {im.get('CreationDate', '')[:16]}"
+            head = (
+                f"{im['ImageId']}  {region}  recipe {t.get(images.RECIPE_TAG)}  {im.get('State', '')}  {size} GB  "
+                f"{im.get('CreationDate', '')[:16]}"
+            )
             more = f"    name {im.get('Name', '')}  sha {t.get(images.SHA_TAG, '')[:12]}  base {t.get(images.BASE_TAG)}"
             if wide or len(head) + len(more) <= width:
                 click.echo(head + more)
@@ -113,13 +128,16 @@ def ami_rm(image: str, region: Optional[str]):
     Example:
       orch ami rm ami-0123456789abcdef0
     """
+    import re
+
     from orchestrator.aws import ec2 as api
     from orchestrator.aws import images
 
-    import re
-
     if not re.match(r"^ami-[0-9a-f]{8,17}$", image):
-        raise OrchError(f"{image!r} is not an image id (ami- and 8 or 17 hex digits); `orch ami list` shows orch's images.", exit_code=2)
+        raise OrchError(
+            f"{image!r} is not an image id (ami- and 8 or 17 hex digits); `orch ami list` shows orch's images.",
+            exit_code=2,
+        )
     gone = images.remove(api.client("ec2", region or _default_region()), image)
     click.echo("removed " + ", ".join(gone))
 

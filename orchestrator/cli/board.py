@@ -19,9 +19,24 @@ PASS_S = 2.0  # seconds between conversions
 
 @click.command()
 @click.argument("sweep")
-@click.option("--port", type=click.IntRange(0, 65535), default=6006, show_default=True, help="Port of the TensorBoard server (0: a free one).")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address it listens on (0.0.0.0 makes it reachable from other machines).")
-@click.option("--logdir", type=click.Path(file_okay=False), help="Where the event files go (default: results/<sweep>/tensorboard).")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=6006,
+    show_default=True,
+    help="Port of the TensorBoard server (0: a free one).",
+)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address it listens on (0.0.0.0 makes it reachable from other machines).",
+)
+@click.option(
+    "--logdir",
+    type=click.Path(file_okay=False),
+    help="Where the event files go (default: results/<sweep>/tensorboard).",
+)
 @expected_errors
 def tensorboard(sweep: str, port: int, host: str, logdir: Optional[str]):
     """Show SWEEP in TensorBoard, live: every run's metrics as scalars, its params and final/best metrics as HParams.
@@ -47,16 +62,38 @@ def tensorboard(sweep: str, port: int, host: str, logdir: Optional[str]):
         with socket.socket() as s:
             s.bind((host, 0))
             port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(folder), "--port", str(port), "--host", host,
-                             "--reload_interval", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    click.echo(f"TensorBoard for sweep {sw.spec.name}: http://{host}:{port}/  (event files in {folder}; {lines} metrics lines so far)")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            str(folder),
+            "--port",
+            str(port),
+            "--host",
+            host,
+            "--reload_interval",
+            "2",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    click.echo(
+        f"TensorBoard for sweep {sw.spec.name}: http://{host}:{port}/  (event files in {folder}; {lines} metrics lines "
+        "so far)"
+    )
     click.echo("Kept current every 2 s. Ctrl-C stops it.")
     try:
         while True:
             if proc.poll() is not None:
                 err = (proc.stderr.read() or "").strip().splitlines()[-3:]
-                raise OrchError(f"TensorBoard exited (code {proc.returncode}): {' | '.join(err)}. "
-                                f"Is port {port} in use? Pass another with --port.", exit_code=1)
+                raise OrchError(
+                    f"TensorBoard exited (code {proc.returncode}): {' | '.join(err)}. "
+                    f"Is port {port} in use? Pass another with --port.",
+                    exit_code=1,
+                )
             time.sleep(PASS_S)
             board.update()
     except KeyboardInterrupt:

@@ -88,7 +88,10 @@ def resolve_run(arg: str) -> Tuple[object, str]:
                 continue
     hits = [s for s in candidates if any(r.run_id == run_id for r in s.runs)]
     if not hits:
-        raise NotFound(f"no run {run_id!r} in {'that sweep' if '/' in arg else 'any sweep launched from here'}. List runs with `orch status SWEEP`.")
+        raise NotFound(
+            f"no run {run_id!r} in {'that sweep' if '/' in arg else 'any sweep launched from here'}. List runs with "
+            "`orch status SWEEP`."
+        )
     if len(hits) > 1:
         names = ", ".join(f"{s.spec.name}/{run_id}" for s in hits)
         raise NotFound(f"run {run_id!r} exists in several sweeps; name one: {names}")
@@ -101,5 +104,3 @@ def _parts(sweep):
     from orchestrator.store import open_store
 
     return backend_for(sweep), open_store(sweep.store_url), State()
-
-

@@ -80,17 +80,24 @@ def launch(sweep_file: str, dry_run: bool, detach: bool, every: bool):
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _hand_off)
     controller = Controller(sweep, backend, store, state)
-    fresh = get_json(store, f"{sweep.spec.name}/sweep.json") is None  # a sweep seen before keeps what it has (its runs use it)
+    fresh = (
+        get_json(store, f"{sweep.spec.name}/sweep.json") is None
+    )  # a sweep seen before keeps what it has (its runs use it)
     try:
         backend.preflight()
         new = controller.prepare()
     except KeyboardInterrupt:
         removed = backend.teardown() if fresh else []
         lock.release()
-        raise OrchError(f"interrupted before the sweep started; removed what this launch had made ({len(removed)} resource(s)). "
-                        f"Nothing new runs.", exit_code=130) from None
-    con.print(f"{'launching' if new else 'continuing'} sweep [bold]{sweep.spec.name}[/]: {len(sweep.runs)} runs, "
-              f"max_parallel {sweep.spec.max_parallel}, store {sweep.store_url}")
+        raise OrchError(
+            f"interrupted before the sweep started; removed what this launch had made ({len(removed)} resource(s)). "
+            f"Nothing new runs.",
+            exit_code=130,
+        ) from None
+    con.print(
+        f"{'launching' if new else 'continuing'} sweep [bold]{sweep.spec.name}[/]: {len(sweep.runs)} runs, "
+        f"max_parallel {sweep.spec.max_parallel}, store {sweep.store_url}"
+    )
     if detach:
         lock.release()
         pid = _spawn_controller(sweep)
@@ -103,8 +110,11 @@ def launch(sweep_file: str, dry_run: bool, detach: bool, every: bool):
     except KeyboardInterrupt:
         lock.release()
         pid = _spawn_controller(sweep)
-        _say(con, f"\ndetached: runs keep going, the controller continues in the background (pid {pid}).\n"
-                  f"Watch: `orch status {sweep.spec.name} --watch`. Stop everything: `orch down {sweep.spec.name}`.")
+        _say(
+            con,
+            f"\ndetached: runs keep going, the controller continues in the background (pid {pid}).\n"
+            f"Watch: `orch status {sweep.spec.name} --watch`. Stop everything: `orch down {sweep.spec.name}`.",
+        )
         return
     finally:
         lock.release()
@@ -152,7 +162,9 @@ def _watch(con, run_fn):
             if seen.get(r.run_id) != key:
                 seen[r.run_id] = key
                 extra = f" ({r.reason})" if r.reason and r.state not in ("running", "starting") else ""
-                con.print(f"{time.strftime('%H:%M:%S')} {r.run_id}: {r.state} (attempt {r.attempt}){extra}", markup=False)
+                con.print(
+                    f"{time.strftime('%H:%M:%S')} {r.run_id}: {r.state} (attempt {r.attempt}){extra}", markup=False
+                )
 
     progress = run_fn(on_progress)
     con.print(runs_table(progress))
@@ -169,8 +181,11 @@ def _finish(con, progress):
 
     ok = sum(1 for r in progress.runs if r.state == "succeeded")
     spend = spend_text(progress)
-    con.print(f"sweep {progress.sweep} done: {ok} of {len(progress.runs)} runs succeeded"
-              + (f", {spend}" if spend else "") + f". Results: `orch collect {progress.sweep}`.")
+    con.print(
+        f"sweep {progress.sweep} done: {ok} of {len(progress.runs)} runs succeeded"
+        + (f", {spend}" if spend else "")
+        + f". Results: `orch collect {progress.sweep}`."
+    )
     if failed:
         sys.exit(1)
 
@@ -185,7 +200,10 @@ def _spawn_controller(sweep) -> int:
     log_file = open(log_dir / f"{sweep.spec.name}-controller.log", "ab")
     proc = subprocess.Popen(
         [sys.executable, "-m", "orchestrator.cli", "_controller", str(sweep.path)],
-        stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     lock = SweepLock(orch_home(), sweep.spec.name)
     try:
@@ -224,9 +242,13 @@ def controller_cmd(sweep_file: str):
 @click.argument("sweep", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--watch", is_flag=True, help="Keep the table live until the sweep is done.")
-@click.option("--all", "every", is_flag=True,
-              help="Read every run's record and list every run (by default: the sweep's summary record, the records of "
-                   "active runs, and a table of active and newest finished runs with counts per state).")
+@click.option(
+    "--all",
+    "every",
+    is_flag=True,
+    help="Read every run's record and list every run (by default: the sweep's summary record, the records of "
+    "active runs, and a table of active and newest finished runs with counts per state).",
+)
 @expected_errors
 def status(sweep: Optional[str], as_json: bool, watch: bool, every: bool):
     """Show the runs of SWEEP (a name or a sweep file), or every sweep launched from here.
@@ -256,8 +278,15 @@ def status(sweep: Optional[str], as_json: bool, watch: bool, every: bool):
             except OrchError as exc:
                 summary = f"unreadable: {exc}"
             holder = SweepLock(state.home, rec.name).holder()
-            rows.append({"sweep": rec.name, "backend": rec.backend, "store": rec.store_url, "runs": summary,
-                         "controller_pid": holder})
+            rows.append(
+                {
+                    "sweep": rec.name,
+                    "backend": rec.backend,
+                    "store": rec.store_url,
+                    "runs": summary,
+                    "controller_pid": holder,
+                }
+            )
         if as_json:
             click.echo(json.dumps(rows, indent=2))
             return
@@ -271,10 +300,21 @@ def status(sweep: Optional[str], as_json: bool, watch: bool, every: bool):
     backend, store, _ = _parts(sw)
     if as_json:
         p = observe(sw, backend, store, every)
-        click.echo(json.dumps({"sweep": p.sweep, "done": p.done, "spend_usd": p.spend_usd, "budget_usd": p.budget_usd,
-                               "runs": [asdict(r) for r in p.runs]}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "sweep": p.sweep,
+                    "done": p.done,
+                    "spend_usd": p.spend_usd,
+                    "budget_usd": p.budget_usd,
+                    "runs": [asdict(r) for r in p.runs],
+                },
+                indent=2,
+            )
+        )
         return
     if watch:
+
         def run_fn(on_progress):
             last = []
 
@@ -294,17 +334,26 @@ def status(sweep: Optional[str], as_json: bool, watch: bool, every: bool):
 
     state = State()
     if not progress.done and SweepLock(state.home, sw.spec.name).holder() is None:
-        con.print(f"no controller is running for {sw.spec.name}: queued and interrupted runs will not start. "
-                  f"Continue it with `orch launch {sw.path}`.", markup=False)
+        con.print(
+            f"no controller is running for {sw.spec.name}: queued and interrupted runs will not start. "
+            f"Continue it with `orch launch {sw.path}`.",
+            markup=False,
+        )
 
 
 @main.command()
 @click.argument("sweep")
 @click.option("--out", type=click.Path(file_okay=False), help="Output folder (default: results/<sweep>).")
-@click.option("--wide", is_flag=True, help="Show every column, however narrow the terminal (runs.csv always has them all).")
-@click.option("--tensorboard", "tb_dir", type=click.Path(file_okay=False),
-              help="Also write TensorBoard event files there (one folder per run; needs the board extra). "
-                   "`orch tensorboard SWEEP` keeps them current and serves them.")
+@click.option(
+    "--wide", is_flag=True, help="Show every column, however narrow the terminal (runs.csv always has them all)."
+)
+@click.option(
+    "--tensorboard",
+    "tb_dir",
+    type=click.Path(file_okay=False),
+    help="Also write TensorBoard event files there (one folder per run; needs the board extra). "
+    "`orch tensorboard SWEEP` keeps them current and serves them.",
+)
 @expected_errors
 def collect(sweep: str, out: Optional[str], wide: bool, tb_dir: Optional[str]):
     """Gather SWEEP's results: a table here, runs.csv, runs.json and curves.png in --out.
@@ -334,7 +383,10 @@ def collect(sweep: str, out: Optional[str], wide: bool, tb_dir: Optional[str]):
         board = Board(sw, store, Path(tb_dir))
         n = board.update()
         board.close()
-        con.print(f"wrote TensorBoard event files to {tb_dir} ({n} metrics lines). View: tensorboard --logdir {tb_dir}", markup=False)
+        con.print(
+            f"wrote TensorBoard event files to {tb_dir} ({n} metrics lines). View: tensorboard --logdir {tb_dir}",
+            markup=False,
+        )
     con.print(f"wrote {', '.join(str(p) for p in paths)}", markup=False)
 
 
@@ -356,8 +408,8 @@ def cancel(run: str):
 
 
 from orchestrator.cli.ami import ami  # noqa: E402
-from orchestrator.cli.ops import aws_group, chaos, data, down, gc  # noqa: E402  (registered below)
 from orchestrator.cli.board import tensorboard  # noqa: E402
+from orchestrator.cli.ops import aws_group, chaos, data, down, gc  # noqa: E402  (registered below)
 from orchestrator.cli.runs import attach, logs  # noqa: E402
 
 main.add_command(ami)

@@ -20,8 +20,13 @@ def chaos():
 
 @chaos.command("interrupt")
 @click.argument("run")
-@click.option("--grace", default=120.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
-              help="Seconds the run gets to checkpoint before its host goes (more than 0).")
+@click.option(
+    "--grace",
+    default=120.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds the run gets to checkpoint before its host goes (more than 0).",
+)
 @expected_errors
 def chaos_interrupt_cmd(run: str, grace: float):
     """Send RUN a spot interruption notice, then take its host away.
@@ -45,7 +50,9 @@ def chaos_interrupt_cmd(run: str, grace: float):
 
 @click.command()
 @click.argument("sweep", required=False)
-@click.option("--all", "everything", is_flag=True, help="Every sweep launched from here, and anything orch made in their regions.")
+@click.option(
+    "--all", "everything", is_flag=True, help="Every sweep launched from here, and anything orch made in their regions."
+)
 @expected_errors
 def down(sweep: Optional[str], everything: bool):
     """Stop everything of SWEEP: its controller, every run, and (aws) its instances,
@@ -64,10 +71,15 @@ def down(sweep: Optional[str], everything: bool):
     if everything and sweep:
         raise OrchError("name one SWEEP or pass --all, not both.", exit_code=2)
     if not everything and not sweep:
-        raise OrchError("which sweep? `orch down SWEEP` stops one (`orch status` lists them); `orch down --all` stops every sweep "
-                        "launched from here.", exit_code=2)
+        raise OrchError(
+            "which sweep? `orch down SWEEP` stops one (`orch status` lists them); `orch down --all` stops every sweep "
+            "launched from here.",
+            exit_code=2,
+        )
     known = {rec.name for rec in State().sweeps()}
-    if sweep and sweep not in known and sweep.startswith("ami-"):  # an image build's leftovers (builder, its group, template)
+    if (
+        sweep and sweep not in known and sweep.startswith("ami-")
+    ):  # an image build's leftovers (builder, its group, template)
         _down_leftovers(sweep)
         return
     names = [sweep] if sweep else sorted(known)
@@ -81,7 +93,9 @@ def down(sweep: Optional[str], everything: bool):
                 from orchestrator.aws.teardown import teardown
 
                 removed = teardown(client("ec2", region), client("iam", region), name)
-                click.echo(f"{region}: removed {len(removed)} resource(s) of unknown sweep {name}: {', '.join(removed)}")
+                click.echo(
+                    f"{region}: removed {len(removed)} resource(s) of unknown sweep {name}: {', '.join(removed)}"
+                )
     if not names and not everything:
         click.echo("no sweeps launched from here.")
 
@@ -120,7 +134,11 @@ def _down_one(sw) -> List[str]:
             os.kill(pid, signal.SIGKILL)
         out.append(f"stopped controller pid {pid}")
     stopped = stop_sweep(sw, backend, store)
-    out.append(f"stopped {len(stopped)} run(s): {', '.join(stopped)}" if stopped else f"nothing of sweep {sw.spec.name} is running.")
+    out.append(
+        f"stopped {len(stopped)} run(s): {', '.join(stopped)}"
+        if stopped
+        else f"nothing of sweep {sw.spec.name} is running."
+    )
     removed = backend.teardown()
     if removed:
         out.append(f"removed {len(removed)} resource(s): {', '.join(removed)}")
@@ -204,14 +222,15 @@ def data_push(local_dir: Path, url: str):
     click.echo(f"{url}: {r.files} files, {r.fetched} uploaded ({r.bytes / 1e6:.1f} MB), every file verified in S3")
 
 
-
 @click.group("aws")
 def aws_group():
     """AWS setup: what the credentials that run orch need."""
 
 
 @aws_group.command("policy")
-@click.option("--bucket", help="The store's bucket (from `store: s3://BUCKET/prefix`); default: YOUR-BUCKET, to fill in.")
+@click.option(
+    "--bucket", help="The store's bucket (from `store: s3://BUCKET/prefix`); default: YOUR-BUCKET, to fill in."
+)
 @expected_errors
 def aws_policy(bucket: Optional[str]):
     """Print the IAM policy orch needs, as JSON, ready for `aws iam put-user-policy`.
@@ -230,6 +249,9 @@ def aws_policy(bucket: Optional[str]):
     from orchestrator.aws.policy import controller_policy
 
     if bucket is not None and not re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", bucket):
-        raise OrchError(f"--bucket {bucket!r} is not a bucket name (3-63 of a-z, 0-9, '.', '-'); give the name alone, "
-                        "without s3:// or a prefix", exit_code=2)
+        raise OrchError(
+            f"--bucket {bucket!r} is not a bucket name (3-63 of a-z, 0-9, '.', '-'); give the name alone, "
+            "without s3:// or a prefix",
+            exit_code=2,
+        )
     click.echo(json.dumps(controller_policy(bucket), indent=2))

@@ -11,10 +11,20 @@ from orchestrator.control.collect import Results, ranked
 from orchestrator.control.views import Progress, RunView, usd
 
 STYLE = {
-    "succeeded": "green", "failed": "red", "running": "cyan", "starting": "cyan",
-    "queued": "dim", "cancelled": "yellow", "stopped": "yellow", "lost": "magenta", "interrupted": "magenta", "pruned": "yellow",
+    "succeeded": "green",
+    "failed": "red",
+    "running": "cyan",
+    "starting": "cyan",
+    "queued": "dim",
+    "cancelled": "yellow",
+    "stopped": "yellow",
+    "lost": "magenta",
+    "interrupted": "magenta",
+    "pruned": "yellow",
 }
 SHOWN_METRICS = 4
+
+
 def fmt_seconds(s: Any) -> str:
     if s is None:
         return "-"
@@ -48,9 +58,17 @@ def runs_table(p: Progress, every: bool = False) -> Table:
     spend = spend_text(p)
     rows = p.shown(every)
     hidden = len(p.runs) - len(rows)
-    caption = f"{hidden} more runs not shown (queued or finished earlier): `orch status {p.sweep} --all` lists every run" if hidden else None
-    table = Table(title=f"sweep {p.sweep} — {summary_line(p)}" + (f" — {spend}" if spend else ""), title_justify="left",
-                  caption=caption, caption_justify="left")
+    caption = (
+        f"{hidden} more runs not shown (queued or finished earlier): `orch status {p.sweep} --all` lists every run"
+        if hidden
+        else None
+    )
+    table = Table(
+        title=f"sweep {p.sweep} — {summary_line(p)}" + (f" — {spend}" if spend else ""),
+        title_justify="left",
+        caption=caption,
+        caption_justify="left",
+    )
     for col in ("run", "state", "attempt", "elapsed", "last metrics"):
         table.add_column(col, overflow="fold")
     for r in rows:
@@ -78,7 +96,9 @@ def results_table(res: Results, width: int = 200, wide: bool = False) -> Table:
     unless `wide` (`orch collect --wide`)."""
     metrics = ranked(res.metric_names())[:4]
     costs = any(r.cost_usd is not None for r in res.runs)
-    title = f"results of sweep {res.sweep}" + (f" (spent {usd(res.spend_usd)} in all)" if res.spend_usd is not None else "")
+    title = f"results of sweep {res.sweep}" + (
+        f" (spent {usd(res.spend_usd)} in all)" if res.spend_usd is not None else ""
+    )
     rows = []
     for r in res.runs:
         cells = {"run": r.run_id, "state": r.state, "time": fmt_seconds(r.elapsed_s)}
@@ -89,13 +109,29 @@ def results_table(res: Results, width: int = 200, wide: bool = False) -> Table:
         if res.target:
             t = r.to_target
             cells["target"] = "yes" if t.reached else "no"
-            cells["time to target"] = fmt_seconds(t.time_to_target_s if t.time_to_target_s is not None else t.wall_to_target_s) if t.reached else "-"
+            cells["time to target"] = (
+                fmt_seconds(t.time_to_target_s if t.time_to_target_s is not None else t.wall_to_target_s)
+                if t.reached
+                else "-"
+            )
             cells["$ to target"] = f"{t.usd_to_target:.4f}" if t.usd_to_target is not None else "-"
         rows.append(cells)
-    to_target = (["target", "time to target", *(["$ to target"] if costs else [])] if res.target else [])
-    columns = ["run", "state", *metrics, *[f"best {m}" for m in metrics if m.endswith("acc")], *to_target, "time",
-               *(["GPU-h", "$"] if costs else [])]
-    optional = [*[f"best {m}" for m in metrics if m.endswith("acc")], "time", *(["GPU-h"] if costs else []), *metrics[2:][::-1]]
+    to_target = ["target", "time to target", *(["$ to target"] if costs else [])] if res.target else []
+    columns = [
+        "run",
+        "state",
+        *metrics,
+        *[f"best {m}" for m in metrics if m.endswith("acc")],
+        *to_target,
+        "time",
+        *(["GPU-h", "$"] if costs else []),
+    ]
+    optional = [
+        *[f"best {m}" for m in metrics if m.endswith("acc")],
+        "time",
+        *(["GPU-h"] if costs else []),
+        *metrics[2:][::-1],
+    ]
 
     def need(cols) -> int:  # every column at its widest cell, plus borders and padding
         return sum(max([len(c), *(len(str(row[c])) for row in rows)]) for c in cols) + 3 * len(cols) + 1
@@ -109,7 +145,9 @@ def results_table(res: Results, width: int = 200, wide: bool = False) -> Table:
     for cells in rows:
         table.add_row(*[Text(cells[c], style=STYLE.get(cells[c], "")) if c == "state" else cells[c] for c in shown])
     if len(shown) < len(columns):
-        table.caption = f"not shown (narrow terminal; --wide shows all): {', '.join(c for c in columns if c not in shown)}"
+        table.caption = (
+            f"not shown (narrow terminal; --wide shows all): {', '.join(c for c in columns if c not in shown)}"
+        )
     return table
 
 
@@ -130,7 +168,10 @@ def dry_run_lines(sweep, plan, every: bool = False) -> List[str]:
     from orchestrator.sweep.shapes import describe
 
     spec = sweep.spec
-    lines = [f"sweep {spec.name}: {len(sweep.runs)} runs on backend {spec.backend}, max_parallel {spec.max_parallel}, store {sweep.store_url}"]
+    lines = [
+        f"sweep {spec.name}: {len(sweep.runs)} runs on backend {spec.backend}, max_parallel {spec.max_parallel}, store "
+        f"{sweep.store_url}"
+    ]
     shown = sweep.runs if every else sweep.runs[:DRY_RUN_SHOWN]
     lines += [f"  {run.run_id}: {run.command}" for run in shown]
     if len(shown) < len(sweep.runs):
@@ -141,12 +182,19 @@ def dry_run_lines(sweep, plan, every: bool = False) -> List[str]:
         lines.append(f"image {spec.aws.image}: {plan['image']}")
         for row in plan["choices"]:
             price = f"${row['spot_usd_per_h']:.4f}/h" if row["spot_usd_per_h"] is not None else "no spot price"
-            lines.append(f"  choice {row['type']} in {row['az']}: {price}; each run there: {describe(spec.resources, row['gpus'])}")
+            lines.append(
+                f"  choice {row['type']} in {row['az']}: {price}; each run there: "
+                f"{describe(spec.resources, row['gpus'])}"
+            )
         lines += plan.get("packing") or []
         est = plan["estimate_usd_max"]
         per = f" x {plan['nodes_per_run']} instances" if plan.get("nodes_per_run", 1) > 1 else ""
-        lines.append(f"estimated cost at most {usd(est)} ({plan['runs']} runs{per} x {plan['hours_per_run_max']:.1f} h at the cheapest "
-                     "spot price; runs that end sooner cost less)" if est is not None else "estimated cost unknown: no spot price history")
+        lines.append(
+            f"estimated cost at most {usd(est)} ({plan['runs']} runs{per} x {plan['hours_per_run_max']:.1f} h at the "
+            "cheapest "
+            "spot price; runs that end sooner cost less)"
+            if est is not None
+            else "estimated cost unknown: no spot price history"
+        )
     lines.append("dry run: nothing launched.")
     return lines
-

@@ -13,8 +13,13 @@ from orchestrator.errors import NotFound, OrchError
 
 @click.command()
 @click.argument("run")
-@click.option("--node", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Which node of a run that spans several instances (`resources: nodes:`); 0 is the rendezvous node.")
+@click.option(
+    "--node",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Which node of a run that spans several instances (`resources: nodes:`); 0 is the rendezvous node.",
+)
 @expected_errors
 def attach(run: str, node: int):
     """Open an interactive terminal in RUN's tmux session (detach: Ctrl-b d).
@@ -27,7 +32,10 @@ def attach(run: str, node: int):
       orch attach run --node 1     # node 1 of a run on several instances
     """
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        raise NotFound(f"orch attach needs a terminal: it opens {run}'s tmux window. From a script, follow its log: `orch logs {run} -f`.")
+        raise NotFound(
+            f"orch attach needs a terminal: it opens {run}'s tmux window. From a script, follow its log: `orch logs "
+            f"{run} -f`."
+        )
     sweep, run_id = resolve_run(run)
     backend, _, _ = _parts(sweep)
     sys.exit(backend.attach(run_id, node))
@@ -37,8 +45,13 @@ def attach(run: str, node: int):
 @click.argument("run")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing as the log grows, until the run ends.")
 @click.option("--attempt", type=click.IntRange(min=1), help="Which attempt's log, 1 or more (default: the latest).")
-@click.option("--node", type=click.IntRange(min=0), default=0, show_default=True,
-              help="A multi-node run's node (0 is the run's own log; K > 0 that node's copy of the command).")
+@click.option(
+    "--node",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="A multi-node run's node (0 is the run's own log; K > 0 that node's copy of the command).",
+)
 @expected_errors
 def logs(run: str, follow: bool, attempt: Optional[int], node: int):
     """Print RUN's log (the command's stdout and stderr) from the store.
@@ -58,8 +71,11 @@ def logs(run: str, follow: bool, attempt: Optional[int], node: int):
     if not n:
         raise NotFound(f"run {run_id} has not started yet, so it has no log.")
     if node >= max(1, sweep.spec.resources.nodes if sweep.spec.resources else 1):
-        raise OrchError(f"run {run_id} has no node {node}: its nodes are 0 … {(sweep.spec.resources.nodes if sweep.spec.resources else 1) - 1}.",
-                        exit_code=2)
+        raise OrchError(
+            f"run {run_id} has no node {node}: its nodes are 0 … "
+            f"{(sweep.spec.resources.nodes if sweep.spec.resources else 1) - 1}.",
+            exit_code=2,
+        )
     key = f"{node_logs_prefix(name, run_id, node)}/{n}.log" if node else f"{orch_prefix(name, run_id)}/logs/{n}.log"
     printed = 0
 

@@ -55,7 +55,9 @@ def observe(sweep: Sweep, backend: Backend, store: Store, every: bool = False) -
         if sweep.spec.target is not None:
             views[rid].reached = bool((before and before.reached) or sweep.spec.target.met(status.last_metrics))
     ledger = (get_json(store, f"{name}/cost.json") or {}) if sweep.spec.backend == "aws" else {}
-    return Progress(sweep=name, runs=[views[rid] for rid in order], spend_usd=ledger_cost(ledger), budget_usd=sweep.spec.budget_usd)
+    return Progress(
+        sweep=name, runs=[views[rid] for rid in order], spend_usd=ledger_cost(ledger), budget_usd=sweep.spec.budget_usd
+    )
 
 
 def cancel_run(sweep: Sweep, backend: Backend, store: Store, run_id: str) -> str:
@@ -115,7 +117,12 @@ def chaos_interrupt(sweep: Sweep, backend: Backend, store: Store, run_id: str, g
     if not backend.notify_interruption(run_id):
         raise NotFound(f"run {run_id} has no live host to interrupt. `orch status {sweep.spec.name}` shows what runs.")
     try:
-        retry_until(lambda: read_status(store, sweep.spec.name, run_id).state == INTERRUPTED, grace_s, 0.5, "the agent to checkpoint")
+        retry_until(
+            lambda: read_status(store, sweep.spec.name, run_id).state == INTERRUPTED,
+            grace_s,
+            0.5,
+            "the agent to checkpoint",
+        )
     except Timeout:
         log.warning("%s did not report the checkpoint within %.0f s; taking the host anyway", run_id, grace_s)
     # Take the host away, unless the controller already moved the run on: a new attempt's host

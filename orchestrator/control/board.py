@@ -37,7 +37,9 @@ def need_tensorboard() -> None:
     try:
         import tensorboard  # noqa: F401
     except ImportError:
-        raise OrchError(f"TensorBoard is not installed (it is an optional extra). Install it: {INSTALL}", exit_code=2) from None
+        raise OrchError(
+            f"TensorBoard is not installed (it is an optional extra). Install it: {INSTALL}", exit_code=2
+        ) from None
 
 
 def _num(v: Any) -> Optional[float]:
@@ -64,8 +66,11 @@ class Board:
         try:
             self.logdir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise OrchError(f"cannot write the TensorBoard folder {self.logdir}: {exc.strerror or exc}. Pass another with --logdir.",
-                            exit_code=2) from None
+            raise OrchError(
+                f"cannot write the TensorBoard folder {self.logdir}: {exc.strerror or exc}. Pass another with "
+                "--logdir.",
+                exit_code=2,
+            ) from None
         self.runs: Dict[str, RunBoard] = {}
         saved = self._load()
         for rid, data in saved.get("runs", {}).items():
@@ -107,8 +112,8 @@ class Board:
 
         data = self.store.get_bytes(f"{self.name}/{run.run_id}/metrics.jsonl") or b""
         status = read_status(self.store, self.name, run.run_id)
-        new = data[rb.offset:]
-        complete = new[:new.rfind(b"\n") + 1] if b"\n" in new else b""
+        new = data[rb.offset :]
+        complete = new[: new.rfind(b"\n") + 1] if b"\n" in new else b""
         fresh = run.run_id not in self.runs  # first seen by this log directory: its HParams session starts
         self.runs[run.run_id] = rb
         writer = self._writer(run.run_id)
@@ -150,7 +155,7 @@ class Board:
             for tag in hp:
                 if tag not in self.metric_tags:
                     self.metric_tags.append(tag)
-        if status.state in FINAL and not new[len(complete):].strip():
+        if status.state in FINAL and not new[len(complete) :].strip():
             rb.done = True  # ended and converted: never read again
         return wrote
 
@@ -179,7 +184,9 @@ class Board:
 
         if not values:
             return
-        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in values.items()])
+        summary = summary_pb2.Summary(
+            value=[summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in values.items()]
+        )
         writer.add_event(event_pb2.Event(wall_time=wall, step=int(step), summary=summary))
 
     def _session(self, run, writer) -> None:
@@ -224,7 +231,11 @@ class Board:
     def _save(self) -> None:
         from dataclasses import asdict
 
-        doc = {"sweep": self.name, "metric_tags": self.metric_tags, "runs": {rid: asdict(rb) for rid, rb in self.runs.items()}}
+        doc = {
+            "sweep": self.name,
+            "metric_tags": self.metric_tags,
+            "runs": {rid: asdict(rb) for rid, rb in self.runs.items()},
+        }
         tmp = self.logdir / (STATE_FILE + ".tmp")
         tmp.write_text(json.dumps(doc))
         tmp.replace(self.logdir / STATE_FILE)

@@ -93,8 +93,17 @@ def collect(sweep: Sweep, store: Store) -> Results:
     def one(run) -> RunResult:
         status = statuses[run.run_id] = read_status(store, sweep.spec.name, run.run_id)
         lines = read_jsonl(store.get_bytes(f"{sweep.spec.name}/{run.run_id}/metrics.jsonl"))
-        reached = (to_target(target, lines, status.first_started_at, entries_of(ledger, run.run_id) if ledger is not None else None,
-                             run.run_id) if target is not None else ToTarget())
+        reached = (
+            to_target(
+                target,
+                lines,
+                status.first_started_at,
+                entries_of(ledger, run.run_id) if ledger is not None else None,
+                run.run_id,
+            )
+            if target is not None
+            else ToTarget()
+        )
         return RunResult(
             run_id=run.run_id,
             state=status.state,
@@ -113,8 +122,13 @@ def collect(sweep: Sweep, store: Store) -> Results:
     with ThreadPoolExecutor(max_workers=READERS) as pool:
         runs = list(pool.map(one, sweep.runs))
     eco = economics(runs, ledger, {rid: st.attempt for rid, st in statuses.items()}) if target is not None else None
-    return Results(sweep=sweep.spec.name, runs=runs, spend_usd=ledger_cost(ledger) if ledger is not None else None,
-                   target=target is not None, economics=eco)
+    return Results(
+        sweep=sweep.spec.name,
+        runs=runs,
+        spend_usd=ledger_cost(ledger) if ledger is not None else None,
+        target=target is not None,
+        economics=eco,
+    )
 
 
 def write_outputs(results: Results, out_dir: Path) -> List[Path]:
@@ -123,7 +137,10 @@ def write_outputs(results: Results, out_dir: Path) -> List[Path]:
         out_dir.mkdir(parents=True, exist_ok=True)
         return _write(results, out_dir)
     except OSError as exc:
-        raise OrchError(f"cannot write results to {out_dir}: {exc.strerror or exc}. Pass another folder with `--out DIR`.", exit_code=2) from None
+        raise OrchError(
+            f"cannot write results to {out_dir}: {exc.strerror or exc}. Pass another folder with `--out DIR`.",
+            exit_code=2,
+        ) from None
 
 
 def _write(results: Results, out_dir: Path) -> List[Path]:
@@ -153,7 +170,11 @@ def _write(results: Results, out_dir: Path) -> List[Path]:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
-    doc = {"sweep": results.sweep, "runs": rows, **({"spend_usd": round(results.spend_usd, 4)} if results.spend_usd is not None else {})}
+    doc = {
+        "sweep": results.sweep,
+        "runs": rows,
+        **({"spend_usd": round(results.spend_usd, 4)} if results.spend_usd is not None else {}),
+    }
     if results.economics is not None:
         doc["summary"] = {**asdict(results.economics), "words": results.economics.words()}
     json_path.write_text(json.dumps(plain_json(doc), indent=2, allow_nan=False) + "\n")
@@ -192,13 +213,19 @@ def plot(results: Results, metrics: List[str], path: Path) -> Path:
     top, rest = ranked_runs[:LINES], ranked_runs[LINES:]
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
     for ax, metric in zip(axes.flat, metrics):
+
         def points(r: RunResult):
-            return [(line.get("step", i), line[metric]) for i, line in enumerate(r.curves)
-                    if isinstance(line.get(metric), (int, float)) and not isinstance(line.get(metric), bool)]
+            return [
+                (line.get("step", i), line[metric])
+                for i, line in enumerate(r.curves)
+                if isinstance(line.get(metric), (int, float)) and not isinstance(line.get(metric), bool)
+            ]
 
         faint = [p for p in (points(r) for r in rest) if p]
         if faint:
-            ax.add_collection(LineCollection(faint, colors="0.6", alpha=max(0.03, min(0.4, 20 / len(faint))), linewidths=0.6))
+            ax.add_collection(
+                LineCollection(faint, colors="0.6", alpha=max(0.03, min(0.4, 20 / len(faint))), linewidths=0.6)
+            )
             ax.autoscale_view()
         for r in top:
             pts = points(r)

@@ -30,11 +30,11 @@ from orchestrator.store.status import (
     FAILED,
     INTERRUPTED,
     LOST,
+    PRUNED,
     QUEUED,
     STARTING,
     SUCCEEDED,
     RunStatus,
-    PRUNED,
     update_status,
     write_if,
 )
@@ -47,7 +47,9 @@ WAIT, START, DONE, REPLACE = "wait", "start", "done", "replace"
 MAX_NO_SHOWS = 3  # attempts whose host never reported before the run fails for good
 
 
-def decide(status: RunStatus, host: Optional[Host], max_restarts: int, now: float, stale_s: float, start_timeout_s: float) -> str:
+def decide(
+    status: RunStatus, host: Optional[Host], max_restarts: int, now: float, stale_s: float, start_timeout_s: float
+) -> str:
     """What a run needs now: wait (it runs, or must not run again yet), start, replace its host, or done.
 
     A host is given until its start deadline (counted from when its agent was started, which on
@@ -88,12 +90,17 @@ class Controller:
         Returns True when the sweep is new.
         """
         existing = check_recorded(self.sweep, self.store, self.state)
-        if existing is not None and any(existing.get("spec", {}).get(k) != self.sweep.resolved().get(k) for k in REPORT_ONLY):
+        if existing is not None and any(
+            existing.get("spec", {}).get(k) != self.sweep.resolved().get(k) for k in REPORT_ONLY
+        ):
             existing["spec"] = {**existing["spec"], **{k: self.sweep.resolved().get(k) for k in REPORT_ONLY}}
             put_json(self.store, f"{self.name}/sweep.json", existing)  # the new target, for status and collect by name
         if existing is None:
-            put_json(self.store, f"{self.name}/sweep.json", {"spec": self.sweep.resolved(), "launched_at": time.time(),
-                                                           "spec_file": str(self.sweep.path)})
+            put_json(
+                self.store,
+                f"{self.name}/sweep.json",
+                {"spec": self.sweep.resolved(), "launched_at": time.time(), "spec_file": str(self.sweep.path)},
+            )
         self.state.remember(self.name, str(self.sweep.path), self.sweep.store_url, self.sweep.spec.backend)
         return existing is None
 
@@ -119,7 +126,13 @@ class Controller:
         spend = self.backend.spend()
         for run, status, action, view in rows:
             if action == REPLACE:
-                self._replace(hosts[run.run_id], [h for h in every if h.run_id == run.run_id], status, view, table.versions[run.run_id])
+                self._replace(
+                    hosts[run.run_id],
+                    [h for h in every if h.run_id == run.run_id],
+                    status,
+                    view,
+                    table.versions[run.run_id],
+                )
             elif self.rungs is not None:
                 self._rung(run, status, action, view)
         self._release_unclaimed(every, table.status)
@@ -142,14 +155,18 @@ class Controller:
                     if self._start(run, status, view, table.versions[rid]):
                         started.append(rid)
                     free -= 1
-        progress = Progress(sweep=self.name, runs=table.all_views(), started=started, spend_usd=spend, budget_usd=budget)
+        progress = Progress(
+            sweep=self.name, runs=table.all_views(), started=started, spend_usd=spend, budget_usd=budget
+        )
         self._publish(progress)
         return progress
 
     def _row(self, run_id: str, host: Optional[Host]) -> tuple:
         """Decide one run from the record just read; its view goes into the table."""
         status = self.table.status[run_id]
-        action = decide(status, host, self.sweep.spec.max_restarts, time.time(), self.backend.stale_s, self.backend.start_timeout_s)
+        action = decide(
+            status, host, self.sweep.spec.max_restarts, time.time(), self.backend.stale_s, self.backend.start_timeout_s
+        )
         view = view_of(status, host is not None, action == DONE)
         target = self.sweep.spec.target
         if target is not None:
@@ -164,7 +181,9 @@ class Controller:
         its value there, and prune it if the rung says so. A run that already ended only adds its values."""
         rid = run.run_id
         earlier = self.rungs.verdict_of(rid)
-        if earlier is not None:  # decided before (a pass whose write lost a race, or a resumed attempt): the verdict stands
+        if (
+            earlier is not None
+        ):  # decided before (a pass whose write lost a race, or a resumed attempt): the verdict stands
             if status.state in ACTIVE or action == START:
                 self._prune(status, view, earlier)
             return
@@ -183,8 +202,15 @@ class Controller:
         metric, at = self.rungs.metric, self.rungs.p.at
         status.state, status.finished_at = PRUNED, time.time()
         status.reason = verdict.words(metric, at)
-        status.pruned = {"rung": verdict.rung, "value": verdict.value, "cutoff": verdict.cutoff, "reported": verdict.reported,
-                         "kept": verdict.best_k, "metric": metric, "at": at}
+        status.pruned = {
+            "rung": verdict.rung,
+            "value": verdict.value,
+            "cutoff": verdict.cutoff,
+            "reported": verdict.reported,
+            "kept": verdict.best_k,
+            "metric": metric,
+            "at": at,
+        }
         if not self._write(status, self.table.versions[status.run_id]):
             return  # decided again next pass, with the same verdict
         view.state, view.reason = PRUNED, status.reason
@@ -206,6 +232,7 @@ class Controller:
     def _record_outcomes(self) -> None:
         """Attempts that ended before their agent ran: the controller, the writer of claims, records them."""
         for outcome in self.backend.drain_outcomes():
+
             def change(status: RunStatus, outcome=outcome) -> Optional[RunStatus]:
                 if status.attempt != outcome.attempt or status.state not in ACTIVE:
                     return None  # the run moved on meanwhile
@@ -222,6 +249,7 @@ class Controller:
 
     def _stop_for_budget(self, rows, spend: float, budget: float) -> None:
         """The budget is spent: what has not started never will (running attempts finish)."""
+
         def cancel(status: RunStatus, view: RunView) -> None:
             status.state, status.reason = CANCELLED, f"not started: budget {usd(budget)} reached (spent {usd(spend)})"
             status.finished_at = time.time()
@@ -253,20 +281,30 @@ class Controller:
         log.info("%s: its record changed since this pass read it; deciding again next pass", status.run_id)
         return False
 
-    def _replace(self, host: Host, all_hosts: List[Host], status: RunStatus, view: RunView, version: Optional[str]) -> None:
+    def _replace(
+        self, host: Host, all_hosts: List[Host], status: RunStatus, view: RunView, version: Optional[str]
+    ) -> None:
         never = not status.heartbeat
         if host.missing and not never:
-            reason = (f"{host.missing} of the attempt's {host.nodes} nodes lost (instance gone); the attempt ends on every node "
-                      "and the run resumes on a fresh set")
+            reason = (
+                f"{host.missing} of the attempt's {host.nodes} nodes lost (instance gone); the attempt ends on every "
+                "node "
+                "and the run resumes on a fresh set"
+            )
         elif never:
             status.no_shows += 1
-            reason = f"host {host.host_id} never reported: its agent did not start ({status.no_shows} of {MAX_NO_SHOWS} such attempts)"
+            reason = (
+                f"host {host.host_id} never reported: its agent did not start ({status.no_shows} of {MAX_NO_SHOWS} "
+                "such attempts)"
+            )
         else:
             reason = f"host {host.host_id} lost: no sign of life for {time.time() - status.heartbeat:.0f} s"
         if never and status.no_shows >= MAX_NO_SHOWS:  # a replacement loop would pay for instance after instance
             status.state, status.finished_at = FAILED, time.time()
-            status.reason = (f"failed for good: {MAX_NO_SHOWS} hosts in a row never reported. Check the agent's log on an instance "
-                             f"(`aws.keep_alive: true`, then `orch attach`), the image's interpreter (`aws.python`) and tmux.")
+            status.reason = (
+                f"failed for good: {MAX_NO_SHOWS} hosts in a row never reported. Check the agent's log on an instance "
+                f"(`aws.keep_alive: true`, then `orch attach`), the image's interpreter (`aws.python`) and tmux."
+            )
             view.final = True
         else:
             status.state, status.reason = LOST, reason
@@ -285,8 +323,13 @@ class Controller:
         for host in hosts:
             status = statuses.get(host.run_id)
             if host.attempt is not None and status is not None and host.attempt < status.attempt:
-                log.warning("%s: host %s of attempt %s is unclaimed (current attempt %s); releasing it",
-                            host.run_id, host.host_id, host.attempt, status.attempt)
+                log.warning(
+                    "%s: host %s of attempt %s is unclaimed (current attempt %s); releasing it",
+                    host.run_id,
+                    host.host_id,
+                    host.attempt,
+                    status.attempt,
+                )
                 self.backend.release(host)
                 self.state.journal(self.name, "release-unclaimed", host.run_id, host.host_id)
 
@@ -313,12 +356,19 @@ class Controller:
             log.warning("could not start %s: %s", run.run_id, exc)
             self.state.journal(self.name, "start-failed", run.run_id, str(exc))
             return False
-        self.state.journal(self.name, "start", run.run_id, f"attempt {status.attempt}" + (f" after {previous.state}" if previous.attempt else ""))
+        self.state.journal(
+            self.name,
+            "start",
+            run.run_id,
+            f"attempt {status.attempt}" + (f" after {previous.state}" if previous.attempt else ""),
+        )
         view.state, view.attempt, view.elapsed, view.final = STARTING, status.attempt, 0.0, False
         view.failures, view.preemptions, view.exit_code, view.reason = status.failures, status.preemptions, None, ""
         return True
 
-    def run(self, on_progress: Callable[[Progress], None] = lambda p: None, interval: Optional[float] = None) -> Progress:
+    def run(
+        self, on_progress: Callable[[Progress], None] = lambda p: None, interval: Optional[float] = None
+    ) -> Progress:
         """Pass after pass until every run is final."""
         interval = interval or self.backend.poll_s
         last: List[Progress] = []
@@ -327,9 +377,11 @@ class Controller:
             try:
                 progress = self.step()
             except OSError as exc:  # the store (a folder) went away or became read-only under us
-                raise OrchError(f"the store {self.store.url} cannot be read or written any more ({exc.strerror or exc}). "
-                                f"Runs keep going; restore the folder, then `orch launch {self.sweep.path}` continues the sweep.",
-                                exit_code=2) from None
+                raise OrchError(
+                    f"the store {self.store.url} cannot be read or written any more ({exc.strerror or exc}). "
+                    f"Runs keep going; restore the folder, then `orch launch {self.sweep.path}` continues the sweep.",
+                    exit_code=2,
+                ) from None
             last[:] = [progress]
             on_progress(progress)
             return progress.done
@@ -349,14 +401,20 @@ def check_recorded(sweep: Sweep, store: Store, state: State) -> Optional[dict]:
     resolved = sweep.resolved()
     if existing is not None:
         before = existing.get("spec", {})
-        changed = sorted(k for k in set(before) | set(resolved) if before.get(k) != resolved.get(k)
-                         and not (k == "grid_order" and k not in before)  # recorded before orch kept the order
-                         and not (k in REPORT_ONLY and before.get("prune") is None and resolved.get("prune") is None))
+        changed = sorted(
+            k
+            for k in set(before) | set(resolved)
+            if before.get(k) != resolved.get(k)
+            and not (k == "grid_order" and k not in before)  # recorded before orch kept the order
+            and not (k in REPORT_ONLY and before.get("prune") is None and resolved.get("prune") is None)
+        )
         if changed:
             raise OrchError(
                 f"{sweep.path}: a different sweep named {sweep.spec.name!r} already exists in {store.url} "
                 f"(changed: {', '.join(changed)}). Its results are kept: give this sweep a new `name:`, "
-                f"or restore the old settings to continue it.", exit_code=2)
+                f"or restore the old settings to continue it.",
+                exit_code=2,
+            )
     return existing
 
 

@@ -36,15 +36,22 @@ class Verdict:
     best_k: int = 0  # how many of them the rung keeps
 
     def words(self, metric: str, at: str) -> str:
-        return (f"pruned at {at} {self.rung:g}: {metric} {self.value:.4g} is worse than the cutoff {self.cutoff:.4g} "
-                f"(the best {self.best_k} of the {self.reported} runs that reached that rung go on)")
+        return (
+            f"pruned at {at} {self.rung:g}: {metric} {self.value:.4g} is worse than the cutoff {self.cutoff:.4g} "
+            f"(the best {self.best_k} of the {self.reported} runs that reached that rung go on)"
+        )
 
 
 def rule(spec: SweepSpec) -> tuple:
     """(metric, mode) that `prune:` compares: its own, else target's, else from the metric's name."""
     p: PruneSection = spec.prune
     metric = p.metric or spec.target.metric
-    mode = p.mode or (spec.target.resolved_mode() if spec.target and spec.target.metric == metric else None) or default_mode(metric) or "max"
+    mode = (
+        p.mode
+        or (spec.target.resolved_mode() if spec.target and spec.target.metric == metric else None)
+        or default_mode(metric)
+        or "max"
+    )
     return metric, mode
 
 
@@ -64,7 +71,9 @@ class Rungs:
         for rung, runs in (doc.get("values") or {}).items() if isinstance(doc, dict) else []:
             if isinstance(runs, dict):
                 self.values[str(rung)] = {r: float(v) for r, v in runs.items() if number(v) is not None}
-        self.pruned: Dict[str, dict] = {r: v for r, v in (doc.get("pruned") or {}).items()} if isinstance(doc, dict) else {}
+        self.pruned: Dict[str, dict] = (
+            {r: v for r, v in (doc.get("pruned") or {}).items()} if isinstance(doc, dict) else {}
+        )
 
     def next_rung(self, run_id: str) -> Optional[float]:
         """The first rung this run has not reported at yet (None: it has passed them all)."""
@@ -91,8 +100,15 @@ class Rungs:
             seen[run_id] = value
             verdict = self._decide(run_id, rung, value, seen)
             if judge and not verdict.kept:  # the value and the verdict are written together
-                self.pruned[run_id] = {"rung": rung, "value": value, "cutoff": verdict.cutoff, "reported": verdict.reported,
-                                       "kept": verdict.best_k, "metric": self.metric, "at": self.p.at}
+                self.pruned[run_id] = {
+                    "rung": rung,
+                    "value": value,
+                    "cutoff": verdict.cutoff,
+                    "reported": verdict.reported,
+                    "kept": verdict.best_k,
+                    "metric": self.metric,
+                    "at": self.p.at,
+                }
                 self.save()
                 return verdict
             self.save()
@@ -113,12 +129,29 @@ class Rungs:
         v = self.pruned.get(run_id)
         if not isinstance(v, dict) or number(v.get("value")) is None or number(v.get("cutoff")) is None:
             return None
-        return Verdict(run_id, float(v.get("rung", 0)), float(v["value"]), float(v["cutoff"]), int(v.get("reported", 0)), False,
-                       int(v.get("kept", 0)))
+        return Verdict(
+            run_id,
+            float(v.get("rung", 0)),
+            float(v["value"]),
+            float(v["cutoff"]),
+            int(v.get("reported", 0)),
+            False,
+            int(v.get("kept", 0)),
+        )
 
     def save(self) -> None:
-        put_json(self.store, self.key, {"metric": self.metric, "mode": self.mode, "at": self.p.at, "rungs": list(self.p.rungs),
-                                        "values": self.values, "pruned": self.pruned})
+        put_json(
+            self.store,
+            self.key,
+            {
+                "metric": self.metric,
+                "mode": self.mode,
+                "at": self.p.at,
+                "rungs": list(self.p.rungs),
+                "values": self.values,
+                "pruned": self.pruned,
+            },
+        )
 
 
 def _k(rung: float) -> str:

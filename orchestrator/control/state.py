@@ -61,8 +61,12 @@ class State:
         """A name launched from here names one sweep: another store under the same name is refused, not re-pointed."""
         for rec in self.sweeps():
             if rec.name == name and rec.store_url != store_url:
-                raise OrchError(f"{spec_path}: sweep {name!r} was launched from here from {rec.spec_path} with store {rec.store_url}; "
-                                f"this file says store {store_url}. Give this sweep another `name:`, or point `store:` back.", exit_code=2)
+                raise OrchError(
+                    f"{spec_path}: sweep {name!r} was launched from here from {rec.spec_path} with store "
+                    f"{rec.store_url}; "
+                    f"this file says store {store_url}. Give this sweep another `name:`, or point `store:` back.",
+                    exit_code=2,
+                )
 
     def sweeps(self) -> List[SweepRecord]:
         with closing(self._db()) as db:

@@ -32,9 +32,16 @@ def touched_prefix(sweep: str) -> str:
 
 
 def build(progress: Progress) -> dict:
-    return {"version": VERSION, "sweep": progress.sweep, "updated_at": time.time(), "done": progress.done,
-            "counts": progress.counts(), "spend_usd": progress.spend_usd, "budget_usd": progress.budget_usd,
-            "runs": [asdict(r) for r in progress.runs]}
+    return {
+        "version": VERSION,
+        "sweep": progress.sweep,
+        "updated_at": time.time(),
+        "done": progress.done,
+        "counts": progress.counts(),
+        "spend_usd": progress.spend_usd,
+        "budget_usd": progress.budget_usd,
+        "runs": [asdict(r) for r in progress.runs],
+    }
 
 
 def write(store: Store, progress: Progress) -> None:
@@ -46,7 +53,12 @@ def read(store: Store, sweep: str, run_ids: List[str]) -> Optional[Dict[str, Run
     """The rows of the summary, one per run of the sweep (runs it lacks show as queued), or None when
     there is none or it cannot be trusted (another version, another sweep, wrong types)."""
     doc = get_json(store, summary_key(sweep))
-    if not isinstance(doc, dict) or doc.get("version") != VERSION or doc.get("sweep") != sweep or not isinstance(doc.get("runs"), list):
+    if (
+        not isinstance(doc, dict)
+        or doc.get("version") != VERSION
+        or doc.get("sweep") != sweep
+        or not isinstance(doc.get("runs"), list)
+    ):
         return None
     rows: Dict[str, RunView] = {}
     try:
@@ -59,8 +71,11 @@ def read(store: Store, sweep: str, run_ids: List[str]) -> Optional[Dict[str, Run
         return None
     from orchestrator.store.status import QUEUED
 
-    return {rid: rows.get(rid) or RunView(run_id=rid, state=QUEUED, attempt=0, failures=0, preemptions=0, elapsed=None, metrics={})
-            for rid in run_ids}
+    return {
+        rid: rows.get(rid)
+        or RunView(run_id=rid, state=QUEUED, attempt=0, failures=0, preemptions=0, elapsed=None, metrics={})
+        for rid in run_ids
+    }
 
 
 def touch(store: Store, sweep: str, run_id: str) -> None:
@@ -73,9 +88,9 @@ def touched(store: Store, sweep: str) -> List[str]:
     base = touched_prefix(sweep) + "/"
     out = []
     for key in store.list(touched_prefix(sweep)):
-        rest = key[len(base):] if key.startswith(base) else ""
+        rest = key[len(base) :] if key.startswith(base) else ""
         if rest.endswith("/at"):
-            out.append(rest[:-len("/at")])
+            out.append(rest[: -len("/at")])
     return out
 
 

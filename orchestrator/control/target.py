@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-from orchestrator.sweep.spec import TargetSection
 from orchestrator.control.views import usd
+from orchestrator.sweep.spec import TargetSection
 
 
 @dataclass
@@ -55,8 +55,13 @@ def usd_until(entries: List[dict], run_id: str, until: Optional[float] = None) -
     return total
 
 
-def to_target(target: TargetSection, lines: List[dict], first_started_at: Optional[float],
-              entries: Optional[List[dict]], run_id: str) -> ToTarget:
+def to_target(
+    target: TargetSection,
+    lines: List[dict],
+    first_started_at: Optional[float],
+    entries: Optional[List[dict]],
+    run_id: str,
+) -> ToTarget:
     for line in lines:
         if target.met(line):
             at = _num(line.get("time"))
@@ -78,7 +83,9 @@ class Economics:
     fastest: Optional[tuple] = None  # (run_id, time_to_target_s or wall_to_target_s)
     cheapest: Optional[tuple] = None  # (run_id, usd_to_target)
     total_usd: Optional[float] = None
-    unfinished_attempts_usd: Optional[float] = None  # instances of attempts that did not finish (interrupted, lost, failed)
+    unfinished_attempts_usd: Optional[float] = (
+        None  # instances of attempts that did not finish (interrupted, lost, failed)
+    )
     pruned_usd: Optional[float] = None  # everything pruned runs cost
     on_demand_usd: Optional[float] = None  # the same instance hours at on-demand prices
 
@@ -90,12 +97,17 @@ class Economics:
             out.append(f"cheapest {self.cheapest[0]} for {usd(self.cheapest[1])}")
         line = "; ".join(out)
         if self.total_usd is not None:
-            line += (f". Spent {usd(self.total_usd)} in all: {usd(self.unfinished_attempts_usd or 0)} on attempts that did not "
-                     f"finish (interrupted or failed), {usd(self.pruned_usd or 0)} on pruned runs")
+            line += (
+                f". Spent {usd(self.total_usd)} in all: {usd(self.unfinished_attempts_usd or 0)} on attempts that did "
+                "not "
+                f"finish (interrupted or failed), {usd(self.pruned_usd or 0)} on pruned runs"
+            )
             if self.on_demand_usd:
                 saved = self.on_demand_usd - self.total_usd
-                line += (f"; on demand the same hours would have cost {usd(self.on_demand_usd)} "
-                         f"(saved {usd(saved)}, {saved / self.on_demand_usd:.0%}; on-demand prices are approximate)")
+                line += (
+                    f"; on demand the same hours would have cost {usd(self.on_demand_usd)} "
+                    f"(saved {usd(saved)}, {saved / self.on_demand_usd:.0%}; on-demand prices are approximate)"
+                )
         return [line + "."]
 
 
@@ -104,24 +116,40 @@ def economics(rows, ledger: Optional[Dict[str, dict]], attempts: Dict[str, int])
     from orchestrator.aws.pricing import ledger_cost, on_demand_price
 
     reached = [r for r in rows if r.to_target.reached]
-    timed = [(r.run_id, r.to_target.time_to_target_s if r.to_target.time_to_target_s is not None else r.to_target.wall_to_target_s)
-             for r in reached]
+    timed = [
+        (
+            r.run_id,
+            r.to_target.time_to_target_s if r.to_target.time_to_target_s is not None else r.to_target.wall_to_target_s,
+        )
+        for r in reached
+    ]
     timed = [t for t in timed if t[1] is not None]
     priced = [(r.run_id, r.to_target.usd_to_target) for r in reached if r.to_target.usd_to_target is not None]
-    eco = Economics(runs=len(rows), reached=len(reached), fastest=min(timed, key=lambda t: t[1]) if timed else None,
-                    cheapest=min(priced, key=lambda t: t[1]) if priced else None)
+    eco = Economics(
+        runs=len(rows),
+        reached=len(reached),
+        fastest=min(timed, key=lambda t: t[1]) if timed else None,
+        cheapest=min(priced, key=lambda t: t[1]) if priced else None,
+    )
     if ledger is None:
         return eco
     eco.total_usd = ledger_cost(ledger)
     pruned = {r.run_id for r in rows if r.state == "pruned"}
-    eco.unfinished_attempts_usd = sum(usd_until([e], e["run"]) for e in ledger.values()
-                                      if e.get("run") and e.get("attempt") and e["attempt"] < attempts.get(e["run"], 0))
+    eco.unfinished_attempts_usd = sum(
+        usd_until([e], e["run"])
+        for e in ledger.values()
+        if e.get("run") and e.get("attempt") and e["attempt"] < attempts.get(e["run"], 0)
+    )
     eco.pruned_usd = sum(usd_until(entries_of(ledger, rid), rid) for rid in pruned)
     on_demand = 0.0
     for e in ledger.values():
         hours = max(0.0, float(e.get("end") or 0) - float(e.get("start") or 0)) / 3600
         price = float(e.get("price_per_h") or 0.0)
-        od = on_demand_price(e.get("type", ""), price if e.get("market") == "spot" else None) if e.get("market") == "spot" else price
+        od = (
+            on_demand_price(e.get("type", ""), price if e.get("market") == "spot" else None)
+            if e.get("market") == "spot"
+            else price
+        )
         on_demand += hours * (od or price)
     eco.on_demand_usd = on_demand
     return eco

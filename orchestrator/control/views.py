@@ -11,7 +11,8 @@ LIVE_ROWS_FINISHED = 10  # the live table shows every active run and this many o
 
 
 def usd(amount: float) -> str:
-    """Dollars as a person reads them: cents from $1 up, hundredths of a cent below (a short run costs a fraction of a cent)."""
+    """Dollars as a person reads them: cents from $1 up, hundredths of a cent below (a short run costs a fraction of a
+    cent)."""
     return f"${amount:.2f}" if abs(amount) >= 1 else f"${amount:.4f}"
 
 
@@ -80,8 +81,16 @@ def view_of(status: RunStatus, has_host: bool, final: bool) -> RunView:
     """A run's row from its record: an active record without a host shows as lost."""
     lost = status.state in ACTIVE and not has_host
     return RunView(
-        run_id=status.run_id, state=LOST if lost else status.state, attempt=status.attempt,
-        failures=status.failures, preemptions=status.preemptions, elapsed=status.elapsed,
-        metrics=status.last_metrics, reason=status.reason, exit_code=status.exit_code,
-        log_tail=status.log_tail, final=final, finished_at=status.finished_at,
+        run_id=status.run_id,
+        state=LOST if lost else status.state,
+        attempt=status.attempt,
+        failures=status.failures,
+        preemptions=status.preemptions,
+        elapsed=status.elapsed,
+        metrics=status.last_metrics,
+        reason=status.reason,
+        exit_code=status.exit_code,
+        log_tail=status.log_tail,
+        final=final,
+        finished_at=status.finished_at,
     )

@@ -23,16 +23,16 @@ from typing import Optional
 from orchestrator.contract import AGENT_PID_FILE, NOTICE_FILE, STOP_REASON_FILE, RunTask
 from orchestrator.host import tmux
 from orchestrator.host.attempt import (
-    RungWatch,
-    group_runs,
-    pid_file,
     SUPERSEDED,
+    RungWatch,
     _write_private,
     checkpoint_ok,
     final_status,
+    group_runs,
     is_checkpoint,
     last_metrics,
     newest_checkpoint,
+    pid_file,
     tail,
     usr1_targets,
     wrapper_script,
@@ -69,7 +69,9 @@ FOLLOWER_WAIT_S = 300.0  # a follower whose command ended waits this long for no
 
 class Agent:
     def __init__(self, task: RunTask, store: Optional[Store] = None):
-        task.run_dir, task.ctl_dir = (str(Path(p).expanduser()) for p in (task.run_dir, task.ctl_dir))  # "~/..." on hosts
+        task.run_dir, task.ctl_dir = (
+            str(Path(p).expanduser()) for p in (task.run_dir, task.ctl_dir)
+        )  # "~/..." on hosts
         task.env["ORCH_RUN_DIR"] = task.run_dir
         task.data = [{"from": e["from"], "to": os.path.expanduser(e["to"])} for e in task.data]
         if "ORCH_DATA_DIR" in task.env:
@@ -91,12 +93,19 @@ class Agent:
         # A run spanning several hosts: node 0 reports; the others follow its record (host/nodes.py).
         self.follower = task.node_rank > 0
         self.relay = Relay(self.store, relay_key(task.sweep, task.run_id, task.attempt))
-        self.reporter = (FollowerReporter(self.store, task.sweep, task.run_id, task.attempt) if self.follower
-                         else Reporter(self.store, task.sweep, task.run_id, task.attempt, self.run_dir / "metrics.jsonl"))
+        self.reporter = (
+            FollowerReporter(self.store, task.sweep, task.run_id, task.attempt)
+            if self.follower
+            else Reporter(self.store, task.sweep, task.run_id, task.attempt, self.run_dir / "metrics.jsonl")
+        )
         self.status_lock = self.reporter.lock  # the record is shared with the heartbeat thread
         self.rungs = RungWatch(self.run_dir / "metrics.jsonl", task.rungs_at, [] if self.follower else task.rungs)
-        self.notices = NoticeSource(self.ctl, task.imds, self.relay.received if task.node_hosts > 1 and not self.follower else None)
-        self.host_policy = HostPolicy(task.session, task.terminate_on_exit, task.idle_s or 0, task.slot, slot_value(task.run_id, task.attempt))
+        self.notices = NoticeSource(
+            self.ctl, task.imds, self.relay.received if task.node_hosts > 1 and not self.follower else None
+        )
+        self.host_policy = HostPolicy(
+            task.session, task.terminate_on_exit, task.idle_s or 0, task.slot, slot_value(task.run_id, task.attempt)
+        )
         self.rebalance_at: Optional[float] = None  # when the rebalance recommendation was seen; -1 once handled
         self.ckpt_at_rebalance: Optional[int] = None
 
@@ -118,9 +127,15 @@ class Agent:
             self.rebalance_at, self.ckpt_at_rebalance = now, newest_checkpoint(self.run_dir)
             log.info("rebalance recommendation: asking the command for a checkpoint (SIGUSR1) and syncing it early")
             self._signal_command(signal.SIGUSR1)
-        elif self.rebalance_at > 0 and (newest_checkpoint(self.run_dir) != self.ckpt_at_rebalance or now - self.rebalance_at > NOTICE_GRACE_S):
+        elif self.rebalance_at > 0 and (
+            newest_checkpoint(self.run_dir) != self.ckpt_at_rebalance or now - self.rebalance_at > NOTICE_GRACE_S
+        ):
             self.store.sync_up(self.run_dir, self.prefix, prune=is_checkpoint)
-            log.info("rebalance recommendation: checkpoint step %s in the store %.1f s later", newest_checkpoint(self.run_dir), time.time() - self.rebalance_at)
+            log.info(
+                "rebalance recommendation: checkpoint step %s in the store %.1f s later",
+                newest_checkpoint(self.run_dir),
+                time.time() - self.rebalance_at,
+            )
             self.rebalance_at = -1.0  # handled; once per attempt
 
     def _on_notice(self, status, now: float) -> None:
@@ -142,8 +157,12 @@ class Agent:
         self.store.sync_up(self.run_dir, self.prefix, prune=is_checkpoint)
         with self.status_lock:
             status.state = INTERRUPTED
-            status.reason = (f"spot interruption notice; checkpoint step {newest} in the store {time.time() - self.notice_at:.1f} s later"
-                             if newest is not None else "spot interruption notice; the command left no checkpoint")
+            status.reason = (
+                f"spot interruption notice; checkpoint step {newest} in the store {time.time() - self.notice_at:.1f} s "
+                "later"
+                if newest is not None
+                else "spot interruption notice; the command left no checkpoint"
+            )
             status.heartbeat = time.time()
             self.reporter.record(status)
         log.info("%s", status.reason)
@@ -214,7 +233,10 @@ class Agent:
         _write_private(script, wrapper_script(t, self.log_file))  # it holds the whole environment
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "a") as f:  # the header from Python: user text never becomes shell syntax
-            f.write(f"[orch] {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} attempt {t.attempt} of {t.run_id}: {t.command}\n")
+            f.write(
+                f"[orch] {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} attempt {t.attempt} of {t.run_id}: "
+                f"{t.command}\n"
+            )
         self.exit_file.unlink(missing_ok=True)
         for stale in (pid_file("cmd", t.attempt), pid_file("wrapper", t.attempt)):
             (self.ctl / stale).unlink(missing_ok=True)
@@ -243,7 +265,9 @@ class Agent:
                 if self.node_failed:  # a node's failure is the attempt's: stop this node's command too
                     log.info("node %s exited with code %s: the attempt ends", *self.node_failed)
                     self.stop_requested = NODE_FAILED
-            if not self.stop_requested and (self.notice_at is not None or (now >= next_notice and self.notices.notice())):
+            if not self.stop_requested and (
+                self.notice_at is not None or (now >= next_notice and self.notices.notice())
+            ):
                 self._on_notice(status, now)
             elif not self.stop_requested and (now >= next_notice or (self.rebalance_at or 0) > 0):
                 self._on_rebalance(now)
@@ -264,7 +288,11 @@ class Agent:
 
         retry_until(step, timeout=None, interval=POLL_S)
         try:
-            return int(retry_until(lambda: self.exit_file.exists() and self.exit_file.read_text().strip(), 2.0, POLL_S, "exit code"))
+            return int(
+                retry_until(
+                    lambda: self.exit_file.exists() and self.exit_file.read_text().strip(), 2.0, POLL_S, "exit code"
+                )
+            )
         except (Timeout, ValueError):
             return None
 
@@ -281,22 +309,37 @@ class Agent:
         state, reason, failed = final_status(self.stop_requested, noticed, code, t.timeout_s)
         if self.stop_requested == NODE_FAILED and self.node_failed:
             node, status.exit_code = self.node_failed
-            state, reason, failed = FAILED, f"node {node} exited with code {status.exit_code} (`orch logs {t.run_id} --node {node}`)", True
+            state, reason, failed = (
+                FAILED,
+                f"node {node} exited with code {status.exit_code} (`orch logs {t.run_id} --node {node}`)",
+                True,
+            )
         if self.stage_error:
             state, reason, failed = FAILED, f"data staging failed: {self.stage_error}", True
         status.state, status.reason = state, reason or (status.reason if state == INTERRUPTED else "")
         status.failures += 1 if failed else 0
         status.log_tail = "" if state == SUCCEEDED else tail(self.log_file)
         if self.follower:
-            if code not in (0, None) and not self.stop_requested:  # this node failed: so did the attempt (node 0 records it)
-                self._quietly(self.store.put_bytes, node_exit_key(t.sweep, t.run_id, t.attempt, t.node_rank), f"{code}\n".encode())
+            if (
+                code not in (0, None) and not self.stop_requested
+            ):  # this node failed: so did the attempt (node 0 records it)
+                self._quietly(
+                    self.store.put_bytes, node_exit_key(t.sweep, t.run_id, t.attempt, t.node_rank), f"{code}\n".encode()
+                )
             self._await_node0()
         else:
             try:  # the record of how it ended matters most: a store that is briefly unwritable gets a minute
-                retry_until(lambda: self.reporter.superseded or self._quietly(self.reporter.record, status), 60, 2.0,
-                            "the store to take the final status")
+                retry_until(
+                    lambda: self.reporter.superseded or self._quietly(self.reporter.record, status),
+                    60,
+                    2.0,
+                    "the store to take the final status",
+                )
             except Timeout:
-                log.error("could not record the end of attempt %s in the store; the controller will see a lost host", t.attempt)
+                log.error(
+                    "could not record the end of attempt %s in the store; the controller will see a lost host",
+                    t.attempt,
+                )
         self.host_policy.after_attempt()
         return 0
 
@@ -305,9 +348,18 @@ class Agent:
         node gone first would make the controller call the attempt lost (and try again) where node 0
         is about to record a failure."""
         try:
-            retry_until(lambda: not self.reporter.still_running(), FOLLOWER_WAIT_S, 2.0, "node 0 to record the end of the attempt")
+            retry_until(
+                lambda: not self.reporter.still_running(),
+                FOLLOWER_WAIT_S,
+                2.0,
+                "node 0 to record the end of the attempt",
+            )
         except Timeout:
-            log.warning("node 0 has not recorded the end of attempt %s after %.0f s; leaving anyway", self.task.attempt, FOLLOWER_WAIT_S)
+            log.warning(
+                "node 0 has not recorded the end of attempt %s after %.0f s; leaving anyway",
+                self.task.attempt,
+                FOLLOWER_WAIT_S,
+            )
 
     def _stage(self, status) -> bool:
         """The sweep's data on this host before the command starts (once per host: what is there stays)."""
@@ -318,7 +370,9 @@ class Agent:
             self.reporter.record(status)
         try:
             for r in stage_all(self.task.data, getattr(self.store, "client", None)):
-                log.info("data %s -> %s: %d files, %d fetched (%.1f MB)", r.source, r.to, r.files, r.fetched, r.bytes / 1e6)
+                log.info(
+                    "data %s -> %s: %d files, %d fetched (%.1f MB)", r.source, r.to, r.files, r.fetched, r.bytes / 1e6
+                )
             return True
         except OSError as exc:
             self.stage_error = str(exc)
@@ -332,7 +386,10 @@ class Agent:
         """The run folder as the last attempt left it, with only its newest checkpoint that verifies."""
         self.store.sync_down(self.prefix, self.run_dir, only=lambda rel: not is_checkpoint(rel))
         keys = self.store.list(f"{self.prefix}/ckpt")
-        steps = sorted({int(k.split("/")[-2]) for k in keys if k.endswith("/MANIFEST.json") and k.split("/")[-2].isdigit()}, reverse=True)
+        steps = sorted(
+            {int(k.split("/")[-2]) for k in keys if k.endswith("/MANIFEST.json") and k.split("/")[-2].isdigit()},
+            reverse=True,
+        )
         for step in steps:
             self.store.sync_down(self.prefix, self.run_dir, only=lambda rel, step=step: rel.startswith(f"ckpt/{step}/"))
             if checkpoint_ok(self.run_dir / "ckpt" / str(step)):
@@ -342,7 +399,9 @@ class Agent:
 
     def _sync_up(self) -> None:
         if self.follower:  # the run folder is node 0's to keep; this node keeps only its log
-            self.store.sync_up(self.log_file.parent, node_logs_prefix(self.task.sweep, self.task.run_id, self.task.node_rank))
+            self.store.sync_up(
+                self.log_file.parent, node_logs_prefix(self.task.sweep, self.task.run_id, self.task.node_rank)
+            )
             return
         self.store.sync_up(self.run_dir, self.prefix, prune=is_checkpoint)
         self.store.sync_up(self.log_file.parent, f"{orch_prefix(self.task.sweep, self.task.run_id)}/logs")
@@ -364,7 +423,8 @@ class Agent:
             return None
 
     def _stop_leftovers(self) -> None:
-        """The run ends when its command exits: what it left running in its process group is stopped after a short grace."""
+        """The run ends when its command exits: what it left running in its process group is stopped after a short
+        grace."""
         group = self.cmd_group or self._group_of_command()
         if group is None or group == os.getpgid(0):
             return

@@ -15,10 +15,10 @@ from typing import Dict, List, Optional, Tuple
 from orchestrator.contract import RunTask
 from orchestrator.store.status import (
     CANCELLED,
-    PRUNED,
     FAILED,
     INTERRUPTED,
     LOST,
+    PRUNED,
     STOPPED,
     SUCCEEDED,
 )
@@ -52,10 +52,11 @@ def wrapper_script(task: RunTask, log_file: Path) -> str:
 # attempt {task.attempt}, written by the orch agent
 {exports}
 cd {shlex.quote(task.run_dir)} || exit 97
-echo $$ > {shlex.quote(str(ctl / pid_file('wrapper', task.attempt)))}
+echo $$ > {shlex.quote(str(ctl / pid_file("wrapper", task.attempt)))}
 exec > >(tee -a {shlex.quote(str(log_file))}) 2>&1
 tee_pid=$!
-bash -c {shlex.quote(launcher)} orch-run {shlex.quote(str(ctl / pid_file('cmd', task.attempt)))} {shlex.quote(task.command)}
+bash -c {shlex.quote(launcher)} orch-run {shlex.quote(str(ctl / pid_file("cmd", task.attempt)))} \
+  {shlex.quote(task.command)}
 code=$?
 echo $code > {exit_file}.tmp && mv {exit_file}.tmp {exit_file}
 exec >&- 2>&-
@@ -68,18 +69,22 @@ wait $tee_pid  # the pane (and tmux's SIGHUP to it) must not end before the log 
 # children first, then them) and the exit code is that first non-zero one (0 when all succeed) — a
 # crashed node must not leave the rest waiting for it in a rendezvous until a timeout.
 NODES_LAUNCHER = (
-    'echo $$ > "$1"; pids=(); for k in $(seq 0 $((ORCH_NODES - 1))); do ORCH_NODE_RANK=$k bash -c "$2" & pids+=($!); done; '
+    'echo $$ > "$1"; pids=(); for k in $(seq 0 $((ORCH_NODES - 1))); do ORCH_NODE_RANK=$k bash -c "$2" & pids+=($!); '
+    "done; "
     'stop() { for q in "${pids[@]}"; do pkill -TERM -P "$q" 2>/dev/null; kill -TERM "$q" 2>/dev/null; done; }; '
-    'trap stop TERM INT HUP; code=0; '
+    "trap stop TERM INT HUP; code=0; "
     'while [ ${#pids[@]} -gt 0 ]; do left=(); failed=0; for p in "${pids[@]}"; do '
     'if kill -0 "$p" 2>/dev/null; then left+=("$p"); else wait "$p"; c=$?; '
     'if [ "$c" -ne 0 ] && [ "$code" -eq 0 ]; then code=$c; failed=1; fi; fi; done; '
-    'pids=("${left[@]}"); [ "$failed" -eq 1 ] && stop; [ ${#pids[@]} -gt 0 ] && sleep 0.2; done; exit $code')
+    'pids=("${left[@]}"); [ "$failed" -eq 1 ] && stop; [ ${#pids[@]} -gt 0 ] && sleep 0.2; done; exit $code'
+)
 
 SUPERSEDED = "superseded"  # the agent found its record taken over: it stops and writes nothing more
 
 
-def final_status(stop_requested: Optional[str], noticed: bool, code: Optional[int], timeout_s: Optional[float]) -> Tuple[str, str, bool]:
+def final_status(
+    stop_requested: Optional[str], noticed: bool, code: Optional[int], timeout_s: Optional[float]
+) -> Tuple[str, str, bool]:
     """How an attempt ended: (state, reason, counts as a failure). Pure; tested like decide().
 
     An exit caused by a spot notice is a preemption whatever its code (a command without a
@@ -163,7 +168,9 @@ class RungWatch:
             return False
         self.size = size
         value = last_metrics(self.path).get(self.at)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < self.rungs[0]:  # NaN: no progress
+        if (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < self.rungs[0]
+        ):  # NaN: no progress
             return False
         self.rungs = [r for r in self.rungs if r > value]
         return True
@@ -184,8 +191,10 @@ def checkpoint_ok(folder: Path) -> bool:
     try:
         manifest = json.loads((folder / "MANIFEST.json").read_text())
         files = manifest["files"]
-        return all((folder / name).stat().st_size == meta["size"] and sha256_file(folder / name) == meta["sha256"]
-                   for name, meta in files.items())
+        return all(
+            (folder / name).stat().st_size == meta["size"] and sha256_file(folder / name) == meta["sha256"]
+            for name, meta in files.items()
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return False
 

@@ -21,12 +21,10 @@ def host_gpus() -> int:
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
 
 
 def complete_on_host(env: Dict[str, str]) -> Dict[str, str]:

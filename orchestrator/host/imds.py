@@ -16,7 +16,9 @@ def imds_get(path: str, timeout: float = 2.0) -> Optional[str]:
     import urllib.request
 
     base = os.environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://169.254.169.254").rstrip("/")
-    req = urllib.request.Request(f"{base}/latest/api/token", method="PUT", headers={"X-aws-ec2-metadata-token-ttl-seconds": "300"})
+    req = urllib.request.Request(
+        f"{base}/latest/api/token", method="PUT", headers={"X-aws-ec2-metadata-token-ttl-seconds": "300"}
+    )
     token = urllib.request.urlopen(req, timeout=timeout).read().decode()
     try:
         req = urllib.request.Request(f"{base}/latest/meta-data/{path}", headers={"X-aws-ec2-metadata-token": token})

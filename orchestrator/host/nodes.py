@@ -78,8 +78,13 @@ class FollowerReporter:
         current = read_status(self.store, self.sweep, self.run_id)
         if current.attempt != self.attempt or current.state not in (STARTING, RUNNING):
             if not self.superseded:
-                log.info("node 0's record of %s says %s (attempt %s): this node's part of attempt %s ends",
-                         self.run_id, current.state, current.attempt, self.attempt)
+                log.info(
+                    "node 0's record of %s says %s (attempt %s): this node's part of attempt %s ends",
+                    self.run_id,
+                    current.state,
+                    current.attempt,
+                    self.attempt,
+                )
             self.superseded = True
         return not self.superseded
 
@@ -110,7 +115,9 @@ class Relay:
         if self.sent_at is None:
             self.store.put_bytes(self.key, f"spot notice on node {node} at {time.time():.0f}\n".encode())
             self.sent_at = time.time()
-            log.info("spot interruption notice on this node (%s): passed to node 0, which checkpoints for the run", node)
+            log.info(
+                "spot interruption notice on this node (%s): passed to node 0, which checkpoints for the run", node
+            )
 
     def received(self) -> bool:
         try:

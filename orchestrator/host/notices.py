@@ -23,7 +23,11 @@ class NoticeSource:
 
     def notice(self) -> bool:
         """A spot interruption notice: the control file, IMDS spot/instance-action, or another node's."""
-        return (self.ctl / NOTICE_FILE).exists() or self._imds("spot/instance-action") or bool(self.relayed and self.relayed())
+        return (
+            (self.ctl / NOTICE_FILE).exists()
+            or self._imds("spot/instance-action")
+            or bool(self.relayed and self.relayed())
+        )
 
     def rebalance(self) -> bool:
         return self._imds("events/recommendations/rebalance")

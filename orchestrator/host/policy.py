@@ -17,7 +17,10 @@ log = logging.getLogger("orch.agent")
 class HostPolicy:
     def __init__(self, session: str, terminate_on_exit: bool, idle_s: float, slot: int = -1, slot_value: str = ""):
         self.session, self.terminate_on_exit, self.idle_s = session, terminate_on_exit, idle_s
-        self.slot, self.slot_value = slot, slot_value  # a packed instance: this run's slot (-1: the host is the run's alone)
+        self.slot, self.slot_value = (
+            slot,
+            slot_value,
+        )  # a packed instance: this run's slot (-1: the host is the run's alone)
 
     def after_attempt(self) -> None:
         if self.slot >= 0 and not self._leave_slot():
@@ -36,7 +39,11 @@ class HostPolicy:
         except Exception as exc:  # the controller removes a stale slot tag when it releases the slot
             log.warning("could not remove this run's slot tag: %s", exc)
         last = leave(self.slot, self.slot_value)
-        log.info("slot %s released; %s", self.slot, "the last run on this instance" if last else "other runs still use this instance")
+        log.info(
+            "slot %s released; %s",
+            self.slot,
+            "the last run on this instance" if last else "other runs still use this instance",
+        )
         return last
 
     def _linger(self) -> None:

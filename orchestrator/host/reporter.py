@@ -19,8 +19,8 @@ from typing import Optional
 from orchestrator.host.attempt import last_metrics
 from orchestrator.store.base import Store
 from orchestrator.store.status import (
-    PRUNED,
     LOST,
+    PRUNED,
     RUNNING,
     STARTING,
     RunStatus,
@@ -53,9 +53,15 @@ class Reporter:
                 if self.version is None:
                     current, version = read_versioned(self.store, self.sweep, self.run_id)
                     if current.attempt != self.attempt or current.state in (LOST, PRUNED):
-                        self.superseded = True  # the controller moved on: a newer attempt, or this one given up or pruned
-                        log.warning("the record of %s is no longer attempt %s's (the controller moved on): writing nothing more",
-                                    self.run_id, self.attempt)
+                        self.superseded = (
+                            True  # the controller moved on: a newer attempt, or this one given up or pruned
+                        )
+                        log.warning(
+                            "the record of %s is no longer attempt %s's (the controller moved on): writing nothing "
+                            "more",
+                            self.run_id,
+                            self.attempt,
+                        )
                         return False
                 else:
                     version = self.version

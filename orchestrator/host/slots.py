@@ -19,8 +19,10 @@ log = logging.getLogger("orch.agent")
 
 SLOTS_DIR = "orch/slots"  # under $HOME
 # The controller's claim of slot $1 for "$2" (run#attempt): 0 claimed, 3 the host is terminating, 4 the slot is taken.
-CLAIM = ('d="$HOME/orch/slots"; mkdir -p "$d" && exec 9>"$d/.lock" && flock 9 || exit 5; '
-         '[ -e "$d/terminating" ] && exit 3; [ -e "$d/slot.$1" ] && exit 4; printf "%s\\n" "$2" > "$d/slot.$1"')
+CLAIM = (
+    'd="$HOME/orch/slots"; mkdir -p "$d" && exec 9>"$d/.lock" && flock 9 || exit 5; '
+    '[ -e "$d/terminating" ] && exit 3; [ -e "$d/slot.$1" ] && exit 4; printf "%s\\n" "$2" > "$d/slot.$1"'
+)
 
 
 def slot_value(run_id: str, attempt: int) -> str:
@@ -66,4 +68,6 @@ def untag(slot: int, value: str) -> None:
 
     instance_id = imds_get("instance-id")
     region = imds_get("placement/region") or os.environ.get("AWS_DEFAULT_REGION", "us-east-1")
-    boto3.client("ec2", region_name=region).delete_tags(Resources=[instance_id], Tags=[{"Key": f"orch:slot:{slot}", "Value": value}])
+    boto3.client("ec2", region_name=region).delete_tags(
+        Resources=[instance_id], Tags=[{"Key": f"orch:slot:{slot}", "Value": value}]
+    )

@@ -55,7 +55,7 @@ def _same(path: Path, size: int, etag: str) -> bool:
 
 def _bucket_prefix(url: str) -> Tuple[str, str]:
     """s3://bucket/a/b -> ("bucket", "a/b/"): the prefix as a folder, so a/b never matches a/bc."""
-    bucket, _, prefix = url[len("s3://"):].partition("/")
+    bucket, _, prefix = url[len("s3://") :].partition("/")
     return bucket, prefix if not prefix or prefix.endswith("/") else prefix + "/"
 
 
@@ -64,7 +64,7 @@ def _listing_s3(client, url: str) -> Dict[str, Tuple[int, str]]:
     out: Dict[str, Tuple[int, str]] = {}
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for obj in page.get("Contents", []):
-            rel = obj["Key"][len(prefix):]
+            rel = obj["Key"][len(prefix) :]
             if rel and not rel.endswith("/") and rel.rsplit("/", 1)[-1] not in SKIP:
                 out[rel] = (int(obj["Size"]), obj.get("ETag", ""))
     return out
@@ -108,17 +108,22 @@ def _stage_locked(source: str, dest: Path, client, workers: int) -> StageResult:
         raise FileNotFoundError(f"data source {source} holds no files")
     outside = sorted(rel for rel in want if not inside(dest, rel))
     if outside:  # a key like `x/../../../etc/cron.d/y` is anyone-with-write-access-to-the-prefix's file on every host
-        raise OSError(f"data source {source}: {len(outside)} key(s) would be written outside {dest}, e.g. {outside[0]!r} "
-                      f"(a '..' part, an absolute path or an empty name); nothing was staged. Remove or rename those objects")
+        raise OSError(
+            f"data source {source}: {len(outside)} key(s) would be written outside {dest}, e.g. {outside[0]!r} "
+            f"(a '..' part, an absolute path or an empty name); nothing was staged. Remove or rename those objects"
+        )
     manifest = dest / MANIFEST
     try:
         had = json.loads(manifest.read_text()) if manifest.exists() else {}
     except ValueError:
         had = {}
     known = had.get("files", {}) if had.get("source") == source else {}
-    todo = [rel for rel, (size, tag) in want.items()
-            if not (known.get(rel) == [size, tag] and (dest / rel).is_file() and (dest / rel).stat().st_size == size)
-            and not (s3 and _same(dest / rel, size, tag))]
+    todo = [
+        rel
+        for rel, (size, tag) in want.items()
+        if not (known.get(rel) == [size, tag] and (dest / rel).is_file() and (dest / rel).stat().st_size == size)
+        and not (s3 and _same(dest / rel, size, tag))
+    ]
     result = StageResult(source=source, to=str(dest), files=len(want))
 
     def fetch(rel: str) -> int:
@@ -128,7 +133,8 @@ def _stage_locked(source: str, dest: Path, client, workers: int) -> StageResult:
         tmp = target.with_name(f".{target.name}.orch-part")
         if s3:
             bucket, prefix = _bucket_prefix(source)
-            # An ETag is no MD5 for SSE-KMS/SSE-C objects or multipart uploads: what S3 guarantees is the size and, where
+            # An ETag is no MD5 for SSE-KMS/SSE-C objects or multipart uploads: what S3 guarantees is the size and,
+            # where
             # the object has one (`orch data push` always adds it), its SHA-256, which botocore checks as it downloads.
             client.download_file(bucket, prefix + rel, str(tmp), ExtraArgs={"ChecksumMode": "ENABLED"})
         else:
@@ -179,10 +185,14 @@ def push(local_dir: Path, url: str, client=None) -> StageResult:
         store.check()
     except OrchError as exc:  # said for a sweep's `store:`; here the bucket is the URL's
         raise OrchError(str(exc).replace("or fix `store:`", f"or fix the URL ({url})"), exit_code=2) from None
-    before = {rel: size for rel, (size, _) in _listing_s3(store.client, url).items()}  # the index alone would miss a deleted object
+    before = {
+        rel: size for rel, (size, _) in _listing_s3(store.client, url).items()
+    }  # the index alone would miss a deleted object
     done = store.sync_up(Path(local_dir), m.group(2).strip("/"), there=before)
     there = _listing_s3(store.client, url)
     bad = sorted(rel for rel, size in local.items() if there.get(rel, (None, ""))[0] != size)
     if bad:
-        raise OrchError(f"{url}: {len(bad)} file(s) are not in S3 as they are here after the upload (e.g. {bad[0]}); push again")
+        raise OrchError(
+            f"{url}: {len(bad)} file(s) are not in S3 as they are here after the upload (e.g. {bad[0]}); push again"
+        )
     return StageResult(source=str(local_dir), to=url, files=len(local), fetched=done.copied, bytes=done.bytes)

@@ -24,7 +24,9 @@ def _tmux(*args: str) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(["tmux", "-L", socket_name(), *args], capture_output=True, text=True)
     except FileNotFoundError:
-        raise OrchError("tmux is not installed. Install it (`apt-get install tmux` or `brew install tmux`) and retry.") from None
+        raise OrchError(
+            "tmux is not installed. Install it (`apt-get install tmux` or `brew install tmux`) and retry."
+        ) from None
 
 
 def new_window(session: str, window: str, command: str, cwd: str) -> None:

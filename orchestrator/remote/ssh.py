@@ -42,7 +42,9 @@ def new_host_key() -> Tuple[str, str]:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     key = Ed25519PrivateKey.generate()
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()).decode()
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    ).decode()
     public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
     return private, public
 
@@ -51,7 +53,9 @@ def public_key_of(identity: str) -> str:
     path = Path(os.path.expanduser(identity))
     pub = path.with_name(path.name + ".pub")
     if not pub.is_file():
-        raise OrchError(f"no public key {pub} next to `aws.ssh.identity` {path}. Create a key pair: ssh-keygen -t ed25519 -f {path}")
+        raise OrchError(
+            f"no public key {pub} next to `aws.ssh.identity` {path}. Create a key pair: ssh-keygen -t ed25519 -f {path}"
+        )
     return pub.read_text().strip()
 
 
@@ -95,7 +99,11 @@ class Connection(Runner):
     def put_bytes(self, data: bytes, remote: str, mode: int = 0o600) -> None:
         """Write a file atomically on the host (~ allowed)."""
         quoted = remote.replace("~/", "$HOME/", 1) if remote.startswith("~/") else shlex.quote(remote)
-        self.check(f'umask 077; mkdir -p "$(dirname "{quoted}")" && cat > "{quoted}.tmp" && chmod {mode:o} "{quoted}.tmp" && mv "{quoted}.tmp" "{quoted}"', stdin=data)
+        self.check(
+            f'umask 077; mkdir -p "$(dirname "{quoted}")" && cat > "{quoted}.tmp" && chmod {mode:o} "{quoted}.tmp" && '
+            f'mv "{quoted}.tmp" "{quoted}"',
+            stdin=data,
+        )
 
     def close(self) -> None:
         self.client.close()
@@ -114,13 +122,23 @@ def connect(target: Target, timeout: float, interval: float = 2.0) -> Connection
         client.set_missing_host_key_policy(paramiko.RejectPolicy())
         client.get_host_keys().add(_host_id(target), hostkey.get_name(), hostkey)
         try:
-            client.connect(target.address, port=target.port, username=target.user, pkey=pkey, timeout=10,
-                           banner_timeout=10, auth_timeout=10, allow_agent=False, look_for_keys=False)
+            client.connect(
+                target.address,
+                port=target.port,
+                username=target.user,
+                pkey=pkey,
+                timeout=10,
+                banner_timeout=10,
+                auth_timeout=10,
+                allow_agent=False,
+                look_for_keys=False,
+            )
             return Connection(client)
         except paramiko.BadHostKeyException as exc:
             client.close()
             raise HostKeyMismatch(
-                f"{target.address}:{target.port} presented host key {exc.key.get_base64()[:16]}..., not the one orch pinned. "
+                f"{target.address}:{target.port} presented host key {exc.key.get_base64()[:16]}..., not the one orch "
+                "pinned. "
                 "Refusing to connect (a different machine answered); the instance is terminated."
             ) from None
         except (OSError, socket.timeout, paramiko.SSHException, EOFError) as exc:
@@ -131,8 +149,10 @@ def connect(target: Target, timeout: float, interval: float = 2.0) -> Connection
     try:
         return retry_until(attempt, timeout, interval, f"sshd on {target.address}:{target.port}")
     except Timeout:
-        raise OrchError(f"could not reach sshd on {target.address}:{target.port} within {timeout:.0f}s ({last[0]}). "
-                        "Check the security group, `aws.ssh.address` and the image's sshd.") from None
+        raise OrchError(
+            f"could not reach sshd on {target.address}:{target.port} within {timeout:.0f}s ({last[0]}). "
+            "Check the security group, `aws.ssh.address` and the image's sshd."
+        ) from None
 
 
 def _key_blob(public_line: str) -> bytes:
@@ -149,7 +169,9 @@ def _load_identity(identity: str):
 
     path = os.path.expanduser(identity)
     if not os.path.isfile(path):
-        raise OrchError(f"SSH identity {path} not found. Set `aws.ssh.identity` or create one: ssh-keygen -t ed25519 -f {path}")
+        raise OrchError(
+            f"SSH identity {path} not found. Set `aws.ssh.identity` or create one: ssh-keygen -t ed25519 -f {path}"
+        )
     for kind in (paramiko.Ed25519Key, paramiko.ECDSAKey, paramiko.RSAKey):
         try:
             return kind.from_private_key_file(path)
@@ -167,9 +189,24 @@ def known_hosts_file(target: Target, folder: Path) -> Path:
 
 def attach_argv(target: Target, remote_command: str, known_hosts: Path) -> List[str]:
     """A system `ssh -t` that trusts exactly the pinned key."""
-    return ["ssh", "-t", "-o", f"UserKnownHostsFile={known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
-            "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes", "-i", os.path.expanduser(target.identity),
-            "-p", str(target.port), f"{target.user}@{target.address}", remote_command]
+    return [
+        "ssh",
+        "-t",
+        "-o",
+        f"UserKnownHostsFile={known_hosts}",
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "IdentitiesOnly=yes",
+        "-i",
+        os.path.expanduser(target.identity),
+        "-p",
+        str(target.port),
+        f"{target.user}@{target.address}",
+        remote_command,
+    ]
 
 
 def interactive(target: Target, remote_command: str) -> int:

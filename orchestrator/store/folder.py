@@ -15,7 +15,9 @@ from orchestrator.errors import OrchError
 from orchestrator.store.base import HashCache, Select, SyncResult, _files, atomic_write
 
 
-def _copy_tree(src_root: Path, dst_root: Path, hashes: HashCache, only: Optional[Select] = None, prune: Optional[Select] = None) -> SyncResult:
+def _copy_tree(
+    src_root: Path, dst_root: Path, hashes: HashCache, only: Optional[Select] = None, prune: Optional[Select] = None
+) -> SyncResult:
     result = SyncResult()
     for src in _files(src_root):
         rel = str(src.relative_to(src_root))
@@ -41,7 +43,6 @@ def _copy_tree(src_root: Path, dst_root: Path, hashes: HashCache, only: Optional
                 dst.unlink(missing_ok=True)
                 result.deleted += 1
     return result
-
 
 
 LOCK_WAIT_S = 10.0
@@ -128,7 +129,6 @@ class LocalStore:
         n = len(list(_files(base)))
         shutil.rmtree(base, ignore_errors=True)
         return n
-
 
 
 def usable_folder(path: Path, what: str, fix: str) -> Path:

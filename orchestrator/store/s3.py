@@ -29,13 +29,15 @@ class S3Store:
         import boto3
         from boto3.s3.transfer import TransferConfig
 
-        rest = url[len("s3://"):]
+        rest = url[len("s3://") :]
         self.bucket, _, prefix = rest.partition("/")
         self.prefix = prefix.strip("/")
         self.url = url.rstrip("/")
         self.client = client or boto3.client("s3")
         self.workers = workers
-        self.transfer = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_THRESHOLD, max_concurrency=8)
+        self.transfer = TransferConfig(
+            multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_THRESHOLD, max_concurrency=8
+        )
         self.hashes = HashCache()
 
     def _key(self, key: str) -> str:
@@ -55,9 +57,14 @@ class S3Store:
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code")
             if code in ("404", "NoSuchBucket", "NotFound"):
-                raise OrchError(f"bucket {self.bucket} does not exist. Create it (`aws s3 mb s3://{self.bucket}`) or fix `store:`.") from None
+                raise OrchError(
+                    f"bucket {self.bucket} does not exist. Create it (`aws s3 mb s3://{self.bucket}`) or fix `store:`."
+                ) from None
             if code in ("403", "AccessDenied", "Forbidden"):
-                raise OrchError(f"access to bucket {self.bucket} is denied. Use a bucket your credentials may write, or fix their policy.") from None
+                raise OrchError(
+                    f"access to bucket {self.bucket} is denied. Use a bucket your credentials may write, or fix their "
+                    "policy."
+                ) from None
             raise
 
     def put_bytes(self, key: str, data: bytes) -> None:
@@ -76,13 +83,19 @@ class S3Store:
                 return answer["Body"].read(), answer["ETag"]
             except ClientError as exc:
                 if exc.response.get("Error", {}).get("Code") == "NoSuchBucket":  # S3 says so before any policy is read
-                    raise OrchError(f"bucket {self.bucket} does not exist. Create it (`aws s3 mb s3://{self.bucket}`) or fix `store:`.") from None
+                    raise OrchError(
+                        f"bucket {self.bucket} does not exist. Create it (`aws s3 mb s3://{self.bucket}`) or fix "
+                        "`store:`."
+                    ) from None
                 if self._missing(exc):
                     return None, None
                 if exc.response.get("Error", {}).get("Code") not in ("AccessDenied", "403"):
                     raise
                 if not self.exists(key):
-                    return None, None  # S3 answers 403, not 404, for a missing key to a caller that may not list the bucket itself
+                    return (
+                        None,
+                        None,
+                    )  # S3 answers 403, not 404, for a missing key to a caller that may not list the bucket itself
                 if not again:
                     raise
                 # it is listed now: written between the GET and the LIST (another node's notice, say); read it
@@ -94,15 +107,26 @@ class S3Store:
 
         condition = {"IfMatch": version} if version else {"IfNoneMatch": "*"}
         try:
-            return self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data,
-                                          Metadata={"sha256": hashlib.sha256(data).hexdigest()}, **condition)["ETag"]
+            return self.client.put_object(
+                Bucket=self.bucket,
+                Key=self._key(key),
+                Body=data,
+                Metadata={"sha256": hashlib.sha256(data).hexdigest()},
+                **condition,
+            )["ETag"]
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409"):
+            if exc.response.get("Error", {}).get("Code") in (
+                "PreconditionFailed",
+                "ConditionalRequestConflict",
+                "412",
+                "409",
+            ):
                 return None
             raise
 
     def exists(self, key: str) -> bool:
-        """Whether a key exists, by listing its own prefix (what an instance role may do where it may not GET a missing key)."""
+        """Whether a key exists, by listing its own prefix (what an instance role may do where it may not GET a missing
+        key)."""
         full = self._key(key)
         answer = self.client.list_objects_v2(Bucket=self.bucket, Prefix=full, MaxKeys=1)
         return any(o["Key"] == full for o in answer.get("Contents", []))
@@ -112,7 +136,7 @@ class S3Store:
         out = []
         for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
             for obj in page.get("Contents", []):
-                out.append(obj["Key"][len(self.prefix) + 1:] if self.prefix else obj["Key"])
+                out.append(obj["Key"][len(self.prefix) + 1 :] if self.prefix else obj["Key"])
         return out
 
     def _index(self, prefix: str) -> dict:
@@ -125,10 +149,17 @@ class S3Store:
     def _upload(self, path: Path, key: str, digest: str) -> None:
         # ChecksumAlgorithm: S3 keeps a SHA-256 of every object orch uploads, so a download can be verified whatever the
         # ETag is (not an MD5 under SSE-KMS or for multipart uploads)
-        self.client.upload_file(str(path), self.bucket, self._key(key), ExtraArgs={"Metadata": {"sha256": digest}, "ChecksumAlgorithm": "SHA256"},
-                                Config=self.transfer)
+        self.client.upload_file(
+            str(path),
+            self.bucket,
+            self._key(key),
+            ExtraArgs={"Metadata": {"sha256": digest}, "ChecksumAlgorithm": "SHA256"},
+            Config=self.transfer,
+        )
 
-    def sync_up(self, local_dir: Path, prefix: str, prune: Optional[Select] = None, there: Optional[Dict[str, int]] = None) -> SyncResult:
+    def sync_up(
+        self, local_dir: Path, prefix: str, prune: Optional[Select] = None, there: Optional[Dict[str, int]] = None
+    ) -> SyncResult:
         """`there` ({key under prefix: size}, from a listing): index entries it contradicts (an object deleted
         or replaced behind orch's back) are uploaded again instead of trusted."""
         local_dir = Path(local_dir)
@@ -152,13 +183,17 @@ class S3Store:
             return result
         if todo:
             with ThreadPoolExecutor(min(self.workers, len(todo))) as pool:
-                sizes = list(pool.map(lambda t: (self._upload(t[0], f"{prefix}/{t[1]}", t[2]), t[0].stat().st_size)[1], todo))
+                sizes = list(
+                    pool.map(lambda t: (self._upload(t[0], f"{prefix}/{t[1]}", t[2]), t[0].stat().st_size)[1], todo)
+                )
             for (path, rel, digest), size in zip(todo, sizes):
                 index[rel] = {"size": size, "sha256": digest}
             result.copied, result.bytes = len(todo), sum(sizes)
         for i in range(0, len(gone), 1000):  # what the command deleted (old checkpoints) goes from the store too
-            batch = gone[i:i + 1000]
-            self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": [{"Key": self._key(f"{prefix}/{rel}")} for rel in batch]})
+            batch = gone[i : i + 1000]
+            self.client.delete_objects(
+                Bucket=self.bucket, Delete={"Objects": [{"Key": self._key(f"{prefix}/{rel}")} for rel in batch]}
+            )
         for rel in gone:
             index.pop(rel, None)
         result.deleted = len(gone)
@@ -196,5 +231,5 @@ class S3Store:
     def delete_prefix(self, prefix: str) -> int:
         keys = [self._key(k) for k in self.list(prefix)]
         for i in range(0, len(keys), 1000):
-            self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in keys[i:i + 1000]]})
+            self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in keys[i : i + 1000]]})
         return len(keys)

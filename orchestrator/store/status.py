@@ -50,7 +50,9 @@ class RunStatus:
     log_tail: str = ""  # last lines of the log, for failures
     last_metrics: Dict[str, Any] = field(default_factory=dict)  # newest metrics.jsonl line
     first_started_at: Optional[float] = None  # the first claim of the run (wall time to a target counts from it)
-    pruned: Dict[str, Any] = field(default_factory=dict)  # `prune:`: the rung, the run's value, the cutoff (state pruned)
+    pruned: Dict[str, Any] = field(
+        default_factory=dict
+    )  # `prune:`: the rung, the run's value, the cutoff (state pruned)
 
     @property
     def elapsed(self) -> Optional[float]:
@@ -75,12 +77,25 @@ def status_key(sweep: str, run_id: str) -> str:
 def recorded_runs(store: Store, sweep: str) -> Set[str]:
     """The runs that have a record, from one listing of the sweep's records folder (one LIST per 1,000 keys)."""
     base, tail = orch_prefix(sweep, ""), f"/{STATUS_FILE}"
-    return {key[len(base):-len(tail)] for key in store.list(base) if key.startswith(base) and key.endswith(tail)}
+    return {key[len(base) : -len(tail)] for key in store.list(base) if key.startswith(base) and key.endswith(tail)}
 
 
-_TYPES = {"attempt": int, "failures": int, "preemptions": int, "no_shows": int, "host": str, "reason": str, "log_tail": str,
-          "started_at": (int, float, type(None)), "heartbeat": (int, float, type(None)), "finished_at": (int, float, type(None)),
-          "exit_code": (int, type(None)), "last_metrics": dict, "first_started_at": (int, float, type(None)), "pruned": dict}
+_TYPES = {
+    "attempt": int,
+    "failures": int,
+    "preemptions": int,
+    "no_shows": int,
+    "host": str,
+    "reason": str,
+    "log_tail": str,
+    "started_at": (int, float, type(None)),
+    "heartbeat": (int, float, type(None)),
+    "finished_at": (int, float, type(None)),
+    "exit_code": (int, type(None)),
+    "last_metrics": dict,
+    "first_started_at": (int, float, type(None)),
+    "pruned": dict,
+}
 
 
 def read_status(store: Store, sweep: str, run_id: str) -> RunStatus:
@@ -95,10 +110,14 @@ def read_versioned(store: Store, sweep: str, run_id: str) -> Tuple[RunStatus, Op
     try:
         record = json.loads(data)
     except ValueError:
-        return RunStatus(run_id=run_id, state=CORRUPT, reason=f"status record {status_key(sweep, run_id)} is not JSON (truncated?)"), version
+        return RunStatus(
+            run_id=run_id, state=CORRUPT, reason=f"status record {status_key(sweep, run_id)} is not JSON (truncated?)"
+        ), version
     problem = _problem(record)
     if problem:
-        return RunStatus(run_id=run_id, state=CORRUPT, reason=f"status record {status_key(sweep, run_id)} is corrupt: {problem}"), version
+        return RunStatus(
+            run_id=run_id, state=CORRUPT, reason=f"status record {status_key(sweep, run_id)} is corrupt: {problem}"
+        ), version
     known = {f.name for f in fields(RunStatus)}
     return RunStatus(**{**{k: v for k, v in record.items() if k in known}, "run_id": run_id}), version
 
@@ -120,8 +139,9 @@ def write_if(store: Store, sweep: str, status: RunStatus, version: Optional[str]
     return store.put_if(status_key(sweep, status.run_id), json_bytes(asdict(status)), version)
 
 
-def update_status(store: Store, sweep: str, run_id: str, change: Callable[[RunStatus], Optional[RunStatus]],
-                  tries: int = 20) -> Optional[RunStatus]:
+def update_status(
+    store: Store, sweep: str, run_id: str, change: Callable[[RunStatus], Optional[RunStatus]], tries: int = 20
+) -> Optional[RunStatus]:
     """Read, change, write conditionally; on a conflicting write read again and re-apply the change.
 
     `change` gets the current record and returns the record to write, or None to write nothing

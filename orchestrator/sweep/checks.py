@@ -10,9 +10,9 @@ from typing import Any, List, Tuple
 
 from orchestrator.sweep.spec import (
     BUILTINS,
-    default_mode,
     KEY_RE,
     SweepSpec,
+    default_mode,
     expand,
     placeholders,
     run_count,
@@ -28,7 +28,14 @@ def check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
             if not KEY_RE.match(key):
                 out.append(((section, key), "not a valid name; use letters, digits and '_' (it becomes {%s})" % key))
             if key in BUILTINS:
-                out.append(((section, key), f"'{key}' is reserved by orch; use the `seeds:` field for seeds" if key == "seed" else f"'{key}' is reserved by orch; rename it"))
+                out.append(
+                    (
+                        (section, key),
+                        f"'{key}' is reserved by orch; use the `seeds:` field for seeds"
+                        if key == "seed"
+                        else f"'{key}' is reserved by orch; rename it",
+                    )
+                )
     for key, values in spec.grid.items():
         if not values:
             out.append((("grid", key), "empty list: a grid axis needs at least one value"))
@@ -40,13 +47,19 @@ def check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
         out.append((("grid",), "empty grid; give at least one axis, e.g. `lr: [0.1, 0.2]`, or remove `grid:`"))
     for key in spec.env:
         if not KEY_RE.match(key):
-            out.append((("env", key), "not a valid variable name; use letters, digits and '_', not starting with a digit"))
+            out.append(
+                (("env", key), "not a valid variable name; use letters, digits and '_', not starting with a digit")
+            )
     out += _prune_problems(spec)
     count = run_count(spec)
     if count > spec.max_runs:  # before anything is expanded: `seeds: 1000000000` must not allocate
-        out.append((("seeds",) if len(spec.grid) == 0 else ("grid",),
-                    f"expands to {count} runs, over the limit of {spec.max_runs}; shrink the grid or seeds, "
-                    f"or raise `max_runs:` if you mean it"))
+        out.append(
+            (
+                ("seeds",) if len(spec.grid) == 0 else ("grid",),
+                f"expands to {count} runs, over the limit of {spec.max_runs}; shrink the grid or seeds, "
+                f"or raise `max_runs:` if you mean it",
+            )
+        )
         return out
     seeds = seeds_of(spec)
     if isinstance(spec.seeds, int) and spec.seeds < 1:
@@ -60,31 +73,68 @@ def check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
         known = set(spec.params) | set(spec.grid) | set(BUILTINS)
         for name in names:
             if name not in known:
-                out.append((("command",), f"placeholder {{{name}}} has no param; add `{name}` to params or grid, or write {{{{{name}}}}} for a literal brace"))
+                out.append(
+                    (
+                        ("command",),
+                        f"placeholder {{{name}}} has no param; add `{name}` to params or grid, or write {{{{{name}}}}} "
+                        "for a literal brace",
+                    )
+                )
     except ValueError as exc:
         out.append((("command",), f"{exc}; write {{{{ and }}}} for literal braces"))
     if spec.backend == "aws":
         if spec.aws is None:
             out.append((("backend",), "backend aws needs an `aws:` section (at least `image:`); see README"))
         if not spec.store.startswith("s3://"):
-            out.append((("store",) if spec.store else ("backend",), "backend aws needs `store: s3://bucket/prefix`: instances sync results there"))
-    if spec.aws is not None and spec.aws.ssh.address == "private_ip" and not spec.aws.ssh_cidr and not spec.aws.security_group:
+            out.append(
+                (
+                    ("store",) if spec.store else ("backend",),
+                    "backend aws needs `store: s3://bucket/prefix`: instances sync results there",
+                )
+            )
+    if (
+        spec.aws is not None
+        and spec.aws.ssh.address == "private_ip"
+        and not spec.aws.ssh_cidr
+        and not spec.aws.security_group
+    ):
         # the default rule admits this machine's *public* address, which never reaches a private IP
-        out.append((("aws", "ssh", "address"), "private_ip needs `aws.ssh_cidr`: the range this machine reaches the VPC from "
-                    "(e.g. the VPC's CIDR, 10.0.0.0/16, from a bastion or VPN), or a `security_group` that admits it"))
+        out.append(
+            (
+                ("aws", "ssh", "address"),
+                "private_ip needs `aws.ssh_cidr`: the range this machine reaches the VPC from "
+                "(e.g. the VPC's CIDR, 10.0.0.0/16, from a bastion or VPN), or a `security_group` that admits it",
+            )
+        )
     if spec.aws is not None and not (spec.aws.instance_profile or "").strip():
-        out.append((("aws", "instance_profile"), "an instance without a profile has no AWS credentials: it can neither sync results to S3 "
-                    "nor terminate itself. Use `create` (the default) or the name of a profile that may do both"))
+        out.append(
+            (
+                ("aws", "instance_profile"),
+                "an instance without a profile has no AWS credentials: it can neither sync results to S3 "
+                "nor terminate itself. Use `create` (the default) or the name of a profile that may do both",
+            )
+        )
     for i, entry in enumerate(spec.data or []):
         if entry.source.startswith("s3://"):
             if not re.match(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$", entry.source):
                 out.append((("data", i, "from"), "not a valid s3://bucket/prefix/ URL"))
         elif spec.backend == "aws":
-            out.append((("data", i, "from"), "on aws, data comes from S3: `from: s3://bucket/prefix/` (`orch data push DIR s3://…` uploads a folder)"))
+            out.append(
+                (
+                    ("data", i, "from"),
+                    "on aws, data comes from S3: `from: s3://bucket/prefix/` (`orch data push DIR s3://…` uploads a "
+                    "folder)",
+                )
+            )
     for i, entry in enumerate(spec.data or []):
         to = entry.to
         if not to.startswith(("/", "~")) and os.path.normpath(to).split(os.sep)[0] == "..":
-            out.append((("data", i, "to"), f"{to!r} leaves orch's data folder; use a path inside it (e.g. `cifar10`) or an absolute one"))
+            out.append(
+                (
+                    ("data", i, "to"),
+                    f"{to!r} leaves orch's data folder; use a path inside it (e.g. `cifar10`) or an absolute one",
+                )
+            )
     tos = [e.to.rstrip("/") for e in spec.data or []]
     if len(set(tos)) != len(tos):
         out.append((("data",), "two entries stage to the same `to:` folder; give each its own"))
@@ -96,7 +146,9 @@ def check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
     if spec.aws is not None and spec.backend != "aws":
         out.append((("aws",), "an aws section with backend local; remove it or set `backend: aws`"))
     if spec.store.startswith("s3://") and not re.match(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$", spec.store):
-        out.append((("store",), "not a valid s3://bucket/prefix URL (bucket names: lowercase letters, digits, '.', '-')"))
+        out.append(
+            (("store",), "not a valid s3://bucket/prefix URL (bucket names: lowercase letters, digits, '.', '-')")
+        )
     if not out:
         from collections import Counter
 
@@ -106,14 +158,24 @@ def check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
         seen, safe = Counter(ids), Counter(session_name(spec.name, i) for i in ids)
         dup = sorted({i for i in ids if seen[i] > 1 or safe[session_name(spec.name, i)] > 1})
         if dup:
-            out.append((("grid",), f"two runs get the same id {dup[0]!r}; make the values differ in letters, digits, '.', '+' or '-'"))
+            out.append(
+                (
+                    ("grid",),
+                    f"two runs get the same id {dup[0]!r}; make the values differ in letters, digits, '.', '+' or '-'",
+                )
+            )
     return out
 
 
 def _prune_problems(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
     out: List[Tuple[Tuple[Any, ...], str]] = []
     if spec.target is not None and spec.target.mode is None and default_mode(spec.target.metric) is None:
-        out.append((("target", "mode"), f"say `mode: max` or `mode: min`: '{spec.target.metric}' ends neither in acc nor in loss"))
+        out.append(
+            (
+                ("target", "mode"),
+                f"say `mode: max` or `mode: min`: '{spec.target.metric}' ends neither in acc nor in loss",
+            )
+        )
     p = spec.prune
     if p is None:
         return out
@@ -125,5 +187,10 @@ def _prune_problems(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
     if any(b <= a for a, b in zip(p.rungs, p.rungs[1:])):
         out.append((("prune", "rungs"), "must increase, e.g. [2, 4, 8]"))
     if metric is not None and p.at == metric:
-        out.append((("prune", "at"), f"'at' measures progress (e.g. epoch or step); it cannot be the compared metric '{metric}'"))
+        out.append(
+            (
+                ("prune", "at"),
+                f"'at' measures progress (e.g. epoch or step); it cannot be the compared metric '{metric}'",
+            )
+        )
     return out

@@ -36,7 +36,9 @@ def load_sweep(path: Union[str, Path]) -> Sweep:
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: invalid YAML: {exc}") from None
     except RecursionError:
-        raise SpecError(f"{path}: the YAML is nested too deeply to be a sweep. Fix: flatten it (a sweep is a few levels deep).") from None
+        raise SpecError(
+            f"{path}: the YAML is nested too deeply to be a sweep. Fix: flatten it (a sweep is a few levels deep)."
+        ) from None
     if not isinstance(data, dict):
         kind = "empty" if data is None else f"a {type(data).__name__}"
         raise SpecError(f"{path}:1: the sweep must be a mapping of fields (name:, command:, grid: ...), not {kind}.")
@@ -61,7 +63,6 @@ def load_sweep(path: Union[str, Path]) -> Sweep:
     return Sweep(spec=spec, path=path.resolve(), store_url=store_url, runs=runs)
 
 
-
 def sweep_from_record(record: Dict[str, Any], path: str) -> Sweep:
     """Rebuild a Sweep from the resolved spec kept in the store's sweep.json.
 
@@ -76,10 +77,17 @@ def sweep_from_record(record: Dict[str, Any], path: str) -> Sweep:
     if isinstance(fields_.get("grid"), dict) and order and sorted(order) == sorted(fields_["grid"]):
         fields_["grid"] = {k: fields_["grid"][k] for k in order}
     spec = SweepSpec.model_validate(fields_)
-    sweep = Sweep(spec=spec, path=Path(path), store_url=resolved.get("store", spec.store), runs=expand(spec, python=host_python(spec)))
+    sweep = Sweep(
+        spec=spec,
+        path=Path(path),
+        store_url=resolved.get("store", spec.store),
+        runs=expand(spec, python=host_python(spec)),
+    )
     if isinstance(recorded, list) and [r.run_id for r in sweep.runs] != recorded:
-        raise SpecError(f"the sweep.json of {spec.name} in {sweep.store_url} does not expand to the runs it records; "
-                        f"give the sweep file instead of its name (`orch status {path}`)")
+        raise SpecError(
+            f"the sweep.json of {spec.name} in {sweep.store_url} does not expand to the runs it records; "
+            f"give the sweep file instead of its name (`orch status {path}`)"
+        )
     return sweep
 
 
@@ -100,7 +108,12 @@ def _local_sources(spec: SweepSpec, base: Path) -> list:
         p = Path(os.path.expanduser(entry.source))
         p = p if p.is_absolute() else base / p
         if not p.exists():
-            out.append((("data", i, "from"), f"{entry.source!r}: no such folder ({p}); give a folder on this machine or s3://bucket/prefix/"))
+            out.append(
+                (
+                    ("data", i, "from"),
+                    f"{entry.source!r}: no such folder ({p}); give a folder on this machine or s3://bucket/prefix/",
+                )
+            )
         elif not p.is_dir():
             out.append((("data", i, "from"), f"{entry.source!r} is not a folder; give a folder or s3://bucket/prefix/"))
     return out

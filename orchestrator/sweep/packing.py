@@ -33,8 +33,9 @@ def packs(resources, gpus_of_type: Dict[str, int]) -> bool:
     return bool(resources and resources.nodes == 1 and gpus and any(n >= 2 * gpus for n in gpus_of_type.values()))
 
 
-def rank(types: List[str], gpus_of_type: Dict[str, int], price_of_type: Dict[str, Optional[float]], gpus: int,
-         parallel: int) -> List[PackChoice]:
+def rank(
+    types: List[str], gpus_of_type: Dict[str, int], price_of_type: Dict[str, Optional[float]], gpus: int, parallel: int
+) -> List[PackChoice]:
     """The listed types that can hold a run, best home first: least money per hour for `parallel`
     runs, then fewest instances, then the order the sweep lists them in."""
     out = []
@@ -45,7 +46,9 @@ def rank(types: List[str], gpus_of_type: Dict[str, int], price_of_type: Dict[str
         n = math.ceil(parallel / slots)
         price = price_of_type.get(t)
         out.append(PackChoice(t, slots, n, round(n * price, 4) if price is not None else None))
-    return sorted(out, key=lambda c: (c.usd_per_h is None, c.usd_per_h or 0.0, c.instances, types.index(c.instance_type)))
+    return sorted(
+        out, key=lambda c: (c.usd_per_h is None, c.usd_per_h or 0.0, c.instances, types.index(c.instance_type))
+    )
 
 
 def visible_devices(slot: int, gpus: int) -> str:
@@ -59,8 +62,13 @@ def describe(choices: List[PackChoice], gpus: int, parallel: int) -> List[str]:
         return []
     best = choices[0]
     price = f" at ${best.usd_per_h:.4f}/h" if best.usd_per_h is not None else ""
-    lines = [f"packing: {best.slots} runs of {gpus} GPU(s) per {best.instance_type}; max_parallel {parallel} -> "
-             f"{best.instances} instance(s){price} (each run sees its own CUDA_VISIBLE_DEVICES)"]
-    lines += [f"  then {c.instance_type}: {c.slots} per instance, {c.instances} instance(s)"
-              + (f" at ${c.usd_per_h:.4f}/h" if c.usd_per_h is not None else "") for c in choices[1:]]
+    lines = [
+        f"packing: {best.slots} runs of {gpus} GPU(s) per {best.instance_type}; max_parallel {parallel} -> "
+        f"{best.instances} instance(s){price} (each run sees its own CUDA_VISIBLE_DEVICES)"
+    ]
+    lines += [
+        f"  then {c.instance_type}: {c.slots} per instance, {c.instances} instance(s)"
+        + (f" at ${c.usd_per_h:.4f}/h" if c.usd_per_h is not None else "")
+        for c in choices[1:]
+    ]
     return lines

@@ -19,12 +19,17 @@ log = logging.getLogger("orch.ami")
 class Recipe(Strict):
     """An image recipe (README: Images)."""
 
-    name: str = Field(..., pattern=NAME_RE, description="Recipe name; `image: recipe:NAME` in a sweep finds its newest image.")
+    name: str = Field(
+        ..., pattern=NAME_RE, description="Recipe name; `image: recipe:NAME` in a sweep finds its newest image."
+    )
     aws: AwsSection = Field(..., description="Where and from what to build: the same fields as a sweep's `aws:`.")
-    steps: List[str] = Field(..., min_length=1, description="Shell commands run in order on the builder (sudo available).")
-    files: Dict[str, str] = Field(default_factory=dict, description="Local file (relative to the recipe) -> path on the builder.")
+    steps: List[str] = Field(
+        ..., min_length=1, description="Shell commands run in order on the builder (sudo available)."
+    )
+    files: Dict[str, str] = Field(
+        default_factory=dict, description="Local file (relative to the recipe) -> path on the builder."
+    )
     smoke: str = Field("", description="A command that must exit 0 on the builder before the image is taken.")
-
 
 
 def load_recipe(path: Path) -> tuple:

@@ -61,9 +61,7 @@ class Strict(BaseModel):
 class LocalSection(Strict):
     """Settings of the local backend (`backend: local`)."""
 
-    workdir: Optional[str] = Field(
-        None, description="Folder for the runs' working copies (default: $ORCH_HOME/work)."
-    )
+    workdir: Optional[str] = Field(None, description="Folder for the runs' working copies (default: $ORCH_HOME/work).")
     threads_per_run: Optional[Count] = Field(
         None, ge=1, description="OMP/torch threads per run (default: CPU cores / max_parallel)."
     )
@@ -85,12 +83,19 @@ class AwsSection(Strict):
 
     region: str = Field("us-east-1", description="AWS region.")
     instance_types: List[str] = Field(
-        ["g5.xlarge", "g6.xlarge"], min_length=1, description="Acceptable instance types; EC2 picks among them by price and capacity (the order does not rank them: docs/aws.md)."
+        ["g5.xlarge", "g6.xlarge"],
+        min_length=1,
+        description=(
+            "Acceptable instance types; EC2 picks among them by price and capacity (the order does not rank them: "
+            "docs/aws.md)."
+        ),
     )
     subnet_ids: List[str] = Field(
         default_factory=list, description="Subnets to launch into (one per AZ); default: the default VPC's."
     )
-    image: str = Field(..., min_length=1, description="An AMI id (ami-...) or a name pattern resolved to the newest match.")
+    image: str = Field(
+        ..., min_length=1, description="An AMI id (ami-...) or a name pattern resolved to the newest match."
+    )
     image_owner: str = Field("amazon", description="Owner of `image` when it is a name pattern.")
     market: Literal["spot", "on-demand", "spot-then-on-demand"] = Field("spot", description="Capacity market.")
     max_minutes: Count = Field(240, ge=5, description="Safety net: every instance powers off (terminates) after this.")
@@ -99,20 +104,36 @@ class AwsSection(Strict):
         None, description="Who may reach port 22 (default: this machine's public address /32)."
     )
     instance_profile: Optional[str] = Field(
-        "create", description="'create' (default): a profile limited to this sweep's S3 prefix and to terminating its own instances; or an existing profile's name."
+        "create",
+        description=(
+            "'create' (default): a profile limited to this sweep's S3 prefix and to terminating its own instances; or "
+            "an existing profile's name."
+        ),
     )
     python: str = Field(
-        "auto", min_length=1,
-        description="Interpreter on the instance ({python}); 'auto' finds the image's PyTorch interpreter (DLAMI: /opt/pytorch/bin/python) on the first host.",
+        "auto",
+        min_length=1,
+        description=(
+            "Interpreter on the instance ({python}); 'auto' finds the image's PyTorch interpreter (DLAMI: "
+            "/opt/pytorch/bin/python) on the first host."
+        ),
     )
     volume_gb: Count = Field(100, ge=8, description="Root volume size (deleted with the instance).")
-    keep_alive: bool = Field(False, description="Keep an instance after its run ends (debugging); `orch down` removes it.")
+    keep_alive: bool = Field(
+        False, description="Keep an instance after its run ends (debugging); `orch down` removes it."
+    )
     idle_minutes: Optional[Amount] = Field(
-        None, gt=0, description="With keep_alive: the instance terminates itself once its run ended and nobody was attached for this long."
+        None,
+        gt=0,
+        description=(
+            "With keep_alive: the instance terminates itself once its run ended and nobody was attached for this long."
+        ),
     )
     boot_timeout_s: Amount = Field(600, gt=0, description="How long to wait for an instance's sshd.")
     heartbeat_s: Amount = Field(10, gt=0, description="How often the agent writes status.json to S3.")
-    sync_s: Amount = Field(30, gt=0, description="How often the agent syncs the run folder to S3 (and at once on a spot notice).")
+    sync_s: Amount = Field(
+        30, gt=0, description="How often the agent syncs the run folder to S3 (and at once on a spot notice)."
+    )
     ssh: SshSection = Field(default_factory=SshSection, description="SSH settings.")
 
 
@@ -120,16 +141,30 @@ class ResourcesSection(Strict):
     """The shape of each run (README: Run shapes)."""
 
     nodes: Count = Field(1, ge=1, le=MAX_NODES, description=f"Instances (hosts) per run (at most {MAX_NODES}).")
-    gpus: Optional[Count] = Field(None, ge=0, le=MAX_GPUS, description=f"GPUs per node the run uses (default: every GPU of the host; at most {MAX_GPUS}).")
-    procs_per_node: Optional[Count] = Field(None, ge=1, le=MAX_PROCS, description=f"Processes per node (default: gpus, or 1 without GPUs; at most {MAX_PROCS}).")
+    gpus: Optional[Count] = Field(
+        None,
+        ge=0,
+        le=MAX_GPUS,
+        description=f"GPUs per node the run uses (default: every GPU of the host; at most {MAX_GPUS}).",
+    )
+    procs_per_node: Optional[Count] = Field(
+        None,
+        ge=1,
+        le=MAX_PROCS,
+        description=f"Processes per node (default: gpus, or 1 without GPUs; at most {MAX_PROCS}).",
+    )
 
 
 class DataEntry(Strict):
     """A data set staged to each host before its runs start (README: Data)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    source: str = Field(..., alias="from", min_length=1, description="s3://bucket/prefix/, or (local backend) a folder.")
-    to: str = Field(..., min_length=1, description="Folder on the host (~ allowed); relative: under orch's data folder.")
+    source: str = Field(
+        ..., alias="from", min_length=1, description="s3://bucket/prefix/, or (local backend) a folder."
+    )
+    to: str = Field(
+        ..., min_length=1, description="Folder on the host (~ allowed); relative: under orch's data folder."
+    )
 
 
 def default_mode(metric: str) -> Optional[str]:
@@ -143,7 +178,8 @@ class TargetSection(Strict):
     metric: str = Field(..., min_length=1, description="A key of the run's metrics lines, e.g. test_acc.")
     value: Amount = Field(..., description="The value to reach, e.g. 0.94.")
     mode: Optional[Literal["max", "min"]] = Field(
-        None, description="max: reached at >= value; min: at <= value. Default: max for *acc, min for *loss.")
+        None, description="max: reached at >= value; min: at <= value. Default: max for *acc, min for *loss."
+    )
 
     def resolved_mode(self) -> str:
         return self.mode or default_mode(self.metric) or "max"
@@ -158,9 +194,15 @@ class TargetSection(Strict):
 class PruneSection(Strict):
     """Asynchronous successive halving across the sweep (README: Pruning losing runs)."""
 
-    metric: Optional[str] = Field(None, min_length=1, description="The metric compared at each rung (default: target's metric).")
-    mode: Optional[Literal["max", "min"]] = Field(None, description="max or min (default: from target, or the metric's name).")
-    at: str = Field("epoch", min_length=1, description="The metrics key that measures progress (a rung is a value of it).")
+    metric: Optional[str] = Field(
+        None, min_length=1, description="The metric compared at each rung (default: target's metric)."
+    )
+    mode: Optional[Literal["max", "min"]] = Field(
+        None, description="max or min (default: from target, or the metric's name)."
+    )
+    at: str = Field(
+        "epoch", min_length=1, description="The metrics key that measures progress (a rung is a value of it)."
+    )
     rungs: List[Amount] = Field(..., min_length=1, description="Progress values where runs are compared, increasing.")
     keep: Amount = Field(0.34, gt=0, lt=1, description="The fraction of runs kept at each rung (the best ones).")
     min_runs: Count = Field(3, ge=1, description="No decision at a rung before this many runs have reported there.")
@@ -188,22 +230,36 @@ class SweepSpec(Strict):
     )
     max_parallel: Count = Field(2, ge=1, description="How many runs execute at the same time.")
     max_restarts: Count = Field(1, ge=0, description="Restarts of a run whose command fails (preemptions are free).")
-    timeout_minutes: Optional[Amount] = Field(None, gt=0, description="A run still going after this is stopped and failed.")
+    timeout_minutes: Optional[Amount] = Field(
+        None, gt=0, description="A run still going after this is stopped and failed."
+    )
     budget_usd: Optional[Amount] = Field(
         None, gt=0, description="aws: once the realized cost reaches this, no new run or attempt starts."
     )
     store: str = Field(
         "",
-        description="Where results go: a folder (relative to this file) or s3://bucket/prefix. Default $ORCH_HOME/store.",
+        description=(
+            "Where results go: a folder (relative to this file) or s3://bucket/prefix. Default $ORCH_HOME/store."
+        ),
     )
     env: Dict[str, str] = Field(default_factory=dict, description="Extra environment variables for every run.")
     max_runs: Count = Field(
-        MAX_RUNS, ge=1, description="Refuse the sweep when grid x seeds expands to more runs than this (a guard against typos)."
+        MAX_RUNS,
+        ge=1,
+        description="Refuse the sweep when grid x seeds expands to more runs than this (a guard against typos).",
     )
-    data: Optional[List[DataEntry]] = Field(None, description="Data sets staged to each host before the command starts.")
-    resources: Optional[ResourcesSection] = Field(None, description="The shape of each run: nodes, GPUs, processes per node.")
-    target: Optional[TargetSection] = Field(None, description="When a run is good enough: collect reports time and dollars to it.")
-    prune: Optional[PruneSection] = Field(None, description="Successive halving: stop runs that fall behind at each rung.")
+    data: Optional[List[DataEntry]] = Field(
+        None, description="Data sets staged to each host before the command starts."
+    )
+    resources: Optional[ResourcesSection] = Field(
+        None, description="The shape of each run: nodes, GPUs, processes per node."
+    )
+    target: Optional[TargetSection] = Field(
+        None, description="When a run is good enough: collect reports time and dollars to it."
+    )
+    prune: Optional[PruneSection] = Field(
+        None, description="Successive halving: stop runs that fall behind at each rung."
+    )
     local: LocalSection = Field(default_factory=LocalSection, description="Local backend settings.")
     aws: Optional[AwsSection] = Field(None, description="AWS backend settings (required with backend: aws).")
 
@@ -231,7 +287,9 @@ class Sweep:
         data = self.spec.model_dump(mode="json")
         data["store"] = self.store_url
         data["runs"] = [r.run_id for r in self.runs]
-        data["grid_order"] = list(self.spec.grid)  # records are written with sorted keys; run ids follow the file's order
+        data["grid_order"] = list(
+            self.spec.grid
+        )  # records are written with sorted keys; run ids follow the file's order
         return data
 
 
@@ -273,8 +331,10 @@ def placeholders(command: str) -> List[str]:
         if conversion is not None or spec or not KEY_RE.match(name):
             shown = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
             plain = re.split(r"[^A-Za-z0-9_]", name)[0] or "name"
-            raise ValueError(f"placeholder {shown} is not allowed: only plain {{name}} placeholders are (no !conversion, "
-                             f":format, .attribute or [index]); write {{{plain}}}")
+            raise ValueError(
+                f"placeholder {shown} is not allowed: only plain {{name}} placeholders are (no !conversion, "
+                f":format, .attribute or [index]); write {{{plain}}}"
+            )
         names.append(name)
     return names
 
@@ -300,7 +360,7 @@ def _id_value(value: Any) -> str:
         return safe
     import hashlib
 
-    return f"{safe[:ID_VALUE_MAX - 9]}~{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+    return f"{safe[: ID_VALUE_MAX - 9]}~{hashlib.sha256(text.encode()).hexdigest()[:8]}"
 
 
 def _shell_value(value: Any) -> str:
@@ -332,5 +392,3 @@ def expand(spec: SweepSpec, python: Optional[str] = None) -> List[RunSpec]:
             values.update(python=py, sweep=spec.name, run_id=shlex.quote(run_id), torchrun=torchrun_text(py))
             runs.append(RunSpec(run_id=run_id, params=params, command=spec.command.format(**values)))
     return runs
-
-

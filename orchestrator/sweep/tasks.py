@@ -24,15 +24,29 @@ def run_env(sweep: "Sweep", run_id: str, attempt: int, run_dir: str, params_json
     from orchestrator.sweep.shapes import shape_env
 
     env = dict(sweep.spec.env)
-    env.update(ORCH_SWEEP=sweep.spec.name, ORCH_RUN_ID=run_id, ORCH_ATTEMPT=str(attempt), ORCH_RUN_DIR=run_dir,
-               ORCH_PARAMS_JSON=params_json, PYTHONUNBUFFERED="1", ORCH_RDZV_ID=f"{sweep.spec.name}-{run_id}-{attempt}",
-               **shape_env(sweep.spec.resources))
+    env.update(
+        ORCH_SWEEP=sweep.spec.name,
+        ORCH_RUN_ID=run_id,
+        ORCH_ATTEMPT=str(attempt),
+        ORCH_RUN_DIR=run_dir,
+        ORCH_PARAMS_JSON=params_json,
+        PYTHONUNBUFFERED="1",
+        ORCH_RDZV_ID=f"{sweep.spec.name}-{run_id}-{attempt}",
+        **shape_env(sweep.spec.resources),
+    )
     return env
 
 
-
-def new_task(sweep: "Sweep", run_id: str, attempt: int, command: str, params_json: str, base: str,
-             env: Optional[Dict[str, str]] = None, **periods) -> RunTask:
+def new_task(
+    sweep: "Sweep",
+    run_id: str,
+    attempt: int,
+    command: str,
+    params_json: str,
+    base: str,
+    env: Optional[Dict[str, str]] = None,
+    **periods,
+) -> RunTask:
     """The task of one attempt; `env` is laid under the contract's variables, `periods` are RunTask fields."""
     from orchestrator.sweep.tasks import resolve
 
@@ -43,10 +57,20 @@ def new_task(sweep: "Sweep", run_id: str, attempt: int, command: str, params_jso
     prune = sweep.spec.prune
     if prune is not None:
         periods = {"rungs_at": prune.at, "rungs": [float(r) for r in prune.rungs], **periods}
-    return RunTask(sweep=sweep.spec.name, run_id=run_id, attempt=attempt, command=command, store_url=sweep.store_url,
-                   run_dir=f"{root}/run", ctl_dir=ctl_dir(base, sweep.spec.name, run_id), session=session_name(sweep.spec.name, run_id),
-                   env={**(env or {}), **run_env(sweep, run_id, attempt, f"{root}/run", params_json)},
-                   timeout_s=minutes * 60 if minutes else None, data=data, **periods)
+    return RunTask(
+        sweep=sweep.spec.name,
+        run_id=run_id,
+        attempt=attempt,
+        command=command,
+        store_url=sweep.store_url,
+        run_dir=f"{root}/run",
+        ctl_dir=ctl_dir(base, sweep.spec.name, run_id),
+        session=session_name(sweep.spec.name, run_id),
+        env={**(env or {}), **run_env(sweep, run_id, attempt, f"{root}/run", params_json)},
+        timeout_s=minutes * 60 if minutes else None,
+        data=data,
+        **periods,
+    )
 
 
 def resolve(entries: Optional[list], source_base: Path, to_base: str) -> List[Dict[str, str]]:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import difflib
-import typing
 import json
+import typing
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -29,7 +29,8 @@ def _construct_mapping(loader: Loader, node: yaml.MappingNode, deep: bool = Fals
 
 
 Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-# YAML 1.2 numbers: `1e-3` is a float (PyYAML follows YAML 1.1, which wants `1.0e-3`, and would hand a string to the run).
+# YAML 1.2 numbers: `1e-3` is a float (PyYAML follows YAML 1.1, which wants `1.0e-3`, and would hand a string to the
+# run).
 Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     __import__("re").compile(r"^[-+]?(?:[0-9][0-9_]*)?(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
@@ -131,7 +132,11 @@ def format_errors(exc: ValidationError, path: Path, root: Optional[yaml.Node], m
             msg = "must be a number, a string or true/false" if err["type"] in _SCALAR_ERRORS else err["msg"]
         elif err["type"] == "string_pattern_mismatch" and loc == ("name",):
             too_long = isinstance(err.get("input"), str) and len(err["input"]) > 63
-            msg = "at most 63 characters" if too_long else "use letters, digits, '-' and '_', starting with a letter or digit"
+            msg = (
+                "at most 63 characters"
+                if too_long
+                else "use letters, digits, '-' and '_', starting with a letter or digit"
+            )
         elif err["type"] == "finite_number":
             msg = "must be a finite number"
         else:

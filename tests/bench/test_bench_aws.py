@@ -71,7 +71,9 @@ def test_launch_time_scales_and_calls_per_pass_do_not(orch, cloud, identity, job
     figures["ec2_calls_per_pass_N16"] = len(calls) / 5
     figures["ec2_call_kinds"] = sorted(set(calls))
     assert orch("down", name, timeout=600).code == 0
-    figures["ratio_N16_vs_N1"] = round(figures["launch_to_all_started_s_N16"] / figures["launch_to_all_started_s_N1"], 2)
+    figures["ratio_N16_vs_N1"] = round(
+        figures["launch_to_all_started_s_N16"] / figures["launch_to_all_started_s_N1"], 2
+    )
     print("\nfake-cloud launch benchmark:", json.dumps(figures))
     assert figures["ec2_calls_per_pass_N16"] == 1.0  # one DescribeInstances, whatever N
     assert not any(cloud.leftovers(name).values())
@@ -111,6 +113,16 @@ def test_s3store_against_aws_s3_sync(tmp_path, cloud):
     cli_noop = _aws_cli_sync(many, f"s3://{BUCKET}/cli/many", env)
     assert noop.copied == 0 and noop.skipped == 1000
 
-    figures = {"upload_200MB_20_files_s": {"s3store": round(ours_big, 2), "aws_s3_sync": round(cli_big, 2), "ratio": round(ours_big / cli_big, 2)},
-               "noop_resync_1000_files_s": {"s3store": round(ours_noop, 3), "aws_s3_sync": round(cli_noop, 3), "ratio": round(ours_noop / cli_noop, 3)}}
+    figures = {
+        "upload_200MB_20_files_s": {
+            "s3store": round(ours_big, 2),
+            "aws_s3_sync": round(cli_big, 2),
+            "ratio": round(ours_big / cli_big, 2),
+        },
+        "noop_resync_1000_files_s": {
+            "s3store": round(ours_noop, 3),
+            "aws_s3_sync": round(cli_noop, 3),
+            "ratio": round(ours_noop / cli_noop, 3),
+        },
+    }
     print("\nS3 sync benchmark:", json.dumps(figures))

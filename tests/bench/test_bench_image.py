@@ -34,8 +34,12 @@ STOCK_SETUP_S = 30 + 170 / 20  # apt + pip, then CIFAR-10 at 20 MB/s
 
 @pytest.fixture
 def ec2_like_cloud(tmp_path, orch):
-    with FakeCloud(tmp_path / "cloud", boot_s=75, cold_s=15, strict=Strictness(instance_s=5, profile_s=10, group_s=3, pending_s=5,
-                                                                              terminate_s=10)) as c:
+    with FakeCloud(
+        tmp_path / "cloud",
+        boot_s=75,
+        cold_s=15,
+        strict=Strictness(instance_s=5, profile_s=10, group_s=3, pending_s=5, terminate_s=10),
+    ) as c:
         orch.env.update(c.env())
         yield c
 
@@ -43,7 +47,12 @@ def ec2_like_cloud(tmp_path, orch):
 def first_step_s(orch, path, name) -> float:
     t0 = time.time()
     assert orch("launch", str(path), "--detach").code == 0
-    retry_until(lambda: status(orch, name).get("run", {}).get("metrics", {}).get("step", 0) >= 1, 900, 1.0, f"{name}'s first step")
+    retry_until(
+        lambda: status(orch, name).get("run", {}).get("metrics", {}).get("step", 0) >= 1,
+        900,
+        1.0,
+        f"{name}'s first step",
+    )
     took = time.time() - t0
     assert orch("down", name, timeout=600).code == 0
     return took
@@ -71,7 +80,13 @@ def test_bench_stock_image_and_downloads_vs_baked_image_and_staged_data(orch, ec
 
     train = "{python} -m trainer --preset digits --epochs 1 --log-every 1"
     stock = first_step_s(orch, sweep("stock", "orch-fake-ubuntu-gpu", f"sleep {STOCK_SETUP_S:.1f} && {train}"), "stock")
-    baked = first_step_s(orch, sweep("baked", "recipe:bench", train, [{"from": f"s3://{BUCKET}/datasets/bench/", "to": "bench"}]), "baked")
-    print(f"\nlaunch -> first training step: stock image + installs/downloads {stock:.1f} s, "
-          f"baked image + staged data {baked:.1f} s, ratio {stock / baked:.2f}")
+    baked = first_step_s(
+        orch,
+        sweep("baked", "recipe:bench", train, [{"from": f"s3://{BUCKET}/datasets/bench/", "to": "bench"}]),
+        "baked",
+    )
+    print(
+        f"\nlaunch -> first training step: stock image + installs/downloads {stock:.1f} s, "
+        f"baked image + staged data {baked:.1f} s, ratio {stock / baked:.2f}"
+    )
     assert stock > 0 and baked > 0

@@ -21,13 +21,40 @@ pytestmark = [pytest.mark.bench, pytest.mark.slow]
 
 def test_bench_imagefolder_loader_vs_predecoded(tmp_path):
     folder = write_imagefolder_like(str(tmp_path / "data"), classes=8, per_class=60, val_per_class=5)
-    p = subprocess.run([sys.executable, "-W", "ignore", "-m", "trainer.bench", "--dataset", "imagefolder", "--data-dir", str(folder),
-                        "--model", "resnet18", "--width", "0.25", "--sizes", "64,128", "--batch-size", "32", "--steps", "10",
-                        "--json"], env=trainer_env(), capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-W",
+            "ignore",
+            "-m",
+            "trainer.bench",
+            "--dataset",
+            "imagefolder",
+            "--data-dir",
+            str(folder),
+            "--model",
+            "resnet18",
+            "--width",
+            "0.25",
+            "--sizes",
+            "64,128",
+            "--batch-size",
+            "32",
+            "--steps",
+            "10",
+            "--json",
+        ],
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     r = json.loads(p.stdout)
     print(f"\nloader on {r['device']}: {r['loader']}")
     for row in r["training"]:
-        print(f"  {row['size']} px: {row['train_images_per_s_real_loader']} images/s from files, "
-              f"{row['train_images_per_s_predecoded']} pre-decoded, ratio {row['ratio_real_to_predecoded']}")
+        print(
+            f"  {row['size']} px: {row['train_images_per_s_real_loader']} images/s from files, "
+            f"{row['train_images_per_s_predecoded']} pre-decoded, ratio {row['ratio_real_to_predecoded']}"
+        )
     assert all(row["ratio_real_to_predecoded"] > 0 for row in r["training"])

@@ -47,7 +47,10 @@ def test_fifty_trivial_runs(orch):
     runs = json.loads(orch("status", "bench", "--json").out)["runs"]
     assert len(runs) == N and all(x["state"] == "succeeded" and x["attempt"] == 1 for x in runs)
     figures = {
-        "runs": N, "max_parallel": PARALLEL, "direct_s": round(t_direct, 3), "orch_s": round(t_orch, 3),
+        "runs": N,
+        "max_parallel": PARALLEL,
+        "direct_s": round(t_direct, 3),
+        "orch_s": round(t_orch, 3),
         "ratio": round(t_orch / t_direct, 1),
         "overhead_per_run_s": round((t_orch - t_direct) / N, 3),
         "latency_per_run_in_a_slot_s": round((t_orch - t_direct) * PARALLEL / N, 3),

@@ -29,7 +29,7 @@ from tests.test_spot_fakecloud import instance_of, status
 pytestmark = [pytest.mark.bench, pytest.mark.slow]
 
 SIZE_MB = 500
-JOB = '''
+JOB = """
 import json, os, signal, time
 out = os.environ["ORCH_RUN_DIR"]
 step = [0]
@@ -49,7 +49,7 @@ while True:
     with open(os.path.join(out, "metrics.jsonl"), "a") as f:
         f.write(json.dumps({"step": step[0]}) + "\\n")
     time.sleep(0.2)
-''' % (SIZE_MB, SIZE_MB)
+""" % (SIZE_MB, SIZE_MB)
 
 
 def seconds_to_store(reason: str) -> float:
@@ -65,21 +65,36 @@ def test_notice_to_500mb_checkpoint_in_s3(orch, cloud, identity, tmp_path):
     figures = {}
     for case in ("notice", "rebalance-then-notice"):
         name = f"bench-notice-{case.split('-')[0]}"
-        path = orch.sweep(cloud.sweep_yaml(name, identity, f"{{python}} {job}", heartbeat_s="1", sync_s="600",
-                                           python="/opt/pytorch/bin/python"), name=f"{name}.yaml")
+        path = orch.sweep(
+            cloud.sweep_yaml(
+                name, identity, f"{{python}} {job}", heartbeat_s="1", sync_s="600", python="/opt/pytorch/bin/python"
+            ),
+            name=f"{name}.yaml",
+        )
         assert orch("launch", str(path), "--detach").code == 0
-        retry_until(lambda: status(orch, name).get("run", {}).get("metrics", {}).get("step", 0) >= 5, 300, 0.5, "the job to step")
+        retry_until(
+            lambda: status(orch, name).get("run", {}).get("metrics", {}).get("step", 0) >= 5,
+            300,
+            0.5,
+            "the job to step",
+        )
         iid = instance_of(cloud, name, "run", 1)
         if case == "rebalance-then-notice":
             t0 = time.time()
             cloud.rebalance_recommendation(iid)
             agent_log = next((cloud.root / "hosts" / iid / "home").rglob("agent.log"))
-            retry_until(lambda: "rebalance recommendation: checkpoint step" in agent_log.read_text(), 300, 0.5, "the early sync")
+            retry_until(
+                lambda: "rebalance recommendation: checkpoint step" in agent_log.read_text(), 300, 0.5, "the early sync"
+            )
             figures["rebalance_to_checkpoint_in_s3_s"] = round(time.time() - t0, 2)
         cloud.spot_notice(iid)
         agent_log = next((cloud.root / "hosts" / iid / "home").rglob("agent.log"))
-        line = retry_until(lambda: next((ln for ln in agent_log.read_text().splitlines() if "spot interruption notice;" in ln), None),
-                           300, 0.2, "the notice to be handled")
+        line = retry_until(
+            lambda: next((ln for ln in agent_log.read_text().splitlines() if "spot interruption notice;" in ln), None),
+            300,
+            0.2,
+            "the notice to be handled",
+        )
         figures[f"{case}: notice_to_checkpoint_in_s3_s"] = seconds_to_store(line)
         orch("down", name, timeout=300)
     print(f"\n{SIZE_MB} MB checkpoint, fake cloud:", figures)

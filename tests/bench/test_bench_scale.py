@@ -5,7 +5,8 @@ command:
 
 - against moto's S3: S3 requests and controller CPU per pass (steady state, after the first pass), the
   first pass of a fresh controller (no summary: it lists and reads every record), of a restarted one
-  (from the summary) and of a new sweep of 10,000 runs (nothing recorded yet), and `observe` (what `orch status` does) from the summary against reading every record;
+  (from the summary) and of a new sweep of 10,000 runs (nothing recorded yet), and `observe` (what
+  `orch status` does) from the summary against reading every record;
 - on a folder store through the real CLI: `orch status NAME`, `--json`, `--all`, `orch collect NAME`
   (wall time and the child's max RSS) and `orch launch --dry-run`.
 
@@ -50,10 +51,21 @@ def fill(store, sweep) -> Hosts:
     def put(i: int) -> None:
         rid = ids[i]
         if i < FINISHED:
-            st = RunStatus(run_id=rid, state="succeeded", attempt=1, started_at=now - 60, heartbeat=now - 1, finished_at=now - 1,
-                           exit_code=0, last_metrics={"epoch": 3, "test_acc": (i % 97) / 100})
-            lines = "".join(json.dumps({"step": s, "epoch": s, "test_acc": (i % 97) / 100 * s / 3, "train_loss": 2.0 / (s + 1)}) + "\n"
-                            for s in (1, 2, 3))
+            st = RunStatus(
+                run_id=rid,
+                state="succeeded",
+                attempt=1,
+                started_at=now - 60,
+                heartbeat=now - 1,
+                finished_at=now - 1,
+                exit_code=0,
+                last_metrics={"epoch": 3, "test_acc": (i % 97) / 100},
+            )
+            lines = "".join(
+                json.dumps({"step": s, "epoch": s, "test_acc": (i % 97) / 100 * s / 3, "train_loss": 2.0 / (s + 1)})
+                + "\n"
+                for s in (1, 2, 3)
+            )
             store.put_bytes(f"{sweep.spec.name}/{rid}/metrics.jsonl", lines.encode())
         else:
             st = RunStatus(run_id=rid, state="running", attempt=1, started_at=now, heartbeat=now + 3600)
@@ -61,8 +73,10 @@ def fill(store, sweep) -> Hosts:
 
     with ThreadPoolExecutor(10) as pool:
         list(pool.map(put, range(FINISHED + ACTIVE)))
-    for rid in ids[FINISHED:FINISHED + ACTIVE]:
-        hosts.hosts[rid] = __import__("orchestrator.backends.base", fromlist=["Host"]).Host(run_id=rid, host_id=f"h-{rid}", address="x", attempt=1)
+    for rid in ids[FINISHED : FINISHED + ACTIVE]:
+        hosts.hosts[rid] = __import__("orchestrator.backends.base", fromlist=["Host"]).Host(
+            run_id=rid, host_id=f"h-{rid}", address="x", attempt=1
+        )
     return hosts
 
 
@@ -120,15 +134,25 @@ def test_ten_thousand_runs_on_s3(tmp_path, monkeypatch):
     steady.sort(key=lambda row: row[2])
     median = steady[len(steady) // 2]
     print(f"\n10,000 runs on moto's S3 ({FINISHED} finished, {ACTIVE} running):")
-    print(f"  a new sweep's first pass (lists its records: none; claims {ACTIVE}): {launched[0]} requests, {launched[1]:.2f} s")
-    print(f"  first pass, no summary (lists and reads every record): {first[0]} requests, {first[1]:.1f} s, CPU {first[2]:.2f} s")
-    print(f"  steady pass (median of 5): {median[0]} S3 requests, {median[1]:.3f} s, controller CPU {median[2]:.3f} s"
-          f" (the whole process, moto's server included: {median[3]:.3f} s)")
+    print(
+        f"  a new sweep's first pass (lists its records: none; claims {ACTIVE}): {launched[0]} requests, "
+        f"{launched[1]:.2f} s"
+    )
+    print(
+        f"  first pass, no summary (lists and reads every record): {first[0]} requests, {first[1]:.1f} s, CPU "
+        f"{first[2]:.2f} s"
+    )
+    print(
+        f"  steady pass (median of 5): {median[0]} S3 requests, {median[1]:.3f} s, controller CPU {median[2]:.3f} s"
+        f" (the whole process, moto's server included: {median[3]:.3f} s)"
+    )
     print(f"  a restarted controller's first pass (from the summary): {again[0]} requests, {again[1]:.2f} s")
     print(f"  orch status (observe, summary + active records): {summary[0]} requests, {summary[1]:.2f} s")
     print(f"  orch status --all (every record): {full[0]} requests, {full[1]:.1f} s")
     assert p.count("succeeded") == FINISHED
-    assert max(row[0] for row in steady) <= 25 and again[0] <= 25 and summary[0] <= 25 and launched[0] <= 3 * ACTIVE + 10
+    assert (
+        max(row[0] for row in steady) <= 25 and again[0] <= 25 and summary[0] <= 25 and launched[0] <= 3 * ACTIVE + 10
+    )
 
 
 def timed(argv, env, cwd):
@@ -153,10 +177,13 @@ def test_ten_thousand_runs_through_the_cli(orch, tmp_path):
     c.prepare()
     c.step()  # writes the summary
     out = {}
-    for label, args in (("orch status NAME", ("status", "scale")), ("orch status NAME --json", ("status", "scale", "--json")),
-                        ("orch status NAME --all", ("status", "scale", "--all")),
-                        ("orch collect NAME", ("collect", "scale", "--out", str(tmp_path / "out"))),
-                        ("orch launch --dry-run", ("launch", str(sweep.path), "--dry-run"))):
+    for label, args in (
+        ("orch status NAME", ("status", "scale")),
+        ("orch status NAME --json", ("status", "scale", "--json")),
+        ("orch status NAME --all", ("status", "scale", "--all")),
+        ("orch collect NAME", ("collect", "scale", "--out", str(tmp_path / "out"))),
+        ("orch launch --dry-run", ("launch", str(sweep.path), "--dry-run")),
+    ):
         wall, rss, p = timed(orch.argv(*args), orch.env, orch.tmp)
         out[label] = (wall, rss)
     print("\n10,000 runs, folder store, through the CLI:")

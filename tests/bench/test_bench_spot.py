@@ -31,13 +31,25 @@ def test_interruption_to_stepping_again(orch, cloud, identity):
     assert orch("launch", str(path), "--detach").code == 0
     recover = []
     for attempt in range(1, 6):
+
         def stepping():
             v = status(orch, "bench-spot").get("run", {})
-            return v if v.get("attempt") == attempt and v.get("state") == "running" and v.get("metrics", {}).get("step", 0) > 0 else None
+            return (
+                v
+                if v.get("attempt") == attempt
+                and v.get("state") == "running"
+                and v.get("metrics", {}).get("step", 0) > 0
+                else None
+            )
 
         v = retry_until(stepping, 300, 0.2, f"attempt {attempt} to train")
         before = v["metrics"]["step"]
-        retry_until(lambda: status(orch, "bench-spot")["run"]["metrics"].get("step", 0) >= before + 20, 120, 0.2, "20 more steps")
+        retry_until(
+            lambda: status(orch, "bench-spot")["run"]["metrics"].get("step", 0) >= before + 20,
+            120,
+            0.2,
+            "20 more steps",
+        )
         iid = instance_of(cloud, "bench-spot", "run", attempt)
         t0 = time.time()
         cloud.spot_notice(iid)
@@ -52,7 +64,11 @@ def test_interruption_to_stepping_again(orch, cloud, identity):
         retry_until(resumed, 300, 0.1, "the replacement to step")
         recover.append(round(time.time() - t0, 2))
     lost = steps_lost(cloud, "sweeps/bench-spot/run/metrics.jsonl")
-    figures = {"notice_to_stepping_again_s": recover, "median_s": statistics.median(recover),
-               "steps_lost_total_over_5": lost, "interruptions": 5}
+    figures = {
+        "notice_to_stepping_again_s": recover,
+        "median_s": statistics.median(recover),
+        "steps_lost_total_over_5": lost,
+        "interruptions": 5,
+    }
     print("\nspot interruption benchmark:", json.dumps(figures))
     assert orch("down", "bench-spot", timeout=600).code == 0

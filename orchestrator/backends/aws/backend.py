@@ -20,8 +20,7 @@ from typing import Dict, List, Optional
 
 from orchestrator import contract
 from orchestrator.aws import ec2 as api
-from orchestrator.aws import iam
-from orchestrator.aws import fleet
+from orchestrator.aws import fleet, iam
 from orchestrator.aws.images import resolve_image
 from orchestrator.aws.pricing import CostLedger, PriceBook
 from orchestrator.backends import bundle as code_bundle
@@ -49,10 +48,13 @@ log = logging.getLogger("orch.aws")
 STOP_WAIT_S = 30.0
 AGENT_REPORT_S = 120.0  # from the agent's start until its first report (a cold volume makes the first start slow)
 ADOPTED_REPORT_S = 60.0  # the same, past the boot allowance, for an instance this controller did not provision
+
+
 class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
     name = "aws"
     poll_s = 2.0
     stale_s = 180.0  # agents heartbeat every 10 s
+
     def __init__(self, sweep: Sweep):
         self.sweep = sweep
         self.cfg = sweep.spec.aws
@@ -75,12 +77,16 @@ class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
         self.pack_order: list = []  # packing.PackChoice, the best home for new shared instances first
         self.pack_lock = threading.Lock()  # one placement decision at a time
         self.reserved: Dict[str, set] = {}  # instance -> slots being claimed by this controller (not tagged yet)
-        self.fresh: Dict[str, tuple] = {}  # instance -> (slots, host key, acquired at): just acquired, maybe not listed yet
+        self.fresh: Dict[
+            str, tuple
+        ] = {}  # instance -> (slots, host key, acquired at): just acquired, maybe not listed yet
         self.dead: set = set()  # shared instances found terminating
         self._setup: Optional[dict] = None
         self._bundle: Optional[code_bundle.Bundle] = None
         self.store = open_store(sweep.store_url)
-        self.ledger = CostLedger(self.store, self.name_, PriceBook(lambda types, azs: api.spot_prices(self.ec2, types, azs)))
+        self.ledger = CostLedger(
+            self.store, self.name_, PriceBook(lambda types, azs: api.spot_prices(self.ec2, types, azs))
+        )
 
     # --- per-sweep resources ---------------------------------------------------------------------
 
@@ -97,14 +103,22 @@ class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
             try:
                 subnets = api.resolve_subnets(self.ec2, cfg.subnet_ids, cfg.region)
                 image = resolve_image(self.ec2, cfg.image, cfg.image_owner, cfg.region)
-                sg = cfg.security_group or api.ensure_security_group(self.ec2, sweep, subnets[0]["VpcId"], cfg.ssh_cidr or api.caller_cidr())
+                sg = cfg.security_group or api.ensure_security_group(
+                    self.ec2, sweep, subnets[0]["VpcId"], cfg.ssh_cidr or api.caller_cidr()
+                )
                 profile = cfg.instance_profile
                 if profile == "create":
-                    bucket, _, prefix = self.sweep.store_url[len("s3://"):].partition("/")
+                    bucket, _, prefix = self.sweep.store_url[len("s3://") :].partition("/")
                     sources = [e.source for e in self.sweep.spec.data or []]
-                    buckets = [bucket] + [u[len("s3://"):].partition("/")[0] for u in sources if u.startswith("s3://")]
-                    profile = iam.ensure_instance_profile(api.client("iam", cfg.region), sweep, bucket, prefix.strip("/"), sources,
-                                                          iam.bucket_kms_keys(api.client("s3", cfg.region), buckets))
+                    buckets = [bucket] + [u[len("s3://") :].partition("/")[0] for u in sources if u.startswith("s3://")]
+                    profile = iam.ensure_instance_profile(
+                        api.client("iam", cfg.region),
+                        sweep,
+                        bucket,
+                        prefix.strip("/"),
+                        sources,
+                        iam.bucket_kms_keys(api.client("s3", cfg.region), buckets),
+                    )
                 public_ip = cfg.ssh.address == "public_ip" and not all(s["MapPublicIpOnLaunch"] for s in subnets)
                 data = api.launch_template_data(image, sg, cfg.volume_gb, profile, public_ip)
                 template = api.ensure_launch_template(self.ec2, sweep, data)
@@ -132,7 +146,9 @@ class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
 
     def _pack_order(self, gpus: Dict[str, int], prices: Dict[tuple, float]) -> list:
         """Homes for packed runs, best first, from GPU counts and spot prices per (type, AZ) (its cheapest AZ)."""
-        by_type = {t: min((p for (tt, _), p in prices.items() if tt == t), default=None) for t in self.cfg.instance_types}
+        by_type = {
+            t: min((p for (tt, _), p in prices.items() if tt == t), default=None) for t in self.cfg.instance_types
+        }
         return rank(self.cfg.instance_types, gpus, by_type, self.sweep.spec.resources.gpus, self._parallel())
 
     def preflight(self) -> None:
@@ -154,16 +170,29 @@ class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
             image = resolve_image(self.ec2, self.cfg.image, self.cfg.image_owner, self.cfg.region)
         except (ClientError, BotoCoreError) as exc:
             raise api.explain(exc, "reading spot prices and instance types") from None
-        rows = [{"type": t, "az": az, "spot_usd_per_h": prices.get((t, az)), "gpus": gpus.get(t)} for t in self.cfg.instance_types for az in azs]
+        rows = [
+            {"type": t, "az": az, "spot_usd_per_h": prices.get((t, az)), "gpus": gpus.get(t)}
+            for t in self.cfg.instance_types
+            for az in azs
+        ]
         known = [r["spot_usd_per_h"] for r in rows if r["spot_usd_per_h"] is not None]
         hours = (self.sweep.spec.timeout_minutes or self.cfg.max_minutes) / 60
         cheapest = min(known) if known else None
-        instances = len(self.sweep.runs) * self.nodes  # every node of a run is an instance billed (packing only lowers it)
+        instances = (
+            len(self.sweep.runs) * self.nodes
+        )  # every node of a run is an instance billed (packing only lowers it)
         packing: List[str] = []
         if packs(self.sweep.spec.resources, gpus):
             packing = describe_packing(self._pack_order(gpus, prices), self.sweep.spec.resources.gpus, self._parallel())
-        return {"choices": rows, "runs": len(self.sweep.runs), "hours_per_run_max": hours, "image": f"{image['ImageId']} ({image['Name']})",
-                "nodes_per_run": self.nodes, "packing": packing, "estimate_usd_max": round(cheapest * hours * instances, 2) if cheapest is not None else None}
+        return {
+            "choices": rows,
+            "runs": len(self.sweep.runs),
+            "hours_per_run_max": hours,
+            "image": f"{image['ImageId']} ({image['Name']})",
+            "nodes_per_run": self.nodes,
+            "packing": packing,
+            "estimate_usd_max": round(cheapest * hours * instances, 2) if cheapest is not None else None,
+        }
 
     # --- the Backend interface ------------------------------------------------------------------
 
@@ -178,8 +207,10 @@ class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
             raise api.explain(exc, "listing the sweep's instances") from None
         with self.lock:
             pending, ready = dict(self.pending), dict(self.ready)
-        self.ledger.observe([i["instance_id"] for i in instances],
-                            {i["instance_id"]: [slot_run(v) for v in i["slots"].values()] for i in instances if i["slot_count"]})
+        self.ledger.observe(
+            [i["instance_id"] for i in instances],
+            {i["instance_id"]: [slot_run(v) for v in i["slots"].values()] for i in instances if i["slot_count"]},
+        )
         hosts = []
         ranks = {}  # (run, attempt) -> its instance ids in rank order
         for i in sorted(instances, key=lambda i: i["instance_id"]):
@@ -191,12 +222,24 @@ class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
             if not i["run"]:
                 continue
             attempt = int(i["attempt"]) if i["attempt"].isdigit() else None
-            hosts.append(Host(run_id=i["run"], host_id=i["instance_id"], address=self._address(i), attempt=attempt,
-                              provisioning=pending.get(i["run"]) == attempt, start_deadline=self._deadline(i, attempt, ready),
-                              node=ranks[(i["run"], i["attempt"])].index(i["instance_id"]), nodes=self.nodes))
+            hosts.append(
+                Host(
+                    run_id=i["run"],
+                    host_id=i["instance_id"],
+                    address=self._address(i),
+                    attempt=attempt,
+                    provisioning=pending.get(i["run"]) == attempt,
+                    start_deadline=self._deadline(i, attempt, ready),
+                    node=ranks[(i["run"], i["attempt"])].index(i["instance_id"]),
+                    nodes=self.nodes,
+                )
+            )
         seen = {h.run_id for h in hosts}
-        hosts += [Host(run_id=r, host_id=ACQUIRING, address="", attempt=a, provisioning=True, nodes=self.nodes)
-                  for r, a in pending.items() if r not in seen]
+        hosts += [
+            Host(run_id=r, host_id=ACQUIRING, address="", attempt=a, provisioning=True, nodes=self.nodes)
+            for r, a in pending.items()
+            if r not in seen
+        ]
         return hosts
 
     def _deadline(self, inst: dict, attempt: Optional[int], ready: Dict[str, tuple]) -> Optional[float]:
@@ -238,10 +281,21 @@ class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
 
     def new_task(self, run_id: str, attempt: int, command: str, params_json: str) -> RunTask:
         cfg = self.cfg
-        return new_task(self.sweep, run_id, attempt, command, params_json, contract.REMOTE_BASE,
-                                 heartbeat_s=cfg.heartbeat_s, sync_s=cfg.sync_s, host="", terminate_on_exit=not cfg.keep_alive,
-                                 imds=True, notice_poll_s=5.0,
-                                 idle_s=cfg.idle_minutes * 60 if cfg.keep_alive and cfg.idle_minutes else None)
+        return new_task(
+            self.sweep,
+            run_id,
+            attempt,
+            command,
+            params_json,
+            contract.REMOTE_BASE,
+            heartbeat_s=cfg.heartbeat_s,
+            sync_s=cfg.sync_s,
+            host="",
+            terminate_on_exit=not cfg.keep_alive,
+            imds=True,
+            notice_poll_s=5.0,
+            idle_s=cfg.idle_minutes * 60 if cfg.keep_alive and cfg.idle_minutes else None,
+        )
 
     def start(self, task: RunTask) -> Host:
         with self.lock:
@@ -267,8 +321,16 @@ class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
             try:
                 conn = connect(self._target(inst), timeout=20)
                 try:
-                    conn.run(contract.stop_script(self._ctl(run_id), contract.session_name(self.name_, run_id), reason, STOP_WAIT_S,
-                                                  contract.REMOTE_TMUX_SOCKET), timeout=STOP_WAIT_S + 30)
+                    conn.run(
+                        contract.stop_script(
+                            self._ctl(run_id),
+                            contract.session_name(self.name_, run_id),
+                            reason,
+                            STOP_WAIT_S,
+                            contract.REMOTE_TMUX_SOCKET,
+                        ),
+                        timeout=STOP_WAIT_S + 30,
+                    )
                 finally:
                     conn.close()
             except OrchError as exc:
@@ -283,7 +345,8 @@ class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
         return True
 
     def attach(self, run_id: str, node: int = 0) -> int:
-        """An interactive terminal in the run's tmux window on node `node`: system ssh when there is one, paramiko otherwise."""
+        """An interactive terminal in the run's tmux window on node `node`: system ssh when there is one, paramiko
+        otherwise."""
         import shutil
 
         nodes = self._instances_of(run_id)
@@ -293,8 +356,10 @@ class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
             raise OrchError(f"run {run_id} runs on {len(nodes)} node(s) now: --node takes 0 to {len(nodes) - 1}.")
         inst = nodes[node]
         target = self._target(inst)
-        remote = (f"tmux -L {contract.REMOTE_TMUX_SOCKET} attach-session -t "
-                  f"{shlex.quote('=' + contract.session_name(self.name_, inst['run']) + ':run')}")
+        remote = (
+            f"tmux -L {contract.REMOTE_TMUX_SOCKET} attach-session -t "
+            f"{shlex.quote('=' + contract.session_name(self.name_, inst['run']) + ':run')}"
+        )
         if shutil.which("ssh") is None:
             return interactive(target, remote)
         argv = attach_argv(target, remote, known_hosts_file(target, orch_home() / "known_hosts"))
@@ -328,17 +393,25 @@ class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
 
     def _instances_of(self, run_id: str) -> List[dict]:
         """The instances of the run's newest attempt that still live, in node order (or the instance of that id)."""
-        found = [i for i in api.sweep_instances(self.ec2, self.name_, ["pending", "running"])
-                 if run_id in (i["run"], i["instance_id"]) or any(slot_run(v) == run_id for v in i["slots"].values())]
+        found = [
+            i
+            for i in api.sweep_instances(self.ec2, self.name_, ["pending", "running"])
+            if run_id in (i["run"], i["instance_id"]) or any(slot_run(v) == run_id for v in i["slots"].values())
+        ]
         newest = max((int(i["attempt"]) for i in found if i["attempt"].isdigit()), default=None)
-        return sorted((i for i in found if newest is None or i["attempt"] == str(newest)), key=lambda i: i["instance_id"])
+        return sorted(
+            (i for i in found if newest is None or i["attempt"] == str(newest)), key=lambda i: i["instance_id"]
+        )
 
     def _target(self, inst: dict) -> Target:
         if not inst.get("host_key"):
-            raise OrchError(f"{inst['instance_id']} carries no pinned host key (tag orch:hostkey); refusing to connect.")
-        return Target(self._address(inst), self.cfg.ssh.port, self.cfg.ssh.user, self.cfg.ssh.identity, inst["host_key"])
+            raise OrchError(
+                f"{inst['instance_id']} carries no pinned host key (tag orch:hostkey); refusing to connect."
+            )
+        return Target(
+            self._address(inst), self.cfg.ssh.port, self.cfg.ssh.user, self.cfg.ssh.identity, inst["host_key"]
+        )
 
     def run_of_instance(self, instance_id: str) -> Optional[str]:
         inst = self._instance_of(instance_id)
         return inst["run"] if inst else None
-

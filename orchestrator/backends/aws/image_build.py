@@ -36,8 +36,9 @@ log = logging.getLogger("orch.ami")
 STEP_TIMEOUT_S = 3600.0
 
 
-
-def build(recipe: Recipe, sha: str, recipe_dir: Path, regions: List[str], force: bool, say: Callable[[str], None]) -> Dict[str, str]:
+def build(
+    recipe: Recipe, sha: str, recipe_dir: Path, regions: List[str], force: bool, say: Callable[[str], None]
+) -> Dict[str, str]:
     """Build (or find) the image; returns {region: image id}."""
     from orchestrator.aws.teardown import teardown
     from orchestrator.aws.userdata import cloud_config
@@ -47,7 +48,10 @@ def build(recipe: Recipe, sha: str, recipe_dir: Path, regions: List[str], force:
     ec2 = api.client("ec2", cfg.region)
     have = [i for i in images(ec2, recipe.name, sha) if i.get("State") == "available"]
     if have and not force:
-        say(f"recipe {recipe.name} (sha {sha[:12]}) is already built in {cfg.region}: {have[0]['ImageId']} (--force builds it again)")
+        say(
+            f"recipe {recipe.name} (sha {sha[:12]}) is already built in {cfg.region}: {have[0]['ImageId']} (--force "
+            "builds it again)"
+        )
         image_id = have[0]["ImageId"]
     else:
         name = builder_name(recipe)
@@ -55,19 +59,38 @@ def build(recipe: Recipe, sha: str, recipe_dir: Path, regions: List[str], force:
         try:
             subnets = api.resolve_subnets(ec2, cfg.subnet_ids, cfg.region)
             base = resolve_image(ec2, cfg.image, cfg.image_owner, cfg.region)
-            sg = cfg.security_group or api.ensure_security_group(ec2, name, subnets[0]["VpcId"], cfg.ssh_cidr or api.caller_cidr())
+            sg = cfg.security_group or api.ensure_security_group(
+                ec2, name, subnets[0]["VpcId"], cfg.ssh_cidr or api.caller_cidr()
+            )
             public_ip = cfg.ssh.address == "public_ip" and not all(s["MapPublicIpOnLaunch"] for s in subnets)
             data = api.launch_template_data(base, sg, cfg.volume_gb, None, public_ip)
             template = api.ensure_launch_template(ec2, name, data)
             host_private, host_public = new_host_key()
             user_data = cloud_config(host_private, host_public, public_key_of(cfg.ssh.identity), cfg.max_minutes)
-            tags = api.sweep_tags(name, run="builder", attempt="1", hostkey=host_public) + [{"Key": "Name", "Value": f"orch builder {recipe.name}"}]
-            got = fleet.acquire(ec2, template, data, user_data, fleet.choices(cfg.instance_types, subnets),
-                                fleet.markets(cfg.market), tags, fleet.Blocklist())
+            tags = api.sweep_tags(name, run="builder", attempt="1", hostkey=host_public) + [
+                {"Key": "Name", "Value": f"orch builder {recipe.name}"}
+            ]
+            got = fleet.acquire(
+                ec2,
+                template,
+                data,
+                user_data,
+                fleet.choices(cfg.instance_types, subnets),
+                fleet.markets(cfg.market),
+                tags,
+                fleet.Blocklist(),
+            )
             instance_id = got.instance_id
-            say(f"builder {instance_id} ({got.instance_type} in {got.az}, {got.market}) from {base['ImageId']} ({base['Name']})")
+            say(
+                f"builder {instance_id} ({got.instance_type} in {got.az}, {got.market}) from {base['ImageId']} "
+                f"({base['Name']})"
+            )
             address = api.wait_running(ec2, instance_id, cfg.ssh.address, cfg.boot_timeout_s)
-            conn = connect(Target(address, cfg.ssh.port, cfg.ssh.user, cfg.ssh.identity, host_public), timeout=cfg.boot_timeout_s, interval=1.0)
+            conn = connect(
+                Target(address, cfg.ssh.port, cfg.ssh.user, cfg.ssh.identity, host_public),
+                timeout=cfg.boot_timeout_s,
+                interval=1.0,
+            )
             try:
                 _provision(conn, recipe, recipe_dir, say)
                 conn.check("sync")
@@ -77,14 +100,27 @@ def build(recipe: Recipe, sha: str, recipe_dir: Path, regions: List[str], force:
             # refuses to stop (UnsupportedOperation; EC2 user guide, Spot Instance request limitations).
             # CreateImage on the running builder lets EC2 reboot it (NoReboot=False, the default) so the
             # file system is consistent, whatever the builder's market.
-            image_tags = [{"Key": RECIPE_TAG, "Value": recipe.name}, {"Key": SHA_TAG, "Value": sha}, {"Key": BASE_TAG, "Value": base["ImageId"]}]
-            image_id = ec2.create_image(InstanceId=instance_id, Name=f"orch-{recipe.name}-{sha[:12]}-{time.strftime('%Y%m%d-%H%M%S')}",
-                                        Description=f"orch recipe {recipe.name} ({sha[:12]}) from {base['ImageId']}")["ImageId"]
-            ec2.create_tags(Resources=[image_id], Tags=image_tags)  # at once: `orch ami list` and `gc` know it while it is pending
-            say(f"image {image_id} is pending: EC2 reboots the builder and snapshots its volume (minutes; more for large volumes)")
+            image_tags = [
+                {"Key": RECIPE_TAG, "Value": recipe.name},
+                {"Key": SHA_TAG, "Value": sha},
+                {"Key": BASE_TAG, "Value": base["ImageId"]},
+            ]
+            image_id = ec2.create_image(
+                InstanceId=instance_id,
+                Name=f"orch-{recipe.name}-{sha[:12]}-{time.strftime('%Y%m%d-%H%M%S')}",
+                Description=f"orch recipe {recipe.name} ({sha[:12]}) from {base['ImageId']}",
+            )["ImageId"]
+            ec2.create_tags(
+                Resources=[image_id], Tags=image_tags
+            )  # at once: `orch ami list` and `gc` know it while it is pending
+            say(
+                f"image {image_id} is pending: EC2 reboots the builder and snapshots its volume (minutes; more for "
+                "large volumes)"
+            )
             try:
                 _wait_available(ec2, image_id, say)
-            finally:  # available, failed or given up: its snapshots carry the recipe's tags, so `orch ami list`/`rm` find them
+            # available, failed or given up: its snapshots carry the recipe's tags, so `orch ami list`/`rm` find them
+            finally:
                 _tag_snapshots(ec2, image_id, image_tags)
             say(f"image {image_id} in {cfg.region}")
         except OrchError:
@@ -102,7 +138,6 @@ def build(recipe: Recipe, sha: str, recipe_dir: Path, regions: List[str], force:
     return out
 
 
-
 def _provision(conn, recipe: Recipe, recipe_dir: Path, say: Callable[[str], None]) -> None:
     b = code_bundle.build()  # orch's code (the trainer included), as runs get it; steps and smoke see it on PYTHONPATH
     conn.check(code_bundle.install_command(b), stdin=b.data)
@@ -117,9 +152,11 @@ def _provision(conn, recipe: Recipe, recipe_dir: Path, say: Callable[[str], None
         r = conn.stream(env + step, lambda line: say(f"    {line}"), timeout=STEP_TIMEOUT_S)  # live, line by line
         if r.code != 0:
             tail = "\n".join(r.out.strip().splitlines()[-20:])
-            raise OrchError(f"{what} failed (exit {r.code}) on the builder: {step}\n{tail}\nNothing is left running: the builder was terminated.")
+            raise OrchError(
+                f"{what} failed (exit {r.code}) on the builder: {step}\n{tail}\nNothing is left running: the builder "
+                "was terminated."
+            )
         say(f"  ok in {time.time() - t0:.0f} s")
-
 
 
 def _copy(image_id: str, source: str, region: str, recipe: Recipe, sha: str, say: Callable[[str], None]) -> str:
@@ -129,9 +166,17 @@ def _copy(image_id: str, source: str, region: str, recipe: Recipe, sha: str, say
         say(f"{region}: already there: {have[0]['ImageId']}")
         return have[0]["ImageId"]
     say(f"{region}: copying {image_id} (minutes to an hour, by volume size)")
-    copied = ec2.copy_image(SourceImageId=image_id, SourceRegion=source, Name=f"orch-{recipe.name}-{sha[:12]}")["ImageId"]
-    ec2.create_tags(Resources=[copied], Tags=[{"Key": RECIPE_TAG, "Value": recipe.name}, {"Key": SHA_TAG, "Value": sha},
-                                              {"Key": BASE_TAG, "Value": image_id}])
+    copied = ec2.copy_image(SourceImageId=image_id, SourceRegion=source, Name=f"orch-{recipe.name}-{sha[:12]}")[
+        "ImageId"
+    ]
+    ec2.create_tags(
+        Resources=[copied],
+        Tags=[
+            {"Key": RECIPE_TAG, "Value": recipe.name},
+            {"Key": SHA_TAG, "Value": sha},
+            {"Key": BASE_TAG, "Value": image_id},
+        ],
+    )
     _wait_available(ec2, copied, say)
     say(f"{region}: {copied}")
     return copied
@@ -139,7 +184,10 @@ def _copy(image_id: str, source: str, region: str, recipe: Recipe, sha: str, say
 
 def _tag_snapshots(ec2, image_id: str, tags: list) -> None:
     found = ec2.describe_images(ImageIds=[image_id])["Images"]
-    snapshots = [m["Ebs"]["SnapshotId"] for m in (found[0].get("BlockDeviceMappings", []) if found else [])
-                 if m.get("Ebs", {}).get("SnapshotId")]
+    snapshots = [
+        m["Ebs"]["SnapshotId"]
+        for m in (found[0].get("BlockDeviceMappings", []) if found else [])
+        if m.get("Ebs", {}).get("SnapshotId")
+    ]
     if snapshots:
         ec2.create_tags(Resources=snapshots, Tags=tags)

@@ -31,7 +31,10 @@ FRESH_S = 60.0  # how long an instance this controller just acquired counts even
 
 
 class PackMixin:
-    """The packing half of AwsBackend (which supplies cfg, ec2, ledger, locks, pack_order and the provisioning helpers)."""
+    """The packing half of AwsBackend.
+
+    AwsBackend supplies cfg, ec2, ledger, locks, pack_order and the provisioning helpers.
+    """
 
     def _provision_packed(self, task: RunTask) -> None:
         new_ids: List[str] = []
@@ -62,8 +65,12 @@ class PackMixin:
         except fleet.CapacityUnavailable as exc:
             self._requeue(task, str(exc), new_ids)
         except fleet.QuotaReached as exc:
-            if api.sweep_instances(self.ec2, self.name_, api.NOT_GONE):  # as in provision: wait while the sweep's own instances run
-                self._requeue(task, f"waiting for quota to free (the sweep's running instances hold it): {exc}", new_ids)
+            if api.sweep_instances(
+                self.ec2, self.name_, api.NOT_GONE
+            ):  # as in provision: wait while the sweep's own instances run
+                self._requeue(
+                    task, f"waiting for quota to free (the sweep's running instances hold it): {exc}", new_ids
+                )
             else:
                 self.fatal = exc
                 self._requeue(task, str(exc), new_ids)
@@ -75,7 +82,11 @@ class PackMixin:
                 log.exception("provisioning %s failed", task.run_id)
             if claimed and not new_ids:  # a slot on another run's instance: give it back
                 self._free_claim(claimed[0], claimed[1], value)
-            self._fail(task, str(exc) if isinstance(exc, OrchError) else f"provisioning failed: {type(exc).__name__}: {exc}", new_ids)
+            self._fail(
+                task,
+                str(exc) if isinstance(exc, OrchError) else f"provisioning failed: {type(exc).__name__}: {exc}",
+                new_ids,
+            )
         finally:
             if claimed:
                 self._unreserve(*claimed)
@@ -86,13 +97,21 @@ class PackMixin:
     def _start_in_slot(self, task: RunTask, iid: str, slot: int, host_key: str, value: str, tag: bool) -> bool:
         """Claim the slot on the host and start the run's agent there; False when the host refused the claim."""
         address = api.wait_running(self.ec2, iid, self.cfg.ssh.address, self.cfg.boot_timeout_s)
-        conn = connect(Target(address, self.cfg.ssh.port, self.cfg.ssh.user, self.cfg.ssh.identity, host_key),
-                       timeout=self.cfg.boot_timeout_s, interval=1.0)
+        conn = connect(
+            Target(address, self.cfg.ssh.port, self.cfg.ssh.user, self.cfg.ssh.identity, host_key),
+            timeout=self.cfg.boot_timeout_s,
+            interval=1.0,
+        )
         try:
             code = conn.run(f"bash -c {shlex.quote(CLAIM)} claim {slot} {shlex.quote(value)}").code
             if code in (3, 4):
-                log.info("%s: slot %s of %s is not free (%s); looking again", task.run_id, slot, iid,
-                         "the instance is terminating" if code == 3 else "taken")
+                log.info(
+                    "%s: slot %s of %s is not free (%s); looking again",
+                    task.run_id,
+                    slot,
+                    iid,
+                    "the instance is terminating" if code == 3 else "taken",
+                )
                 if code == 3:
                     self.dead.add(iid)
                 return False
@@ -103,18 +122,26 @@ class PackMixin:
             task.slot = slot
             task.env["CUDA_VISIBLE_DEVICES"] = visible_devices(slot, self.sweep.spec.resources.gpus)
             self._start_agents([conn], task, [iid])
-            log.info("%s: slot %s of %s (CUDA_VISIBLE_DEVICES=%s)", task.run_id, slot, iid, task.env["CUDA_VISIBLE_DEVICES"])
+            log.info(
+                "%s: slot %s of %s (CUDA_VISIBLE_DEVICES=%s)", task.run_id, slot, iid, task.env["CUDA_VISIBLE_DEVICES"]
+            )
             return True
         finally:
             conn.close()
 
     def _free_slot(self) -> Optional[Tuple[str, int, str]]:
         """(instance, slot, host key) of a free slot on the fullest live packed instance, or None."""
-        live = {i["instance_id"]: i for i in api.sweep_instances(self.ec2, self.name_, ["pending", "running"]) if i["slot_count"]}
+        live = {
+            i["instance_id"]: i
+            for i in api.sweep_instances(self.ec2, self.name_, ["pending", "running"])
+            if i["slot_count"]
+        }
         now = time.time()
         for iid in [i for i in self.fresh if i in live or now - self.fresh[i][2] > FRESH_S]:
             del self.fresh[iid]  # listed now (or gone): the listing speaks for it
-        view = {iid: (i["slot_count"], set(i["slots"]), i["host_key"], i["launch_time"] or now) for iid, i in live.items()}
+        view = {
+            iid: (i["slot_count"], set(i["slots"]), i["host_key"], i["launch_time"] or now) for iid, i in live.items()
+        }
         view.update({iid: (n, set(), key, born) for iid, (n, key, born) in self.fresh.items()})
         best = None
         for iid, (n, used, key, born) in view.items():
@@ -141,19 +168,42 @@ class PackMixin:
         for choice in self.pack_order:
             pools = [c for c in setup["choices"] if c.instance_type == choice.instance_type]
             tags = api.sweep_tags(self.name_, hostkey=host_public) + [
-                {"Key": SLOTS_TAG, "Value": str(choice.slots)}, {"Key": f"{SLOT_TAG}0", "Value": value},
-                {"Key": "Name", "Value": f"orch {self.name_} shared ({choice.slots} runs)"}]
+                {"Key": SLOTS_TAG, "Value": str(choice.slots)},
+                {"Key": f"{SLOT_TAG}0", "Value": value},
+                {"Key": "Name", "Value": f"orch {self.name_} shared ({choice.slots} runs)"},
+            ]
             try:
-                got = fleet.acquire(self.ec2, setup["template"], setup["base"], user_data, pools, fleet.markets(self.cfg.market), tags,
-                                    self.blocklist)
+                got = fleet.acquire(
+                    self.ec2,
+                    setup["template"],
+                    setup["base"],
+                    user_data,
+                    pools,
+                    fleet.markets(self.cfg.market),
+                    tags,
+                    self.blocklist,
+                )
             except fleet.CapacityUnavailable as exc:
                 last = exc
                 continue
-            self.ledger.acquired(got.instance_id, got.instance_type, got.az, got.market, gpus=self._gpus_of(got.instance_type),
-                                 slots=choice.slots)
+            self.ledger.acquired(
+                got.instance_id,
+                got.instance_type,
+                got.az,
+                got.market,
+                gpus=self._gpus_of(got.instance_type),
+                slots=choice.slots,
+            )
             self.fresh[got.instance_id] = (choice.slots, host_public, time.time())
-            log.info("%s: new shared instance %s %s in %s (%s), %s slots", task.run_id, got.instance_id, got.instance_type, got.az,
-                     got.market, choice.slots)
+            log.info(
+                "%s: new shared instance %s %s in %s (%s), %s slots",
+                task.run_id,
+                got.instance_id,
+                got.instance_type,
+                got.az,
+                got.market,
+                choice.slots,
+            )
             return got.instance_id, 0, host_public
         raise last or fleet.CapacityUnavailable("no instance type can hold this run")
 
@@ -193,10 +243,21 @@ class PackMixin:
             if inst is not None:
                 conn = connect(self._target(inst), timeout=20)
                 try:
-                    conn.run(contract.stop_script(self._ctl(run_id), contract.session_name(self.name_, run_id), reason, 30,
-                                                  contract.REMOTE_TMUX_SOCKET), timeout=60)
-                    conn.run(f'd="$HOME/{SLOTS_DIR}"; exec 9>"$d/.lock" && flock 9 && '
-                             f'if [ "$(cat "$d/slot.{slot}" 2>/dev/null)" = {shlex.quote(value)} ]; then rm -f "$d/slot.{slot}"; fi')
+                    conn.run(
+                        contract.stop_script(
+                            self._ctl(run_id),
+                            contract.session_name(self.name_, run_id),
+                            reason,
+                            30,
+                            contract.REMOTE_TMUX_SOCKET,
+                        ),
+                        timeout=60,
+                    )
+                    conn.run(
+                        f'd="$HOME/{SLOTS_DIR}"; exec 9>"$d/.lock" && flock 9 && '
+                        f'if [ "$(cat "$d/slot.{slot}" 2>/dev/null)" = {shlex.quote(value)} ]; then rm -f '
+                        f'"$d/slot.{slot}"; fi'
+                    )
                 finally:
                     conn.close()
             self.ec2.delete_tags(Resources=[iid], Tags=[{"Key": f"{SLOT_TAG}{slot}", "Value": value}])
@@ -204,7 +265,10 @@ class PackMixin:
             log.warning("could not free slot %s of %s: %s", slot, iid, exc)
 
     def _live_instance(self, iid: str) -> Optional[dict]:
-        return next((i for i in api.sweep_instances(self.ec2, self.name_, ["pending", "running"]) if i["instance_id"] == iid), None)
+        return next(
+            (i for i in api.sweep_instances(self.ec2, self.name_, ["pending", "running"]) if i["instance_id"] == iid),
+            None,
+        )
 
     def _packed_hosts(self, inst: dict, pending: Dict[str, int], ready: Dict[str, tuple]) -> List[Host]:
         """One Host per run on a packed instance (its slot tags)."""
@@ -212,9 +276,17 @@ class PackMixin:
         for slot, value in sorted(inst["slots"].items()):
             run_id, att = slot_run(value), value.rpartition("#")[2]
             attempt = int(att) if att.isdigit() else None
-            hosts.append(Host(run_id=run_id, host_id=inst["instance_id"], address=self._address(inst), attempt=attempt,
-                              provisioning=pending.get(run_id) == attempt, start_deadline=self._deadline({**inst, "run": run_id}, attempt, ready),
-                              slot=slot))
+            hosts.append(
+                Host(
+                    run_id=run_id,
+                    host_id=inst["instance_id"],
+                    address=self._address(inst),
+                    attempt=attempt,
+                    provisioning=pending.get(run_id) == attempt,
+                    start_deadline=self._deadline({**inst, "run": run_id}, attempt, ready),
+                    slot=slot,
+                )
+            )
         return hosts
 
     def _release_packed(self, host: Host, reason: str = "lost") -> None:

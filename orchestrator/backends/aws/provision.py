@@ -52,21 +52,46 @@ class ProvisionMixin:
             if task.replaces:  # that (type, AZ) just took its instance back: try elsewhere first
                 self._block_reclaimed(task.replaces)
             host_private, host_public = new_host_key()  # one key per attempt, pinned by tag (shared by its nodes)
-            user_data = cloud_config(host_private, host_public, public_key_of(self.cfg.ssh.identity), self.cfg.max_minutes)
+            user_data = cloud_config(
+                host_private, host_public, public_key_of(self.cfg.ssh.identity), self.cfg.max_minutes
+            )
             tags = api.sweep_tags(self.name_, run=task.run_id, attempt=str(task.attempt), hostkey=host_public) + [
-                {"Key": "Name", "Value": f"orch {self.name_} {task.run_id} #{task.attempt}"}]
-            args = (self.ec2, setup["template"], setup["base"], user_data, setup["choices"], fleet.markets(self.cfg.market), tags, self.blocklist)
+                {"Key": "Name", "Value": f"orch {self.name_} {task.run_id} #{task.attempt}"}
+            ]
+            args = (
+                self.ec2,
+                setup["template"],
+                setup["base"],
+                user_data,
+                setup["choices"],
+                fleet.markets(self.cfg.market),
+                tags,
+                self.blocklist,
+            )
             if nodes > 1:
-                got = fleet.acquire_nodes(*args, count=nodes, release=lambda ids: api.terminate(self.ec2, ids),
-                                          group_of=lambda az: ensure_group(self.ec2, self.name_, az, self.groups))
+                got = fleet.acquire_nodes(
+                    *args,
+                    count=nodes,
+                    release=lambda ids: api.terminate(self.ec2, ids),
+                    group_of=lambda az: ensure_group(self.ec2, self.name_, az, self.groups),
+                )
             else:
                 got = [fleet.acquire(*args)]
             got.sort(key=lambda g: g.instance_id)  # node ranks: the order list() sees them in
             ids = [g.instance_id for g in got]
             for g in got:
-                self.ledger.acquired(g.instance_id, g.instance_type, g.az, g.market, run=task.run_id, gpus=self._gpus_of(g.instance_type),
-                                     attempt=task.attempt)
-            log.info("%s: %s %s in %s (%s)", task.run_id, ", ".join(ids), got[0].instance_type, got[0].az, got[0].market)
+                self.ledger.acquired(
+                    g.instance_id,
+                    g.instance_type,
+                    g.az,
+                    g.market,
+                    run=task.run_id,
+                    gpus=self._gpus_of(g.instance_type),
+                    attempt=task.attempt,
+                )
+            log.info(
+                "%s: %s %s in %s (%s)", task.run_id, ", ".join(ids), got[0].instance_type, got[0].az, got[0].market
+            )
             addresses = [api.wait_running(self.ec2, i, self.cfg.ssh.address, self.cfg.boot_timeout_s) for i in ids]
             conns = []
             try:
@@ -96,7 +121,9 @@ class ProvisionMixin:
             log.exception("provisioning %s failed", task.run_id)
             self._fail(task, f"provisioning failed: {type(exc).__name__}: {exc}", ids)
         finally:
-            if not reported:  # else the run stays pending until the controller took the outcome (no window where it looks hostless)
+            if (
+                not reported
+            ):  # else the run stays pending until the controller took the outcome (no window where it looks hostless)
                 with self.lock:
                     self.pending.pop(task.run_id, None)
 
@@ -127,7 +154,13 @@ class ProvisionMixin:
             master = api.describe(self.ec2, ids[0]) or {}
             task.env.update(ORCH_MASTER_ADDR=master.get("private_ip", ""), ORCH_MASTER_PORT=port)
         for rank in sorted(range(len(conns)), reverse=True):  # followers first: node 0 reports once all are started
-            node_task = replace(task, env={**task.env, "ORCH_NODE_RANK": str(rank)}, host=ids[rank], node_hosts=len(conns), node_rank=rank)
+            node_task = replace(
+                task,
+                env={**task.env, "ORCH_NODE_RANK": str(rank)},
+                host=ids[rank],
+                node_hosts=len(conns),
+                node_rank=rank,
+            )
             self._start_agent(conns[rank], node_task, py)
         with self.lock:
             self.ready[task.run_id] = (task.attempt, time.time())
@@ -137,8 +170,10 @@ class ProvisionMixin:
         task_path = f"{ctl}/task-{task.attempt}.json"
         conn.put_bytes(json.dumps(task.__dict__, indent=2).encode(), task_path)
         agent = contract.agent_command(py, task_path, ctl, pythonpath=self._bundle.remote_dir)
-        conn.check(f'cd "$HOME" && tmux -L {contract.REMOTE_TMUX_SOCKET} new-session -d -s {shlex.quote(task.session)} '
-                   f'-n agent -x 200 -y 50 {shlex.quote(agent)}')
+        conn.check(
+            f'cd "$HOME" && tmux -L {contract.REMOTE_TMUX_SOCKET} new-session -d -s {shlex.quote(task.session)} '
+            f"-n agent -x 200 -y 50 {shlex.quote(agent)}"
+        )
 
     def _interpreter(self, conn) -> str:
         """The instance's Python for the agent and `{python}`: checked once per controller, on the first host.
@@ -152,17 +187,23 @@ class ProvisionMixin:
             needs = ["boto3"] + (["torch"] if any("-m trainer" in r.command for r in self.sweep.runs) else [])
             candidates = list(PYTHON_CANDIDATES) if self.cfg.python == AUTO_PYTHON else [self.cfg.python]
             probe = " ".join(shlex.quote(c) for c in candidates)
-            script = (f'for p in {probe}; do if command -v "$p" >/dev/null 2>&1; then '
-                      f'out=$("$p" -c {shlex.quote("import " + ", ".join(needs))} 2>&1) && {{ echo "OK $p"; exit 0; }}; '
-                      f'echo "NO $p: $(printf %s "$out" | tail -n 1)"; else echo "NO $p: not found"; fi; done; exit 1')
+            script = (
+                f'for p in {probe}; do if command -v "$p" >/dev/null 2>&1; then '
+                f'out=$("$p" -c {shlex.quote("import " + ", ".join(needs))} 2>&1) && {{ echo "OK $p"; exit 0; }}; '
+                f'echo "NO $p: $(printf %s "$out" | tail -n 1)"; else echo "NO $p: not found"; fi; done; exit 1'
+            )
             r = conn.run(script, timeout=max(300.0, self.cfg.boot_timeout_s))
             found = [line[3:] for line in r.out.splitlines() if line.startswith("OK ")]
             if r.code != 0 or not found:
-                tried = "; ".join(line[3:] for line in r.out.splitlines() if line.startswith("NO ")) or r.err.strip()[-300:]
+                tried = (
+                    "; ".join(line[3:] for line in r.out.splitlines() if line.startswith("NO ")) or r.err.strip()[-300:]
+                )
                 raise api.AwsFatal(
                     f"no interpreter on the image can run this sweep (it needs {', '.join(needs)}): {tried}. "
-                    f"Fix: set `aws.python` to an interpreter of the image that has them (Deep Learning AMI: /opt/pytorch/bin/python), "
-                    f"or `auto`; or use an image that has them.")
+                    "Fix: set `aws.python` to an interpreter of the image that has them (Deep Learning AMI: "
+                    "/opt/pytorch/bin/python), "
+                    f"or `auto`; or use an image that has them."
+                )
             self.python = found[0]
             log.info("instance interpreter: %s", self.python)
             return self.python
@@ -196,5 +237,3 @@ class ProvisionMixin:
     def _fail(self, task: RunTask, reason: str, ids: List[str]) -> None:
         log.warning("%s: %s", task.run_id, reason)
         self.outcomes.put(Outcome(task.run_id, task.attempt, FAILED, reason + self._release_acquired(ids)))
-
-
