@@ -22,13 +22,19 @@ def _cycles(graph) -> list:
         if root in index:
             continue
         work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
-        index[root] = low[root] = counter[0]; counter[0] += 1; stack.append(root); on.add(root)
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
         while work:
             node, it = work[-1]
             nxt = next(it, None)
             if nxt is not None:
                 if nxt not in index:
-                    index[nxt] = low[nxt] = counter[0]; counter[0] += 1; stack.append(nxt); on.add(nxt)
+                    index[nxt] = low[nxt] = counter[0]
+                    counter[0] += 1
+                    stack.append(nxt)
+                    on.add(nxt)
                     work.append((nxt, iter(sorted(graph.find_modules_directly_imported_by(nxt)))))
                 elif nxt in on:
                     low[node] = min(low[node], index[nxt])
@@ -39,7 +45,9 @@ def _cycles(graph) -> list:
             if low[node] == index[node]:
                 comp = []
                 while True:
-                    m = stack.pop(); on.discard(m); comp.append(m)
+                    m = stack.pop()
+                    on.discard(m)
+                    comp.append(m)
                     if m == node:
                         break
                 if len(comp) > 1:
@@ -66,8 +74,14 @@ def test_the_bundle_ships_the_hosts_side_and_everything_it_imports():
     names = {name for _, name in bundle._sources(ROOT)}
     shipped = {n[:-3].replace("/", ".").removesuffix(".__init__") for n in names}
     assert "orchestrator.host.agent" in shipped and "orchestrator.store.s3" in shipped and "trainer.train" in shipped
-    for controller_side in ("orchestrator.cli.main", "orchestrator.control.controller", "orchestrator.aws.ec2",
-                            "orchestrator.backends.local", "orchestrator.sweep.spec", "orchestrator.remote.ssh"):
+    for controller_side in (
+        "orchestrator.cli.main",
+        "orchestrator.control.controller",
+        "orchestrator.aws.ec2",
+        "orchestrator.backends.local",
+        "orchestrator.sweep.spec",
+        "orchestrator.remote.ssh",
+    ):
         assert controller_side not in shipped
     graph = grimp.build_graph("orchestrator", "trainer", cache_dir=None)
     missing = {(m, i) for m in shipped for i in graph.find_modules_directly_imported_by(m) if i not in shipped}
@@ -79,15 +93,19 @@ def test_the_bundle_ships_the_hosts_side_and_everything_it_imports():
 
 
 def test_orch_help_imports_nothing_heavy():
-    code = ("import sys\nfrom orchestrator.cli.main import main\n"
-            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "print('MODULES', ' '.join(sorted(sys.modules)))")
+    code = (
+        "import sys\nfrom orchestrator.cli.main import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print('MODULES', ' '.join(sorted(sys.modules)))"
+    )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "orch launch" in r.stdout or "launch" in r.stdout
     loaded = set(r.stdout.split("MODULES", 1)[1].split())
     assert not {m for m in loaded if m.split(".")[0] in HEAVY}
-    assert not {m for m in loaded if m.startswith(("orchestrator.aws", "orchestrator.control", "orchestrator.backends"))}
+    assert not {
+        m for m in loaded if m.startswith(("orchestrator.aws", "orchestrator.control", "orchestrator.backends"))
+    }
 
 
 def test_the_documented_policy_is_the_one_orch_prints(orch):
@@ -103,3 +121,16 @@ def test_the_documented_policy_is_the_one_orch_prints(orch):
     assert "arn:aws:s3:::my-bucket/*" in r.out and "ec2:CreateImage" in r.out and "ec2:StopInstances" not in r.out
     bad = orch("aws", "policy", "--bucket", "s3://my-bucket/x")
     assert bad.code == 2 and "not a bucket name" in bad.err and "Traceback" not in bad.err
+
+
+def _ruff(*args: str) -> subprocess.CompletedProcess:
+    ruff = Path(sys.executable).with_name("ruff")
+    return subprocess.run([str(ruff), *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_the_tree_is_ruff_formatted_and_lint_clean():
+    """pyproject's [tool.ruff] is the house style: `ruff format` changes nothing and `ruff check` finds nothing."""
+    fmt = _ruff("format", "--check", ".")
+    assert fmt.returncode == 0, f"run `ruff format .`:\n{fmt.stdout}{fmt.stderr}"
+    lint = _ruff("check", ".")
+    assert lint.returncode == 0, f"`ruff check .` found:\n{lint.stdout}{lint.stderr}"
