@@ -1,7 +1,8 @@
 """The store: where runs keep their records, metrics, logs and checkpoints — a folder or an S3 prefix.
 
 `base` has the Store protocol and the helpers every store shares; `folder` and `s3` the two stores;
-`status` the run records written in a store (states, one writer per record, conditional writes).
+`status` the run records written in a store (one writer per record, conditional writes); `lifecycle`
+a run's life as types (the record, its states and stop reasons, the transitions that change them).
 This package imports only `orchestrator.errors` and `orchestrator.contract` (it ships to hosts).
 """
 

@@ -14,52 +14,24 @@ A record that cannot be read (truncated, wrong types) is reported as `corrupt`, 
 from __future__ import annotations
 
 import json
-import time
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Callable, Dict, Optional, Set, Tuple
+from dataclasses import asdict, fields
+from typing import Any, Callable, Optional, Set, Tuple
 
 from orchestrator.store.base import Store, json_bytes, put_json
+from orchestrator.store.lifecycle import (  # noqa: F401 (ACTIVE, FINAL, RunStatus: re-exported)
+    ACTIVE,
+    FINAL,
+    RECORDED,
+    RunState,
+    RunStatus,
+)
 
-# States. Final ones are never left by themselves; `stopped` (orch down) resumes on the next launch.
-QUEUED, STARTING, RUNNING = "queued", "starting", "running"
-SUCCEEDED, FAILED, CANCELLED = "succeeded", "failed", "cancelled"
-INTERRUPTED, LOST, STOPPED = "interrupted", "lost", "stopped"
-PRUNED = "pruned"  # stopped by `prune:` (successive halving): final, not a failure, never retried
-CORRUPT = "corrupt"  # the record could not be read; shown with the reason, never acted on blindly
-ACTIVE = (STARTING, RUNNING)
-STATES = (QUEUED, STARTING, RUNNING, SUCCEEDED, FAILED, CANCELLED, INTERRUPTED, LOST, STOPPED, PRUNED)
-FINAL = (SUCCEEDED, CANCELLED, PRUNED)  # and FAILED once its restarts are spent
-
-
-@dataclass
-class RunStatus:
-    """Contents of status.json."""
-
-    run_id: str
-    state: str = QUEUED
-    attempt: int = 0  # 1 for the first attempt; each restart or resume adds one
-    failures: int = 0  # attempts whose command failed (they count against max_restarts)
-    preemptions: int = 0  # attempts lost to interruption or a vanished host (free)
-    no_shows: int = 0  # attempts whose host never reported (its agent did not start); a few end the run
-    host: str = ""  # where the current attempt runs
-    started_at: Optional[float] = None  # of the current attempt, unix seconds
-    heartbeat: Optional[float] = None  # last sign of life from the agent (None until it first reported)
-    finished_at: Optional[float] = None
-    exit_code: Optional[int] = None
-    reason: str = ""  # why it ended, in words
-    log_tail: str = ""  # last lines of the log, for failures
-    last_metrics: Dict[str, Any] = field(default_factory=dict)  # newest metrics.jsonl line
-    first_started_at: Optional[float] = None  # the first claim of the run (wall time to a target counts from it)
-    pruned: Dict[str, Any] = field(
-        default_factory=dict
-    )  # `prune:`: the rung, the run's value, the cutoff (state pruned)
-
-    @property
-    def elapsed(self) -> Optional[float]:
-        if self.started_at is None:
-            return None
-        end = self.finished_at or self.heartbeat or time.time()
-        return max(0.0, end - self.started_at)
+# The states as names (store/lifecycle.py has the type and the transitions that move between them).
+QUEUED, STARTING, RUNNING = RunState.QUEUED, RunState.STARTING, RunState.RUNNING
+SUCCEEDED, FAILED, CANCELLED = RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED
+INTERRUPTED, LOST, STOPPED = RunState.INTERRUPTED, RunState.LOST, RunState.STOPPED
+PRUNED, CORRUPT = RunState.PRUNED, RunState.CORRUPT
+STATES = RECORDED
 
 
 def orch_prefix(sweep: str, run_id: str) -> str:

@@ -1,0 +1,137 @@
+"""A run's life as types: the states and stop reasons, the named transitions (which refuse a move a run
+does not make), records written before the types, and no state set outside orchestrator/store/."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.store import lifecycle as life
+from orchestrator.store.folder import LocalStore
+from orchestrator.store.lifecycle import Ending, Impossible, RunState, StopReason
+from orchestrator.store.status import RunStatus, read_status, status_key, write_status
+
+ROOT = Path(__file__).resolve().parents[1]
+NOW = 1_000_000.0
+
+
+def test_states_are_the_strings_records_hold():
+    assert [s.value for s in RunState] == [
+        "queued",
+        "starting",
+        "running",
+        "succeeded",
+        "failed",
+        "cancelled",
+        "interrupted",
+        "lost",
+        "stopped",
+        "pruned",
+        "corrupt",
+    ]
+    assert RunState.RUNNING == "running" and f"{RunState.LOST}" == "lost" and str(RunState.PRUNED) == "pruned"
+    assert {"lost": 1}[RunState.LOST] == 1  # looked up by its string (styles, counts)
+    assert json.dumps({"state": RunState.FAILED}) == '{"state": "failed"}'
+
+
+@pytest.mark.parametrize(
+    "reason, state, failure",
+    [
+        (StopReason.CANCELLED, RunState.CANCELLED, False),
+        (StopReason.PRUNED, RunState.PRUNED, False),
+        (StopReason.STOPPED, RunState.STOPPED, False),
+        (StopReason.LOST, RunState.LOST, False),  # what backends/aws/pack.py sends when it frees a slot
+        (StopReason.INTERRUPTED, RunState.INTERRUPTED, False),
+        (StopReason.TIMEOUT, RunState.FAILED, True),
+        (StopReason.SUPERSEDED, RunState.LOST, False),
+        (StopReason.NODE_FAILED, RunState.FAILED, True),
+    ],
+)
+def test_each_stop_reason_knows_the_state_it_ends_in(reason, state, failure):
+    assert reason.to_state() is state and reason.failure is failure
+    assert StopReason.parse(f"{reason.value}\n") is reason  # as the stop file carries it (echo adds a newline)
+
+
+def test_an_unknown_stop_reason_is_an_error_naming_it():
+    with pytest.raises(ValueError, match="unknown stop reason 'reboot'"):
+        StopReason.parse("reboot\n")
+
+
+def test_claim_starts_a_new_attempt_and_counts_a_preemption():
+    lost = RunStatus(run_id="r", state="lost", attempt=2, failures=1, preemptions=1, first_started_at=5.0, host="h")
+    new = life.claim(lost, now=NOW)
+    assert (new.state, new.attempt, new.failures, new.preemptions) == (RunState.STARTING, 3, 1, 2)
+    assert (new.started_at, new.first_started_at, new.host, new.finished_at) == (NOW, 5.0, "", None)
+    assert life.claim(RunStatus(run_id="r"), now=NOW).preemptions == 0
+    for final in ("succeeded", "cancelled", "pruned", "corrupt"):
+        with pytest.raises(Impossible, match=f"cannot claim a new attempt of a run that is {final}"):
+            life.claim(RunStatus(run_id="r", state=final))
+
+
+def test_verdicts_set_state_reason_and_end_together():
+    s = life.stop(RunStatus(run_id="r", state="starting", attempt=1), "stopped by orch down", now=NOW)
+    assert (s.state, s.reason, s.finished_at) == (RunState.STOPPED, "stopped by orch down", NOW)
+    s = life.lose(RunStatus(run_id="r", state="running", attempt=1), "host gone", now=NOW)
+    assert (s.state, s.reason, s.finished_at) == (RunState.LOST, "host gone", NOW)
+    s = life.fail(RunStatus(run_id="r", state="starting", attempt=1), "no image", now=NOW)
+    assert (s.state, s.failures, s.finished_at) == (RunState.FAILED, 1, NOW)
+    assert life.fail(RunStatus(run_id="r", state="starting"), "never reported", failure=False).failures == 0
+    s = life.requeue(RunStatus(run_id="r", state="starting", attempt=3), "no capacity")
+    assert (s.state, s.attempt, s.reason) == (RunState.QUEUED, 2, "no capacity")
+    s = life.prune(RunStatus(run_id="r", state="running"), "below the cutoff", {"rung": 1}, now=NOW)
+    assert (s.state, s.pruned, s.finished_at) == (RunState.PRUNED, {"rung": 1}, NOW)
+    s = life.cancel(RunStatus(run_id="r", state="queued"), "budget reached", now=NOW)
+    assert (s.state, s.finished_at) == (RunState.CANCELLED, NOW)
+
+
+@pytest.mark.parametrize(
+    "move, state",
+    [
+        (lambda s: life.stop(s, "x"), "queued"),  # orch down stops claims, never a run that waits
+        (lambda s: life.lose(s, "x"), "succeeded"),
+        (lambda s: life.requeue(s, "x"), "failed"),
+        (lambda s: life.prune(s, "x", {}), "succeeded"),
+        (lambda s: life.cancel(s, "x"), "cancelled"),
+        (lambda s: life.run(s, 1, "h"), "running"),
+        (lambda s: life.interrupt(s, "x"), "queued"),
+        (lambda s: life.finish(s, Ending(RunState.SUCCEEDED, "", False), 0, ""), "succeeded"),
+        (lambda s: life.start(s, 1, "h", "restoring"), "pruned"),
+    ],
+)
+def test_an_impossible_move_is_refused_and_changes_nothing(move, state):
+    status = RunStatus(run_id="r", state=state, reason="before")
+    with pytest.raises(Impossible):
+        move(status)
+    assert (status.state, status.reason, status.finished_at) == (RunState(state), "before", None)
+
+
+def test_the_agents_moves_through_an_attempt():
+    s = life.start(RunStatus(run_id="r", state="starting", attempt=2, no_shows=2), 2, "h", "restoring", now=NOW)
+    assert (s.state, s.host, s.no_shows, s.heartbeat, s.reason) == (RunState.STARTING, "h", 0, NOW, "restoring")
+    s.exit_code, s.log_tail = 3, "old"
+    s = life.run(s, 2, "h", now=NOW + 1)
+    assert (s.state, s.started_at, s.exit_code, s.log_tail, s.reason) == (RunState.RUNNING, NOW + 1, None, "", "")
+    s = life.interrupt(s, "spot interruption notice; checkpoint step 4", now=NOW + 2)
+    s = life.finish(s, Ending(RunState.INTERRUPTED, "", False), 143, "tail", now=NOW + 3)
+    assert (s.state, s.reason, s.finished_at, s.exit_code) == (
+        RunState.INTERRUPTED,
+        "spot interruption notice; checkpoint step 4",
+        NOW + 3,
+        143,
+    )
+    failed = life.finish(RunStatus(run_id="r", state="running"), Ending(RunState.FAILED, "exit code 3", True), 3, "")
+    assert (failed.state, failed.failures) == (RunState.FAILED, 1)
+
+
+def test_a_record_written_before_the_types_reads_and_writes_back_the_same(tmp_path):
+    saved = ROOT / "tests" / "records" / "status-interrupted-plain-strings.json"
+    store = LocalStore(str(tmp_path / "store"))
+    key = status_key("sw", "lr=0.1,seed=0")
+    store.put_bytes(key, saved.read_bytes())
+    status = read_status(store, "sw", "lr=0.1,seed=0")
+    assert status.state is RunState.INTERRUPTED and status.last_metrics["test_acc"] == 0.61
+    assert life.claim(status).preemptions == 2
+    write_status(store, "sw", status)
+    assert json.loads(store.get_bytes(key)) == json.loads(saved.read_bytes())
