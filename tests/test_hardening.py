@@ -13,6 +13,7 @@ import pytest
 
 from orchestrator.wait import retry_until
 from tests.conftest import run_states as status
+from tests.conftest import starts
 
 pytestmark = pytest.mark.slow
 
@@ -203,6 +204,41 @@ def test_8_sigterm_or_sighup_hands_the_loop_over(orch, job, sig):
     retry_until(
         lambda: all(v["state"] == "succeeded" for v in status(orch, name).values()), 90, 0.5, "queued runs to finish"
     )
+
+
+def test_down_during_a_foreground_launch_stops_it_and_hands_nothing_over(orch, job):
+    from orchestrator.control.state import SweepLock
+
+    path = orch.sweep(f"""
+        name: downfg
+        command: "{job(steps=3, release=True)}"
+        grid:
+          a: [1, 2, 3]
+        max_parallel: 2
+        store: store
+    """)
+    p = orch.popen("launch", str(path), preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    retry_until(
+        lambda: all(status(orch, "downfg").get(f"a={a}", {}).get("state") == "running" for a in (1, 2)),
+        30,
+        0.2,
+        "two runs",
+    )
+    d = orch("down", "downfg")
+    assert d.code == 0 and "stopped 2 run(s)" in d.out, d.out + d.err
+    out = p.communicate(timeout=60)[0]
+    assert "stopped by `orch down downfg`" in out and "background" not in out and "Traceback" not in out, out
+    assert SweepLock(orch.home, "downfg").holder() is None  # no controller took the loop over
+    states = {rid: v["state"] for rid, v in status(orch, "downfg").items()}
+    assert states == {"a=1": "stopped", "a=2": "stopped", "a=3": "queued"}, states
+    assert orch.tmux("list-sessions").stdout == ""  # nothing runs
+    # a background controller started by a hand-off that crossed the stop starts nothing either
+    r = orch("_controller", str(path))
+    assert r.code == 0 and "stopped by `orch down`" in r.out, r.out + r.err
+    assert sorted(a for _, a in starts(job.marks)) == ["1", "1"]
+    job.release.touch()
+    assert orch("launch", str(path), timeout=120).code == 0  # a launch after the down continues the sweep
+    assert all(v["state"] == "succeeded" for v in status(orch, "downfg").values())
 
 
 def test_8_status_says_when_no_controller_runs(orch, job):

@@ -187,6 +187,34 @@ def test_controller_killed_right_after_createfleet_is_adopted(orch, cloud, ident
     assert orch("down", "crash").code == 0 and not any(cloud.leftovers("crash").values())
 
 
+def test_down_during_a_foreground_launch_buys_no_instance_after_it(orch, cloud, identity, job):
+    from orchestrator.control.state import SweepLock
+
+    path = orch.sweep(
+        cloud.sweep_yaml(
+            "downfg", identity, job(steps=1, release=True), extra="grid:\n  a: [1, 2]\nmax_parallel: 2\nmax_restarts: 0"
+        )
+    )
+    p = orch.popen("launch", str(path), preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    retry_until(
+        lambda: [v.get("state") for v in status(orch, "downfg").values()] == ["running", "running"],
+        120,
+        0.5,
+        "both runs to run",
+    )
+    d = orch("down", "downfg", timeout=280)
+    assert d.code == 0, d.out + d.err
+    out = p.communicate(timeout=60)[0]
+    assert "stopped by `orch down downfg`" in out and "background" not in out, out
+    assert SweepLock(orch.home, "downfg").holder() is None  # no controller took the loop over
+    ever = cloud.instances(
+        "downfg", states=("pending", "running", "shutting-down", "terminated", "stopping", "stopped")
+    )
+    assert len(ever) == 2, ever  # the two the launch bought, and none after the down
+    assert [v["state"] for v in status(orch, "downfg").values()] == ["stopped", "stopped"]
+    assert not any(cloud.leftovers("downfg").values())
+
+
 def test_controller_gone_for_good_hosts_terminate_themselves(orch, cloud, identity, job):
     path = orch.sweep(cloud.sweep_yaml("orphan", identity, job(steps=2, release=True), extra="max_restarts: 0"))
     assert orch("launch", str(path), "--detach").code == 0

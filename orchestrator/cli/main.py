@@ -75,6 +75,7 @@ def launch(sweep_file: str, dry_run: bool, detach: bool, every: bool):
     backend, store, state = _parts(sweep)
     lock = SweepLock(state.home, sweep.spec.name)
     lock.acquire()
+    lock.clear_stop()  # a launch after `orch down` runs the sweep again
     # SIGTERM or a closed terminal in the first seconds (preflight makes the security group, template and
     # profile on AWS) is treated like Ctrl-C there: whatever preflight made is removed before orch exits.
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -108,6 +109,10 @@ def launch(sweep_file: str, dry_run: bool, detach: bool, every: bool):
     try:
         progress = _watch(con, controller.run)
     except KeyboardInterrupt:
+        if lock.stop_asked():
+            _stopped_by_down(con, sweep)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # the hand-off itself is not interrupted
+            signal.signal(sig, signal.SIG_IGN)
         lock.release()
         pid = _spawn_controller(sweep)
         _say(
@@ -123,6 +128,21 @@ def launch(sweep_file: str, dry_run: bool, detach: bool, every: bool):
 
 def _hand_off(signum, _frame):
     raise KeyboardInterrupt  # the same path as Ctrl-C
+
+
+def _stopped_by_down(con, sweep) -> None:
+    """`orch down` signalled this launch: a stop, not a hand-off. The process ends at once, lock held to the
+    end, so `orch down` (waiting for the lock) stops the runs only once nothing of this launch can start more:
+    provisioning threads still in flight would otherwise start an agent, or buy an instance, after it."""
+    import os
+
+    _say(con, f"\nstopped by `orch down {sweep.spec.name}`: no controller continues this sweep.")
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except OSError:
+            pass
+    os._exit(143)
 
 
 def _say(con, text: str) -> None:
@@ -211,6 +231,8 @@ def _spawn_controller(sweep) -> int:
     except Timeout:
         pass
     if proc.poll() is not None:
+        if lock.stop_asked():
+            raise OrchError(f"stopped by `orch down {sweep.spec.name}`: no controller continues this sweep.", 143)
         raise OrchError(f"the background controller exited at once (code {proc.returncode}); see {log_file.name}")
     return proc.pid
 
@@ -232,6 +254,9 @@ def controller_cmd(sweep_file: str):
     lock = SweepLock(state.home, sweep.spec.name)
     lock.acquire()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    if lock.stop_asked():  # `orch down` came while a launch handed the loop over: the stop wins
+        click.echo(f"sweep {sweep.spec.name}: stopped by `orch down`; not starting.")
+        return
     controller = Controller(sweep, backend, store, state)
     controller.prepare()
     progress = controller.run()

@@ -123,6 +123,7 @@ def _down_one(sw) -> List[str]:
     out = []
     backend, store, state = _parts(sw)
     lock = SweepLock(state.home, sw.spec.name)
+    lock.ask_stop()  # before the holder is read: whoever holds the lock next sees it and hands nothing on
     pid = lock.holder()
     if pid and pid > 0:
         try:

@@ -127,6 +127,24 @@ class SweepLock:
         os.write(fd, str(os.getpid()).encode())
         self.fd = fd
 
+    # `orch down` leaves a mark beside the lock before it signals the holder, and the next launch removes it:
+    # a launch told to hand off and a background controller just starting see it and start nothing, so a stop
+    # wins over a hand-off whichever signal reached whichever process (the mark is written before the holder
+    # is read, and a controller looks at it after it holds the lock).
+    def ask_stop(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._stop_mark.write_text(str(time.time()))
+
+    def stop_asked(self) -> bool:
+        return self._stop_mark.exists()
+
+    def clear_stop(self) -> None:
+        self._stop_mark.unlink(missing_ok=True)
+
+    @property
+    def _stop_mark(self) -> Path:
+        return self.path.with_suffix(".down")
+
     def release(self) -> None:
         if self.fd is not None:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
