@@ -58,7 +58,7 @@ def test_atomic_write_leaves_no_temp_files(tmp_path):
 
 
 def test_the_store_keeps_the_checkpoints_the_run_keeps_and_restores_selectively(store, tmp_path):
-    from orchestrator.host.attempt import is_checkpoint
+    from orchestrator.store.layout import is_checkpoint
 
     src = tmp_path / "run"
     for step in (10, 20):

@@ -15,6 +15,8 @@ import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
+from orchestrator.store import layout
+
 log = logging.getLogger("orch.pricing")
 
 ON_DEMAND_FACTOR = 3.0
@@ -109,7 +111,7 @@ class CostLedger:
     """
 
     def __init__(self, store, sweep: str, prices: PriceBook):
-        self.store, self.key, self.prices = store, f"{sweep}/cost.json", prices
+        self.store, self.key, self.prices = store, layout.cost_key(sweep), prices
         self.lock = threading.Lock()
         self._entries: Optional[Dict[str, dict]] = None
         self._live: set = set()  # instances seen running in the last pass

@@ -49,14 +49,14 @@ def expected_errors(fn):
 def load_sweep_arg(arg: str):
     """A sweep file path, or the name of a sweep launched from this machine."""
     from orchestrator.control.state import State
-    from orchestrator.store import open_store
+    from orchestrator.store import layout, open_store
     from orchestrator.store.base import get_json
     from orchestrator.sweep.load import load_sweep, sweep_from_record
 
     if arg.endswith((".yaml", ".yml")) or os.sep in arg or Path(arg).is_file():
         return load_sweep(arg)
     rec = State().sweep(arg)
-    data = get_json(open_store(rec.store_url), f"{rec.name}/sweep.json")
+    data = get_json(open_store(rec.store_url), layout.sweep_key(rec.name))
     if data is None:
         raise NotFound(f"sweep {arg!r}: its store {rec.store_url} has no sweep.json any more. Launch its file again.")
     return sweep_from_record(data, rec.spec_path)

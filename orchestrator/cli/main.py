@@ -70,6 +70,7 @@ def launch(sweep_file: str, dry_run: bool, detach: bool, every: bool):
         return
     from orchestrator.control.controller import Controller
     from orchestrator.control.state import SweepLock
+    from orchestrator.store import layout
     from orchestrator.store.base import get_json
 
     backend, store, state = _parts(sweep)
@@ -82,7 +83,7 @@ def launch(sweep_file: str, dry_run: bool, detach: bool, every: bool):
         signal.signal(sig, _hand_off)
     controller = Controller(sweep, backend, store, state)
     fresh = (
-        get_json(store, f"{sweep.spec.name}/sweep.json") is None
+        get_json(store, layout.sweep_key(sweep.spec.name)) is None
     )  # a sweep seen before keeps what it has (its runs use it)
     try:
         backend.preflight()

@@ -60,8 +60,8 @@ def logs(run: str, follow: bool, attempt: Optional[int], node: int):
     Example:
       orch logs 'lr=0.1,seed=0' -f
     """
-    from orchestrator.host.nodes import node_logs_prefix
-    from orchestrator.store.status import ACTIVE, orch_prefix, read_status
+    from orchestrator.store import layout
+    from orchestrator.store.status import ACTIVE, read_status
     from orchestrator.wait import retry_until
 
     sweep, run_id = resolve_run(run)
@@ -76,7 +76,7 @@ def logs(run: str, follow: bool, attempt: Optional[int], node: int):
             f"{(sweep.spec.resources.nodes if sweep.spec.resources else 1) - 1}.",
             exit_code=2,
         )
-    key = f"{node_logs_prefix(name, run_id, node)}/{n}.log" if node else f"{orch_prefix(name, run_id)}/logs/{n}.log"
+    key = layout.log_key(name, run_id, n, node)
     printed = 0
 
     def pump() -> bool:

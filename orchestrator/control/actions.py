@@ -12,6 +12,7 @@ from orchestrator.control import summary
 from orchestrator.control.controller import DONE, decide, live_hosts
 from orchestrator.control.table import read_many
 from orchestrator.control.views import Progress, view_of
+from orchestrator.store import layout
 from orchestrator.store.base import Store, get_json
 from orchestrator.store.status import (
     ACTIVE,
@@ -54,7 +55,7 @@ def observe(sweep: Sweep, backend: Backend, store: Store, every: bool = False) -
         views[rid] = view_of(status, host is not None, action == DONE)
         if sweep.spec.target is not None:
             views[rid].reached = bool((before and before.reached) or sweep.spec.target.met(status.last_metrics))
-    ledger = (get_json(store, f"{name}/cost.json") or {}) if sweep.spec.backend == "aws" else {}
+    ledger = (get_json(store, layout.cost_key(name)) or {}) if sweep.spec.backend == "aws" else {}
     return Progress(
         sweep=name, runs=[views[rid] for rid in order], spend_usd=ledger_cost(ledger), budget_usd=sweep.spec.budget_usd
     )

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from orchestrator.errors import OrchError
+from orchestrator.store import layout
 from orchestrator.store.base import Store, read_jsonl
 from orchestrator.store.status import CANCELLED, FAILED, PRUNED, SUCCEEDED, read_status
 from orchestrator.sweep.spec import Sweep
@@ -110,7 +111,7 @@ class Board:
     def _convert(self, run, rb: RunBoard) -> int:
         from orchestrator.control.target import to_target
 
-        data = self.store.get_bytes(f"{self.name}/{run.run_id}/metrics.jsonl") or b""
+        data = self.store.get_bytes(layout.metrics_key(self.name, run.run_id)) or b""
         status = read_status(self.store, self.name, run.run_id)
         new = data[rb.offset :]
         complete = new[: new.rfind(b"\n") + 1] if b"\n" in new else b""
@@ -167,7 +168,7 @@ class Board:
             from orchestrator.aws.pricing import per_run
             from orchestrator.store.base import get_json
 
-            self._costs = per_run(get_json(self.store, f"{self.name}/cost.json") or {})
+            self._costs = per_run(get_json(self.store, layout.cost_key(self.name)) or {})
         return self._costs[run_id][0] if run_id in self._costs else None
 
     # --- writing -----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional
 
 from orchestrator.control.target import Economics, ToTarget, economics, entries_of, to_target
 from orchestrator.errors import OrchError
+from orchestrator.store import layout
 from orchestrator.store.base import Store, plain_json, read_jsonl
 from orchestrator.store.status import read_status
 from orchestrator.sweep.spec import Sweep
@@ -84,7 +85,7 @@ def collect(sweep: Sweep, store: Store) -> Results:
     from orchestrator.aws.pricing import ledger_cost, per_run
     from orchestrator.store.base import get_json
 
-    ledger = get_json(store, f"{sweep.spec.name}/cost.json") if sweep.spec.backend == "aws" else None
+    ledger = get_json(store, layout.cost_key(sweep.spec.name)) if sweep.spec.backend == "aws" else None
     costs = per_run(ledger) if ledger is not None else {}
 
     target = sweep.spec.target
@@ -92,7 +93,7 @@ def collect(sweep: Sweep, store: Store) -> Results:
 
     def one(run) -> RunResult:
         status = statuses[run.run_id] = read_status(store, sweep.spec.name, run.run_id)
-        lines = read_jsonl(store.get_bytes(f"{sweep.spec.name}/{run.run_id}/metrics.jsonl"))
+        lines = read_jsonl(store.get_bytes(layout.metrics_key(sweep.spec.name, run.run_id)))
         reached = (
             to_target(
                 target,

@@ -22,6 +22,7 @@ from orchestrator.control.state import State
 from orchestrator.control.table import RunTable
 from orchestrator.control.views import Progress, RunView, usd, view_of
 from orchestrator.errors import OrchError
+from orchestrator.store import layout
 from orchestrator.store.base import Store, get_json, put_json, read_jsonl
 from orchestrator.store.status import (
     ACTIVE,
@@ -94,11 +95,13 @@ class Controller:
             existing.get("spec", {}).get(k) != self.sweep.resolved().get(k) for k in REPORT_ONLY
         ):
             existing["spec"] = {**existing["spec"], **{k: self.sweep.resolved().get(k) for k in REPORT_ONLY}}
-            put_json(self.store, f"{self.name}/sweep.json", existing)  # the new target, for status and collect by name
+            put_json(
+                self.store, layout.sweep_key(self.name), existing
+            )  # the new target, for status and collect by name
         if existing is None:
             put_json(
                 self.store,
-                f"{self.name}/sweep.json",
+                layout.sweep_key(self.name),
                 {"spec": self.sweep.resolved(), "launched_at": time.time(), "spec_file": str(self.sweep.path)},
             )
         self.state.remember(self.name, str(self.sweep.path), self.sweep.store_url, self.sweep.spec.backend)
@@ -106,8 +109,8 @@ class Controller:
 
     def step(self) -> Progress:
         """One pass. It reads the records of live runs only (see table.py): O(active runs), not O(runs)."""
-        if not self.store.exists(f"{self.name}/sweep.json"):  # without it every status read would say "queued"
-            raise OSError(f"{self.name}/sweep.json is gone")
+        if not self.store.exists(layout.sweep_key(self.name)):  # without it every status read would say "queued"
+            raise OSError(f"{layout.sweep_key(self.name)} is gone")
         table = self.table
         if not table.loaded:
             rows_before = summary.read(self.store, self.name, table.order)
@@ -190,7 +193,7 @@ class Controller:
         if not self.rungs.due(rid, status.last_metrics):
             return
         # the agent reports the newest line each heartbeat, but syncs the file less often: the newest line ends the list
-        lines = read_jsonl(self.store.get_bytes(f"{self.name}/{rid}/metrics.jsonl")) + [status.last_metrics]
+        lines = read_jsonl(self.store.get_bytes(layout.metrics_key(self.name, rid))) + [status.last_metrics]
         live = status.state in ACTIVE
         verdict = self.rungs.observe(rid, lines, judge=live)
         if verdict is not None:
@@ -397,7 +400,7 @@ def check_recorded(sweep: Sweep, store: Store, state: State) -> Optional[dict]:
     """What launch checks before it acts (a dry run checks the same): the sweep's record in the store,
     which must match this file; and the name, which must not move to another store. Read-only."""
     state.check_same_store(sweep.spec.name, str(sweep.path), sweep.store_url)
-    existing = get_json(store, f"{sweep.spec.name}/sweep.json")
+    existing = get_json(store, layout.sweep_key(sweep.spec.name))
     resolved = sweep.resolved()
     if existing is not None:
         before = existing.get("spec", {})

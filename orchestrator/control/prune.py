@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
+from orchestrator.store import layout
 from orchestrator.store.base import Store, get_json, put_json
 from orchestrator.sweep.spec import PruneSection, SweepSpec, default_mode
 
@@ -63,7 +64,7 @@ def number(v) -> Optional[float]:
 
 class Rungs:
     def __init__(self, store: Store, sweep: str, spec: SweepSpec):
-        self.store, self.key = store, f"{sweep}/rungs.json"
+        self.store, self.key = store, layout.rungs_key(sweep)
         self.p: PruneSection = spec.prune
         self.metric, self.mode = rule(spec)
         doc = get_json(store, self.key) or {}

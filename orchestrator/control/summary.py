@@ -17,18 +17,11 @@ from typing import Dict, Iterable, List, Optional
 
 from orchestrator.control.views import Progress, RunView
 from orchestrator.store.base import Store, get_json
+from orchestrator.store.layout import summary_key, touched_key, touched_prefix, touched_run_prefix, touched_runs
 
 VERSION = 1
 REFRESH_S = 30.0  # an unchanged summary is still rewritten this often while runs are active (elapsed, metrics)
 _FIELDS = {f.name for f in fields(RunView)}
-
-
-def summary_key(sweep: str) -> str:
-    return f"{sweep}/summary.json"
-
-
-def touched_prefix(sweep: str) -> str:
-    return f"{sweep}/.orch-touched"
 
 
 def build(progress: Progress) -> dict:
@@ -80,20 +73,14 @@ def read(store: Store, sweep: str, run_ids: List[str]) -> Optional[Dict[str, Run
 
 def touch(store: Store, sweep: str, run_id: str) -> None:
     """Say that a run's record changed outside the controller (readers of the summary re-read it)."""
-    store.put_bytes(f"{touched_prefix(sweep)}/{run_id}/at", f"{time.time()}\n".encode())
+    store.put_bytes(touched_key(sweep, run_id), f"{time.time()}\n".encode())
 
 
 def touched(store: Store, sweep: str) -> List[str]:
     """Run ids with a marker (one LIST)."""
-    base = touched_prefix(sweep) + "/"
-    out = []
-    for key in store.list(touched_prefix(sweep)):
-        rest = key[len(base) :] if key.startswith(base) else ""
-        if rest.endswith("/at"):
-            out.append(rest[: -len("/at")])
-    return out
+    return touched_runs(sweep, store.list(touched_prefix(sweep)))
 
 
 def untouch(store: Store, sweep: str, run_ids: Iterable[str]) -> None:
     for run_id in run_ids:
-        store.delete_prefix(f"{touched_prefix(sweep)}/{run_id}")
+        store.delete_prefix(touched_run_prefix(sweep, run_id))

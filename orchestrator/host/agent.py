@@ -29,7 +29,6 @@ from orchestrator.host.attempt import (
     checkpoint_ok,
     final_status,
     group_runs,
-    is_checkpoint,
     last_metrics,
     newest_checkpoint,
     pid_file,
@@ -38,12 +37,12 @@ from orchestrator.host.attempt import (
     wrapper_script,
 )
 from orchestrator.host.env import complete_on_host
-from orchestrator.host.nodes import FollowerReporter, Relay, failed_node, node_exit_key, node_logs_prefix, relay_key
+from orchestrator.host.nodes import FollowerReporter, Relay, failed_node
 from orchestrator.host.notices import NoticeSource
 from orchestrator.host.policy import HostPolicy
 from orchestrator.host.reporter import Reporter
 from orchestrator.host.slots import doom, slot_value
-from orchestrator.store import open_store
+from orchestrator.store import layout, open_store
 from orchestrator.store.base import Store
 from orchestrator.store.status import (
     FAILED,
@@ -52,7 +51,6 @@ from orchestrator.store.status import (
     STARTING,
     STOPPED,
     SUCCEEDED,
-    orch_prefix,
     read_status,
 )
 from orchestrator.wait import Timeout, retry_until
@@ -81,7 +79,7 @@ class Agent:
         self.store = store or open_store(task.store_url)
         self.run_dir = Path(task.run_dir)
         self.ctl = Path(task.ctl_dir)
-        self.prefix = f"{task.sweep}/{task.run_id}"
+        self.prefix = layout.run_prefix(task.sweep, task.run_id)
         self.exit_file = self.ctl / f"exit.{task.attempt}"
         self.log_file = self.ctl / "logs" / f"{task.attempt}.log"  # orch's, beside the run folder (never in it)
         self.cmd_group: Optional[int] = None  # the command's process group, to stop what it leaves behind
@@ -92,14 +90,14 @@ class Agent:
         self.ckpt_at_notice: Optional[int] = None
         # A run spanning several hosts: node 0 reports; the others follow its record (host/nodes.py).
         self.follower = task.node_rank > 0
-        self.relay = Relay(self.store, relay_key(task.sweep, task.run_id, task.attempt))
+        self.relay = Relay(self.store, layout.relay_key(task.sweep, task.run_id, task.attempt))
         self.reporter = (
             FollowerReporter(self.store, task.sweep, task.run_id, task.attempt)
             if self.follower
-            else Reporter(self.store, task.sweep, task.run_id, task.attempt, self.run_dir / "metrics.jsonl")
+            else Reporter(self.store, task.sweep, task.run_id, task.attempt, self.run_dir / layout.METRICS_FILE)
         )
         self.status_lock = self.reporter.lock  # the record is shared with the heartbeat thread
-        self.rungs = RungWatch(self.run_dir / "metrics.jsonl", task.rungs_at, [] if self.follower else task.rungs)
+        self.rungs = RungWatch(self.run_dir / layout.METRICS_FILE, task.rungs_at, [] if self.follower else task.rungs)
         self.notices = NoticeSource(
             self.ctl, task.imds, self.relay.received if task.node_hosts > 1 and not self.follower else None
         )
@@ -130,7 +128,7 @@ class Agent:
         elif self.rebalance_at > 0 and (
             newest_checkpoint(self.run_dir) != self.ckpt_at_rebalance or now - self.rebalance_at > NOTICE_GRACE_S
         ):
-            self.store.sync_up(self.run_dir, self.prefix, prune=is_checkpoint)
+            self.store.sync_up(self.run_dir, self.prefix, prune=layout.is_checkpoint)
             log.info(
                 "rebalance recommendation: checkpoint step %s in the store %.1f s later",
                 newest_checkpoint(self.run_dir),
@@ -154,7 +152,7 @@ class Agent:
         newest = newest_checkpoint(self.run_dir)
         if newest == self.ckpt_at_notice and now - self.notice_at < NOTICE_GRACE_S and not self.exit_file.exists():
             return
-        self.store.sync_up(self.run_dir, self.prefix, prune=is_checkpoint)
+        self.store.sync_up(self.run_dir, self.prefix, prune=layout.is_checkpoint)
         with self.status_lock:
             status.state = INTERRUPTED
             status.reason = (
@@ -303,7 +301,7 @@ class Agent:
         self._quietly(self._sync_up)
         status.finished_at = status.heartbeat = time.time()
         status.exit_code = code
-        status.last_metrics = last_metrics(self.run_dir / "metrics.jsonl")
+        status.last_metrics = last_metrics(self.run_dir / layout.METRICS_FILE)
         # our own SIGUSR1 (a notice, or a rebalance recommendation) ending a command that has no handler is a preemption
         noticed = self.notice_at is not None or (self.rebalance_at is not None and code == 128 + signal.SIGUSR1)
         state, reason, failed = final_status(self.stop_requested, noticed, code, t.timeout_s)
@@ -324,7 +322,9 @@ class Agent:
                 code not in (0, None) and not self.stop_requested
             ):  # this node failed: so did the attempt (node 0 records it)
                 self._quietly(
-                    self.store.put_bytes, node_exit_key(t.sweep, t.run_id, t.attempt, t.node_rank), f"{code}\n".encode()
+                    self.store.put_bytes,
+                    layout.node_exit_key(t.sweep, t.run_id, t.attempt, t.node_rank),
+                    f"{code}\n".encode(),
                 )
             self._await_node0()
         else:
@@ -384,15 +384,13 @@ class Agent:
 
     def _restore(self) -> None:
         """The run folder as the last attempt left it, with only its newest checkpoint that verifies."""
-        self.store.sync_down(self.prefix, self.run_dir, only=lambda rel: not is_checkpoint(rel))
-        keys = self.store.list(f"{self.prefix}/ckpt")
-        steps = sorted(
-            {int(k.split("/")[-2]) for k in keys if k.endswith("/MANIFEST.json") and k.split("/")[-2].isdigit()},
-            reverse=True,
-        )
-        for step in steps:
-            self.store.sync_down(self.prefix, self.run_dir, only=lambda rel, step=step: rel.startswith(f"ckpt/{step}/"))
-            if checkpoint_ok(self.run_dir / "ckpt" / str(step)):
+        self.store.sync_down(self.prefix, self.run_dir, only=lambda rel: not layout.is_checkpoint(rel))
+        t = self.task
+        keys = self.store.list(layout.checkpoints_prefix(t.sweep, t.run_id))
+        for step in sorted(layout.manifested_steps(t.sweep, t.run_id, keys), reverse=True):
+            folder = layout.checkpoint_rel(step)
+            self.store.sync_down(self.prefix, self.run_dir, only=lambda rel, folder=folder: rel.startswith(folder))
+            if checkpoint_ok(self.run_dir / folder):
                 log.info("restored checkpoint step %s", step)
                 return
             log.warning("checkpoint step %s in the store does not verify; trying an older one", step)
@@ -400,11 +398,11 @@ class Agent:
     def _sync_up(self) -> None:
         if self.follower:  # the run folder is node 0's to keep; this node keeps only its log
             self.store.sync_up(
-                self.log_file.parent, node_logs_prefix(self.task.sweep, self.task.run_id, self.task.node_rank)
+                self.log_file.parent, layout.node_logs_prefix(self.task.sweep, self.task.run_id, self.task.node_rank)
             )
             return
-        self.store.sync_up(self.run_dir, self.prefix, prune=is_checkpoint)
-        self.store.sync_up(self.log_file.parent, f"{orch_prefix(self.task.sweep, self.task.run_id)}/logs")
+        self.store.sync_up(self.run_dir, self.prefix, prune=layout.is_checkpoint)
+        self.store.sync_up(self.log_file.parent, layout.logs_prefix(self.task.sweep, self.task.run_id))
 
     def _quietly(self, fn, *args) -> bool:
         """A store write that fails (read-only folder, network) is logged and tried again later, never fatal."""

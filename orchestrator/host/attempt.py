@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from orchestrator.contract import RunTask
+from orchestrator.store.layout import CHECKPOINTS_DIR, MANIFEST_FILE
 from orchestrator.store.status import (
     CANCELLED,
     FAILED,
@@ -134,7 +135,9 @@ def tail(path: Path, lines: int = TAIL_LINES, max_bytes: int = 16384) -> str:
 
 def newest_checkpoint(run_dir: Path) -> Optional[int]:
     """Step of the newest checkpoint that has its manifest (ckpt/<step>/MANIFEST.json), if any."""
-    steps = [int(p.parent.name) for p in run_dir.glob("ckpt/*/MANIFEST.json") if p.parent.name.isdigit()]
+    steps = [
+        int(p.parent.name) for p in run_dir.glob(f"{CHECKPOINTS_DIR}/*/{MANIFEST_FILE}") if p.parent.name.isdigit()
+    ]
     return max(steps) if steps else None
 
 
@@ -176,11 +179,6 @@ class RungWatch:
         return True
 
 
-def is_checkpoint(rel: str) -> bool:
-    """Checkpoint files (ckpt/<step>/...): the store keeps those the command keeps, and a resume takes one."""
-    return rel.startswith("ckpt/")
-
-
 def checkpoint_ok(folder: Path) -> bool:
     """A checkpoint folder whose MANIFEST.json matches its files (sizes and sha256).
 
@@ -189,7 +187,7 @@ def checkpoint_ok(folder: Path) -> bool:
     from orchestrator.store.base import sha256_file
 
     try:
-        manifest = json.loads((folder / "MANIFEST.json").read_text())
+        manifest = json.loads((folder / MANIFEST_FILE).read_text())
         files = manifest["files"]
         return all(
             (folder / name).stat().st_size == meta["size"] and sha256_file(folder / name) == meta["sha256"]

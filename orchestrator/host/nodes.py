@@ -20,25 +20,15 @@ import time
 from typing import Optional
 
 from orchestrator.store.base import Store
+from orchestrator.store.layout import node_exit_key
 from orchestrator.store.status import (
     RUNNING,
     STARTING,
     RunStatus,
-    orch_prefix,
     read_status,
 )
 
 log = logging.getLogger("orch.agent")
-
-
-def relay_key(sweep: str, run_id: str, attempt: int) -> str:
-    """Where a follower puts a spot notice for node 0 (one per attempt)."""
-    return f"{orch_prefix(sweep, run_id)}/notices/{attempt}"
-
-
-def node_exit_key(sweep: str, run_id: str, attempt: int, node: int) -> str:
-    """Where a follower whose command failed puts its exit code for node 0 (the attempt's exit)."""
-    return f"{orch_prefix(sweep, run_id)}/node-exits/{attempt}/{node}"
 
 
 def failed_node(store: Store, sweep: str, run_id: str, attempt: int, nodes: int) -> Optional[tuple]:
@@ -55,11 +45,6 @@ def failed_node(store: Store, sweep: str, run_id: str, attempt: int, nodes: int)
             except ValueError:
                 return node, 1  # a follower said it failed, in words we cannot read: still a failure
     return None
-
-
-def node_logs_prefix(sweep: str, run_id: str, node: int) -> str:
-    """Where a follower's attempt logs go (node 0's are the run's logs)."""
-    return f"{orch_prefix(sweep, run_id)}/node-logs/{node}"
 
 
 class FollowerReporter:

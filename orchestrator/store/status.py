@@ -17,7 +17,9 @@ import json
 from dataclasses import asdict, fields
 from typing import Any, Callable, Optional, Set, Tuple
 
+from orchestrator.store import layout
 from orchestrator.store.base import Store, json_bytes, put_json
+from orchestrator.store.layout import records_prefix, status_key
 from orchestrator.store.lifecycle import (  # noqa: F401 (ACTIVE, FINAL, RunStatus: re-exported)
     ACTIVE,
     FINAL,
@@ -34,22 +36,9 @@ PRUNED, CORRUPT = RunState.PRUNED, RunState.CORRUPT
 STATES = RECORDED
 
 
-def orch_prefix(sweep: str, run_id: str) -> str:
-    """Where orch keeps a run's own records (status, logs): beside the run folder, not in it."""
-    return f"{sweep}/.orch/{run_id}"
-
-
-STATUS_FILE = "status.json"
-
-
-def status_key(sweep: str, run_id: str) -> str:
-    return f"{orch_prefix(sweep, run_id)}/{STATUS_FILE}"
-
-
 def recorded_runs(store: Store, sweep: str) -> Set[str]:
     """The runs that have a record, from one listing of the sweep's records folder (one LIST per 1,000 keys)."""
-    base, tail = orch_prefix(sweep, ""), f"/{STATUS_FILE}"
-    return {key[len(base) : -len(tail)] for key in store.list(base) if key.startswith(base) and key.endswith(tail)}
+    return layout.recorded(sweep, store.list(records_prefix(sweep, "")))
 
 
 _TYPES = {

@@ -1,0 +1,157 @@
+"""The store's layout: every key orch reads or writes in a store, and nowhere else.
+
+```
+<sweep>/sweep.json                         resolved spec, git revision, launch time
+<sweep>/summary.json                       counts per state, spend, a compact row per run (orch status)
+<sweep>/rungs.json                         pruning verdicts (the controller's)
+<sweep>/cost.json                          the cost ledger (the controller's)
+<sweep>/controller.json                    the controller's lease on the sweep
+<sweep>/.orch-touched/<run>/at             a run's record changed outside the controller
+<sweep>/.orch/<run>/status.json            the run's record
+<sweep>/.orch/<run>/logs/<attempt>.log     the command's stdout+stderr (node 0's)
+<sweep>/.orch/<run>/node-logs/<node>/...   a follower node's logs
+<sweep>/.orch/<run>/notices/<attempt>      a follower's spot notice, relayed to node 0
+<sweep>/.orch/<run>/node-exits/<attempt>/<node>   a follower's exit code
+<sweep>/<run>/                             the run folder: only what the command wrote
+<sweep>/<run>/metrics.jsonl                one JSON object per line
+<sweep>/<run>/ckpt/<step>/MANIFEST.json    written last: a checkpoint without one does not exist
+```
+
+orch's own records live beside the run folder, never in it, so nothing a command writes can
+overwrite them. The run folder's inner names (`METRICS_FILE`, `CHECKPOINTS_DIR`, `MANIFEST_FILE`)
+are also those of the folder on the host, which is synced to it. Standard library only (it ships
+to hosts).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Set
+
+RECORDS_DIR = ".orch"  # orch's records of every run of a sweep
+TOUCHED_DIR = ".orch-touched"
+STATUS_FILE = "status.json"
+METRICS_FILE = "metrics.jsonl"
+CHECKPOINTS_DIR = "ckpt"
+MANIFEST_FILE = "MANIFEST.json"
+
+
+# --- the sweep's own records -------------------------------------------------------------------
+
+
+def sweep_key(sweep: str) -> str:
+    """The resolved spec; a relaunch must match it, and status and collect by name read it."""
+    return f"{sweep}/sweep.json"
+
+
+def summary_key(sweep: str) -> str:
+    return f"{sweep}/summary.json"
+
+
+def rungs_key(sweep: str) -> str:
+    return f"{sweep}/rungs.json"
+
+
+def cost_key(sweep: str) -> str:
+    return f"{sweep}/cost.json"
+
+
+def controller_key(sweep: str) -> str:
+    """The lease of the controller that holds the sweep (one per sweep)."""
+    return f"{sweep}/controller.json"
+
+
+def touched_prefix(sweep: str) -> str:
+    return f"{sweep}/{TOUCHED_DIR}"
+
+
+def touched_run_prefix(sweep: str, run_id: str) -> str:
+    return f"{touched_prefix(sweep)}/{run_id}"
+
+
+def touched_key(sweep: str, run_id: str) -> str:
+    return f"{touched_run_prefix(sweep, run_id)}/at"
+
+
+def touched_runs(sweep: str, keys: Iterable[str]) -> list:
+    """The run ids whose marker is among `keys` (a listing of touched_prefix), in listing order."""
+    base, tail = touched_prefix(sweep) + "/", "/at"
+    return [key[len(base) : -len(tail)] for key in keys if key.startswith(base) and key.endswith(tail)]
+
+
+# --- a run's records (orch's, beside the run folder) --------------------------------------------
+
+
+def records_prefix(sweep: str, run_id: str) -> str:
+    """Where orch keeps a run's own records (status, logs): beside the run folder, not in it."""
+    return f"{sweep}/{RECORDS_DIR}/{run_id}"
+
+
+def status_key(sweep: str, run_id: str) -> str:
+    return f"{records_prefix(sweep, run_id)}/{STATUS_FILE}"
+
+
+def recorded(sweep: str, keys: Iterable[str]) -> Set[str]:
+    """The run ids that have a status record among `keys` (a listing of records_prefix(sweep, ""))."""
+    base, tail = records_prefix(sweep, ""), f"/{STATUS_FILE}"
+    return {key[len(base) : -len(tail)] for key in keys if key.startswith(base) and key.endswith(tail)}
+
+
+def logs_prefix(sweep: str, run_id: str) -> str:
+    """Node 0's attempt logs, one `<attempt>.log` each."""
+    return f"{records_prefix(sweep, run_id)}/logs"
+
+
+def node_logs_prefix(sweep: str, run_id: str, node: int) -> str:
+    """Where a follower's attempt logs go (node 0's are the run's logs)."""
+    return f"{records_prefix(sweep, run_id)}/node-logs/{node}"
+
+
+def log_key(sweep: str, run_id: str, attempt: int, node: int = 0) -> str:
+    folder = node_logs_prefix(sweep, run_id, node) if node else logs_prefix(sweep, run_id)
+    return f"{folder}/{attempt}.log"
+
+
+def relay_key(sweep: str, run_id: str, attempt: int) -> str:
+    """Where a follower puts a spot notice for node 0 (one per attempt)."""
+    return f"{records_prefix(sweep, run_id)}/notices/{attempt}"
+
+
+def node_exit_key(sweep: str, run_id: str, attempt: int, node: int) -> str:
+    """Where a follower whose command failed puts its exit code for node 0 (the attempt's exit)."""
+    return f"{records_prefix(sweep, run_id)}/node-exits/{attempt}/{node}"
+
+
+# --- the run folder (what the command wrote) ----------------------------------------------------
+
+
+def run_prefix(sweep: str, run_id: str) -> str:
+    return f"{sweep}/{run_id}"
+
+
+def metrics_key(sweep: str, run_id: str) -> str:
+    return f"{run_prefix(sweep, run_id)}/{METRICS_FILE}"
+
+
+def checkpoints_prefix(sweep: str, run_id: str) -> str:
+    return f"{run_prefix(sweep, run_id)}/{CHECKPOINTS_DIR}"
+
+
+def checkpoint_rel(step: int) -> str:
+    """A checkpoint's folder inside the run folder, with its trailing slash (a prefix of its files)."""
+    return f"{CHECKPOINTS_DIR}/{step}/"
+
+
+def is_checkpoint(rel: str) -> bool:
+    """Whether a path inside the run folder is a checkpoint's file (ckpt/<step>/...)."""
+    return rel.startswith(f"{CHECKPOINTS_DIR}/")
+
+
+def manifested_steps(sweep: str, run_id: str, keys: Iterable[str]) -> Set[int]:
+    """The steps whose checkpoint has its manifest among `keys` (a listing of checkpoints_prefix)."""
+    base = checkpoints_prefix(sweep, run_id) + "/"
+    steps = set()
+    for key in keys:
+        step, _, name = key[len(base) :].partition("/") if key.startswith(base) else ("", "", "")
+        if name == MANIFEST_FILE and step.isdigit():
+            steps.add(int(step))
+    return steps
