@@ -22,6 +22,10 @@ What it imitates (each switchable through `Strictness`, all on by default):
 - `fleet_capacity[(m, t, az)] = k`: that pool gives at most k instances per CreateFleet: a request
   for more is partly filled, as EC2 does when a pool runs short, or, with MinTargetCapacity above
   k, refused with InsufficientInstanceCapacity and nothing launched (EC2's all-or-nothing).
+- `unoffered`: (type, AZ) pools the region does not offer ("*" matches anything): DescribeInstanceTypeOfferings
+  leaves them out, their spot price history is empty, and CreateFleet refuses them in its Errors with
+  `InvalidFleetConfiguration` "Your requested instance type (T) is not supported in your requested
+  Availability Zone (AZ)" (real answers: compiler-explorer/infra issue 601, karpenter-provider-aws issue 2243).
 - `garbled`: EC2 actions whose answer cannot be parsed, so the SDK raises something that is not a
   ClientError (what a dropped connection or a proxy's error page does).
 
@@ -55,6 +59,10 @@ CONTROLLER_KEY = (
 CONTROLLER = "(the controller)"  # its name where a role's would be
 AUTH_RE = re.compile(r"Credential=([^/]+)/[^/]+/([^/]+)/([^/]+)/")
 PLACEMENT_ACTIONS = ("CreatePlacementGroup", "DescribePlacementGroups", "DeletePlacementGroup")
+UNOFFERED = (
+    "Your requested instance type ({t}) is not supported in your requested Availability Zone ({az}). "
+    "Please retry your request by not specifying an Availability Zone or choosing another."
+)
 PROFILE_ERROR = "Value ({name}) for parameter iamInstanceProfile.name is invalid. Invalid IAM Instance Profile name"
 
 
@@ -101,6 +109,7 @@ class Gate:
     spot_quota: Optional[int] = (
         None  # set by a test: most live spot instances the account may run (the vCPU quota, in instances)
     )
+    unoffered: set = field(default_factory=set)  # (type, AZ) pools EC2 does not offer (see the module doc)
     fail_images: bool = False  # set by a test: new images end `failed` instead of `available`
     controller_policy: Optional[dict] = (
         None  # the policy orch documents (orch aws policy): every controller call is checked
@@ -233,7 +242,9 @@ class Gate:
             return answer
         answer = self.forward(environ)
         if action == "DescribeSpotPriceHistory" and answer[0].startswith("200"):
-            answer = (answer[0], answer[1], spot_history(answer[2]))
+            answer = (answer[0], answer[1], spot_history(answer[2], self._offers))
+        if action == "DescribeInstanceTypeOfferings" and answer[0].startswith("200"):
+            answer = (answer[0], answer[1], _drop_items(answer[2], self._offers, b"location"))
         if action == "CreateSecurityGroup" and answer[0].startswith("200"):
             for gid in set(re.findall(rb"sg-[0-9a-f]+", answer[2])):
                 self._born(gid.decode())
@@ -305,6 +316,8 @@ class Gate:
                         "Please adjust your request and try again.",
                     )
                 )
+            elif not self._offers(o.get("InstanceType", ""), az):
+                refused.append((o, "InvalidFleetConfiguration", UNOFFERED.format(t=o.get("InstanceType"), az=az)))
             elif code:
                 refused.append((o, code, f"injected by the fake cloud for ({market}, {o.get('InstanceType')}, {az})"))
             else:
@@ -375,6 +388,9 @@ class Gate:
             if m in ("*", market) and t in ("*", itype) and a in ("*", az):
                 return code
         return None
+
+    def _offers(self, itype: str, az: str) -> bool:
+        return not any(t in ("*", itype) and a in ("*", az) for t, a in self.unoffered)
 
     def _capacity(self, market: str, itype: str, az: str) -> Optional[int]:
         for (m, t, a), k in self.fleet_capacity.items():
@@ -771,7 +787,20 @@ def spot_price(instance_type: str, az: str, age_s: float = 0.0) -> float:
     return round(ON_DEMAND.get(instance_type, 0.10) * share * wobble, 4)
 
 
-def spot_history(xml: bytes) -> bytes:
+def _drop_items(xml: bytes, keep: Callable[[str, str], bool], az_tag: bytes) -> bytes:
+    """An EC2 answer without the items of pools `keep(type, az)` refuses."""
+
+    def one(m) -> bytes:
+        itype = re.search(rb"<instanceType>(.*?)</instanceType>", m.group(0))
+        az = re.search(rb"<" + az_tag + rb">(.*?)</" + az_tag + rb">", m.group(0))
+        ok = not itype or not az or keep(itype.group(1).decode(), az.group(1).decode())
+        return m.group(0) if ok else b""
+
+    return re.sub(rb"<item>.*?</item>", one, xml, flags=re.S)
+
+
+def spot_history(xml: bytes, keep: Callable[[str, str], bool] = lambda t, a: True) -> bytes:
+    xml = _drop_items(xml, keep, b"availabilityZone")
     items = re.findall(rb"<item>.*?</item>", xml, flags=re.S)
     now = time.time() // HISTORY_EVERY_S * HISTORY_EVERY_S
     out = []

@@ -404,3 +404,50 @@ def test_a_spot_quota_still_tries_on_demand_and_then_says_quota():
     assert got.market == "on-demand"  # the quota of one market is no reason not to ask the other
     with pytest.raises(fleet.CapacityUnavailable, match="waiting for quota"):  # asked again soon, without an API call
         fleet.acquire(client, "lt-1", BASE, "x", one, ["spot"], [], blocklist)
+
+
+# --- pools an AZ does not offer, on the fake cloud ---------------------------------------------------
+
+
+def test_a_pool_the_az_does_not_offer_is_skipped_and_a_multi_node_run_gets_the_next(cloud):
+    """EC2 does not offer every type in every AZ. DescribeInstanceTypeOfferings leaves such a pool out before any
+    CreateFleet; and where CreateFleet is asked for it anyway, its `InvalidFleetConfiguration` ("not supported in
+    your requested Availability Zone") blocks that pool for the sweep and the next one is asked, never fatal."""
+    from orchestrator.aws.placement import ensure_group
+
+    ec2 = api.client("ec2", "us-east-1")  # the controller's own credentials: the documented policy is checked
+    cloud.gate.unoffered = {("g5.xlarge", "us-east-1a")}
+    subnets = api.resolve_subnets(ec2, [], "us-east-1")
+    offered = fleet.offered_choices(ec2, ["g5.xlarge"], subnets, "us-east-1")
+    assert [(c.instance_type, c.az) for c in offered] == [("g5.xlarge", "us-east-1b")]
+    cloud.gate.unoffered = {("*", "*")}
+    with pytest.raises(api.AwsFatal, match="offered"):
+        fleet.offered_choices(ec2, ["g5.xlarge"], subnets, "us-east-1")
+    cloud.gate.unoffered = {("g5.xlarge", "us-east-1a")}
+
+    sg = api.ensure_security_group(ec2, "offer", subnets[0]["VpcId"], "127.0.0.1/32")
+    image = resolve_image(ec2, cloud.image, "self", "us-east-1")
+    data = api.launch_template_data(image, sg, 50, None, public_ip=False)
+    lt = api.ensure_launch_template(ec2, "offer", data)
+    every = sorted(fleet.choices(["g5.xlarge"], subnets), key=lambda c: c.az)  # 1a (not offered) first
+    blocklist, groups = fleet.Blocklist(), {}
+    try:
+        got = fleet.acquire_nodes(
+            ec2,
+            lt,
+            data,
+            "#cloud-config\n",
+            every,
+            ["spot"],
+            api.sweep_tags("offer"),
+            blocklist,
+            count=2,
+            group_of=lambda az: ensure_group(ec2, "offer", az, groups),
+            release=lambda ids: api.terminate(ec2, ids),
+        )
+        assert {g.az for g in got} == {"us-east-1b"} and len(got) == 2
+        assert cloud.gate.counts["InvalidFleetConfiguration"] == 1
+        assert every[0] not in blocklist.allowed(every, "spot") + blocklist.allowed(every, "on-demand")
+        assert every[0].subnet_id not in {c.subnet_id for c in blocklist.allowed(every, "spot")}
+    finally:
+        teardown(ec2, api.client("iam", "us-east-1"), "offer")

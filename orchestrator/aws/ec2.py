@@ -374,6 +374,26 @@ def gpu_counts(ec2, instance_types: List[str]) -> Dict[str, int]:
     return counts
 
 
+def offered_pools(ec2, instance_types: List[str], azs: List[str]) -> Optional[set]:
+    """The (type, AZ) pairs EC2 offers among these (DescribeInstanceTypeOfferings, LocationType=availability-zone):
+    not every type is in every AZ, and CreateFleet refuses a pool that is not offered. None when EC2 would not say
+    (then every pool is asked, and CreateFleet's own refusal blocks it)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    found = set()
+    try:
+        pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
+            LocationType="availability-zone",
+            Filters=[{"Name": "instance-type", "Values": list(instance_types)}, {"Name": "location", "Values": azs}],
+        )
+        for page in pages:
+            found |= {(o["InstanceType"], o["Location"]) for o in page.get("InstanceTypeOfferings", [])}
+    except (ClientError, BotoCoreError) as exc:
+        log.warning("DescribeInstanceTypeOfferings: %s; asking every (type, AZ) pool", exc)
+        return None
+    return found
+
+
 def spot_prices(ec2, instance_types: List[str], azs: List[str]) -> Dict[Tuple[str, str], float]:
     """Newest spot price per (type, AZ) for Linux."""
     prices: Dict[Tuple[str, str], Tuple[float, float]] = {}

@@ -43,6 +43,7 @@ CAPACITY_ERRORS = frozenset(
     }
 )
 BLOCK_S = 300.0  # how long a pool stays blocked after a capacity error
+NEVER_S = float("inf")  # a pool the AZ does not offer: blocked for the rest of the sweep
 QUOTA_BLOCK_S = (
     30.0  # a market refused for its quota is asked again this soon: the sweep's own instances free it as they end
 )
@@ -61,6 +62,14 @@ class QuotaReached(AwsFatal):
 # Things orch made a moment ago that CreateFleet may not see yet (eventual consistency): asked again, never
 # fatal at once, never a capacity verdict. Placement and security groups: EC2 API reference, "Eventual consistency".
 NOT_YET_CODES = frozenset({"InvalidPlacementGroup.Unknown", "InvalidGroup.NotFound"})
+
+
+def is_unoffered(code: str, message: str) -> bool:
+    """The AZ does not offer that type at all (CreateFleet: InvalidFleetConfiguration; RunInstances: Unsupported):
+    "Your requested instance type (c5.large) is not supported in your requested Availability Zone (us-east-1e)"."""
+    return code in ("InvalidFleetConfiguration", "Unsupported") and "not supported in your requested Availability" in (
+        message
+    )
 
 
 def is_propagation(code: str, message: str) -> bool:
@@ -84,6 +93,26 @@ class Choice:
 def choices(instance_types: List[str], subnets: List[dict]) -> List[Choice]:
     """Every (type, subnet) pair, the types in the order given (first choice first)."""
     return [Choice(t, s["SubnetId"], s["AvailabilityZone"]) for t in instance_types for s in subnets]
+
+
+def offered(choices: List[Choice], pools: Optional[set]) -> List[Choice]:
+    """The choices whose (type, AZ) EC2 offers (`pools` from ec2.offered_pools; None: all of them)."""
+    return list(choices) if pools is None else [c for c in choices if (c.instance_type, c.az) in pools]
+
+
+def offered_choices(ec2, instance_types: List[str], subnets: List[dict], region: str) -> List[Choice]:
+    """Every (type, subnet) pair whose AZ offers the type (one DescribeInstanceTypeOfferings); none is fatal."""
+    from orchestrator.aws.ec2 import offered_pools
+
+    azs = sorted({s["AvailabilityZone"] for s in subnets})
+    kept = offered(choices(instance_types, subnets), offered_pools(ec2, instance_types, azs))
+    if not kept:
+        raise AwsFatal(
+            f"none of `aws.instance_types` ({', '.join(instance_types)}) is offered in the subnets' Availability "
+            f"Zones ({', '.join(azs)}) of {region} (DescribeInstanceTypeOfferings). Add types, or subnets of other "
+            "AZs (`aws ec2 describe-instance-type-offerings --location-type availability-zone`)."
+        )
+    return kept
 
 
 def markets(market: str) -> List[str]:
@@ -116,6 +145,11 @@ class Blocklist:
 
     def block(self, market: str, instance_type: str, subnet_id: str, seconds: float = BLOCK_S) -> None:
         self.until[(market, instance_type, subnet_id)] = time.time() + seconds
+
+    def never(self, instance_type: str, subnet_id: str) -> None:
+        """A pool that does not exist (its AZ does not offer the type): in no market, for the rest of the sweep."""
+        for market in ("spot", "on-demand"):
+            self.block(market, instance_type, subnet_id, NEVER_S)
 
     def avoid(self, instance_type: str, subnet_id: str, seconds: float = BLOCK_S) -> None:
         self.soft_until[(instance_type, subnet_id)] = time.time() + seconds
@@ -295,6 +329,10 @@ def _acquire(
                     )
                 except ClientError as exc:
                     code, message = _code(exc), _message(exc)
+                    if is_unoffered(code, message):
+                        log.info("%s: %s; not asked again", allowed[0].instance_type, message)
+                        blocklist.never(allowed[0].instance_type, allowed[0].subnet_id)
+                        continue
                     if code in CAPACITY_ERRORS:  # the whole request was refused: block the first pool it offered
                         log.info(
                             "capacity error %s for %s (%s); trying the next choice",
@@ -349,12 +387,15 @@ def _acquire(
                 for err in [] if propagating else errors:  # a 200 answer with Errors and no instances
                     code, message = err.get("ErrorCode", ""), err.get("ErrorMessage", "")
                     o = err.get("LaunchTemplateAndOverrides", {}).get("Overrides", {})
-                    if code in CAPACITY_ERRORS:
-                        hit = [
-                            c
-                            for c in allowed
-                            if c.instance_type == o.get("InstanceType") and c.subnet_id == o.get("SubnetId")
-                        ]
+                    hit = [
+                        c
+                        for c in allowed
+                        if c.instance_type == o.get("InstanceType") and c.subnet_id == o.get("SubnetId")
+                    ]
+                    if is_unoffered(code, message):  # that pool does not exist: the others are asked
+                        for c in hit or allowed[:1]:
+                            blocklist.never(c.instance_type, c.subnet_id)
+                    elif code in CAPACITY_ERRORS:
                         for c in hit or allowed:
                             blocklist.block(market, c.instance_type, c.subnet_id)
                     else:

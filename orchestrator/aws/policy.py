@@ -13,6 +13,7 @@ EC2_ACTIONS = [
     "ec2:DescribeSubnets",
     "ec2:DescribeInstances",
     "ec2:DescribeInstanceTypes",
+    "ec2:DescribeInstanceTypeOfferings",
     "ec2:DescribeSpotPriceHistory",
     "ec2:DescribeSecurityGroups",
     "ec2:DescribeLaunchTemplates",

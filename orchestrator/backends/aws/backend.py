@@ -124,7 +124,7 @@ class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
                 template = api.ensure_launch_template(self.ec2, sweep, data)
             except (ClientError, BotoCoreError) as exc:
                 raise api.explain(exc, "preparing the sweep's AWS resources") from None
-            choices = fleet.choices(cfg.instance_types, subnets)
+            choices = fleet.offered_choices(self.ec2, cfg.instance_types, subnets, cfg.region)
             self._plan_packing(sorted({s["AvailabilityZone"] for s in subnets}))
             # Each instance gets a template version of its own from exactly this data (today's image, group, volume,
             # profile) plus its user data: a template made by an earlier launch never pins an older (or deleted)

@@ -75,7 +75,7 @@ def build(
                 template,
                 data,
                 user_data,
-                fleet.choices(cfg.instance_types, subnets),
+                fleet.offered_choices(ec2, cfg.instance_types, subnets, cfg.region),
                 fleet.markets(cfg.market),
                 tags,
                 fleet.Blocklist(),
