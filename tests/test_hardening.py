@@ -472,3 +472,34 @@ def test_a_process_group_whose_last_member_is_an_unreaped_zombie_has_ended():
         child.kill()
         child.wait()
     assert not group_runs(child.pid)
+
+
+def test_down_all_and_status_reach_every_sweep_when_one_needs_absent_aws_credentials(orch, job):
+    from orchestrator.control.state import State
+
+    path = orch.sweep(f"""
+        name: b-local
+        command: "{job(steps=2, release=True)}"
+        store: store
+    """)
+    assert orch("launch", str(path), "--detach").code == 0
+    retry_until(lambda: status(orch, "b-local").get("run", {}).get("state") == "running", 30, 0.2, "the run to start")
+    # a sweep launched on AWS from here earlier (first in the alphabet), and a shell without AWS credentials
+    State(orch.home).remember("a-aws", str(orch.tmp / "gone.yaml"), "s3://some-bucket/sweeps", "aws")
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        orch.env.pop(key, None)
+    orch.env.update(
+        AWS_CONFIG_FILE=os.devnull,
+        AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+        AWS_EC2_METADATA_DISABLED="true",
+        AWS_ENDPOINT_URL="http://127.0.0.1:9",
+    )
+    s = orch("status")
+    assert s.code == 0 and "b-local (local, controller pid" in s.out and "1 running" in s.out, s.out + s.err
+    assert "a-aws (aws): unreadable: No AWS credentials found" in s.out, s.out
+    d = orch("down", "--all")
+    no_traceback(d)
+    assert d.code == 1 and "stopped 1 run(s): run" in d.out, d.out + d.err
+    assert "a-aws: not stopped: No AWS credentials found" in d.err and "(a-aws)" in d.err, d.err
+    assert status(orch, "b-local")["run"]["state"] == "stopped"
+    assert (orch.home / "locks" / "b-local.lock").read_text() and "controller pid" not in orch("status").out

@@ -7,7 +7,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Tuple
+from typing import Optional, Tuple
 
 import click
 
@@ -29,18 +29,26 @@ def expected_errors(fn):
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except OrchError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(exc.exit_code)
-        except Exception as exc:  # an AWS answer nobody turned into words yet: still no traceback
-            if not type(exc).__module__.startswith("botocore"):
+        except Exception as exc:
+            err = explained(exc)
+            if err is None:
                 raise
-            from orchestrator.aws.ec2 import explain
-
-            click.echo(f"error: {explain(exc, 'an AWS call')}", err=True)
-            sys.exit(1)
+            click.echo(f"error: {err}", err=True)
+            sys.exit(err.exit_code)
 
     return wrapper
+
+
+def explained(exc: BaseException) -> Optional[OrchError]:
+    """An expected failure in words: an OrchError as it is, an AWS answer nobody turned into words yet
+    (no credentials, say) explained; None for anything else (a bug, which keeps its traceback)."""
+    if isinstance(exc, OrchError):
+        return exc
+    if type(exc).__module__.startswith("botocore"):
+        from orchestrator.aws.ec2 import explain
+
+        return explain(exc, "an AWS call")
+    return None
 
 
 # --- resolving arguments ------------------------------------------------------------------------

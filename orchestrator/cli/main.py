@@ -18,6 +18,7 @@ from orchestrator.cli.common import (  # noqa: F401
     _console,
     _parts,
     expected_errors,
+    explained,
     load_sweep_arg,
     resolve_run,
 )
@@ -301,8 +302,11 @@ def status(sweep: Optional[str], as_json: bool, watch: bool, every: bool):
                 backend, store, _ = _parts(sw)
                 p = observe(sw, backend, store)
                 summary = summary_line(p)
-            except OrchError as exc:
-                summary = f"unreadable: {exc}"
+            except Exception as exc:  # one sweep out of reach (its cloud's credentials, say): list the others
+                err = explained(exc)
+                if err is None:
+                    raise
+                summary = f"unreadable: {err}"
             holder = SweepLock(state.home, rec.name).holder()
             rows.append(
                 {

@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import click
 
-from orchestrator.cli.common import _parts, expected_errors, load_sweep_arg, resolve_run
+from orchestrator.cli.common import _parts, expected_errors, explained, load_sweep_arg, resolve_run
 from orchestrator.errors import OrchError
 
 
@@ -83,21 +83,41 @@ def down(sweep: Optional[str], everything: bool):
         _down_leftovers(sweep)
         return
     names = [sweep] if sweep else sorted(known)
+    failed = []
     for name in names:
-        for line in _down_one(load_sweep_arg(name)):
-            click.echo(line)
+        try:
+            _down_one(name, known)
+        except Exception as exc:  # --all: one sweep out of reach (no credentials for its cloud) stops no other
+            err = explained(exc)
+            if err is None or not everything:
+                raise
+            failed.append(name)
+            click.echo(f"{name}: not stopped: {err}", err=True)
     if everything:
-        for region, by_sweep in _scan_regions().items():
-            for name in sorted(set(by_sweep) - set(names)):
-                from orchestrator.aws.ec2 import client
-                from orchestrator.aws.teardown import teardown
-
-                removed = teardown(client("ec2", region), client("iam", region), name)
-                click.echo(
-                    f"{region}: removed {len(removed)} resource(s) of unknown sweep {name}: {', '.join(removed)}"
-                )
+        failed += _down_unknown(set(names))
+    if failed:
+        raise OrchError(
+            f"{len(failed)} could not be stopped ({', '.join(failed)}): fix what each says above, then run "
+            "`orch down --all` again."
+        )
     if not names and not everything:
         click.echo("no sweeps launched from here.")
+
+
+def _down_unknown(names: set) -> List[str]:
+    """`orch down --all`: what orch tagged in the regions of the sweeps launched from here, of sweeps not known
+    here. Returns the regions that could not be searched (each said why)."""
+    from orchestrator.aws.ec2 import client
+    from orchestrator.aws.teardown import teardown
+
+    problems: List[str] = []
+    for region, by_sweep in _scan_regions(problems).items():
+        for name in sorted(set(by_sweep) - names):
+            removed = teardown(client("ec2", region), client("iam", region), name)
+            click.echo(f"{region}: removed {len(removed)} resource(s) of unknown sweep {name}: {', '.join(removed)}")
+    for line in problems:
+        click.echo(line, err=True)
+    return [line.split(":")[0] for line in problems]
 
 
 def _down_leftovers(name: str) -> None:
@@ -115,14 +135,33 @@ def _down_leftovers(name: str) -> None:
         click.echo(f"nothing of {name} exists in the regions orch knows of (`orch gc` lists what does).")
 
 
-def _down_one(sw) -> List[str]:
+def _down_one(arg: str, known: set) -> None:
+    """Stop one sweep, printing as it goes. Its controller first, by name, when the sweep is known here: the
+    lock is on this machine, so that much works even when the sweep's store or cloud cannot be reached."""
     from orchestrator.control.actions import stop_sweep
-    from orchestrator.control.state import SweepLock
+
+    if arg in known:
+        _stop_controller(arg)
+    sw = load_sweep_arg(arg)
+    if arg not in known:
+        _stop_controller(sw.spec.name)
+    backend, store, _ = _parts(sw)
+    stopped = stop_sweep(sw, backend, store)
+    click.echo(
+        f"stopped {len(stopped)} run(s): {', '.join(stopped)}"
+        if stopped
+        else f"nothing of sweep {sw.spec.name} is running."
+    )
+    removed = backend.teardown()
+    if removed:
+        click.echo(f"removed {len(removed)} resource(s): {', '.join(removed)}")
+
+
+def _stop_controller(name: str) -> None:
+    from orchestrator.control.state import State, SweepLock
     from orchestrator.wait import Timeout, retry_until
 
-    out = []
-    backend, store, state = _parts(sw)
-    lock = SweepLock(state.home, sw.spec.name)
+    lock = SweepLock(State().home, name)
     lock.ask_stop()  # before the holder is read: whoever holds the lock next sees it and hands nothing on
     pid = lock.holder()
     if pid and pid > 0:
@@ -133,21 +172,12 @@ def _down_one(sw) -> List[str]:
             pass
         except Timeout:
             os.kill(pid, signal.SIGKILL)
-        out.append(f"stopped controller pid {pid}")
-    stopped = stop_sweep(sw, backend, store)
-    out.append(
-        f"stopped {len(stopped)} run(s): {', '.join(stopped)}"
-        if stopped
-        else f"nothing of sweep {sw.spec.name} is running."
-    )
-    removed = backend.teardown()
-    if removed:
-        out.append(f"removed {len(removed)} resource(s): {', '.join(removed)}")
-    return out
+        click.echo(f"stopped controller pid {pid}")
 
 
-def _scan_regions():
-    """{region: {sweep: [resource, ...]}} over the regions of every aws sweep launched from here."""
+def _scan_regions(problems: Optional[List[str]] = None):
+    """{region: {sweep: [resource, ...]}} over the regions of every aws sweep launched from here. A region that
+    cannot be searched raises, or with `problems` given adds a line saying why to it and is left out."""
     from orchestrator.aws import ec2 as api
     from orchestrator.control.state import State
 
@@ -156,7 +186,9 @@ def _scan_regions():
         if rec.backend == "aws":
             try:
                 regions.add(load_sweep_arg(rec.name).spec.aws.region)
-            except OrchError:
+            except Exception as exc:
+                if explained(exc) is None:
+                    raise
                 continue
     from orchestrator.sweep.spec import orch_home
 
@@ -168,8 +200,10 @@ def _scan_regions():
             from orchestrator.aws.teardown import orch_resources
 
             out[region] = orch_resources(api.client("ec2", region), api.client("iam", region))
-        except Exception as exc:  # botocore errors: say which region, keep going
-            raise api.explain(exc, f"scanning {region}") from None
+        except Exception as exc:  # botocore errors: say which region
+            if problems is None:
+                raise api.explain(exc, f"scanning {region}") from None
+            problems.append(f"{region}: not searched for orch's resources: {api.explain(exc, f'scanning {region}')}")
     return out
 
 
