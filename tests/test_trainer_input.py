@@ -151,3 +151,78 @@ def test_a_folder_where_nothing_decodes_fails_clearly_and_one_class_is_refused(t
     assert p.returncode != 0 and "Traceback" not in p.stderr and "at least two class folders" in p.stderr, p.stderr[
         -2000:
     ]
+
+
+@pytest.mark.parametrize(
+    "files, args, words",
+    [
+        ({}, ["--config", "missing.yaml"], ["--config missing.yaml: cannot be read", "No such file"]),
+        ({"bad.yaml": "lr: 0.1\nepochs: [1, 2\n"}, ["--config", "bad.yaml"], ["bad.yaml:3: not valid YAML"]),
+        ({"bad.json": '{"lr": 0.1,\n'}, ["--config", "bad.json"], ["bad.json:2: not valid JSON"]),
+        ({"list.json": "[1, 2]"}, ["--config", "list.json"], ["list.json: expected a mapping", "got a list"]),
+        ({"list.yaml": "- lr\n"}, ["--config", "list.yaml"], ["list.yaml: expected a mapping", "got a list"]),
+        ({"typo.yaml": "learning_rate: 0.1\n"}, ["--config", "typo.yaml"], ["unknown option 'learning_rate'"]),
+        ({"type.yaml": "epochs: abc\n"}, ["--config", "type.yaml"], ["epochs='abc' is not a valid int"]),
+    ],
+)
+def test_a_config_file_that_cannot_be_used_is_one_clear_line_and_exit_2(tmp_path, monkeypatch, files, args, words):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+    p = trainer([*SMALL, *args], tmp_path)
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    assert "Traceback" not in p.stderr and p.stderr.startswith("trainer: ") and p.stderr.count("\n") == 1, p.stderr
+    for w in words:
+        assert w in p.stderr, p.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("params", ['{"lr": 0.1', '["lr"]'])
+def test_orch_params_that_are_not_a_json_mapping_are_one_clear_line_and_exit_2(tmp_path, params):
+    p = subprocess.run(
+        [sys.executable, "-m", "trainer", *SMALL, "--out", str(tmp_path / "out")],
+        env=trainer_env(ORCH_PARAMS_JSON=params),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2 and p.stderr.startswith("trainer: ORCH_PARAMS_JSON") and "Traceback" not in p.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--image-size", "4", "--crop-pad", "2"], ["--image-size 4: --model resnet9", "at least 8"]),
+        # trains at --sizes 12 and 16, then evaluated at --image-size 4: this one used to crash after an epoch
+        (["--preset", "digits", "--image-size", "4"], ["--image-size 4: --model resnet9"]),
+        (["--sizes", "4@0,16@0.5"], ["--sizes '4@0,16@0.5' has 4", "at least 8"]),
+        (["--val-size", "6"], ["--val-size 6: --model resnet9"]),
+        (["--model", "airbench", "--image-size", "8", "--crop-pad", "2"], ["--model airbench", "at least 9"]),
+        (["--preset", "fast-muon", "--image-size", "8"], ["--model airbench_muon", "at least 9"]),
+        (["--crop-pad", "16"], ["--crop-pad 16", "smaller than --image-size 16"]),
+    ],
+)
+def test_an_image_side_the_net_cannot_take_is_refused_before_training(tmp_path, args, words):
+    p = trainer([*SMALL, *args], tmp_path)
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    assert "Traceback" not in p.stderr and p.stderr.startswith("trainer: ") and p.stderr.count("\n") == 1, p.stderr
+    for w in words:
+        assert w in p.stderr, p.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_each_net_takes_its_smallest_side_and_no_smaller():
+    import torch
+
+    from trainer import models
+    from trainer.validate import MIN_SIDE, RANGES
+
+    for name in models.MODELS:
+        net = models.build(name, 10, width=0.125, depth=10, widen=1).eval()
+        least = MIN_SIDE.get(name, RANGES["image_size"][0])
+        with torch.no_grad():
+            assert net(torch.zeros(2, 3, least, least)).shape == (2, 10), name
+            if name in MIN_SIDE:
+                with pytest.raises(RuntimeError):
+                    net(torch.zeros(2, 3, least - 1, least - 1))

@@ -5,8 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
+
+
+def refuse(message: str) -> None:
+    """A bad option, file or value: one `trainer: …` line and exit 2, before anything starts."""
+    print(f"trainer: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def _parse_bool(text: str) -> bool:
@@ -31,31 +38,51 @@ def _coerce(key: str, value: Any, default: Any, source: str) -> Any:
             return int(value)
         return str(value)
     except (ValueError, argparse.ArgumentTypeError):
-        raise SystemExit(f"trainer: {source}: {key}={value!r} is not a valid {kind.__name__}") from None
+        refuse(f"{source}: {key}={value!r} is not a valid {kind.__name__}")
 
 
 def _merge(cfg: Dict[str, Any], updates: Dict[str, Any], defaults: Dict[str, Any], source: str) -> None:
     for key, value in updates.items():
-        key = key.replace("-", "_")
+        key = str(key).replace("-", "_")
         if key == "preset":
             continue
         if key not in defaults:
             close = [k for k in defaults if k.startswith(key[:3])]
             hint = f" (did you mean {', '.join(close[:3])}?)" if close else ""
-            raise SystemExit(f"trainer: {source}: unknown option {key!r}{hint}. See `python -m trainer --help`.")
+            refuse(f"{source}: unknown option {key!r}{hint}. See `python -m trainer --help`.")
         cfg[key] = _coerce(key, value, defaults[key], source)
 
 
 def _read_file(path: str) -> Dict[str, Any]:
-    text = Path(path).read_text()
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        refuse(f"--config {path}: cannot be read: {why}")
     if path.endswith((".yaml", ".yml")):
         import yaml
 
-        data = yaml.safe_load(text) or {}
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"{path}:{mark.line + 1}" if mark is not None else path
+            refuse(f"{where}: not valid YAML: {getattr(exc, 'problem', None) or exc}")
     else:
-        data = json.loads(text)
+        data = _parse_json(text, path)
+    return _mapping(data, path)
+
+
+def _parse_json(text: str, source: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        refuse(f"{source}:{exc.lineno}: not valid JSON: {exc.msg} (column {exc.colno})")
+
+
+def _mapping(data: Any, source: str) -> Dict[str, Any]:
     if not isinstance(data, dict):
-        raise SystemExit(f"trainer: {path}: expected a mapping of options")
+        refuse(f'{source}: expected a mapping of options (e.g. {{"lr": 0.1}}), got a {type(data).__name__}')
     return data
 
 
@@ -100,11 +127,11 @@ def build_parser(defaults: Dict[str, Any], presets: Dict[str, Any]) -> argparse.
 def resolve_config(defaults: Dict[str, Any], presets: Dict[str, Any], argv: List[str]) -> Optional[Dict[str, Any]]:
     args = build_parser(defaults, presets).parse_args(argv)
     flags = {k: v for k, v in vars(args).items() if k in defaults and v is not None}
-    env = json.loads(os.environ.get("ORCH_PARAMS_JSON") or "{}")
+    env = _mapping(_parse_json(os.environ.get("ORCH_PARAMS_JSON") or "{}", "ORCH_PARAMS_JSON"), "ORCH_PARAMS_JSON")
     file_cfg = _read_file(args.config) if args.config else {}
     preset = args.preset or env.get("preset") or file_cfg.get("preset")
     if preset is not None and preset not in presets:
-        raise SystemExit(f"trainer: unknown preset {preset!r}; choose one of {', '.join(sorted(presets))}")
+        refuse(f"unknown preset {preset!r}; choose one of {', '.join(sorted(presets))}")
     cfg = dict(defaults)
     if preset:
         cfg.update(presets[preset])

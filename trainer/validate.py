@@ -49,6 +49,10 @@ RANGES = {
 }
 OPEN = {"min_scale": "low", "width": "low", "ema": "high", "label_smoothing": "high"}  # (0, 1]: 0 is no crop at all
 SIZE_RANGE = (4, 4096)  # image sides in --sizes
+# The smallest side each net takes: its unpadded downsampling (resnet9's three 2x2 max-pools, airbench's 2x2 whitening
+# conv then three) must leave one pixel for the global pooling. The others halve with padding, so any side works.
+MIN_SIDE = {"resnet9": 8, "airbench": 9, "airbench_muon": 9}
+CIFAR_SIDE = 32  # cifar10 is loaded as it is, whatever --image-size (which then only resizes the batches)
 MAX_PROGRESS_POINTS = 64
 
 
@@ -85,7 +89,9 @@ def problems_of(cfg: Dict[str, Any], explicit: set) -> List[str]:
             out.append(f"--{_flag(key)} {v!r} is out of range: it takes {what}")
     if cfg.get("model") == "wide_resnet" and (cfg.get("depth", 22) - 4) % 6:
         out.append(f"--depth {cfg['depth']!r}: wide_resnet's depth is 6n+4 (e.g. 16, 22, 28)")
-    _points(cfg.get("sizes", ""), "sizes", out, whole=True, lo=SIZE_RANGE[0], hi=SIZE_RANGE[1])
+    sizes = _points(cfg.get("sizes", ""), "sizes", out, whole=True, lo=SIZE_RANGE[0], hi=SIZE_RANGE[1])
+    if not out:  # the sides are only worth checking once each option is valid on its own
+        _check_sides(cfg, sizes, out)
     batches = _points(cfg.get("batch_sizes", ""), "batch-sizes", out, whole=True, lo=1, hi=RANGES["batch_size"][1])
     if cfg.get("schedule") == "piecewise":
         _points(cfg.get("lr_points", ""), "lr-points", out, whole=False, lo=0.0, hi=1e4)
@@ -103,6 +109,38 @@ def problems_of(cfg: Dict[str, Any], explicit: set) -> List[str]:
             f"or --batch-sizes '' for one batch size"
         )
     return out
+
+
+def _sides(cfg: Dict[str, Any], sizes: Optional[List[Tuple[float, float]]]) -> List[Tuple[str, int]]:
+    """(option, side) for every image side the net is given, as train.py and recipe_muon.py pick them."""
+    if cfg.get("recipe"):  # the recipe trains and evaluates at the loaded side
+        return [("image-size", CIFAR_SIDE if cfg["dataset"] == "cifar10" else cfg["image_size"])]
+    train = [("sizes", int(v)) for _, v in sizes] if sizes else [("image-size", cfg["image_size"])]
+    if cfg.get("val_size"):
+        return [*train, ("val-size", cfg["val_size"])]
+    return train if cfg.get("dataset") == "imagefolder" else [*train, ("image-size", cfg["image_size"])]
+
+
+def _check_sides(cfg: Dict[str, Any], sizes, out: List[str]) -> None:
+    """A side a net cannot take, or padding not smaller than the image, fails at the first step or at the first
+    evaluation (after an epoch of GPU time): refused before the run starts instead."""
+    model = "airbench_muon" if cfg.get("recipe") else cfg.get("model", "")  # the recipe builds its own net
+    least, smallest = MIN_SIDE.get(model, 0), {}
+    for name, side in _sides(cfg, sizes):
+        smallest[name] = min(side, smallest.get(name, side))
+    for name, small in smallest.items():
+        if small < least:
+            shown = f"{cfg['sizes']!r} has {small}" if name == "sizes" else str(small)
+            out.append(
+                f"--{name} {shown}: --model {model} takes images of at least {least} pixels a side; "
+                f"use a larger --{name} or another model (e.g. preact_resnet18)"
+            )
+    loaded = CIFAR_SIDE if cfg.get("dataset") == "cifar10" else cfg.get("image_size", CIFAR_SIDE)
+    if cfg.get("dataset") != "imagefolder" and cfg.get("crop_pad", 0) >= loaded:
+        source = "cifar10's 32-pixel images" if cfg.get("dataset") == "cifar10" else f"--image-size {loaded}"
+        out.append(
+            f"--crop-pad {cfg['crop_pad']}: the images are reflect-padded by it, so it must be smaller than {source}"
+        )
 
 
 def _num(x: float) -> str:
