@@ -107,7 +107,7 @@ def resolve_run(arg: str) -> Tuple[object, str]:
 
 
 def _parts(sweep):
-    from orchestrator.backends import backend_for
+    from orchestrator.backends.factory import backend_for
     from orchestrator.control.state import State
     from orchestrator.store import open_store
 

@@ -63,7 +63,7 @@ def launch(sweep_file: str, dry_run: bool, detach: bool, every: bool):
     con = _console()
     if dry_run:
         _check_like_launch(sweep)
-        from orchestrator.backends import backend_for
+        from orchestrator.backends.factory import backend_for
         from orchestrator.cli.render import dry_run_lines
 
         for line in dry_run_lines(sweep, backend_for(sweep).plan(), every):
