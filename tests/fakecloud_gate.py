@@ -242,7 +242,8 @@ class Gate:
             return answer
         answer = self.forward(environ)
         if action == "DescribeSpotPriceHistory" and answer[0].startswith("200"):
-            answer = (answer[0], answer[1], spot_history(answer[2], self._offers))
+            times = [form.get(k, [""])[0] for k in ("StartTime", "EndTime")]
+            answer = (answer[0], answer[1], spot_history(answer[2], self._offers, *times))
         if action == "DescribeInstanceTypeOfferings" and answer[0].startswith("200"):
             answer = (answer[0], answer[1], _drop_items(answer[2], self._offers, b"location"))
         if action == "CreateSecurityGroup" and answer[0].startswith("200"):
@@ -799,18 +800,40 @@ def _drop_items(xml: bytes, keep: Callable[[str, str], bool], az_tag: bytes) -> 
     return re.sub(rb"<item>.*?</item>", one, xml, flags=re.S)
 
 
-def spot_history(xml: bytes, keep: Callable[[str, str], bool] = lambda t, a: True) -> bytes:
+def _epoch(value: str) -> Optional[float]:
+    import datetime
+
+    if not value:
+        return None
+    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def _listed(times: List[float], start: Optional[float], end: Optional[float]) -> List[float]:
+    """The change times DescribeSpotPriceHistory lists: those in [start, end]; and, only when both times are given,
+    "the last price change before the start time, which is the effective price as of the start time" (API reference).
+    """
+    upto = end if end is not None else time.time()
+    inside = [t for t in times if (start is None or t >= start) and t <= upto]
+    before = [t for t in times if start is not None and t < start]
+    return inside + (before[:1] if start is not None and end is not None else [])
+
+
+def spot_history(
+    xml: bytes, keep: Callable[[str, str], bool] = lambda t, a: True, start: str = "", end: str = ""
+) -> bytes:
     xml = _drop_items(xml, keep, b"availabilityZone")
     items = re.findall(rb"<item>.*?</item>", xml, flags=re.S)
     now = time.time() // HISTORY_EVERY_S * HISTORY_EVERY_S
+    changes = _listed([now - n * HISTORY_EVERY_S for n in range(HISTORY_ENTRIES)], _epoch(start), _epoch(end))
     out = []
     for item in items:
         itype = re.search(rb"<instanceType>(.*?)</instanceType>", item)
         az = re.search(rb"<availabilityZone>(.*?)</availabilityZone>", item)
         if not itype or not az:
             continue
-        for n in range(HISTORY_ENTRIES):
-            ts = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(now - n * HISTORY_EVERY_S))
+        for at in changes:
+            n = int((now - at) // HISTORY_EVERY_S)
+            ts = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(at))
             price = spot_price(itype.group(1).decode(), az.group(1).decode(), n * HISTORY_EVERY_S)
             entry = re.sub(rb"<spotPrice>.*?</spotPrice>", f"<spotPrice>{price:.6f}</spotPrice>".encode(), item)
             out.append(re.sub(rb"<timestamp>.*?</timestamp>", f"<timestamp>{ts}</timestamp>".encode(), entry))

@@ -451,3 +451,20 @@ def test_a_pool_the_az_does_not_offer_is_skipped_and_a_multi_node_run_gets_the_n
         assert every[0].subnet_id not in {c.subnet_id for c in blocklist.allowed(every, "spot")}
     finally:
         teardown(ec2, api.client("iam", "us-east-1"), "offer")
+
+
+def test_spot_prices_are_those_in_effect_now_and_on_demand_hours_have_their_published_price(cloud):
+    """DescribeSpotPriceHistory lists the price in effect at StartTime only when EndTime is given too (the fake
+    lists its last change 0-12 h ago, as EC2 may); an on-demand hour is priced even where a pool has no spot
+    history, else the ledger counts it $0 and `budget_usd` never stops the sweep."""
+    from orchestrator.aws.pricing import ON_DEMAND_USD_PER_H, PriceBook
+    from tests.fakecloud_gate import spot_price
+
+    ec2 = api.client("ec2", "us-east-1")
+    assert api.spot_prices(ec2, ["g5.xlarge"], ["us-east-1a"]) == {
+        ("g5.xlarge", "us-east-1a"): spot_price("g5.xlarge", "us-east-1a")
+    }
+    cloud.gate.unoffered = {("p5.48xlarge", "us-east-1a")}  # a pool without any spot history
+    book = PriceBook(lambda types, azs: api.spot_prices(ec2, types, azs))
+    assert book.price("p5.48xlarge", "us-east-1a", "spot") is None
+    assert book.price("p5.48xlarge", "us-east-1a", "on-demand") == ON_DEMAND_USD_PER_H["p5.48xlarge"]

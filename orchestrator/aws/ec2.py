@@ -10,7 +10,6 @@ NotFound as "not yet". Code that runs on the instance itself is in host/imds.py.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Dict, List, Optional, Tuple
 
 from orchestrator.errors import OrchError
@@ -395,14 +394,23 @@ def offered_pools(ec2, instance_types: List[str], azs: List[str]) -> Optional[se
 
 
 def spot_prices(ec2, instance_types: List[str], azs: List[str]) -> Dict[Tuple[str, str], float]:
-    """Newest spot price per (type, AZ) for Linux."""
+    """The spot price in effect now per (type, AZ) for Linux.
+
+    StartTime and EndTime both: only then does EC2 promise "the last price change before the start time, which
+    is the effective price as of the start time" (DescribeSpotPriceHistory); with StartTime alone a price that has
+    not moved since then is not listed. Paginated: an answer holds at most 1000 entries."""
+    import datetime
+
+    now = datetime.datetime.now(datetime.timezone.utc)
     prices: Dict[Tuple[str, str], Tuple[float, float]] = {}
-    answer = ec2.describe_spot_price_history(
-        InstanceTypes=instance_types, ProductDescriptions=["Linux/UNIX"], StartTime=time.time() - 3600
+    where = [{"Name": "availability-zone", "Values": list(azs)}] if azs else []
+    pages = ec2.get_paginator("describe_spot_price_history").paginate(
+        InstanceTypes=instance_types, ProductDescriptions=["Linux/UNIX"], StartTime=now, EndTime=now, Filters=where
     )
-    for p in answer.get("SpotPriceHistory", []):
-        key = (p["InstanceType"], p["AvailabilityZone"])
-        ts = p["Timestamp"].timestamp() if hasattr(p["Timestamp"], "timestamp") else 0
-        if (not azs or key[1] in azs) and (key not in prices or ts > prices[key][1]):
-            prices[key] = (float(p["SpotPrice"]), ts)
+    for page in pages:
+        for p in page.get("SpotPriceHistory", []):
+            key = (p["InstanceType"], p["AvailabilityZone"])
+            ts = p["Timestamp"].timestamp() if hasattr(p["Timestamp"], "timestamp") else 0
+            if (not azs or key[1] in azs) and (key not in prices or ts > prices[key][1]):
+                prices[key] = (float(p["SpotPrice"]), ts)
     return {k: v[0] for k, v in prices.items()}

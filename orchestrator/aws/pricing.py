@@ -20,8 +20,10 @@ from orchestrator.store import layout
 log = logging.getLogger("orch.pricing")
 
 ON_DEMAND_FACTOR = 3.0
-# Published Linux on-demand prices, us-east-1, USD per hour (aws.amazon.com/ec2/pricing/on-demand, 2025).
-# Other regions differ by up to ~30%; used only to say what the same hours would have cost on demand.
+# Published Linux on-demand prices, us-east-1, USD per hour (aws.amazon.com/ec2/pricing/on-demand), as of
+# 2025-06: AWS cut P5 by up to 45% and P4d by up to 33% that month ("Announcing up to 45% price reduction for
+# Amazon EC2 NVIDIA GPU-accelerated instances", AWS What's New, June 2025). Other regions differ by up to ~30%.
+# They price the on-demand hours of the ledger (and `budget_usd` counts them), so a stale entry misstates spend.
 ON_DEMAND_USD_PER_H = {
     "g4dn.xlarge": 0.526,
     "g4dn.12xlarge": 3.912,
@@ -35,8 +37,8 @@ ON_DEMAND_USD_PER_H = {
     "p3.2xlarge": 3.06,
     "p3.8xlarge": 12.24,
     "p3.16xlarge": 24.48,
-    "p4d.24xlarge": 32.7726,
-    "p5.48xlarge": 98.32,
+    "p4d.24xlarge": 21.96,
+    "p5.48xlarge": 55.04,
 }
 
 
@@ -98,8 +100,7 @@ class PriceBook:
             self.prices.update(self.fetch([instance_type], [az]))
             self.fetched_at = time.time()
         spot = self.prices.get((instance_type, az))
-        if spot is None:
-            return None
+        # an on-demand hour has its published price even where the pool has no spot history
         return spot if market == "spot" else on_demand_price(instance_type, spot)
 
 
