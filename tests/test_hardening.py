@@ -503,3 +503,36 @@ def test_down_all_and_status_reach_every_sweep_when_one_needs_absent_aws_credent
     assert "a-aws: not stopped: No AWS credentials found" in d.err and "(a-aws)" in d.err, d.err
     assert status(orch, "b-local")["run"]["state"] == "stopped"
     assert (orch.home / "locks" / "b-local.lock").read_text() and "controller pid" not in orch("status").out
+
+
+def test_a_run_whose_results_cannot_reach_the_store_is_not_succeeded_until_they_do(orch, job):
+    path = orch.sweep(f"""
+        name: finsync
+        command: "{job(steps=2, release=True)}"
+        store: store
+    """)
+    assert orch("launch", str(path), "--detach").code == 0
+    stored = orch.store("finsync", "run", "metrics.jsonl")
+    retry_until(stored.exists, 30, 0.2, "a first sync of the run folder")
+    folder = stored.parent
+    folder.rename(folder.with_name("run.saved"))
+    folder.write_text("not a folder any more")  # the run folder's writes fail; its records (.orch/) still land
+    agent_log = orch.home / "work" / "finsync" / "run" / "ctl" / "agent.log"
+    job.release.touch()
+    retry_until(
+        lambda: (
+            "results are not in the store yet" in agent_log.read_text()
+            or status(orch, "finsync")["run"]["state"] != "running"
+        ),
+        60,
+        0.2,
+        "the command to end and its final sync to fail",
+    )
+    v = status(orch, "finsync")["run"]
+    assert v["state"] == "running" and "writing its results to the store" in v["reason"], v
+    folder.unlink()
+    folder.with_name("run.saved").rename(folder)
+    retry_until(lambda: status(orch, "finsync")["run"]["state"] == "succeeded", 60, 0.2, "the run to succeed")
+    work = orch.home / "work" / "finsync" / "run" / "run" / "metrics.jsonl"
+    assert stored.read_text() == work.read_text()
+    assert len(stored.read_text().splitlines()) > 2  # the lines written after the store refused them are there

@@ -63,6 +63,7 @@ LEFTOVER_GRACE_S = 2.0  # after the command exited, how long what it left in the
 NOTICE_GRACE_S = 60.0  # after a notice, how long to wait for the command's checkpoint before syncing anyway
 NODE_FAILED = "node failed"  # stop reason on node 0: a follower's command exited non-zero
 FOLLOWER_WAIT_S = 300.0  # a follower whose command ended waits this long for node 0's verdict
+FINAL_SYNC_S = 1800.0  # a finished attempt keeps trying this long to put its results in the store
 
 
 class Agent:
@@ -75,6 +76,7 @@ class Agent:
         if "ORCH_DATA_DIR" in task.env:
             task.env["ORCH_DATA_DIR"] = os.path.expanduser(task.env["ORCH_DATA_DIR"])
         self.stage_error: Optional[str] = None  # data staging failed: the attempt fails with this reason
+        self.sync_error = ""  # why the final sync did not land
         self.task = task
         self.store = store or open_store(task.store_url)
         self.run_dir = Path(task.run_dir)
@@ -210,7 +212,9 @@ class Agent:
         # nor a large checkpoint upload can make a live host look lost.
         with self.reporter.heartbeats(status, t.heartbeat_s):
             code = self._attempt(status)
-        return self._finish(status, code)
+            self._stop_leftovers()
+            landed = self._final_sync(status)
+        return self._finish(status, code, landed)
 
     def _attempt(self, status) -> Optional[int]:
         """Restore, run the command in its window, watch it until it exits; its exit code (None if it vanished)."""
@@ -294,11 +298,35 @@ class Agent:
         except (Timeout, ValueError):
             return None
 
-    def _finish(self, status, code: Optional[int]) -> int:
+    def _final_sync(self, status) -> bool:
+        """The run folder reaches the store before the end is recorded: a success whose results never got there
+        is none. Tried until it lands (heartbeats go on meanwhile), the record moves on, orch stops the run, or
+        FINAL_SYNC_S pass; False then."""
+        failures = []
+
+        def once() -> bool:
+            if self.reporter.superseded or self.stop_requested:
+                return True
+            try:
+                self._sync_up()
+                return True
+            except Exception as exc:
+                failures.append(f"{type(exc).__name__}: {exc}")
+                log.warning("the run's results are not in the store yet (%s); trying again", failures[-1])
+                with self.status_lock:
+                    status.reason = f"the command ended; writing its results to the store ({failures[-1]})"
+                return False
+
+        try:
+            retry_until(once, FINAL_SYNC_S, 2.0, "the store to take the run folder")
+        except Timeout:
+            self.sync_error = failures[-1] if failures else "no answer"
+            return False
+        return not (failures and (self.reporter.superseded or self.stop_requested))
+
+    def _finish(self, status, code: Optional[int], landed: bool = True) -> int:
         """Record how the attempt ended, then leave the host as its policy says."""
         t = self.task
-        self._stop_leftovers()
-        self._quietly(self._sync_up)
         status.finished_at = status.heartbeat = time.time()
         status.exit_code = code
         status.last_metrics = last_metrics(self.run_dir / layout.METRICS_FILE)
@@ -314,6 +342,12 @@ class Agent:
             )
         if self.stage_error:
             state, reason, failed = FAILED, f"data staging failed: {self.stage_error}", True
+        if not landed and state == SUCCEEDED:  # not a success while its results are only on this host
+            state, failed = FAILED, True
+            reason = (
+                f"its results could not be written to the store for {FINAL_SYNC_S / 60:.0f} min ({self.sync_error}); "
+                f"they are in {self.run_dir} on {t.host or 'localhost'}"
+            )
         status.state, status.reason = state, reason or (status.reason if state == INTERRUPTED else "")
         status.failures += 1 if failed else 0
         status.log_tail = "" if state == SUCCEEDED else tail(self.log_file)
