@@ -77,6 +77,7 @@ class Strictness:
     profile_s: float = 1.0  # a new instance profile is refused by CreateFleet this long
     pending_s: float = 0.3  # new instances are `pending` this long
     terminate_s: float = 1.0  # terminated instances stay `shutting-down` this long
+    quota_linger_s: float = 5.0  # a terminated instance still counts toward `spot_quota` this long
     image_s: float = 1.0  # a new image is `pending` this long (EC2: minutes, more for large volumes)
     iam: bool = True  # evaluate role policies for hosts' requests
 
@@ -120,6 +121,7 @@ class Gate:
         from tests.fakecloud_placement import PlacementGroups
 
         self.lock = threading.Lock()
+        self.ended: Dict[str, float] = {}  # instance id -> when TerminateInstances was asked
         self.placement = PlacementGroups(state_of=_state_of)
 
     # --- WSGI ----------------------------------------------------------------------------------
@@ -277,7 +279,7 @@ class Gate:
                 )
         young_sg = [g for g in (data.get("SecurityGroupIds") or []) if self._is_young(g, self.strict.group_s)]
         if market == "spot" and self.spot_quota is not None:
-            live = sum(1 for i in self.spot_ids if _state_of(i) in ("pending", "running"))
+            live = sum(1 for i in self.spot_ids if _state_of(i) in ("pending", "running") or self._lingers(i))
             if live + int(form.get("TargetCapacitySpecification.TotalTargetCapacity", ["1"])[0]) > self.spot_quota:
                 # EC2: "You have requested more vCPU capacity than your current vCPU limit … allows" (a fleet Error)
                 self.counts["MaxSpotInstanceCountExceeded"] += 1
@@ -475,7 +477,16 @@ class Gate:
 
         _later(self.strict.image_s, done)
 
+    def _lingers(self, iid: str) -> bool:
+        """A terminated instance goes on counting toward instance quotas for a while (EC2 Developer Guide,
+        "Eventual consistency", InstanceLimitExceeded)."""
+        with self.lock:
+            ended = self.ended.get(iid)
+        return ended is not None and time.monotonic() - ended < self.strict.quota_linger_s
+
     def _shut_down(self, iid: str) -> None:
+        with self.lock:
+            self.ended.setdefault(iid, time.monotonic())
         inst = _instance(iid)
         if inst is None or self.strict.terminate_s <= 0 or inst._state.name != "terminated":
             return

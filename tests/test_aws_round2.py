@@ -63,6 +63,33 @@ def test_a_quota_reached_while_runs_go_makes_runs_wait_not_the_sweep_fail(orch, 
     assert orch("down", "quota", timeout=300).code == 0
 
 
+@pytest.mark.timeout(900)
+def test_terminated_instances_still_counting_toward_a_quota_make_the_next_run_wait_not_the_sweep_fail(
+    orch, cloud, identity
+):
+    """A quota of one spot instance runs a sweep serially: the first run's instance, terminated, goes on counting
+    toward the limit for a while, when none of the sweep's instances is listed any more; the next run waits."""
+    cloud.gate.spot_quota = 1
+    cloud.gate.strict.quota_linger_s = 45.0  # longer than orch waits between two asks (fleet.QUOTA_BLOCK_S)
+    path = orch.sweep(
+        cloud.sweep_yaml("serial", identity, "true", extra="max_parallel: 1\ngrid:\n  k: [1, 2]", market="spot")
+    )
+    assert orch("launch", str(path), "--detach").code == 0
+
+    def settled() -> bool:
+        runs = status(orch, "serial").values()
+        fatal = any("quota" in (r.get("reason") or "") and "waiting" not in r["reason"] for r in runs)
+        return fatal or (len(runs) == 2 and {r["state"] for r in runs} == {"succeeded"})
+
+    try:
+        retry_until(settled, 600, 1.0, "both runs to succeed, or the sweep to stop")
+        runs = status(orch, "serial")
+        assert {r["state"] for r in runs.values()} == {"succeeded"}, runs
+        assert cloud.gate.counts["MaxSpotInstanceCountExceeded"] >= 2  # the second run met the lingering instance
+    finally:
+        assert orch("down", "serial", timeout=300).code == 0
+
+
 def test_a_run_is_not_packed_where_the_safety_net_shutdown_would_cut_it():
     from types import SimpleNamespace
 

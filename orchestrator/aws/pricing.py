@@ -173,6 +173,11 @@ class CostLedger:
                 self._save()  # an instance came or went, or 30 s passed
             self._live = live
 
+    def last_seen(self) -> float:
+        """When any instance of the sweep was last seen running (or acquired); 0.0 for none."""
+        with self.lock:
+            return max((float(e.get("end") or 0.0) for e in self.entries.values()), default=0.0)
+
     def spend(self) -> float:
         with self.lock:
             return ledger_cost(self.entries, now=time.time())

@@ -65,15 +65,7 @@ class PackMixin:
         except fleet.CapacityUnavailable as exc:
             self._requeue(task, str(exc), new_ids)
         except fleet.QuotaReached as exc:
-            if api.sweep_instances(
-                self.ec2, self.name_, api.NOT_GONE
-            ):  # as in provision: wait while the sweep's own instances run
-                self._requeue(
-                    task, f"waiting for quota to free (the sweep's running instances hold it): {exc}", new_ids
-                )
-            else:
-                self.fatal = exc
-                self._requeue(task, str(exc), new_ids)
+            self._quota_reached(task, exc, new_ids)
         except api.AwsFatal as exc:
             self.fatal = exc
             self._requeue(task, str(exc), new_ids)

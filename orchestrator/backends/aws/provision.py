@@ -34,6 +34,7 @@ log = logging.getLogger("orch.aws")
 
 # Where images keep an interpreter with PyTorch, best first (`aws.python: auto`).
 PYTHON_CANDIDATES = ("/opt/pytorch/bin/python", "/opt/conda/envs/pytorch/bin/python", "python3")
+QUOTA_LINGER_S = 600.0  # how long a terminated instance of the sweep may still count toward an instance quota
 FREE_PORT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
 
 
@@ -106,12 +107,7 @@ class ProvisionMixin:
         except fleet.CapacityUnavailable as exc:
             self._requeue(task, str(exc), ids)
         except fleet.QuotaReached as exc:
-            # its own instances will free quota as they end (one shutting down still holds it, and frees it soon)
-            if api.sweep_instances(self.ec2, self.name_, api.NOT_GONE):
-                self._requeue(task, f"waiting for quota to free (the sweep's running instances hold it): {exc}", ids)
-            else:  # nothing of this sweep runs: no run can ever start until the quota is raised
-                self.fatal = exc
-                self._requeue(task, str(exc), ids)
+            self._quota_reached(task, exc, ids)
         except api.AwsFatal as exc:
             self.fatal = exc  # fail fast: the controller's next pass raises it
             self._requeue(task, str(exc), ids)
@@ -126,6 +122,18 @@ class ProvisionMixin:
             ):  # else the run stays pending until the controller took the outcome (no window where it looks hostless)
                 with self.lock:
                     self.pending.pop(task.run_id, None)
+
+    def _quota_reached(self, task: RunTask, exc: OrchError, ids: List[str]) -> None:
+        """The run waits while the sweep's own instances may free the quota; else the sweep stops (nothing of its
+        own will ever free it). One shutting down still holds it, and a terminated one goes on counting toward the
+        limit for a while (EC2 Developer Guide, "Eventual consistency": InstanceLimitExceeded)."""
+        if api.sweep_instances(self.ec2, self.name_, api.NOT_GONE):
+            self._requeue(task, f"waiting for quota to free (the sweep's running instances hold it): {exc}", ids)
+        elif time.time() - self.ledger.last_seen() < QUOTA_LINGER_S:
+            self._requeue(task, f"waiting for quota to free (instances of the sweep ended moments ago): {exc}", ids)
+        else:
+            self.fatal = exc
+            self._requeue(task, str(exc), ids)
 
     def _gpus_of(self, instance_type: str) -> int:
         """GPUs of an instance type (DescribeInstanceTypes, else orch's table), for GPU-hours."""
