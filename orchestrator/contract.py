@@ -7,15 +7,19 @@ On a host, a run lives under `<base>/<sweep>/<run>/`: `run/` is $ORCH_RUN_DIR (t
 folder, synced to the store) and `ctl/` is the agent's private folder (task file, wrapper script,
 pids, exit code, logs). Files in `ctl/` that others write to talk to the agent:
 `stop-reason` (then SIGTERM to the pid in `agent.pid`) and `spot-notice`.
+
+What the command writes in its metrics lines is read on both sides alike: `finite` says which values
+are numbers, `default_mode` which way a metric improves.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 if TYPE_CHECKING:  # the agent imports this module on hosts; keep pydantic out of its start-up
     pass
@@ -27,6 +31,30 @@ AGENT_LOG_FILE = "agent.log"
 REMOTE_BASE = "~/orch/runs"  # where runs live on an instance
 REMOTE_TMUX_SOCKET = "orch"
 AUTO = "auto"  # `resources:` gpus / procs_per_node: the host decides (its GPUs)
+
+
+# --- a metrics line's values (the command writes them; every reader of them agrees on these) ---
+
+
+def finite(value: Any) -> Optional[float]:
+    """A metric's value as a float when it is a real, finite number; None for anything else (true/false,
+    NaN, infinities, text, null), which no comparison, best-of or plot takes part in."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def default_mode(metric: str) -> Optional[str]:
+    """Which way a metric improves when the sweep does not say: max for names ending in acc (accuracy),
+    min for names ending in loss; None when neither."""
+    return "max" if metric.endswith("acc") else "min" if metric.endswith("loss") else None
+
+
+def keep_best(best: Dict[str, float], metric: str, value: float) -> None:
+    """Fold one value into `best` (the best so far of each metric that has a default mode)."""
+    mode = default_mode(metric)
+    if mode is not None:
+        best[metric] = value if metric not in best else (max if mode == "max" else min)(best[metric], value)
 
 
 def session_prefix(sweep: str) -> str:

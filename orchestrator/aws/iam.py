@@ -12,6 +12,7 @@ import logging
 from typing import List, Sequence
 
 from orchestrator.aws.ec2 import _code, explain
+from orchestrator.store.s3url import parse_s3
 
 log = logging.getLogger("orch.ec2")
 
@@ -83,8 +84,8 @@ def instance_profile_policy(
     base = f"{prefix}/{sweep}" if prefix else sweep
     reads = []
     for url in data:
-        b, _, p = url[len("s3://") :].partition("/")
-        p = p.rstrip("/")
+        where = parse_s3(url)
+        b, p = where.bucket, where.prefix
         reads += [
             {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [f"arn:aws:s3:::{b}/{p + '/' if p else ''}*"]},
             {

@@ -15,12 +15,12 @@ that are live, or not yet converted since they ended, are read: a pass costs O(a
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from orchestrator.contract import finite, keep_best
 from orchestrator.errors import OrchError
 from orchestrator.store import layout
 from orchestrator.store.base import Store, read_jsonl
@@ -41,12 +41,6 @@ def need_tensorboard() -> None:
         raise OrchError(
             f"TensorBoard is not installed (it is an optional extra). Install it: {INSTALL}", exit_code=2
         ) from None
-
-
-def _num(v: Any) -> Optional[float]:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        return None
-    return float(v)
 
 
 @dataclass
@@ -123,21 +117,18 @@ class Board:
         lines = read_jsonl(complete)
         wrote = 0
         for line in lines:
-            step = next((_num(line.get(k)) for k in STEP_KEYS if _num(line.get(k)) is not None), None)
+            step = next((finite(line.get(k)) for k in STEP_KEYS if finite(line.get(k)) is not None), None)
             rb.index += 1
             step = float(rb.index) if step is None else step
             if rb.step is not None and step <= rb.step:
                 continue  # a resumed attempt writing again what the run already has
             rb.step = step
-            wall = _num(line.get("time")) or time.time()
-            values = {k: v for k, v in ((k, _num(v)) for k, v in line.items() if k not in SKIP) if v is not None}
+            wall = finite(line.get("time")) or time.time()
+            values = {k: v for k, v in ((k, finite(v)) for k, v in line.items() if k not in SKIP) if v is not None}
             self._scalars(writer, values, step, wall)
             for k, v in values.items():
                 rb.last[k] = v
-                if k.endswith("acc"):
-                    rb.best[k] = max(rb.best.get(k, v), v)
-                elif k.endswith("loss"):
-                    rb.best[k] = min(rb.best.get(k, v), v)
+                keep_best(rb.best, k, v)
             wrote += 1
         rb.offset += len(complete)
         if wrote or status.state in FINAL:

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from orchestrator.contract import default_mode, finite, keep_best
 from orchestrator.control.target import Economics, ToTarget, economics, entries_of, to_target
 from orchestrator.errors import OrchError
 from orchestrator.store import layout
@@ -67,12 +68,8 @@ def _best(lines: List[dict]) -> Dict[str, float]:
     best: Dict[str, float] = {}
     for line in lines:
         for k, v in line.items():
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or (isinstance(v, float) and math.isnan(v)):
-                continue
-            if k.endswith("acc"):
-                best[k] = max(best.get(k, v), v)
-            elif k.endswith("loss"):
-                best[k] = min(best.get(k, v), v)
+            if finite(v) is not None:
+                keep_best(best, k, v)
     return best
 
 
@@ -191,10 +188,10 @@ LINES = 10  # runs drawn as labelled lines in curves.png; the others are drawn f
 
 def _score(r: RunResult, metric: str) -> float:
     """How good a run's best value of `metric` is, higher is better (NaN-free; runs without it last)."""
-    v = r.best.get(metric, r.final.get(metric))
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v:
+    v = finite(r.best.get(metric, r.final.get(metric)))
+    if v is None:
         return float("-inf")
-    return -v if metric.endswith("loss") else v
+    return -v if default_mode(metric) == "min" else v
 
 
 def plot(results: Results, metrics: List[str], path: Path) -> Path:

@@ -19,9 +19,10 @@ import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
+from orchestrator.contract import default_mode, finite
 from orchestrator.store import layout
 from orchestrator.store.base import Store, get_json, put_json
-from orchestrator.sweep.spec import PruneSection, SweepSpec, default_mode
+from orchestrator.sweep.spec import PruneSection, SweepSpec
 
 
 @dataclass(frozen=True)
@@ -56,12 +57,6 @@ def rule(spec: SweepSpec) -> tuple:
     return metric, mode
 
 
-def number(v) -> Optional[float]:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf")):
-        return None
-    return float(v)
-
-
 class Rungs:
     def __init__(self, store: Store, sweep: str, spec: SweepSpec):
         self.store, self.key = store, layout.rungs_key(sweep)
@@ -71,7 +66,7 @@ class Rungs:
         self.values: Dict[str, Dict[str, float]] = {}  # rung (as text) -> {run: value}
         for rung, runs in (doc.get("values") or {}).items() if isinstance(doc, dict) else []:
             if isinstance(runs, dict):
-                self.values[str(rung)] = {r: float(v) for r, v in runs.items() if number(v) is not None}
+                self.values[str(rung)] = {r: float(v) for r, v in runs.items() if finite(v) is not None}
         self.pruned: Dict[str, dict] = (
             {r: v for r, v in (doc.get("pruned") or {}).items()} if isinstance(doc, dict) else {}
         )
@@ -85,7 +80,7 @@ class Rungs:
 
     def due(self, run_id: str, last_metrics: dict) -> bool:
         """Whether the run's newest line is past a rung it has not reported at (its lines are then worth reading)."""
-        rung, progress = self.next_rung(run_id), number(last_metrics.get(self.p.at))
+        rung, progress = self.next_rung(run_id), finite(last_metrics.get(self.p.at))
         return rung is not None and progress is not None and progress >= rung and run_id not in self.pruned
 
     def observe(self, run_id: str, lines: List[dict], judge: bool = True) -> Optional[Verdict]:
@@ -128,7 +123,7 @@ class Rungs:
     def verdict_of(self, run_id: str) -> Optional[Verdict]:
         """The pruning verdict a run got earlier (a resumed attempt keeps it)."""
         v = self.pruned.get(run_id)
-        if not isinstance(v, dict) or number(v.get("value")) is None or number(v.get("cutoff")) is None:
+        if not isinstance(v, dict) or finite(v.get("value")) is None or finite(v.get("cutoff")) is None:
             return None
         return Verdict(
             run_id,
@@ -162,9 +157,9 @@ def _k(rung: float) -> str:
 def _value_at(lines: List[dict], at: str, metric: str, rung: float) -> Optional[float]:
     """The metric on the first line at or past the rung that carries it."""
     for line in lines:
-        progress = number(line.get(at))
+        progress = finite(line.get(at))
         if progress is not None and progress >= rung:
-            value = number(line.get(metric))
+            value = finite(line.get(metric))
             if value is not None:
                 return value
     return None

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
+from orchestrator.contract import finite
 from orchestrator.control.views import usd
 from orchestrator.sweep.spec import TargetSection
 
@@ -28,10 +29,6 @@ class ToTarget:
     time_to_target_s: Optional[float] = None
     wall_to_target_s: Optional[float] = None
     usd_to_target: Optional[float] = None
-
-
-def _num(v) -> Optional[float]:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
 
 
 def entries_of(ledger: Dict[str, dict], run_id: str) -> List[dict]:
@@ -64,10 +61,10 @@ def to_target(
 ) -> ToTarget:
     for line in lines:
         if target.met(line):
-            at = _num(line.get("time"))
+            at = finite(line.get("time"))
             return ToTarget(
                 reached=True,
-                time_to_target_s=_num(line.get("elapsed_s", line.get("elapsed"))),
+                time_to_target_s=finite(line.get("elapsed_s", line.get("elapsed"))),
                 wall_to_target_s=None if at is None or first_started_at is None else max(0.0, at - first_started_at),
                 usd_to_target=None if entries is None or at is None else usd_until(entries, run_id, at),
             )

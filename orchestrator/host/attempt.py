@@ -12,7 +12,7 @@ import shlex
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from orchestrator.contract import RunTask
+from orchestrator.contract import RunTask, finite
 from orchestrator.store.layout import CHECKPOINTS_DIR, MANIFEST_FILE
 from orchestrator.store.status import (
     CANCELLED,
@@ -170,10 +170,8 @@ class RungWatch:
         if size == self.size:
             return False
         self.size = size
-        value = last_metrics(self.path).get(self.at)
-        if (
-            isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < self.rungs[0]
-        ):  # NaN: no progress
+        value = finite(last_metrics(self.path).get(self.at))
+        if value is None or value < self.rungs[0]:  # NaN: no progress
             return False
         self.rungs = [r for r in self.rungs if r > value]
         return True

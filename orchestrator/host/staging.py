@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 from orchestrator.store.base import sha256_file
+from orchestrator.store.s3url import BUCKET_RE, SCHEME, is_s3, parse_s3
 
 log = logging.getLogger("orch.agent")
 
@@ -53,14 +54,9 @@ def _same(path: Path, size: int, etag: str) -> bool:
     return sha256_file(path, "md5") == etag
 
 
-def _bucket_prefix(url: str) -> Tuple[str, str]:
-    """s3://bucket/a/b -> ("bucket", "a/b/"): the prefix as a folder, so a/b never matches a/bc."""
-    bucket, _, prefix = url[len("s3://") :].partition("/")
-    return bucket, prefix if not prefix or prefix.endswith("/") else prefix + "/"
-
-
 def _listing_s3(client, url: str) -> Dict[str, Tuple[int, str]]:
-    bucket, prefix = _bucket_prefix(url)
+    where = parse_s3(url)
+    bucket, prefix = where.bucket, where.folder
     out: Dict[str, Tuple[int, str]] = {}
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for obj in page.get("Contents", []):
@@ -98,7 +94,7 @@ def stage(source: str, to: str, client=None, workers: int = 16) -> StageResult:
 
 
 def _stage_locked(source: str, dest: Path, client, workers: int) -> StageResult:
-    s3 = source.startswith("s3://")
+    s3 = is_s3(source)
     if s3 and client is None:
         import boto3
 
@@ -132,11 +128,11 @@ def _stage_locked(source: str, dest: Path, client, workers: int) -> StageResult:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.orch-part")
         if s3:
-            bucket, prefix = _bucket_prefix(source)
+            where = parse_s3(source)
             # An ETag is no MD5 for SSE-KMS/SSE-C objects or multipart uploads: what S3 guarantees is the size and,
             # where
             # the object has one (`orch data push` always adds it), its SHA-256, which botocore checks as it downloads.
-            client.download_file(bucket, prefix + rel, str(tmp), ExtraArgs={"ChecksumMode": "ENABLED"})
+            client.download_file(where.bucket, where.folder + rel, str(tmp), ExtraArgs={"ChecksumMode": "ENABLED"})
         else:
             shutil.copyfile(Path(os.path.expanduser(source)) / rel, tmp)
         if tmp.stat().st_size != size:
@@ -169,18 +165,16 @@ def stage_all(entries: List[Dict[str, str]], client=None) -> List[StageResult]:
 def push(local_dir: Path, url: str, client=None) -> StageResult:
     """`orch data push`: upload a folder to s3://bucket/prefix/ (only files whose content changed since
     the last push, by sha256), then check that every file is in S3 with its size."""
-    import re
-
     from orchestrator.errors import OrchError
     from orchestrator.store.s3 import S3Store
 
-    m = re.match(r"^s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/(.+)$", url)
-    if not m or not m.group(2).strip("/"):
+    where = parse_s3(url) if is_s3(url) else None
+    if where is None or not BUCKET_RE.match(where.bucket) or not where.prefix:
         raise OrchError(f"{url}: give a bucket and a prefix, e.g. s3://my-bucket/datasets/cifar10/", exit_code=2)
     local = {str(p.relative_to(local_dir)): p.stat().st_size for p in sorted(Path(local_dir).rglob("*")) if p.is_file()}
     if not local:
         raise OrchError(f"{local_dir}: no files to push", exit_code=2)
-    store = S3Store(f"s3://{m.group(1)}", client=client)
+    store = S3Store(f"{SCHEME}{where.bucket}", client=client)
     try:
         store.check()
     except OrchError as exc:  # said for a sweep's `store:`; here the bucket is the URL's
@@ -188,7 +182,7 @@ def push(local_dir: Path, url: str, client=None) -> StageResult:
     before = {
         rel: size for rel, (size, _) in _listing_s3(store.client, url).items()
     }  # the index alone would miss a deleted object
-    done = store.sync_up(Path(local_dir), m.group(2).strip("/"), there=before)
+    done = store.sync_up(Path(local_dir), where.prefix, there=before)
     there = _listing_s3(store.client, url)
     bad = sorted(rel for rel, size in local.items() if there.get(rel, (None, ""))[0] != size)
     if bad:

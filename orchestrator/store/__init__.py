@@ -3,6 +3,7 @@
 `base` has the Store protocol and the helpers every store shares; `folder` and `s3` the two stores;
 `status` the run records written in a store (one writer per record, conditional writes); `lifecycle`
 a run's life as types (the record, its states and stop reasons, the transitions that change them).
+`layout` names every key of the store's layout; `s3url` splits an s3://bucket/prefix location.
 This package imports only `orchestrator.errors` and `orchestrator.contract` (it ships to hosts).
 """
 
@@ -12,10 +13,11 @@ from pathlib import Path
 
 from orchestrator.store.base import Store
 from orchestrator.store.folder import LocalStore, usable_folder
+from orchestrator.store.s3url import is_s3
 
 
 def open_store(url: str) -> Store:
-    if url.startswith("s3://"):
+    if is_s3(url):
         from orchestrator.store.s3 import S3Store
 
         return S3Store(url)

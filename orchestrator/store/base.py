@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, List, Optional, Protocol, Tuple
 
+from orchestrator.contract import finite
+
 Select = Callable[[str], bool]  # relative path ('ckpt/12/state.pt') -> whether it takes part
 
 
@@ -127,7 +129,7 @@ def put_json(store: Store, key: str, obj: Any) -> None:
 
 def plain_json(obj: Any) -> Any:
     """A copy that strict JSON can hold: NaN and infinities (which Python writes as NaN/Infinity) become null."""
-    if isinstance(obj, float) and (obj != obj or obj in (float("inf"), float("-inf"))):
+    if isinstance(obj, float) and finite(obj) is None:
         return None
     if isinstance(obj, dict):
         return {k: plain_json(v) for k, v in obj.items()}

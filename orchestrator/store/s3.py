@@ -11,6 +11,7 @@ from typing import Dict, List, Optional, Tuple
 
 from orchestrator.errors import OrchError
 from orchestrator.store.base import HashCache, Select, SyncResult, _files
+from orchestrator.store.s3url import parse_s3
 
 SYNC_INDEX = ".orch-sync.json"  # per synced prefix: {relative path: {"size", "sha256"}} of what was uploaded
 MULTIPART_THRESHOLD = 16 * 1024 * 1024
@@ -29,9 +30,8 @@ class S3Store:
         import boto3
         from boto3.s3.transfer import TransferConfig
 
-        rest = url[len("s3://") :]
-        self.bucket, _, prefix = rest.partition("/")
-        self.prefix = prefix.strip("/")
+        where = parse_s3(url)
+        self.bucket, self.prefix = where.bucket, where.prefix
         self.url = url.rstrip("/")
         self.client = client or boto3.client("s3")
         self.workers = workers

@@ -8,11 +8,11 @@ import os
 import re
 from typing import Any, List, Tuple
 
+from orchestrator.contract import default_mode
 from orchestrator.sweep.spec import (
     BUILTINS,
     KEY_RE,
     SweepSpec,
-    default_mode,
     expand,
     placeholders,
     run_count,

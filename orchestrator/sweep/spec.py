@@ -28,6 +28,8 @@ from pydantic import (
 )
 from typing_extensions import Annotated
 
+from orchestrator.contract import default_mode, finite
+
 Scalar = Union[StrictBool, StrictInt, StrictFloat, StrictStr]
 
 
@@ -167,11 +169,6 @@ class DataEntry(Strict):
     )
 
 
-def default_mode(metric: str) -> Optional[str]:
-    """max for names ending in acc (accuracy), min for names ending in loss; None when neither."""
-    return "max" if metric.endswith("acc") else "min" if metric.endswith("loss") else None
-
-
 class TargetSection(Strict):
     """When a run is good enough (README: Time and dollars to a target)."""
 
@@ -185,8 +182,8 @@ class TargetSection(Strict):
         return self.mode or default_mode(self.metric) or "max"
 
     def met(self, line: Dict[str, Any]) -> bool:
-        v = line.get(self.metric)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v:
+        v = finite(line.get(self.metric))
+        if v is None:
             return False
         return v >= self.value if self.resolved_mode() == "max" else v <= self.value
 

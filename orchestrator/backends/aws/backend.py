@@ -39,6 +39,7 @@ from orchestrator.remote.ssh import (
     public_key_of,
 )
 from orchestrator.store import open_store
+from orchestrator.store.s3url import is_s3, parse_s3
 from orchestrator.sweep.packing import describe as describe_packing
 from orchestrator.sweep.packing import packs, rank
 from orchestrator.sweep.spec import Sweep, orch_home
@@ -108,14 +109,14 @@ class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
                 )
                 profile = cfg.instance_profile
                 if profile == "create":
-                    bucket, _, prefix = self.sweep.store_url[len("s3://") :].partition("/")
+                    store = parse_s3(self.sweep.store_url)
                     sources = [e.source for e in self.sweep.spec.data or []]
-                    buckets = [bucket] + [u[len("s3://") :].partition("/")[0] for u in sources if u.startswith("s3://")]
+                    buckets = [store.bucket] + [parse_s3(u).bucket for u in sources if is_s3(u)]
                     profile = iam.ensure_instance_profile(
                         api.client("iam", cfg.region),
                         sweep,
-                        bucket,
-                        prefix.strip("/"),
+                        store.bucket,
+                        store.prefix,
                         sources,
                         iam.bucket_kms_keys(api.client("s3", cfg.region), buckets),
                     )
