@@ -96,11 +96,14 @@ def agent_command(python: str, task_file: str, ctl_dir: str, pythonpath: Optiona
 def stop_script(ctl_dir: str, session: str, reason: str, wait_s: float, tmux_socket: str) -> str:
     """The stop protocol, as the host runs it: say why, SIGTERM the agent, wait for its session to end.
 
+    `reason` is a StopReason (store/lifecycle.py; this module sits below the store): the agent reads it
+    back as one, and an unknown one is an error it logs.
+
     Exit 0: it ended. Exit 3: the session was still there after wait_s (the caller may kill it).
     """
     ctl = ctl_dir.rstrip("/")
     return (
-        f"echo {shlex.quote(reason)} > {sh_path(ctl + '/' + STOP_REASON_FILE)}; "
+        f"echo {shlex.quote(str(reason))} > {sh_path(ctl + '/' + STOP_REASON_FILE)}; "
         f'kill -TERM "$(cat {sh_path(ctl + "/" + AGENT_PID_FILE)} 2>/dev/null)" 2>/dev/null; '
         f"for i in $(seq {max(1, int(wait_s * 10))}); do "
         f"tmux -L {shlex.quote(tmux_socket)} has-session -t {shlex.quote('=' + session)} 2>/dev/null || exit 0; sleep "

@@ -3,6 +3,7 @@ does not make), records written before the types, and no state set outside orche
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 
@@ -135,3 +136,74 @@ def test_a_record_written_before_the_types_reads_and_writes_back_the_same(tmp_pa
     assert life.claim(status).preemptions == 2
     write_status(store, "sw", status)
     assert json.loads(store.get_bytes(key)) == json.loads(saved.read_bytes())
+
+
+def _state_writes(path: Path):
+    """(line, what) for each assignment to a `.state` and each RunStatus(..., state=...) in a file."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        for t in _assigned(targets):
+            if isinstance(t, ast.Attribute) and t.attr == "state" and not _is_self(t.value):
+                yield t.lineno, ast.unparse(t)
+        if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] in ("RunStatus", "replace"):
+            if any(k.arg == "state" for k in node.keywords):
+                yield node.lineno, ast.unparse(node.func) + "(state=...)"
+
+
+def _assigned(targets):
+    """The names and attributes assigned to, through tuples (not what a subscript's index reads)."""
+    for t in targets:
+        if isinstance(t, (ast.Tuple, ast.List)):
+            yield from _assigned(t.elts)
+        elif isinstance(t, ast.Starred):
+            yield from _assigned([t.value])
+        else:
+            yield t
+
+
+def _is_self(value: ast.expr) -> bool:
+    return isinstance(value, ast.Name) and value.id == "self"  # an object's own `state` attribute (a State cache)
+
+
+def test_no_run_state_is_set_outside_the_store():
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {what}"
+        for path in sorted((ROOT / "orchestrator").rglob("*.py"))
+        if "store" not in path.relative_to(ROOT / "orchestrator").parts[:1]
+        for line, what in _state_writes(path)
+    ]
+    assert not found, "set a run's state through orchestrator/store/lifecycle.py's transitions:\n" + "\n".join(found)
+
+
+def test_the_state_check_finds_an_assignment(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "def f(status, view, counts):\n"
+        "    status.state, status.reason = 'failed', 'x'\n"
+        "    view.state = 'lost'\n"
+        "    counts[view.state] = 1\n"  # reads a state: fine
+        "    RunStatus(run_id='r', state='lost')\n"
+    )
+    assert [line for line, _ in _state_writes(bad)] == [2, 3, 5]
+
+
+def test_the_agent_reads_the_stop_files_reason_and_names_an_unknown_one(tmp_path, caplog):
+    from orchestrator.host.agent import stop_reason
+
+    stop_file = tmp_path / "stop-reason"
+    assert stop_reason(stop_file) is StopReason.STOPPED  # a SIGTERM without a stop file: someone ended the agent
+    stop_file.write_text("pruned\n")
+    assert stop_reason(stop_file) is StopReason.PRUNED
+    stop_file.write_text("reboot\n")
+    with caplog.at_level("ERROR", logger="orch.agent"):
+        assert stop_reason(stop_file) is StopReason.STOPPED
+    assert "unknown stop reason 'reboot'" in caplog.text
+
+
+def test_a_host_released_by_the_controller_ends_the_attempt_as_lost_not_failed():
+    from orchestrator.host.attempt import final_status
+
+    assert final_status(StopReason.LOST, False, 143, None) == Ending(RunState.LOST, StopReason.LOST.words(), False)

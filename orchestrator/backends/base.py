@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Protocol
 
 from orchestrator.contract import RunTask
+from orchestrator.store.lifecycle import RunState, StopReason
 
 ACQUIRING = "(acquiring)"  # host_id of a run whose host is still being acquired
 
@@ -35,7 +36,9 @@ class Outcome:
 
     run_id: str
     attempt: int  # the attempt it is about
-    state: str  # QUEUED: no host for it now (not counted); FAILED: provisioning failed (counts against max_restarts)
+    state: (
+        RunState  # QUEUED: no host for it now (not counted); FAILED: provisioning failed (counts against max_restarts)
+    )
     reason: str  # in words, for the run's status
 
 
@@ -63,8 +66,9 @@ class Backend(Protocol):
     def release(self, host: Host) -> None:
         """Get rid of a host at once (lost, or serving no current attempt); no grace."""
 
-    def stop(self, run_id: str, reason: str) -> bool:
-        """Ask the run's agent to stop its command, record `reason` as the state, and wait; False if none ran."""
+    def stop(self, run_id: str, reason: StopReason) -> bool:
+        """Ask the run's agent to stop its command (it records the state `reason` ends in) and wait; False if none
+        ran."""
 
     def notify_interruption(self, run_id: str) -> bool:
         """Deliver a spot notice the way the agent looks for one; False when the run has no live host."""

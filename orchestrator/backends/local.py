@@ -19,6 +19,7 @@ from orchestrator.errors import OrchError
 from orchestrator.host import tmux
 from orchestrator.remote.runners import LocalRunner
 from orchestrator.store.folder import usable_folder
+from orchestrator.store.lifecycle import StopReason
 from orchestrator.sweep.spec import Sweep, orch_home
 from orchestrator.sweep.tasks import new_task
 
@@ -94,7 +95,7 @@ class LocalBackend(BackendBase):
         self.host.put_bytes(b"chaos\n", contract.notice_path(self.ctl_dir(run_id)), mode=0o644)
         return True
 
-    def stop(self, run_id: str, reason: str) -> bool:
+    def stop(self, run_id: str, reason: StopReason) -> bool:
         session = self.session(run_id)
         if not tmux_server.has_session(session):
             return False

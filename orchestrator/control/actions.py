@@ -13,14 +13,15 @@ from orchestrator.control.controller import DONE, decide, live_hosts
 from orchestrator.control.table import read_many
 from orchestrator.control.views import Progress, view_of
 from orchestrator.store import layout
+from orchestrator.store import lifecycle as life
 from orchestrator.store.base import Store, get_json
+from orchestrator.store.lifecycle import StopReason
 from orchestrator.store.status import (
     ACTIVE,
     CANCELLED,
     FAILED,
     INTERRUPTED,
     PRUNED,
-    STOPPED,
     SUCCEEDED,
     RunStatus,
     read_status,
@@ -67,13 +68,12 @@ def cancel_run(sweep: Sweep, backend: Backend, store: Store, run_id: str) -> str
     if status.state in (SUCCEEDED, FAILED, CANCELLED, PRUNED) and not any(h.run_id == run_id for h in backend.list()):
         if status.state != FAILED or status.failures > sweep.spec.max_restarts:
             return f"{sweep.spec.name}/{run_id} already {status.state}; nothing to cancel."
-    was_running = backend.stop(run_id, CANCELLED)
+    was_running = backend.stop(run_id, StopReason.CANCELLED)
 
     def cancelled(status: RunStatus) -> Optional[RunStatus]:
         if status.state == CANCELLED:
             return None
-        status.state, status.reason, status.finished_at = CANCELLED, "cancelled by orch cancel", time.time()
-        return status
+        return life.cancel(status, StopReason.CANCELLED.words())
 
     update_status(store, sweep.spec.name, run_id, cancelled)
     summary.touch(store, sweep.spec.name, run_id)  # readers of the summary (and the controller) re-read it
@@ -91,14 +91,13 @@ def stop_sweep(sweep: Sweep, backend: Backend, store: Store) -> List[str]:
     hosted = []
     for host in backend.list():
         hosted.append(host.run_id)
-        if backend.stop(host.run_id, STOPPED):
+        if backend.stop(host.run_id, StopReason.STOPPED):
             stopped.append(host.run_id)
 
     def stopped_claim(status: RunStatus) -> Optional[RunStatus]:
         if status.state not in ACTIVE:
             return None
-        status.state, status.reason = STOPPED, "stopped by orch down"
-        return status
+        return life.stop(status, StopReason.STOPPED.words())
 
     views = summary.read(store, name, order)
     candidates = order if views is None else [rid for rid in order if views[rid].live or rid in hosted]

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from enum import Enum
 from typing import Callable, Dict, List, Optional, Tuple
 
 from orchestrator.backends.base import Backend, Host
@@ -23,14 +24,14 @@ from orchestrator.control.table import RunTable
 from orchestrator.control.views import Progress, RunView, usd, view_of
 from orchestrator.errors import OrchError
 from orchestrator.store import layout
+from orchestrator.store import lifecycle as life
 from orchestrator.store.base import Store, get_json, put_json, read_jsonl
+from orchestrator.store.lifecycle import StopReason
 from orchestrator.store.status import (
     ACTIVE,
     CANCELLED,
     CORRUPT,
     FAILED,
-    INTERRUPTED,
-    LOST,
     PRUNED,
     QUEUED,
     STARTING,
@@ -39,18 +40,28 @@ from orchestrator.store.status import (
     update_status,
     write_if,
 )
-from orchestrator.sweep.spec import Sweep
+from orchestrator.sweep.spec import RunSpec, Sweep
 from orchestrator.wait import retry_until
 
 log = logging.getLogger("orch.controller")
 
-WAIT, START, DONE, REPLACE = "wait", "start", "done", "replace"
+
+class Action(str, Enum):
+    """What a run needs now (decide()'s answer)."""
+
+    WAIT = "wait"  # it runs, or must not run again yet
+    START = "start"  # a new attempt may start
+    DONE = "done"  # final: never read again
+    REPLACE = "replace"  # its host is lost: the verdict, then the host goes
+
+
+WAIT, START, DONE, REPLACE = Action.WAIT, Action.START, Action.DONE, Action.REPLACE
 MAX_NO_SHOWS = 3  # attempts whose host never reported before the run fails for good
 
 
 def decide(
     status: RunStatus, host: Optional[Host], max_restarts: int, now: float, stale_s: float, start_timeout_s: float
-) -> str:
+) -> Action:
     """What a run needs now: wait (it runs, or must not run again yet), start, replace its host, or done.
 
     A host is given until its start deadline (counted from when its agent was started, which on
@@ -74,6 +85,18 @@ def decide(
     if status.state == FAILED:
         return DONE if status.failures > max_restarts or status.no_shows >= MAX_NO_SHOWS else START
     return START  # queued, stopped, interrupted, lost, or active with its host gone
+
+
+@dataclass
+class Row:
+    """One run in a pass: its spec, the record just read, what it needs, and its view (rebuilt from the
+    record whenever the pass changes the record)."""
+
+    run: RunSpec
+    status: RunStatus
+    action: Action
+    view: RunView
+    hosted: bool  # a live host of its current attempt was listed this pass
 
 
 class Controller:
@@ -127,35 +150,30 @@ class Controller:
         rows = [self._row(rid, hosts.get(rid)) for rid in tracked]
         budget = self.sweep.spec.budget_usd
         spend = self.backend.spend()
-        for run, status, action, view in rows:
-            if action == REPLACE:
-                self._replace(
-                    hosts[run.run_id],
-                    [h for h in every if h.run_id == run.run_id],
-                    status,
-                    view,
-                    table.versions[run.run_id],
-                )
+        for row in rows:
+            if row.action == REPLACE:
+                rid = row.run.run_id
+                self._replace(row, hosts[rid], [h for h in every if h.run_id == rid])
             elif self.rungs is not None:
-                self._rung(run, status, action, view)
+                self._rung(row)
         self._release_unclaimed(every, table.status)
         free = self.sweep.spec.max_parallel - len(hosts)
         started: List[str] = []
         if budget is not None and spend >= budget:
             self._stop_for_budget(rows, spend, budget)
         else:
-            for run, status, action, view in rows:
-                if action == START and free > 0 and not view.final:  # (final: pruned in this pass)
-                    if self._start(run, status, view, table.versions[run.run_id]):
-                        started.append(run.run_id)
+            for row in rows:
+                if row.action == START and free > 0 and not row.view.final:  # (final: pruned in this pass)
+                    if self._start(row):
+                        started.append(row.run.run_id)
                     free -= 1
             while free > 0:  # then the queue, in grid order: each run is read just before its claim
                 rid = table.take_queued()
                 if rid is None:
                     break
-                run, status, action, view = self._row(rid, hosts.get(rid))
-                if action == START:
-                    if self._start(run, status, view, table.versions[rid]):
+                row = self._row(rid, hosts.get(rid))
+                if row.action == START:
+                    if self._start(row):
                         started.append(rid)
                     free -= 1
         progress = Progress(
@@ -164,31 +182,45 @@ class Controller:
         self._publish(progress)
         return progress
 
-    def _row(self, run_id: str, host: Optional[Host]) -> tuple:
+    def _row(self, run_id: str, host: Optional[Host]) -> Row:
         """Decide one run from the record just read; its view goes into the table."""
         status = self.table.status[run_id]
         action = decide(
             status, host, self.sweep.spec.max_restarts, time.time(), self.backend.stale_s, self.backend.start_timeout_s
         )
-        view = view_of(status, host is not None, action == DONE)
+        row = Row(
+            self.table.runs[run_id],
+            status,
+            action,
+            self._view(status, host is not None, action == DONE),
+            host is not None,
+        )
+        self.table.settle(run_id, row.view, action == DONE)
+        return row
+
+    def _view(self, status: RunStatus, hosted: bool, final: bool) -> RunView:
+        """The run's view, from its record: the one place a pass makes one."""
+        view = view_of(status, hosted, final)
         target = self.sweep.spec.target
         if target is not None:
             if target.met(status.last_metrics):
-                self.reached.add(run_id)
-            view.reached = run_id in self.reached
-        self.table.settle(run_id, view, action == DONE)
-        return self.table.runs[run_id], status, action, view
+                self.reached.add(status.run_id)
+            view.reached = status.run_id in self.reached
+        return view
 
-    def _rung(self, run, status: RunStatus, action: str, view: RunView) -> None:
+    def _show(self, row: Row, final: bool) -> None:
+        """The pass changed the run's record: its view follows, into the table."""
+        row.view = self._view(row.status, row.hosted, final)
+        self.table.settle(row.run.run_id, row.view, final)
+
+    def _rung(self, row: Row) -> None:
         """`prune:` — a run whose newest line passed a rung it has not reported at: read its lines, record
         its value there, and prune it if the rung says so. A run that already ended only adds its values."""
-        rid = run.run_id
+        rid, status = row.run.run_id, row.status
         earlier = self.rungs.verdict_of(rid)
-        if (
-            earlier is not None
-        ):  # decided before (a pass whose write lost a race, or a resumed attempt): the verdict stands
-            if status.state in ACTIVE or action == START:
-                self._prune(status, view, earlier)
+        if earlier is not None:  # decided before (a pass whose write lost a race, or a resumed attempt): it stands
+            if status.state in ACTIVE or row.action == START:
+                self._prune(row, earlier)
             return
         if not self.rungs.due(rid, status.last_metrics):
             return
@@ -197,15 +229,13 @@ class Controller:
         live = status.state in ACTIVE
         verdict = self.rungs.observe(rid, lines, judge=live)
         if verdict is not None:
-            self._prune(status, view, verdict)
+            self._prune(row, verdict)
 
-    def _prune(self, status: RunStatus, view: RunView, verdict: Verdict) -> None:
+    def _prune(self, row: Row, verdict: Verdict) -> None:
         """The verdict first (the agent, seeing its record moved on, writes nothing more), then the stop:
         the command ends, and on AWS the instance goes; the slot is free for the next queued run."""
         metric, at = self.rungs.metric, self.rungs.p.at
-        status.state, status.finished_at = PRUNED, time.time()
-        status.reason = verdict.words(metric, at)
-        status.pruned = {
+        detail = {
             "rung": verdict.rung,
             "value": verdict.value,
             "cutoff": verdict.cutoff,
@@ -214,11 +244,11 @@ class Controller:
             "metric": metric,
             "at": at,
         }
+        status = life.prune(row.status, verdict.words(metric, at), detail)
         if not self._write(status, self.table.versions[status.run_id]):
             return  # decided again next pass, with the same verdict
-        view.state, view.reason = PRUNED, status.reason
-        self.table.settle(status.run_id, view, True)
-        self.backend.stop(status.run_id, PRUNED)
+        self._show(row, True)
+        self.backend.stop(status.run_id, StopReason.PRUNED)
         self.state.journal(self.name, "prune", status.run_id, status.reason)
         log.info("%s: %s", status.run_id, status.reason)
 
@@ -240,11 +270,8 @@ class Controller:
                 if status.attempt != outcome.attempt or status.state not in ACTIVE:
                     return None  # the run moved on meanwhile
                 if outcome.state == QUEUED:  # not an attempt after all: back to how it was before the claim
-                    status.state, status.attempt = QUEUED, outcome.attempt - 1
-                else:
-                    status.state, status.failures, status.finished_at = FAILED, status.failures + 1, time.time()
-                status.reason = outcome.reason
-                return status
+                    return life.requeue(status, outcome.reason)
+                return life.fail(status, outcome.reason)
 
             self.table.follow([outcome.run_id])
             if update_status(self.store, self.name, outcome.run_id, change):
@@ -253,25 +280,23 @@ class Controller:
     def _stop_for_budget(self, rows, spend: float, budget: float) -> None:
         """The budget is spent: what has not started never will (running attempts finish)."""
 
-        def cancel(status: RunStatus, view: RunView) -> None:
-            status.state, status.reason = CANCELLED, f"not started: budget {usd(budget)} reached (spent {usd(spend)})"
-            status.finished_at = time.time()
-            if not self._write(status, self.table.versions[status.run_id]):
+        def cancel(row: Row) -> None:
+            reason = f"not started: budget {usd(budget)} reached (spent {usd(spend)})"
+            if not self._write(life.cancel(row.status, reason), self.table.versions[row.run.run_id]):
                 return
-            self.state.journal(self.name, "budget", status.run_id, status.reason)
-            view.state, view.reason = CANCELLED, status.reason
-            self.table.settle(status.run_id, view, True)
+            self.state.journal(self.name, "budget", row.run.run_id, reason)
+            self._show(row, True)
 
-        for run, status, action, view in rows:
-            if action == START and not view.final:
-                cancel(status, view)
+        for row in rows:
+            if row.action == START and not row.view.final:
+                cancel(row)
         while True:
             rid = self.table.take_queued()
             if rid is None:
                 break
-            _, status, action, view = self._row(rid, None)
-            if action == START:
-                cancel(status, view)
+            row = self._row(rid, None)
+            if row.action == START:
+                cancel(row)
 
     def _write(self, status: RunStatus, version: Optional[str]) -> bool:
         """A verdict or a claim, written only over the record this pass read: if the agent wrote
@@ -284,9 +309,8 @@ class Controller:
         log.info("%s: its record changed since this pass read it; deciding again next pass", status.run_id)
         return False
 
-    def _replace(
-        self, host: Host, all_hosts: List[Host], status: RunStatus, view: RunView, version: Optional[str]
-    ) -> None:
+    def _replace(self, row: Row, host: Host, all_hosts: List[Host]) -> None:
+        status, version = row.status, self.table.versions[row.run.run_id]
         never = not status.heartbeat
         if host.missing and not never:
             reason = (
@@ -302,24 +326,23 @@ class Controller:
             )
         else:
             reason = f"host {host.host_id} lost: no sign of life for {time.time() - status.heartbeat:.0f} s"
-        if never and status.no_shows >= MAX_NO_SHOWS:  # a replacement loop would pay for instance after instance
-            status.state, status.finished_at = FAILED, time.time()
-            status.reason = (
+        spent = never and status.no_shows >= MAX_NO_SHOWS  # a replacement loop would pay for instance after instance
+        if spent:
+            life.fail(
+                status,
                 f"failed for good: {MAX_NO_SHOWS} hosts in a row never reported. Check the agent's log on an instance "
-                f"(`aws.keep_alive: true`, then `orch attach`), the image's interpreter (`aws.python`) and tmux."
+                f"(`aws.keep_alive: true`, then `orch attach`), the image's interpreter (`aws.python`) and tmux.",
+                failure=False,
             )
-            view.final = True
         else:
-            status.state, status.reason = LOST, reason
+            life.lose(status, reason)
         if not self._write(status, version):  # first the verdict: an agent that wakes up sees it is no longer the run's
             return
-        if view.final:
-            self.table.settle(status.run_id, view, True)
+        self._show(row, spent)
         log.warning("%s: %s; releasing its host(s)", status.run_id, reason)
         for h in all_hosts or [host]:
             self.backend.release(h)
         self.state.journal(self.name, "replace", status.run_id, reason)
-        view.state, view.reason = status.state, status.reason
 
     def _release_unclaimed(self, hosts: List[Host], statuses: Dict[str, RunStatus]) -> None:
         """Hosts of an older attempt than the run's current one serve nobody: release them."""
@@ -336,19 +359,10 @@ class Controller:
                 self.backend.release(host)
                 self.state.journal(self.name, "release-unclaimed", host.run_id, host.host_id)
 
-    def _start(self, run, previous: RunStatus, view: RunView, version: Optional[str]) -> bool:
-        was_lost = previous.state in ACTIVE or previous.state in (INTERRUPTED, LOST)
-        status = RunStatus(
-            run_id=run.run_id,
-            state=STARTING,
-            attempt=previous.attempt + 1,
-            failures=previous.failures,
-            preemptions=previous.preemptions + (1 if was_lost else 0),
-            no_shows=previous.no_shows,
-            started_at=time.time(),
-            first_started_at=previous.first_started_at or time.time(),
-            pruned=previous.pruned,
-        )
+    def _start(self, row: Row) -> bool:
+        run, previous, version = row.run, row.status, self.table.versions[row.run.run_id]
+        was_lost = life.preempted(previous)
+        status = life.claim(previous)
         if not self._write(status, version):  # claim it before a host exists; never over a record this pass did not see
             return False
         task = self.backend.new_task(run.run_id, status.attempt, run.command, json.dumps(run.params, sort_keys=True))
@@ -365,8 +379,8 @@ class Controller:
             run.run_id,
             f"attempt {status.attempt}" + (f" after {previous.state}" if previous.attempt else ""),
         )
-        view.state, view.attempt, view.elapsed, view.final = STARTING, status.attempt, 0.0, False
-        view.failures, view.preemptions, view.exit_code, view.reason = status.failures, status.preemptions, None, ""
+        row.status, row.hosted = status, True  # its host is on its way
+        self._show(row, False)
         return True
 
     def run(

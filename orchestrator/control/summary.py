@@ -60,7 +60,7 @@ def read(store: Store, sweep: str, run_ids: List[str]) -> Optional[Dict[str, Run
             if not isinstance(view.run_id, str) or not isinstance(view.state, str) or not isinstance(view.final, bool):
                 return None
             rows[view.run_id] = view
-    except (TypeError, AttributeError):
+    except (TypeError, AttributeError, ValueError):  # ValueError: a state this orch does not know
         return None
     from orchestrator.store.status import QUEUED
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from orchestrator.store.status import ACTIVE, FAILED, LOST, QUEUED, RunStatus
+from orchestrator.store.status import ACTIVE, FAILED, LOST, QUEUED, RunState, RunStatus
 
 LIVE_ROWS_FINISHED = 10  # the live table shows every active run and this many of the newest finished ones
 
@@ -21,7 +21,7 @@ class RunView:
     """One row of the live table (and of `orch status --json`)."""
 
     run_id: str
-    state: str  # as in status.json, or "queued"
+    state: RunState  # as in status.json (an active record without a host shows as lost)
     attempt: int
     failures: int
     preemptions: int
@@ -33,6 +33,9 @@ class RunView:
     final: bool = False  # no further attempt will be made
     finished_at: Optional[float] = None  # when its last attempt ended (orders the newest finished runs)
     reached: Optional[bool] = None  # with `target:`: whether a metrics line met it (None: no target)
+
+    def __post_init__(self) -> None:
+        self.state = RunState(self.state)  # a summary's row, read back, holds the string
 
     @property
     def live(self) -> bool:

@@ -23,7 +23,6 @@ from typing import Optional
 from orchestrator.contract import AGENT_PID_FILE, NOTICE_FILE, STOP_REASON_FILE, RunTask
 from orchestrator.host import tmux
 from orchestrator.host.attempt import (
-    SUPERSEDED,
     RungWatch,
     _write_private,
     checkpoint_ok,
@@ -43,16 +42,10 @@ from orchestrator.host.policy import HostPolicy
 from orchestrator.host.reporter import Reporter
 from orchestrator.host.slots import doom, slot_value
 from orchestrator.store import layout, open_store
+from orchestrator.store import lifecycle as life
 from orchestrator.store.base import Store
-from orchestrator.store.status import (
-    FAILED,
-    INTERRUPTED,
-    RUNNING,
-    STARTING,
-    STOPPED,
-    SUCCEEDED,
-    read_status,
-)
+from orchestrator.store.lifecycle import Ending, Impossible, RunState, StopReason
+from orchestrator.store.status import read_status
 from orchestrator.wait import Timeout, retry_until
 
 log = logging.getLogger("orch.agent")
@@ -61,7 +54,6 @@ POLL_S = 0.05  # how often the agent looks for the command's exit
 KILL_GRACE_S = 10.0  # SIGTERM -> SIGKILL
 LEFTOVER_GRACE_S = 2.0  # after the command exited, how long what it left in the background may finish
 NOTICE_GRACE_S = 60.0  # after a notice, how long to wait for the command's checkpoint before syncing anyway
-NODE_FAILED = "node failed"  # stop reason on node 0: a follower's command exited non-zero
 FOLLOWER_WAIT_S = 300.0  # a follower whose command ended waits this long for node 0's verdict
 FINAL_SYNC_S = 1800.0  # a finished attempt keeps trying this long to put its results in the store
 
@@ -85,7 +77,7 @@ class Agent:
         self.exit_file = self.ctl / f"exit.{task.attempt}"
         self.log_file = self.ctl / "logs" / f"{task.attempt}.log"  # orch's, beside the run folder (never in it)
         self.cmd_group: Optional[int] = None  # the command's process group, to stop what it leaves behind
-        self.stop_requested: Optional[str] = None
+        self.stop_requested: Optional[StopReason] = None
         self.node_failed: Optional[tuple] = None  # (node, exit code) of a follower whose command failed
         self.stop_sent_at: Optional[float] = None
         self.notice_at: Optional[float] = None
@@ -112,9 +104,7 @@ class Agent:
     # --- signals ---------------------------------------------------------------------------
 
     def _on_signal(self, signum, _frame) -> None:
-        reason_file = self.ctl / STOP_REASON_FILE
-        reason = reason_file.read_text().strip() if reason_file.exists() else STOPPED
-        self.stop_requested = self.stop_requested or reason
+        self.stop_requested = self.stop_requested or stop_reason(self.ctl / STOP_REASON_FILE)
 
     def _on_rebalance(self, now: float) -> None:
         """EC2's rebalance recommendation comes before the two-minute notice, when it comes at all:
@@ -156,17 +146,16 @@ class Agent:
             return
         self.store.sync_up(self.run_dir, self.prefix, prune=layout.is_checkpoint)
         with self.status_lock:
-            status.state = INTERRUPTED
-            status.reason = (
+            life.interrupt(
+                status,
                 f"spot interruption notice; checkpoint step {newest} in the store {time.time() - self.notice_at:.1f} s "
                 "later"
                 if newest is not None
-                else "spot interruption notice; the command left no checkpoint"
+                else "spot interruption notice; the command left no checkpoint",
             )
-            status.heartbeat = time.time()
             self.reporter.record(status)
         log.info("%s", status.reason)
-        self.stop_requested = INTERRUPTED
+        self.stop_requested = StopReason.INTERRUPTED
 
     def _cmd_pid(self) -> Optional[int]:
         try:
@@ -203,8 +192,12 @@ class Agent:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # Report before any slow work: the controller gives a silent new host only a short while.
         status = read_status(self.store, t.sweep, t.run_id)
-        status.state, status.attempt, status.host = STARTING, t.attempt, t.host or "localhost"
-        status.heartbeat, status.no_shows, status.reason = time.time(), 0, "restoring the run folder from the store"
+        try:
+            life.start(status, t.attempt, t.host or "localhost", "restoring the run folder from the store")
+        except Impossible as exc:  # the record ended (or cannot be read) before this agent began: not its to write
+            log.error("%s; writing nothing", exc)
+            self.host_policy.after_attempt()
+            return 0
         if not self.reporter.record(status):  # the controller has already moved past this attempt
             self.host_policy.after_attempt()
             return 0
@@ -225,9 +218,7 @@ class Agent:
             return None
         now = time.time()
         with self.status_lock:
-            status.state, status.attempt, status.host = RUNNING, t.attempt, t.host or "localhost"
-            status.started_at, status.heartbeat, status.finished_at = now, now, None
-            status.exit_code, status.reason, status.log_tail = None, "", ""
+            life.run(status, t.attempt, t.host or "localhost", now)
             self.reporter.record(status)
 
         t.env.update(complete_on_host(t.env))  # the host's GPUs and a free rendezvous port (the run's shape)
@@ -261,12 +252,12 @@ class Agent:
             if self.rungs.passed():  # prune: a line at a rung is reported now, not at the next heartbeat
                 self._quietly(self.reporter.beat, status)
             if self.reporter.superseded and not self.stop_requested:
-                self.stop_requested = SUPERSEDED
+                self.stop_requested = StopReason.SUPERSEDED
             if t.node_hosts > 1 and not self.follower and not self.stop_requested and now >= next_notice:
                 self.node_failed = failed_node(self.store, t.sweep, t.run_id, t.attempt, t.node_hosts)
                 if self.node_failed:  # a node's failure is the attempt's: stop this node's command too
                     log.info("node %s exited with code %s: the attempt ends", *self.node_failed)
-                    self.stop_requested = NODE_FAILED
+                    self.stop_requested = StopReason.NODE_FAILED
             if not self.stop_requested and (
                 self.notice_at is not None or (now >= next_notice and self.notices.notice())
             ):
@@ -276,7 +267,7 @@ class Agent:
             if now >= next_notice:
                 next_notice = now + t.notice_poll_s
             if deadline and now > deadline and not self.stop_requested:
-                self.stop_requested = "timeout"
+                self.stop_requested = StopReason.TIMEOUT
             if self.stop_requested and self.stop_sent_at is None:
                 self._signal_command(signal.SIGTERM)
                 self.stop_sent_at = now
@@ -327,34 +318,30 @@ class Agent:
     def _finish(self, status, code: Optional[int], landed: bool = True) -> int:
         """Record how the attempt ended, then leave the host as its policy says."""
         t = self.task
-        status.finished_at = status.heartbeat = time.time()
-        status.exit_code = code
         status.last_metrics = last_metrics(self.run_dir / layout.METRICS_FILE)
         # our own SIGUSR1 (a notice, or a rebalance recommendation) ending a command that has no handler is a preemption
         noticed = self.notice_at is not None or (self.rebalance_at is not None and code == 128 + signal.SIGUSR1)
-        state, reason, failed = final_status(self.stop_requested, noticed, code, t.timeout_s)
-        if self.stop_requested == NODE_FAILED and self.node_failed:
-            node, status.exit_code = self.node_failed
-            state, reason, failed = (
-                FAILED,
-                f"node {node} exited with code {status.exit_code} (`orch logs {t.run_id} --node {node}`)",
-                True,
+        ending = final_status(self.stop_requested, noticed, code, t.timeout_s)
+        if self.stop_requested is StopReason.NODE_FAILED and self.node_failed:
+            node, code = self.node_failed
+            ending = Ending(
+                RunState.FAILED, f"node {node} exited with code {code} (`orch logs {t.run_id} --node {node}`)", True
             )
         if self.stage_error:
-            state, reason, failed = FAILED, f"data staging failed: {self.stage_error}", True
-        if not landed and state == SUCCEEDED:  # not a success while its results are only on this host
-            state, failed = FAILED, True
-            reason = (
+            ending = Ending(RunState.FAILED, f"data staging failed: {self.stage_error}", True)
+        if not landed and ending.state == RunState.SUCCEEDED:  # not a success while its results are only on this host
+            ending = Ending(
+                RunState.FAILED,
                 f"its results could not be written to the store for {FINAL_SYNC_S / 60:.0f} min ({self.sync_error}); "
-                f"they are in {self.run_dir} on {t.host or 'localhost'}"
+                f"they are in {self.run_dir} on {t.host or 'localhost'}",
+                True,
             )
-        status.state, status.reason = state, reason or (status.reason if state == INTERRUPTED else "")
-        status.failures += 1 if failed else 0
-        status.log_tail = "" if state == SUCCEEDED else tail(self.log_file)
+        with self.status_lock:
+            life.finish(status, ending, code, "" if ending.state == RunState.SUCCEEDED else tail(self.log_file))
         if self.follower:
             if (
                 code not in (0, None) and not self.stop_requested
-            ):  # this node failed: so did the attempt (node 0 records it)
+            ):  # this node failed: so did the attempt (node 0's record)
                 self._quietly(
                     self.store.put_bytes,
                     layout.node_exit_key(t.sweep, t.run_id, t.attempt, t.node_rank),
@@ -475,6 +462,21 @@ class Agent:
                 return
             except Timeout:
                 continue
+
+
+def stop_reason(path: Path) -> StopReason:
+    """Why the agent is asked to stop: the stop file's reason. No file: `stopped` (a SIGTERM from someone
+    else, e.g. a user's kill). A reason this agent does not know (an orch of another version wrote it)
+    is an error, logged, and then taken as `stopped`: resumable, never counted as a failure."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return StopReason.STOPPED
+    try:
+        return StopReason.parse(text)
+    except ValueError as exc:
+        log.error("%s in %s: stopping as `orch down` would (the run resumes on the next launch)", exc, path)
+        return StopReason.STOPPED
 
 
 def main(argv=None) -> int:

@@ -10,19 +10,11 @@ import json
 import os
 import shlex
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 from orchestrator.contract import RunTask, finite
 from orchestrator.store.layout import CHECKPOINTS_DIR, MANIFEST_FILE
-from orchestrator.store.status import (
-    CANCELLED,
-    FAILED,
-    INTERRUPTED,
-    LOST,
-    PRUNED,
-    STOPPED,
-    SUCCEEDED,
-)
+from orchestrator.store.lifecycle import Ending, RunState, StopReason
 
 TAIL_LINES = 20
 
@@ -80,32 +72,29 @@ NODES_LAUNCHER = (
     'pids=("${left[@]}"); [ "$failed" -eq 1 ] && stop; [ ${#pids[@]} -gt 0 ] && sleep 0.2; done; exit $code'
 )
 
-SUPERSEDED = "superseded"  # the agent found its record taken over: it stops and writes nothing more
-
 
 def final_status(
-    stop_requested: Optional[str], noticed: bool, code: Optional[int], timeout_s: Optional[float]
-) -> Tuple[str, str, bool]:
+    stop_requested: Optional[StopReason], noticed: bool, code: Optional[int], timeout_s: Optional[float]
+) -> Ending:
     """How an attempt ended: (state, reason, counts as a failure). Pure; tested like decide().
 
     An exit caused by a spot notice is a preemption whatever its code (a command without a
-    SIGUSR1 handler dies of it); a timeout is a failure; a stop by orch is what it asked for.
+    SIGUSR1 handler dies of it); a timeout is a failure; a stop by orch ends as its reason says.
     """
-    if stop_requested == SUPERSEDED:
-        return LOST, "the controller moved on from this attempt (it was called lost); stopped", False
-    if stop_requested == "timeout":
-        return FAILED, f"timed out after {duration(timeout_s or 0)}", True
-    if noticed or stop_requested == INTERRUPTED:
-        return INTERRUPTED, "", False
-    if stop_requested == CANCELLED:
-        return CANCELLED, "cancelled by orch cancel", False
-    if stop_requested == PRUNED:
-        return PRUNED, "pruned (successive halving)", False
-    if stop_requested == STOPPED:
-        return STOPPED, "stopped by orch down", False
+    stop = None if stop_requested is None else StopReason(stop_requested)
+    if stop in (StopReason.SUPERSEDED, StopReason.LOST):  # the controller's verdict: whatever the exit, not ours
+        return Ending(stop.to_state(), stop.words(), False)
+    if stop is StopReason.TIMEOUT:
+        return Ending(RunState.FAILED, f"timed out after {duration(timeout_s or 0)}", True)
+    if noticed or stop is StopReason.INTERRUPTED:
+        return Ending(RunState.INTERRUPTED, "", False)
+    if stop is not None:
+        return Ending(stop.to_state(), stop.words(), stop.failure)
     if code == 0:
-        return SUCCEEDED, "", False
-    return FAILED, (f"exit code {code}" if code is not None else "command vanished without an exit code"), True
+        return Ending(RunState.SUCCEEDED, "", False)
+    return Ending(
+        RunState.FAILED, (f"exit code {code}" if code is not None else "command vanished without an exit code"), True
+    )
 
 
 def duration(seconds: float) -> str:

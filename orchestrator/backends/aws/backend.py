@@ -39,6 +39,7 @@ from orchestrator.remote.ssh import (
     public_key_of,
 )
 from orchestrator.store import open_store
+from orchestrator.store.lifecycle import StopReason
 from orchestrator.store.s3url import is_s3, parse_s3
 from orchestrator.sweep.packing import describe as describe_packing
 from orchestrator.sweep.packing import packs, rank
@@ -313,7 +314,7 @@ class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
             pass
         (self._provision_packed if self.packing else self._provision)(task)
 
-    def stop(self, run_id: str, reason: str) -> bool:
+    def stop(self, run_id: str, reason: StopReason) -> bool:
         """Every node's agent stops its command (node 0 first: it writes the reason), then the instances go."""
         nodes = self._instances_of(run_id)
         if not nodes:

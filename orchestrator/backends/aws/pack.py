@@ -24,6 +24,7 @@ from orchestrator.contract import RunTask
 from orchestrator.errors import OrchError
 from orchestrator.host.slots import CLAIM, slot_run, slot_value
 from orchestrator.remote.ssh import Target, connect, new_host_key, public_key_of
+from orchestrator.store.lifecycle import StopReason
 from orchestrator.sweep.packing import SLOT_TAG, SLOTS_TAG, visible_devices
 
 log = logging.getLogger("orch.aws")
@@ -224,7 +225,9 @@ class PackMixin:
         with self.pack_lock:
             self.reserved.get(iid, set()).discard(slot)
 
-    def _free_claim(self, iid: str, slot: int, value: str, reason: str = "lost", inst: Optional[dict] = None) -> None:
+    def _free_claim(
+        self, iid: str, slot: int, value: str, reason: StopReason = StopReason.LOST, inst: Optional[dict] = None
+    ) -> None:
         """Give a run's slot back from here: stop its session, remove its tag and its claim on the host (best effort).
         `inst`: the instance as just listed, when the caller has it (else it is looked up)."""
         from orchestrator.host.slots import SLOTS_DIR
@@ -281,7 +284,7 @@ class PackMixin:
             )
         return hosts
 
-    def _release_packed(self, host: Host, reason: str = "lost") -> None:
+    def _release_packed(self, host: Host, reason: StopReason = StopReason.LOST) -> None:
         """A run's host on a shared instance: the instance goes only with its last run."""
         inst = self._live_instance(host.host_id)
         if inst is None:
