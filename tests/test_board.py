@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import socket
 import subprocess
 import time
 import urllib.request
@@ -208,5 +210,88 @@ def test_orch_tensorboard_in_a_real_browser_shows_every_run(orch, tmp_path):
         )
         assert shot.exists() and shot.stat().st_size > 10_000
     finally:
+        left = descendants(proc.pid)  # tensorboard and its data server
         proc.terminate()
         proc.wait(30)
+        retry_until(lambda: not [p for p in left if alive(p)], 30, 0.1, "what orch tensorboard started to end")
+    assert len(left) >= 2, left
+
+
+def descendants(pid: int) -> list:
+    """Every process below pid, from /proc."""
+    children: dict = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def serving(orch, tmp_path, *args):
+    """`orch tensorboard` started and answering; (process, port, what it started)."""
+    sweep, store = make(tmp_path)
+    put_run(store, sweep.runs[0].run_id, lines({"step": 1, "loss": 0.5}))
+    proc = orch.popen("tensorboard", str(sweep.path), "--port", "0", "--logdir", str(tmp_path / "live"), *args)
+    first = proc.stdout.readline()
+    assert "http://127.0.0.1:" in first, first + proc.stdout.read()
+    port = int(first.split("http://127.0.0.1:")[1].split("/")[0])
+
+    def answers():
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{port}/data/runs", timeout=5).read()
+        except OSError:
+            return None
+
+    retry_until(answers, 60, 0.2, "TensorBoard to answer")
+    retry_until(lambda: len(descendants(proc.pid)) >= 2, 60, 0.1, "tensorboard's data server")
+    return proc, port, descendants(proc.pid)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])  # kill, a closed terminal, Ctrl-C
+def test_orch_tensorboard_stops_the_tensorboard_it_started_on_any_signal(orch, tmp_path, sig):
+    proc, port, started = serving(orch, tmp_path)
+    proc.send_signal(sig)
+    out = proc.communicate(timeout=60)[0]
+    assert "Traceback" not in out, out
+    left = [p for p in started if alive(p)]
+    assert not left, f"still running after orch tensorboard ended: {left}"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # the port is free again
+
+
+@pytest.mark.timeout(200)
+def test_tensorboard_and_collect_refuse_bad_folders_hosts_and_ports_clearly(orch, tmp_path):
+    sweep, store = make(tmp_path)
+    put_run(store, sweep.runs[0].run_id, lines({"step": 1e30, "loss": 0.5}, {"step": 2, "loss": 0.4}), "succeeded")
+    r = orch("collect", str(sweep.path), "--out", str(tmp_path / "res"), "--tensorboard", str(tmp_path / "tb"))
+    assert r.code == 0 and "Traceback" not in r.err, r.err
+    for args in (
+        ("collect", str(sweep.path), "--tensorboard", "/sys"),
+        ("tensorboard", str(sweep.path), "--logdir", "/sys"),
+    ):
+        r = orch(*args)  # a folder that exists and cannot be written (not even by root)
+        assert r.code == 2 and "cannot write the TensorBoard folder /sys" in r.err and "Traceback" not in r.err, r.err
+        assert f"Pass another with {args[2]}" in r.err, r.err
+    r = orch("tensorboard", str(sweep.path), "--host", "999.1.1.1", "--logdir", str(tmp_path / "x"))
+    assert r.code == 2 and "--host 999.1.1.1" in r.err and "Traceback" not in r.err, r.err
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = orch("tensorboard", str(sweep.path), "--port", str(port), "--logdir", str(tmp_path / "x"))
+    assert r.code == 2 and f"port {port} on 127.0.0.1 is in use" in r.err and "http://" not in r.out, r.out + r.err

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -13,6 +17,8 @@ import click
 
 from orchestrator.cli.common import _parts, expected_errors, load_sweep_arg
 from orchestrator.errors import OrchError
+from orchestrator.host.attempt import group_runs
+from orchestrator.wait import Timeout, retry_until
 
 PASS_S = 2.0  # seconds between conversions
 
@@ -55,54 +61,130 @@ def tensorboard(sweep: str, port: int, host: str, logdir: Optional[str]):
     need_tensorboard()
     sw = load_sweep_arg(sweep)
     _, store, _ = _parts(sw)
+    port = _free_port(host, port)  # before anything is written: a clear error, and never another server's URL
     folder = Path(logdir or Path("results") / sw.spec.name / "tensorboard")
     board = Board(sw, store, folder)
     lines = board.update()
-    if port == 0:
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tensorboard.main",
-            "--logdir",
-            str(folder),
-            "--port",
-            str(port),
-            "--host",
-            host,
-            "--reload_interval",
-            "2",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    click.echo(
-        f"TensorBoard for sweep {sw.spec.name}: http://{host}:{port}/  (event files in {folder}; {lines} metrics lines "
-        "so far)"
-    )
-    click.echo("Kept current every 2 s. Ctrl-C stops it.")
+    proc = None
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # `kill` or a closed terminal: the same clean stop as Ctrl-C
+        signal.signal(sig, _as_interrupt)
     try:
+        proc = _start(folder, host, port)
+        _await_answer(proc, host, port)
+        click.echo(
+            f"TensorBoard for sweep {sw.spec.name}: http://{host}:{port}/  (event files in {folder}; {lines} metrics "
+            "lines so far)"
+        )
+        click.echo("Kept current every 2 s. Ctrl-C stops it.")
         while True:
-            if proc.poll() is not None:
-                err = (proc.stderr.read() or "").strip().splitlines()[-3:]
-                raise OrchError(
-                    f"TensorBoard exited (code {proc.returncode}): {' | '.join(err)}. "
-                    f"Is port {port} in use? Pass another with --port.",
-                    exit_code=1,
-                )
+            _check_alive(proc, port)
             time.sleep(PASS_S)
             board.update()
     except KeyboardInterrupt:
-        click.echo("stopped.")
+        try:
+            click.echo("stopped.")
+        except OSError:  # after SIGHUP there may be no terminal left
+            pass
     finally:
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # a second signal does not cut the cleanup short
+            signal.signal(sig, signal.SIG_IGN)
+        if proc is not None:
+            _stop_group(proc)
         board.close()
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+
+
+def _free_port(host: str, port: int) -> int:
+    """The port TensorBoard will listen on (port 0: a free one), checked here: an address that is none of this
+    machine's, or a port another server holds, is a clear error."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.bind((host, port))
+            return s.getsockname()[1]
+    except socket.gaierror:
+        raise OrchError(
+            f"--host {host}: not an address (give an IP address of this machine, e.g. 127.0.0.1 or 0.0.0.0).",
+            exit_code=2,
+        ) from None
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise OrchError(
+                f"port {port} on {host} is in use (another TensorBoard?). Pass another with --port, or --port 0 for "
+                "a free one.",
+                exit_code=2,
+            ) from None
+        raise OrchError(
+            f"--host {host}: cannot listen there ({exc.strerror or exc}); give an address of this machine, e.g. "
+            "127.0.0.1 or 0.0.0.0.",
+            exit_code=2,
+        ) from None
+
+
+def _start(folder: Path, host: str, port: int) -> subprocess.Popen:
+    args = ["--logdir", str(folder), "--port", str(port), "--host", host, "--reload_interval", "2"]
+    err = tempfile.TemporaryFile("w+")  # a file, not a pipe: a pipe nobody reads fills up and blocks TensorBoard
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tensorboard.main", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=err,
+        start_new_session=True,  # its own process group: stopped whole (it starts a data server of its own)
+        preexec_fn=_die_with_parent,
+    )
+    proc.stderr_file = err
+    return proc
+
+
+def _await_answer(proc: subprocess.Popen, host: str, port: int) -> None:
+    """Until TensorBoard answers on its port (its URL is printed only then), or exits."""
+    target = "127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host
+
+    def answers() -> bool:
+        _check_alive(proc, port)
+        try:
+            with socket.create_connection((target, port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    retry_until(answers, None, 0.2, "TensorBoard to answer")
+
+
+def _check_alive(proc: subprocess.Popen, port: int) -> None:
+    if proc.poll() is not None:
+        err = _stderr_tail(proc)
+        raise OrchError(f"TensorBoard exited (code {proc.returncode}) on port {port}: {' | '.join(err)}", exit_code=1)
+
+
+def _stderr_tail(proc: subprocess.Popen) -> list:
+    """The last lines TensorBoard wrote to its stderr file: why it exited."""
+    proc.stderr_file.seek(0)
+    return proc.stderr_file.read().strip().splitlines()[-3:]
+
+
+def _as_interrupt(_signum, _frame):
+    raise KeyboardInterrupt
+
+
+def _die_with_parent() -> None:
+    """In the child: a SIGTERM when orch itself dies, even of SIGKILL (Linux; elsewhere the handlers above serve)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """TensorBoard and whatever it started (its data server): SIGTERM to the group, SIGKILL after 10 s."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            break
+        try:
+            retry_until(lambda: not group_runs(proc.pid) and proc.poll() is not None, 10, 0.1, "TensorBoard to stop")
+            break
+        except Timeout:
+            continue
+    if proc.poll() is None:
+        proc.wait()

@@ -410,7 +410,7 @@ def collect(sweep: str, out: Optional[str], wide: bool, tb_dir: Optional[str]):
     if tb_dir:
         from orchestrator.control.board import Board
 
-        board = Board(sw, store, Path(tb_dir))
+        board = Board(sw, store, Path(tb_dir), option="--tensorboard")
         n = board.update()
         board.close()
         con.print(

@@ -15,6 +15,7 @@ that are live, or not yet converted since they ended, are read: a pass costs O(a
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,16 +55,17 @@ class RunBoard:
 
 
 class Board:
-    def __init__(self, sweep: Sweep, store: Store, logdir: Path):
+    def __init__(self, sweep: Sweep, store: Store, logdir: Path, option: str = "--logdir"):
         need_tensorboard()
         self.sweep, self.store, self.logdir = sweep, store, Path(logdir)
         self.name = sweep.spec.name
-        try:
+        try:  # a folder that exists but cannot be written fails here, not halfway through the first run
             self.logdir.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=self.logdir).close()
         except OSError as exc:
             raise OrchError(
                 f"cannot write the TensorBoard folder {self.logdir}: {exc.strerror or exc}. Pass another with "
-                "--logdir.",
+                f"{option}.",
                 exit_code=2,
             ) from None
         self.runs: Dict[str, RunBoard] = {}
@@ -179,6 +181,7 @@ class Board:
         summary = summary_pb2.Summary(
             value=[summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in values.items()]
         )
+        step = min(max(step, -(2**63)), 2**63 - 1)  # an event's step is an int64: a "step": 1e30 is drawn at its end
         writer.add_event(event_pb2.Event(wall_time=wall, step=int(step), summary=summary))
 
     def _session(self, run, writer) -> None:
