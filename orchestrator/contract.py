@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import shlex
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
@@ -73,6 +73,11 @@ def run_root(base: str, sweep: str, run_id: str) -> str:
 def ctl_dir(base: str, sweep: str, run_id: str) -> str:
     """The agent's private folder of a run on its host."""
     return f"{run_root(base, sweep, run_id)}/ctl"
+
+
+def task_file(ctl_dir: str, attempt: int) -> str:
+    """Where an attempt's task lies on its host, for its agent (RunTask.to_json)."""
+    return f"{ctl_dir.rstrip('/')}/task-{attempt}.json"
 
 
 def sh_path(path: str) -> str:
@@ -149,11 +154,23 @@ class RunTask:
     )
     rungs: List[float] = field(default_factory=list)  # not at the next heartbeat (the controller decides at rungs)
 
+    def to_json(self) -> bytes:
+        """The task as its agent reads it: the one way a task is written, for a local file or an instance."""
+        return json.dumps(asdict(self), indent=2).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "RunTask":
+        return cls(**json.loads(data))
+
+    def on_node(self, rank: int, host: str, hosts: int) -> "RunTask":
+        """This attempt's task for one of the `hosts` it spans: node `rank`, on instance `host`."""
+        return replace(self, env={**self.env, "ORCH_NODE_RANK": str(rank)}, host=host, node_hosts=hosts, node_rank=rank)
+
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch(mode=0o600)
-        path.write_text(json.dumps(asdict(self), indent=2))
+        path.write_bytes(self.to_json())
 
     @classmethod
     def load(cls, path: Path) -> "RunTask":
-        return cls(**json.loads(Path(path).read_text()))
+        return cls.from_json(Path(path).read_bytes())

@@ -77,7 +77,7 @@ class LocalBackend(BackendBase):
     def start(self, task: RunTask) -> Host:
         if tmux_server.has_session(task.session):
             raise OrchError(f"run {task.run_id} already has a live session {task.session}; not starting it twice.")
-        task_file = Path(task.ctl_dir) / f"task-{task.attempt}.json"
+        task_file = Path(contract.task_file(task.ctl_dir, task.attempt))
         task.save(task_file)
         pythonpath = os.pathsep.join(p for p in [_package_root(), os.environ.get("PYTHONPATH", "")] if p)
         command = contract.agent_command(sys.executable, str(task_file), task.ctl_dir)

@@ -35,7 +35,7 @@ from orchestrator.host.attempt import (
     usr1_targets,
     wrapper_script,
 )
-from orchestrator.host.env import complete_on_host
+from orchestrator.host.env import HostFacts
 from orchestrator.host.nodes import FollowerReporter, Relay, failed_node
 from orchestrator.host.notices import NoticeSource
 from orchestrator.host.policy import HostPolicy
@@ -60,19 +60,12 @@ FINAL_SYNC_S = 1800.0  # a finished attempt keeps trying this long to put its re
 
 class Agent:
     def __init__(self, task: RunTask, store: Optional[Store] = None):
-        task.run_dir, task.ctl_dir = (
-            str(Path(p).expanduser()) for p in (task.run_dir, task.ctl_dir)
-        )  # "~/..." on hosts
-        task.env["ORCH_RUN_DIR"] = task.run_dir
-        task.data = [{"from": e["from"], "to": os.path.expanduser(e["to"])} for e in task.data]
-        if "ORCH_DATA_DIR" in task.env:
-            task.env["ORCH_DATA_DIR"] = os.path.expanduser(task.env["ORCH_DATA_DIR"])
+        self.here = HostFacts.of(task)  # "~/..." on hosts
         self.stage_error: Optional[str] = None  # data staging failed: the attempt fails with this reason
         self.sync_error = ""  # why the final sync did not land
         self.task = task
         self.store = store or open_store(task.store_url)
-        self.run_dir = Path(task.run_dir)
-        self.ctl = Path(task.ctl_dir)
+        self.run_dir, self.ctl = self.here.run_dir, self.here.ctl_dir
         self.prefix = layout.run_prefix(task.sweep, task.run_id)
         self.exit_file = self.ctl / f"exit.{task.attempt}"
         self.log_file = self.ctl / "logs" / f"{task.attempt}.log"  # orch's, beside the run folder (never in it)
@@ -214,16 +207,16 @@ class Agent:
         t = self.task
         # A new attempt continues from what earlier attempts left in the store (checkpoints).
         self._restore()
-        if t.data and not self._stage(status):
+        if self.here.data and not self._stage(status):
             return None
         now = time.time()
         with self.status_lock:
             life.run(status, t.attempt, t.host or "localhost", now)
             self.reporter.record(status)
 
-        t.env.update(complete_on_host(t.env))  # the host's GPUs and a free rendezvous port (the run's shape)
+        env = self.here.command_env(t)  # the host's GPUs and a free rendezvous port (the run's shape)
         script = self.ctl / f"attempt-{t.attempt}.sh"
-        _write_private(script, wrapper_script(t, self.log_file))  # it holds the whole environment
+        _write_private(script, wrapper_script(t, self.here, env, self.log_file))  # it holds the whole environment
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "a") as f:  # the header from Python: user text never becomes shell syntax
             f.write(
@@ -387,10 +380,10 @@ class Agent:
         from orchestrator.host.staging import stage_all
 
         with self.status_lock:
-            status.reason = f"staging {len(self.task.data)} data set(s)"
+            status.reason = f"staging {len(self.here.data)} data set(s)"
             self.reporter.record(status)
         try:
-            for r in stage_all(self.task.data, getattr(self.store, "client", None)):
+            for r in stage_all(self.here.data, getattr(self.store, "client", None)):
                 log.info(
                     "data %s -> %s: %d files, %d fetched (%.1f MB)", r.source, r.to, r.files, r.fetched, r.bytes / 1e6
                 )

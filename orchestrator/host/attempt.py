@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from orchestrator.contract import RunTask, finite
+from orchestrator.host.env import HostFacts
 from orchestrator.store.layout import CHECKPOINTS_DIR, MANIFEST_FILE
 from orchestrator.store.lifecycle import Ending, RunState, StopReason
 
@@ -25,8 +26,8 @@ def pid_file(what: str, attempt: int) -> str:
     return f"{what}.{attempt}.pid"
 
 
-def wrapper_script(task: RunTask, log_file: Path) -> str:
-    """The script the "run" window executes: environment, the command, its exit code.
+def wrapper_script(task: RunTask, here: HostFacts, env: Dict[str, str], log_file: Path) -> str:
+    """The script the "run" window executes: `env`, the command (in the host's run folder), its exit code.
 
     No user text is ever spliced into shell syntax: values and the command are single
     shell-quoted words; the command is run as `bash -c "$2"` by a small bash that first records
@@ -35,8 +36,8 @@ def wrapper_script(task: RunTask, log_file: Path) -> str:
     exits, even while a child it left in the background still holds the output open; then the
     wrapper waits for the log's tee (the agent stops leftovers that keep it open).
     """
-    ctl = Path(task.ctl_dir)
-    exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(task.env.items()))
+    ctl = here.ctl_dir
+    exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items()))
     exit_file = shlex.quote(str(ctl / f"exit.{task.attempt}"))
     launcher = 'echo $$ > "$1"; exec bash -c "$2"'
     if task.nodes_here > 1:  # every node of the run on this host (local): one copy per node rank, signals forwarded
@@ -44,7 +45,7 @@ def wrapper_script(task: RunTask, log_file: Path) -> str:
     return f"""#!/usr/bin/env bash
 # attempt {task.attempt}, written by the orch agent
 {exports}
-cd {shlex.quote(task.run_dir)} || exit 97
+cd {shlex.quote(str(here.run_dir))} || exit 97
 echo $$ > {shlex.quote(str(ctl / pid_file("wrapper", task.attempt)))}
 exec > >(tee -a {shlex.quote(str(log_file))}) 2>&1
 tee_pid=$!

@@ -1,13 +1,17 @@
-"""What only the host knows about a run's shape: its GPUs and a free rendezvous port, filled in by the agent."""
+"""What only the host knows about an attempt, kept apart from its task (which the controller built
+whole): the task's paths as this host spells them, its GPUs and a free rendezvous port."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
-from typing import Dict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List
 
-from orchestrator.contract import AUTO
+from orchestrator.contract import AUTO, RunTask
 
 
 def host_gpus() -> int:
@@ -42,3 +46,27 @@ def complete_on_host(env: Dict[str, str]) -> Dict[str, str]:
     if not done.get("ORCH_MASTER_PORT"):
         done["ORCH_MASTER_PORT"] = str(free_port())
     return done
+
+
+@dataclass
+class HostFacts:
+    """An attempt's facts as this host has them; the agent fills them, the task stays as it came."""
+
+    run_dir: Path  # the task's run_dir, `~` expanded
+    ctl_dir: Path  # the task's ctl_dir, `~` expanded
+    data: List[Dict[str, str]]  # the task's `data:` entries, their `to` expanded
+    env: Dict[str, str] = field(default_factory=dict)  # laid over the task's env for the command
+
+    @classmethod
+    def of(cls, task: RunTask) -> "HostFacts":
+        run_dir, ctl_dir = (Path(p).expanduser() for p in (task.run_dir, task.ctl_dir))
+        env = {"ORCH_RUN_DIR": str(run_dir)}
+        if "ORCH_DATA_DIR" in task.env:
+            env["ORCH_DATA_DIR"] = os.path.expanduser(task.env["ORCH_DATA_DIR"])
+        data = [{"from": e["from"], "to": os.path.expanduser(e["to"])} for e in task.data]
+        return cls(run_dir, ctl_dir, data, env)
+
+    def command_env(self, task: RunTask) -> Dict[str, str]:
+        """The command's environment at its start: the task's, this host's facts over it, the shape completed
+        (a port is picked then, so it is still free when the command binds it)."""
+        return complete_on_host({**task.env, **self.env})

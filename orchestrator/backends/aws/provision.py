@@ -10,11 +10,9 @@ attempt's agents or terminated and recorded on the run.
 
 from __future__ import annotations
 
-import json
 import logging
 import shlex
 import time
-from dataclasses import replace
 from typing import List, Optional
 
 from orchestrator import contract
@@ -162,21 +160,14 @@ class ProvisionMixin:
             master = api.describe(self.ec2, ids[0]) or {}
             task.env.update(ORCH_MASTER_ADDR=master.get("private_ip", ""), ORCH_MASTER_PORT=port)
         for rank in sorted(range(len(conns)), reverse=True):  # followers first: node 0 reports once all are started
-            node_task = replace(
-                task,
-                env={**task.env, "ORCH_NODE_RANK": str(rank)},
-                host=ids[rank],
-                node_hosts=len(conns),
-                node_rank=rank,
-            )
-            self._start_agent(conns[rank], node_task, py)
+            self._start_agent(conns[rank], task.on_node(rank, ids[rank], len(conns)), py)
         with self.lock:
             self.ready[task.run_id] = (task.attempt, time.time())
 
     def _start_agent(self, conn, task: RunTask, py: str) -> None:
         ctl = task.ctl_dir
-        task_path = f"{ctl}/task-{task.attempt}.json"
-        conn.put_bytes(json.dumps(task.__dict__, indent=2).encode(), task_path)
+        task_path = contract.task_file(ctl, task.attempt)
+        conn.put_bytes(task.to_json(), task_path)
         agent = contract.agent_command(py, task_path, ctl, pythonpath=self._bundle.remote_dir)
         conn.check(
             f'cd "$HOME" && tmux -L {contract.REMOTE_TMUX_SOCKET} new-session -d -s {shlex.quote(task.session)} '
