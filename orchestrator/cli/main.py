@@ -360,6 +360,11 @@ def status(sweep: Optional[str], as_json: bool, watch: bool, every: bool):
         return
     progress = observe(sw, backend, store, every)
     con.print(runs_table(progress, every))
+    if sw.spec.search is not None:
+        from orchestrator.cli.render import search_status_line
+        from orchestrator.control.trials import search_progress
+
+        con.print(search_status_line(search_progress(sw, store)), markup=False)
     from orchestrator.control.state import State, SweepLock
 
     state = State()

@@ -90,6 +90,15 @@ def failure_report(views: List[RunView]) -> List[str]:
     return out
 
 
+def _trial_cells(res: Results, r) -> Dict[str, str]:
+    """A search's columns: the value its trial told the sampler, then the params it was given."""
+    if res.search is None:
+        return {}
+    cells = {"value": fmt_value(r.trial_value) if r.trial_value is not None else "-"}
+    cells.update({k: fmt_value(r.params.get(k, "-")) for k in res.search.space})
+    return cells
+
+
 def results_table(res: Results, width: int = 200, wide: bool = False) -> Table:
     """The results as a table that fits `width` columns: run ids and states are never cut (an id wraps);
     in a narrow terminal the optional columns go first (best-of, time, GPU-h, then metrics beyond two)
@@ -102,6 +111,7 @@ def results_table(res: Results, width: int = 200, wide: bool = False) -> Table:
     rows = []
     for r in res.runs:
         cells = {"run": r.run_id, "state": r.state, "time": fmt_seconds(r.elapsed_s)}
+        cells.update(_trial_cells(res, r))
         cells.update({m: fmt_value(r.final.get(m, "-")) for m in metrics})
         cells.update({f"best {m}": fmt_value(r.best.get(m, "-")) for m in metrics if m.endswith("acc")})
         if costs:
@@ -117,9 +127,11 @@ def results_table(res: Results, width: int = 200, wide: bool = False) -> Table:
             cells["$ to target"] = f"{t.usd_to_target:.4f}" if t.usd_to_target is not None else "-"
         rows.append(cells)
     to_target = ["target", "time to target", *(["$ to target"] if costs else [])] if res.target else []
+    trial_columns = list(_trial_cells(res, res.runs[0])) if res.runs else []
     columns = [
         "run",
         "state",
+        *trial_columns,
         *metrics,
         *[f"best {m}" for m in metrics if m.endswith("acc")],
         *to_target,
@@ -156,10 +168,68 @@ def results_notes(res: Results) -> List[str]:
     out = [f"{r.run_id}: {r.reason}" for r in res.runs if r.state == "pruned" and r.reason]
     if res.economics is not None:
         out += res.economics.words()
+    if res.search is not None:
+        out.append(best_trial_words(res))
     return out
 
 
+def search_status_line(p) -> str:
+    """orch status of a search: how many trials are asked and told, and the best so far."""
+    line = f"search ({p.sampler}): {p.asked} of {p.trials} trials asked, {p.told} told"
+    if p.best is None:
+        return line + f"; no value of {p.metric} yet"
+    params = ", ".join(f"{k}={fmt_value(v)}" for k, v in p.best_params.items())
+    return line + f"; best so far trial={p.best} ({params}): {p.metric} {fmt_value(p.best_value)} ({p.mode})"
+
+
+def best_trial_words(res: Results) -> str:
+    from orchestrator.control.collect import best_trial
+
+    best = best_trial(res)
+    metric, mode = res.search.metric, res.search.mode
+    if best is None:
+        return f"no trial has a value of {metric} yet"
+    params = ", ".join(f"{k}={fmt_value(best.params[k])}" for k in res.search.space if k in best.params)
+    return f"best trial: {best.run_id} ({params}): {metric} {fmt_value(best.trial_value)} ({mode})"
+
+
 DRY_RUN_SHOWN = 50  # run lines a dry run prints without --all
+RANDOM_SHOWN = 5  # a random search's first trials a dry run prints
+
+
+def _dimension(dim) -> str:
+    if dim.choices is not None:
+        return "one of " + ", ".join(str(c) for c in dim.choices)
+    kind = ", ".join(k for k, on in (("log", dim.log), ("int", dim.int_)) if on)
+    return f"{dim.low:g} .. {dim.high:g}" + (f" ({kind})" if kind else "")
+
+
+def search_lines(spec) -> List[str]:
+    """A search's dry run: the sampler, the space and, for `random`, the first trials it will ask."""
+    from orchestrator.control.study import first_random_trials
+    from orchestrator.sweep.search import resolved_metric
+
+    s = spec.search
+    metric, mode = resolved_metric(spec)
+    lines = [
+        f"search: {s.sampler}, {s.trials} trials (seed {s.seed}), {spec.max_parallel} at a time; "
+        f"optimizing {metric} ({mode}, its {s.value} value per run"
+        + (
+            ", the mean over seeds)"
+            if len(spec.seeds if isinstance(spec.seeds, list) else range(spec.seeds)) > 1
+            else ")"
+        )
+    ]
+    lines += [f"  {name}: {_dimension(dim)}" for name, dim in s.space.items()]
+    if s.sampler == "random":
+        for n, params in enumerate(first_random_trials(s, RANDOM_SHOWN)):
+            lines.append(f"  trial={n}: " + ", ".join(f"{k}={fmt_value(v)}" for k, v in params.items()))
+        if s.trials > RANDOM_SHOWN:
+            lines.append(f"  ... and {s.trials - RANDOM_SHOWN} more trials")
+    else:
+        lines.append("  trials are asked as slots free, each knowing the values told before it")
+    lines.append(f"  each trial runs: {spec.command}")
+    return lines
 
 
 def dry_run_lines(sweep, plan, every: bool = False) -> List[str]:
@@ -173,8 +243,11 @@ def dry_run_lines(sweep, plan, every: bool = False) -> List[str]:
         f"{sweep.store_url}"
     ]
     shown = sweep.runs if every else sweep.runs[:DRY_RUN_SHOWN]
+    if spec.search is not None:
+        lines += search_lines(spec)
+        shown = []
     lines += [f"  {run.run_id}: {run.command}" for run in shown]
-    if len(shown) < len(sweep.runs):
+    if shown and len(shown) < len(sweep.runs):
         lines.append(f"  ... and {len(sweep.runs) - len(shown)} more runs (`--all` prints every one)")
     if not plan:
         lines.append(f"each run: {describe(spec.resources)}")

@@ -45,6 +45,14 @@ class RunResult:
     gpu_hours: float | None = None  # aws: instance hours x GPUs of the type, summed the same way
     to_target: ToTarget = field(default_factory=ToTarget)  # with `target:`
     reason: str = ""  # why it ended so (pruned: the rung, its value and the cutoff)
+    trial_value: Optional[float] = None  # with `search:`: the value its trial told the sampler
+
+
+@dataclass(frozen=True)
+class SearchInfo:
+    metric: str  # what the trials' values are values of
+    mode: str  # max | min
+    space: List[str]  # the params the sampler chooses
 
 
 @dataclass
@@ -54,6 +62,7 @@ class Results:
     spend_usd: float | None = None  # the whole sweep (aws), wasted attempts and set-up included
     target: bool = False  # the sweep has `target:` (the to-target columns are shown)
     economics: Optional[Economics] = None  # with `target:`: the summary line
+    search: Optional[SearchInfo] = None  # with `search:`
 
     def metric_names(self) -> List[str]:
         names: Dict[str, None] = {}
@@ -117,8 +126,19 @@ def collect(sweep: Sweep, store: Store) -> Results:
             reason=status.reason if status.state in ("pruned", "failed", "cancelled") else "",
         )
 
+    from orchestrator.control.trials import search_results
+
+    specs, trial_values = search_results(sweep, store)
     with ThreadPoolExecutor(max_workers=READERS) as pool:
-        runs = list(pool.map(one, sweep.runs))
+        runs = list(pool.map(one, specs))
+    search = None
+    if sweep.spec.search is not None:
+        from orchestrator.sweep.search import resolved_metric
+
+        search = SearchInfo(*resolved_metric(sweep.spec), space=list(sweep.spec.search.space))
+        for r in runs:
+            r.trial_value = trial_values.get(r.run_id)
+        runs = by_trial_value(runs, search.mode)
     eco = economics(runs, ledger, {rid: st.attempt for rid, st in statuses.items()}) if target is not None else None
     return Results(
         sweep=sweep.spec.name,
@@ -126,7 +146,18 @@ def collect(sweep: Sweep, store: Store) -> Results:
         spend_usd=ledger_cost(ledger) if ledger is not None else None,
         target=target is not None,
         economics=eco,
+        search=search,
     )
+
+
+def by_trial_value(runs: List[RunResult], mode: str) -> List[RunResult]:
+    """Best trial first (then the order of the sweep); runs whose trial has no value last."""
+    sign = -1.0 if mode == "max" else 1.0
+    return sorted(runs, key=lambda r: (r.trial_value is None, sign * (r.trial_value or 0.0)))
+
+
+def best_trial(res: Results) -> Optional[RunResult]:
+    return next((r for r in res.runs if r.trial_value is not None), None) if res.search else None
 
 
 def write_outputs(results: Results, out_dir: Path) -> List[Path]:
@@ -160,6 +191,8 @@ def _write(results: Results, out_dir: Path) -> List[Path]:
             row["wall_to_target_s"] = None if t.wall_to_target_s is None else round(t.wall_to_target_s, 3)
             if r.cost_usd is not None:
                 row["usd_to_target"] = None if t.usd_to_target is None else round(t.usd_to_target, 4)
+        if results.search is not None:
+            row["trial_value"] = r.trial_value
         row["reason"] = r.reason
         rows.append(row)
     columns = list(dict.fromkeys(k for row in rows for k in row))
@@ -175,6 +208,15 @@ def _write(results: Results, out_dir: Path) -> List[Path]:
     }
     if results.economics is not None:
         doc["summary"] = {**asdict(results.economics), "words": results.economics.words()}
+    best = best_trial(results)
+    if best is not None:
+        doc["best_trial"] = {
+            "run_id": best.run_id,
+            "params": best.params,
+            "value": best.trial_value,
+            "metric": results.search.metric,
+            "mode": results.search.mode,
+        }
     json_path.write_text(json.dumps(plain_json(doc), indent=2, allow_nan=False) + "\n")
     paths = [csv_path, json_path]
     curves = ranked(metrics) + [m for m in metrics if m not in X_KEYS and m not in ranked(metrics)]

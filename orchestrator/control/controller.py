@@ -21,6 +21,7 @@ from orchestrator.control import summary
 from orchestrator.control.prune import Rungs, Verdict
 from orchestrator.control.state import State
 from orchestrator.control.table import RunTable
+from orchestrator.control.trials import Trials
 from orchestrator.control.views import Progress, RunView, usd, view_of
 from orchestrator.errors import OrchError
 from orchestrator.store import layout
@@ -107,6 +108,7 @@ class Controller:
         self.rungs = Rungs(store, self.name, sweep.spec) if sweep.spec.prune is not None else None
         self.reached: set = set()  # runs a metrics line of which met `target:` (sticky: a later line may fall back)
         self._published: Tuple[Optional[float], float] = (None, 0.0)  # (spend, when) of the last summary written
+        self.trials = Trials(sweep, store) if sweep.spec.search is not None else None  # `search:`: the study
 
     def prepare(self) -> bool:
         """Record the sweep in the store; refuse if a different sweep of that name is already there.
@@ -176,9 +178,10 @@ class Controller:
                     if self._start(row):
                         started.append(rid)
                     free -= 1
-        progress = Progress(
-            sweep=self.name, runs=table.all_views(), started=started, spend_usd=spend, budget_usd=budget
-        )
+        views = table.all_views()
+        if self.trials is not None:
+            self.trials.tell_finished({v.run_id: v for v in views}, self.rungs.values if self.rungs else None)
+        progress = Progress(sweep=self.name, runs=views, started=started, spend_usd=spend, budget_usd=budget)
         self._publish(progress)
         return progress
 
@@ -361,6 +364,8 @@ class Controller:
 
     def _start(self, row: Row) -> bool:
         run, previous, version = row.run, row.status, self.table.versions[row.run.run_id]
+        if self.trials is not None:  # a trial's params: asked of the sampler at its first start, then as recorded
+            run = self.table.runs[run.run_id] = self.trials.bound(run)
         was_lost = life.preempted(previous)
         status = life.claim(previous)
         if not self._write(status, version):  # claim it before a host exists; never over a record this pass did not see

@@ -9,6 +9,8 @@ import re
 from typing import Any, List, Tuple
 
 from orchestrator.contract import default_mode
+from orchestrator.sweep.search import problems as search_problems
+from orchestrator.sweep.search import space_keys
 from orchestrator.sweep.spec import (
     BUILTINS,
     KEY_RE,
@@ -51,6 +53,8 @@ def check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
                 (("env", key), "not a valid variable name; use letters, digits and '_', not starting with a digit")
             )
     out += _prune_problems(spec)
+    if spec.search is not None:
+        out += search_problems(spec)
     count = run_count(spec)
     if count > spec.max_runs:  # before anything is expanded: `seeds: 1000000000` must not allocate
         out.append(
@@ -70,14 +74,14 @@ def check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
         out.append((("seeds",), "repeats a seed; every seed must differ"))
     try:
         names = placeholders(spec.command)
-        known = set(spec.params) | set(spec.grid) | set(BUILTINS)
+        known = set(spec.params) | set(spec.grid) | set(space_keys(spec)) | set(BUILTINS)
         for name in names:
             if name not in known:
                 out.append(
                     (
                         ("command",),
-                        f"placeholder {{{name}}} has no param; add `{name}` to params or grid, or write {{{{{name}}}}} "
-                        "for a literal brace",
+                        f"placeholder {{{name}}} has no param; add `{name}` to params, grid or search.space, "
+                        f"or write {{{{{name}}}}} for a literal brace",
                     )
                 )
     except ValueError as exc:

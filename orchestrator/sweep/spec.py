@@ -17,31 +17,14 @@ from pathlib import Path
 from typing import Any, Dict, List, Literal, Optional, Union
 
 from pydantic import (
-    BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
-    StrictBool,
-    StrictFloat,
     StrictInt,
-    StrictStr,
 )
-from typing_extensions import Annotated
 
 from orchestrator.contract import default_mode, finite
-
-Scalar = Union[StrictBool, StrictInt, StrictFloat, StrictStr]
-
-
-def _no_bool(value: Any) -> Any:
-    if isinstance(value, bool):
-        raise ValueError("true/false is not a number")
-    return value
-
-
-# Counts are whole numbers and never true/false; amounts are finite numbers (no .inf, no .nan).
-Count = Annotated[StrictInt, BeforeValidator(_no_bool)]
-Amount = Annotated[float, BeforeValidator(_no_bool), Field(allow_inf_nan=False)]
+from orchestrator.sweep.search import SearchSection, trial_id
+from orchestrator.sweep.spec_types import Amount, Count, Scalar, Strict
 
 # The bundled trainer reads ORCH_PARAMS_JSON, so every param and grid key becomes a trainer option.
 DEFAULT_COMMAND = "{python} -m trainer"
@@ -54,10 +37,6 @@ MAX_GPUS = 16  # GPUs per node: the most any EC2 instance has (p2.16xlarge); 8 o
 MAX_PROCS = 256  # processes per node
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$"
 KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class LocalSection(Strict):
@@ -257,6 +236,9 @@ class SweepSpec(Strict):
     prune: Optional[PruneSection] = Field(
         None, description="Successive halving: stop runs that fall behind at each rung."
     )
+    search: Optional[SearchSection] = Field(
+        None, description="Random or Bayesian search instead of a grid: trials a sampler proposes."
+    )
     local: LocalSection = Field(default_factory=LocalSection, description="Local backend settings.")
     aws: Optional[AwsSection] = Field(None, description="AWS backend settings (required with backend: aws).")
 
@@ -345,6 +327,8 @@ ID_VALUE_MAX = 48  # longer values are shortened in run ids, with a hash of the 
 def run_count(spec: SweepSpec) -> int:
     """How many runs the spec expands to, computed without expanding it."""
     n = spec.seeds if isinstance(spec.seeds, int) else len(spec.seeds)
+    if spec.search is not None:
+        return n * spec.search.trials
     for values in spec.grid.values():
         n *= len(values)
     return n
@@ -369,10 +353,18 @@ def _shell_value(value: Any) -> str:
 
 
 def expand(spec: SweepSpec, python: Optional[str] = None) -> List[RunSpec]:
-    """grid x seeds -> runs, in a deterministic order with stable, readable ids."""
-    from orchestrator.sweep.shapes import torchrun_text
+    """grid x seeds -> runs, in a deterministic order with stable, readable ids.
 
+    A search's runs are its trials (x seeds); their commands are bound when the sampler has chosen
+    their params (`bind`), just before their first start."""
     seeds = seeds_of(spec)
+    if spec.search is not None:
+        several = len(seeds) > 1
+        return [
+            RunSpec(run_id=trial_id(n, seed if several else None), params={**spec.params, "seed": seed}, command="")
+            for n in range(spec.search.trials)
+            for seed in seeds
+        ]
     axes = list(spec.grid.items())
     runs = []
     for point in itertools.product(*(values for _, values in axes)):
@@ -383,9 +375,22 @@ def expand(spec: SweepSpec, python: Optional[str] = None) -> List[RunSpec]:
                 parts.append(f"seed={seed}")
             run_id = ",".join(parts) or "run"
             params = {**spec.params, **chosen, "seed": seed}
-            values = {k: _shell_value(v) for k, v in params.items()}
-            # "auto": the interpreter is found on the first host; the run reads it from $ORCH_PYTHON
-            py = '"$ORCH_PYTHON"' if python == AUTO_PYTHON else shlex.quote(python or sys.executable)
-            values.update(python=py, sweep=spec.name, run_id=shlex.quote(run_id), torchrun=torchrun_text(py))
-            runs.append(RunSpec(run_id=run_id, params=params, command=spec.command.format(**values)))
+            runs.append(RunSpec(run_id=run_id, params=params, command=command_of(spec, run_id, params, python)))
     return runs
+
+
+def command_of(spec: SweepSpec, run_id: str, params: Dict[str, Any], python: Optional[str]) -> str:
+    """The run's shell command: every placeholder filled, every value shell-quoted data."""
+    from orchestrator.sweep.shapes import torchrun_text
+
+    values = {k: _shell_value(v) for k, v in params.items()}
+    # "auto": the interpreter is found on the first host; the run reads it from $ORCH_PYTHON
+    py = '"$ORCH_PYTHON"' if python == AUTO_PYTHON else shlex.quote(python or sys.executable)
+    values.update(python=py, sweep=spec.name, run_id=shlex.quote(run_id), torchrun=torchrun_text(py))
+    return spec.command.format(**values)
+
+
+def bind(spec: SweepSpec, run: RunSpec, chosen: Dict[str, Any]) -> RunSpec:
+    """A trial's run with the values its sampler chose: params and command."""
+    params = {**run.params, **chosen}
+    return RunSpec(run_id=run.run_id, params=params, command=command_of(spec, run.run_id, params, host_python(spec)))

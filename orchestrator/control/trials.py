@@ -1,0 +1,144 @@
+"""The controller's side of `search:`: a trial's params bound into its runs as it starts, its outcome told
+once all its runs (one per seed) are final.
+
+A trial is asked only when its first run is about to be claimed (so `max_parallel` trials are out at a
+time and each ask knows every outcome told so far), and told exactly once: a succeeded trial its value
+(the mean over its seeds), a pruned one its values at the rungs, a failed one FAIL.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from orchestrator.control.study import Outcome, Study, parse_record
+from orchestrator.control.views import RunView
+from orchestrator.store.base import Store, read_jsonl
+from orchestrator.store.layout import metrics_key, study_key
+from orchestrator.store.lifecycle import RunState
+from orchestrator.sweep.search import resolved_metric, trial_of
+from orchestrator.sweep.spec import RunSpec, Sweep, bind, seeds_of
+
+log = logging.getLogger("orch.trials")
+
+
+def trial_value(lines: List[dict], metric: str, mode: str, how: str) -> Optional[float]:
+    """The metric of one run: on its last line that has it (`last`), or its best (`best`); None without one."""
+    values = [float(v) for v in (line.get(metric) for line in lines) if _finite(v)]
+    if not values:
+        return None
+    if how == "last":
+        return values[-1]
+    return max(values) if mode == "max" else min(values)
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+class Trials:
+    def __init__(self, sweep: Sweep, store: Store):
+        self.sweep, self.store, self.name = sweep, store, sweep.spec.name
+        self.search = sweep.spec.search
+        self.metric, self.mode = resolved_metric(sweep.spec)
+        self.study = Study(store, self.name, self.search, self.mode, sweep.spec.max_parallel)
+        seeds = seeds_of(sweep.spec)
+        self.runs_of: Dict[int, List[str]] = {}
+        for run in sweep.runs:
+            self.runs_of.setdefault(trial_of(run.run_id), []).append(run.run_id)
+        self.seeds = len(seeds)
+
+    def bound(self, run: RunSpec) -> RunSpec:
+        """The run with its trial's params (asked now if this is the trial's first start)."""
+        return bind(self.sweep.spec, run, self.study.params_for(trial_of(run.run_id)))
+
+    def tell_finished(self, views: Dict[str, RunView], rung_values: Optional[Dict[str, Dict[str, float]]]) -> None:
+        """Tell the sampler of every asked trial whose runs are all final (once each)."""
+        for trial in self.study.record.trials:
+            if self.study.told(trial.number):
+                continue
+            runs = [views.get(rid) for rid in self.runs_of.get(trial.number, [])]
+            if not runs or any(v is None or not v.final for v in runs):
+                continue
+            self._tell(trial.number, runs, rung_values or {})
+
+    def _tell(self, number: int, runs: List[RunView], rung_values: Dict[str, Dict[str, float]]) -> None:
+        pruned = [v for v in runs if v.state == RunState.PRUNED]
+        if pruned:
+            inter = {rung: vals[pruned[0].run_id] for rung, vals in rung_values.items() if pruned[0].run_id in vals}
+            self.study.tell(number, Outcome.PRUNED, intermediate=inter)
+            return
+        values = []
+        for v in runs:
+            if v.state != RunState.SUCCEEDED:
+                continue
+            lines = read_jsonl(self.store.get_bytes(metrics_key(self.name, v.run_id)))
+            value = trial_value(lines, self.metric, self.mode, self.search.value)
+            if value is None:
+                log.warning(
+                    "%s succeeded without a finite %s in its metrics lines: the trial counts as failed",
+                    v.run_id,
+                    self.metric,
+                )
+            else:
+                values.append(value)
+        if values and len(values) == len(runs):
+            self.study.tell(number, Outcome.COMPLETE, value=sum(values) / len(values))
+        else:
+            self.study.tell(number, Outcome.FAIL)
+
+
+def search_results(sweep: Sweep, store: Store) -> Tuple[List[RunSpec], Dict[str, Optional[float]]]:
+    """A search's runs with the params its study gave them (asked trials; the rest as they are), and each
+    run's trial value as told to the sampler (None: not told, or no value). One read; asks nothing."""
+    if sweep.spec.search is None:
+        return list(sweep.runs), {}
+    key = study_key(sweep.spec.name)
+    data = store.get_bytes(key)
+    trials = parse_record(data, key, sweep.spec.search).trials if data is not None else []
+    runs, values = [], {}
+    for run in sweep.runs:
+        n = trial_of(run.run_id)
+        asked = n is not None and n < len(trials)
+        runs.append(bind(sweep.spec, run, trials[n].params) if asked else run)
+        values[run.run_id] = trials[n].value if asked else None
+    return runs, values
+
+
+@dataclass(frozen=True)
+class SearchProgress:
+    """How far a search is (orch status): trials asked and told, and the best value told so far."""
+
+    sampler: str
+    trials: int  # in all
+    asked: int
+    told: int
+    metric: str
+    mode: str
+    best: Optional[int] = None  # the best trial's number
+    best_value: Optional[float] = None
+    best_params: Dict[str, object] = field(default_factory=dict)
+
+
+def search_progress(sweep: Sweep, store: Store) -> SearchProgress:
+    """One read of the study record."""
+    s = sweep.spec.search
+    metric, mode = resolved_metric(sweep.spec)
+    key = study_key(sweep.spec.name)
+    data = store.get_bytes(key)
+    trials = parse_record(data, key, s).trials if data is not None else []
+    valued = [t for t in trials if t.value is not None]
+    best = (max if mode == "max" else min)(valued, key=lambda t: t.value) if valued else None
+    return SearchProgress(
+        sampler=s.sampler,
+        trials=s.trials,
+        asked=len(trials),
+        told=sum(1 for t in trials if t.outcome is not Outcome.ASKED),
+        metric=metric,
+        mode=mode,
+        best=best.number if best else None,
+        best_value=best.value if best else None,
+        best_params=dict(best.params) if best else {},
+    )

@@ -1,0 +1,151 @@
+"""`search:` — trials proposed by a sampler instead of a grid (README: Search).
+
+A search sweep has a fixed set of runs, `trial=N` (and `trial=N,seed=S` with several seeds), known
+before anything starts; what a trial's params are is decided only when it is about to start (the
+sampler asks with what earlier trials told it). This module is the sweep format's half: the
+section's model, its cross-field rules, the trial runs, and binding sampled values into a run's
+command. The sampler itself is the controller's (control/study.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Dict, List, Literal, Optional, Tuple, Union
+
+from pydantic import Field, StrictBool, StrictInt, StrictStr, model_validator
+
+from orchestrator.contract import default_mode
+from orchestrator.sweep.spec_types import Amount, Count, Strict
+
+Choice = Union[StrictBool, StrictInt, Amount, StrictStr]
+TRIAL = "trial"  # the run id's key: trial=N
+
+
+class Dimension(Strict):
+    """One axis of the space: a range (`low`, `high`, `log`, `int`) or a list of `choices`."""
+
+    low: Optional[Amount] = Field(None, description="Lower bound (inclusive).")
+    high: Optional[Amount] = Field(None, description="Upper bound (inclusive).")
+    log: StrictBool = Field(False, description="Sample on a log scale (low > 0).")
+    int_: StrictBool = Field(False, alias="int", description="Whole numbers only (bounds must be whole).")
+    choices: Optional[List[Choice]] = Field(None, description="Categorical: one of these values.")
+
+    model_config = {"extra": "forbid", "populate_by_name": True}
+
+    @model_validator(mode="after")
+    def _shape(self) -> "Dimension":
+        ranged = self.low is not None or self.high is not None
+        if self.choices is not None and (ranged or self.log or self.int_):
+            raise ValueError("give either `choices:` or `low:`/`high:` (with `log:`/`int:`), not both")
+        if self.choices is None and (self.low is None or self.high is None):
+            raise ValueError("a dimension needs `low:` and `high:` (a range) or `choices:` (a list)")
+        return self
+
+    def problem(self) -> str:
+        """What is wrong with this dimension's values, with the fix ('' when nothing)."""
+        if self.choices is not None:
+            if not self.choices:
+                return "empty `choices:`; give at least two values, or move the value to `params:`"
+            if len({json.dumps(c) for c in self.choices}) != len(self.choices):
+                return "`choices:` repeats a value; every choice must differ"
+            return ""
+        if self.low >= self.high:
+            return f"low ({_num(self.low)}) must be below high ({_num(self.high)})"
+        if self.log and self.low <= 0:
+            return f"`log: true` needs low > 0 (got {_num(self.low)}); use a positive lower bound"
+        if self.int_ and (self.low != int(self.low) or self.high != int(self.high)):
+            return f"`int: true` needs whole bounds (got {_num(self.low)} .. {_num(self.high)})"
+        return ""
+
+    def contains(self, value: Any) -> bool:
+        """Whether a value (read back from the store) is one this dimension can give."""
+        if self.choices is not None:
+            return any(json.dumps(value) == json.dumps(c) for c in self.choices)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return False
+        if self.int_ and value != int(value):
+            return False
+        return self.low <= value <= self.high
+
+
+class SearchSection(Strict):
+    """Random or Bayesian (TPE) search with Optuna's samplers (README: Search)."""
+
+    sampler: Literal["tpe", "random"] = Field("tpe", description="tpe (default) or random.")
+    trials: Count = Field(..., ge=1, description="Trials in all.")
+    seed: StrictInt = Field(0, description="The sampler's seed: the same seed gives the same random trials.")
+    metric: Optional[str] = Field(None, min_length=1, description="What the sampler optimizes (default: target's).")
+    mode: Optional[Literal["max", "min"]] = Field(None, description="max or min (default as for target:/prune:).")
+    value: Literal["last", "best"] = Field(
+        "last", description="last: the metric on the run's last line that has it; best: its best over the run."
+    )
+    space: Dict[str, Dimension] = Field(..., description="The params the sampler chooses, each a Dimension.")
+
+
+def _num(value: float) -> str:
+    return f"{value:g}"
+
+
+def resolved_metric(spec) -> Tuple[Optional[str], str]:
+    """(metric, mode) the sampler optimizes: search's own, else target's, else prune's; mode likewise."""
+    s = spec.search
+    metric = s.metric or (spec.target.metric if spec.target else None) or (spec.prune.metric if spec.prune else None)
+    mode = s.mode
+    if mode is None and spec.target is not None and spec.target.metric == metric:
+        mode = spec.target.mode
+    if mode is None and spec.prune is not None and (spec.prune.metric or metric) == metric:
+        mode = spec.prune.mode
+    return metric, mode or (default_mode(metric) if metric else None) or "max"
+
+
+def problems(spec) -> List[Tuple[Tuple[Any, ...], str]]:
+    """Cross-field rules of `search:` (see checks.py for the format of a problem)."""
+    s = spec.search
+    out: List[Tuple[Tuple[Any, ...], str]] = []
+    if spec.grid:
+        out.append(
+            (
+                ("grid",),
+                "`grid:` and `search:` together: a search chooses its own params; move the grid's "
+                "axes into `search.space` (as `choices:`) or drop `search:`",
+            )
+        )
+    if not s.space:
+        out.append((("search", "space"), "empty space: give at least one param, e.g. `lr: {low: 0.001, high: 1.0}`"))
+    for name, dim in s.space.items():
+        problem = dim.problem()
+        if problem:
+            out.append((("search", "space", name), problem))
+        if name in spec.params:
+            out.append((("search", "space", name), f"'{name}' is also in params; keep it in one of the two"))
+        if name == TRIAL:
+            out.append((("search", "space", name), "'trial' is reserved by orch (it numbers the trials); rename it"))
+    if s.trials > spec.max_runs:
+        out.append(
+            (
+                ("search", "trials"),
+                f"{s.trials} trials is over `max_runs: {spec.max_runs}`; fewer trials, "
+                "or raise `max_runs:` if you mean it",
+            )
+        )
+    if resolved_metric(spec)[0] is None:
+        out.append(
+            (("search", "metric"), "which metric the sampler optimizes: give `metric:` (e.g. test_acc), or a `target:`")
+        )
+    return out
+
+
+def trial_id(number: int, seed: Optional[int]) -> str:
+    return f"{TRIAL}={number}" + (f",seed={seed}" if seed is not None else "")
+
+
+def trial_of(run_id: str) -> Optional[int]:
+    """The trial number a run id names (`trial=3` or `trial=3,seed=1`), or None."""
+    head = run_id.split(",", 1)[0]
+    key, _, number = head.partition("=")
+    return int(number) if key == TRIAL and number.isdigit() else None
+
+
+def space_keys(spec) -> List[str]:
+    return list(spec.search.space) if spec.search is not None else []

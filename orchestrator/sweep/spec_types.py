@@ -1,0 +1,25 @@
+"""The value types every section of sweep.yaml is built from (spec.py and search.py share them)."""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from typing_extensions import Annotated
+
+Scalar = Union[StrictBool, StrictInt, StrictFloat, StrictStr]
+
+
+def _no_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("true/false is not a number")
+    return value
+
+
+# Counts are whole numbers and never true/false; amounts are finite numbers (no .inf, no .nan).
+Count = Annotated[StrictInt, BeforeValidator(_no_bool)]
+Amount = Annotated[float, BeforeValidator(_no_bool), Field(allow_inf_nan=False)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")

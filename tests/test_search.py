@@ -1,0 +1,233 @@
+"""`search:` — the sweep format's rules, the study kept in the store, and a search sweep end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import optuna
+import pytest
+
+from orchestrator.control.study import Outcome, Study, first_random_trials
+from orchestrator.errors import OrchError
+from orchestrator.store.folder import LocalStore
+from orchestrator.store.layout import study_key
+from orchestrator.sweep.load import load_sweep
+from orchestrator.sweep.search import SearchSection
+
+SPACE = {
+    "lr": {"low": 0.0001, "high": 1.0, "log": True},
+    "wd": {"low": 0.0, "high": 0.001},
+    "depth": {"low": 2, "high": 8, "int": True},
+    "opt": {"choices": ["sgd", "adam"]},
+}
+
+
+def objective_of(params: dict) -> float:
+    """A synthetic objective with a known optimum (lr=0.01, wd=0.0005, depth=5, opt=adam): 1.0 there."""
+    lr_term = (math.log10(params["lr"]) + 2) ** 2 / 4
+    wd_term = ((params["wd"] - 0.0005) / 0.001) ** 2
+    depth_term = (params["depth"] - 5) ** 2 / 9
+    return 1.0 - lr_term - wd_term - depth_term - (0.0 if params["opt"] == "adam" else 0.2)
+
+
+def optuna_objective(trial: optuna.Trial) -> float:
+    params = {
+        "lr": trial.suggest_float("lr", 0.0001, 1.0, log=True),
+        "wd": trial.suggest_float("wd", 0.0, 0.001),
+        "depth": trial.suggest_int("depth", 2, 8),
+        "opt": trial.suggest_categorical("opt", ["sgd", "adam"]),
+    }
+    return objective_of(params)
+
+
+def section(**over) -> SearchSection:
+    return SearchSection.model_validate({"trials": 15, "metric": "score", "space": SPACE, **over})
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random"])
+def test_one_trial_at_a_time_asks_what_optunas_own_optimize_asks_even_across_restarts(tmp_path, sampler):
+    """Each ask is made by a fresh Study read from the store (a controller restarted before every trial),
+    and the sequence equals study.optimize's in one process with the same sampler and seed."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    search = section(sampler=sampler, seed=3)
+    make = optuna.samplers.TPESampler if sampler == "tpe" else optuna.samplers.RandomSampler
+    reference = optuna.create_study(direction="maximize", sampler=make(seed=3))
+    reference.optimize(optuna_objective, n_trials=search.trials)
+    expected = [t.params for t in reference.trials]
+
+    store = LocalStore(str(tmp_path))
+    asked = []
+    for n in range(search.trials):
+        study = Study(store, "sw", search, "max", parallel=1)  # read from the store each time
+        params = study.params_for(n)
+        asked.append(params)
+        study.tell(n, Outcome.COMPLETE, value=objective_of(params))
+    assert asked == expected
+    assert len({json.dumps(p, sort_keys=True) for p in asked}) == search.trials  # 15 distinct trials
+
+
+def test_an_asked_trial_is_never_asked_again_and_none_is_lost(tmp_path):
+    store = LocalStore(str(tmp_path))
+    search = section(trials=5)
+    first = Study(store, "sw", search, "max", parallel=2)
+    p0, p1 = first.params_for(0), first.params_for(1)  # two running, nothing told
+    again = Study(store, "sw", search, "max", parallel=2)  # the controller restarted
+    assert again.params_for(0) == p0 and again.params_for(1) == p1
+    assert len(again.record.trials) == 2
+    p3 = again.params_for(3)  # asks 2, then 3, in order
+    assert [t.number for t in again.record.trials] == [0, 1, 2, 3]
+    assert Study(store, "sw", search, "max", parallel=2).params_for(3) == p3
+
+
+def test_told_outcomes_are_kept_in_the_store(tmp_path):
+    store = LocalStore(str(tmp_path))
+    search = section(trials=3)
+    s = Study(store, "sw", search, "max", parallel=1)
+    for n in range(3):
+        s.params_for(n)
+    s.tell(0, Outcome.COMPLETE, value=0.5)
+    s.tell(1, Outcome.PRUNED, intermediate={"2.0": 0.1})
+    s.tell(2, Outcome.FAIL)
+    back = Study(store, "sw", search, "max", parallel=1).record.trials
+    assert [(t.outcome, t.value, t.intermediate) for t in back] == [
+        (Outcome.COMPLETE, 0.5, {}),
+        (Outcome.PRUNED, None, {"2.0": 0.1}),
+        (Outcome.FAIL, None, {}),
+    ]
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (lambda d: d.update(trials="x"), "no list"),
+        (lambda d: d["trials"][0]["params"].update(lr=5.0), "outside the space"),
+        (lambda d: d["trials"][0]["params"].update(opt="$(touch /tmp/x)"), "outside the space"),
+        (lambda d: d["trials"][0].update(outcome="great"), "unknown outcome"),
+        (lambda d: d["trials"][0].update(outcome="complete", value=float("nan")), "without a finite value"),
+        (lambda d: d.update(seed=99), "seed"),
+        (lambda d: d["rng"][0][1].append(7), "random state"),
+    ],
+)
+def test_a_study_record_changed_by_someone_else_is_refused_with_the_fix(tmp_path, change, words):
+    store = LocalStore(str(tmp_path))
+    search = section(trials=3)
+    Study(store, "sw", search, "max", parallel=1).params_for(0)
+    path = tmp_path / study_key("sw")
+    doc = json.loads(path.read_text())
+    change(doc)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(OrchError) as err:
+        Study(store, "sw", search, "max", parallel=1)
+    assert words in str(err.value) and "study record" in str(err.value)
+
+
+def test_the_same_seed_gives_the_same_random_trials_and_another_seed_others():
+    a = first_random_trials(section(sampler="random", seed=1), 4)
+    assert a == first_random_trials(section(sampler="random", seed=1), 4)
+    assert a != first_random_trials(section(sampler="random", seed=2), 4)
+    for p in a:
+        assert 0.0001 <= p["lr"] <= 1.0 and 2 <= p["depth"] <= 8 and isinstance(p["depth"], int)
+
+
+# --- the sweep format ------------------------------------------------------------------------------
+
+BASE = """\
+name: s
+command: "echo {lr}"
+search:
+  trials: 4
+  metric: score
+  space:
+    lr: {low: 0.001, high: 1.0, log: true}
+"""
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("name: s\ncommand: x\nsearch:\n  trials: 4\n  metric: m\n  space: {}\n", "empty space"),
+        (BASE.replace("low: 0.001, high: 1.0", "low: 1.0, high: 1.0"), "must be below high"),
+        (BASE.replace("low: 0.001", "low: 0.0"), "`log: true` needs low > 0"),
+        (BASE.replace("log: true", "int: true"), "`int: true` needs whole bounds"),
+        (BASE.replace("{low: 0.001, high: 1.0, log: true}", "{choices: []}"), "empty `choices:`"),
+        (BASE.replace("{low: 0.001, high: 1.0, log: true}", "{choices: [a, a]}"), "repeats a value"),
+        (BASE.replace("trials: 4", "trials: 0"), "greater than or equal to 1"),
+        (BASE + "max_runs: 3\n", "over `max_runs: 3`"),
+        (BASE.replace("  trials: 4", "  sampler: grid\n  trials: 4"), "'tpe' or 'random'"),
+        (BASE + "params:\n  lr: 0.1\n", "also in params"),
+        (BASE + "grid:\n  wd: [0, 1]\n", "`grid:` and `search:` together"),
+        (BASE.replace("  metric: score\n", ""), "which metric the sampler optimizes"),
+        (BASE.replace("{low: 0.001, high: 1.0, log: true}", "{low: 0.1}"), "needs `low:` and `high:`"),
+        (BASE.replace("{low: 0.001, high: 1.0, log: true}", "{low: 0.1, high: 1, choices: [1]}"), "not both"),
+        (BASE.replace('"echo {lr}"', '"echo {lr} {mom}"'), "placeholder {mom} has no param"),
+    ],
+)
+def test_a_bad_search_is_refused_with_file_line_and_the_fix(tmp_path, text, words):
+    from orchestrator.errors import SpecError
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as err:
+        load_sweep(path)
+    assert words in str(err.value)
+    assert str(path) + ":" in str(err.value)
+
+
+def test_a_search_has_one_run_per_trial_and_seed(tmp_path):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(BASE + "seeds: 2\n")
+    sweep = load_sweep(path)
+    assert [r.run_id for r in sweep.runs][:3] == ["trial=0,seed=0", "trial=0,seed=1", "trial=1,seed=0"]
+    assert len(sweep.runs) == 8
+    path.write_text(BASE)
+    assert [r.run_id for r in load_sweep(path).runs] == ["trial=0", "trial=1", "trial=2", "trial=3"]
+
+
+# --- end to end, locally -------------------------------------------------------------------------
+
+SCRIPT = """\
+import json, math, os, sys
+p = json.loads(os.environ["ORCH_PARAMS_JSON"])
+score = 1.0 - (math.log10(p["lr"]) + 2) ** 2 / 4 - (p["depth"] - 5) ** 2 / 9
+with open(os.path.join(os.environ["ORCH_RUN_DIR"], "metrics.jsonl"), "a") as f:
+    f.write(json.dumps({"epoch": 1, "score": score - 0.5}) + "\\n")
+    f.write(json.dumps({"epoch": 2, "score": score}) + "\\n")
+"""
+
+
+@pytest.mark.slow
+def test_a_search_sweep_runs_every_trial_and_collect_names_the_best(orch, tmp_path):
+    script = tmp_path / "objective.py"
+    script.write_text(SCRIPT)
+    path = orch.sweep(f"""
+        name: tpe-local
+        command: "{sys.executable} {script} {{lr}} {{depth}}"
+        store: store
+        max_parallel: 2
+        search:
+          sampler: tpe
+          trials: 6
+          seed: 0
+          metric: score
+          space:
+            lr: {{low: 0.0001, high: 1.0, log: true}}
+            depth: {{low: 2, high: 8, int: true}}
+    """)
+    dry = orch("launch", str(path), "--dry-run")
+    assert dry.code == 0, dry.out
+    assert "search: tpe, 6 trials" in dry.out and "lr: 0.0001 .. 1 (log)" in dry.out
+    r = orch("launch", str(path))
+    assert r.code == 0, r.out
+    study = json.loads(orch.store(study_key("tpe-local")).read_text())
+    assert [t["number"] for t in study["trials"]] == list(range(6))
+    assert all(t["outcome"] == "complete" for t in study["trials"])
+    c = orch("collect", "tpe-local", "--out", str(tmp_path / "out"))
+    assert c.code == 0, c.out
+    best = max(study["trials"], key=lambda t: t["value"])
+    assert f"best trial: trial={best['number']}" in c.out
+    rows = json.loads((tmp_path / "out" / "runs.json").read_text())
+    values = [row["trial_value"] for row in rows["runs"]]
+    assert values == sorted(values, reverse=True)  # sorted by the trial's value, best first
+    assert rows["runs"][0]["params"]["lr"] == best["params"]["lr"]
