@@ -15,6 +15,7 @@ from orchestrator.store.folder import LocalStore
 from orchestrator.store.layout import study_key
 from orchestrator.sweep.load import load_sweep
 from orchestrator.sweep.search import SearchSection
+from tests.conftest import starts
 
 SPACE = {
     "lr": {"low": 0.0001, "high": 1.0, "log": True},
@@ -230,4 +231,115 @@ def test_a_search_sweep_runs_every_trial_and_collect_names_the_best(orch, tmp_pa
     rows = json.loads((tmp_path / "out" / "runs.json").read_text())
     values = [row["trial_value"] for row in rows["runs"]]
     assert values == sorted(values, reverse=True)  # sorted by the trial's value, best first
-    assert rows["runs"][0]["params"]["lr"] == best["params"]["lr"]
+    assert rows["runs"][0]["lr"] == best["params"]["lr"] and rows["runs"][0]["depth"] == best["params"]["depth"]
+    assert rows["best_trial"]["run_id"] == f"trial={best['number']}" and rows["best_trial"]["value"] == best["value"]
+    s = orch("status", "tpe-local")
+    assert "search (tpe): 6 of 6 trials asked, 6 told; best so far" in s.out, s.out
+    # the study is the sweep's: a relaunch that changes its seed (or space, or sampler) is refused
+    path.write_text(path.read_text().replace("seed: 0", "seed: 1"))
+    again = orch("launch", str(path))
+    assert again.code == 2 and "changed: search" in again.out + again.err
+
+
+@pytest.mark.slow
+def test_a_controller_killed_mid_search_is_continued_by_the_next_launch_with_no_trial_asked_twice(orch, job):
+    from orchestrator.wait import retry_until
+
+    path = orch.sweep(f"""
+        name: killed
+        command: "{job(steps=3, release=True)}"
+        store: store
+        max_parallel: 2
+        search:
+          sampler: tpe
+          trials: 4
+          metric: acc
+          space:
+            lr: {{low: 0.001, high: 1.0, log: true}}
+    """)
+    first = orch.popen("launch", str(path))
+    try:
+        retry_until(lambda: len(starts(job.marks)) >= 2, 120, 0.2, "two trials to start")
+        before = json.loads(orch.store(study_key("killed")).read_text())["trials"]
+    finally:
+        first.kill()  # SIGKILL: the controller gets no chance to tidy up
+        first.wait()
+    assert [t["number"] for t in before] == [0, 1] and all(t["outcome"] == "asked" for t in before)
+    job.release.write_text("")
+    again = orch("launch", str(path))
+    assert again.code == 0, again.out + again.err
+    trials = json.loads(orch.store(study_key("killed")).read_text())["trials"]
+    assert [t["number"] for t in trials] == [0, 1, 2, 3]
+    assert [t["params"] for t in trials[:2]] == [t["params"] for t in before]  # asked once, kept
+    assert all(t["outcome"] == "complete" for t in trials)
+    started = [line.split(" ", 2) for line in (job.marks / "starts.log").read_text().splitlines()]
+    assert sorted(run for run, _, _ in started) == ["trial=0", "trial=1", "trial=2", "trial=3"]  # each once
+    for run, _, params in started:
+        n = int(run.split("=")[1])
+        assert json.loads(params)["lr"] == trials[n]["params"]["lr"]
+    assert not (job.marks / "DUPLICATE").exists()
+
+
+def _views(**states) -> dict:
+    from orchestrator.control.views import RunView
+
+    return {
+        rid.replace("_", "="): RunView(
+            run_id=rid.replace("_", "="),
+            state=s,
+            attempt=1,
+            failures=0,
+            preemptions=0,
+            elapsed=1.0,
+            metrics={},
+            final=s in ("succeeded", "failed", "pruned", "cancelled"),
+        )
+        for rid, s in states.items()
+    }
+
+
+def test_a_trial_is_told_the_mean_of_its_seeds_once_all_ended_pruned_with_its_rungs_failed_as_fail(tmp_path):
+    from orchestrator.control.trials import Trials
+    from orchestrator.store.layout import metrics_key
+
+    text = BASE.replace("trials: 4", "trials: 3") + "seeds: 2\n"
+    (tmp_path / "sweep.yaml").write_text(text)
+    sweep = load_sweep(tmp_path / "sweep.yaml")
+    store = LocalStore(str(tmp_path / "store"))
+    for rid, score in (("trial=0,seed=0", 0.5), ("trial=0,seed=1", 0.7)):
+        lines = [{"epoch": 1, "score": 0.1}, {"epoch": 2, "score": score}, {"epoch": 3, "loss": 1.0}]
+        store.put_bytes(metrics_key("s", rid), "".join(json.dumps(x) + "\n" for x in lines).encode())
+    trials = Trials(sweep, store)
+    for run in sweep.runs:
+        trials.bound(run)
+    views = _views(
+        **{
+            "trial_0,seed_0": "succeeded",
+            "trial_0,seed_1": "running",
+            "trial_1,seed_0": "pruned",
+            "trial_1,seed_1": "succeeded",
+            "trial_2,seed_0": "failed",
+            "trial_2,seed_1": "succeeded",
+        }
+    )
+    rungs = {"2.0": {"trial=1,seed=0": 0.05}}
+    trials.tell_finished(views, rungs)
+    record = trials.study.record.trials
+    assert record[0].outcome is Outcome.ASKED  # one of its seeds still runs: not told yet
+    assert record[1].outcome is Outcome.PRUNED and record[1].intermediate == {"2.0": 0.05}
+    assert record[2].outcome is Outcome.FAIL
+    views["trial=0,seed=1"].state, views["trial=0,seed=1"].final = "succeeded", True
+    trials.tell_finished(views, rungs)
+    assert record[0].outcome is Outcome.COMPLETE and record[0].value == pytest.approx(0.6)  # the last line with it
+    again = Trials(sweep, store).study.record.trials
+    assert [t.outcome for t in again] == [Outcome.COMPLETE, Outcome.PRUNED, Outcome.FAIL]
+
+
+def test_value_best_takes_the_best_line_and_a_run_without_the_metric_fails_its_trial():
+    from orchestrator.control.trials import trial_value
+
+    lines = [{"score": 0.2}, {"score": 0.9}, {"score": 0.4}, {"score": float("inf")}, {"loss": 1}]
+    assert trial_value(lines, "score", "max", "last") == 0.4
+    assert trial_value(lines, "score", "max", "best") == 0.9
+    assert trial_value(lines, "score", "min", "best") == 0.2
+    assert trial_value([{"loss": 1}], "score", "max", "last") is None

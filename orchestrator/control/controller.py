@@ -108,7 +108,7 @@ class Controller:
         self.rungs = Rungs(store, self.name, sweep.spec) if sweep.spec.prune is not None else None
         self.reached: set = set()  # runs a metrics line of which met `target:` (sticky: a later line may fall back)
         self._published: Tuple[Optional[float], float] = (None, 0.0)  # (spend, when) of the last summary written
-        self.trials = Trials(sweep, store) if sweep.spec.search is not None else None  # `search:`: the study
+        self.trials: Optional[Trials] = None  # `search:`: the study, read at the first pass (after prepare's checks)
 
     def prepare(self) -> bool:
         """Record the sweep in the store; refuse if a different sweep of that name is already there.
@@ -137,6 +137,8 @@ class Controller:
         if not self.store.exists(layout.sweep_key(self.name)):  # without it every status read would say "queued"
             raise OSError(f"{layout.sweep_key(self.name)} is gone")
         table = self.table
+        if self.sweep.spec.search is not None and self.trials is None:
+            self.trials = Trials(self.sweep, self.store)
         if not table.loaded:
             rows_before = summary.read(self.store, self.name, table.order)
             table.load(rows_before)

@@ -238,7 +238,7 @@ def ask_next(record: StudyRecord, search: SearchSection, mode: str, parallel: in
     """Ask the sampler for the next trial; the record gains it and the random state after it."""
     study, sampler = rebuild(record, search, mode, parallel)
     asked = study.ask(distributions(search.space))
-    trial = Trial(number=len(record.trials), params={k: _plain(v) for k, v in asked.params.items()})
+    trial = Trial(number=len(record.trials), params={k: _plain(asked.params[k]) for k in search.space})
     record.trials.append(trial)
     record.rng = _get_states(sampler)
     return trial

@@ -155,3 +155,8 @@ def manifested_steps(sweep: str, run_id: str, keys: Iterable[str]) -> Set[int]:
         if name == MANIFEST_FILE and step.isdigit():
             steps.add(int(step))
     return steps
+
+
+def study_key(sweep: str) -> str:
+    """`search:`: the study — every trial asked and every value told (the controller's)."""
+    return f"{sweep}/study.json"

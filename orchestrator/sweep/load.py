@@ -76,6 +76,9 @@ def sweep_from_record(record: Dict[str, Any], path: str) -> Sweep:
     order = resolved.get("grid_order") or _order_from_ids(recorded, list(fields_.get("grid") or {}))
     if isinstance(fields_.get("grid"), dict) and order and sorted(order) == sorted(fields_["grid"]):
         fields_["grid"] = {k: fields_["grid"][k] for k in order}
+    space, space_order = (fields_.get("search") or {}).get("space"), resolved.get("space_order")
+    if isinstance(space, dict) and isinstance(space_order, list) and sorted(space_order) == sorted(space):
+        fields_["search"] = {**fields_["search"], "space": {k: space[k] for k in space_order}}
     spec = SweepSpec.model_validate(fields_)
     sweep = Sweep(
         spec=spec,

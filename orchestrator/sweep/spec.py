@@ -269,6 +269,8 @@ class Sweep:
         data["grid_order"] = list(
             self.spec.grid
         )  # records are written with sorted keys; run ids follow the file's order
+        if self.spec.search is not None:  # likewise the space's order (the order trials show their params in)
+            data["space_order"] = list(self.spec.search.space)
         return data
 
 
