@@ -20,10 +20,10 @@ from __future__ import annotations
 import enum
 import json
 import logging
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
+from orchestrator.contract import finite
 from orchestrator.errors import OrchError
 from orchestrator.store.base import Store, json_bytes
 from orchestrator.store.layout import study_key
@@ -74,10 +74,6 @@ def _bad(key: str, why: str) -> OrchError:
     )
 
 
-def _finite(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def parse_record(data: bytes, key: str, search: SearchSection) -> StudyRecord:
     """The record as read from the store, every field checked (params against the sweep's space)."""
     try:
@@ -115,14 +111,13 @@ def _trial(t: Any, number: int, key: str, space: Dict[str, Dimension]) -> Trial:
     except ValueError:
         raise _bad(key, f"trial {number}: unknown outcome {t.get('outcome')!r}") from None
     value = t.get("value")
-    if outcome is Outcome.COMPLETE and not _finite(value):
+    value = finite(value)
+    if outcome is Outcome.COMPLETE and value is None:
         raise _bad(key, f"trial {number} is complete without a finite value")
     inter = t.get("intermediate") or {}
-    if not isinstance(inter, dict) or not all(_finite(v) and _finite(_float(k)) for k, v in inter.items()):
+    if not isinstance(inter, dict) or any(finite(v) is None or finite(_float(k)) is None for k, v in inter.items()):
         raise _bad(key, f"trial {number}'s intermediate values are not numbers")
-    return Trial(
-        number, params, outcome, float(value) if _finite(value) else None, {k: float(v) for k, v in inter.items()}
-    )
+    return Trial(number, params, outcome, value, {k: float(v) for k, v in inter.items()})
 
 
 def _float(text: Any) -> Optional[float]:

@@ -9,10 +9,10 @@ time and each ask knows every outcome told so far), and told exactly once: a suc
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from orchestrator.contract import finite
 from orchestrator.control.study import Outcome, Study, parse_record
 from orchestrator.control.views import RunView
 from orchestrator.store.base import Store, read_jsonl
@@ -26,16 +26,12 @@ log = logging.getLogger("orch.trials")
 
 def trial_value(lines: List[dict], metric: str, mode: str, how: str) -> Optional[float]:
     """The metric of one run: on its last line that has it (`last`), or its best (`best`); None without one."""
-    values = [float(v) for v in (line.get(metric) for line in lines) if _finite(v)]
+    values = [v for v in (finite(line.get(metric)) for line in lines) if v is not None]
     if not values:
         return None
     if how == "last":
         return values[-1]
     return max(values) if mode == "max" else min(values)
-
-
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 class Trials:
