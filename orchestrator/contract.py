@@ -39,9 +39,13 @@ AUTO = "auto"  # `resources:` gpus / procs_per_node: the host decides (its GPUs)
 def finite(value: Any) -> Optional[float]:
     """A metric's value as a float when it is a real, finite number; None for anything else (true/false,
     NaN, infinities, text, null), which no comparison, best-of or plot takes part in."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an integer too large for a float: no value, never a crash
+        return None
+    return number if math.isfinite(number) else None
 
 
 def default_mode(metric: str) -> Optional[str]:

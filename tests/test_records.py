@@ -3,6 +3,7 @@ once the controller moved on, and a controller that never claims over a record i
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -158,3 +159,60 @@ def test_a_writer_stuck_holding_a_records_lock_does_not_block_the_others(tmp_pat
     finally:
         os.close(holder)
     assert store.put_if(key, b"two", version) and store.get_bytes(key) == b"two"
+
+
+class CancelMidPass(WakingAgent):
+    """`orch cancel` lands between the pass's read of the record and its claim (spend() is called after
+    the records are read, before anything starts)."""
+
+    def list(self) -> List[Host]:
+        return []
+
+    def spend(self) -> float:
+        def cancel(status: RunStatus) -> RunStatus:
+            status.state, status.reason = "cancelled", "cancelled by orch cancel"
+            return status
+
+        update_status(self.store, "rec", "run", cancel)
+        return 0.0
+
+
+def test_a_claim_is_conditional_on_the_record_the_decision_was_made_from(tmp_path, monkeypatch):
+    """An interrupted run is due for attempt 2; a cancel written after the pass read it must win: no
+    second attempt, no host paid for."""
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
+    path = tmp_path / "sweep.yaml"
+    path.write_text("name: rec\ncommand: 'true'\nstore: store\n")
+    sweep = load_sweep(path)
+    store = LocalStore(str(tmp_path / "store"))
+    write_status(store, "rec", RunStatus(run_id="run", state="interrupted", attempt=1, started_at=time.time() - 60))
+    backend = CancelMidPass(store, tmp_path)
+    controller = Controller(sweep, backend, store, State(tmp_path / "home"))
+    controller.prepare()
+    controller.step()
+    after = read_status(store, "rec", "run")
+    assert (after.state, after.attempt) == ("cancelled", 1) and backend.started == [], after
+    controller.step()
+    assert backend.started == [] and read_status(store, "rec", "run").state == "cancelled"
+
+
+def test_status_right_after_cancel_of_a_queued_run_shows_it_cancelled(orch, tmp_path, monkeypatch):
+    """No controller pass after the cancel (none runs): the summary still says queued; status must not."""
+    from orchestrator.control import summary
+    from orchestrator.control.views import Progress, RunView
+
+    path = orch.sweep("name: later\ncommand: 'true'\nstore: store\ngrid:\n  x: [1, 2]\n")
+    sweep = load_sweep(path)
+    store = LocalStore(str(orch.store()))
+    monkeypatch.setenv("ORCH_HOME", str(orch.home))
+    Controller(sweep, WakingAgent(store, tmp_path), store, State(orch.home)).prepare()
+    rows = [
+        RunView(run_id=r.run_id, state="queued", attempt=0, failures=0, preemptions=0, elapsed=None, metrics={})
+        for r in sweep.runs
+    ]
+    summary.write(store, Progress(sweep="later", runs=rows))
+    r = orch("cancel", "later/x=2")
+    assert r.code == 0, r.err
+    states = {v["run_id"]: v["state"] for v in json.loads(orch("status", "later", "--json").out)["runs"]}
+    assert states == {"x=1": "queued", "x=2": "cancelled"}, states
+    assert "cancelled" in orch("status", "later").out

@@ -276,3 +276,163 @@ def test_the_agent_reports_a_line_at_a_rung_at_once_not_at_the_next_heartbeat(or
     finally:
         go.touch()
     retry_until(lambda: read_status(store, "rung", run.run_id).state == "succeeded", 120, 0.2, "the run to end")
+
+
+def _rungs(tmp_path, prune: str, target: str = "") -> Rungs:
+    path = tmp_path / "s.yaml"
+    path.write_text(f"name: r\ncommand: 'true'\nstore: st\ngrid:\n  x: [0, 1, 2, 3]\n{target}prune: {prune}\n")
+    return Rungs(LocalStore(str(tmp_path / "st")), "r", load_sweep(path).spec)
+
+
+def test_pruning_a_metric_to_minimise_stops_the_highest_values(tmp_path):
+    for i, prune in enumerate(
+        (
+            "{metric: val_loss, mode: min, rungs: [1], keep: 0.5, min_runs: 2}",
+            "{metric: val_loss, rungs: [1], keep: 0.5, min_runs: 2}",  # min from the name
+        )
+    ):
+        (tmp_path / str(i)).mkdir()
+        rungs = _rungs(tmp_path / str(i), prune)
+        verdicts = {r: rungs.observe(r, [{"epoch": 1, "val_loss": v}]) for r, v in (("a", 0.2), ("b", 0.9))}
+        assert verdicts["a"] is None  # alone at the rung: no decision
+        assert verdicts["b"] is not None and not verdicts["b"].kept and verdicts["b"].cutoff == 0.2
+        assert rungs.observe("c", [{"epoch": 1, "val_loss": 0.1}]) is None  # the lowest goes on
+        d = rungs.observe("d", [{"epoch": 1, "val_loss": 0.15}])  # n=4, k=2: cutoff 0.15 (c 0.1, d 0.15)
+        assert d is None and rungs.values["1"] == {"a": 0.2, "b": 0.9, "c": 0.1, "d": 0.15}
+        e = rungs.observe("e", [{"epoch": 1, "val_loss": 0.3}])
+        assert e is not None and e.cutoff == 0.15 and rungs.mode == "min"
+
+
+def test_a_value_equal_to_the_cutoff_is_kept(tmp_path):
+    rungs = _rungs(tmp_path, "{metric: test_acc, rungs: [2], keep: 0.5, min_runs: 2}")
+    assert rungs.observe("a", [{"epoch": 2, "test_acc": 0.5}]) is None
+    assert rungs.observe("b", [{"epoch": 2, "test_acc": 0.5}]) is None  # n=2, k=1: the cutoff is 0.5, b ties it
+    lower = rungs.observe("c", [{"epoch": 2, "test_acc": 0.4999}])
+    assert lower is not None and lower.cutoff == 0.5 and "b" not in rungs.pruned
+
+
+def test_keep_one_is_refused_naming_the_field(orch):
+    path = orch.sweep("name: k1\ncommand: 'true'\nstore: store\nprune:\n  metric: test_acc\n  rungs: [2]\n  keep: 1\n")
+    r = orch("launch", str(path), "--dry-run")
+    assert r.code == 2 and "prune.keep" in r.err and "Traceback" not in r.err, r.err
+    assert not (orch.tmp / "store").exists()
+
+
+def test_non_finite_negative_and_huge_values_never_count(tmp_path):
+    from orchestrator.control.target import to_target
+    from orchestrator.sweep.spec import TargetSection
+
+    target = TargetSection(metric="test_acc", value=0.9)
+    assert not target.met({"test_acc": float("inf")}) and not target.met({"test_acc": float("nan")})
+    assert not target.met({"test_acc": 10**400})  # larger than any float: no value (and no crash)
+    for elapsed in (-5, 1e30, float("inf"), 10**400):
+        t = to_target(target, [{"test_acc": 0.95, "elapsed_s": elapsed}], None, None, "r")
+        assert t.reached and t.time_to_target_s is None, (elapsed, t)
+    rungs = _rungs(tmp_path, "{metric: test_acc, rungs: [1], keep: 0.5, min_runs: 1}")
+    huge = [{"epoch": 10**400, "test_acc": 10**400}, {"epoch": 1, "test_acc": float("inf")}]
+    assert not rungs.due("a", huge[0]) and rungs.observe("a", huge) is None and rungs.values["1"] == {}
+
+
+def test_time_to_target_is_the_first_meeting_lines_and_wall_time_counts_from_the_first_claim(tmp_path):
+    from orchestrator.control.target import to_target
+    from orchestrator.sweep.spec import TargetSection
+
+    t0 = 1_700_000_000.0
+    lines = [
+        {"epoch": 1, "test_acc": 0.5, "elapsed_s": 10.0, "time": t0 + 30},
+        {"epoch": 2, "test_acc": 0.91, "elapsed_s": 20.0, "time": t0 + 50},
+        {"epoch": 3, "test_acc": 0.89, "elapsed_s": 30.0, "time": t0 + 70},
+        {"epoch": 4, "test_acc": 0.95, "elapsed_s": 40.0, "time": t0 + 90},
+    ]
+    t = to_target(TargetSection(metric="test_acc", value=0.9), lines, t0, None, "r")
+    assert (t.reached, t.time_to_target_s, t.wall_to_target_s) == (True, 20.0, 50.0)
+    loss = to_target(
+        TargetSection(metric="val_loss", value=0.3),
+        [{"val_loss": 0.5}, {"val_loss": 0.3, "time": t0 + 5}],
+        t0,
+        None,
+        "r",
+    )
+    assert (loss.reached, loss.wall_to_target_s, loss.time_to_target_s) == (True, 5.0, None)
+
+
+def test_a_resumed_runs_wall_time_to_target_counts_from_its_first_claim(orch, tmp_path):
+    """Attempt 1 fails after a line; attempt 2 writes several lines, two of which meet the target:
+    the times are the first meeting line's, and wall time counts from attempt 1's claim."""
+    script = tmp_path / "resume.py"
+    script.write_text(
+        textwrap.dedent("""
+        import json, os, sys, time
+        path = os.path.join(os.environ["ORCH_RUN_DIR"], "metrics.jsonl")
+        def line(**kw):
+            with open(path, "a") as f:
+                f.write(json.dumps({**kw, "time": time.time()}) + "\\n")
+        if os.environ["ORCH_ATTEMPT"] == "1":
+            line(epoch=1, test_acc=0.5, elapsed_s=7.0)
+            sys.exit(3)
+        line(epoch=2, test_acc=0.8, elapsed_s=11.0)
+        line(epoch=3, test_acc=0.93, elapsed_s=13.0)
+        line(epoch=4, test_acc=0.97, elapsed_s=17.0)
+    """)
+    )
+    path = orch.sweep(
+        f"name: resumed\ncommand: '{sys.executable} {script}'\nstore: store\nmax_restarts: 1\n"
+        "target:\n  metric: test_acc\n  value: 0.9\n"
+    )
+    r = orch("launch", str(path))
+    assert r.code == 0, r.out + r.err
+    record = json.loads(orch.store("resumed", ".orch", "run", "status.json").read_text())
+    lines = [json.loads(x) for x in orch.store("resumed", "run", "metrics.jsonl").read_text().splitlines()]
+    assert record["attempt"] == 2 and record["first_started_at"] < lines[0]["time"]  # attempt 1's claim
+    out = tmp_path / "res"
+    assert orch("collect", "resumed", "--out", str(out)).code == 0
+    row = json.loads((out / "runs.json").read_text())["runs"][0]
+    assert row["time_to_target_s"] == 13.0
+    assert row["wall_to_target_s"] == round(lines[2]["time"] - record["first_started_at"], 3)
+
+
+def test_status_drops_marks_of_a_target_a_relaunch_changed(orch, tmp_path):
+    script = tmp_path / "one_line.py"
+    script.write_text(
+        "import json, os\nopen(os.path.join(os.environ['ORCH_RUN_DIR'], 'metrics.jsonl'), 'a').write("
+        "json.dumps({'epoch': 1, 'test_acc': 0.92}) + '\\n' + json.dumps({'epoch': 2, 'test_acc': 0.5}) + '\\n')\n"
+    )
+    text = f"name: marks\ncommand: '{sys.executable} {script}'\nstore: store\ntarget:\n  metric: test_acc\n  value: V\n"
+    assert orch("launch", str(orch.sweep(text.replace("V", "0.9")))).code == 0
+    assert "✓ target" in orch("status", "marks").out
+    assert orch("launch", str(orch.sweep(text.replace("V", "0.95")))).code == 0
+    assert "✓ target" not in orch("status", "marks").out  # the old mark is of the old target
+    assert json.loads(orch("status", "marks", "--json").out)["runs"][0]["reached"] is False
+    assert orch("launch", str(orch.sweep(text.replace("V", "0.91")))).code == 0
+    assert "✓ target" in orch("status", "marks").out  # an earlier line (not the newest) meets the new one
+
+
+def test_odd_numbers_in_metrics_lines_neither_crash_nor_count(orch, tmp_path):
+    """Infinity, a negative or absurd elapsed time and an integer too large for a float, with prune: and
+    target:, through launch, a relaunch and collect."""
+    script = tmp_path / "odd.py"
+    script.write_text(
+        textwrap.dedent("""
+        import json, os, sys
+        q = int(sys.argv[1])
+        lines = {
+            0: [{"epoch": 1, "test_acc": float("inf"), "elapsed_s": 1.0}, {"epoch": 10**400, "test_acc": 10**400}],
+            1: [{"epoch": 1, "test_acc": 0.95, "elapsed_s": 1e30}],
+            2: [{"epoch": 1, "test_acc": 0.96, "elapsed_s": -5}],
+        }[q]
+        with open(os.path.join(os.environ["ORCH_RUN_DIR"], "metrics.jsonl"), "a") as f:
+            f.writelines(json.dumps(line) + "\\n" for line in lines)
+    """)
+    )
+    path = orch.sweep(
+        f"name: odd\ncommand: '{sys.executable} {script} {{q}}'\nstore: store\ngrid:\n  q: [0, 1, 2]\n"
+        "max_restarts: 0\ntarget:\n  metric: test_acc\n  value: 0.9\nprune:\n  rungs: [1]\n  keep: 0.5\n  min_runs: 2\n"
+    )
+    for _ in range(2):  # a relaunch reads the same lines again
+        r = orch("launch", str(path))
+        assert r.code == 0 and "Traceback" not in r.err, r.out + r.err
+    states = {v["run_id"]: v for v in json.loads(orch("status", "odd", "--json").out)["runs"]}
+    assert states["q=0"]["reached"] is False and states["q=1"]["reached"] is True, states
+    c = orch("collect", "odd", "--out", str(tmp_path / "res"))
+    assert c.code == 0 and "Traceback" not in c.err, c.err
+    assert "target: 2 of 3 runs reached it." in c.out and "fastest" not in c.out, c.out

@@ -40,7 +40,7 @@ def observe(sweep: Sweep, backend: Backend, store: Store, every: bool = False) -
 
     name = sweep.spec.name
     order = [run.run_id for run in sweep.runs]
-    views = None if every else summary.read(store, name, order)
+    views = None if every else summary.read(store, name, order, sweep.spec.target)
     hosts, _ = live_hosts(backend)
     if views is None:
         fresh = order

@@ -256,9 +256,9 @@ def plot(results: Results, metrics: List[str], path: Path) -> Path:
 
         def points(r: RunResult):
             return [
-                (line.get("step", i), line[metric])
+                (finite(line.get("step")) if finite(line.get("step")) is not None else i, finite(line[metric]))
                 for i, line in enumerate(r.curves)
-                if isinstance(line.get(metric), (int, float)) and not isinstance(line.get(metric), bool)
+                if finite(line.get(metric)) is not None
             ]
 
         faint = [p for p in (points(r) for r in rest) if p]

@@ -21,6 +21,7 @@ from orchestrator.control import summary
 from orchestrator.control.prune import Rungs, Verdict
 from orchestrator.control.state import State
 from orchestrator.control.table import RunTable
+from orchestrator.control.target import reached_in_files
 from orchestrator.control.trials import Trials
 from orchestrator.control.views import Progress, RunView, usd, view_of
 from orchestrator.errors import OrchError
@@ -140,9 +141,10 @@ class Controller:
         if self.sweep.spec.search is not None and self.trials is None:
             self.trials = Trials(self.sweep, self.store)
         if not table.loaded:
-            rows_before = summary.read(self.store, self.name, table.order)
+            rows_before = summary.read(self.store, self.name, table.order, self.sweep.spec.target)
             table.load(rows_before)
             self.reached |= {rid for rid, v in (rows_before or {}).items() if v.reached}
+            self._recount_reached(rows_before)
         self._record_outcomes()
         marked = summary.touched(self.store, self.name)  # records changed by `orch cancel` meanwhile
         table.follow(marked)
@@ -183,9 +185,28 @@ class Controller:
         views = table.all_views()
         if self.trials is not None:
             self.trials.tell_finished({v.run_id: v for v in views}, self.rungs.values if self.rungs else None)
-        progress = Progress(sweep=self.name, runs=views, started=started, spend_usd=spend, budget_usd=budget)
+        progress = Progress(
+            sweep=self.name,
+            runs=views,
+            started=started,
+            spend_usd=spend,
+            budget_usd=budget,
+            target=summary.target_of(self.sweep.spec.target),
+        )
         self._publish(progress)
         return progress
+
+    def _recount_reached(self, rows: Optional[Dict[str, RunView]]) -> None:
+        """Rows whose marks were of another target (a relaunch changed it): from their metrics files, once."""
+        target = self.sweep.spec.target
+        if target is None or rows is None:
+            return
+        stale = [rid for rid, v in rows.items() if v.reached is None and v.state != QUEUED]
+        self.reached |= reached_in_files(self.store, self.name, target, stale)
+        for rid in stale:
+            if rid in self.table.final:
+                self.table.views[rid].reached = rid in self.reached
+        self.table.changed = self.table.changed or bool(stale)
 
     def _row(self, run_id: str, host: Optional[Host]) -> Row:
         """Decide one run from the record just read; its view goes into the table."""
@@ -210,6 +231,8 @@ class Controller:
         if target is not None:
             if target.met(status.last_metrics):
                 self.reached.add(status.run_id)
+            elif final and status.run_id not in self.table.final | self.reached:  # ended: lines no beat showed
+                self.reached |= reached_in_files(self.store, self.name, target, [status.run_id])
             view.reached = status.run_id in self.reached
         return view
 

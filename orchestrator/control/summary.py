@@ -24,9 +24,15 @@ REFRESH_S = 30.0  # an unchanged summary is still rewritten this often while run
 _FIELDS = {f.name for f in fields(RunView)}
 
 
+def target_of(target) -> Optional[dict]:
+    """The `target:` the rows' `reached` marks were computed against (None: no target)."""
+    return None if target is None else {"metric": target.metric, "value": target.value, "mode": target.resolved_mode()}
+
+
 def build(progress: Progress) -> dict:
     return {
         "version": VERSION,
+        "target": progress.target,
         "sweep": progress.sweep,
         "updated_at": time.time(),
         "done": progress.done,
@@ -42,9 +48,10 @@ def write(store: Store, progress: Progress) -> None:
     store.put_bytes(summary_key(progress.sweep), data.encode() + b"\n")
 
 
-def read(store: Store, sweep: str, run_ids: List[str]) -> Optional[Dict[str, RunView]]:
+def read(store: Store, sweep: str, run_ids: List[str], target=None) -> Optional[Dict[str, RunView]]:
     """The rows of the summary, one per run of the sweep (runs it lacks show as queued), or None when
-    there is none or it cannot be trusted (another version, another sweep, wrong types)."""
+    there is none or it cannot be trusted (another version, another sweep, wrong types). Marks of a
+    target other than `target` (a relaunch may change it) are dropped: `reached` is None there."""
     doc = get_json(store, summary_key(sweep))
     if (
         not isinstance(doc, dict)
@@ -62,6 +69,9 @@ def read(store: Store, sweep: str, run_ids: List[str]) -> Optional[Dict[str, Run
             rows[view.run_id] = view
     except (TypeError, AttributeError, ValueError):  # ValueError: a state this orch does not know
         return None
+    if doc.get("target") != target_of(target):
+        for view in rows.values():
+            view.reached = None
     from orchestrator.store.status import QUEUED
 
     return {

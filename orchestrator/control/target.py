@@ -52,6 +52,16 @@ def usd_until(entries: List[dict], run_id: str, until: Optional[float] = None) -
     return total
 
 
+MAX_SECONDS = 366 * 86400.0  # a time to target beyond a year is no run's: a command's garbage, not a record
+CLOCK_SKEW_S = 60.0  # a line's `time` may be a little before the claim (the host's clock against the controller's)
+
+
+def seconds(v) -> Optional[float]:
+    """A duration from a metrics line: finite, not negative, at most a year; else None (it counts as none)."""
+    s = finite(v)
+    return s if s is not None and 0.0 <= s <= MAX_SECONDS else None
+
+
 def to_target(
     target: TargetSection,
     lines: List[dict],
@@ -59,16 +69,36 @@ def to_target(
     entries: Optional[List[dict]],
     run_id: str,
 ) -> ToTarget:
+    """From the first line that meets the target (a later line may fall back, or flatter)."""
     for line in lines:
         if target.met(line):
             at = finite(line.get("time"))
+            wall = None if at is None or first_started_at is None else at - first_started_at
+            if wall is not None and not -CLOCK_SKEW_S <= wall <= MAX_SECONDS:
+                wall = at = None  # the line's clock is not the claim's: no wall time, no dollars to it
             return ToTarget(
                 reached=True,
-                time_to_target_s=finite(line.get("elapsed_s", line.get("elapsed"))),
-                wall_to_target_s=None if at is None or first_started_at is None else max(0.0, at - first_started_at),
+                time_to_target_s=seconds(line.get("elapsed_s", line.get("elapsed"))),
+                wall_to_target_s=None if wall is None else max(0.0, wall),
                 usd_to_target=None if entries is None or at is None else usd_until(entries, run_id, at),
             )
     return ToTarget()
+
+
+def reached_in_files(store, sweep: str, target: TargetSection, run_ids: List[str]) -> set:
+    """The runs a line of whose metrics file meets the target (read in parallel)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from orchestrator.store import layout
+    from orchestrator.store.base import read_jsonl
+
+    def met(rid: str) -> bool:
+        return any(target.met(line) for line in read_jsonl(store.get_bytes(layout.metrics_key(sweep, rid))))
+
+    if not run_ids:
+        return set()
+    with ThreadPoolExecutor(max_workers=min(10, len(run_ids))) as pool:
+        return {rid for rid, yes in zip(run_ids, pool.map(met, run_ids)) if yes}
 
 
 @dataclass

@@ -52,6 +52,7 @@ class Progress:
     started: List[str] = field(default_factory=list)  # run ids started in this pass
     spend_usd: float = 0.0  # realized cost so far (aws)
     budget_usd: Optional[float] = None  # the sweep's budget, if any
+    target: Optional[dict] = None  # the `target:` the runs' `reached` marks were computed against (summary.target_of)
 
     @property
     def done(self) -> bool:
