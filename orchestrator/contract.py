@@ -157,6 +157,7 @@ class RunTask:
         ""  # prune: the metrics key of progress (`prune.at`); a line passing one of `rungs` is reported at once,
     )
     rungs: List[float] = field(default_factory=list)  # not at the next heartbeat (the controller decides at rungs)
+    rungs_metric: str = ""  # prune: the metric compared; the agent reports its value at each rung
 
     def to_json(self) -> bytes:
         """The task as its agent reads it: the one way a task is written, for a local file or an instance."""

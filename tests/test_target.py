@@ -436,3 +436,123 @@ def test_odd_numbers_in_metrics_lines_neither_crash_nor_count(orch, tmp_path):
     c = orch("collect", "odd", "--out", str(tmp_path / "res"))
     assert c.code == 0 and "Traceback" not in c.err, c.err
     assert "target: 2 of 3 runs reached it." in c.out and "fastest" not in c.out, c.out
+
+
+def test_the_value_at_a_rung_is_the_first_line_at_or_past_it_however_the_lines_come(tmp_path):
+    """The agent's watch over the run's own file: a burst of epochs 1-5 gives rung 2 epoch 2's value;
+    a line over 16 KB (a thousand per-class accuracies) is read whole; each read takes only what was
+    appended since the last one."""
+    from orchestrator.host.attempt import RungWatch
+    from orchestrator.store.status import RunStatus
+
+    path = tmp_path / "metrics.jsonl"
+    watch = RungWatch(path, "epoch", [2.0, 4.0], "acc")
+    burst = [{"epoch": e, "acc": a} for e, a in ((1, 0.1), (2, 0.2), (3, 0.3), (4, 0.9), (5, 1.0))]
+    path.write_text("".join(json.dumps(line) + "\n" for line in burst[:1]))
+    assert not watch.passed() and watch.offset == path.stat().st_size
+    with open(path, "a") as f:
+        f.write("".join(json.dumps(line) + "\n" for line in burst[1:]))
+    assert watch.passed() and watch.offset == path.stat().st_size
+    status = RunStatus(run_id="r")
+    watch.report(status)
+    assert status.at_rungs == {"2": 0.2, "4": 0.9} and status.metric_seen and status.last_metrics["epoch"] == 5
+
+    wide = {"epoch": 6, "acc": 0.7, **{f"class_{i:04d}_acc": i / 1000 for i in range(1000)}}
+    with open(path, "a") as f:
+        f.write(json.dumps(wide) + "\n")
+    assert len(json.dumps(wide)) > 16384
+    before = watch.offset
+    watch.report(status)
+    assert status.last_metrics["epoch"] == 6 and len(status.last_metrics) == 1002
+    assert watch.offset == path.stat().st_size > before  # read from where the last read ended
+
+    late = RungWatch(path, "epoch", [6.0], "acc")  # its first line at or past the rung is the wide one
+    late.report(status)
+    assert status.at_rungs == {"6": 0.7}
+    unterminated = tmp_path / "cut.jsonl"
+    unterminated.write_text('{"epoch": 1, "acc": 0.5}\n{"epoch": 2, "acc": 0.6')  # still being written
+    cut = RungWatch(unterminated, "epoch", [2.0], "acc")
+    assert not cut.passed()
+    with open(unterminated, "a") as f:
+        f.write("}")  # whole now, though no newline follows yet
+    assert cut.passed() and cut.at_rungs == {"2": 0.6}
+
+
+@pytest.mark.timeout(300)
+def test_a_burst_of_lines_is_compared_at_the_rung_with_the_rungs_line(orch, tmp_path):
+    """Epochs 1-5 at once, rungs [2]: the run is recorded at rung 2 with epoch 2's value, not with the
+    newest line's (which the store's copy of the file, synced later, lacks at first)."""
+    script = tmp_path / "burst.py"
+    script.write_text(
+        textwrap.dedent("""
+        import json, os, sys, time
+        rungs_file = sys.argv[1]
+        with open(os.path.join(os.environ["ORCH_RUN_DIR"], "metrics.jsonl"), "a") as f:
+            for epoch, acc in ((1, 0.1), (2, 0.2), (3, 0.3), (4, 0.9), (5, 1.0)):
+                f.write(json.dumps({"epoch": epoch, "test_acc": acc}) + "\\n")
+        for _ in range(3000):  # until the controller has recorded the run at the rung
+            try:
+                if os.environ["ORCH_RUN_ID"] in json.load(open(rungs_file))["values"]["2"]:
+                    break
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.1)
+    """)
+    )
+    rungs_file = orch.store("burst", "rungs.json")
+    path = orch.sweep(
+        f"name: burst\ncommand: '{sys.executable} {script} {rungs_file}'\nstore: store\n"
+        "prune:\n  metric: test_acc\n  rungs: [2]\n  min_runs: 2\n"
+    )
+    r = orch("launch", str(path), timeout=250)
+    assert r.code == 0, r.out + r.err
+    assert json.loads(rungs_file.read_text())["values"]["2"] == {"run": 0.2}
+
+
+class _CountingStore(LocalStore):
+    """A folder store that counts reads of metrics files (what a pass downloads)."""
+
+    metrics_reads = 0
+
+    def get_bytes(self, key):
+        if key.endswith("/metrics.jsonl"):
+            type(self).metrics_reads += 1
+        return super().get_bytes(key)
+
+
+def test_a_prune_metric_no_line_carries_is_warned_of_once_and_no_pass_reads_metrics_files(
+    tmp_path, monkeypatch, caplog
+):
+    import logging
+    import time
+
+    from orchestrator.control.controller import Controller
+    from orchestrator.control.state import State
+    from orchestrator.store.status import RUNNING, RunStatus, write_status
+    from tests.test_records import WakingAgent
+
+    class Hosted(WakingAgent):
+        def list(self):
+            return [Host(run_id="run", host_id="h1", address="localhost", attempt=1)]
+
+        def spend(self):
+            return 0.0
+
+    from orchestrator.backends.base import Host
+
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
+    path = tmp_path / "sweep.yaml"
+    path.write_text("name: rec\ncommand: 'true'\nstore: store\nprune:\n  metric: val_acc\n  rungs: [2]\n")
+    sweep = load_sweep(path)
+    store = _CountingStore(str(tmp_path / "store"))
+    record = RunStatus(run_id="run", state=RUNNING, attempt=1, started_at=time.time(), heartbeat=time.time())
+    record.last_metrics, record.at_rungs, record.metric_seen = {"epoch": 3, "train_loss": 0.5}, {}, False
+    write_status(store, "rec", record)
+    controller = Controller(sweep, Hosted(store, tmp_path), store, State(tmp_path / "home"))
+    controller.prepare()
+    with caplog.at_level(logging.WARNING, logger="orch.controller"):
+        for _ in range(3):
+            controller.step()
+    warned = [r.getMessage() for r in caplog.records if "val_acc" in r.getMessage()]
+    assert len(warned) == 1 and "train_loss" in warned[0] and "prune.metric" in warned[0], warned
+    assert _CountingStore.metrics_reads == 0

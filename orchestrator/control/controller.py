@@ -107,6 +107,7 @@ class Controller:
         self.name = sweep.spec.name
         self.table = RunTable(sweep, store)
         self.rungs = Rungs(store, self.name, sweep.spec) if sweep.spec.prune is not None else None
+        self._warned: set = set()  # runs warned of a `prune:` metric that no line of theirs carries
         self.reached: set = set()  # runs a metrics line of which met `target:` (sticky: a later line may fall back)
         self._published: Tuple[Optional[float], float] = (None, 0.0)  # (spend, when) of the last summary written
         self.trials: Optional[Trials] = None  # `search:`: the study, read at the first pass (after prepare's checks)
@@ -250,14 +251,33 @@ class Controller:
             if status.state in ACTIVE or row.action == START:
                 self._prune(row, earlier)
             return
-        if not self.rungs.due(rid, status.last_metrics):
-            return
-        # the agent reports the newest line each heartbeat, but syncs the file less often: the newest line ends the list
-        lines = read_jsonl(self.store.get_bytes(layout.metrics_key(self.name, rid))) + [status.last_metrics]
         live = status.state in ACTIVE
-        verdict = self.rungs.observe(rid, lines, judge=live)
+        if status.metric_seen is not None:  # the agent read the run's own file: its values at the rungs
+            self._warn_unseen(rid, status)
+            if not self.rungs.due_reported(rid, status.at_rungs):
+                return
+            verdict = self.rungs.observe_reported(rid, status.at_rungs, judge=live)
+        else:  # a record without them (an agent of an older orch): the store's copy, never a line past it
+            if not self.rungs.due(rid, status.last_metrics):
+                return
+            lines = read_jsonl(self.store.get_bytes(layout.metrics_key(self.name, rid)))
+            verdict = self.rungs.observe(rid, lines, judge=live)
         if verdict is not None:
             self._prune(row, verdict)
+
+    def _warn_unseen(self, rid: str, status: RunStatus) -> None:
+        """A `prune:` metric that no line of a run past the first rung carries: no rung can compare it."""
+        if status.metric_seen or rid in self._warned or not self.rungs.due(rid, status.last_metrics):
+            return
+        self._warned.add(rid)
+        keys = ", ".join(sorted(status.last_metrics)[:12])
+        message = (
+            f"{rid}: prune compares {self.rungs.metric!r}, but no metrics line of this run carries it so far "
+            f"(its newest line has: {keys}); it is past {self.rungs.p.at} {self.rungs.next_rung(rid):g} and cannot "
+            "be compared. Set `prune.metric` to a key the command writes."
+        )
+        log.warning("%s", message)
+        self.state.journal(self.name, "prune-metric-missing", rid, message)
 
     def _prune(self, row: Row, verdict: Verdict) -> None:
         """The verdict first (the agent, seeing its record moved on, writes nothing more), then the stop:

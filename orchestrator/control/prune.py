@@ -86,11 +86,23 @@ class Rungs:
     def observe(self, run_id: str, lines: List[dict], judge: bool = True) -> Optional[Verdict]:
         """Record the run's value at each rung its lines passed; the first rung that prunes it, or None.
         `judge=False` (a run that already ended): its values count for later runs, no verdict on it."""
+        return self._observe(run_id, lambda rung: _value_at(lines, self.p.at, self.metric, rung), judge)
+
+    def observe_reported(self, run_id: str, at_rungs: Dict[str, float], judge: bool = True) -> Optional[Verdict]:
+        """The same, from the values the agent reported at each rung (the record's `at_rungs`)."""
+        return self._observe(run_id, lambda rung: finite(at_rungs.get(_k(rung))), judge)
+
+    def due_reported(self, run_id: str, at_rungs: Dict[str, float]) -> bool:
+        """Whether the agent reported a value at a rung this run has not been compared at yet."""
+        rung = self.next_rung(run_id)
+        return rung is not None and _k(rung) in at_rungs and run_id not in self.pruned
+
+    def _observe(self, run_id: str, value_at, judge: bool) -> Optional[Verdict]:
         for rung in self.p.rungs:
             seen = self.values.setdefault(_k(rung), {})
             if run_id in seen:
                 continue
-            value = _value_at(lines, self.p.at, self.metric, rung)
+            value = value_at(rung)
             if value is None:
                 return None  # not there yet (or the metric is not on any line past it yet)
             seen[run_id] = value

@@ -28,7 +28,6 @@ from orchestrator.host.attempt import (
     checkpoint_ok,
     final_status,
     group_runs,
-    last_metrics,
     newest_checkpoint,
     pid_file,
     tail,
@@ -78,13 +77,14 @@ class Agent:
         # A run spanning several hosts: node 0 reports; the others follow its record (host/nodes.py).
         self.follower = task.node_rank > 0
         self.relay = Relay(self.store, layout.relay_key(task.sweep, task.run_id, task.attempt))
+        metrics = self.run_dir / layout.METRICS_FILE
+        self.rungs = RungWatch(metrics, task.rungs_at, [] if self.follower else task.rungs, task.rungs_metric)
         self.reporter = (
             FollowerReporter(self.store, task.sweep, task.run_id, task.attempt)
             if self.follower
-            else Reporter(self.store, task.sweep, task.run_id, task.attempt, self.run_dir / layout.METRICS_FILE)
+            else Reporter(self.store, task.sweep, task.run_id, task.attempt, metrics, self.rungs)
         )
         self.status_lock = self.reporter.lock  # the record is shared with the heartbeat thread
-        self.rungs = RungWatch(self.run_dir / layout.METRICS_FILE, task.rungs_at, [] if self.follower else task.rungs)
         self.notices = NoticeSource(
             self.ctl, task.imds, self.relay.received if task.node_hosts > 1 and not self.follower else None
         )
@@ -311,7 +311,7 @@ class Agent:
     def _finish(self, status, code: Optional[int], landed: bool = True) -> int:
         """Record how the attempt ended, then leave the host as its policy says."""
         t = self.task
-        status.last_metrics = last_metrics(self.run_dir / layout.METRICS_FILE)
+        self.rungs.report(status)  # the newest line, and the values at rungs the last lines passed
         # our own SIGUSR1 (a notice, or a rebalance recommendation) ending a command that has no handler is a preemption
         noticed = self.notice_at is not None or (self.rebalance_at is not None and code == 128 + signal.SIGUSR1)
         ending = final_status(self.stop_requested, noticed, code, t.timeout_s)

@@ -131,39 +131,101 @@ def newest_checkpoint(run_dir: Path) -> Optional[int]:
     return max(steps) if steps else None
 
 
-def last_metrics(path: Path) -> dict:
-    for line in reversed(tail(path, lines=5).splitlines()):
+def last_metrics(path: Path, max_bytes: int = 8 << 20) -> dict:
+    """The newest line of a metrics file that parses, however wide (a line of per-class accuracies may be
+    far over 16 KB): the window read from the end doubles until it holds one, up to `max_bytes`."""
+    window = 16384
+    while True:
+        lines = tail(path, lines=5, max_bytes=window).splitlines()
+        for line in reversed(lines):
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                return obj
         try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
-            return obj
-    return {}
+            size = path.stat().st_size
+        except OSError:
+            return {}
+        if window >= size or window >= max_bytes:
+            return {}
+        window *= 2
 
 
 class RungWatch:
-    """`prune:` — has the newest metrics line passed the next rung? The controller decides at rungs, from
-    the record: a line that passes one is reported at once, so a losing run stops a heartbeat sooner.
-    Cheap when nothing changed (one stat of the file)."""
+    """The run's metrics file as it grows: read from where the last read ended (an offset), never again
+    from the start, so a pass costs what was appended. It keeps the newest line (the record's
+    `last_metrics`) and, with `prune:`, the metric on the first line at or past each rung that carries it
+    (`at_rungs`): the controller compares runs at the same progress, however many lines came at once or
+    however late the store's copy of the file is. A line that passes a rung is reported at once, not at
+    the next heartbeat. Shared by the attempt's loop and the heartbeat thread."""
 
-    def __init__(self, path: Path, at: str, rungs: List[float]):
-        self.path, self.at, self.rungs, self.size = path, at, sorted(rungs), -1
+    CHUNK = 64 << 20  # bytes read at most per call (a longer line than this is skipped)
+
+    def __init__(self, path: Path, at: str = "", rungs: List[float] = (), metric: str = ""):
+        import threading
+
+        self.path, self.at, self.metric = path, at, metric
+        self.pending = sorted(rungs)  # rungs without a value yet
+        self.offset = 0  # bytes of the file read
+        self.newest: dict = {}
+        self.at_rungs: Dict[str, float] = {}
+        self.metric_seen = False  # a line carried the metric (a `prune:` metric no line has is warned about)
+        self.lock = threading.Lock()
 
     def passed(self) -> bool:
-        if not self.rungs:
+        """Read what was appended; True when it gave a rung its value (the record should say so now)."""
+        if not self.pending:
             return False
+        with self.lock:
+            before = len(self.at_rungs)
+            self._read()
+            return len(self.at_rungs) > before
+
+    def report(self, status) -> None:
+        """Into the record: the newest line and, with rungs, the values at them."""
+        with self.lock:
+            self._read()
+            status.last_metrics = dict(self.newest)
+            if self.at and (self.pending or self.at_rungs):
+                status.at_rungs, status.metric_seen = dict(self.at_rungs), self.metric_seen
+
+    def _read(self) -> None:
         try:
-            size = self.path.stat().st_size
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < self.offset:  # replaced (a restore): read it again from its start
+                    self.offset = 0
+                f.seek(self.offset)
+                data = f.read(min(self.CHUNK, size - self.offset))
         except OSError:
+            return
+        end = data.rfind(b"\n") + 1
+        for raw in data[:end].split(b"\n")[:-1]:
+            self._line(raw)
+        rest = data[end:]
+        # a last line without its newline: taken when it parses (a JSON object is whole once it parses),
+        # else left for the next read; one that fills a whole read can never end and is skipped
+        if rest and (self._line(rest) or len(data) == self.CHUNK and not end):
+            end = len(data)
+        self.offset += end
+
+    def _line(self, raw: bytes) -> bool:
+        try:
+            line = json.loads(raw)
+        except ValueError:
             return False
-        if size == self.size:
-            return False
-        self.size = size
-        value = finite(last_metrics(self.path).get(self.at))
-        if value is None or value < self.rungs[0]:  # NaN: no progress
-            return False
-        self.rungs = [r for r in self.rungs if r > value]
+        if not isinstance(line, dict):
+            return False  # (a number may be the start of a longer one)
+        self.newest = line
+        value = finite(line.get(self.metric)) if self.metric else None
+        self.metric_seen = self.metric_seen or value is not None
+        progress = finite(line.get(self.at)) if self.at else None
+        if progress is None or value is None:
+            return True
+        while self.pending and self.pending[0] <= progress:
+            self.at_rungs[f"{self.pending.pop(0):g}"] = value
         return True
 
 

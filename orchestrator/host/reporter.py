@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
-from orchestrator.host.attempt import last_metrics
+from orchestrator.host.attempt import RungWatch
 from orchestrator.store.base import Store
 from orchestrator.store.status import (
     LOST,
@@ -32,9 +32,12 @@ log = logging.getLogger("orch.agent")
 
 
 class Reporter:
-    def __init__(self, store: Store, sweep: str, run_id: str, attempt: int, metrics_file: Path):
+    def __init__(
+        self, store: Store, sweep: str, run_id: str, attempt: int, metrics_file: Path, watch: Optional[RungWatch] = None
+    ):
         self.store, self.sweep, self.run_id, self.attempt = store, sweep, run_id, attempt
         self.metrics_file = metrics_file
+        self.watch = watch or RungWatch(metrics_file)  # reads only what the file gained since the last beat
         self.lock = threading.RLock()  # the record is shared by the attempt and the heartbeat thread
         self.superseded = False
         self.version: Optional[str] = None  # of this reporter's last write: while nobody else wrote, no read is needed
@@ -77,7 +80,7 @@ class Reporter:
                 return  # interrupted or ended: that record stands
             status.heartbeat = time.time()
             if status.state == RUNNING:
-                status.last_metrics = last_metrics(self.metrics_file)
+                self.watch.report(status)
             self.record(status)
 
     def heartbeats(self, status: RunStatus, period: float) -> "_Heartbeats":

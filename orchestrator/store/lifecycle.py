@@ -77,6 +77,9 @@ class RunStatus:
     pruned: Dict[str, Any] = field(
         default_factory=dict
     )  # `prune:`: the rung, the run's value, the cutoff (state pruned)
+    at_rungs: Dict[str, float] = field(default_factory=dict)  # `prune:`, from the agent: {rung: the metric on the
+    # first line at or past it that carries it}, read from the run's own file (so never from a later line)
+    metric_seen: Optional[bool] = None  # `prune:`: whether any line carried the metric (None: not reported)
 
     def __post_init__(self) -> None:
         self.state = RunState(self.state)  # a record read back (or written by an older orch) holds the string

@@ -56,6 +56,8 @@ _TYPES = {
     "last_metrics": dict,
     "first_started_at": (int, float, type(None)),
     "pruned": dict,
+    "at_rungs": dict,
+    "metric_seen": (bool, type(None)),
 }
 
 

@@ -56,7 +56,8 @@ def new_task(
     env = {**(env or {}), **({"ORCH_DATA_DIR": data[0]["to"]} if data else {})}
     prune = sweep.spec.prune
     if prune is not None:
-        periods = {"rungs_at": prune.at, "rungs": [float(r) for r in prune.rungs], **periods}
+        metric = prune.metric or (sweep.spec.target.metric if sweep.spec.target else "")
+        periods = {"rungs_at": prune.at, "rungs": [float(r) for r in prune.rungs], "rungs_metric": metric, **periods}
     return RunTask(
         sweep=sweep.spec.name,
         run_id=run_id,
