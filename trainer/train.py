@@ -6,24 +6,23 @@ from __future__ import annotations
 
 import copy
 import gc
-import json
 import logging
 import math
 import os
-import signal
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Tuple
 
 import torch
 import torch.nn as nn
 
-from . import checkpoint, data, models
+from . import data, models
 from .config import resolve_config
+from .loop import Checkpoints, Clock, metrics_row, record_accuracy, write_summary
 from .runtime import (
     MetricsLog,
-    Signals,
-    StepTimer,
     check_compile_mode,
     compile_net,
     ema_update,
@@ -232,23 +231,45 @@ def evaluate(model: nn.Module, source, cfg, autocast, size: int, rank: int = 0, 
     return hits / max(seen, 1)
 
 
-AGREE_EVERY = 8  # DDP: steps between the ranks' agreement on signals and the checkpoint clock
+# --- the net and what trains it --------------------------------------------------------------------
 
 
-# --- training --------------------------------------------------------------------------------------
+@dataclass
+class Net:
+    """The model (its weights), its EMA copy, what updates them, and `net`: the model as a step calls it (compiled,
+    DDP-wrapped)."""
+
+    model: nn.Module
+    ema: Optional[nn.Module]
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    net: Optional[nn.Module]
+    fused: bool
+    amp_dtype: Optional[torch.dtype]
+    device: torch.device
+    ema_decay: float
+    ema_pairs: list = field(default_factory=list)
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None)
+
+    def step(self, x: torch.Tensor, y: torch.Tensor, loss_fn) -> Tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step on (x, y): (logits, loss), neither read on the host."""
+        if self.device.type == "cuda":
+            x = x.contiguous(memory_format=torch.channels_last)
+        with self.autocast():
+            logits = self.net(x)
+            loss = loss_fn(logits, y)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        if self.ema is not None:
+            ema_update(self.ema, self.model, self.ema_decay, self.ema_pairs)
+        return logits, loss
 
 
-def train(cfg: dict) -> dict:
-    check_compile_mode(cfg["compile_mode"])
-    if cfg["recipe"]:  # a published recipe with a loop of its own
-        from .recipe_muon import train_recipe
-
-        return train_recipe(cfg)
-    rank, world, local_rank, device, precision, out = start_run(cfg)
-    is_main = rank == 0
-
-    torch.manual_seed(cfg["seed"])
-    source = load_source(cfg, device)
+def build_net(cfg: dict, source, device: torch.device, precision: str, world: int, local_rank: int) -> Net:
     model = models.build(
         cfg["model"], source.num_classes, cfg["width"], cfg["concat_pool"], cfg["depth"], cfg["widen"]
     ).to(device)
@@ -256,10 +277,8 @@ def train(cfg: dict) -> dict:
         model.init_whitening(data.normalize(source.train.images[:5000], source.mean, source.std))
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
-    ema_model = copy.deepcopy(model).eval() if cfg["ema"] > 0 else None
-    fused = (
-        device.type == "cuda"
-    )  # one kernel for the whole update on a GPU; the CPU keeps the for-each path (bitwise tests)
+    ema = copy.deepcopy(model).eval() if cfg["ema"] > 0 else None
+    fused = device.type == "cuda"  # one kernel for the whole update on a GPU; the CPU keeps for-each (bitwise tests)
     optimizer = torch.optim.SGD(
         param_groups(model, cfg["weight_decay"]),
         lr=cfg["lr"],
@@ -267,28 +286,41 @@ def train(cfg: dict) -> dict:
         nesterov=cfg["nesterov"],
         fused=fused or None,
     )
-    scaler = torch.amp.GradScaler(
-        device.type, enabled=precision == "fp16"
-    )  # on the CPU too: fp16 needs loss scaling anywhere
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")  # on the CPU too: fp16 needs loss scaling
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-
-    def autocast():
-        return torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
-
-    net: nn.Module = model
-    if cfg["compile"]:
-        net = compile_net(net, cfg["compile_mode"])
+    net: nn.Module = compile_net(model, cfg["compile_mode"]) if cfg["compile"] else model
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         net = DDP(net, device_ids=[local_rank] if device.type == "cuda" else None)
-    loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg["label_smoothing"])
+    return Net(model, ema, optimizer, scaler, net, fused, amp_dtype, device, cfg["ema"])
+
+
+# --- the plan: schedules, sizes and steps ----------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    """The run's course, from its options: lr and momentum by progress, image and batch sizes, and its steps."""
+
+    sched: LRSchedule
+    sizes: list
+    eval_size: int
+    B0: int
+    cursor: Cursor
+    total: int
+
+    def size_at(self, epoch: int, pos: int) -> int:
+        return int(step_value(self.sizes, self.cursor.progress(epoch, pos)))
+
+
+def make_plan(cfg: dict, n: int, world: int) -> Plan:
     sched = LRSchedule(
         cfg["schedule"], cfg["lr"], cfg["warmup"], (cfg["momentum_max"], cfg["momentum_min"]), cfg["lr_points"]
     )
     sizes = parse_points(cfg["sizes"] or f"{cfg['image_size']}@0")
     eval_size = cfg["val_size"] or (int(sizes[-1][1]) if cfg["dataset"] == "imagefolder" else cfg["image_size"])
-    B0, n = cfg["batch_size"], source.n_train
+    B0 = cfg["batch_size"]
     batches = parse_points(cfg["batch_sizes"] or f"{B0}@0")
     for _, b in batches:
         if int(b) % world:
@@ -299,229 +331,212 @@ def train(cfg: dict) -> dict:
         raise SystemExit(f"trainer: batch size {int(batches[0][1])} is larger than the training set ({n} images)")
     if cfg["max_steps"]:
         total = min(total, cfg["max_steps"])
+    return Plan(sched, sizes, eval_size, B0, cursor, total)
 
+
+# --- batches -----------------------------------------------------------------------------------------
+
+
+class Batches:
+    """This rank's share of each global batch: the images at a position of the epoch's order (a function of seed
+    and epoch), so a resumed run replays them. Read from files, the next batch is made on a thread while the current
+    step computes."""
+
+    def __init__(self, cfg: dict, source, plan: Plan, rank: int, world: int, device: torch.device):
+        self.source, self.plan, self.seed, self.rank, self.world = source, plan, cfg["seed"], rank, world
+        self.order_device = device if source.on_device else "cpu"
+        self.orders: dict = {}
+        self.ahead = ThreadPoolExecutor(1, thread_name_prefix="next-batch") if not source.on_device else None
+        self.pending = None
+
+    def at(self, step: int, epoch: int, pos: int, b: int, size: int):
+        """The `b` images at `pos` in the epoch's order, this rank's share, at `size`."""
+        if epoch not in self.orders:
+            self.orders.clear()
+            self.orders[epoch] = data.epoch_order(self.source.n_train, self.seed, epoch).to(self.order_device)
+        idx = self.orders[epoch][pos : pos + b][self.rank :: self.world]
+        share = slice(self.rank, None, self.world)
+        return self.source.train_batch(idx, step, b, share, size, epoch=epoch, pos=pos)
+
+    def take(self, step: int, place, size: int, nxt):
+        """The batch of `step` at `place` (epoch, pos, batch size); the one at `nxt` (None: no next step) started."""
+        key = (step, *place, size)
+        x, y = self.pending[1].result() if self.pending is not None and self.pending[0] == key else self.at(*key)
+        self.pending = None
+        if self.ahead is not None and nxt is not None:
+            after = (step + 1, *nxt, self.plan.size_at(nxt[0], nxt[1]))
+            self.pending = (after, self.ahead.submit(self.at, *after))
+        return x, y
+
+    def close(self) -> None:
+        if self.ahead is not None:
+            self.ahead.shutdown(wait=True)
+
+
+# --- training --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """Everything one training run holds, set up by `setup`."""
+
+    cfg: dict
+    rank: int
+    world: int
+    device: torch.device
+    precision: str
+    out: Path
+    source: Any
+    m: Net
+    plan: Plan
+    st: dict  # the progress: what a checkpoint restores besides the weights
+    ckpts: Checkpoints
+    loss_fn: nn.Module
+    metrics: MetricsLog
+    batches: Batches
+
+
+def setup(cfg: dict) -> Run:
+    rank, world, local_rank, device, precision, out = start_run(cfg)
+    torch.manual_seed(cfg["seed"])
+    source = load_source(cfg, device)
+    m = build_net(cfg, source, device, precision, world, local_rank)
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg["label_smoothing"])
+    plan = make_plan(cfg, source.n_train, world)
     st = dict(
         step=0, epoch=0, pos=0, loss_sum=0.0, loss_n=0, train_time=0.0, best_acc=0.0, time_to_target=None, acc=None
     )
-    resume_from = checkpoint.to_resume(cfg["resume"], out)
-    if resume_from is not None:
-        saved = checkpoint.load(resume_from, map_location=device)
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        for group in optimizer.param_groups:  # a checkpoint made on another kind of device keeps this one's update path
-            group["fused"] = fused or None
-        scaler.load_state_dict(saved["scaler"])
-        if ema_model is not None and saved.get("ema") is not None:
-            ema_model.load_state_dict(saved["ema"])
-        st.update(saved["progress"])
+    parts = dict(model=m.model, optimizer=m.optimizer, scaler=m.scaler, ema=m.ema)
+    ckpts = Checkpoints(cfg, out, device, parts, st, rng=True, is_main=rank == 0, world=world)
+    saved = ckpts.resume(plan.total)
+    if saved is not None:
+        for group in m.optimizer.param_groups:  # a checkpoint made on another kind of device keeps this one's update
+            group["fused"] = m.fused or None
         if "pos" not in saved["progress"]:  # a checkpoint of a version without batch schedules: constant batch
-            st["epoch"], i = divmod(st["step"], n // B0)
-            st["pos"] = i * B0
-        torch.set_rng_state(saved["rng"]["torch"])
-        if is_main:
-            log.info("resumed from %s (step %d of %d)", resume_from, st["step"], total)
+            st["epoch"], i = divmod(st["step"], source.n_train // plan.B0)
+            st["pos"] = i * plan.B0
+    metrics = MetricsLog(out / "metrics.jsonl", rank == 0)
+    batches = Batches(cfg, source, plan, rank, world, device)
+    return Run(cfg, rank, world, device, precision, out, source, m, plan, st, ckpts, loss_fn, metrics, batches)
 
-    metrics = MetricsLog(out / "metrics.jsonl", is_main)
-    sig = Signals()
-    last_ckpt = time.time()
 
-    def save_checkpoint():
-        nonlocal last_ckpt
-        if is_main:
-            state = {
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scaler": scaler.state_dict(),
-                "ema": ema_model.state_dict() if ema_model is not None else None,
-                "progress": dict(st),
-                "rng": {"torch": torch.get_rng_state()},
-                "config": cfg,
-            }
-            folder = checkpoint.save(out, st["step"], state, keep=cfg["ckpt_keep"])
-            log.info("checkpoint %s", folder)
-        if world > 1:
-            torch.distributed.barrier()
-        last_ckpt = time.time()
+AGREE_EVERY = 8  # DDP: steps between the ranks' agreement on signals and the checkpoint clock
 
-    orders: dict = {}
 
-    def batch_at(step: int, epoch: int, pos: int, b: int, size: int):
-        """This rank's share of the global batch of `b` images at `pos` in the epoch's order (a function of seed and
-        epoch)."""
-        if epoch not in orders:
-            orders.clear()
-            orders[epoch] = data.epoch_order(n, cfg["seed"], epoch).to(device if source.on_device else "cpu")
-        idx = orders[epoch][pos : pos + b][rank::world]
-        return source.train_batch(idx, step, b, slice(rank, None, world), size, epoch=epoch, pos=pos)
+def train(cfg: dict) -> dict:
+    check_compile_mode(cfg["compile_mode"])
+    if cfg["recipe"]:  # a published recipe with a loop of its own
+        from .recipe_muon import train_recipe
 
-    # Batches read from files are made one step ahead, on a thread, while the current step computes.
-    ahead = ThreadPoolExecutor(1, thread_name_prefix="next-batch") if not source.on_device else None
-    pending = None
-    compute_dtype = ""
-    epoch_images, epoch_time = 0, 0.0
-    # Nothing in the step waits for the device: the loss adds up there and the clock is CUDA events,
-    # both read once per metrics line; DDP ranks agree on signals every AGREE_EVERY steps.
-    timer, loss_acc, ema_pairs = StepTimer(device), torch.zeros((), device=device, dtype=torch.float64), []
+        return train_recipe(cfg)
+    run = setup(cfg)
+    st, m, plan, cursor = run.st, run.m, run.plan, run.plan.cursor
     place = cursor.place(st["epoch"], st["pos"])
-    warm = shape_places(cursor, sizes, place) if cfg["compile"] else [place] if world > 1 and place else []
-    graphs = uses_cuda_graphs(cfg, device)
-    warm_s = (
-        warm_up(net, model, optimizer, warm, batch_at, sizes, cursor, autocast, loss_fn, device, graphs)
-        if warm
-        else 0.0
-    )
+    # Compiled, a step of each shape before the clock starts; under DDP one step, for the gradient buckets' layout.
+    warm = shape_places(cursor, plan.sizes, place) if cfg["compile"] else [place] if run.world > 1 and place else []
+    graphs = uses_cuda_graphs(cfg, run.device)
+    warm_s = 0.0
+    if warm:
+        warm_s = warm_up(
+            m.net,
+            m.model,
+            m.optimizer,
+            warm,
+            run.batches.at,
+            plan.sizes,
+            cursor,
+            m.autocast,
+            run.loss_fn,
+            run.device,
+            graphs,
+        )
     compile_s = warm_s if cfg["compile"] else 0.0  # the DDP-only warm-up is not compilation
     compiled_before_clock = graphs_compiled() if cfg["compile"] else 0
-    while st["step"] < total and place is not None:
-        step = st["step"]
-        epoch, pos, B = place
-        if (
-            isinstance(model, models.AirBench)
-            and model.whiten.bias.requires_grad
-            and epoch >= cfg["whiten_bias_epochs"]
-        ):
-            model.whiten.bias.requires_grad_(False)
-        timer.start()
-        if graphs:
-            # the last step's graph outputs (its loss, read below) are done with
+    # Nothing in the step waits for the device: the loss adds up there and the clock is CUDA events, both read once
+    # per metrics line; DDP ranks agree on signals every AGREE_EVERY steps.
+    clock, loss_acc, compute_dtype = Clock(run.device, st), torch.zeros((), device=run.device, dtype=torch.float64), ""
+    run.ckpts.begin()
+    while st["step"] < plan.total and place is not None:
+        step, (epoch, pos, B) = st["step"], place
+        if isinstance(m.model, models.AirBench) and m.model.whiten.bias.requires_grad:
+            m.model.whiten.bias.requires_grad_(epoch < cfg["whiten_bias_epochs"])
+        clock.start()
+        if graphs:  # the last step's graph outputs (its loss, read below) are done with
             torch.compiler.cudagraph_mark_step_begin()
         progress = cursor.progress(epoch, pos)
-        lr, momentum = sched(progress)
-        lr *= B / B0  # the linear scaling rule, when the batch size changes with the image size
-        for group in optimizer.param_groups:
+        lr, momentum = plan.sched(progress)
+        lr *= B / plan.B0  # the linear scaling rule, when the batch size changes with the image size
+        for group in m.optimizer.param_groups:
             group["lr"], group["momentum"] = lr, momentum
-        size = int(step_value(sizes, progress))
-        key = (step, epoch, pos, B, size)
-        x, y = pending[1].result() if pending is not None and pending[0] == key else batch_at(*key)
+        size = int(step_value(plan.sizes, progress))
         nxt = cursor.place(epoch, pos + B)
-        pending = None
-        if ahead is not None and nxt is not None and step + 1 < total:
-            nkey = (step + 1, nxt[0], nxt[1], nxt[2], int(step_value(sizes, cursor.progress(nxt[0], nxt[1]))))
-            pending = (nkey, ahead.submit(batch_at, *nkey))
-        if device.type == "cuda":
-            x = x.contiguous(memory_format=torch.channels_last)
-        with autocast():
-            logits = net(x)
-            loss = loss_fn(logits, y)
-        compute_dtype = compute_dtype or str(logits.dtype).removeprefix(
-            "torch."
-        )  # what autocast really ran in (no sync)
-        optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        if ema_model is not None:
-            ema_update(ema_model, model, cfg["ema"], ema_pairs)
+        x, y = run.batches.take(step, place, size, nxt if step + 1 < plan.total else None)
+        logits, loss = m.step(x, y, run.loss_fn)
+        compute_dtype = compute_dtype or str(logits.dtype).removeprefix("torch.")  # what autocast ran in (no sync)
         loss_acc += loss.detach()
-        timer.stop()
-        epoch_images += B
+        clock.stop(B)
         st["loss_n"] += 1
-        st["step"] = step + 1
-        place = nxt
+        st["step"], place = step + 1, nxt
         st["epoch"], st["pos"] = (place[0], place[1]) if place is not None else (cfg["epochs"], 0)
-        end_of_epoch = place is None or place[0] != epoch or st["step"] == total
-        row = None
+        end_of_epoch = place is None or place[0] != epoch or st["step"] == plan.total
         if end_of_epoch or (cfg["log_every"] and st["step"] % cfg["log_every"] == 0):
-            dt = timer.take()
-            st["train_time"] += dt
-            epoch_time += dt
-            st["loss_sum"] += fold_loss(loss_acc, world)
-            row = dict(
-                step=st["step"],
-                epoch=round(epoch + 1 if place is None or place[0] != epoch else epoch + (pos + B) / n, 4),
-                elapsed_s=round(st["train_time"], 3),
-                lr=lr,
-                train_loss=st["loss_sum"] / max(st["loss_n"], 1),
-                image_size=size,
-                batch_size=B,
-                images_per_s=round(epoch_images / max(epoch_time, 1e-9), 1),
-                time=round(time.time(), 3),
-            )  # wall clock: orch's wall time to a target
-        if end_of_epoch:
-            acc = evaluate(ema_model if ema_model is not None else model, source, cfg, autocast, eval_size, rank, world)
-            st["acc"], st["best_acc"] = acc, max(st["best_acc"], acc)
-            if st["time_to_target"] is None and acc >= cfg["target_acc"]:
-                st["time_to_target"] = st["train_time"]
-            row["test_acc"] = acc
-            st["loss_sum"], st["loss_n"] = 0.0, 0
-            epoch_images, epoch_time = 0, 0.0
-            if is_main:
-                log.info(
-                    "epoch %.2f step %d/%d loss %.4f acc %.4f lr %.4f size %d %.0f img/s",
-                    row["epoch"],
-                    st["step"],
-                    total,
-                    row["train_loss"],
-                    acc,
-                    lr,
-                    size,
-                    row["images_per_s"],
-                )
-        if row is not None:
-            if source.skipped:  # after the evaluation: its unreadable files count too
-                row["skipped_files"] = source.skipped
-            metrics.write(row)
-            if not math.isfinite(
-                row["train_loss"]
-            ):  # every later step would be NaN too: a failed run, not a "succeeded" one
-                raise SystemExit(
-                    f"trainer: the training loss is {row['train_loss']} at step {st['step']} (epoch {row['epoch']}); "
-                    f"the run failed. Lower --lr, check the data (skipped_files: {source.skipped}), or try --precision "
-                    "fp32"
-                )
-        by_epoch = end_of_epoch and cfg["ckpt_every_epochs"] and (epoch + 1) % cfg["ckpt_every_epochs"] == 0
-        by_time = bool(cfg["ckpt_every_s"]) and time.time() - last_ckpt >= cfg["ckpt_every_s"]
-        want_ckpt, want_exit = sig.checkpoint or by_time, sig.exit
-        if world > 1 and (end_of_epoch or st["step"] % AGREE_EVERY == 0):  # signals and clocks are per rank: agree
-            flags = torch.tensor([int(want_ckpt), int(want_exit)], device=device if device.type == "cuda" else "cpu")
-            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-            want_ckpt, want_exit = bool(flags[0]), bool(flags[1])
-        elif world > 1:
-            want_ckpt = want_exit = False  # decided together at the next agreement step
-        if want_ckpt or by_epoch:
-            sig.checkpoint = False
-            st["train_time"] += timer.take()
-            st["loss_sum"] += fold_loss(loss_acc, world)
-            save_checkpoint()
-        if want_exit:
-            log.info("SIGTERM: checkpointed at step %d, exiting", st["step"])
-            sys.exit(143)
+            done = epoch + 1 if place is None or place[0] != epoch else epoch + (pos + B) / run.source.n_train
+            metrics_line(run, clock, loss_acc, done, lr, size, B, end_of_epoch)
+        save, leave = run.ckpts.due(end_of_epoch, epoch + 1, agree=end_of_epoch or st["step"] % AGREE_EVERY == 0)
+        if save:
+            clock.take()
+            st["loss_sum"] += fold_loss(loss_acc, run.world)
+            run.ckpts.save()
+        if leave:
+            run.ckpts.leave()
+    late = graphs_compiled() - compiled_before_clock if cfg["compile"] else 0  # inside the clock: should be 0
+    return finish(run, compute_dtype, dict(compile_s=compile_s, cuda_graphs=graphs, late_compiles=late))
 
-    if ahead is not None:
-        ahead.shutdown(wait=True)
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # a late notice must not kill a finished run on its way out
-    summary = dict(
-        final_acc=st["acc"],
-        best_acc=st["best_acc"],
-        target_acc=cfg["target_acc"],
-        time_to_target_s=st["time_to_target"],
-        train_time_s=round(st["train_time"], 3),
-        steps=st["step"],
-        epochs=cfg["epochs"],
-        world_size=world,
-        device=str(device),
-        precision=precision,
-        model=cfg["model"],
-        dataset=cfg["dataset"],
-        compute_dtype=compute_dtype,
-        skipped_files=source.skipped,
-        compiled=bool(cfg["compile"]) and graphs_compiled() > 0,  # torch.compile really produced graphs
-        compile_s=round(compile_s, 3),  # the warm-up compilation (each shape), outside train_time_s
-        compile_mode=cfg["compile_mode"] if cfg["compile"] else "",
-        cuda_graphs=graphs,
-        late_compiles=graphs_compiled() - compiled_before_clock if cfg["compile"] else 0,
-    )  # inside the clock: should be 0
-    if is_main:
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        log.info(
-            "done: final acc %.4f, best %.4f, %.1f s training",
-            summary["final_acc"] or 0,
-            summary["best_acc"],
-            summary["train_time_s"],
+
+def metrics_line(run: Run, clock: Clock, loss_acc, epoch: float, lr: float, size: int, B: int, end_of_epoch: bool):
+    """A metrics line (every --log-every steps, and at each epoch's end with the test accuracy)."""
+    st, cfg, m = run.st, run.cfg, run.m
+    clock.take()
+    st["loss_sum"] += fold_loss(loss_acc, run.world)
+    row = metrics_row(st, epoch, lr, st["loss_sum"] / max(st["loss_n"], 1), clock, image_size=size, batch_size=B)
+    if end_of_epoch:
+        model = m.ema if m.ema is not None else m.model
+        acc = evaluate(model, run.source, cfg, m.autocast, run.plan.eval_size, run.rank, run.world)
+        record_accuracy(st, acc, cfg["target_acc"])
+        row["test_acc"] = acc
+        st["loss_sum"], st["loss_n"] = 0.0, 0
+        clock.reset()
+        if run.rank == 0:
+            log.info(
+                "epoch %.2f step %d/%d loss %.4f acc %.4f lr %.4f size %d %.0f img/s",
+                *(row["epoch"], st["step"], run.plan.total, row["train_loss"], acc, lr, size, row["images_per_s"]),
+            )
+    if run.source.skipped:  # after the evaluation: its unreadable files count too
+        row["skipped_files"] = run.source.skipped
+    run.metrics.write(row)
+    if not math.isfinite(row["train_loss"]):  # every later step would be NaN too: a failed run, not a "succeeded" one
+        raise SystemExit(
+            f"trainer: the training loss is {row['train_loss']} at step {st['step']} (epoch {row['epoch']}); "
+            f"the run failed. Lower --lr, check the data (skipped_files: {run.source.skipped}), or try --precision "
+            "fp32"
         )
+
+
+def finish(run: Run, compute_dtype: str, compiled: dict) -> dict:
+    run.batches.close()
+    about = dict(
+        world_size=run.world,
+        device=str(run.device),
+        precision=run.precision,
+        model=run.cfg["model"],
+        dataset=run.cfg["dataset"],
+        compute_dtype=compute_dtype,
+        skipped_files=run.source.skipped,
+    )
+    summary = write_summary(run.out, run.st, run.cfg, about, compiled, is_main=run.rank == 0)
     # the DDP reducer (its pending gloo work) goes first, then, all ranks done, the group: else gloo can abort at exit
-    if world > 1:
-        del net
+    if run.world > 1:
+        run.m.net = None
         gc.collect()
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
