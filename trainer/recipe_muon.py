@@ -26,19 +26,22 @@ flips and order; one process only (the recipe is single-GPU: for DDP use `--pres
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import checkpoint, data, models
+from . import data, models
+from .loop import Checkpoints, Clock, metrics_row, record_accuracy, write_summary
 from .muon import Muon
-from .runtime import MetricsLog, Signals, StepTimer, compile_net, graphs_compiled, start_run, uses_cuda_graphs
+from .runtime import MetricsLog, compile_net, start_run, uses_cuda_graphs
 
 log = logging.getLogger("trainer")
 
@@ -105,7 +108,37 @@ def optimizers(model: models.AirBench, batch: int, device: torch.device):
     return sgd, muon
 
 
-def train_recipe(cfg: dict) -> dict:
+# --- the run: data, net and optimizers -------------------------------------------------------------
+
+
+@dataclass
+class Recipe:
+    """One run of the recipe: its data on the device, the net and its two optimizers, and its step counts."""
+
+    cfg: dict
+    device: torch.device
+    precision: str
+    out: Path
+    padded: torch.Tensor  # the training images, flipped at random once and reflect-padded by TRANSLATE
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    model: models.AirBench
+    net: nn.Module  # the model as a step calls it (compiled or not)
+    sgd: torch.optim.Optimizer
+    muon: Muon
+    scaler: torch.amp.GradScaler
+    amp: Optional[torch.dtype]
+    per_epoch: int
+    total: int  # the schedule's steps (max_steps ends the run earlier, not the schedule)
+    bias_steps: int  # the whitening bias trains for these first steps
+    stop_at: int
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None)
+
+
+def setup(cfg: dict) -> Recipe:
     if cfg["recipe"] != "airbench94_muon":
         raise SystemExit(
             f"trainer: unknown --recipe {cfg['recipe']!r}: use airbench94_muon (--preset fast-muon), or none"
@@ -119,15 +152,11 @@ def train_recipe(cfg: dict) -> dict:
     ds = data.load(
         cfg["dataset"], cfg["data_dir"], cfg["seed"], cfg["image_size"], synthetic_train=cfg["synthetic_train"]
     )
-    size, B = ds.train.images.shape[-1], cfg["batch_size"]
+    B = cfg["batch_size"]
     train_x = data.normalize(ds.train.images.to(device), ds.mean, ds.std)
     flip_once = torch.rand(len(train_x), generator=torch.Generator().manual_seed(cfg["seed"])).to(device) < 0.5
     padded = F.pad(torch.where(flip_once.view(-1, 1, 1, 1), train_x.flip(-1), train_x), (TRANSLATE,) * 4, "reflect")
-    train_y, test_x, test_y = (
-        ds.train.labels.to(device),
-        data.normalize(ds.test.images.to(device), ds.mean, ds.std),
-        ds.test.labels.to(device),
-    )
+    test_x = data.normalize(ds.test.images.to(device), ds.mean, ds.std)
     model = models.build("airbench_muon", ds.num_classes, cfg["width"]).to(device)
     model.init_whitening(train_x[:5000])
     if device.type == "cuda":
@@ -135,162 +164,126 @@ def train_recipe(cfg: dict) -> dict:
     sgd, muon = optimizers(model, B, device)
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-
-    def autocast():
-        return torch.autocast(device.type, dtype=amp, enabled=amp is not None)
-
     net = compile_net(model, cfg["compile_mode"]) if cfg["compile"] else model
-    graphs = uses_cuda_graphs(cfg, device)
     per_epoch = len(train_x) // B
     if per_epoch < 1:
         raise SystemExit(f"trainer: batch size {B} is larger than the training set ({len(train_x)} images)")
     total = math.ceil(cfg["epochs"] * per_epoch)
     bias_steps = math.ceil(cfg["whiten_bias_epochs"] * per_epoch)
-    stop_at = (
-        min(total, cfg["max_steps"]) if cfg["max_steps"] else total
-    )  # max_steps ends early; the schedule stays the recipe's
-    st = dict(step=0, train_time=0.0, best_acc=0.0, acc=None, time_to_target=None)
-    found = checkpoint.to_resume(cfg["resume"], out)
-    if found is not None:
-        saved = checkpoint.load(found, map_location=device)
-        model.load_state_dict(saved["model"])
-        sgd.load_state_dict(saved["sgd"])
-        muon.load_state_dict(saved["muon"])
-        scaler.load_state_dict(saved["scaler"])
-        st.update(saved["progress"])
-        log.info("resumed from %s (step %d of %d)", found, st["step"], total)
-    loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg["label_smoothing"], reduction="sum")
-    metrics, sig, timer = MetricsLog(out / "metrics.jsonl", True), Signals(), StepTimer(device)
-    compile_s = 0.0
-    if cfg[
-        "compile"
-    ]:  # compiled before the clock, on a throwaway copy of the state: with the whitening bias trained and frozen
-        t0, saved_sd = time.perf_counter(), {k: v.clone() for k, v in model.state_dict().items()}
-        for trains_bias in [
-            t
-            for t in sorted({st["step"] < bias_steps, stop_at - 1 < bias_steps}, reverse=True)
-            for _ in range(1 + graphs)
-        ]:
-            if graphs:  # cudagraph trees run a graph once before recording it: twice each, so both happen here
+    stop_at = min(total, cfg["max_steps"]) if cfg["max_steps"] else total
+    return Recipe(
+        cfg=cfg,
+        device=device,
+        precision=precision,
+        out=out,
+        padded=padded,
+        train_y=ds.train.labels.to(device),
+        test_x=test_x,
+        test_y=ds.test.labels.to(device),
+        model=model,
+        net=net,
+        sgd=sgd,
+        muon=muon,
+        scaler=scaler,
+        amp=amp,
+        per_epoch=per_epoch,
+        total=total,
+        bias_steps=bias_steps,
+        stop_at=stop_at,
+    )
+
+
+def compile_first(r: Recipe, loss_fn, trains_bias_now: bool, graphs: bool) -> float:
+    """Compile before the clock, on a throwaway copy of the state: a graph with the whitening bias trained and one
+    with it frozen, as the run will meet them. Returns the seconds it took."""
+    t0, saved_sd = time.perf_counter(), {k: v.clone() for k, v in r.model.state_dict().items()}
+    B, T = r.cfg["batch_size"], TRANSLATE
+    for trains_bias in sorted({trains_bias_now, r.stop_at - 1 < r.bias_steps}, reverse=True):
+        for _ in range(1 + graphs):  # cudagraph trees run a graph once before recording it: both happen here
+            if graphs:
                 torch.compiler.cudagraph_mark_step_begin()
-            model.whiten.bias.requires_grad_(trains_bias)
-            with autocast():
-                loss_fn(net(padded[:B, :, TRANSLATE:-TRANSLATE, TRANSLATE:-TRANSLATE]), train_y[:B]).backward()
-            model.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        model.load_state_dict(saved_sd)
-        compile_s = time.perf_counter() - t0
+            r.model.whiten.bias.requires_grad_(trains_bias)
+            with r.autocast():
+                loss_fn(r.net(r.padded[:B, :, T:-T, T:-T]), r.train_y[:B]).backward()
+            r.model.zero_grad(set_to_none=True)
+    if r.device.type == "cuda":
+        torch.cuda.synchronize()
+    r.model.load_state_dict(saved_sd)
+    return time.perf_counter() - t0
 
-    def save():
-        state = {
-            "model": model.state_dict(),
-            "sgd": sgd.state_dict(),
-            "muon": muon.state_dict(),
-            "scaler": scaler.state_dict(),
-            "progress": dict(st),
-            "config": cfg,
-        }
-        log.info("checkpoint %s", checkpoint.save(out, st["step"], state, keep=cfg["ckpt_keep"]))
 
-    loss_acc, last_ckpt, epoch_cache = torch.zeros((), device=device, dtype=torch.float64), time.time(), {}
-    window = [0, 0.0]  # steps and seconds since the last metrics line
-    while st["step"] < stop_at:
+# --- training --------------------------------------------------------------------------------------
+
+
+def train_recipe(cfg: dict) -> dict:
+    r = setup(cfg)
+    B, size, graphs = cfg["batch_size"], r.padded.shape[-1] - 2 * TRANSLATE, uses_cuda_graphs(cfg, r.device)
+    st = dict(step=0, train_time=0.0, best_acc=0.0, acc=None, time_to_target=None)
+    ckpts = Checkpoints(cfg, r.out, r.device, dict(model=r.model, sgd=r.sgd, muon=r.muon, scaler=r.scaler), st)
+    ckpts.resume(r.total)
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg["label_smoothing"], reduction="sum")
+    metrics, clock = MetricsLog(r.out / "metrics.jsonl", True), Clock(r.device, st)
+    compile_s = compile_first(r, loss_fn, st["step"] < r.bias_steps, graphs) if cfg["compile"] else 0.0
+    loss_acc, epoch_cache = torch.zeros((), device=r.device, dtype=torch.float64), {}
+    ckpts.begin()
+    while st["step"] < r.stop_at:
         step = st["step"]
-        epoch, i = divmod(step, per_epoch)
-        if epoch not in epoch_cache:
+        epoch, i = divmod(step, r.per_epoch)
+        if epoch not in epoch_cache:  # the epoch's translated (and on odd epochs mirrored) images, and its order
             epoch_cache.clear()
-            order = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(cfg["seed"] * 31 + epoch)).to(
-                device
-            )
-            epoch_cache[epoch] = (epoch_images(padded, size, cfg["seed"], epoch), order)
+            g = torch.Generator().manual_seed(cfg["seed"] * 31 + epoch)
+            order = torch.randperm(len(r.padded), generator=g).to(r.device)
+            epoch_cache[epoch] = (epoch_images(r.padded, size, cfg["seed"], epoch), order)
         images, order = epoch_cache[epoch]
         idx = order[i * B : (i + 1) * B]
-        model.whiten.bias.requires_grad_(step < bias_steps)
-        sgd.param_groups[0]["lr"] = BIAS_LR * max(0.0, 1 - step / bias_steps)
-        for group in sgd.param_groups[1:] + muon.param_groups:
-            group["lr"] = group["initial_lr"] * (1 - step / total)
-        timer.start()
+        r.model.whiten.bias.requires_grad_(step < r.bias_steps)
+        r.sgd.param_groups[0]["lr"] = BIAS_LR * max(0.0, 1 - step / r.bias_steps)
+        for group in r.sgd.param_groups[1:] + r.muon.param_groups:
+            group["lr"] = group["initial_lr"] * (1 - step / r.total)
+        clock.start()
         if graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        x = images[idx]
-        if device.type == "cuda":
-            x = x.contiguous(memory_format=torch.channels_last)
-        with autocast():
-            loss = loss_fn(net(x), train_y[idx])
-        scaler.scale(loss).backward()
-        for opt in (sgd, muon):
-            scaler.step(opt)
-        scaler.update()
-        model.zero_grad(set_to_none=True)
-        loss_acc += loss.detach()
-        timer.stop()
+        loss_acc += step_once(r, loss_fn, images[idx], r.train_y[idx])
+        clock.stop(B)
         st["step"] = step + 1
-        end_of_epoch = st["step"] % per_epoch == 0 or st["step"] == stop_at
-        window[0] += 1
+        end_of_epoch = st["step"] % r.per_epoch == 0 or st["step"] == r.stop_at
         if end_of_epoch or (cfg["log_every"] and st["step"] % cfg["log_every"] == 0):
-            dt = timer.take()
-            st["train_time"] += dt
-            window[1] += dt
-            row = dict(
-                step=st["step"],
-                epoch=round(st["step"] / per_epoch, 4),
-                elapsed_s=round(st["train_time"], 3),
-                lr=muon.param_groups[0]["lr"],
-                train_loss=float(loss_acc) / (B * window[0]),
-                images_per_s=round(window[0] * B / max(window[1], 1e-9), 1),
-                time=round(time.time(), 3),
-            )  # wall clock: orch's wall time to a target
-            loss_acc.zero_()
-            window[:] = [0, 0.0]
-            if end_of_epoch:
-                acc = evaluate(model, test_x, test_y, autocast)
-                st["acc"], st["best_acc"] = acc, max(st["best_acc"], acc)
-                if st["time_to_target"] is None and acc >= cfg["target_acc"]:
-                    st["time_to_target"] = st["train_time"]
-                row["test_acc"] = acc
-                log.info(
-                    "epoch %.2f step %d/%d loss %.4f acc %.4f", row["epoch"], st["step"], total, row["train_loss"], acc
-                )
-            metrics.write(row)
-        by_epoch = (
-            end_of_epoch and cfg["ckpt_every_epochs"] and (st["step"] // per_epoch) % cfg["ckpt_every_epochs"] == 0
-        )
-        by_time = bool(cfg["ckpt_every_s"]) and time.time() - last_ckpt >= cfg["ckpt_every_s"]
-        if sig.checkpoint or by_epoch or by_time:
-            sig.checkpoint = False
-            dt = timer.take()
-            st["train_time"] += dt
-            window[1] += dt
-            save()
-            last_ckpt = time.time()
-        if sig.exit:
-            log.info("SIGTERM: checkpointed at step %d, exiting", st["step"])
-            raise SystemExit(143)
-    summary = dict(
-        final_acc=st["acc"],
-        best_acc=st["best_acc"],
-        target_acc=cfg["target_acc"],
-        time_to_target_s=st["time_to_target"],
-        train_time_s=round(st["train_time"], 3),
-        steps=st["step"],
-        epochs=cfg["epochs"],
-        world_size=1,
-        device=str(device),
-        precision=precision,
-        model="airbench_muon",
-        dataset=cfg["dataset"],
-        recipe="airbench94_muon",
-        compiled=bool(cfg["compile"]) and graphs_compiled() > 0,
-        compile_s=round(compile_s, 3),
-        compile_mode=cfg["compile_mode"] if cfg["compile"] else "",
-        cuda_graphs=graphs,
-    )
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    log.info(
-        "done: final acc %.4f, best %.4f, %.1f s training",
-        summary["final_acc"] or 0,
-        summary["best_acc"],
-        summary["train_time_s"],
-    )
-    return summary
+            metrics_line(r, st, clock, loss_acc, metrics, end_of_epoch)
+        save, leave = ckpts.due(end_of_epoch, st["step"] // r.per_epoch)
+        if save:
+            clock.take()
+            ckpts.save()
+        if leave:
+            ckpts.leave()
+    about = dict(world_size=1, device=str(r.device), precision=r.precision, model="airbench_muon")
+    about.update(dataset=cfg["dataset"], recipe="airbench94_muon")
+    return write_summary(r.out, st, cfg, about, dict(compile_s=compile_s, cuda_graphs=graphs))
+
+
+def step_once(r: Recipe, loss_fn, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """One step of both optimizers on (x, y); the loss, not read on the host."""
+    if r.device.type == "cuda":
+        x = x.contiguous(memory_format=torch.channels_last)
+    with r.autocast():
+        loss = loss_fn(r.net(x), y)
+    r.scaler.scale(loss).backward()
+    for opt in (r.sgd, r.muon):
+        r.scaler.step(opt)
+    r.scaler.update()
+    r.model.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def metrics_line(r: Recipe, st: dict, clock: Clock, loss_acc: torch.Tensor, metrics: MetricsLog, end_of_epoch: bool):
+    """A metrics line: the loss and images/s since the last one; at each epoch's end the test accuracy (TTA)."""
+    clock.take()
+    loss = float(loss_acc) / clock.images
+    row = metrics_row(st, st["step"] / r.per_epoch, r.muon.param_groups[0]["lr"], loss, clock)
+    loss_acc.zero_()
+    clock.reset()
+    if end_of_epoch:
+        acc = evaluate(r.model, r.test_x, r.test_y, r.autocast)
+        record_accuracy(st, acc, r.cfg["target_acc"])
+        row["test_acc"] = acc
+        log.info("epoch %.2f step %d/%d loss %.4f acc %.4f", row["epoch"], st["step"], r.total, loss, acc)
+    metrics.write(row)
