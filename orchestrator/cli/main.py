@@ -78,11 +78,13 @@ def launch(sweep_file: str, dry_run: bool, detach: bool, every: bool):
     lock = SweepLock(state.home, sweep.spec.name)
     lock.acquire()
     lock.clear_stop()  # a launch after `orch down` runs the sweep again
+    lease = _take_lease(con, sweep, store, state)  # before preflight: a sweep run elsewhere buys nothing here
     # SIGTERM or a closed terminal in the first seconds (preflight makes the security group, template and
     # profile on AWS) is treated like Ctrl-C there: whatever preflight made is removed before orch exits.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _hand_off)
     controller = Controller(sweep, backend, store, state)
+    controller.lease = lease
     fresh = (
         get_json(store, layout.sweep_key(sweep.spec.name)) is None
     )  # a sweep seen before keeps what it has (its runs use it)
@@ -91,26 +93,37 @@ def launch(sweep_file: str, dry_run: bool, detach: bool, every: bool):
         new = controller.prepare()
     except KeyboardInterrupt:
         removed = backend.teardown() if fresh else []
+        lease.release("interrupted before the sweep started")
         lock.release()
         raise OrchError(
             f"interrupted before the sweep started; removed what this launch had made ({len(removed)} resource(s)). "
             f"Nothing new runs.",
             exit_code=130,
         ) from None
+    except BaseException:
+        lease.release("the launch failed before the sweep started")
+        raise
     con.print(
         f"{'launching' if new else 'continuing'} sweep [bold]{sweep.spec.name}[/]: {len(sweep.runs)} runs, "
         f"max_parallel {sweep.spec.max_parallel}, store {sweep.store_url}"
     )
     if detach:
+        lease.release("handed to a background controller")
         lock.release()
         pid = _spawn_controller(sweep)
         con.print(f"controller running in the background (pid {pid}). Watch: `orch status {sweep.spec.name} --watch`.")
         return
-    # Closing the terminal (SIGHUP) or a plain `kill` (SIGTERM) is treated like Ctrl-C from here on: the
-    # loop is handed to a background controller, so queued runs still start.
+    _run_here(con, sweep, controller, lock)
+
+
+def _run_here(con, sweep, controller, lock) -> None:
+    """The loop in this process, with its table. Closing the terminal (SIGHUP) or a plain `kill` (SIGTERM)
+    is treated like Ctrl-C: the loop is handed to a background controller, so queued runs still start."""
+    from orchestrator.control.lease import LeaseLost
+
     try:
         progress = _watch(con, controller.run)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # (the loop released the lease on its way out)
         if lock.stop_asked():
             _stopped_by_down(con, sweep)
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # the hand-off itself is not interrupted
@@ -123,9 +136,28 @@ def launch(sweep_file: str, dry_run: bool, detach: bool, every: bool):
             f"Watch: `orch status {sweep.spec.name} --watch`. Stop everything: `orch down {sweep.spec.name}`.",
         )
         return
+    except LeaseLost as exc:
+        if not exc.stopped:
+            raise
+        _say(con, f"\n{exc}")
+        return
     finally:
         lock.release()
     _finish(con, progress)
+
+
+def _take_lease(con, sweep, store, state):
+    """The sweep's lease in the store: one controller per sweep, whatever machine or ORCH_HOME runs it."""
+    from orchestrator.control.lease import Lease
+
+    lease = Lease(store, sweep.spec.name, state.home, str(sweep.path)).acquire()
+    if lease.took_over is not None:
+        _say(
+            con,
+            f"took the sweep over from a controller on {lease.took_over.holder.where()} "
+            f"(silent for {lease.took_over.age():.0f} s)",
+        )
+    return lease
 
 
 def _hand_off(signum, _frame):
@@ -247,6 +279,7 @@ def controller_cmd(sweep_file: str):
     import logging
 
     from orchestrator.control.controller import Controller
+    from orchestrator.control.lease import LeaseLost
     from orchestrator.control.state import SweepLock
     from orchestrator.sweep.load import load_sweep
 
@@ -255,13 +288,22 @@ def controller_cmd(sweep_file: str):
     backend, store, state = _parts(sweep)
     lock = SweepLock(state.home, sweep.spec.name)
     lock.acquire()
+    con = _console()
+    lease = _take_lease(con, sweep, store, state)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     if lock.stop_asked():  # `orch down` came while a launch handed the loop over: the stop wins
         click.echo(f"sweep {sweep.spec.name}: stopped by `orch down`; not starting.")
         return
     controller = Controller(sweep, backend, store, state)
+    controller.lease = lease
     controller.prepare()
-    progress = controller.run()
+    try:
+        progress = controller.run()
+    except LeaseLost as exc:
+        if not exc.stopped:
+            raise
+        click.echo(str(exc))
+        return
     click.echo(f"sweep {sweep.spec.name} done: {len(progress.failed)} failed")
 
 
@@ -329,7 +371,10 @@ def status(sweep: Optional[str], as_json: bool, watch: bool, every: bool):
     sw = load_sweep_arg(sweep)
     backend, store, _ = _parts(sw)
     if as_json:
+        from orchestrator.control.lease import read_lease
+
         p = observe(sw, backend, store, every)
+        lease = read_lease(store, sw.spec.name)[0]
         click.echo(
             json.dumps(
                 {
@@ -338,6 +383,7 @@ def status(sweep: Optional[str], as_json: bool, watch: bool, every: bool):
                     "spend_usd": p.spend_usd,
                     "budget_usd": p.budget_usd,
                     "runs": [asdict(r) for r in p.runs],
+                    "controller": None if lease is None else {**lease.to_json(), "alive": lease.alive()},
                 },
                 indent=2,
             )
@@ -365,15 +411,24 @@ def status(sweep: Optional[str], as_json: bool, watch: bool, every: bool):
         from orchestrator.control.trials import search_progress
 
         con.print(search_status_line(search_progress(sw, store)), markup=False)
-    from orchestrator.control.state import State, SweepLock
+    if not progress.done:
+        con.print(_controller_line(sw, store), markup=False)
 
-    state = State()
-    if not progress.done and SweepLock(state.home, sw.spec.name).holder() is None:
-        con.print(
-            f"no controller is running for {sw.spec.name}: queued and interrupted runs will not start. "
-            f"Continue it with `orch launch {sw.path}`.",
-            markup=False,
+
+def _controller_line(sw, store) -> str:
+    """Where the sweep's controller runs (its lease in the store), or that none does and how to continue."""
+    from orchestrator.control.lease import read_lease
+
+    lease, _ = read_lease(store, sw.spec.name)
+    name, again = sw.spec.name, f"`orch launch {sw.path}`"
+    if lease is not None and lease.alive():
+        return f"controller: {lease.holder.where()}, last heartbeat {lease.age():.0f} s ago."
+    if lease is not None and lease.ended is None:
+        return (
+            f"no controller is running for {name}: the one on {lease.holder.where()} is gone (no heartbeat for "
+            f"{lease.age():.0f} s). Queued and interrupted runs will not start; continue the sweep with {again}."
         )
+    return f"no controller is running for {name}: queued and interrupted runs will not start. Continue it with {again}."
 
 
 @main.command()

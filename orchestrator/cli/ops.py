@@ -146,6 +146,8 @@ def _down_one(arg: str, known: set) -> None:
     if arg not in known:
         _stop_controller(sw.spec.name)
     backend, store, _ = _parts(sw)
+    for line in _stop_elsewhere(sw, store):
+        click.echo(line)
     stopped = stop_sweep(sw, backend, store)
     click.echo(
         f"stopped {len(stopped)} run(s): {', '.join(stopped)}"
@@ -173,6 +175,24 @@ def _stop_controller(name: str) -> None:
         except Timeout:
             os.kill(pid, signal.SIGKILL)
         click.echo(f"stopped controller pid {pid}")
+
+
+def _stop_elsewhere(sw, store) -> List[str]:
+    """A controller of another machine or ORCH_HOME (its lease in the store is live): asked to stop through
+    the lease, and waited for, so that it does not start again what this command stops."""
+    import socket
+
+    from orchestrator.control.lease import RENEW_S, request_stop, wait_released
+
+    lease = request_stop(store, sw.spec.name, by=f"orch down on {socket.gethostname()} pid {os.getpid()}")
+    if lease is None:
+        return []
+    if wait_released(store, sw.spec.name, timeout=RENEW_S * 4):
+        return [f"stopped the controller on {lease.holder.where()}"]
+    return [
+        f"the controller on {lease.holder.where()} did not answer the stop request within {RENEW_S * 4:.0f} s; "
+        "its runs are stopped anyway (an instance it runs on goes with the sweep's resources)"
+    ]
 
 
 def _scan_regions(problems: Optional[List[str]] = None):

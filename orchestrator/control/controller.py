@@ -111,6 +111,7 @@ class Controller:
         self.reached: set = set()  # runs a metrics line of which met `target:` (sticky: a later line may fall back)
         self._published: Tuple[Optional[float], float] = (None, 0.0)  # (spend, when) of the last summary written
         self.trials: Optional[Trials] = None  # `search:`: the study, read at the first pass (after prepare's checks)
+        self.lease = None  # control/lease.py's Lease when the caller holds the sweep's lease: renewed each pass
 
     def prepare(self) -> bool:
         """Record the sweep in the store; refuse if a different sweep of that name is already there.
@@ -441,6 +442,8 @@ class Controller:
         last: List[Progress] = []
 
         def one_pass() -> bool:
+            if self.lease is not None:
+                self.lease.renew()  # raises LeaseLost (and the loop ends) when another controller took the sweep
             try:
                 progress = self.step()
             except OSError as exc:  # the store (a folder) went away or became read-only under us
@@ -453,7 +456,11 @@ class Controller:
             on_progress(progress)
             return progress.done
 
-        retry_until(one_pass, timeout=None, interval=interval)
+        try:
+            retry_until(one_pass, timeout=None, interval=interval)
+        finally:
+            if self.lease is not None:
+                self.lease.release("every run is final" if last and last[0].done else "the controller's loop ended")
         return last[0]
 
 

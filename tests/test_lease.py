@@ -1,0 +1,202 @@
+"""One controller per sweep per store, across machines and ORCH_HOMEs: the lease record `<sweep>/controller.json`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from orchestrator.control.lease import Holder, Lease, LeaseLost, LeaseRecord, lease_key, read_lease, request_stop
+from orchestrator.errors import OrchError
+from orchestrator.store.base import json_bytes
+from orchestrator.wait import retry_until
+from tests.conftest import Orch, starts
+from tests.conftest import run_states as status
+
+
+def plant(store, sweep: str, holder: Holder, heartbeat: float) -> None:
+    """A lease another controller left: written as that controller would have."""
+    record = LeaseRecord(holder=holder, started=heartbeat, heartbeat=heartbeat)
+    store.put_bytes(lease_key(sweep), json_bytes(record.to_json()))
+
+
+def test_a_second_controller_from_another_home_is_refused_while_the_first_renews(store, tmp_path):
+    first = Lease(store, "sw", tmp_path / "a", "sw.yaml").acquire()
+    with pytest.raises(OrchError) as refused:
+        Lease(store, "sw", tmp_path / "b", "sw.yaml").acquire()
+    text = str(refused.value)
+    assert refused.value.exit_code == 2 and f"pid {os.getpid()}" in text and str(tmp_path / "a") in text, text
+    assert "orch down sw" in text and "orch status sw --watch" in text and "orch launch sw.yaml" in text, text
+    first.renew(force=True)  # the holder keeps renewing over its own writes
+    assert read_lease(store, "sw")[0].holder.token == first.holder.token
+
+
+def test_a_stale_lease_is_taken_over_and_its_old_holder_stops(store, tmp_path):
+    old = Lease(store, "sw", tmp_path / "a").acquire()
+    gone = Holder(host="laptop-far-away", pid=4242, token="t-old", home="/home/x/.orch")
+    plant(store, "sw", gone, time.time() - 3600)  # its heartbeat: an hour ago
+    new = Lease(store, "sw", tmp_path / "b").acquire()
+    assert new.took_over is not None and new.took_over.holder.host == "laptop-far-away"
+    assert read_lease(store, "sw")[0].holder.token == new.holder.token
+    with pytest.raises(LeaseLost) as lost:  # a holder that wakes up after its lease was taken stops acting
+        old.renew(force=True)
+    assert not lost.value.stopped and "took the sweep over" in str(lost.value)
+
+
+def test_a_lease_of_a_dead_process_on_this_machine_is_taken_over_at_once(store, tmp_path):
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = Holder.here(tmp_path / "a")
+    dead.pid = int(proc.stdout)
+    plant(store, "sw", dead, time.time())  # a fresh heartbeat, but its process has exited
+    assert not read_lease(store, "sw")[0].alive()
+    assert Lease(store, "sw", tmp_path / "b").acquire().took_over.holder.pid == dead.pid
+
+
+def test_racing_controllers_for_a_stale_lease_leave_exactly_one_holder(store, tmp_path):
+    plant(store, "sw", Holder(host="elsewhere", pid=1, token="t"), time.time() - 3600)
+    won, refused = [], []
+    go = threading.Barrier(6)
+
+    def contend(i: int) -> None:
+        go.wait()
+        try:
+            won.append(Lease(store, "sw", tmp_path / f"h{i}").acquire())
+        except OrchError:
+            refused.append(i)
+
+    threads = [threading.Thread(target=contend, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1 and len(refused) == 5, (won, refused)
+    assert read_lease(store, "sw")[0].holder.token == won[0].holder.token
+
+
+def test_a_released_lease_is_free_at_once_and_a_stop_request_ends_the_holder(store, tmp_path):
+    first = Lease(store, "sw", tmp_path / "a").acquire()
+    first.release("every run is final")
+    second = Lease(store, "sw", tmp_path / "b").acquire()
+    assert second.took_over is None  # a clean hand-over, not a takeover
+    assert request_stop(store, "sw", by="orch down on the laptop") is not None
+    with pytest.raises(LeaseLost) as stopped:
+        second.renew(force=True)
+    assert stopped.value.stopped and "orch down on the laptop" in str(stopped.value)
+
+
+def test_an_unreadable_lease_is_taken_over(store, tmp_path):
+    store.put_bytes(lease_key("sw"), b'{"holder": {"pid": 3')
+    assert read_lease(store, "sw")[0] is None
+    Lease(store, "sw", tmp_path / "a").acquire()
+    assert read_lease(store, "sw")[0].holder.home == str(tmp_path / "a")
+
+
+# --- through the CLI: two ORCH_HOMEs on one folder store ----------------------------------------------------
+
+
+def other_home(orch: Orch, tmp_path) -> Orch:
+    """A second user of the same store, tmux server and work folder (`local.workdir`): another ORCH_HOME."""
+    other = Orch(tmp_path / "elsewhere")
+    other.tmp.mkdir()
+    other.socket, other.env["ORCH_TMUX_SOCKET"] = orch.socket, orch.socket
+    return other
+
+
+def controller_pid(orch: Orch, sweep: str) -> int:
+    return int((orch.home / "locks" / f"{sweep}.lock").read_text())
+
+
+@pytest.mark.slow
+def test_two_homes_on_one_store_one_controller_and_a_killed_one_is_taken_over(orch, job, tmp_path):
+    path = orch.sweep(f"""
+        name: shared
+        command: "{job(steps=2, release=True)}"
+        grid:
+          a: [1, 2]
+        max_parallel: 2
+        store: {orch.store()}
+        local:
+          workdir: {tmp_path / "work"}
+    """)
+    assert orch("launch", str(path), "--detach").code == 0
+    retry_until(lambda: {r["state"] for r in status(orch, "shared").values()} == {"running"}, 60, 0.3, "both running")
+    other = other_home(orch, tmp_path)
+    try:
+        again = other("launch", str(path))
+        assert again.code == 2 and "already run by a controller on" in again.err, again.err
+        assert str(orch.home) in again.err and "Traceback" not in again.err, again.err
+        seen = other("status", str(path))
+        assert "controller: " in seen.out and f"ORCH_HOME {orch.home}" in seen.out, seen.out
+
+        first = controller_pid(orch, "shared")
+        os.kill(first, signal.SIGKILL)  # no release: the lease names a process that is gone
+        retry_until(lambda: not os.path.exists(f"/proc/{first}"), 10, 0.05, "the controller to exit")
+        took = other("launch", str(path), "--detach")
+        assert took.code == 0 and "took the sweep over" in took.out, took.out + took.err
+        job.release.touch()
+        retry_until(
+            lambda: {r["state"] for r in status(other, str(path)).values()} == {"succeeded"}, 60, 0.3, "the end"
+        )
+        runs = status(other, str(path))
+        assert [r["attempt"] for r in runs.values()] == [1, 1], runs  # adopted, never restarted
+        assert len(starts(job.marks)) == 2 and not (job.marks / "DUPLICATE").exists()
+        lease = json.loads(other("status", str(path), "--json").out)["controller"]
+        assert lease["ended"] and lease["end_reason"] == "every run is final", lease
+    finally:
+        other.close()
+
+
+@pytest.mark.slow
+def test_down_from_another_home_stops_the_controller_through_its_lease(orch, job, tmp_path):
+    path = orch.sweep(f"""
+        name: faraway
+        command: "{job(steps=2, release=True)}"
+        grid:
+          a: [1, 2, 3]
+        max_parallel: 2
+        store: {orch.store()}
+        local:
+          workdir: {tmp_path / "work"}
+    """)
+    assert orch("launch", str(path), "--detach").code == 0
+    retry_until(lambda: sum(r["state"] == "running" for r in status(orch, "faraway").values()) == 2, 60, 0.3, "2")
+    pid = controller_pid(orch, "faraway")
+    other = other_home(orch, tmp_path)
+    try:
+        d = other("down", str(path))
+        assert d.code == 0 and "stopped the controller on" in d.out and "stopped 2 run(s)" in d.out, d.out + d.err
+        retry_until(lambda: not os.path.exists(f"/proc/{pid}"), 30, 0.1, "the first home's controller to end")
+        states = sorted(r["state"] for r in status(orch, "faraway").values())
+        assert states == ["queued", "stopped", "stopped"], states  # nothing started again behind the stop
+    finally:
+        other.close()
+
+
+def test_status_names_a_remote_controller_and_says_when_it_went_silent(orch, job):
+    from orchestrator.store.folder import LocalStore
+
+    path = orch.sweep(f"""
+        name: away
+        command: "{job(steps=1)}"
+        store: {orch.store()}
+    """)
+    store = LocalStore(str(orch.store()))
+    store.put_bytes("away/sweep.json", b'{"spec": {}}')  # recorded, never run from here
+    remote = Holder(host="ip-10-0-0-5", pid=812, token="t", instance_id="i-0abc", instance_type="t3.micro")
+    remote.region = "eu-west-1"
+    plant(store, "away", remote, time.time() - 5)
+    alive = orch("status", str(path))
+    assert alive.code == 0 and "controller: instance i-0abc (t3.micro, eu-west-1) pid 812" in alive.out, alive.out
+    plant(store, "away", remote, time.time() - 600)
+    gone = orch("status", str(path))
+    assert re.search(
+        r"the one on instance i-0abc \(t3.micro, eu-west-1\) pid 812 is gone \(no heartbeat for 6\d\d s\)", gone.out
+    )
+    assert f"continue the sweep with `orch launch {path}`" in gone.out, gone.out
