@@ -59,6 +59,28 @@ class SshSection(Strict):
     )
 
 
+class ControllerSection(Strict):
+    """The instance a sweep's controller runs on with `orch launch --remote` (on demand, in the sweep's region).
+
+    Its defaults follow tests/bench/test_bench_remote.py: a pass at 10,000 runs needs well under 1 GiB and a
+    fraction of a CPU second, so the smallest burstable type serves (README: Sweeps that run unattended)."""
+
+    instance_type: str = Field("t3.micro", min_length=1, description="EC2 type of the controller's instance.")
+    image: Optional[str] = Field(
+        None,
+        min_length=1,
+        description=(
+            "AMI id or name pattern (owner `image_owner`); default: the newest Amazon Linux 2023 image of the type's "
+            "architecture."
+        ),
+    )
+    image_owner: str = Field("amazon", description="Owner of `image` when it is a name pattern.")
+    python: str = Field("python3", min_length=1, description="Interpreter on the image (3.9 or newer) to run orch.")
+    max_hours: Amount = Field(
+        48, gt=0, le=24 * 30, description="Safety net: the controller's instance terminates itself after this."
+    )
+
+
 class AwsSection(Strict):
     """Settings of the aws backend (`backend: aws`)."""
 
@@ -116,6 +138,9 @@ class AwsSection(Strict):
         30, gt=0, description="How often the agent syncs the run folder to S3 (and at once on a spot notice)."
     )
     ssh: SshSection = Field(default_factory=SshSection, description="SSH settings.")
+    controller: ControllerSection = Field(
+        default_factory=ControllerSection, description="The controller's own instance, for `orch launch --remote`."
+    )
 
 
 class ResourcesSection(Strict):
@@ -263,7 +288,8 @@ class Sweep:
 
     def resolved(self) -> Dict[str, Any]:
         """What is recorded as sweep.json; a relaunch must match it."""
-        data = self.spec.model_dump(mode="json")
+        # where the controller runs is no part of what the runs do: a relaunch may change it
+        data = self.spec.model_dump(mode="json", exclude={"aws": {"controller"}})
         data["store"] = self.store_url
         data["runs"] = [r.run_id for r in self.runs]
         data["grid_order"] = list(

@@ -1,0 +1,55 @@
+"""The `aws.controller:` section: where `orch launch --remote` will run a sweep's controller."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from orchestrator.errors import SpecError
+from orchestrator.sweep.load import load_sweep
+
+AWS = """
+    name: away
+    backend: aws
+    store: s3://bucket/prefix
+    aws:
+      image: ami-0123456789abcdef0
+"""
+
+
+def write(tmp_path, text: str):
+    p = tmp_path / "s.yaml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def test_the_controller_section_has_working_defaults_and_is_no_part_of_the_recorded_sweep(tmp_path):
+    sweep = load_sweep(write(tmp_path, AWS))
+    c = sweep.spec.aws.controller
+    assert (c.instance_type, c.image, c.image_owner, c.python, c.max_hours) == (
+        "t3.micro",
+        None,
+        "amazon",
+        "python3",
+        48,
+    )
+    changed = load_sweep(write(tmp_path, AWS + "      controller: {instance_type: t4g.micro, max_hours: 5}\n"))
+    assert changed.spec.aws.controller.instance_type == "t4g.micro"
+    assert changed.resolved() == sweep.resolved()  # a relaunch may move the controller: the runs are the same
+    assert "controller" not in sweep.resolved()["aws"]
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        ("      controller: {instance_typ: t3.micro}\n", "instance_typ"),
+        ("      controller: {max_hours: 0}\n", "max_hours"),
+        ("      controller: {max_hours: 100000}\n", "max_hours"),
+        ("      controller: {python: ''}\n", "python"),
+    ],
+)
+def test_a_bad_controller_section_is_refused_with_the_field(tmp_path, extra, words):
+    with pytest.raises(SpecError) as info:
+        load_sweep(write(tmp_path, AWS + extra))
+    assert "aws.controller" in str(info.value) and words in str(info.value), str(info.value)
