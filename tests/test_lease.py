@@ -200,3 +200,23 @@ def test_status_names_a_remote_controller_and_says_when_it_went_silent(orch, job
         r"the one on instance i-0abc \(t3.micro, eu-west-1\) pid 812 is gone \(no heartbeat for 6\d\d s\)", gone.out
     )
     assert f"continue the sweep with `orch launch {path}`" in gone.out, gone.out
+
+
+def test_an_aws_sweep_held_from_another_home_is_refused_before_anything_is_made(orch, cloud, identity, tmp_path):
+    import yaml
+
+    from orchestrator.store.s3 import S3Store
+    from tests.conftest import ROOT
+    from tests.fakecloud import BUCKET
+
+    spec = yaml.safe_load((ROOT / "experiments" / "fakecloud-smoke.yaml").read_text())
+    spec.update(name="held", store=f"s3://{BUCKET}/sweeps")
+    spec["aws"]["ssh"].update(identity=str(identity), user=os.environ.get("USER") or "root")
+    path = orch.sweep(yaml.safe_dump(spec), name="held.yaml")
+    store = S3Store(f"s3://{BUCKET}/sweeps", client=cloud.client("s3"))
+    holder = Lease(store, "held", tmp_path / "laptop-home").acquire()  # a live controller of another ORCH_HOME
+    r = orch("launch", str(path))
+    assert r.code == 2 and "already run by a controller on" in r.err and "Traceback" not in r.err, r.err
+    assert "IAM" not in r.err and "quota" not in r.err, r.err
+    assert not cloud.all_leftovers()  # no security group, template, profile or instance was made
+    assert read_lease(store, "held")[0].holder.token == holder.holder.token
