@@ -295,3 +295,25 @@ def test_tensorboard_and_collect_refuse_bad_folders_hosts_and_ports_clearly(orch
         port = taken.getsockname()[1]
         r = orch("tensorboard", str(sweep.path), "--port", str(port), "--logdir", str(tmp_path / "x"))
     assert r.code == 2 and f"port {port} on 127.0.0.1 is in use" in r.err and "http://" not in r.out, r.out + r.err
+
+
+def test_a_metric_named_like_a_param_never_overwrites_the_swept_value(orch, tmp_path):
+    import csv
+
+    sweep, store = make(tmp_path)
+    for run in sweep.runs:  # the trainer logs its scheduled learning rate as `lr`
+        put_run(
+            store, run.run_id, lines({"step": 1, "lr": 0.0005, "loss": 0.5}, {"step": 2, "lr": 0.000119}), "succeeded"
+        )
+    r = orch("collect", str(sweep.path), "--out", str(tmp_path / "res"), "--wide")
+    assert r.code == 0, r.err
+    rows = list(csv.DictReader(open(tmp_path / "res" / "runs.csv")))
+    doc = json.loads((tmp_path / "res" / "runs.json").read_text())["runs"]
+    for row, run, js in zip(rows, sweep.runs, doc):
+        assert float(row["lr"]) == run.params["lr"] and js["lr"] == run.params["lr"], (row, js)
+        assert float(row["metric.lr"]) == 0.000119 and js["metric.lr"] == 0.000119, (row, js)
+    board = Board(sweep, store, tmp_path / "tb")
+    board.update()
+    board.close()
+    for run in sweep.runs:
+        assert session_hparams(tmp_path / "tb" / run.run_id)["lr"] == pytest.approx(run.params["lr"])

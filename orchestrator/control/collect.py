@@ -23,9 +23,13 @@ PREFERRED = ("epoch", "test_acc", "val_acc", "acc", "train_loss", "val_loss", "l
 NOISE = ("lr", "images_per_s", "image_size", "step", "elapsed_s", "elapsed", "time")
 
 
+METRIC_PREFIX = "metric."  # a metric named like a param or one of collect's own columns is kept under this prefix
+OWN_COLUMNS = ("run_id", "state", "attempts", "reason")
+
+
 def ranked(names) -> List[str]:
     """Metric names worth a column, the familiar ones first."""
-    names = [n for n in names if n not in NOISE]
+    names = [n for n in names if n.removeprefix(METRIC_PREFIX) not in NOISE]
     return sorted(names, key=lambda n: (PREFERRED.index(n) if n in PREFERRED else len(PREFERRED), names.index(n)))
 
 
@@ -82,6 +86,14 @@ def _best(lines: List[dict]) -> Dict[str, float]:
     return best
 
 
+def _own_names(lines: List[dict], taken: set) -> List[dict]:
+    """A metric named like a param (the trainer's logged `lr` in a sweep over `lr`) is renamed `metric.<name>`:
+    the swept value keeps its column in the table, runs.csv and runs.json, and the metric is kept too."""
+    if not any(k in taken for line in lines for k in line):
+        return lines
+    return [{(METRIC_PREFIX + k if k in taken else k): v for k, v in line.items()} for line in lines]
+
+
 READERS = 16  # parallel reads: a status record and a metrics file per run
 
 
@@ -96,6 +108,7 @@ def collect(sweep: Sweep, store: Store) -> Results:
 
     target = sweep.spec.target
     statuses = {}
+    taken = {k for run in sweep.runs for k in run.params} | set(OWN_COLUMNS)
 
     def one(run) -> RunResult:
         status = statuses[run.run_id] = read_status(store, sweep.spec.name, run.run_id)
@@ -111,6 +124,7 @@ def collect(sweep: Sweep, store: Store) -> Results:
             if target is not None
             else ToTarget()
         )
+        lines = _own_names(lines, taken)
         return RunResult(
             run_id=run.run_id,
             state=status.state,
