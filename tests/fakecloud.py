@@ -15,7 +15,8 @@
   AuthorizedKeysFile from ssh_authorized_keys), its own HOME and tmux socket folder, and a fake
   IMDSv2 (token PUT included) that serves its instance id, placement, its instance profile's role
   credentials (the only credentials a host has, as on EC2), and on demand a spot interruption
-  notice or a rebalance recommendation. runcmd is recorded, never executed (it holds `shutdown`).
+  notice or a rebalance recommendation. write_files and runcmd are recorded, never executed (the safety net
+  holds `shutdown`; tests/test_userdata.py runs it in a sandbox).
 - The image is shaped like the AWS Deep Learning AMI (OSS PyTorch, Ubuntu): plain `python3` cannot
   import torch; `/opt/pytorch/bin/python` can. DescribeImages gives root device `/dev/sda1` and a
   75 GB snapshot. The first interpreter start on a host takes `cold_s` longer (a cold EBS volume).

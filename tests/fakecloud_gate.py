@@ -58,6 +58,7 @@ CONTROLLER_KEY = (
 )
 CONTROLLER = "(the controller)"  # its name where a role's would be
 AUTH_RE = re.compile(r"Credential=([^/]+)/[^/]+/([^/]+)/([^/]+)/")
+IMAGE_ACTIONS = ("CreateImage", "CopyImage", "DescribeImages", "CreateTags", "DeregisterImage")
 PLACEMENT_ACTIONS = ("CreatePlacementGroup", "DescribePlacementGroups", "DeletePlacementGroup")
 UNOFFERED = (
     "Your requested instance type ({t}) is not supported in your requested Availability Zone ({az}). "
@@ -118,11 +119,13 @@ class Gate:
     denied: List[str] = field(default_factory=list)  # controller calls the documented policy refused
 
     def __post_init__(self):
+        from tests.fakecloud_images import Images
         from tests.fakecloud_placement import PlacementGroups
 
         self.lock = threading.Lock()
         self.ended: Dict[str, float] = {}  # instance id -> when TerminateInstances was asked
         self.placement = PlacementGroups(state_of=_state_of)
+        self.images = Images(self)  # CreateImage ... DeregisterImage as EC2 answers them
 
     # --- WSGI ----------------------------------------------------------------------------------
 
@@ -242,6 +245,10 @@ class Gate:
             if action == "CreatePlacementGroup" and answer[0].startswith("200"):
                 self._born("pg:" + form.get("GroupName", [""])[0])  # CreateFleet may not know it for a moment
             return answer
+        if action in IMAGE_ACTIONS:  # tests/fakecloud_images.py
+            answer = self.images.answer(action, form, environ, body)
+            if answer is not None:
+                return answer
         answer = self.forward(environ)
         if action == "DescribeSpotPriceHistory" and answer[0].startswith("200"):
             times = [form.get(k, [""])[0] for k in ("StartTime", "EndTime")]
@@ -254,9 +261,6 @@ class Gate:
         if action == "TerminateInstances" and answer[0].startswith("200"):
             for iid in ids:
                 self._shut_down(iid)
-        if action in ("CreateImage", "CopyImage") and answer[0].startswith("200"):
-            for image_id in set(re.findall(rb"ami-[0-9a-f]+", answer[2])):
-                self._image_pending(image_id.decode())
         return answer
 
     def _create_fleet(self, environ, form):
@@ -455,27 +459,6 @@ class Gate:
                     inst._state.name, inst._state.code = "running", 16
 
         _later(self.strict.pending_s, run)
-
-    def _image_pending(self, image_id: str) -> None:
-        """CreateImage answers at once; the image is `pending` for minutes, then `available` or `failed`
-        (EC2 user guide, Create an Amazon EBS-backed AMI). moto makes it `available` at once."""
-        with MOTO:
-            image = _ec2_backend().amis.get(image_id)
-            if image is None or self.strict.image_s <= 0:
-                return
-            image.state = "pending"
-        fail = self.fail_images
-
-        def done():
-            with MOTO:
-                image.state = "failed" if fail else "available"
-                if fail:
-                    image.state_reason = {
-                        "Code": "Client.InternalError",
-                        "Message": "injected by the fake cloud: the snapshot failed",
-                    }
-
-        _later(self.strict.image_s, done)
 
     def _lingers(self, iid: str) -> bool:
         """A terminated instance goes on counting toward instance quotas for a while (EC2 Developer Guide,

@@ -72,6 +72,7 @@ def test_build_list_use_and_remove_an_image(orch, cloud, identity):
         ["bash ~/hello.sh", "cat ~/hello.txt"],
         smoke="test -s ~/hello.txt && python3 -c 'import trainer'",
     )
+    cloud.gate.images.deregistered_s = 120.0  # the removed image stays listed while this test looks
     dry = orch("ami", "build", str(path), "--dry-run")
     assert dry.code == 0 and "not built yet" in dry.out and "nothing launched" in dry.out, dry.out + dry.err
     built = orch("ami", "build", str(path), timeout=600)
@@ -114,11 +115,17 @@ def test_build_list_use_and_remove_an_image(orch, cloud, identity):
     snapshots = [
         b["Ebs"]["SnapshotId"] for b in image.get("BlockDeviceMappings", []) if "SnapshotId" in b.get("Ebs", {})
     ]
+    snap_tags = {
+        t["Key"]: t["Value"] for s in ec2.describe_snapshots(SnapshotIds=snapshots)["Snapshots"] for t in s["Tags"]
+    }
+    assert snap_tags["orch:recipe"] == "tiny"  # tagged at creation, with the image
     gone = orch("ami", "rm", image_id, "--region", "us-east-1")
     assert gone.code == 0 and image_id in gone.out, gone.out + gone.err
-    assert (
-        ec2.describe_images(Owners=["self"], Filters=[{"Name": "tag-key", "Values": ["orch:recipe"]}])["Images"] == []
-    )
+    listed = ec2.describe_images(Owners=["self"], Filters=[{"Name": "tag-key", "Values": ["orch:recipe"]}])["Images"]
+    assert [i["State"] for i in listed] == ["deregistered"]  # EC2 lists it "for a short interval"
+    again = orch("ami", "rm", image_id, "--region", "us-east-1")  # just removed: already gone, not an error
+    assert again.code == 0 and "already removed" in again.out, again.out + again.err
+    assert image_id not in orch("ami", "list", "--region", "us-east-1").out
     left = {s["SnapshotId"] for s in ec2.describe_snapshots(OwnerIds=["self"])["Snapshots"]}
     assert not set(snapshots) & left
     missing = orch("launch", str(orch.tmp / "onimage.yaml"), "--dry-run")
@@ -144,24 +151,28 @@ def test_a_failing_step_shows_its_output_and_leaves_nothing(orch, cloud, identit
     )
 
 
-def test_a_failed_image_is_an_error_and_stays_listed_for_rm(orch, cloud, identity):
+@pytest.mark.parametrize("state", ["failed", "error"])
+def test_a_failed_image_is_an_error_and_stays_listed_for_rm(orch, cloud, identity, state):
+    """Every bad terminal ImageState ends the build at once with EC2's reason (not after the 3 h wait), the builder
+    terminated; the image, tagged at creation, stays listed for `orch ami rm`."""
     # market spot: the builder is a one-time spot instance, which EC2 (and the fake) refuses to stop
     path = recipe(orch, identity, "flaky", ["true"])
     spec = yaml.safe_load(path.read_text())
     spec["aws"]["market"] = "spot"
     path.write_text(yaml.safe_dump(spec))
-    cloud.gate.fail_images = True
+    cloud.gate.images.end_state = state
     r = orch("ami", "build", str(path), timeout=600)
-    assert r.code != 0 and "failed" in r.err and "orch ami rm" in r.err and "Traceback" not in r.err, r.out + r.err
+    assert r.code != 0 and f"is {state}" in r.err and "orch ami rm" in r.err and "Traceback" not in r.err, r.out + r.err
+    assert "injected by the fake cloud" in r.err  # its StateReason
     assert cloud.gate.counts["UnsupportedOperation"] == 0  # nothing tried to stop the spot builder
     (image,) = [
         i
         for i in cloud.client("ec2").describe_images(Owners=["self"])["Images"]
         if any(t["Key"] == "orch:recipe" and t["Value"] == "flaky" for t in i.get("Tags", []))
     ]
-    assert image["State"] == "failed"
+    assert image["State"] == state
     listed = orch("ami", "list", "--region", "us-east-1")
-    assert image["ImageId"] in listed.out and "failed" in listed.out, listed.out
+    assert image["ImageId"] in listed.out and state in listed.out, listed.out
     dry = orch.sweep(
         yaml.safe_dump(
             {

@@ -76,7 +76,13 @@ def test_sweep_runs_on_fake_spot_instances_and_leaves_nothing(orch, cloud, ident
     # every instance ended (the agents terminated their own hosts), after recording the safety net
     assert cloud.instances("fc") == []
     assert len(cloud.gone) == 3
-    assert all(h.runcmd == [["shutdown", "-h", "+60"]] for h in cloud.gone.values())
+    from orchestrator.aws.userdata import SAFETY_NET
+
+    nets = [
+        [f for f in yaml.safe_load(h.user_data.split("\n", 1)[1])["write_files"] if f["path"] == SAFETY_NET]
+        for h in cloud.gone.values()
+    ]
+    assert all(len(n) == 1 and 'shutdown -h "+$left"' in n[0]["content"] for n in nets)  # at every boot
     # no AWS credential in user data, logs or anything else in the store
     assert all(cloud.secret not in h.user_data and "AWS_SECRET" not in h.user_data for h in cloud.gone.values())
     assert not [k for k, v in objects.items() if cloud.secret.encode() in v]

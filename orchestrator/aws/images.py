@@ -14,7 +14,7 @@ import logging
 import time
 from typing import Callable, Dict, List, Optional
 
-from orchestrator.aws.ec2 import _code, explain
+from orchestrator.aws.ec2 import NOT_FOUND_S, _code, explain
 from orchestrator.errors import OrchError
 from orchestrator.sweep.recipe import Recipe
 from orchestrator.wait import Timeout, retry_until
@@ -36,6 +36,7 @@ def images(ec2, recipe: Optional[str] = None, sha: Optional[str] = None) -> List
     if sha:
         filters.append({"Name": f"tag:{SHA_TAG}", "Values": [sha]})
     found = ec2.describe_images(Owners=["self"], Filters=filters)["Images"]
+    found = [i for i in found if i.get("State") != "deregistered"]  # listed for a short while after removal
     return sorted(found, key=lambda i: i.get("CreationDate", ""), reverse=True)
 
 
@@ -44,29 +45,37 @@ def tags_of(image: dict) -> Dict[str, str]:
 
 
 IMAGE_WAIT_S = 3 * 3600.0  # EC2 gives no bound; large volumes and cross-region copies take an hour and more
+# Every ImageState of the EC2 service model: still on its way, done, or ended badly (no wait can help).
+WAITING_STATES = frozenset({"pending", "transient"})
+BAD_STATES = frozenset({"invalid", "deregistered", "failed", "error", "disabled"})
+GONE_CODES = ("InvalidAMIID.NotFound", "InvalidAMIID.Unavailable")
 
 
 def _wait_available(
     ec2, image_id: str, say: Callable[[str], None] = lambda _: None, timeout_s: float = IMAGE_WAIT_S
 ) -> None:
-    """Until the image is `available`; a `failed` one is an error with EC2's reason. Says how long it has
-    waited every minute. Giving up leaves the image (tagged) for `orch ami list` / `orch ami rm`."""
+    """Until the image is `available`; a bad terminal state is an error at once with EC2's reason. A new id that
+    EC2 does not know yet (eventual consistency) is "not yet" for NOT_FOUND_S. Says how long it has waited every
+    minute. Giving up leaves the image (tagged at creation) for `orch ami list` / `orch ami rm`."""
     start, told = time.time(), [time.time()]
 
-    def state():
-        found = ec2.describe_images(ImageIds=[image_id])["Images"]
-        if found and found[0]["State"] == "failed":
+    def state() -> bool:
+        found = _describe(ec2, image_id)
+        if not found and time.time() - start > NOT_FOUND_S:
             raise OrchError(
-                f"image {image_id} failed: {found[0].get('StateReason', {}).get('Message', 'no reason given')}. "
-                f"`orch ami rm {image_id}` removes it; build again."
+                f"image {image_id} is not listed by EC2 {NOT_FOUND_S:.0f} s after it was made; build again."
+            )
+        current = found["State"] if found else "not listed yet"
+        if current in BAD_STATES:
+            reason = found.get("StateReason") or {}
+            raise OrchError(
+                f"image {image_id} is {current}: {reason.get('Code', '')} {reason.get('Message', 'no reason given')}"
+                f". `orch ami rm {image_id}` removes it; build again."
             )
         if time.time() - told[0] >= 60:
             told[0] = time.time()
-            say(
-                f"  image {image_id} still {found[0]['State'] if found else 'not listed'} after "
-                f"{(time.time() - start) / 60:.0f} min"
-            )
-        return found and found[0]["State"] == "available"
+            say(f"  image {image_id} still {current} after {(time.time() - start) / 60:.0f} min")
+        return current == "available"
 
     try:
         retry_until(state, timeout_s, 5.0, f"image {image_id} to be available")
@@ -77,22 +86,30 @@ def _wait_available(
         ) from None
 
 
-def remove(ec2, image_id: str) -> List[str]:
-    """Deregister an image of orch's and delete its snapshots; refuses one that live instances run."""
+def _describe(ec2, image_id: str) -> Optional[dict]:
+    """The image, or None where EC2 does not (or no longer) know the id."""
     from botocore.exceptions import ClientError
 
     try:
         found = ec2.describe_images(ImageIds=[image_id])["Images"]
     except ClientError as exc:
-        if _code(exc) in ("InvalidAMIID.NotFound", "InvalidAMIID.Unavailable"):
-            found = []
-        else:
-            raise
-    if not found:
+        if _code(exc) in GONE_CODES:
+            return None
+        raise
+    return found[0] if found else None
+
+
+def remove(ec2, image_id: str) -> List[str]:
+    """Deregister an image of orch's and delete its snapshots; refuses one that live instances run. An image
+    deregistered a moment ago (DescribeImages lists those "for a short interval") is already gone: []."""
+    found = _describe(ec2, image_id)
+    if found is None:
         raise OrchError(
             f"{image_id} does not exist in this region (already removed?); `orch ami list` shows orch's images."
         )
-    if RECIPE_TAG not in tags_of(found[0]):
+    if found.get("State") == "deregistered":
+        return []
+    if RECIPE_TAG not in tags_of(found):
         raise OrchError(f"{image_id} is not an image orch built (no {RECIPE_TAG} tag); `orch ami list` shows those.")
     users = [
         i["InstanceId"]
@@ -107,12 +124,28 @@ def remove(ec2, image_id: str) -> List[str]:
     if users:
         raise OrchError(f"{image_id} is in use by {', '.join(users)}; stop that sweep first (`orch down SWEEP`).")
     snapshots = [
-        b["Ebs"]["SnapshotId"] for b in found[0].get("BlockDeviceMappings", []) if b.get("Ebs", {}).get("SnapshotId")
+        b["Ebs"]["SnapshotId"] for b in found.get("BlockDeviceMappings", []) if b.get("Ebs", {}).get("SnapshotId")
     ]
-    ec2.deregister_image(ImageId=image_id)
-    for snap in snapshots:
+    return [image_id, *snapshots] if _deregister(ec2, image_id, snapshots) else []
+
+
+def _deregister(ec2, image_id: str, snapshots: List[str]) -> bool:
+    """DeregisterImage, with its snapshots in the same call where the service model has DeleteAssociatedSnapshots
+    (else one DeleteSnapshot each); False when someone removed it first."""
+    from botocore.exceptions import ClientError
+
+    together = (
+        "DeleteAssociatedSnapshots" in ec2.meta.service_model.operation_model("DeregisterImage").input_shape.members
+    )
+    try:
+        ec2.deregister_image(ImageId=image_id, **({"DeleteAssociatedSnapshots": True} if together else {}))
+    except ClientError as exc:
+        if _code(exc) in GONE_CODES:
+            return False
+        raise
+    for snap in [] if together else snapshots:
         ec2.delete_snapshot(SnapshotId=snap)
-    return [image_id, *snapshots]
+    return True
 
 
 def resolve_recipe_image(ec2, image: str, region: str) -> str:

@@ -139,7 +139,7 @@ def ami_rm(image: str, region: Optional[str]):
             exit_code=2,
         )
     gone = images.remove(api.client("ec2", region or _default_region()), image)
-    click.echo("removed " + ", ".join(gone))
+    click.echo("removed " + ", ".join(gone) if gone else f"{image} is already removed (deregistered); nothing to do")
 
 
 def _remember_region(region: str) -> None:

@@ -105,23 +105,19 @@ def build(
                 {"Key": SHA_TAG, "Value": sha},
                 {"Key": BASE_TAG, "Value": base["ImageId"]},
             ]
+            # tagged at creation, image and snapshots ("The tags to apply to the AMI and snapshots on creation"):
+            # never an untagged image that `orch ami list` and `orch gc` cannot see, whatever happens next
             image_id = ec2.create_image(
                 InstanceId=instance_id,
                 Name=f"orch-{recipe.name}-{sha[:12]}-{time.strftime('%Y%m%d-%H%M%S')}",
                 Description=f"orch recipe {recipe.name} ({sha[:12]}) from {base['ImageId']}",
+                TagSpecifications=_on_creation(image_tags),
             )["ImageId"]
-            ec2.create_tags(
-                Resources=[image_id], Tags=image_tags
-            )  # at once: `orch ami list` and `gc` know it while it is pending
             say(
                 f"image {image_id} is pending: EC2 reboots the builder and snapshots its volume (minutes; more for "
                 "large volumes)"
             )
-            try:
-                _wait_available(ec2, image_id, say)
-            # available, failed or given up: its snapshots carry the recipe's tags, so `orch ami list`/`rm` find them
-            finally:
-                _tag_snapshots(ec2, image_id, image_tags)
+            _wait_available(ec2, image_id, say)
             say(f"image {image_id} in {cfg.region}")
         except OrchError:
             raise
@@ -166,28 +162,21 @@ def _copy(image_id: str, source: str, region: str, recipe: Recipe, sha: str, say
         say(f"{region}: already there: {have[0]['ImageId']}")
         return have[0]["ImageId"]
     say(f"{region}: copying {image_id} (minutes to an hour, by volume size)")
-    copied = ec2.copy_image(SourceImageId=image_id, SourceRegion=source, Name=f"orch-{recipe.name}-{sha[:12]}")[
-        "ImageId"
+    tags = [
+        {"Key": RECIPE_TAG, "Value": recipe.name},
+        {"Key": SHA_TAG, "Value": sha},
+        {"Key": BASE_TAG, "Value": image_id},
     ]
-    ec2.create_tags(
-        Resources=[copied],
-        Tags=[
-            {"Key": RECIPE_TAG, "Value": recipe.name},
-            {"Key": SHA_TAG, "Value": sha},
-            {"Key": BASE_TAG, "Value": image_id},
-        ],
-    )
+    copied = ec2.copy_image(
+        SourceImageId=image_id,
+        SourceRegion=source,
+        Name=f"orch-{recipe.name}-{sha[:12]}",
+        TagSpecifications=_on_creation(tags),
+    )["ImageId"]
     _wait_available(ec2, copied, say)
     say(f"{region}: {copied}")
     return copied
 
 
-def _tag_snapshots(ec2, image_id: str, tags: list) -> None:
-    found = ec2.describe_images(ImageIds=[image_id])["Images"]
-    snapshots = [
-        m["Ebs"]["SnapshotId"]
-        for m in (found[0].get("BlockDeviceMappings", []) if found else [])
-        if m.get("Ebs", {}).get("SnapshotId")
-    ]
-    if snapshots:
-        ec2.create_tags(Resources=snapshots, Tags=tags)
+def _on_creation(tags: list) -> list:
+    return [{"ResourceType": "image", "Tags": tags}, {"ResourceType": "snapshot", "Tags": tags}]
