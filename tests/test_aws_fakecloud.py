@@ -199,3 +199,16 @@ def test_missing_credentials(orch, cloud, identity):
     r = orch("launch", str(path))
     assert r.code != 0 and "No AWS credentials found" in r.err and "Traceback" not in r.err, r.err
     assert not any(cloud.leftovers("fccreds").values())
+
+
+def test_the_dry_runs_cost_bound_bounds_the_dearest_choice(orch, cloud, identity):
+    import re
+
+    path = orch.sweep(cloud.sweep_yaml("bound", identity, "true", extra="grid:\n  a: [1, 2, 3]\ntimeout_minutes: 15"))
+    r = orch("launch", str(path), "--dry-run")
+    assert r.code == 0, r.out + r.err
+    prices = [float(p) for p in re.findall(r"choice \S+ in \S+: \$([0-9.]+)/h", r.out)]
+    assert prices and min(prices) < max(prices), r.out  # g5 and g6 differ: the bound must take the dearer
+    bound = float(re.search(r"estimated cost at most \$([0-9.]+)", r.out).group(1))
+    assert bound >= 3 * 0.25 * max(prices) - 0.005, r.out  # 3 runs of at most 15 minutes each
+    assert "15 min at the dearest spot price" in r.out, r.out

@@ -262,10 +262,14 @@ def dry_run_lines(sweep, plan, every: bool = False) -> List[str]:
         lines += plan.get("packing") or []
         est = plan["estimate_usd_max"]
         per = f" x {plan['nodes_per_run']} instances" if plan.get("nodes_per_run", 1) > 1 else ""
+        h = plan["hours_per_run_max"]
+        each = f"{h * 60:.0f} min" if h < 1 else f"{h:.1f} h"
+        unpriced = plan.get("unpriced_choices") or 0
         lines.append(
-            f"estimated cost at most {usd(est)} ({plan['runs']} runs{per} x {plan['hours_per_run_max']:.1f} h at the "
-            "cheapest "
-            "spot price; runs that end sooner cost less)"
+            f"estimated cost at most {usd(est)} ({plan['runs']} runs{per} x {each} at the dearest spot price of the "
+            "choices; runs that end sooner cost less"
+            + (f"; {unpriced} choice(s) without a spot price are not in this bound" if unpriced else "")
+            + ")"
             if est is not None
             else "estimated cost unknown: no spot price history"
         )

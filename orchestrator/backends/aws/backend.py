@@ -179,7 +179,7 @@ class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
         ]
         known = [r["spot_usd_per_h"] for r in rows if r["spot_usd_per_h"] is not None]
         hours = (self.sweep.spec.timeout_minutes or self.cfg.max_minutes) / 60
-        cheapest = min(known) if known else None
+        dearest = max(known) if known else None  # a bound over whichever choice the fleet takes
         instances = (
             len(self.sweep.runs) * self.nodes
         )  # every node of a run is an instance billed (packing only lowers it)
@@ -193,7 +193,8 @@ class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
             "image": f"{image['ImageId']} ({image['Name']})",
             "nodes_per_run": self.nodes,
             "packing": packing,
-            "estimate_usd_max": round(cheapest * hours * instances, 2) if cheapest is not None else None,
+            "estimate_usd_max": round(dearest * hours * instances, 2) if dearest is not None else None,
+            "unpriced_choices": len(rows) - len(known),
         }
 
     # --- the Backend interface ------------------------------------------------------------------
