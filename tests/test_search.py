@@ -233,6 +233,14 @@ def test_a_search_sweep_runs_every_trial_and_collect_names_the_best(orch, tmp_pa
     assert values == sorted(values, reverse=True)  # sorted by the trial's value, best first
     assert rows["runs"][0]["lr"] == best["params"]["lr"] and rows["runs"][0]["depth"] == best["params"]["depth"]
     assert rows["best_trial"]["run_id"] == f"trial={best['number']}" and rows["best_trial"]["value"] == best["value"]
+    # TensorBoard's HParams view shows each trial with the params it was given
+    from tests.test_board import session_hparams
+
+    tb = orch("collect", "tpe-local", "--out", str(tmp_path / "out2"), "--tensorboard", str(tmp_path / "tb"))
+    assert tb.code == 0, tb.err
+    for t in study["trials"]:
+        hp = session_hparams(tmp_path / "tb" / f"trial={t['number']}")
+        assert hp["lr"] == pytest.approx(t["params"]["lr"]) and hp["depth"] == t["params"]["depth"]
     s = orch("status", "tpe-local")
     assert "search (tpe): 6 of 6 trials asked, 6 told; best so far" in s.out, s.out
     # the study is the sweep's: a relaunch that changes its seed (or space, or sampler) is refused

@@ -69,6 +69,7 @@ class Board:
                 exit_code=2,
             ) from None
         self.runs: Dict[str, RunBoard] = {}
+        self._runs = list(sweep.runs)  # with `search:`, bound to their trials' params at each pass
         saved = self._load()
         for rid, data in saved.get("runs", {}).items():
             try:
@@ -87,10 +88,13 @@ class Board:
 
         self.passes += 1
         self._costs: Optional[Dict[str, tuple]] = None  # the ledger, read when the first run of this pass needs it
-        order = [r.run_id for r in self.sweep.runs]
+        from orchestrator.control.trials import search_results
+
+        self._runs = search_results(self.sweep, self.store)[0]  # a search's trials with the params they were given
+        order = [r.run_id for r in self._runs]
         views = read_summary(self.store, self.name, order)
         wrote = 0
-        for run in self.sweep.runs:
+        for run in self._runs:
             rb = self.runs.get(run.run_id)
             if rb is not None and rb.done:
                 continue
@@ -201,14 +205,16 @@ class Board:
             return
         self._experiment_key = key
         values: Dict[str, list] = {}
-        for run in self.sweep.runs:
+        space = set(self.sweep.spec.search.space) if self.sweep.spec.search is not None else set()
+        for run in self._runs:
             for k, v in run.params.items():
                 if isinstance(v, (bool, int, float, str)) and v not in values.setdefault(k, []):
                     values[k].append(v)
         hparams = []
         for k, vs in values.items():
             same = all(type(v) is type(vs[0]) for v in vs) and not isinstance(vs[0], bool)
-            hparams.append(hp.HParam(k, hp.Discrete(vs)) if same else hp.HParam(k))
+            # a search's params are sampled as it goes: no fixed domain (one would hide later trials)
+            hparams.append(hp.HParam(k, hp.Discrete(vs)) if same and k not in space else hp.HParam(k))
         pb = hp.hparams_config_pb(hparams=hparams, metrics=[hp.Metric(t) for t in self.metric_tags])
         self._experiment_pb = pb
         for run_id in list(self.runs):  # in each run's own folder (a folder of its own would show as one more run)
