@@ -63,23 +63,11 @@ class PackMixin:
                 claimed = None
                 self._unreserve(iid, slot)
             raise fleet.CapacityUnavailable("every instance with a free slot was ending; will retry")
-        except fleet.CapacityUnavailable as exc:
-            self._requeue(task, str(exc), new_ids)
-        except fleet.QuotaReached as exc:
-            self._quota_reached(task, exc, new_ids)
-        except api.AwsFatal as exc:
-            self.fatal = exc
-            self._requeue(task, str(exc), new_ids)
-        except Exception as exc:  # OrchError (ssh, remote command) or a bug: the attempt fails, the sweep goes on
-            if not isinstance(exc, OrchError):
-                log.exception("provisioning %s failed", task.run_id)
-            if claimed and not new_ids:  # a slot on another run's instance: give it back
+        except Exception as exc:
+            failed = not isinstance(exc, (fleet.CapacityUnavailable, api.AwsFatal))
+            if failed and claimed and not new_ids:  # a slot on another run's instance: give it back
                 self._free_claim(claimed[0], claimed[1], value)
-            self._fail(
-                task,
-                str(exc) if isinstance(exc, OrchError) else f"provisioning failed: {type(exc).__name__}: {exc}",
-                new_ids,
-            )
+            self._settle(task, exc, new_ids)  # as for a run of its own (provision.py)
         finally:
             if claimed:
                 self._unreserve(*claimed)

@@ -102,24 +102,30 @@ class ProvisionMixin:
                 for c in conns:
                     c.close()
             reported = False
-        except fleet.CapacityUnavailable as exc:
-            self._requeue(task, str(exc), ids)
-        except fleet.QuotaReached as exc:
-            self._quota_reached(task, exc, ids)
-        except api.AwsFatal as exc:
-            self.fatal = exc  # fail fast: the controller's next pass raises it
-            self._requeue(task, str(exc), ids)
-        except OrchError as exc:  # host key mismatch, sshd never came up, remote command failed
-            self._fail(task, str(exc), ids)
-        except Exception as exc:  # a bug or an unexpected API answer: record it on the run, keep the sweep going
-            log.exception("provisioning %s failed", task.run_id)
-            self._fail(task, f"provisioning failed: {type(exc).__name__}: {exc}", ids)
+        except Exception as exc:
+            self._settle(task, exc, ids)
         finally:
             if (
                 not reported
             ):  # else the run stays pending until the controller took the outcome (no window where it looks hostless)
                 with self.lock:
                     self.pending.pop(task.run_id, None)
+
+    def _settle(self, task: RunTask, exc: Exception, ids: List[str]) -> None:
+        """The one answer to every way an attempt's provisioning fails (CreateFleet's outcomes first), for single
+        and packed runs alike; `ids`: the instances this attempt acquired (released here)."""
+        if isinstance(exc, fleet.CapacityUnavailable):  # no pool now: the run waits for the next pass
+            self._requeue(task, str(exc), ids)
+        elif isinstance(exc, fleet.QuotaReached):
+            self._quota_reached(task, exc, ids)
+        elif isinstance(exc, api.AwsFatal):  # fail fast: the controller's next pass raises it
+            self.fatal = exc
+            self._requeue(task, str(exc), ids)
+        elif isinstance(exc, OrchError):  # host key mismatch, sshd never came up, remote command failed
+            self._fail(task, str(exc), ids)
+        else:  # a bug or an unexpected API answer: record it on the run, keep the sweep going
+            log.error("provisioning %s failed", task.run_id, exc_info=exc)
+            self._fail(task, f"provisioning failed: {type(exc).__name__}: {exc}", ids)
 
     def _quota_reached(self, task: RunTask, exc: OrchError, ids: List[str]) -> None:
         """The run waits while the sweep's own instances may free the quota; else the sweep stops (nothing of its
