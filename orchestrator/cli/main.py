@@ -307,6 +307,45 @@ def controller_cmd(sweep_file: str):
     click.echo(f"sweep {sweep.spec.name} done: {len(progress.failed)} failed")
 
 
+def _status_of_every_sweep(con, as_json: bool) -> None:
+    """`orch status` without a sweep: one line per sweep launched from here (a sweep out of reach says why)."""
+    from orchestrator.cli.render import summary_line
+    from orchestrator.control.actions import observe
+    from orchestrator.control.state import State, SweepLock
+
+    state = State()
+    rows = []
+    for rec in state.sweeps():
+        try:
+            sw = load_sweep_arg(rec.name)
+            backend, store, _ = _parts(sw)
+            p = observe(sw, backend, store)
+            summary = summary_line(p)
+        except Exception as exc:  # one sweep out of reach (its cloud's credentials, say): list the others
+            err = explained(exc)
+            if err is None:
+                raise
+            summary = f"unreadable: {err}"
+        holder = SweepLock(state.home, rec.name).holder()
+        rows.append(
+            {
+                "sweep": rec.name,
+                "backend": rec.backend,
+                "store": rec.store_url,
+                "runs": summary,
+                "controller_pid": holder,
+            }
+        )
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        con.print("no sweeps launched from here yet. Start one: `orch launch experiments/local-smoke.yaml`.")
+    for row in rows:
+        ctl = f", controller pid {row['controller_pid']}" if row["controller_pid"] else ""
+        con.print(f"{row['sweep']} ({row['backend']}{ctl}): {row['runs']}  store={row['store']}", markup=False)
+
+
 @main.command()
 @click.argument("sweep", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -329,44 +368,13 @@ def status(sweep: Optional[str], as_json: bool, watch: bool, every: bool):
     Example:
       orch status local-smoke --json
     """
-    from orchestrator.cli.render import runs_table, summary_line
+    from orchestrator.cli.render import runs_table
     from orchestrator.control.actions import observe
-    from orchestrator.control.state import State, SweepLock
     from orchestrator.wait import retry_until
 
     con = _console()
     if sweep is None:
-        state = State()
-        rows = []
-        for rec in state.sweeps():
-            try:
-                sw = load_sweep_arg(rec.name)
-                backend, store, _ = _parts(sw)
-                p = observe(sw, backend, store)
-                summary = summary_line(p)
-            except Exception as exc:  # one sweep out of reach (its cloud's credentials, say): list the others
-                err = explained(exc)
-                if err is None:
-                    raise
-                summary = f"unreadable: {err}"
-            holder = SweepLock(state.home, rec.name).holder()
-            rows.append(
-                {
-                    "sweep": rec.name,
-                    "backend": rec.backend,
-                    "store": rec.store_url,
-                    "runs": summary,
-                    "controller_pid": holder,
-                }
-            )
-        if as_json:
-            click.echo(json.dumps(rows, indent=2))
-            return
-        if not rows:
-            con.print("no sweeps launched from here yet. Start one: `orch launch experiments/local-smoke.yaml`.")
-        for row in rows:
-            ctl = f", controller pid {row['controller_pid']}" if row["controller_pid"] else ""
-            con.print(f"{row['sweep']} ({row['backend']}{ctl}): {row['runs']}  store={row['store']}", markup=False)
+        _status_of_every_sweep(con, as_json)
         return
     sw = load_sweep_arg(sweep)
     backend, store, _ = _parts(sw)

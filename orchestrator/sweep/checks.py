@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections import Counter
 from typing import Any, List, Tuple
 
-from orchestrator.contract import default_mode
+from orchestrator.contract import default_mode, session_name
 from orchestrator.sweep.search import problems as search_problems
 from orchestrator.sweep.search import space_keys
 from orchestrator.sweep.spec import (
@@ -21,10 +22,27 @@ from orchestrator.sweep.spec import (
     seeds_of,
 )
 
+Problems = List[Tuple[Tuple[Any, ...], str]]
 
-def check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
+
+def check(spec: SweepSpec) -> Problems:
     """Cross-field rules pydantic cannot express; each problem is (location, message with fix)."""
-    out: List[Tuple[Tuple[Any, ...], str]] = []
+    from orchestrator.sweep.shapes import check as check_shape
+
+    out = _key_problems(spec) + _grid_problems(spec) + _env_problems(spec) + _prune_problems(spec)
+    if spec.search is not None:
+        out += search_problems(spec)
+    too_many = _count_problems(spec)
+    if too_many:  # before anything is expanded: `seeds: 1000000000` must not allocate
+        return out + too_many
+    out += _seed_problems(spec) + _command_problems(spec) + _aws_problems(spec) + _data_problems(spec)
+    out += check_shape(spec) + _backend_problems(spec)
+    return out or _id_problems(spec)
+
+
+def _key_problems(spec: SweepSpec) -> Problems:
+    """Names of params and grid axes: placeholders, never orch's own."""
+    out: Problems = []
     for section in ("params", "grid"):
         for key in getattr(spec, section):
             if not KEY_RE.match(key):
@@ -38,6 +56,12 @@ def check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
                         else f"'{key}' is reserved by orch; rename it",
                     )
                 )
+    return out
+
+
+def _grid_problems(spec: SweepSpec) -> Problems:
+    """Each axis a list of distinct values, in params or grid but not both."""
+    out: Problems = []
     for key, values in spec.grid.items():
         if not values:
             out.append((("grid", key), "empty list: a grid axis needs at least one value"))
@@ -47,16 +71,25 @@ def check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
             out.append((("grid", key), f"'{key}' is also in params; keep it in one of the two"))
     if not spec.grid and "grid" in spec.model_fields_set:
         out.append((("grid",), "empty grid; give at least one axis, e.g. `lr: [0.1, 0.2]`, or remove `grid:`"))
+    return out
+
+
+def _env_problems(spec: SweepSpec) -> Problems:
+    """`env:` keys are variable names."""
+    out: Problems = []
     for key in spec.env:
         if not KEY_RE.match(key):
             out.append(
                 (("env", key), "not a valid variable name; use letters, digits and '_', not starting with a digit")
             )
-    out += _prune_problems(spec)
-    if spec.search is not None:
-        out += search_problems(spec)
+    return out
+
+
+def _count_problems(spec: SweepSpec) -> Problems:
+    """A sweep over `max_runs`, counted without expanding it."""
+    out: Problems = []
     count = run_count(spec)
-    if count > spec.max_runs:  # before anything is expanded: `seeds: 1000000000` must not allocate
+    if count > spec.max_runs:
         out.append(
             (
                 ("seeds",) if len(spec.grid) == 0 else ("grid",),
@@ -64,7 +97,12 @@ def check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
                 f"or raise `max_runs:` if you mean it",
             )
         )
-        return out
+    return out
+
+
+def _seed_problems(spec: SweepSpec) -> Problems:
+    """`seeds:` a count >= 1 or distinct seeds."""
+    out: Problems = []
     seeds = seeds_of(spec)
     if isinstance(spec.seeds, int) and spec.seeds < 1:
         out.append((("seeds",), "must be a count >= 1 or a non-empty list of seeds"))
@@ -72,6 +110,12 @@ def check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
         out.append((("seeds",), "empty list; give at least one seed, e.g. [0]"))
     elif len(set(seeds)) != len(seeds):
         out.append((("seeds",), "repeats a seed; every seed must differ"))
+    return out
+
+
+def _command_problems(spec: SweepSpec) -> Problems:
+    """Every placeholder of the command names a param, a grid axis or a builtin."""
+    out: Problems = []
     try:
         names = placeholders(spec.command)
         known = set(spec.params) | set(spec.grid) | set(space_keys(spec)) | set(BUILTINS)
@@ -86,6 +130,12 @@ def check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
                 )
     except ValueError as exc:
         out.append((("command",), f"{exc}; write {{{{ and }}}} for literal braces"))
+    return out
+
+
+def _aws_problems(spec: SweepSpec) -> Problems:
+    """What backend aws needs: its section, an S3 store, a way in over SSH, credentials on the host."""
+    out: Problems = []
     if spec.backend == "aws":
         if spec.aws is None:
             out.append((("backend",), "backend aws needs an `aws:` section (at least `image:`); see README"))
@@ -118,6 +168,12 @@ def check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
                 "nor terminate itself. Use `create` (the default) or the name of a profile that may do both",
             )
         )
+    return out
+
+
+def _data_problems(spec: SweepSpec) -> Problems:
+    """`data:` sources orch can stage, each to a folder of its own inside the data folder."""
+    out: Problems = []
     for i, entry in enumerate(spec.data or []):
         if entry.source.startswith("s3://"):
             if not re.match(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$", entry.source):
@@ -142,9 +198,12 @@ def check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
     tos = [e.to.rstrip("/") for e in spec.data or []]
     if len(set(tos)) != len(tos):
         out.append((("data",), "two entries stage to the same `to:` folder; give each its own"))
-    from orchestrator.sweep.shapes import check as check_shape
+    return out
 
-    out += check_shape(spec)
+
+def _backend_problems(spec: SweepSpec) -> Problems:
+    """Sections that belong to the other backend, and an S3 store URL that cannot be one."""
+    out: Problems = []
     if spec.budget_usd is not None and spec.backend != "aws":
         out.append((("budget_usd",), "a budget needs backend aws (local runs cost nothing orch can count); remove it"))
     if spec.aws is not None and spec.backend != "aws":
@@ -153,21 +212,22 @@ def check(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
         out.append(
             (("store",), "not a valid s3://bucket/prefix URL (bucket names: lowercase letters, digits, '.', '-')")
         )
-    if not out:
-        from collections import Counter
+    return out
 
-        ids = [r.run_id for r in expand(spec)]
-        from orchestrator.contract import session_name
 
-        seen, safe = Counter(ids), Counter(session_name(spec.name, i) for i in ids)
-        dup = sorted({i for i in ids if seen[i] > 1 or safe[session_name(spec.name, i)] > 1})
-        if dup:
-            out.append(
-                (
-                    ("grid",),
-                    f"two runs get the same id {dup[0]!r}; make the values differ in letters, digits, '.', '+' or '-'",
-                )
+def _id_problems(spec: SweepSpec) -> Problems:
+    """Two runs with one id (or one tmux session name) would share a record: refused."""
+    out: Problems = []
+    ids = [r.run_id for r in expand(spec)]
+    seen, safe = Counter(ids), Counter(session_name(spec.name, i) for i in ids)
+    dup = sorted({i for i in ids if seen[i] > 1 or safe[session_name(spec.name, i)] > 1})
+    if dup:
+        out.append(
+            (
+                ("grid",),
+                f"two runs get the same id {dup[0]!r}; make the values differ in letters, digits, '.', '+' or '-'",
             )
+        )
     return out
 
 
