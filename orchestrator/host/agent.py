@@ -3,10 +3,11 @@
 It is the supervisor: it restores the run folder from the store, starts the command in a tmux
 window "run" (so `orch attach` shows it live), watches it (exit, timeout, stop, notices), syncs
 the run folder to the store and records how the attempt ended. Its parts: the Reporter (the
-record and its heartbeat thread), the NoticeSource (control file or IMDS), the HostPolicy (what
-happens to the host afterwards) and attempt.final_status() (pure). Usage:
+record and its heartbeat thread), the watch (host/watch.py: small periodic checks, one job each),
+the NoticeSource (control file or IMDS), the HostPolicy (what happens to the host afterwards) and
+attempt.final_status() (pure). The record changes state only through store/lifecycle.py. Usage:
 
-    python -m orchestrator.agent TASK.json
+    python -m orchestrator.host.agent TASK.json
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 from orchestrator.contract import AGENT_PID_FILE, NOTICE_FILE, STOP_REASON_FILE, RunTask
-from orchestrator.host import tmux
+from orchestrator.host import tmux, watch
 from orchestrator.host.attempt import (
     RungWatch,
     _write_private,
@@ -35,11 +36,12 @@ from orchestrator.host.attempt import (
     wrapper_script,
 )
 from orchestrator.host.env import HostFacts
-from orchestrator.host.nodes import FollowerReporter, Relay, failed_node
+from orchestrator.host.nodes import FollowerReporter, Relay
 from orchestrator.host.notices import NoticeSource
 from orchestrator.host.policy import HostPolicy
 from orchestrator.host.reporter import Reporter
 from orchestrator.host.slots import doom, slot_value
+from orchestrator.host.watch import POLL_S
 from orchestrator.store import layout, open_store
 from orchestrator.store import lifecycle as life
 from orchestrator.store.base import Store
@@ -49,8 +51,6 @@ from orchestrator.wait import Timeout, retry_until
 
 log = logging.getLogger("orch.agent")
 
-POLL_S = 0.05  # how often the agent looks for the command's exit
-KILL_GRACE_S = 10.0  # SIGTERM -> SIGKILL
 LEFTOVER_GRACE_S = 2.0  # after the command exited, how long what it left in the background may finish
 NOTICE_GRACE_S = 60.0  # after a notice, how long to wait for the command's checkpoint before syncing anyway
 FOLLOWER_WAIT_S = 300.0  # a follower whose command ended waits this long for node 0's verdict
@@ -213,7 +213,20 @@ class Agent:
         with self.status_lock:
             life.run(status, t.attempt, t.host or "localhost", now)
             self.reporter.record(status)
+        self._launch()
+        watch.watch(watch.checks_for(self, status, now))
+        try:
+            return int(
+                retry_until(
+                    lambda: self.exit_file.exists() and self.exit_file.read_text().strip(), 2.0, POLL_S, "exit code"
+                )
+            )
+        except (Timeout, ValueError):
+            return None
 
+    def _launch(self) -> None:
+        """The command in its tmux window "run", through a wrapper script that records its exit code."""
+        t = self.task
         env = self.here.command_env(t)  # the host's GPUs and a free rendezvous port (the run's shape)
         script = self.ctl / f"attempt-{t.attempt}.sh"
         _write_private(script, wrapper_script(t, self.here, env, self.log_file))  # it holds the whole environment
@@ -227,60 +240,6 @@ class Agent:
         for stale in (pid_file("cmd", t.attempt), pid_file("wrapper", t.attempt)):
             (self.ctl / stale).unlink(missing_ok=True)
         tmux.new_window(t.session, "run", f"bash {shlex.quote(str(script))}", cwd=str(self.run_dir))
-
-        next_sync, next_notice, next_look = now + t.sync_s, now, now + 2.0
-        deadline = now + t.timeout_s if t.timeout_s else None
-
-        def step() -> bool:
-            nonlocal next_sync, next_notice, next_look
-            if self.exit_file.exists():
-                return True
-            now = time.time()
-            if self.cmd_group is None:
-                self.cmd_group = self._group_of_command()
-            if now >= next_look:  # a wrapper that died without an exit code (window killed) ends the attempt too
-                next_look = now + 2.0
-                if not tmux.has_window(t.session, "run") and not self.exit_file.exists():
-                    return True
-            if self.rungs.passed():  # prune: a line at a rung is reported now, not at the next heartbeat
-                self._quietly(self.reporter.beat, status)
-            if self.reporter.superseded and not self.stop_requested:
-                self.stop_requested = StopReason.SUPERSEDED
-            if t.node_hosts > 1 and not self.follower and not self.stop_requested and now >= next_notice:
-                self.node_failed = failed_node(self.store, t.sweep, t.run_id, t.attempt, t.node_hosts)
-                if self.node_failed:  # a node's failure is the attempt's: stop this node's command too
-                    log.info("node %s exited with code %s: the attempt ends", *self.node_failed)
-                    self.stop_requested = StopReason.NODE_FAILED
-            if not self.stop_requested and (
-                self.notice_at is not None or (now >= next_notice and self.notices.notice())
-            ):
-                self._on_notice(status, now)
-            elif not self.stop_requested and (now >= next_notice or (self.rebalance_at or 0) > 0):
-                self._on_rebalance(now)
-            if now >= next_notice:
-                next_notice = now + t.notice_poll_s
-            if deadline and now > deadline and not self.stop_requested:
-                self.stop_requested = StopReason.TIMEOUT
-            if self.stop_requested and self.stop_sent_at is None:
-                self._signal_command(signal.SIGTERM)
-                self.stop_sent_at = now
-            elif self.stop_sent_at and now - self.stop_sent_at > KILL_GRACE_S:
-                self._signal_command(signal.SIGKILL)
-                return True
-            if now >= next_sync:
-                self._quietly(self._sync_up)
-                next_sync = now + t.sync_s
-            return False
-
-        retry_until(step, timeout=None, interval=POLL_S)
-        try:
-            return int(
-                retry_until(
-                    lambda: self.exit_file.exists() and self.exit_file.read_text().strip(), 2.0, POLL_S, "exit code"
-                )
-            )
-        except (Timeout, ValueError):
-            return None
 
     def _final_sync(self, status) -> bool:
         """The run folder reaches the store before the end is recorded: a success whose results never got there
