@@ -306,135 +306,150 @@ def _acquire(
         )
     except ClientError as exc:
         raise explain(exc, "creating a launch template version") from None
-    waited = 0.0
-    quota: Optional[OrchError] = None  # a market refused for its quota: the next market is still asked
+    ask = _Ask(ec2, template_id, version, choices, tags, blocklist, sleep, propagation_s, count, group_of, release)
     try:
-        for market in markets:
-            while True:
-                allowed = blocklist.allowed(choices, market)
-                if not allowed:
-                    break
-                if count > 1:  # all nodes from one pool: one type, one AZ, one placement group
-                    allowed = allowed[:1]
-                try:
-                    answer = _fleet(
-                        ec2,
-                        template_id,
-                        version,
-                        allowed,
-                        market,
-                        tags,
-                        count,
-                        group_of(allowed[0].az) if group_of else "",
-                    )
-                except ClientError as exc:
-                    code, message = _code(exc), _message(exc)
-                    if is_unoffered(code, message):
-                        log.info("%s: %s; not asked again", allowed[0].instance_type, message)
-                        blocklist.never(allowed[0].instance_type, allowed[0].subnet_id)
-                        continue
-                    if code in CAPACITY_ERRORS:  # the whole request was refused: block the first pool it offered
-                        log.info(
-                            "capacity error %s for %s (%s); trying the next choice",
-                            code,
-                            allowed[0].instance_type,
-                            market,
-                        )
-                        blocklist.block(market, allowed[0].instance_type, allowed[0].subnet_id)
-                        continue
-                    if is_propagation(code, message) and waited < propagation_s:
-                        waited += _backoff(waited, sleep)
-                        continue
-                    if code in QUOTA_ERRORS:
-                        quota = _quota(
-                            blocklist, choices, market, _refused(code, message, market, allowed[0].instance_type)
-                        )
-                        break
-                    raise _refused(code, message, market, allowed[0].instance_type) from None
-                got = _instances(answer, allowed, market)
-                if len(got) >= count:
-                    return got
-                if got:  # fewer than the run's nodes (MinTargetCapacity should prevent it): none is any use alone
-                    log.info(
-                        "%s %s in %s gave %d of %d instances; releasing them and trying the next choice",
-                        market,
-                        allowed[0].instance_type,
-                        allowed[0].az,
-                        len(got),
-                        count,
-                    )
-                    _release_quietly(release, [g.instance_id for g in got])
-                    blocklist.block(market, allowed[0].instance_type, allowed[0].subnet_id)
-                    continue
-                errors = answer.get("Errors", [])
-                if not errors:
-                    raise CapacityUnavailable("CreateFleet answered with neither instances nor errors; will retry")
-                # A new instance profile not yet visible to EC2 comes with a capacity error beside it
-                # (karpenter-provider-aws issue 3051: InvalidParameterValue + UnfulfillableCapacity): that
-                # capacity error is the profile's, not the pool's, so the answer blocks nothing.
-                propagating = any(is_propagation(e.get("ErrorCode", ""), e.get("ErrorMessage", "")) for e in errors)
-                quota_err = next((e for e in errors if e.get("ErrorCode") in QUOTA_ERRORS), None)
-                if quota_err is not None and not propagating:
-                    quota = _quota(
-                        blocklist,
-                        choices,
-                        market,
-                        _refused(
-                            quota_err["ErrorCode"], quota_err.get("ErrorMessage", ""), market, allowed[0].instance_type
-                        ),
-                    )
-                    break
-                for err in [] if propagating else errors:  # a 200 answer with Errors and no instances
-                    code, message = err.get("ErrorCode", ""), err.get("ErrorMessage", "")
-                    o = err.get("LaunchTemplateAndOverrides", {}).get("Overrides", {})
-                    hit = [
-                        c
-                        for c in allowed
-                        if c.instance_type == o.get("InstanceType") and c.subnet_id == o.get("SubnetId")
-                    ]
-                    if is_unoffered(code, message):  # that pool does not exist: the others are asked
-                        for c in hit or allowed[:1]:
-                            blocklist.never(c.instance_type, c.subnet_id)
-                    elif code in CAPACITY_ERRORS:
-                        for c in hit or allowed:
-                            blocklist.block(market, c.instance_type, c.subnet_id)
-                    else:
-                        raise _refused(
-                            code, message, market, o.get("InstanceType", "?"), f" in {o.get('SubnetId', '?')}"
-                        )
-                if propagating:
-                    if waited >= propagation_s:
-                        first = next(
-                            e for e in errors if is_propagation(e.get("ErrorCode", ""), e.get("ErrorMessage", ""))
-                        )
-                        raise AwsFatal(
-                            f"EC2 still does not see what orch made for this sweep after {waited:.0f} s "
-                            f"({first.get('ErrorCode')}: {first.get('ErrorMessage')}). For an instance profile: check "
-                            "that its "
-                            "role trusts ec2.amazonaws.com, or name an existing profile in `aws.instance_profile`; "
-                            "otherwise run the launch again."
-                        )
-                    log.info("what orch just made is not visible to EC2 yet; asking again")
-                    waited += _backoff(waited, sleep)
-                    continue
-                log.info(
-                    "CreateFleet gave no %s instance (%s); trying the next choices",
-                    market,
-                    ", ".join(e.get("ErrorCode", "?") for e in errors),
-                )
-        if quota is not None:
-            raise QuotaReached(str(quota))
-        raise CapacityUnavailable(
-            f"no capacity for {', '.join(sorted({c.instance_type for c in choices}))} in "
-            f"{', '.join(sorted({c.az for c in choices}))} ({' or '.join(markets)}) right now; will retry"
-        )
+        return ask.every_market(markets)
     finally:
         try:
             ec2.delete_launch_template_versions(LaunchTemplateId=template_id, Versions=[version])
-        except (
-            Exception
-        ) as exc:  # never fatal, never loses an instance: the version dies with the template at `orch down`
+        except Exception as exc:  # never fatal, never loses an instance: the version dies with the template at down
             log.warning("could not delete launch template version %s: %s", version, exc)
+
+
+_NEXT, _MARKET_DONE = "next", "market done"  # what one answer leaves: ask again in this market, or go to the next
+
+
+class _Ask:
+    """One acquisition: CreateFleet asked market by market, pool by pool, until instances come or none is left.
+
+    Each answer — an exception, a 200 with instances, a 200 with only Errors — blocks what it refused
+    (a capacity error for a while, an unoffered pool for the sweep), waits out what EC2 does not see
+    yet (a new instance profile), or ends the attempt (quota, permission, a malformed request)."""
+
+    def __init__(
+        self, ec2, template_id, version, choices, tags, blocklist, sleep, propagation_s, count, group_of, release
+    ):
+        self.ec2, self.template_id, self.version, self.choices, self.tags = ec2, template_id, version, choices, tags
+        self.blocklist, self.sleep, self.propagation_s, self.count = blocklist, sleep, propagation_s, count
+        self.group_of, self.release = group_of, release
+        self.waited = 0.0  # seconds spent waiting for what orch made to become visible to EC2
+        self.quota: Optional[OrchError] = None  # a market refused for its quota: the next market is still asked
+
+    def every_market(self, markets: List[str]) -> List[Acquired]:
+        for market in markets:
+            while True:
+                allowed = self.blocklist.allowed(self.choices, market)
+                if not allowed:
+                    break
+                if self.count > 1:  # all nodes from one pool: one type, one AZ, one placement group
+                    allowed = allowed[:1]
+                outcome = self._once(market, allowed)
+                if outcome == _MARKET_DONE:
+                    break
+                if outcome != _NEXT:
+                    return outcome
+        if self.quota is not None:
+            raise QuotaReached(str(self.quota))
+        raise CapacityUnavailable(
+            f"no capacity for {', '.join(sorted({c.instance_type for c in self.choices}))} in "
+            f"{', '.join(sorted({c.az for c in self.choices}))} ({' or '.join(markets)}) right now; will retry"
+        )
+
+    def _once(self, market: str, allowed: List[Choice]):
+        from botocore.exceptions import ClientError
+
+        try:
+            group = self.group_of(allowed[0].az) if self.group_of else ""
+            answer = _fleet(self.ec2, self.template_id, self.version, allowed, market, self.tags, self.count, group)
+        except ClientError as exc:
+            return self._refusal(exc, market, allowed)
+        got = _instances(answer, allowed, market)
+        if len(got) >= self.count:
+            return got
+        if got:  # fewer than the run's nodes (MinTargetCapacity should prevent it): none is any use alone
+            log.info(
+                "%s %s in %s gave %d of %d instances; releasing them and trying the next choice",
+                market,
+                allowed[0].instance_type,
+                allowed[0].az,
+                len(got),
+                self.count,
+            )
+            _release_quietly(self.release, [g.instance_id for g in got])
+            self.blocklist.block(market, allowed[0].instance_type, allowed[0].subnet_id)
+            return _NEXT
+        errors = answer.get("Errors", [])
+        if not errors:
+            raise CapacityUnavailable("CreateFleet answered with neither instances nor errors; will retry")
+        return self._errors(errors, market, allowed)
+
+    def _refusal(self, exc, market: str, allowed: List[Choice]):
+        """The whole request was refused (an exception, not a 200 with Errors)."""
+        code, message = _code(exc), _message(exc)
+        first = allowed[0]
+        if is_unoffered(code, message):
+            log.info("%s: %s; not asked again", first.instance_type, message)
+            self.blocklist.never(first.instance_type, first.subnet_id)
+            return _NEXT
+        if code in CAPACITY_ERRORS:  # block the first pool it offered
+            log.info("capacity error %s for %s (%s); trying the next choice", code, first.instance_type, market)
+            self.blocklist.block(market, first.instance_type, first.subnet_id)
+            return _NEXT
+        if is_propagation(code, message) and self.waited < self.propagation_s:
+            self.waited += _backoff(self.waited, self.sleep)
+            return _NEXT
+        if code in QUOTA_ERRORS:
+            self.quota = _quota(
+                self.blocklist, self.choices, market, _refused(code, message, market, first.instance_type)
+            )
+            return _MARKET_DONE
+        raise _refused(code, message, market, first.instance_type) from None
+
+    def _errors(self, errors: List[dict], market: str, allowed: List[Choice]):
+        """A 200 answer with Errors and no instances."""
+        # A new instance profile not yet visible to EC2 comes with a capacity error beside it
+        # (karpenter-provider-aws issue 3051: InvalidParameterValue + UnfulfillableCapacity): that
+        # capacity error is the profile's, not the pool's, so the answer blocks nothing.
+        propagating = [e for e in errors if is_propagation(e.get("ErrorCode", ""), e.get("ErrorMessage", ""))]
+        quota_err = next((e for e in errors if e.get("ErrorCode") in QUOTA_ERRORS), None)
+        if quota_err is not None and not propagating:
+            refused = _refused(
+                quota_err["ErrorCode"], quota_err.get("ErrorMessage", ""), market, allowed[0].instance_type
+            )
+            self.quota = _quota(self.blocklist, self.choices, market, refused)
+            return _MARKET_DONE
+        if propagating:
+            return self._propagating(propagating[0])
+        for err in errors:
+            code, message = err.get("ErrorCode", ""), err.get("ErrorMessage", "")
+            o = err.get("LaunchTemplateAndOverrides", {}).get("Overrides", {})
+            hit = [c for c in allowed if c.instance_type == o.get("InstanceType") and c.subnet_id == o.get("SubnetId")]
+            if is_unoffered(code, message):  # that pool does not exist: the others are asked
+                for c in hit or allowed[:1]:
+                    self.blocklist.never(c.instance_type, c.subnet_id)
+            elif code in CAPACITY_ERRORS:
+                for c in hit or allowed:
+                    self.blocklist.block(market, c.instance_type, c.subnet_id)
+            else:
+                raise _refused(code, message, market, o.get("InstanceType", "?"), f" in {o.get('SubnetId', '?')}")
+        log.info(
+            "CreateFleet gave no %s instance (%s); trying the next choices",
+            market,
+            ", ".join(e.get("ErrorCode", "?") for e in errors),
+        )
+        return _NEXT
+
+    def _propagating(self, first: dict):
+        if self.waited >= self.propagation_s:
+            raise AwsFatal(
+                f"EC2 still does not see what orch made for this sweep after {self.waited:.0f} s "
+                f"({first.get('ErrorCode')}: {first.get('ErrorMessage')}). For an instance profile: check that its "
+                "role trusts ec2.amazonaws.com, or name an existing profile in `aws.instance_profile`; "
+                "otherwise run the launch again."
+            )
+        log.info("what orch just made is not visible to EC2 yet; asking again")
+        self.waited += _backoff(self.waited, self.sleep)
+        return _NEXT
 
 
 def _release_quietly(release: Optional[Callable[[List[str]], None]], ids: List[str]) -> None:
