@@ -248,6 +248,8 @@ def cloud(tmp_path, orch):
         # nothing of any sweep may outlive its test: instances, security groups, templates, profiles
         leaks = c.all_leftovers()
         assert not leaks, f"left behind: {leaks}"
+        # a refusal orch only logged is still a call the documented policy does not allow
+        assert not c.gate.denied, f"the policy `orch aws policy` prints refused: {c.gate.denied}"
 
 
 @pytest.fixture(params=["local", "s3"])

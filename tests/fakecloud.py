@@ -53,12 +53,13 @@ from typing import Callable, Dict, List, Optional
 
 import yaml
 
-from tests.fakecloud_gate import CONTROLLER_KEY, Gate, Strictness, policies_from_moto
+from tests.fakecloud_gate import CONTROLLER_KEY, Gate, Strictness, boundaries_from_moto, policies_from_moto
 
 REGION = "us-east-1"
 AZS = ("us-east-1a", "us-east-1b")
 SSH_PORT = 2222  # not 22: a real sshd on 0.0.0.0:22 must not collide with the fake hosts
 BUCKET = "orch-fake"
+DATA_BUCKETS = ("orch-kms",)  # other buckets tests stage `data:` from (named to `orch aws policy`)
 IMAGE_NAME = "orch-fake-ubuntu-gpu"  # registered by the account itself: `image_owner: self`
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 FRAMEWORK_PYTHON = Path("/opt/pytorch/bin/python")  # where the DLAMI keeps PyTorch's interpreter
@@ -371,12 +372,15 @@ class FakeCloud:
         self.gate = self.server.start()
         self.endpoint = f"http://127.0.0.1:{port}"
         self.gate.policy_source = policies_from_moto(self.endpoint, self.secret)
-        from orchestrator.aws.policy import controller_policy
+        self.gate.boundary_source = boundaries_from_moto()
+        from orchestrator.aws.policy import BOUNDARY_NAME, boundary_policy, controller_policy
 
-        self.gate.controller_policy = controller_policy(
-            BUCKET
-        )  # orch's own calls: exactly what docs/aws.md asks users to grant
+        # orch's own calls: exactly what docs/aws.md asks users to grant
+        self.gate.controller_policy = controller_policy(BUCKET, DATA_BUCKETS)
         self._reset()  # moto keeps its state per process: every fake cloud starts empty
+        self.client("iam").create_policy(  # what the admin does once (docs/aws.md): the roles' boundary
+            PolicyName=BOUNDARY_NAME, PolicyDocument=json.dumps(boundary_policy(BUCKET, DATA_BUCKETS))
+        )
         for k, v in self.env().items():
             self._saved_env[k] = os.environ.get(k)
             os.environ[k] = v

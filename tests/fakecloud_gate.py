@@ -96,6 +96,7 @@ class Gate:
     groups_of: Dict[str, List[str]] = field(default_factory=dict)  # instance id -> security groups (from its template)
     profile_of: Dict[str, str] = field(default_factory=dict)  # instance id -> instance profile (moto's fleets drop it)
     policy_source: Optional[Callable[[str], List[dict]]] = None  # role -> policy documents
+    boundary_source: Optional[Callable[[str], Optional[dict]]] = None  # role -> its permissions boundary, if any
     garbled: set = field(
         default_factory=set
     )  # EC2 actions answered with a body no SDK can parse (any-exception injection)
@@ -226,7 +227,7 @@ class Gate:
                 return self._ec2_error("InvalidGroup.NotFound", f"The security group '{fresh[0]}' does not exist")
             if action == "DeleteSecurityGroup" and groups and self._in_use(groups[0]):
                 return self._ec2_error("DependencyViolation", f"resource {groups[0]} has a dependent object")
-        if action == "StopInstances":  # EC2 user guide, Spot Instance request limitations
+        if action == "StopInstances":  # EC2 user guide, Stop a Spot Instance, Limitations
             spot = [i for i in ids if i in self.spot_ids]
             if spot:
                 return self._ec2_error(
@@ -500,57 +501,111 @@ class Gate:
         return answer
 
     def _controller_refused(self, service: str, environ, body: bytes) -> Optional[tuple]:
-        """EC2 and IAM calls of the controller against the documented policy (S3 goes through _s3 with it)."""
-        if service not in ("ec2", "iam"):
+        """Every call of the controller (but S3's, which _s3 checks) against the documented policy, with the
+        resources and condition keys IAM evaluates for it (Service Authorization Reference): resource tags,
+        ec2:CreateAction for tags written at creation, iam:PermissionsBoundary, iam:PassedToService. A service
+        the gate does not model is refused: fail closed."""
+        if service == "s3":
             return None
-        form = parse_qs(body.decode())
-        action = form.get("Action", [""])[0]
-        checks = [(f"{service}:{action}", "*")]
-        if service == "iam":
-            name = form.get("RoleName", form.get("InstanceProfileName", [""]))[0]
-            kind = "role" if "RoleName" in form else "instance-profile"
-            checks = [(f"iam:{action}", f"arn:aws:iam::{ACCOUNT}:{kind}/{name}" if name else "*")]
-        if action == "CreateFleet":  # launching with an instance profile passes its role to EC2
-            template_id = form.get("LaunchTemplateConfigs.1.LaunchTemplateSpecification.LaunchTemplateId", [""])[0]
-            version = form.get("LaunchTemplateConfigs.1.LaunchTemplateSpecification.Version", ["1"])[0]
-            profile = (_template_data(template_id, version).get("IamInstanceProfile") or {}).get("Name", "")
-            checks += [("ec2:RunInstances", "*")] + (
-                [("iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/{profile}")] if profile else []
-            )
-        for what, resource in checks:
-            if not self._allowed(CONTROLLER, what, resource, {}):
+        if service == "sts":  # GetCallerIdentity needs no permission (STS API reference)
+            return None
+        if service == "ec2":
+            checks = self._ec2_checks(parse_qs(body.decode()))
+        elif service == "iam":
+            checks = self._iam_checks(parse_qs(body.decode()))
+        elif service == "kms":
+            checks = self._kms_checks(environ, body)
+        else:
+            target = environ.get("HTTP_X_AMZ_TARGET", "").rpartition(".")[2]
+            checks = [(f"{service}:{target or environ.get('REQUEST_METHOD', '?')}", "*", {})]
+        for what, resource, ctx in checks:
+            if not self._allowed(CONTROLLER, what, resource, ctx):
                 self.denied.append(what)
                 message = (
-                    f"User: orch is not authorized to perform: {what} (not in the policy `orch aws policy` prints)"
+                    f"User: orch is not authorized to perform: {what} on resource: {resource} "
+                    "(not allowed by the policy `orch aws policy` prints)"
                 )
                 if service == "ec2":
                     return self._ec2_error("UnauthorizedOperation", message, 403)
                 self.counts["AccessDenied"] += 1
-                xml = (
-                    f'<ErrorResponse xmlns="https://iam.amazonaws.com/doc/2010-05-08/"><Error><Type>Sender</Type>'
-                    f"<Code>AccessDenied</Code><Message>{_xml(message)}</Message></Error><RequestId>{uuid.uuid4()}</RequestId></ErrorResponse>"
-                )
-                return "403 Forbidden", [("Content-Type", "text/xml")], xml.encode()
+                if service == "iam":
+                    xml = (
+                        '<ErrorResponse xmlns="https://iam.amazonaws.com/doc/2010-05-08/"><Error><Type>Sender</Type>'
+                        f"<Code>AccessDenied</Code><Message>{_xml(message)}</Message></Error>"
+                        f"<RequestId>{uuid.uuid4()}</RequestId></ErrorResponse>"
+                    )
+                    return "403 Forbidden", [("Content-Type", "text/xml")], xml.encode()
+                doc = {"__type": "AccessDeniedException", "message": message}
+                return "400 Bad Request", [("Content-Type", "application/x-amz-json-1.1")], json.dumps(doc).encode()
         return None
 
+    def _ec2_checks(self, form: Dict[str, List[str]]) -> List[Tuple[str, str, Dict[str, str]]]:
+        action = form.get("Action", [""])[0]
+        existing = [(_ec2_arn(rid), _resource_tags(rid, self.placement)) for rid in _ec2_targets(action, form)]
+        checks = [(f"ec2:{action}", arn, tags) for arn, tags in existing] or [(f"ec2:{action}", "*", {})]
+        if action == "CreateImage":  # the image and its snapshots are resources of the call too
+            checks += [("ec2:CreateImage", _ec2_arn("ami-new"), {}), ("ec2:CreateImage", _ec2_arn("snap-new"), {})]
+        for kind in _tag_specification_types(form):  # tags written at creation: CreateTags, with the creating API
+            checks.append(("ec2:CreateTags", _ec2_arn(f"{kind}/new"), {"ec2:CreateAction": action}))
+        if action == "CreateFleet":  # an instant fleet launches with the caller's rights, passing the profile's role
+            template_id = form.get("LaunchTemplateConfigs.1.LaunchTemplateSpecification.LaunchTemplateId", [""])[0]
+            version = form.get("LaunchTemplateConfigs.1.LaunchTemplateSpecification.Version", ["1"])[0]
+            profile = (_template_data(template_id, version).get("IamInstanceProfile") or {}).get("Name", "")
+            checks.append(("ec2:RunInstances", "*", {}))
+            for role in _profile_roles(profile):
+                checks.append(("iam:PassRole", _iam_arn("role", role), {"iam:PassedToService": "ec2.amazonaws.com"}))
+        return checks
+
+    def _iam_checks(self, form: Dict[str, List[str]]) -> List[Tuple[str, str, Dict[str, str]]]:
+        action = form.get("Action", [""])[0]
+        role = form.get("RoleName", [""])[0]
+        profile = form.get("InstanceProfileName", [""])[0]
+        if profile:
+            resource = _iam_arn("instance-profile", profile)
+        elif role:
+            resource = _iam_arn("role", role)
+        elif action in ("CreatePolicy", "CreatePolicyVersion", "DeletePolicy", "SetDefaultPolicyVersion"):
+            resource = form.get("PolicyArn", [_iam_arn("policy", form.get("PolicyName", [""])[0])])[0]
+        else:
+            resource = "*"
+        ctx: Dict[str, str] = {}
+        if action == "CreateRole":
+            if form.get("PermissionsBoundary"):
+                ctx["iam:PermissionsBoundary"] = form["PermissionsBoundary"][0]
+        elif role and not profile:
+            boundary = _role_boundary(role)  # the key is the boundary the role has now
+            if boundary:
+                ctx["iam:PermissionsBoundary"] = boundary
+            if action == "PutRolePermissionsBoundary":
+                ctx["iam:PermissionsBoundary"] = form.get("PermissionsBoundary", [""])[0]
+        if form.get("PolicyArn"):
+            ctx["iam:PolicyARN"] = form["PolicyArn"][0]
+        checks = [(f"iam:{action}", resource, ctx)]
+        if action in ("CreateRole", "CreateInstanceProfile") and any(k.startswith("Tags.member.") for k in form):
+            checks.append((f"iam:Tag{'Role' if action == 'CreateRole' else 'InstanceProfile'}", resource, {}))
+        if action == "AddRoleToInstanceProfile":  # its caller must be allowed to pass the role (IAM API reference)
+            checks.append(("iam:PassRole", _iam_arn("role", role), {"iam:PassedToService": "ec2.amazonaws.com"}))
+        return checks
+
+    def _kms_checks(self, environ, body: bytes) -> List[Tuple[str, str, Dict[str, str]]]:
+        action = environ.get("HTTP_X_AMZ_TARGET", "").rpartition(".")[2]
+        try:
+            key = json.loads(body or b"{}").get("KeyId", "")
+        except ValueError:
+            key = ""
+        return [(f"kms:{action}", _kms_key_arn(key) if key else "*", {})]
+
     def _allowed(self, role: str, action: str, resource: str, context: Dict[str, str]) -> bool:
-        allow = False
-        docs = (
-            [self.controller_policy] if role == CONTROLLER else (self.policy_source(role) if self.policy_source else [])
-        )
-        for doc in docs:
-            statements = doc.get("Statement", [])
-            for st in statements if isinstance(statements, list) else [statements]:
-                if not (
-                    _matches(st.get("Action"), action, fold=True)
-                    and _matches(st.get("Resource"), resource)
-                    and _conditions_hold(st.get("Condition") or {}, context)
-                ):
-                    continue
-                if st.get("Effect") == "Deny":
-                    return False
-                allow = True
-        return allow
+        """IAM's evaluation (IAM user guide, "Policy evaluation logic") for one (action, resource, context): an
+        explicit Deny wins, else some Allow is needed, in the identity policies and, for a role with a
+        permissions boundary, in the boundary too."""
+        context = {"aws:PrincipalAccount": ACCOUNT, **context}
+        if role == CONTROLLER:
+            return evaluate([self.controller_policy], action, resource, context)
+        if not evaluate(self.policy_source(role) if self.policy_source else [], action, resource, context):
+            return False
+        boundary = self.boundary_source(role) if self.boundary_source else None
+        return boundary is None or evaluate([boundary], action, resource, context)
 
     # --- S3 with role credentials ----------------------------------------------------------------
 
@@ -586,6 +641,8 @@ class Gate:
                 checks.append(("s3:AbortMultipartUpload" if "uploadId" in query else "s3:DeleteObject", obj, {}))
         for action, resource, ctx in checks:
             if not self._allowed(role, action, resource, ctx):
+                if role == CONTROLLER:
+                    self.denied.append(action)
                 return self._s3_denied()
         answer = self.forward(environ)
         if (
@@ -694,29 +751,192 @@ def _xml(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def _matches(patterns, value: str, fold: bool = False) -> bool:
+def _matches(patterns, value: str, fold: bool = False, context: Optional[Dict[str, str]] = None) -> bool:
     if patterns is None:
         return False
     for p in patterns if isinstance(patterns, list) else [patterns]:
+        p = _substitute(p, context or {})
         if fnmatch.fnmatchcase(value.lower() if fold else value, p.lower() if fold else p):
             return True
     return False
 
 
+def _substitute(value: str, context: Dict[str, str]) -> str:
+    """Policy variables (`${aws:PrincipalAccount}`): replaced with the request's value of that key (IAM user
+    guide, "IAM policy elements: Variables and tags")."""
+    return re.sub(r"\$\{([^}]+)\}", lambda m: context.get(m.group(1), "\x00unresolved"), value)
+
+
+STRING_OPS = {
+    "StringEquals": lambda got, want: got == want,
+    "StringLike": lambda got, want: fnmatch.fnmatchcase(got, want),
+    "ArnEquals": lambda got, want: got == want,
+    "ArnLike": lambda got, want: fnmatch.fnmatchcase(got, want),
+}
+
+
 def _conditions_hold(condition: dict, context: Dict[str, str]) -> bool:
+    """Every operator and key must hold (AND); any of a key's values may match (OR). Null tests a key's presence;
+    ...IfExists holds where the key is absent; an operator the gate does not know fails closed."""
     for op, pairs in condition.items():
         for key, wanted in pairs.items():
             got = context.get(key)
-            wanted = wanted if isinstance(wanted, list) else [wanted]
+            wanted = [_substitute(str(w), context) for w in (wanted if isinstance(wanted, list) else [wanted])]
+            if op == "Null":
+                if (got is None) != (wanted[0].lower() == "true"):
+                    return False
+                continue
+            base = op[: -len("IfExists")] if op.endswith("IfExists") else op
+            if base not in STRING_OPS:
+                return False
             if got is None:
+                if op.endswith("IfExists"):
+                    continue
                 return False
-            if op == "StringEquals" and got not in wanted:
+            if not any(STRING_OPS[base](got, w) for w in wanted):
                 return False
-            if op == "StringLike" and not any(fnmatch.fnmatchcase(got, w) for w in wanted):
-                return False
-            if op not in ("StringEquals", "StringLike"):
-                return False  # unknown operators fail closed
     return True
+
+
+def evaluate(docs: List[dict], action: str, resource: str, context: Dict[str, str]) -> bool:
+    """Allowed by these policy documents: some Allow matches and no Deny does."""
+    allow = False
+    for doc in docs:
+        statements = doc.get("Statement", [])
+        for st in statements if isinstance(statements, list) else [statements]:
+            if not (
+                _matches(st.get("Action"), action, fold=True)
+                and _matches(st.get("Resource"), resource, context=context)
+                and _conditions_hold(st.get("Condition") or {}, context)
+            ):
+                continue
+            if st.get("Effect") == "Deny":
+                return False
+            allow = True
+    return allow
+
+
+# --- what IAM evaluates a controller call on ---------------------------------------------------------
+
+EC2_KINDS = {
+    "i": "instance",
+    "sg": "security-group",
+    "lt": "launch-template",
+    "ami": "image",
+    "snap": "snapshot",
+    "vol": "volume",
+    "fleet": "fleet",
+}
+
+
+def _ec2_arn(resource: str) -> str:
+    """arn:aws:ec2:... of an id (`i-…`, `sg-…`, …) or of `kind/name`; images and snapshots have no account."""
+    kind, _, name = resource.partition("/")
+    if not name:
+        kind, name = EC2_KINDS.get(resource.split("-", 1)[0], "unknown"), resource
+    account = "" if kind in ("image", "snapshot") else ACCOUNT
+    return f"arn:aws:ec2:{REGION}:{account}:{kind}/{name}"
+
+
+def _iam_arn(kind: str, name: str) -> str:
+    return f"arn:aws:iam::{ACCOUNT}:{kind}/{name}"
+
+
+def _ec2_targets(action: str, form: Dict[str, List[str]]) -> List[str]:
+    """The existing resources an EC2 call acts on (ids, or `placement-group/NAME`), those a policy can name."""
+
+    def values(prefix: str) -> List[str]:
+        return [v[0] for k, v in sorted(form.items()) if k == prefix or k.startswith(prefix + ".")]
+
+    if action in ("TerminateInstances", "CreateImage", "StopInstances", "RebootInstances"):
+        return values("InstanceId")
+    if action in ("CreateTags", "DeleteTags"):
+        return values("ResourceId")
+    if action in ("DeleteSecurityGroup", "AuthorizeSecurityGroupIngress", "RevokeSecurityGroupIngress"):
+        return values("GroupId")
+    if action in ("CreateLaunchTemplateVersion", "DeleteLaunchTemplate", "DeleteLaunchTemplateVersions"):
+        return values("LaunchTemplateId") or [_template_id(n) for n in values("LaunchTemplateName")]
+    if action == "DeletePlacementGroup":
+        return [f"placement-group/{n}" for n in values("GroupName")]
+    if action == "DeregisterImage":
+        return values("ImageId")
+    if action == "DeleteSnapshot":
+        return values("SnapshotId")
+    return []
+
+
+def _resource_tags(resource: str, placement) -> Dict[str, str]:
+    """aws:ResourceTag/KEY of an EC2 resource, as IAM sees it (moto's tags; the fake's placement groups)."""
+    if resource.startswith("placement-group/"):
+        group = placement.groups.get(resource.partition("/")[2]) or {}
+        tags = group.get("tags") or {}
+    else:
+        with MOTO:
+            tags = dict(_ec2_backend().tags.get(resource, {}))
+    return {f"aws:ResourceTag/{k}": v for k, v in tags.items()}
+
+
+def _tag_specification_types(form: Dict[str, List[str]]) -> List[str]:
+    return sorted({v[0] for k, v in form.items() if re.match(r"TagSpecification\.\d+\.ResourceType$", k)})
+
+
+def _tag_specifications(form: Dict[str, List[str]]) -> Dict[str, Dict[str, str]]:
+    """{resource type: {key: value}} of a query request's TagSpecification.N."""
+    out: Dict[str, Dict[str, str]] = {}
+    for k, v in form.items():
+        m = re.match(r"TagSpecification\.(\d+)\.ResourceType$", k)
+        if m:
+            n, tags = m.group(1), out.setdefault(v[0], {})
+            for tk, tv in form.items():
+                t = re.match(rf"TagSpecification\.{n}\.Tag\.(\d+)\.Key$", tk)
+                if t:
+                    tags[tv[0]] = form.get(f"TagSpecification.{n}.Tag.{t.group(1)}.Value", [""])[0]
+    return out
+
+
+def _template_id(name: str) -> str:
+    with MOTO:
+        try:
+            return _ec2_backend().get_launch_template_by_name(name).id
+        except Exception:
+            return f"lt-unknown-{name}"
+
+
+def _iam_backend():
+    from moto.iam.models import iam_backends
+
+    return iam_backends[ACCOUNT]["global"]
+
+
+def _role_boundary(role: str) -> Optional[str]:
+    with MOTO:
+        try:
+            return _iam_backend().get_role(role).permissions_boundary_arn
+        except Exception:
+            return None
+
+
+def _profile_roles(profile: str) -> List[str]:
+    if not profile:
+        return []
+    with MOTO:
+        try:
+            return [r.name for r in _iam_backend().get_instance_profile(profile).roles]
+        except Exception:
+            return [profile]
+
+
+def _kms_key_arn(key: str) -> str:
+    """KMS authorizes on the key, whichever id, ARN or alias names it."""
+    from moto.kms.models import kms_backends
+
+    if key.startswith("arn:") and ":key/" in key:
+        return key
+    with MOTO:
+        try:
+            return kms_backends[ACCOUNT][REGION].describe_key(key).arn
+        except Exception:
+            return f"arn:aws:kms:{REGION}:{ACCOUNT}:key/unknown"
 
 
 def policies_from_moto(endpoint: str, secret: str) -> Callable[[str], List[dict]]:
@@ -743,6 +963,27 @@ def policies_from_moto(endpoint: str, secret: str) -> Callable[[str], List[dict]
             ]["Document"]
             docs.append(doc if isinstance(doc, dict) else json.loads(doc))
         return docs
+
+    return source
+
+
+def boundaries_from_moto() -> Callable[[str], Optional[dict]]:
+    """A role's permissions boundary document (moto keeps the ARN with the role, the policy among the managed ones)."""
+
+    def source(role: str) -> Optional[dict]:
+        arn = _role_boundary(role)
+        if not arn:
+            return None
+        with MOTO:
+            try:
+                policy = _iam_backend().get_policy(arn)
+                doc = policy.versions[-1].document if not policy.default_version_id else None
+                for v in policy.versions:
+                    if v.version_id == policy.default_version_id:
+                        doc = v.document
+            except Exception:
+                return {"Version": "2012-10-17", "Statement": []}  # a boundary that does not exist allows nothing
+        return doc if isinstance(doc, dict) else json.loads(doc)
 
     return source
 

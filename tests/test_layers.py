@@ -140,14 +140,21 @@ def test_orch_help_imports_nothing_heavy():
 def test_the_documented_policy_is_the_one_orch_prints(orch):
     import json
 
-    from orchestrator.aws.policy import controller_policy
+    from orchestrator.aws.policy import boundary_policy, controller_policy
 
     page = (ROOT / "docs" / "aws.md").read_text().split("## The IAM permissions orch needs", 1)[1]
     shown = json.loads(page.split("```json\n", 1)[1].split("```", 1)[0])
     assert shown == controller_policy()
+    boundary = page.split("The boundary (`orch aws boundary`)", 1)[1]
+    assert json.loads(boundary.split("```json\n", 1)[1].split("```", 1)[0]) == boundary_policy()
     r = orch("aws", "policy", "--bucket", "my-bucket")
     assert r.code == 0 and json.loads(r.out) == controller_policy("my-bucket"), r.out + r.err
     assert "arn:aws:s3:::my-bucket/*" in r.out and "ec2:CreateImage" in r.out and "ec2:StopInstances" not in r.out
+    r = orch("aws", "policy", "--bucket", "my-bucket", "--data-bucket", "data-1", "--data-bucket", "data-2")
+    assert r.code == 0 and json.loads(r.out) == controller_policy("my-bucket", ["data-1", "data-2"]), r.out + r.err
+    assert "arn:aws:s3:::data-2/*" in r.out
+    r = orch("aws", "boundary", "--bucket", "my-bucket", "--data-bucket", "data-1")
+    assert r.code == 0 and json.loads(r.out) == boundary_policy("my-bucket", ["data-1"]), r.out + r.err
     bad = orch("aws", "policy", "--bucket", "s3://my-bucket/x")
     assert bad.code == 2 and "not a bucket name" in bad.err and "Traceback" not in bad.err
 

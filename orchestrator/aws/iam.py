@@ -11,7 +11,8 @@ import json
 import logging
 from typing import List, Sequence
 
-from orchestrator.aws.ec2 import _code, explain
+from orchestrator.aws.ec2 import AwsFatal, _code, _message, explain
+from orchestrator.aws.policy import boundary_arn
 from orchestrator.store.s3url import parse_s3
 
 log = logging.getLogger("orch.ec2")
@@ -27,13 +28,18 @@ def iam_name(sweep: str) -> str:
     return f"{name[: IAM_NAME_MAX - 9]}-{hashlib.sha256(sweep.encode()).hexdigest()[:8]}"
 
 
-def bucket_kms_keys(s3, buckets: Sequence[str]) -> List[str]:
+def bucket_kms_keys(s3, buckets: Sequence[str], kms=None) -> List[str]:
     """The customer-managed KMS keys the buckets encrypt new objects with by default (GetBucketEncryption;
-    IAM action s3:GetEncryptionConfiguration): an instance must be allowed to use them to read (kms:Decrypt)
-    and write (kms:GenerateDataKey) there. A bucket without SSE-KMS, or with the AWS managed key aws/s3
-    (whose key policy already lets the account use it through S3), adds nothing; one whose configuration
-    orch may not read is logged and skipped."""
+    IAM action s3:GetEncryptionConfiguration), as key ARNs: an instance must be allowed to use them to read
+    (kms:Decrypt) and write (kms:GenerateDataKey) there. A bucket without SSE-KMS, or with the AWS managed key
+    aws/s3 (whose key policy already lets the account use it through S3), adds nothing; one whose configuration
+    orch may not read is logged and skipped. A bucket may name its key by id, alias or alias ARN, none of which
+    an IAM policy accepts as a resource (KMS developer guide, "Specifying KMS keys in IAM policy statements"):
+    `kms` (a KMS client; by default one of the bucket client's region) resolves those to the key ARN
+    (DescribeKey); one it cannot resolve is kept as it is and granted through S3 only (kms_statements)."""
     from botocore.exceptions import ClientError
+
+    from orchestrator.aws.ec2 import client
 
     keys: List[str] = []
     for b in dict.fromkeys(buckets):
@@ -43,8 +49,7 @@ def bucket_kms_keys(s3, buckets: Sequence[str]) -> List[str]:
             if _code(exc) not in ("ServerSideEncryptionConfigurationNotFoundError",):
                 log.warning(
                     "cannot read the default encryption of bucket %s (%s): if it uses a KMS key of yours, the "
-                    "instances "
-                    "may not read or write it. Allow s3:GetEncryptionConfiguration (see `orch aws policy`).",
+                    "instances may not read or write it. Allow s3:GetEncryptionConfiguration (see `orch aws policy`).",
                     b,
                     _code(exc),
                 )
@@ -52,16 +57,43 @@ def bucket_kms_keys(s3, buckets: Sequence[str]) -> List[str]:
         for rule in rules:
             default = rule.get("ApplyServerSideEncryptionByDefault") or {}
             key = default.get("KMSMasterKeyID")
-            if default.get("SSEAlgorithm", "").startswith("aws:kms") and key and key not in keys:
-                keys.append(key)
+            if default.get("SSEAlgorithm", "").startswith("aws:kms") and key:
+                if not is_key_arn(key):
+                    kms = kms or client("kms", s3.meta.region_name)
+                    key = key_arn(kms, key)
+                if key not in keys:
+                    keys.append(key)
     return keys
 
 
+def is_key_arn(key: str) -> bool:
+    return key.startswith("arn:") and ":key/" in key
+
+
+def key_arn(kms, key: str) -> str:
+    """The ARN of the KMS key that `key` (a key id, key ARN, alias name or alias ARN) names; `key` itself when
+    KMS does not say (the caller may not describe it, or it is gone)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    if is_key_arn(key):
+        return key
+    try:
+        return kms.describe_key(KeyId=key)["KeyMetadata"]["Arn"]
+    except (ClientError, BotoCoreError) as exc:
+        log.warning(
+            "cannot resolve the KMS key %s to its ARN (%s): the instances may use it only through S3 "
+            "(kms:ViaService). Allow kms:DescribeKey (see `orch aws policy`).",
+            key,
+            _code(exc) or type(exc).__name__,
+        )
+        return key
+
+
 def kms_statements(keys: Sequence[str]) -> List[dict]:
-    """kms:Decrypt and kms:GenerateDataKey on the keys: by ARN where the bucket names one; a key id or
-    alias cannot be a policy resource, so those are allowed on any key, only when S3 calls KMS."""
+    """kms:Decrypt and kms:GenerateDataKey on the keys, by key ARN; a key known only by id or alias (which
+    cannot be a policy resource) is allowed on any key, only when S3 calls KMS."""
     actions = ["kms:Decrypt", "kms:GenerateDataKey"]
-    arns = [k for k in keys if k.startswith("arn:")]
+    arns = [k for k in keys if is_key_arn(k)]
     out = [{"Effect": "Allow", "Action": actions, "Resource": arns}] if arns else []
     if len(arns) < len(keys):
         out.append(
@@ -121,13 +153,24 @@ def instance_profile_policy(
     return policy
 
 
+def account_boundary(iam) -> str:
+    """The ARN of orch's permissions boundary in the caller's account (STS GetCallerIdentity, which needs no
+    permission)."""
+    import boto3
+
+    account = boto3.client("sts", region_name=iam.meta.region_name).get_caller_identity()["Account"]
+    return boundary_arn(account)
+
+
 def ensure_instance_profile(
     iam, sweep: str, bucket: str, prefix: str, data: Sequence[str] = (), kms_keys: Sequence[str] = ()
 ) -> str:
-    """The sweep's role + instance profile (created or updated), found by name; returns the profile name."""
+    """The sweep's role + instance profile (created or updated), found by name; returns the profile name. The
+    role carries orch's permissions boundary (`orch aws boundary`): the documented policy allows no other."""
     from botocore.exceptions import ClientError
 
     name = iam_name(sweep)
+    boundary = account_boundary(iam)
     trust = {
         "Version": "2012-10-17",
         "Statement": [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}],
@@ -135,7 +178,9 @@ def ensure_instance_profile(
     tags = [{"Key": "orch:sweep", "Value": sweep}]
     try:
         try:
-            iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust), Tags=tags)
+            iam.create_role(
+                RoleName=name, AssumeRolePolicyDocument=json.dumps(trust), Tags=tags, PermissionsBoundary=boundary
+            )
         except ClientError as exc:
             if _code(exc) != "EntityAlreadyExists":
                 raise
@@ -153,5 +198,12 @@ def ensure_instance_profile(
         if not any(r["RoleName"] == name for r in profile.get("Roles", [])):
             iam.add_role_to_instance_profile(InstanceProfileName=name, RoleName=name)
     except ClientError as exc:
+        if _code(exc) == "AccessDenied":
+            raise AwsFatal(
+                f"creating the sweep's instance profile: permission denied ({_message(exc)}). orch creates roles only "
+                f"with the permissions boundary {boundary}: an admin creates it once (`orch aws boundary`, "
+                "docs/aws.md); a role orch-* made without it cannot be changed by orch (remove it, or name your own "
+                "profile in `aws.instance_profile`)."
+            ) from None
         raise explain(exc, "creating the sweep's instance profile") from None
     return name

@@ -1,13 +1,36 @@
-"""The IAM policy the credentials that run `orch` need: one source, printed by `orch aws policy`, shown in
-docs/aws.md (a test keeps the two equal), and enforced by the fake cloud on every controller call in the
-tests, so a call this policy does not allow fails a test before it fails a user."""
+"""The IAM documents orch asks an account for, built in one place.
+
+- `controller_policy`: what the credentials that run `orch` need (`orch aws policy`, docs/aws.md; a test keeps
+  the two equal, and the fake cloud checks every controller call in the tests against it, so a call this policy
+  does not allow fails a test before it fails a user).
+- `boundary_policy`: the permissions boundary every role orch creates carries (`orch aws boundary`). An admin
+  creates it once, as the managed policy `orch-boundary`; the controller policy lets its holder create and change
+  roles only when they carry that boundary, so no role orch (or whoever holds its policy) makes can do more than
+  an instance of a sweep needs: no escalation to an administrator through a role.
+
+Destructive EC2 calls are allowed only on resources that carry orch's tags (`orch:sweep`; images and snapshots
+`orch:recipe`), and tags can be written only at creation (`ec2:CreateAction`) or onto resources that already carry
+them, so nobody can tag someone else's instance to make it terminable. Sources: IAM user guide, "Permissions
+boundaries for IAM entities" (the delegation example); EC2 user guide, "Grant permission to tag Amazon EC2
+resources during creation"; the Service Authorization Reference (which action takes which resource and key).
+
+Other documents extend these through the functions below (instance_statements, boundary_policy's `extra`), never
+by a second copy.
+"""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional, Sequence
 
-EC2_ACTIONS = [
-    # what a sweep looks up
+SWEEP_TAG, RECIPE_TAG = "orch:sweep", "orch:recipe"
+BOUNDARY_NAME = "orch-boundary"
+# The caller's own account, as IAM resolves it when it evaluates the policy (a global condition key used as a
+# policy variable): the printed policy needs no account id, and a boundary of another account never matches.
+ACCOUNT_VARIABLE = "${aws:PrincipalAccount}"
+PLACEHOLDER = "YOUR-BUCKET"
+EC2_SERVICE = "ec2.amazonaws.com"
+
+READ_ACTIONS = [
     "ec2:DescribeImages",
     "ec2:DescribeVpcs",
     "ec2:DescribeSubnets",
@@ -19,35 +42,43 @@ EC2_ACTIONS = [
     "ec2:DescribeLaunchTemplates",
     "ec2:DescribeLaunchTemplateVersions",
     "ec2:DescribePlacementGroups",
-    # what a sweep makes, uses and removes
+]
+# New resources (a launch, a group, a template, a copied image): nothing of anyone else's is touched.
+CREATE_ACTIONS = [
     "ec2:CreateSecurityGroup",
+    "ec2:CreateLaunchTemplate",
+    "ec2:CreatePlacementGroup",
+    "ec2:CreateFleet",
+    "ec2:RunInstances",
+    "ec2:CopyImage",
+]
+# The API names whose TagSpecifications orch uses: tags written by them are written at creation.
+TAGGING_CREATE_ACTIONS = [
+    "RunInstances",
+    "CreateFleet",
+    "CreateSecurityGroup",
+    "CreateLaunchTemplate",
+    "CreatePlacementGroup",
+    "CreateImage",
+    "CopyImage",
+]
+# Changes and removals: only on resources tagged orch:sweep (instances, groups, templates, placement groups).
+ON_SWEEP_RESOURCES = [
+    "ec2:TerminateInstances",
     "ec2:AuthorizeSecurityGroupIngress",
     "ec2:DeleteSecurityGroup",
-    "ec2:CreateLaunchTemplate",
     "ec2:CreateLaunchTemplateVersion",
     "ec2:DeleteLaunchTemplateVersions",
     "ec2:DeleteLaunchTemplate",
-    "ec2:CreateFleet",
-    "ec2:RunInstances",
+    "ec2:DeletePlacementGroup",
     "ec2:CreateTags",
     "ec2:DeleteTags",
-    "ec2:TerminateInstances",
-    "ec2:CreatePlacementGroup",
-    "ec2:DeletePlacementGroup",
-    # orch ami: build (CreateImage on the running builder: no StopInstances), copy, remove
-    "ec2:CreateImage",
-    "ec2:CopyImage",
-    "ec2:DeregisterImage",
-    "ec2:DeleteSnapshot",
 ]
-IAM_ACTIONS = [
-    "iam:CreateRole",
-    "iam:TagRole",
-    "iam:PutRolePolicy",
-    "iam:ListRolePolicies",
-    "iam:DeleteRolePolicy",
-    "iam:DeleteRole",
-    "iam:PassRole",
+# orch ami's images and their snapshots carry orch:recipe instead.
+ON_RECIPE_RESOURCES = ["ec2:DeregisterImage", "ec2:DeleteSnapshot", "ec2:CreateTags", "ec2:DeleteTags"]
+ROLE_ACTIONS_UNDER_BOUNDARY = ["iam:CreateRole", "iam:PutRolePolicy", "iam:DeleteRolePolicy", "iam:DeleteRole"]
+ROLE_ACTIONS = ["iam:TagRole", "iam:ListRolePolicies"]
+PROFILE_ACTIONS = [
     "iam:CreateInstanceProfile",
     "iam:TagInstanceProfile",
     "iam:GetInstanceProfile",
@@ -56,41 +87,210 @@ IAM_ACTIONS = [
     "iam:DeleteInstanceProfile",
 ]
 S3_OBJECT_ACTIONS = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"]
-PLACEHOLDER = "YOUR-BUCKET"
+DATA_OBJECT_ACTIONS = ["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"]  # read by hosts, `orch data push`
+KMS_VIA_S3 = {"StringLike": {"kms:ViaService": "s3.*.amazonaws.com"}}
+KMS_KEYS = "arn:aws:kms:*:*:key/*"
 
 
-def controller_policy(bucket: Optional[str] = None) -> dict:
-    """The policy document, with the store's bucket filled in (or YOUR-BUCKET)."""
+def boundary_arn(account: str = ACCOUNT_VARIABLE) -> str:
+    """The boundary's ARN in `account` (by default the policy variable that IAM resolves to the caller's account)."""
+    return f"arn:aws:iam::{account}:policy/{BOUNDARY_NAME}"
+
+
+def _tagged(key: str) -> dict:
+    return {"Null": {f"aws:ResourceTag/{key}": "false"}}  # the resource carries the tag (any value)
+
+
+def ec2_statements() -> List[dict]:
+    return [
+        {"Sid": "Ec2Read", "Effect": "Allow", "Resource": "*", "Action": list(READ_ACTIONS)},
+        {"Sid": "Ec2Create", "Effect": "Allow", "Resource": "*", "Action": list(CREATE_ACTIONS)},
+        {
+            "Sid": "Ec2TagAtCreation",
+            "Effect": "Allow",
+            "Resource": "*",
+            "Action": "ec2:CreateTags",
+            "Condition": {"StringEquals": {"ec2:CreateAction": list(TAGGING_CREATE_ACTIONS)}},
+        },
+        {
+            "Sid": "Ec2OnSweepResources",
+            "Effect": "Allow",
+            "Resource": "*",
+            "Action": list(ON_SWEEP_RESOURCES),
+            "Condition": _tagged(SWEEP_TAG),
+        },
+        {
+            # a new rule is a resource of its own (security-group-rule), which carries no tag yet
+            "Sid": "Ec2NewIngressRules",
+            "Effect": "Allow",
+            "Resource": "arn:aws:ec2:*:*:security-group-rule/*",
+            "Action": "ec2:AuthorizeSecurityGroupIngress",
+        },
+        {
+            "Sid": "Ec2ImageOfOrchInstances",
+            "Effect": "Allow",
+            "Resource": "arn:aws:ec2:*:*:instance/*",
+            "Action": "ec2:CreateImage",
+            "Condition": _tagged(SWEEP_TAG),
+        },
+        {
+            "Sid": "Ec2NewImages",
+            "Effect": "Allow",
+            "Resource": ["arn:aws:ec2:*::image/*", "arn:aws:ec2:*::snapshot/*"],
+            "Action": "ec2:CreateImage",
+        },
+        {
+            "Sid": "Ec2OnOrchImages",
+            "Effect": "Allow",
+            "Resource": "*",
+            "Action": list(ON_RECIPE_RESOURCES),
+            "Condition": _tagged(RECIPE_TAG),
+        },
+    ]
+
+
+def iam_statements(boundary: str) -> List[dict]:
+    return [
+        {
+            "Sid": "IamRolesOnlyWithTheBoundary",
+            "Effect": "Allow",
+            "Resource": "arn:aws:iam::*:role/orch-*",
+            "Action": list(ROLE_ACTIONS_UNDER_BOUNDARY),
+            "Condition": {"StringEquals": {"iam:PermissionsBoundary": boundary}},
+        },
+        {"Sid": "IamRoles", "Effect": "Allow", "Resource": "arn:aws:iam::*:role/orch-*", "Action": list(ROLE_ACTIONS)},
+        {
+            "Sid": "IamPassRoleToEc2",
+            "Effect": "Allow",
+            "Resource": "arn:aws:iam::*:role/orch-*",
+            "Action": "iam:PassRole",
+            "Condition": {"StringEquals": {"iam:PassedToService": EC2_SERVICE}},
+        },
+        {
+            "Sid": "IamInstanceProfiles",
+            "Effect": "Allow",
+            "Resource": "arn:aws:iam::*:instance-profile/orch-*",
+            "Action": list(PROFILE_ACTIONS),
+        },
+        {"Sid": "IamList", "Effect": "Allow", "Resource": "*", "Action": ["iam:ListInstanceProfiles"]},
+        {
+            "Sid": "SpotServiceRoles",
+            "Effect": "Allow",
+            "Resource": "*",
+            "Action": "iam:CreateServiceLinkedRole",
+            "Condition": {"StringEquals": {"iam:AWSServiceName": ["spot.amazonaws.com", "ec2fleet.amazonaws.com"]}},
+        },
+    ]
+
+
+def kms_statements() -> List[dict]:
+    """A bucket whose default key is customer-managed: S3 calls KMS for the caller (kms:GenerateDataKey to write,
+    kms:Decrypt to read and to finish a multipart upload), and only S3 may do so on its behalf; DescribeKey
+    resolves an alias or key id that a bucket names to the key's ARN (an IAM policy names keys only by ARN)."""
+    return [
+        {
+            "Sid": "KmsThroughS3",
+            "Effect": "Allow",
+            "Resource": KMS_KEYS,
+            "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
+            "Condition": KMS_VIA_S3,
+        },
+        {"Sid": "KmsDescribeKey", "Effect": "Allow", "Resource": KMS_KEYS, "Action": "kms:DescribeKey"},
+    ]
+
+
+def s3_statements(bucket: str, data_buckets: Sequence[str] = ()) -> List[dict]:
+    data = [b for b in dict.fromkeys(data_buckets) if b != bucket]
+    out = [
+        {
+            "Sid": "Store",
+            "Effect": "Allow",
+            "Action": ["s3:ListBucket", "s3:GetEncryptionConfiguration"],
+            "Resource": [f"arn:aws:s3:::{b}" for b in [bucket, *data]],
+        },
+        {
+            "Sid": "StoreObjects",
+            "Effect": "Allow",
+            "Resource": f"arn:aws:s3:::{bucket}/*",
+            "Action": list(S3_OBJECT_ACTIONS),
+        },
+    ]
+    if data:
+        out.append(
+            {
+                "Sid": "DataObjects",
+                "Effect": "Allow",
+                "Resource": [f"arn:aws:s3:::{b}/*" for b in data],
+                "Action": list(DATA_OBJECT_ACTIONS),
+            }
+        )
+    return out
+
+
+def controller_policy(bucket: Optional[str] = None, data_buckets: Sequence[str] = ()) -> dict:
+    """The policy document of the credentials that run orch, with the store's bucket (or YOUR-BUCKET) and the
+    buckets `data:` entries read from (and `orch data push` writes to)."""
     b = bucket or PLACEHOLDER
     return {
         "Version": "2012-10-17",
-        "Statement": [
-            {"Sid": "Ec2", "Effect": "Allow", "Resource": "*", "Action": list(EC2_ACTIONS)},
+        "Statement": ec2_statements()
+        + iam_statements(boundary_arn())
+        + s3_statements(b, data_buckets)
+        + kms_statements(),
+    }
+
+
+def instance_statements(bucket: str, data_buckets: Sequence[str] = ()) -> List[dict]:
+    """What any instance of any sweep may need (the cap; each sweep's own role narrows it to its prefix): the
+    store's objects, reading `data:` buckets, KMS through S3, and terminating or untagging instances of orch's."""
+    data = [b for b in dict.fromkeys(data_buckets) if b != bucket]
+    out = [
+        {
+            "Sid": "StoreObjects",
+            "Effect": "Allow",
+            "Resource": f"arn:aws:s3:::{bucket}/*",
+            "Action": list(S3_OBJECT_ACTIONS),
+        },
+        {"Sid": "StoreList", "Effect": "Allow", "Resource": f"arn:aws:s3:::{bucket}", "Action": "s3:ListBucket"},
+    ]
+    if data:
+        out += [
             {
-                "Sid": "Iam",
+                "Sid": "DataRead",
                 "Effect": "Allow",
-                "Resource": ["arn:aws:iam::*:role/orch-*", "arn:aws:iam::*:instance-profile/orch-*"],
-                "Action": list(IAM_ACTIONS),
-            },
-            {"Sid": "IamList", "Effect": "Allow", "Resource": "*", "Action": ["iam:ListInstanceProfiles"]},
-            {
-                "Sid": "SpotServiceRoles",
-                "Effect": "Allow",
-                "Resource": "*",
-                "Action": "iam:CreateServiceLinkedRole",
-                "Condition": {"StringEquals": {"iam:AWSServiceName": ["spot.amazonaws.com", "ec2fleet.amazonaws.com"]}},
+                "Resource": [f"arn:aws:s3:::{b}/*" for b in data],
+                "Action": "s3:GetObject",
             },
             {
-                "Sid": "Store",
+                "Sid": "DataList",
                 "Effect": "Allow",
-                "Action": ["s3:ListBucket", "s3:GetEncryptionConfiguration"],
-                "Resource": f"arn:aws:s3:::{b}",
+                "Resource": [f"arn:aws:s3:::{b}" for b in data],
+                "Action": "s3:ListBucket",
             },
-            {
-                "Sid": "StoreObjects",
-                "Effect": "Allow",
-                "Resource": f"arn:aws:s3:::{b}/*",
-                "Action": list(S3_OBJECT_ACTIONS),
-            },
-        ],
+        ]
+    out += [
+        {
+            "Sid": "OrchInstances",
+            "Effect": "Allow",
+            "Resource": "*",
+            "Action": ["ec2:TerminateInstances", "ec2:DeleteTags"],
+            "Condition": _tagged(SWEEP_TAG),
+        },
+        {
+            "Sid": "KmsThroughS3",
+            "Effect": "Allow",
+            "Resource": KMS_KEYS,
+            "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
+            "Condition": KMS_VIA_S3,
+        },
+    ]
+    return out
+
+
+def boundary_policy(bucket: Optional[str] = None, data_buckets: Sequence[str] = (), extra: Sequence[dict] = ()) -> dict:
+    """The permissions boundary `orch-boundary`: the most any role orch creates may do, whatever its own policy
+    says. `extra` adds statements for roles of other kinds (each with its own Sid)."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": instance_statements(bucket or PLACEHOLDER, data_buckets) + list(extra),
     }

@@ -282,31 +282,66 @@ def aws_group():
     """AWS setup: what the credentials that run orch need."""
 
 
+def _bucket_names(*names: Optional[str]) -> None:
+    import re
+
+    for name in names:
+        if name is not None and not re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", name):
+            raise OrchError(
+                f"{name!r} is not a bucket name (3-63 of a-z, 0-9, '.', '-'); give the name alone, without s3:// or "
+                "a prefix",
+                exit_code=2,
+            )
+
+
+_BUCKET_HELP = "The store's bucket (from `store: s3://BUCKET/prefix`); default: YOUR-BUCKET, to fill in."
+_DATA_HELP = "A bucket that `data:` entries read from or `orch data push` writes to (repeatable)."
+
+
 @aws_group.command("policy")
-@click.option(
-    "--bucket", help="The store's bucket (from `store: s3://BUCKET/prefix`); default: YOUR-BUCKET, to fill in."
-)
+@click.option("--bucket", help=_BUCKET_HELP)
+@click.option("--data-bucket", "data_buckets", multiple=True, help=_DATA_HELP)
 @expected_errors
-def aws_policy(bucket: Optional[str]):
-    """Print the IAM policy orch needs, as JSON, ready for `aws iam put-user-policy`.
+def aws_policy(bucket: Optional[str], data_buckets: tuple):
+    """Print the IAM policy the credentials that run orch need, as JSON, ready for `aws iam put-user-policy`.
 
     It covers sweeps (EC2 Fleet, launch templates, security and placement groups, the instance profile
-    orch creates), `orch ami` and the store. docs/aws.md explains each statement.
+    orch creates), `orch ami`, the store and data buckets. Roles can be made only with orch's permissions
+    boundary (`orch aws boundary`, created once by an admin); EC2 resources are changed or removed only
+    when they carry orch's tags. docs/aws.md explains each statement.
 
     \b
     Example:
-      orch aws policy --bucket my-bucket > orch-policy.json
+      orch aws policy --bucket my-bucket --data-bucket my-datasets > orch-policy.json
       aws iam put-user-policy --user-name me --policy-name orch --policy-document file://orch-policy.json
     """
     import json
-    import re
 
     from orchestrator.aws.policy import controller_policy
 
-    if bucket is not None and not re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", bucket):
-        raise OrchError(
-            f"--bucket {bucket!r} is not a bucket name (3-63 of a-z, 0-9, '.', '-'); give the name alone, "
-            "without s3:// or a prefix",
-            exit_code=2,
-        )
-    click.echo(json.dumps(controller_policy(bucket), indent=2))
+    _bucket_names(bucket, *data_buckets)
+    click.echo(json.dumps(controller_policy(bucket, data_buckets), indent=2))
+
+
+@aws_group.command("boundary")
+@click.option("--bucket", help=_BUCKET_HELP)
+@click.option("--data-bucket", "data_buckets", multiple=True, help=_DATA_HELP)
+@expected_errors
+def aws_boundary(bucket: Optional[str], data_buckets: tuple):
+    """Print the permissions boundary every role orch creates carries, for an admin to create once.
+
+    It caps any role orch makes at what an instance of a sweep needs (the store, reading data buckets,
+    KMS through S3, terminating orch's own instances), whatever the role's own policy says. Give it the
+    same buckets as `orch aws policy`; create it as the managed policy `orch-boundary`.
+
+    \b
+    Example:
+      orch aws boundary --bucket my-bucket --data-bucket my-datasets > orch-boundary.json
+      aws iam create-policy --policy-name orch-boundary --policy-document file://orch-boundary.json
+    """
+    import json
+
+    from orchestrator.aws.policy import boundary_policy
+
+    _bucket_names(bucket, *data_buckets)
+    click.echo(json.dumps(boundary_policy(bucket, data_buckets), indent=2))

@@ -4,9 +4,13 @@ Once per host: each `to:` folder keeps a manifest of what it holds (`.orch-stage
 source, and per file its size and ETag), so later attempts and other runs on the same host
 fetch nothing; a file already there with the same size and content (e.g. baked into the image:
 no manifest yet) is kept. Transfers run in parallel (S3: boto3's transfer manager, multipart for
-large objects), go to a temporary name and are renamed when verified (size, and the object's SHA-256
-checksum where it has one, checked by botocore; an ETag is not trusted as an MD5 after a download: it
-is none for SSE-KMS objects and multipart uploads). Runs staging the same folder take turns (a lock).
+large objects), go to a temporary name and are renamed when verified: the size, and the SHA-256 that
+`orch data push` recorded for the file (its sync index, `.orch-sync.json`, or the object's `sha256`
+metadata), computed over the downloaded bytes — botocore's own check covers only single-part objects
+fetched whole (multipart uploads carry composite checksums, ranged GETs none). An object orch did not
+upload has only its size checked (and botocore's checksum where S3 has a full-object one); an ETag is not
+trusted as an MD5 after a download (it is none for SSE-KMS objects and multipart uploads). Runs staging
+the same folder take turns (a lock).
 """
 
 from __future__ import annotations
@@ -66,6 +70,27 @@ def _listing_s3(client, url: str) -> Dict[str, Tuple[int, str]]:
     return out
 
 
+LARGE = 8 * 1024 * 1024  # above this, downloads are ranged GETs and botocore checks no checksum
+
+
+def _recorded_sha256(client, url: str) -> Dict[str, str]:
+    """{relative path: sha256} from the sync index `orch data push` keeps under the prefix; {} without one."""
+    bucket, prefix = _bucket_prefix(url)
+    try:
+        index = json.loads(client.get_object(Bucket=bucket, Key=prefix + SKIP[0])["Body"].read())
+    except Exception:  # none (not pushed by orch), unreadable or not JSON: each object's metadata, else size only
+        return {}
+    return {rel: meta.get("sha256") for rel, meta in index.items() if isinstance(meta, dict) and meta.get("sha256")}
+
+
+def _object_sha256(client, url: str, rel: str):
+    bucket, prefix = _bucket_prefix(url)
+    try:
+        return client.head_object(Bucket=bucket, Key=prefix + rel).get("Metadata", {}).get("sha256")
+    except Exception:
+        return None
+
+
 def _listing_local(folder: Path) -> Dict[str, Tuple[int, str]]:
     out = {}
     for p in sorted(folder.rglob("*")):
@@ -121,6 +146,7 @@ def _stage_locked(source: str, dest: Path, client, workers: int) -> StageResult:
         and not (s3 and _same(dest / rel, size, tag))
     ]
     result = StageResult(source=source, to=str(dest), files=len(want))
+    recorded = _recorded_sha256(client, source) if s3 and todo else {}
 
     def fetch(rel: str) -> int:
         size, tag = want[rel]
@@ -135,9 +161,14 @@ def _stage_locked(source: str, dest: Path, client, workers: int) -> StageResult:
             client.download_file(where.bucket, where.folder + rel, str(tmp), ExtraArgs={"ChecksumMode": "ENABLED"})
         else:
             shutil.copyfile(Path(os.path.expanduser(source)) / rel, tmp)
-        if tmp.stat().st_size != size:
+        # a large object outside the index (a sub-prefix of what was pushed): its own metadata, one HEAD
+        digest = recorded.get(rel) or (_object_sha256(client, source, rel) if s3 and size > LARGE else None)
+        if tmp.stat().st_size != size or (digest and sha256_file(tmp) != digest):
             tmp.unlink(missing_ok=True)
-            raise OSError(f"{source}{rel}: the copy does not match the source (size or checksum); try again")
+            raise OSError(
+                f"{source}{rel}: the copy does not match the source (size, or the SHA-256 `orch data push` recorded); "
+                "nothing was kept. Try again; if it persists, push the data again"
+            )
         os.replace(tmp, target)
         return size
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from orchestrator.errors import OrchError
-from orchestrator.store.base import HashCache, Select, SyncResult, _files
+from orchestrator.store.base import HashCache, Select, SyncResult, _files, sha256_file
 from orchestrator.store.s3url import parse_s3
 
 SYNC_INDEX = ".orch-sync.json"  # per synced prefix: {relative path: {"size", "sha256"}} of what was uploaded
@@ -212,13 +212,22 @@ class S3Store:
             if dst.is_file() and self.hashes.digest(dst) == meta.get("sha256"):
                 result.skipped += 1
                 continue
-            todo.append((rel, dst))
+            todo.append((rel, dst, meta.get("sha256")))
 
         def fetch(item):
-            rel, dst = item
+            rel, dst, digest = item
             dst.parent.mkdir(parents=True, exist_ok=True)
             tmp = dst.with_name(f".{dst.name}.sync.tmp")
-            self.client.download_file(self.bucket, self._key(f"{prefix}/{rel}"), str(tmp), Config=self.transfer)
+            key = self._key(f"{prefix}/{rel}")
+            self.client.download_file(self.bucket, key, str(tmp), Config=self.transfer)
+            # Large objects come in ranged GETs and carry composite (multipart) checksums, which botocore does not
+            # check: the SHA-256 orch recorded at upload is what a download is held to, whatever its size.
+            if digest and sha256_file(tmp) != digest:
+                tmp.unlink(missing_ok=True)
+                raise OrchError(
+                    f"s3://{self.bucket}/{key}: the download does not match the SHA-256 orch recorded when it uploaded "
+                    "it (corrupted in transit or changed in S3); nothing was kept"
+                )
             os.replace(tmp, dst)
             return dst.stat().st_size
 

@@ -1,0 +1,240 @@
+"""The policy orch documents, held by someone hostile: what it must refuse (the fake's IAM gate evaluates it for
+the controller's credentials as IAM does), and its grammar (what IAM's policy validation accepts)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.fakecloud import BUCKET
+
+ADMIN = "arn:aws:iam::aws:policy/AdministratorAccess"
+TRUST = json.dumps(
+    {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}],
+    }
+)
+EVERYTHING = json.dumps({"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]})
+
+
+def _refused(call, code: str = ""):
+    from botocore.exceptions import ClientError
+
+    with pytest.raises(ClientError) as got:
+        call()
+    err = got.value.response["Error"]["Code"]
+    assert err in ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation"), got.value
+    assert not code or err == code, got.value
+
+
+def test_a_hostile_holder_of_the_documented_policy_cannot_escalate_or_touch_what_orch_did_not_make(cloud):
+    """Every way the old policy made its holder an administrator, or let it destroy or open up someone else's
+    resources, is refused; what orch itself does (a role under the boundary, tagging at creation, terminating its
+    own instance) is allowed."""
+    from orchestrator.aws import ec2 as api
+    from orchestrator.aws.iam import account_boundary
+    from orchestrator.aws.policy import boundary_arn
+
+    iam, ec2 = api.client("iam", "us-east-1"), api.client("ec2", "us-east-1")  # the controller's credentials
+    admin_iam, admin_ec2 = cloud.client("iam"), cloud.client("ec2")  # someone else in the account
+    boundary = account_boundary(iam)
+    assert boundary == boundary_arn("123456789012")
+
+    # roles: only with orch's boundary, and only roles that carry it can be changed
+    _refused(lambda: iam.create_role(RoleName="orch-evil", AssumeRolePolicyDocument=TRUST))
+    _refused(lambda: iam.create_role(RoleName="orch-evil", AssumeRolePolicyDocument=TRUST, PermissionsBoundary=ADMIN))
+    iam.create_role(RoleName="orch-capped", AssumeRolePolicyDocument=TRUST, PermissionsBoundary=boundary)
+    iam.put_role_policy(RoleName="orch-capped", PolicyName="all", PolicyDocument=EVERYTHING)  # capped, see below
+    _refused(lambda: iam.attach_role_policy(RoleName="orch-capped", PolicyArn=ADMIN))
+    _refused(lambda: iam.delete_role_permissions_boundary(RoleName="orch-capped"))
+    _refused(lambda: iam.put_role_permissions_boundary(RoleName="orch-capped", PermissionsBoundary=ADMIN))
+    admin_iam.create_role(RoleName="orch-legacy", AssumeRolePolicyDocument=TRUST)  # named orch-*, no boundary
+    _refused(lambda: iam.put_role_policy(RoleName="orch-legacy", PolicyName="all", PolicyDocument=EVERYTHING))
+    _refused(lambda: iam.delete_role(RoleName="orch-legacy"))
+    _refused(lambda: iam.create_policy(PolicyName="orch-boundary-2", PolicyDocument=EVERYTHING))
+
+    # the `*` inline policy gives the role no more than the boundary: another bucket stays closed to it
+    admin_s3 = cloud.client("s3")
+    admin_s3.create_bucket(Bucket="someone-elses")
+    creds = cloud.client("sts").assume_role(
+        RoleArn="arn:aws:iam::123456789012:role/orch-capped", RoleSessionName="hostile"
+    )
+    c = creds["Credentials"]
+    cloud.gate.roles[c["AccessKeyId"]] = "orch-capped"
+    import boto3
+
+    as_role = boto3.client(
+        "s3",
+        region_name="us-east-1",
+        endpoint_url=cloud.endpoint,
+        aws_access_key_id=c["AccessKeyId"],
+        aws_secret_access_key=c["SecretAccessKey"],
+        aws_session_token=c["SessionToken"],
+    )
+    as_role.put_object(Bucket=BUCKET, Key="pre/x", Body=b"1")  # within the boundary
+    _refused(lambda: as_role.put_object(Bucket="someone-elses", Key="x", Body=b"1"))
+
+    # passing roles: orch's, to EC2 only
+    admin_iam.create_role(RoleName="admin-role", AssumeRolePolicyDocument=TRUST)
+    iam.create_instance_profile(InstanceProfileName="orch-p")
+    _refused(lambda: iam.add_role_to_instance_profile(InstanceProfileName="orch-p", RoleName="admin-role"))
+    iam.add_role_to_instance_profile(InstanceProfileName="orch-p", RoleName="orch-capped")
+    from tests.fakecloud_gate import CONTROLLER
+
+    role = "arn:aws:iam::123456789012:role/orch-capped"
+    assert cloud.gate._allowed(CONTROLLER, "iam:PassRole", role, {"iam:PassedToService": "ec2.amazonaws.com"})
+    for other in ("lambda.amazonaws.com", "ecs-tasks.amazonaws.com", "cloudformation.amazonaws.com"):
+        assert not cloud.gate._allowed(CONTROLLER, "iam:PassRole", role, {"iam:PassedToService": other})
+    lam = api.client("lambda", "us-east-1")
+    _refused(
+        lambda: lam.create_function(
+            FunctionName="f", Role=role, Runtime="python3.12", Handler="h.h", Code={"ZipFile": b"x"}
+        )
+    )
+
+    # EC2: only what carries orch's tags; tags only at creation or onto what carries them
+    foreign = admin_ec2.run_instances(ImageId=cloud.image, MinCount=1, MaxCount=1, SubnetId=cloud.subnets[0])
+    fid = foreign["Instances"][0]["InstanceId"]
+    _refused(lambda: ec2.terminate_instances(InstanceIds=[fid]), "UnauthorizedOperation")
+    _refused(lambda: ec2.create_tags(Resources=[fid], Tags=[{"Key": "orch:sweep", "Value": "x"}]))
+    _refused(lambda: ec2.create_image(InstanceId=fid, Name="stolen"))
+    sg = admin_ec2.create_security_group(GroupName="theirs", Description="x", VpcId=cloud.vpc)["GroupId"]
+    open22 = [{"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}]
+    _refused(lambda: ec2.authorize_security_group_ingress(GroupId=sg, IpPermissions=open22))
+    _refused(lambda: ec2.delete_security_group(GroupId=sg))
+    image = cloud.register_image("someone's image")  # no orch:recipe tag
+    _refused(lambda: ec2.deregister_image(ImageId=image))
+    theirs = admin_ec2.create_launch_template(LaunchTemplateName="theirs", LaunchTemplateData={"ImageId": image})
+    _refused(lambda: ec2.delete_launch_template(LaunchTemplateId=theirs["LaunchTemplate"]["LaunchTemplateId"]))
+
+    tags = [{"ResourceType": "instance", "Tags": [{"Key": "orch:sweep", "Value": "mine"}]}]
+    mine = ec2.run_instances(
+        ImageId=cloud.image, MinCount=1, MaxCount=1, SubnetId=cloud.subnets[0], TagSpecifications=tags
+    )["Instances"][0]["InstanceId"]
+    ec2.create_tags(Resources=[mine], Tags=[{"Key": "orch:slot:0", "Value": "r"}])  # it carries orch:sweep already
+    api.terminate(ec2, [mine])
+
+    assert {"iam:CreateRole", "ec2:TerminateInstances", "ec2:CreateTags", "iam:PassRole"} <= set(cloud.gate.denied)
+    cloud.gate.denied.clear()
+    admin_ec2.terminate_instances(InstanceIds=[fid])
+    admin_ec2.delete_launch_template(LaunchTemplateName="theirs")
+    admin_iam.remove_role_from_instance_profile(InstanceProfileName="orch-p", RoleName="orch-capped")
+    admin_iam.delete_instance_profile(InstanceProfileName="orch-p")
+    for r in ("orch-capped", "orch-legacy", "admin-role"):
+        for p in admin_iam.list_role_policies(RoleName=r)["PolicyNames"]:
+            admin_iam.delete_role_policy(RoleName=r, PolicyName=p)
+        admin_iam.delete_role(RoleName=r)
+
+
+# --- the grammar IAM accepts ------------------------------------------------------------------------
+# IAM user guide, "Grammar of the IAM JSON policy language" and "IAM JSON policy elements: Condition operators";
+# the condition keys each action takes: Service Authorization Reference (EC2, IAM, S3, KMS pages).
+
+OPERATORS = {
+    "StringEquals",
+    "StringNotEquals",
+    "StringEqualsIgnoreCase",
+    "StringNotEqualsIgnoreCase",
+    "StringLike",
+    "StringNotLike",
+    "ArnEquals",
+    "ArnLike",
+    "ArnNotEquals",
+    "ArnNotLike",
+    "Null",
+    "Bool",
+}
+KEYS = {  # key -> (type, the actions of orch's policy that take it)
+    "ec2:CreateAction": ("String", {"ec2:CreateTags"}),
+    "iam:PermissionsBoundary": (
+        "ARN",
+        {"iam:CreateRole", "iam:PutRolePolicy", "iam:DeleteRolePolicy", "iam:DeleteRole"},
+    ),
+    "iam:PassedToService": ("String", {"iam:PassRole"}),
+    "iam:AWSServiceName": ("String", {"iam:CreateServiceLinkedRole"}),
+    "kms:ViaService": ("String", {"kms:Decrypt", "kms:GenerateDataKey"}),
+    "aws:ResourceTag/": ("String", None),  # every EC2 action of the policy that has a tagged resource
+}
+VARIABLES = {"aws:PrincipalAccount"}  # global keys usable as policy variables
+SERVICE_ARN = {
+    "ec2": r"arn:aws:ec2:[a-z0-9*-]*:[0-9*]*:[a-z-]+/.+",
+    "iam": r"arn:aws:iam::[0-9*]+:(role|instance-profile|policy)/.+",
+    "s3": r"arn:aws:s3:::[a-z0-9.-]+(/.*)?",
+    "kms": r"arn:aws:kms:[a-z0-9*-]*:[0-9*]*:key/.+",
+}
+PERMISSION_ONLY = {"iam:PassRole", "s3:ListBucket", "s3:GetEncryptionConfiguration"}
+
+
+def _as_list(v):
+    return v if isinstance(v, list) else [v]
+
+
+def _operations(service: str) -> set:
+    import botocore.session
+
+    return set(botocore.session.get_session().get_service_model(service).operation_names)
+
+
+def check_grammar(doc: dict) -> None:
+    assert doc["Version"] == "2012-10-17" and set(doc) == {"Version", "Statement"}
+    sids = [st["Sid"] for st in doc["Statement"] if "Sid" in st]
+    assert len(sids) == len(set(sids)) and all(re.fullmatch(r"[A-Za-z0-9]+", s) for s in sids), sids
+    for st in doc["Statement"]:
+        assert set(st) <= {"Sid", "Effect", "Action", "Resource", "Condition"} and st["Effect"] in ("Allow", "Deny")
+        actions = _as_list(st["Action"])
+        for a in actions:
+            service, _, name = a.partition(":")
+            assert a in PERMISSION_ONLY or name in _operations({"s3": "s3", "kms": "kms"}.get(service, service)), a
+        for r in _as_list(st["Resource"]):
+            r = r.replace("${aws:PrincipalAccount}", "123456789012").replace("YOUR-BUCKET", "your-bucket")
+            assert r == "*" or any(re.fullmatch(SERVICE_ARN[a.partition(":")[0]], r) for a in actions), (st, r)
+            assert "alias/" not in r, r  # KMS: an alias is no policy resource
+        for op, pairs in (st.get("Condition") or {}).items():
+            base = op.removesuffix("IfExists")
+            assert base in OPERATORS, op
+            for key, values in pairs.items():
+                entry = KEYS.get(key) or KEYS.get(key.split("/")[0] + "/")
+                assert entry, key
+                kind, takes = entry
+                assert takes is None or set(actions) <= takes, (key, actions)
+                if base == "Null":
+                    assert all(v in ("true", "false") for v in _as_list(values)), values
+                else:
+                    assert base.startswith("String") or (kind == "ARN" and base.startswith("Arn")), (op, key)
+                for v in _as_list(values):
+                    for var in re.findall(r"\$\{([^}]+)\}", v):
+                        assert var in VARIABLES, var
+    size = len(re.sub(r"\s", "", json.dumps(doc)))
+    assert size <= 6144, size  # a managed policy's limit, white space not counted (IAM and STS quotas)
+
+
+def test_the_documented_policy_and_boundary_are_valid_iam_grammar():
+    from orchestrator.aws.policy import boundary_policy, controller_policy
+
+    for doc in (
+        controller_policy(),
+        controller_policy("my-bucket", ["my-data", "more-data"]),
+        boundary_policy("my-bucket", ["my-data"]),
+    ):
+        check_grammar(doc)
+    with pytest.raises(AssertionError):  # the check can fail: an alias ARN as a resource
+        check_grammar(
+            {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {"Effect": "Allow", "Action": "kms:Decrypt", "Resource": "arn:aws:kms:us-east-1:1:alias/a"}
+                ],
+            }
+        )
+    with pytest.raises(AssertionError):  # an operator IAM does not have
+        check_grammar(
+            {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {"Effect": "Allow", "Action": "iam:PassRole", "Resource": "*", "Condition": {"Equals": {"a": "b"}}}
+                ],
+            }
+        )
