@@ -75,7 +75,8 @@ LARGE = 8 * 1024 * 1024  # above this, downloads are ranged GETs and botocore ch
 
 def _recorded_sha256(client, url: str) -> Dict[str, str]:
     """{relative path: sha256} from the sync index `orch data push` keeps under the prefix; {} without one."""
-    bucket, prefix = _bucket_prefix(url)
+    where = parse_s3(url)
+    bucket, prefix = where.bucket, where.folder
     try:
         index = json.loads(client.get_object(Bucket=bucket, Key=prefix + SKIP[0])["Body"].read())
     except Exception:  # none (not pushed by orch), unreadable or not JSON: each object's metadata, else size only
@@ -84,7 +85,8 @@ def _recorded_sha256(client, url: str) -> Dict[str, str]:
 
 
 def _object_sha256(client, url: str, rel: str):
-    bucket, prefix = _bucket_prefix(url)
+    where = parse_s3(url)
+    bucket, prefix = where.bucket, where.folder
     try:
         return client.head_object(Bucket=bucket, Key=prefix + rel).get("Metadata", {}).get("sha256")
     except Exception:
@@ -155,9 +157,8 @@ def _stage_locked(source: str, dest: Path, client, workers: int) -> StageResult:
         tmp = target.with_name(f".{target.name}.orch-part")
         if s3:
             where = parse_s3(source)
-            # An ETag is no MD5 for SSE-KMS/SSE-C objects or multipart uploads: what S3 guarantees is the size and,
-            # where
-            # the object has one (`orch data push` always adds it), its SHA-256, which botocore checks as it downloads.
+            # An ETag is no MD5 for SSE-KMS/SSE-C objects or multipart uploads: the size and the SHA-256 orch
+            # recorded are checked below (botocore's own check covers only small single-part objects).
             client.download_file(where.bucket, where.folder + rel, str(tmp), ExtraArgs={"ChecksumMode": "ENABLED"})
         else:
             shutil.copyfile(Path(os.path.expanduser(source)) / rel, tmp)
