@@ -1,4 +1,4 @@
-"""The README's speed table, measured on this machine in one command (the measurement of issue 13).
+"""The README's speed table, measured on this machine in one command.
 
     python -m trainer.figures [--data-dir DIR] [--json FILE]   # on a CUDA GPU: about 5 minutes on an H200
     python -m trainer.figures --small                          # the same wiring on a CPU in a minute or two

@@ -1,4 +1,4 @@
-"""orch command line. Each command parses, calls one function, prints. Only the CLI (this module, cli_ops) prints."""
+"""orch command line. Each command parses, calls one function, prints. Only the CLI (this package) prints."""
 
 from __future__ import annotations
 

@@ -479,7 +479,7 @@ def check_recorded(sweep: Sweep, store: Store, state: State) -> Optional[dict]:
             k
             for k in set(before) | set(resolved)
             if before.get(k) != resolved.get(k)
-            and not (k == "grid_order" and k not in before)  # recorded before orch kept the order
+            and not (k == "grid_order" and k not in before)  # a record without it (an older orch) is no change
             and not (k in REPORT_ONLY and before.get("prune") is None and resolved.get("prune") is None)
         )
         if changed:

@@ -435,7 +435,7 @@ def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(message)s")
     if len(args) != 1:
-        log.error("usage: python -m orchestrator.agent TASK.json")
+        log.error("usage: python -m orchestrator.host.agent TASK.json")
         return 2
     return Agent(RunTask.load(Path(args[0]))).run()
 
