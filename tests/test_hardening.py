@@ -38,10 +38,10 @@ def finish(orch, path, timeout=120):
     return r
 
 
-# --- 1, 2, 3: shell safety -------------------------------------------------------------------------
+# --- shell safety -------------------------------------------------------------------------
 
 
-def test_1_shell_metacharacters_in_params_env_and_commands_stay_data(orch, tmp_path):
+def test_shell_metacharacters_in_params_env_and_commands_stay_data(orch, tmp_path):
     marks = tmp_path / "marks"
     marks.mkdir()
     values = [v.format(m=marks) for v in METACHARS]
@@ -68,7 +68,7 @@ def test_1_shell_metacharacters_in_params_env_and_commands_stay_data(orch, tmp_p
         assert f"<{v}>" in logs, v
 
 
-def test_2_a_command_that_cannot_parse_is_a_failed_attempt_with_its_error(orch):
+def test_a_command_that_cannot_parse_is_a_failed_attempt_with_its_error(orch):
     path = orch.sweep("""
         name: broken
         command: "echo 'unterminated"
@@ -86,7 +86,7 @@ def test_2_a_command_that_cannot_parse_is_a_failed_attempt_with_its_error(orch):
     assert "hi \\" in orch("logs", "trailing/run").out
 
 
-def test_3_env_keys_must_be_identifiers(orch, tmp_path):
+def test_env_keys_must_be_identifiers(orch, tmp_path):
     marker = tmp_path / "envkey-ran"
     path = orch.sweep(json.dumps({"name": "envkey", "command": "true", "env": {f"A;touch {marker};B": "1"}}))
     r = orch("launch", str(path))
@@ -95,10 +95,10 @@ def test_3_env_keys_must_be_identifiers(orch, tmp_path):
     assert not marker.exists()
 
 
-# --- 4: orch's own files ---------------------------------------------------------------------------
+# --- orch's own files ---------------------------------------------------------------------------
 
 
-def test_4_a_run_writing_status_json_is_just_a_file(orch):
+def test_a_run_writing_status_json_is_just_a_file(orch):
     path = orch.sweep("""
         name: mine
         command: "D=$ORCH_RUN_DIR;echo '{{\\"state\\": null}}' >$D/status.json; mkdir -p $D/logs; echo x >$D/logs/1.log"
@@ -116,7 +116,7 @@ def test_4_a_run_writing_status_json_is_just_a_file(orch):
 @pytest.mark.parametrize(
     "record", [b"{}", b'{"state": null}', b'{"run_id": "run", "state": "running", "attempt": "x"', b"[1]"]
 )
-def test_4_a_corrupt_status_record_is_reported_not_a_crash(orch, record):
+def test_a_corrupt_status_record_is_reported_not_a_crash(orch, record):
     path = orch.sweep("name: corrupt\ncommand: 'true'\nstore: store\n")
     assert finish(orch, path).code == 0
     key = next(orch.store("corrupt").rglob("status.json"))
@@ -128,10 +128,10 @@ def test_4_a_corrupt_status_record_is_reported_not_a_crash(orch, record):
     assert "corrupt" in orch("status", "corrupt").out
 
 
-# --- 5, 6, 7: the run's life ------------------------------------------------------------------------
+# --- the run's life ------------------------------------------------------------------------
 
 
-def test_5_a_background_child_does_not_hold_the_run(orch, tmp_path):
+def test_a_background_child_does_not_hold_the_run(orch, tmp_path):
     pidfile = tmp_path / "child.pid"
     path = orch.sweep(f"""
         name: bg
@@ -152,7 +152,7 @@ def test_5_a_background_child_does_not_hold_the_run(orch, tmp_path):
     )
 
 
-def test_6_cancelling_a_finished_run_changes_nothing(orch):
+def test_cancelling_a_finished_run_changes_nothing(orch):
     path = orch.sweep("name: done1\ncommand: 'true'\nstore: store\n")
     assert finish(orch, path).code == 0
     before = status(orch, "done1")["run"]
@@ -163,7 +163,7 @@ def test_6_cancelling_a_finished_run_changes_nothing(orch):
     assert after["state"] == "succeeded" and after["elapsed"] == before["elapsed"]
 
 
-def test_7_a_notice_that_kills_a_command_without_a_handler_is_a_preemption(orch):
+def test_a_notice_that_kills_a_command_without_a_handler_is_a_preemption(orch):
     path = orch.sweep("""
         name: nohandler
         command: "[ $ORCH_ATTEMPT = 1 ] && sleep 60; exit 0"
@@ -179,11 +179,11 @@ def test_7_a_notice_that_kills_a_command_without_a_handler_is_a_preemption(orch)
     assert (v["state"], v["attempt"], v["failures"], v["preemptions"]) == ("succeeded", 2, 0, 1), v
 
 
-# --- 8: signals to the foreground launch -------------------------------------------------------------
+# --- signals to the foreground launch -------------------------------------------------------------
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])  # Ctrl-C, kill, a closed terminal
-def test_8_sigterm_or_sighup_hands_the_loop_over(orch, job, sig):
+def test_sigterm_or_sighup_hands_the_loop_over(orch, job, sig):
     path = orch.sweep(f"""
         name: hup{int(sig)}
         command: "{job(steps=3, release=True)}"
@@ -241,7 +241,7 @@ def test_down_during_a_foreground_launch_stops_it_and_hands_nothing_over(orch, j
     assert all(v["state"] == "succeeded" for v in status(orch, "downfg").values())
 
 
-def test_8_status_says_when_no_controller_runs(orch, job):
+def test_status_says_when_no_controller_runs(orch, job):
     path = orch.sweep(f"""
         name: orphaned
         command: "{job(steps=2, release=True)}"
@@ -259,11 +259,11 @@ def test_8_status_says_when_no_controller_runs(orch, job):
     orch("down", "orphaned")
 
 
-# --- 9: limits ----------------------------------------------------------------------------------------
+# --- limits ----------------------------------------------------------------------------------------
 
 
 @pytest.mark.timeout(60)
-def test_9_huge_sweeps_are_refused_at_once_with_the_count(orch):
+def test_huge_sweeps_are_refused_at_once_with_the_count(orch):
     r = orch(
         "launch", str(orch.sweep("name: huge\ncommand: 'echo {seed}'\nseeds: 1000000000\n")), "--dry-run", timeout=60
     )
@@ -274,7 +274,7 @@ def test_9_huge_sweeps_are_refused_at_once_with_the_count(orch):
 
 
 @pytest.mark.timeout(60)
-def test_9_expansion_is_linear(tmp_path):
+def test_run_expansion_is_linear_in_the_runs(tmp_path):
     from orchestrator.sweep.load import load_sweep
 
     p = tmp_path / "s.yaml"
@@ -291,10 +291,10 @@ def test_9_expansion_is_linear(tmp_path):
     assert len(load_sweep(p).runs) == 30000  # quadratic id checks took minutes here
 
 
-# --- 10: errors instead of tracebacks ------------------------------------------------------------------
+# --- errors instead of tracebacks ------------------------------------------------------------------
 
 
-def test_10_unusable_paths_are_clear_errors(orch, tmp_path):
+def test_unusable_paths_are_clear_errors(orch, tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("x")
     cases = [
@@ -316,13 +316,13 @@ def test_10_unusable_paths_are_clear_errors(orch, tmp_path):
     assert p.returncode == 2 and "ORCH_HOME" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
-def test_10_deeply_nested_yaml_is_a_clear_error(orch):
+def test_deeply_nested_yaml_is_a_clear_error(orch):
     r = orch("launch", str(orch.sweep("name: deep\nparams:\n  a: " + "[" * 5000 + "]" * 5000 + "\n")))
     no_traceback(r)
     assert r.code == 2 and "nested" in r.err, r.err
 
 
-# --- 11: validation gaps --------------------------------------------------------------------------------
+# --- validation --------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -337,7 +337,7 @@ def test_10_deeply_nested_yaml_is_a_clear_error(orch):
         ("name: x\nseeds: two\n", ["seeds", "a count"]),
     ],
 )
-def test_11_validation_gaps(orch, text, words):
+def test_wrong_field_values_are_clear_errors_naming_the_field(orch, text, words):
     r = orch("launch", str(orch.sweep(text)))
     no_traceback(r)
     assert r.code == 2, r.err
@@ -345,16 +345,16 @@ def test_11_validation_gaps(orch, text, words):
         assert w in r.err, (w, r.err)
 
 
-def test_11_chaos_grace_must_be_positive(orch):
+def test_chaos_grace_must_be_positive(orch):
     r = orch("chaos", "interrupt", "x", "--grace", "-5")
     assert r.code == 2 and "grace" in r.err.lower(), r.err
     no_traceback(r)
 
 
-# --- 12: surprises --------------------------------------------------------------------------------------
+# --- small surprises --------------------------------------------------------------------------------------
 
 
-def test_12_long_values_keep_distinct_ids_and_yaml_exponents_are_numbers(tmp_path):
+def test_long_values_keep_distinct_ids_and_yaml_exponents_are_numbers(tmp_path):
     from orchestrator.sweep.load import load_sweep
 
     p = tmp_path / "s.yaml"
@@ -365,7 +365,7 @@ def test_12_long_values_keep_distinct_ids_and_yaml_exponents_are_numbers(tmp_pat
     assert {r.params["lr"] for r in runs} == {0.001, 0.0003}
 
 
-def test_12_dry_run_refuses_a_changed_sweep_like_launch(orch):
+def test_dry_run_refuses_a_changed_sweep_like_launch(orch):
     path = orch.sweep("name: chg\ncommand: 'true'\nstore: store\n")
     assert finish(orch, path).code == 0
     path.write_text("name: chg\ncommand: 'echo changed'\nstore: store\n")
@@ -376,14 +376,14 @@ def test_12_dry_run_refuses_a_changed_sweep_like_launch(orch):
     )
 
 
-def test_12_same_name_other_store_is_refused(orch):
+def test_same_name_other_store_is_refused(orch):
     assert finish(orch, orch.sweep("name: twin\ncommand: 'true'\nstore: store\n", name="a.yaml")).code == 0
     r = orch("launch", str(orch.sweep("name: twin\ncommand: 'true'\nstore: other\n", name="b.yaml")))
     no_traceback(r)
     assert r.code != 0 and "twin" in r.err and "store" in r.err, r.err
 
 
-def test_12_json_outputs_are_json_and_scripts_are_private(orch, tmp_path):
+def test_json_outputs_are_json_and_scripts_are_private(orch, tmp_path):
     path = orch.sweep("""
         name: nan
         command: "echo '{{\\"step\\": 1, \\"loss\\": NaN, \\"acc\\": Infinity}}' >> $ORCH_RUN_DIR/metrics.jsonl"
@@ -397,7 +397,7 @@ def test_12_json_outputs_are_json_and_scripts_are_private(orch, tmp_path):
     assert scripts and all(stat.S_IMODE(s.stat().st_mode) == 0o600 for s in scripts)
 
 
-def test_12_short_timeouts_act_quickly_and_read_right(orch):
+def test_short_timeouts_act_quickly_and_read_right(orch):
     path = orch.sweep("name: quick\ncommand: 'sleep 60'\ntimeout_minutes: 0.05\nmax_restarts: 0\nstore: store\n")
     t0 = time.time()
     finish(orch, path)
@@ -406,7 +406,7 @@ def test_12_short_timeouts_act_quickly_and_read_right(orch):
     assert time.time() - t0 < 25
 
 
-def test_12_small_cli_surprises(orch):
+def test_cli_misuse_is_a_clear_error_without_a_traceback(orch):
     r = orch("down")
     assert r.code == 2 and "(not both)" not in r.err and "--all" in r.err, r.err
     assert finish(orch, orch.sweep("name: small\ncommand: 'true'\nstore: store\n")).code == 0
@@ -425,7 +425,7 @@ def test_12_small_cli_surprises(orch):
     orch("down", "live")
 
 
-def test_10_a_store_that_becomes_unwritable_mid_run_is_a_clear_error_and_nothing_is_lost(orch, job):
+def test_a_store_that_becomes_unwritable_mid_run_is_a_clear_error_and_nothing_is_lost(orch, job):
     path = orch.sweep(f"""
         name: rostore
         command: "{job(steps=2, release=True)}"
