@@ -40,10 +40,6 @@ def build(
     recipe: Recipe, sha: str, recipe_dir: Path, regions: List[str], force: bool, say: Callable[[str], None]
 ) -> Dict[str, str]:
     """Build (or find) the image; returns {region: image id}."""
-    from orchestrator.aws.teardown import teardown
-    from orchestrator.aws.userdata import cloud_config
-    from orchestrator.remote.ssh import Target, connect, new_host_key, public_key_of
-
     cfg = recipe.aws
     ec2 = api.client("ec2", cfg.region)
     have = [i for i in images(ec2, recipe.name, sha) if i.get("State") == "available"]
@@ -54,84 +50,105 @@ def build(
         )
         image_id = have[0]["ImageId"]
     else:
-        name = builder_name(recipe)
-        instance_id = None
-        try:
-            subnets = api.resolve_subnets(ec2, cfg.subnet_ids, cfg.region)
-            base = resolve_image(ec2, cfg.image, cfg.image_owner, cfg.region)
-            sg = cfg.security_group or api.ensure_security_group(
-                ec2, name, subnets[0]["VpcId"], cfg.ssh_cidr or api.caller_cidr()
-            )
-            public_ip = cfg.ssh.address == "public_ip" and not all(s["MapPublicIpOnLaunch"] for s in subnets)
-            data = api.launch_template_data(base, sg, cfg.volume_gb, None, public_ip)
-            template = api.ensure_launch_template(ec2, name, data)
-            host_private, host_public = new_host_key()
-            user_data = cloud_config(host_private, host_public, public_key_of(cfg.ssh.identity), cfg.max_minutes)
-            tags = api.sweep_tags(name, run="builder", attempt="1", hostkey=host_public) + [
-                {"Key": "Name", "Value": f"orch builder {recipe.name}"}
-            ]
-            got = fleet.acquire(
-                ec2,
-                template,
-                data,
-                user_data,
-                fleet.offered_choices(ec2, cfg.instance_types, subnets, cfg.region),
-                fleet.markets(cfg.market),
-                tags,
-                fleet.Blocklist(),
-            )
-            instance_id = got.instance_id
-            say(
-                f"builder {instance_id} ({got.instance_type} in {got.az}, {got.market}) from {base['ImageId']} "
-                f"({base['Name']})"
-            )
-            address = api.wait_running(ec2, instance_id, cfg.ssh.address, cfg.boot_timeout_s)
-            conn = connect(
-                Target(address, cfg.ssh.port, cfg.ssh.user, cfg.ssh.identity, host_public),
-                timeout=cfg.boot_timeout_s,
-                interval=1.0,
-            )
-            try:
-                _provision(conn, recipe, recipe_dir, say)
-                conn.check("sync")
-            finally:
-                conn.close()
-            # No StopInstances: a builder launched by a fleet as spot is a one-time Spot request, which EC2
-            # refuses to stop (UnsupportedOperation; EC2 user guide, Spot Instance request limitations).
-            # CreateImage on the running builder lets EC2 reboot it (NoReboot=False, the default) so the
-            # file system is consistent, whatever the builder's market.
-            image_tags = [
-                {"Key": RECIPE_TAG, "Value": recipe.name},
-                {"Key": SHA_TAG, "Value": sha},
-                {"Key": BASE_TAG, "Value": base["ImageId"]},
-            ]
-            # tagged at creation, image and snapshots ("The tags to apply to the AMI and snapshots on creation"):
-            # never an untagged image that `orch ami list` and `orch gc` cannot see, whatever happens next
-            image_id = ec2.create_image(
-                InstanceId=instance_id,
-                Name=f"orch-{recipe.name}-{sha[:12]}-{time.strftime('%Y%m%d-%H%M%S')}",
-                Description=f"orch recipe {recipe.name} ({sha[:12]}) from {base['ImageId']}",
-                TagSpecifications=_on_creation(image_tags),
-            )["ImageId"]
-            say(
-                f"image {image_id} is pending: EC2 reboots the builder and snapshots its volume (minutes; more for "
-                "large volumes)"
-            )
-            _wait_available(ec2, image_id, say)
-            say(f"image {image_id} in {cfg.region}")
-        except OrchError:
-            raise
-        except Exception as exc:
-            raise OrchError(f"building {recipe.name} failed: {type(exc).__name__}: {exc}") from None
-        finally:
-            if instance_id:
-                api.terminate(ec2, [instance_id])
-            teardown(ec2, api.client("iam", cfg.region), name)
+        image_id = _build_once(ec2, recipe, sha, recipe_dir, say)
     out = {cfg.region: image_id}
     for region in regions:
         if region != cfg.region:
             out[region] = _copy(image_id, cfg.region, region, recipe, sha, say)
     return out
+
+
+def _build_once(ec2, recipe: Recipe, sha: str, recipe_dir: Path, say: Callable[[str], None]) -> str:
+    """A builder instance, provisioned over SSH, snapshotted; the builder and its set-up removed whatever happens."""
+    from orchestrator.aws.teardown import teardown
+    from orchestrator.remote.ssh import Target, connect
+
+    cfg = recipe.aws
+    name = builder_name(recipe)
+    launched: List[str] = []  # the builder, as soon as it exists: terminated on every way out
+    try:
+        base, got, host_public = _launch_builder(ec2, recipe, name, launched)
+        say(
+            f"builder {got.instance_id} ({got.instance_type} in {got.az}, {got.market}) from {base['ImageId']} "
+            f"({base['Name']})"
+        )
+        address = api.wait_running(ec2, got.instance_id, cfg.ssh.address, cfg.boot_timeout_s)
+        conn = connect(
+            Target(address, cfg.ssh.port, cfg.ssh.user, cfg.ssh.identity, host_public),
+            timeout=cfg.boot_timeout_s,
+            interval=1.0,
+        )
+        try:
+            _provision(conn, recipe, recipe_dir, say)
+            conn.check("sync")
+        finally:
+            conn.close()
+        return _snapshot(ec2, recipe, sha, base, got.instance_id, say)
+    except OrchError:
+        raise
+    except Exception as exc:
+        raise OrchError(f"building {recipe.name} failed: {type(exc).__name__}: {exc}") from None
+    finally:
+        if launched:
+            api.terminate(ec2, launched)
+        teardown(ec2, api.client("iam", cfg.region), name)
+
+
+def _launch_builder(ec2, recipe: Recipe, name: str, launched: List[str]):
+    """(base image, the acquired builder, its pinned host key); the builder's id goes into `launched` at once."""
+    from orchestrator.aws.userdata import cloud_config
+    from orchestrator.remote.ssh import new_host_key, public_key_of
+
+    cfg = recipe.aws
+    subnets = api.resolve_subnets(ec2, cfg.subnet_ids, cfg.region)
+    base = resolve_image(ec2, cfg.image, cfg.image_owner, cfg.region)
+    sg = cfg.security_group or api.ensure_security_group(
+        ec2, name, subnets[0]["VpcId"], cfg.ssh_cidr or api.caller_cidr()
+    )
+    public_ip = cfg.ssh.address == "public_ip" and not all(s["MapPublicIpOnLaunch"] for s in subnets)
+    data = api.launch_template_data(base, sg, cfg.volume_gb, None, public_ip)
+    template = api.ensure_launch_template(ec2, name, data)
+    host_private, host_public = new_host_key()
+    user_data = cloud_config(host_private, host_public, public_key_of(cfg.ssh.identity), cfg.max_minutes)
+    tags = api.sweep_tags(name, run="builder", attempt="1", hostkey=host_public) + [
+        {"Key": "Name", "Value": f"orch builder {recipe.name}"}
+    ]
+    got = fleet.acquire(
+        ec2,
+        template,
+        data,
+        user_data,
+        fleet.offered_choices(ec2, cfg.instance_types, subnets, cfg.region),
+        fleet.markets(cfg.market),
+        tags,
+        fleet.Blocklist(),
+    )
+    launched.append(got.instance_id)
+    return base, got, host_public
+
+
+def _snapshot(ec2, recipe: Recipe, sha: str, base: dict, instance_id: str, say: Callable[[str], None]) -> str:
+    # No StopInstances: a builder launched by a fleet as spot is a one-time Spot request, which EC2
+    # refuses to stop (UnsupportedOperation; EC2 user guide, Spot Instance request limitations).
+    # CreateImage on the running builder lets EC2 reboot it (NoReboot=False, the default) so the
+    # file system is consistent, whatever the builder's market.
+    image_tags = [
+        {"Key": RECIPE_TAG, "Value": recipe.name},
+        {"Key": SHA_TAG, "Value": sha},
+        {"Key": BASE_TAG, "Value": base["ImageId"]},
+    ]
+    # tagged at creation, image and snapshots ("The tags to apply to the AMI and snapshots on creation"):
+    # never an untagged image that `orch ami list` and `orch gc` cannot see, whatever happens next
+    image_id = ec2.create_image(
+        InstanceId=instance_id,
+        Name=f"orch-{recipe.name}-{sha[:12]}-{time.strftime('%Y%m%d-%H%M%S')}",
+        Description=f"orch recipe {recipe.name} ({sha[:12]}) from {base['ImageId']}",
+        TagSpecifications=_on_creation(image_tags),
+    )["ImageId"]
+    say(f"image {image_id} is pending: EC2 reboots the builder and snapshots its volume (minutes; more when large)")
+    _wait_available(ec2, image_id, say)
+    say(f"image {image_id} in {recipe.aws.region}")
+    return image_id
 
 
 def _provision(conn, recipe: Recipe, recipe_dir: Path, say: Callable[[str], None]) -> None:
