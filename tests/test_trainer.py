@@ -656,12 +656,14 @@ def test_no_host_tensor_indexes_device_data(tmp_path):
     assert mode.bad == [], f"device data indexed by a host tensor: {mode.bad[:5]}"
 
 
-def test_no_function_in_the_trainer_is_over_80_lines():
+def test_no_function_in_orch_or_the_trainer_is_over_80_lines():
+    """A function longer than a screen is two functions (DESIGN, style)."""
     import ast
 
     long = []
-    for path in sorted((ROOT / "trainer").glob("*.py")):
+    for path in sorted([*(ROOT / "trainer").glob("*.py"), *(ROOT / "orchestrator").rglob("*.py")]):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 80:
-                long.append(f"{path.name}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
+                where = path.relative_to(ROOT)
+                long.append(f"{where}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
     assert not long, long
