@@ -317,3 +317,31 @@ def test_a_metric_named_like_a_param_never_overwrites_the_swept_value(orch, tmp_
     board.close()
     for run in sweep.runs:
         assert session_hparams(tmp_path / "tb" / run.run_id)["lr"] == pytest.approx(run.params["lr"])
+
+
+def test_lines_without_steps_over_three_passes_draw_each_point_once_and_a_last_line_without_newline_counts(tmp_path):
+    sweep, store = make(tmp_path)
+    rid = sweep.runs[0].run_id
+    logdir = tmp_path / "board"
+    board = Board(sweep, store, logdir)
+    data = b""
+    for p in range(3):  # lines with neither step nor epoch: their line number is their step
+        data += lines(*({"loss": 10.0 * p + i} for i in range(2)))
+        put_run(store, rid, data)
+        assert board.update() == 2
+        saved = json.loads((logdir / ".orch-board.json").read_text())["runs"][rid]
+        assert saved["offset"] == len(data)  # what was read, not the whole file again next pass
+    board.close()
+    points = [(e.step, e.value) for e in accumulator(logdir / rid).Scalars("loss")]
+    assert points == [(1, 0.0), (2, 1.0), (3, 10.0), (4, 11.0), (5, 20.0), (6, 21.0)], points
+
+    # the run ends with a last line that has no newline: it is drawn, and final and best agree with collect
+    other = sweep.runs[1].run_id
+    put_run(store, other, lines({"step": 1, "test_acc": 0.5}) + b'{"step": 2, "test_acc": 0.97}', state="succeeded")
+    again = Board(sweep, store, logdir)
+    again.update()
+    again.close()
+    acc = accumulator(logdir / other)
+    assert [(e.step, e.value) for e in acc.Scalars("test_acc")] == [(1, 0.5), (2, pytest.approx(0.97))]
+    assert acc.Scalars("hparams/final_test_acc")[-1].value == pytest.approx(0.97)
+    assert json.loads((logdir / ".orch-board.json").read_text())["runs"][other]["done"] is True

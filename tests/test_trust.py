@@ -119,6 +119,21 @@ def test_staging_refuses_keys_that_leave_the_folder(tmp_path):
         assert not (dest / "ok.bin").exists()  # refused before anything was written
 
 
+def test_staging_refuses_a_key_under_a_link_in_the_folder_that_points_outside(tmp_path):
+    from orchestrator.host.staging import stage
+
+    src, dest, outside = tmp_path / "src", tmp_path / "host" / "data", tmp_path / "elsewhere"
+    (src / "link").mkdir(parents=True)
+    (src / "link" / "f.bin").write_bytes(b"payload")
+    (src / "ok.bin").write_bytes(b"fine")
+    dest.mkdir(parents=True)
+    outside.mkdir()
+    (dest / "link").symlink_to(outside)  # left in the folder by someone, or by an earlier data set
+    with pytest.raises(OSError, match=r"outside .*'link/f\.bin'.*a link"):
+        stage(str(src), str(dest))
+    assert not any(outside.iterdir()) and not (dest / "ok.bin").exists()
+
+
 def test_data_push_uploads_again_what_was_deleted_from_s3(tmp_path):
     from orchestrator.host.staging import push
     from tests.fakecloud import BUCKET, FakeCloud

@@ -115,6 +115,8 @@ class Board:
         status = read_status(self.store, self.name, run.run_id)
         new = data[rb.offset :]
         complete = new[: new.rfind(b"\n") + 1] if b"\n" in new else b""
+        if status.state in FINAL and new[len(complete) :].strip():
+            complete = new  # the command has ended: its last line will get no newline now, and is whole
         fresh = run.run_id not in self.runs  # first seen by this log directory: its HParams session starts
         self.runs[run.run_id] = rb
         writer = self._writer(run.run_id)

@@ -133,7 +133,8 @@ def _stage_locked(source: str, dest: Path, client, workers: int) -> StageResult:
     if outside:  # a key like `x/../../../etc/cron.d/y` is anyone-with-write-access-to-the-prefix's file on every host
         raise OSError(
             f"data source {source}: {len(outside)} key(s) would be written outside {dest}, e.g. {outside[0]!r} "
-            f"(a '..' part, an absolute path or an empty name); nothing was staged. Remove or rename those objects"
+            f"(a '..' part, an absolute path, an empty name, or under a link in {dest} that points out of it); "
+            "nothing was staged. Remove or rename those objects"
         )
     manifest = dest / MANIFEST
     try:
