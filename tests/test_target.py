@@ -556,3 +556,53 @@ def test_a_prune_metric_no_line_carries_is_warned_of_once_and_no_pass_reads_metr
     warned = [r.getMessage() for r in caplog.records if "val_acc" in r.getMessage()]
     assert len(warned) == 1 and "train_loss" in warned[0] and "prune.metric" in warned[0], warned
     assert _CountingStore.metrics_reads == 0
+
+
+def test_a_verdict_stands_for_a_resumed_attempt_and_after_a_lost_write(tmp_path, monkeypatch):
+    """rungs.json holds a verdict whose record write did not land (a lost race, or a crash between the
+    two): a run due for attempt 2 is not started, and a running one is pruned, by that verdict."""
+    import time
+
+    from orchestrator.backends.base import Host
+    from orchestrator.control.controller import Controller
+    from orchestrator.control.state import State
+    from orchestrator.store.status import RUNNING, RunStatus, read_status, write_status
+    from tests.test_records import WakingAgent
+
+    class Hosts(WakingAgent):
+        stopped: list = []
+
+        def list(self):
+            return [Host(run_id="x=1", host_id="h1", address="localhost", attempt=1)]
+
+        def spend(self):
+            return 0.0
+
+        def stop(self, run_id, reason):
+            self.stopped.append(run_id)
+            return True
+
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
+    path = tmp_path / "sweep.yaml"
+    path.write_text(
+        "name: rec\ncommand: 'true'\nstore: store\ngrid:\n  x: [0, 1, 2]\nmax_parallel: 3\n"
+        "prune: {metric: test_acc, rungs: [1], keep: 0.5, min_runs: 1}\n"
+    )
+    sweep = load_sweep(path)
+    store = LocalStore(str(tmp_path / "store"))
+    rungs = Rungs(store, "rec", sweep.spec)
+    assert rungs.observe("x=2", [{"epoch": 1, "test_acc": 0.9}]) is None
+    for rid in ("x=0", "x=1"):
+        assert rungs.observe(rid, [{"epoch": 1, "test_acc": 0.1}]) is not None  # the verdict, in rungs.json
+    now = time.time()
+    write_status(store, "rec", RunStatus(run_id="x=0", state="interrupted", attempt=1, started_at=now - 60))
+    write_status(store, "rec", RunStatus(run_id="x=1", state=RUNNING, attempt=1, started_at=now, heartbeat=now))
+    write_status(store, "rec", RunStatus(run_id="x=2", state="succeeded", attempt=1, started_at=now, finished_at=now))
+    backend = Hosts(store, tmp_path)
+    controller = Controller(sweep, backend, store, State(tmp_path / "home"))
+    controller.prepare()
+    controller.step()
+    assert backend.started == [] and "x=1" in backend.stopped
+    for rid in ("x=0", "x=1"):
+        after = read_status(store, "rec", rid)
+        assert after.state == "pruned" and after.attempt == 1 and "cutoff 0.9" in after.reason, after
