@@ -270,3 +270,49 @@ def test_staging_from_a_kms_bucket_does_not_take_etags_for_md5s(tmp_path):
         assert head.get("ChecksumSHA256"), head  # push stores a SHA-256 with every object
         got = stage("s3://orch-kms/ds/", str(tmp_path / "staged"), s3)
         assert got.fetched == 3 and (tmp_path / "staged" / "2.bin").read_bytes() == (src / "2.bin").read_bytes()
+
+
+@pytest.mark.parametrize("columns,wide", [("60", False), ("40", False), ("80", True)])
+def test_collect_never_cuts_ids_states_or_times_however_narrow(orch, columns, wide):
+    import json
+    import time
+
+    from orchestrator.store.folder import LocalStore
+    from orchestrator.store.status import RunStatus, write_status
+    from orchestrator.sweep.load import load_sweep
+
+    path = orch.sweep("""
+        name: cut
+        command: 'true'
+        grid:
+          learning_rate: [0.001, 0.002]
+          batch_size: [64, 128]
+        store: store
+    """)
+    sweep, store = load_sweep(path), LocalStore(str(orch.store()))
+    for run in sweep.runs:
+        now = time.time()
+        write_status(
+            store,
+            "cut",
+            RunStatus(run_id=run.run_id, state="succeeded", attempt=1, started_at=now - 3723, finished_at=now),
+        )
+        row = {"epoch": 3, "train_loss": 0.123456, "test_acc": 0.791234, "val_acc": 0.5, "val_loss": 1.5}
+        store.put_bytes(f"cut/{run.run_id}/metrics.jsonl", (json.dumps(row) + "\n").encode())
+    orch.env["COLUMNS"] = columns
+    r = orch("collect", str(path), "--out", str(orch.tmp / "res"), *(["--wide"] if wide else []))
+    assert r.code == 0, r.err
+    table = r.out.split("wrote")[0]
+    assert "…" not in table, table
+    ids, states = [], []  # an id may wrap over lines (its next line has no state), never be cut
+    for line in table.splitlines():
+        if line.startswith("│"):
+            cells = [c.strip() for c in line.split("│")[1:-1]]
+            if cells[1]:
+                ids.append(cells[0])
+                states.append(cells[1])
+            else:
+                ids[-1] += cells[0]
+    assert sorted(ids) == sorted(r.run_id for r in sweep.runs) and states == ["succeeded"] * 4, table
+    if wide:
+        assert "best test_acc" in table and "not shown" not in table, table

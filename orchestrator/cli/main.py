@@ -470,7 +470,9 @@ def collect(sweep: str, out: Optional[str], wide: bool, tb_dir: Optional[str]):
     out_dir = Path(out or Path("results") / sw.spec.name)
     paths = write_outputs(results, out_dir)
     con = _console()
-    con.print(results_table(results, width=con.width, wide=wide))
+    table = results_table(results, width=con.width, wide=wide)
+    con.width = max(con.width, table.needed_width)  # longer lines rather than cut ids, states, times
+    con.print(table)
     from orchestrator.cli.render import results_notes
 
     for line in results_notes(results):

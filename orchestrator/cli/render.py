@@ -156,6 +156,7 @@ def results_table(res: Results, width: int = 200, wide: bool = False) -> Table:
         table.add_column(col, overflow="fold") if col == "run" else table.add_column(col, no_wrap=True)
     for cells in rows:
         table.add_row(*[Text(cells[c], style=STYLE.get(cells[c], "")) if c == "state" else cells[c] for c in shown])
+    table.needed_width = need(shown)  # printed at least this wide: ids, states and numbers are never cut
     if len(shown) < len(columns):
         table.caption = (
             f"not shown (narrow terminal; --wide shows all): {', '.join(c for c in columns if c not in shown)}"
