@@ -67,6 +67,7 @@ class Results:
     target: bool = False  # the sweep has `target:` (the to-target columns are shown)
     economics: Optional[Economics] = None  # with `target:`: the summary line
     search: Optional[SearchInfo] = None  # with `search:`
+    left_out: List[str] = field(default_factory=list)  # metrics curves.png does not draw (runs.csv has them all)
 
     def metric_names(self) -> List[str]:
         names: Dict[str, None] = {}
@@ -233,12 +234,18 @@ def _write(results: Results, out_dir: Path) -> List[Path]:
         }
     json_path.write_text(json.dumps(plain_json(doc), indent=2, allow_nan=False) + "\n")
     paths = [csv_path, json_path]
-    curves = ranked(metrics) + [m for m in metrics if m not in X_KEYS and m not in ranked(metrics)]
+    first = ranked(metrics)
+    chosen = set(first)
+    curves = first + [m for m in metrics if m not in X_KEYS and m not in chosen]
+    # a line of a thousand per-class accuracies must not make a thousand panels: the familiar ones first
+    results.left_out = curves[MAX_PANELS:]
+    curves = curves[:MAX_PANELS]
     if curves and any(r.curves for r in results.runs):
         paths.append(plot(results, curves, out_dir / "curves.png"))
     return paths
 
 
+MAX_PANELS = 12  # metrics drawn in curves.png, the familiar ones first
 LINES = 10  # runs drawn as labelled lines in curves.png; the others are drawn faint, without legend entries
 
 
@@ -295,6 +302,8 @@ def plot(results: Results, metrics: List[str], path: Path) -> Path:
     if handles:
         fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8, frameon=False)
     more = f" (best {len(top)} by {metrics[0]} labelled; {len(rest)} more in grey)" if rest else ""
+    if results.left_out:
+        more += f"; {len(results.left_out)} more metrics not drawn (runs.csv has them)"
     fig.suptitle(f"sweep {results.sweep}{more}")
     fig.tight_layout(rect=(0, 0.06 + 0.02 * math.ceil(len(labels) / 4), 1, 1))
     fig.savefig(path, dpi=110)
