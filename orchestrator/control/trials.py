@@ -19,7 +19,7 @@ from orchestrator.store.base import Store, read_jsonl
 from orchestrator.store.layout import metrics_key, study_key
 from orchestrator.store.lifecycle import RunState
 from orchestrator.sweep.search import resolved_metric, trial_of
-from orchestrator.sweep.spec import RunSpec, Sweep, bind, seeds_of
+from orchestrator.sweep.spec import RunSpec, Sweep, bind
 
 log = logging.getLogger("orch.trials")
 
@@ -40,11 +40,9 @@ class Trials:
         self.search = sweep.spec.search
         self.metric, self.mode = resolved_metric(sweep.spec)
         self.study = Study(store, self.name, self.search, self.mode, sweep.spec.max_parallel)
-        seeds = seeds_of(sweep.spec)
         self.runs_of: Dict[int, List[str]] = {}
         for run in sweep.runs:
             self.runs_of.setdefault(trial_of(run.run_id), []).append(run.run_id)
-        self.seeds = len(seeds)
 
     def bound(self, run: RunSpec) -> RunSpec:
         """The run with its trial's params (asked now if this is the trial's first start)."""
