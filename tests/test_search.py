@@ -163,6 +163,7 @@ search:
         (BASE.replace("{low: 0.001, high: 1.0, log: true}", "{low: 0.1}"), "needs `low:` and `high:`"),
         (BASE.replace("{low: 0.001, high: 1.0, log: true}", "{low: 0.1, high: 1, choices: [1]}"), "not both"),
         (BASE.replace('"echo {lr}"', '"echo {lr} {mom}"'), "placeholder {mom} has no param"),
+        (BASE + "    $(touch x): {low: 1, high: 2}\n", "not a valid name"),
     ],
 )
 def test_a_bad_search_is_refused_with_file_line_and_the_fix(tmp_path, text, words):

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Literal, Optional, Tuple, Union
 from pydantic import Field, StrictBool, StrictInt, StrictStr, model_validator
 
 from orchestrator.contract import default_mode
-from orchestrator.sweep.spec_types import Amount, Count, Strict
+from orchestrator.sweep.spec_types import KEY_RE, Amount, Count, Strict
 
 Choice = Union[StrictBool, StrictInt, Amount, StrictStr]
 TRIAL = "trial"  # the run id's key: trial=N
@@ -119,6 +119,10 @@ def problems(spec) -> List[Tuple[Tuple[Any, ...], str]]:
             out.append((("search", "space", name), problem))
         if name in spec.params:
             out.append((("search", "space", name), f"'{name}' is also in params; keep it in one of the two"))
+        if not KEY_RE.match(name):
+            out.append(
+                (("search", "space", name), "not a valid name; use letters, digits and '_' (it becomes {%s})" % name)
+            )
         if name == TRIAL:
             out.append((("search", "space", name), "'trial' is reserved by orch (it numbers the trials); rename it"))
     if s.trials > spec.max_runs:

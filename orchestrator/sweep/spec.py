@@ -24,7 +24,7 @@ from pydantic import (
 
 from orchestrator.contract import default_mode, finite
 from orchestrator.sweep.search import SearchSection, trial_id
-from orchestrator.sweep.spec_types import Amount, Count, Scalar, Strict
+from orchestrator.sweep.spec_types import KEY_RE, Amount, Count, Scalar, Strict
 
 # The bundled trainer reads ORCH_PARAMS_JSON, so every param and grid key becomes a trainer option.
 DEFAULT_COMMAND = "{python} -m trainer"
@@ -36,7 +36,6 @@ MAX_NODES = 64  # nodes per run: a cluster placement group of more is rare and a
 MAX_GPUS = 16  # GPUs per node: the most any EC2 instance has (p2.16xlarge); 8 on every current GPU type
 MAX_PROCS = 256  # processes per node
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$"
-KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class LocalSection(Strict):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
@@ -23,3 +24,6 @@ Amount = Annotated[float, BeforeValidator(_no_bool), Field(allow_inf_nan=False)]
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # a param name: a placeholder, an environment-safe key
