@@ -64,6 +64,7 @@ def test_provision_script_is_valid_shell():
     assert spec.name == "orch-dl" and len(sha) == 64
 
 
+@pytest.mark.timeout(700)
 def test_build_list_use_and_remove_an_image(orch, cloud, identity):
     path = recipe(
         orch,
@@ -134,6 +135,7 @@ def test_build_list_use_and_remove_an_image(orch, cloud, identity):
     )
 
 
+@pytest.mark.timeout(700)
 def test_a_failing_step_shows_its_output_and_leaves_nothing(orch, cloud, identity):
     path = recipe(orch, identity, "broken", ["bash ~/hello.sh", "echo about to fail; exit 3", "echo never"])
     r = orch("ami", "build", str(path), timeout=600)
@@ -151,6 +153,7 @@ def test_a_failing_step_shows_its_output_and_leaves_nothing(orch, cloud, identit
     )
 
 
+@pytest.mark.timeout(700)
 @pytest.mark.parametrize("state", ["failed", "error"])
 def test_a_failed_image_is_an_error_and_stays_listed_for_rm(orch, cloud, identity, state):
     """Every bad terminal ImageState ends the build at once with EC2's reason (not after the 3 h wait), the builder

@@ -40,6 +40,7 @@ def smoke_sweep(orch, identity, name="fc", data=None):
     return orch.sweep(yaml.safe_dump(spec))
 
 
+@pytest.mark.timeout(700)
 def test_sweep_runs_on_fake_spot_instances_and_leaves_nothing(orch, cloud, identity):
     # a data set outside the sweep's prefix: the instances may read it only through the profile orch made
     for name in ("a.txt", "sub/b.txt"):
@@ -163,6 +164,7 @@ def test_attach_shows_the_live_run_over_ssh(orch, cloud, identity, job):
     assert not any(cloud.leftovers("fcattach").values())
 
 
+@pytest.mark.timeout(400)
 def test_host_key_mismatch_refuses_and_terminates(orch, cloud, identity):
     cloud.wrong_host_keys = True
     path = orch.sweep(cloud.sweep_yaml("fckey", identity, "true", extra="max_restarts: 0"))

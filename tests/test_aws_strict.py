@@ -116,6 +116,7 @@ def test_b_a_new_instance_profile_is_retried_until_ec2_sees_it(tmp_path):
         api.terminate(ec2, [got.instance_id])  # (e) a fresh id is NotFound for a moment: asked again, not failed
 
 
+@pytest.mark.timeout(400)
 def test_c_unknown_createfleet_error_fails_the_run_with_awss_words(orch, cloud, identity):
     cloud.gate.fleet_errors[("*", "*", "*")] = "InvalidFleetConfiguration"
     path = smoke(orch, identity, "unknown", command="true", grid={"lr": [1]}, max_restarts=0)
@@ -127,6 +128,7 @@ def test_c_unknown_createfleet_error_fails_the_run_with_awss_words(orch, cloud, 
     assert d.code == 0, d.out + d.err
 
 
+@pytest.mark.timeout(400)
 def test_c_spot_quota_stops_the_sweep_with_the_quota_to_raise(orch, cloud, identity):
     cloud.gate.fleet_errors[("spot", "*", "*")] = "MaxSpotInstanceCountExceeded"
     path = smoke(orch, identity, "quota", command="true")
@@ -136,6 +138,7 @@ def test_c_spot_quota_stops_the_sweep_with_the_quota_to_raise(orch, cloud, ident
     orch("down", "quota")
 
 
+@pytest.mark.timeout(400)
 def test_d_spot_then_on_demand_falls_back_on_the_fake_cloud(orch, cloud, identity):
     cloud.gate.fleet_errors[("spot", "*", "*")] = "InsufficientInstanceCapacity"
     path = smoke(orch, identity, "fallback", command="true", grid={"lr": [1]}, aws_market="spot-then-on-demand")
@@ -163,6 +166,7 @@ def test_d_spot_then_on_demand_falls_back_on_the_fake_cloud(orch, cloud, identit
     orch("down", "fallback")
 
 
+@pytest.mark.timeout(400)
 def test_f_an_exception_after_createfleet_loses_no_instance(orch, cloud, identity):
     cloud.gate.garbled.add("DeleteLaunchTemplateVersions")  # the SDK raises a parser error, not a ClientError
     path = smoke(orch, identity, "orphans", command="true", grid={"lr": [1, 2]})
@@ -174,6 +178,7 @@ def test_f_an_exception_after_createfleet_loses_no_instance(orch, cloud, identit
     orch("down", "orphans")
 
 
+@pytest.mark.timeout(400)
 def test_g_an_interpreter_without_torch_stops_the_sweep_once_with_the_fix(orch, cloud, identity):
     path = smoke(orch, identity, "interp", aws_python="python3", max_parallel=1)
     r = orch("launch", str(path), timeout=300)
@@ -245,6 +250,7 @@ def test_j_reused_group_gets_the_current_cidr_and_public_ip_is_asked_for(orch, c
         teardown(ec2, cloud.client("iam"), "netw")
 
 
+@pytest.mark.timeout(400)
 def test_k_down_waits_for_shutting_down_instead_of_hammering_the_group(orch, tmp_path, identity):
     with FakeCloud(tmp_path / "c", strict=Strictness(terminate_s=8)) as cloud:
         orch.env.update(cloud.env())

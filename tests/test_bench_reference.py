@@ -81,6 +81,7 @@ def test_an_earlier_result_is_measured_again_and_compared(tmp_path):
     assert bad.returncode == 2 and "not a readable earlier" in bad.stderr and "Traceback" not in bad.stderr
 
 
+@pytest.mark.timeout(700)
 @pytest.mark.slow
 def test_the_speed_table_command_runs_every_row_and_names_what_cannot_run(tmp_path):
     """`python -m trainer.figures --small`: the README table's command, wired end to end on a CPU (tiny data)."""

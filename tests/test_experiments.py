@@ -25,6 +25,7 @@ def test_local_experiments_dry_run(orch, path):
     assert not (orch.home / "store").exists()  # a dry run creates nothing
 
 
+@pytest.mark.timeout(400)
 @pytest.mark.slow
 def test_aws_experiments_dry_run_on_the_fake_cloud(orch, cloud, identity):
     """Each AWS experiment, with the bucket and key filled in as its comments ask, dry-runs: its

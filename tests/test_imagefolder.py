@@ -95,6 +95,7 @@ def test_layout_errors_name_the_folder_and_the_fix(folder, tmp_path):
     fails(broken, ["extra", "no folder in train/"])
 
 
+@pytest.mark.timeout(700)
 def test_learns_with_progressive_sizes_and_counts_corrupt_files(folder, tmp_path):
     found = scan(str(folder))
     assert found.classes == ["class_00", "class_01", "class_02", "class_03"] and found.ignored == 1  # README.txt
@@ -113,6 +114,7 @@ def test_learns_with_progressive_sizes_and_counts_corrupt_files(folder, tmp_path
     assert per_epoch == sorted(per_epoch) and per_epoch[-1] > per_epoch[0]
 
 
+@pytest.mark.timeout(700)
 def test_interrupted_mid_epoch_resumes_bitwise(folder, tmp_path):
     ref, cut = tmp_path / "ref", tmp_path / "cut"
     args = [*ARGS, "--epochs", "4", "--data-dir", str(folder)]

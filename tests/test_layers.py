@@ -57,7 +57,7 @@ def _cycles(graph) -> list:
 
 def test_import_linter_contracts_hold():
     lint = Path(sys.executable).parent / "lint-imports"
-    r = subprocess.run([str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    r = subprocess.run([str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Contracts: 4 kept, 0 broken" in r.stdout, r.stdout
 

@@ -159,6 +159,7 @@ def test_host_lost_without_notice_resumes(orch, cloud, identity, tmp_path):
     assert orch("down", "lost1").code == 0 and not any(cloud.leftovers("lost1").values())
 
 
+@pytest.mark.timeout(500)
 def test_controller_killed_right_after_createfleet_is_adopted(orch, cloud, identity, job):
     path = orch.sweep(
         cloud.sweep_yaml(
@@ -294,6 +295,7 @@ def test_teardown_failing_halfway_is_finished_by_a_rerun(cloud):
     assert not any(cloud.leftovers("half").values())
 
 
+@pytest.mark.timeout(700)
 def test_gc_lists_and_down_all_removes_everything(orch, cloud, identity, job):
     from orchestrator.aws import ec2 as api
 

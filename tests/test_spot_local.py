@@ -51,6 +51,7 @@ def test_chaos_interrupt_resumes_to_the_same_result(orch, reference):
     assert (ref_last["test_acc"], ref_last["train_loss"]) == (got_last["test_acc"], got_last["train_loss"])
 
 
+@pytest.mark.timeout(400)
 def test_corrupted_newest_checkpoint_in_the_store_falls_back(orch, reference):
     path = orch.sweep(f'name: corrupt\ncommand: "{TRAIN}"\nstore: store\n')
     assert orch("launch", str(path), "--detach").code == 0

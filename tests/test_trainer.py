@@ -503,6 +503,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.timeout(400)
 def test_two_process_torchrun_lands_in_the_same_band(tmp_path):
     args = ["--preset", "digits", "--epochs", "8", "--ckpt-every-epochs", "0"]
     one, two = tmp_path / "one", tmp_path / "two"
@@ -538,6 +539,7 @@ def test_two_process_torchrun_lands_in_the_same_band(tmp_path):
     assert len(metrics(two)) == 8  # rank 0 alone writes metrics
 
 
+@pytest.mark.timeout(400)
 def test_bench_reports_throughput_and_ratio():
     p = subprocess.run(
         [

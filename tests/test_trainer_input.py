@@ -73,6 +73,7 @@ def test_help_describes_every_option_with_its_choices(tmp_path):
         assert f"--{key.replace('_', '-')}" in p.stdout
 
 
+@pytest.mark.timeout(400)
 @pytest.mark.slow
 def test_a_diverged_loss_fails_the_run_and_metrics_stay_strict_json(tmp_path):
     p = trainer(
@@ -114,6 +115,7 @@ def _corrupt(path):
     path.write_bytes(b"\xff\xd8 not really a jpeg")
 
 
+@pytest.mark.timeout(400)
 @pytest.mark.slow
 def test_unreadable_files_are_replaced_in_the_batch_and_counted_validation_too(tmp_path):
     root = write_imagefolder_like(str(tmp_path / "data"), classes=2, per_class=8, val_per_class=3, corrupt=0)
@@ -132,6 +134,7 @@ def test_unreadable_files_are_replaced_in_the_batch_and_counted_validation_too(t
     assert rows[-1]["skipped_files"] == summary["skipped_files"]
 
 
+@pytest.mark.timeout(400)
 @pytest.mark.slow
 def test_a_folder_where_nothing_decodes_fails_clearly_and_one_class_is_refused(tmp_path):
     root = write_imagefolder_like(str(tmp_path / "data"), classes=2, per_class=4, val_per_class=2, corrupt=0)

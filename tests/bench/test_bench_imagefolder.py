@@ -19,6 +19,7 @@ from trainer.imagefolder import write_imagefolder_like
 pytestmark = [pytest.mark.bench, pytest.mark.slow]
 
 
+@pytest.mark.timeout(700)
 def test_bench_imagefolder_loader_vs_predecoded(tmp_path):
     folder = write_imagefolder_like(str(tmp_path / "data"), classes=8, per_class=60, val_per_class=5)
     p = subprocess.run(

@@ -1,0 +1,71 @@
+"""A test's own limits agree: no wait inside a test may outlast the pytest timeout that kills it.
+
+When they disagree the outer limit wins on a slow machine and the test dies in the middle of a launch,
+leaving instances and groups for the teardown to find; the inner limit was the one meant.
+"""
+
+import ast
+import re
+from pathlib import Path
+
+TESTS = Path(__file__).parent
+MARGIN_S = 20  # fixtures, teardown and the last poll need a little of the test's time too
+
+
+def _default_timeout() -> int:
+    text = (TESTS.parent / "pyproject.toml").read_text()
+    return int(re.search(r"^timeout = (\d+)", text, re.M).group(1))
+
+
+def _mark_timeout(decorators) -> int:
+    for d in decorators:
+        if isinstance(d, ast.Call) and ast.unparse(d.func) == "pytest.mark.timeout" and d.args:
+            return int(ast.literal_eval(d.args[0]))
+    return 0
+
+
+def _module_timeout(tree: ast.Module) -> int:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in node.targets):
+            marks = node.value.elts if isinstance(node.value, (ast.List, ast.Tuple)) else [node.value]
+            found = _mark_timeout(marks)
+            if found:
+                return found
+    return 0
+
+
+def _inner_limits(fn: ast.FunctionDef):
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Call):
+            for kw in node.keywords:
+                if kw.arg in ("timeout", "timeout_s") and isinstance(kw.value, ast.Constant):
+                    if isinstance(kw.value.value, (int, float)):
+                        yield node.lineno, float(kw.value.value)
+
+
+def limits_that_disagree(path: Path):
+    tree = ast.parse(path.read_text())
+    default = _module_timeout(tree) or _default_timeout()
+    for fn in ast.walk(tree):
+        if isinstance(fn, ast.FunctionDef) and fn.name.startswith("test_"):
+            limit = _mark_timeout(fn.decorator_list) or default
+            for line, inner in _inner_limits(fn):
+                if inner > limit - MARGIN_S:
+                    yield f"{path.name}:{line}: {fn.name} waits up to {inner:g} s inside a {limit} s test limit"
+
+
+def test_no_wait_in_a_test_outlasts_the_test_itself():
+    bad = [msg for path in sorted(TESTS.rglob("test_*.py")) for msg in limits_that_disagree(path)]
+    assert not bad, "raise the test's @pytest.mark.timeout above its longest wait:\n" + "\n".join(bad)
+
+
+def test_the_scan_sees_a_launch_that_outlasts_its_test(tmp_path):
+    sample = tmp_path / "test_sample.py"
+    sample.write_text(
+        "import pytest\n\n"
+        "def test_a(orch):\n    orch('launch', 'x', timeout=600)\n\n"
+        "@pytest.mark.timeout(900)\ndef test_b(orch):\n    orch('launch', 'x', timeout=600)\n"
+    )
+    assert [m.split(": ")[1] for m in limits_that_disagree(sample)] == [
+        "test_a waits up to 600 s inside a 300 s test limit"
+    ]
