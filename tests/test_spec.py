@@ -108,6 +108,24 @@ BAD = {
         5,
         "resources.gpus",
     ),
+    "quoted_target_value": ("name: x\ntarget:\n  metric: test_acc\n  value: '0.9'\n", 4, "target.value"),
+    "quoted_rung": ("name: x\nseeds: 3\nprune:\n  metric: test_acc\n  rungs: ['2']\n", 5, "prune.rungs[0]"),
+    "negative_rung": ("name: x\nseeds: 3\nprune:\n  metric: test_acc\n  rungs: [-1, 2]\n", 5, "prune.rungs[0]"),
+    "min_runs_over_the_sweep": (
+        "name: x\nseeds: 2\nprune:\n  metric: test_acc\n  rungs: [2]\n  min_runs: 3\n",
+        6,
+        "prune.min_runs",
+    ),
+    "prune_mode_against_target_mode": (
+        "name: x\nseeds: 3\ntarget:\n  metric: val_loss\n  value: 0.1\nprune:\n  mode: max\n  rungs: [2]\n",
+        7,
+        "prune.mode",
+    ),
+    "one_data_folder_written_two_ways": (
+        "name: x\ndata:\n  - from: s3://bkt/a/\n    to: x\n  - from: s3://bkt/b/\n    to: ./x/\n",
+        6,
+        "data[1].to",
+    ),
     "aws_unknown_market": (
         "name: x\nbackend: aws\nstore: s3://b/p\naws:\n  image: ami-1\n  market: cheap\n",
         6,
@@ -173,3 +191,47 @@ def test_torchrun_placeholder_and_the_shape_environment(tmp_path):
     assert int(host["ORCH_MASTER_PORT"]) > 0 and host["ORCH_PROCS_PER_NODE"] == "2"
     auto = complete_on_host(run_env(load_sweep(write(tmp_path, "name: y\n")), "run", 1, "/r", "{}"))
     assert auto["ORCH_PROCS_PER_NODE"] == "1" and auto["ORCH_GPUS"] == "0"  # no GPU here: one process
+
+
+def test_a_quoted_number_is_refused_with_the_number_to_write_instead(tmp_path):
+    for text, fix in (
+        ("name: x\ntarget:\n  metric: test_acc\n  value: '0.9'\n", "write the number without quotes: 0.9"),
+        ("name: x\nmax_parallel: '2'\n", "write the number without quotes: 2"),
+        ("name: x\ntimeout_minutes: 'ten'\n", "write a number, e.g. 0.5"),
+    ):
+        with pytest.raises(SpecError, match=fix):
+            load_sweep(write(tmp_path, text))
+
+
+def test_prune_mode_may_restate_target_or_serve_another_metric(tmp_path):
+    agree = "target:\n  metric: val_loss\n  value: 0.1\nprune:\n  mode: min\n  rungs: [2]\n"
+    other = "target:\n  metric: val_loss\n  value: 0.1\nprune:\n  metric: test_acc\n  mode: max\n  rungs: [2]\n"
+    for extra in (agree, other):
+        assert load_sweep(write(tmp_path, "name: x\nseeds: 3\n" + extra)).spec.prune.rungs == [2.0]
+    with pytest.raises(SpecError, match="contradicts max \\(target's default for 'test_acc'\\)"):
+        load_sweep(
+            write(
+                tmp_path,
+                "name: x\nseeds: 3\ntarget: {metric: test_acc, value: 0.9}\nprune:\n  mode: min\n  rungs: [2]\n",
+            )
+        )
+
+
+def test_a_data_folder_inside_its_own_source_is_refused_before_anything_runs(orch):
+    source = orch.tmp / "cifar"
+    source.mkdir()
+    (source / "a.bin").write_bytes(b"x")
+    for to in (source / "copy", source):
+        path = orch.sweep(f"name: nest\ncommand: 'true'\ndata:\n  - from: cifar\n    to: {to}\n")
+        r = orch("launch", str(path))
+        assert r.code == 2 and "Traceback" not in r.err, r.err
+        assert f"{path}:5: data[0].to:" in r.err and "its own `from:` folder" in r.err, r.err
+        assert "Stage to a folder outside it" in r.err, r.err
+    assert sorted(p.name for p in source.iterdir()) == ["a.bin"]  # nothing staged, no copy in the copy
+    assert not (orch.home / "store").exists()
+    # a relative `to:` lands under the work folder's .data/: inside the source when the work folder is
+    path = orch.sweep(f"name: nest\ncommand: 'true'\nlocal:\n  workdir: {source}\ndata:\n  - from: cifar\n    to: d\n")
+    r = orch("launch", str(path))
+    assert r.code == 2 and f"{path}:7: data[0].to: 'd' ({source.resolve()}/.data/d) is inside" in r.err, r.err
+    ok = orch.sweep(f"name: nest\ncommand: 'true'\ndata:\n  - from: cifar\n    to: {orch.tmp / 'elsewhere'}\n")
+    assert orch("launch", str(ok), "--dry-run").code == 0

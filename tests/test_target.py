@@ -221,7 +221,7 @@ def test_a_relaunch_may_change_the_target_and_collect_by_name_uses_the_new_one(o
     assert again.code == 0, again.err
     second = orch("collect", "moving", "--out", str(tmp_path / "b"))
     assert "target: 1 of 1 runs reached it; fastest run in 3.0 s" in second.out, second.out
-    pruned = text.replace("VALUE", "0.8") + "prune:\n  rungs: [1]\n"
+    pruned = text.replace("VALUE", "0.8") + "prune:\n  rungs: [1]\n  min_runs: 1\n"
     refused = orch("launch", str(orch.sweep(pruned)), "--dry-run")
     assert refused.code == 2 and "changed: prune, target" in refused.err, refused.err
 
@@ -253,7 +253,7 @@ def test_the_agent_reports_a_line_at_a_rung_at_once_not_at_the_next_heartbeat(or
     path = tmp_path / "rung.yaml"
     path.write_text(
         f"name: rung\ncommand: '{sys.executable} {script}'\nstore: {tmp_path / 'st'}\n"
-        "prune: {metric: test_acc, rungs: [2], min_runs: 3}\n"
+        "prune: {metric: test_acc, rungs: [2], min_runs: 1}\n"
     )
     sweep = load_sweep(path)
     store = LocalStore(str(tmp_path / "st"))
@@ -502,7 +502,7 @@ def test_a_burst_of_lines_is_compared_at_the_rung_with_the_rungs_line(orch, tmp_
     rungs_file = orch.store("burst", "rungs.json")
     path = orch.sweep(
         f"name: burst\ncommand: '{sys.executable} {script} {rungs_file}'\nstore: store\n"
-        "prune:\n  metric: test_acc\n  rungs: [2]\n  min_runs: 2\n"
+        "prune:\n  metric: test_acc\n  rungs: [2]\n  min_runs: 1\n"
     )
     r = orch("launch", str(path), timeout=250)
     assert r.code == 0, r.out + r.err
@@ -542,7 +542,9 @@ def test_a_prune_metric_no_line_carries_is_warned_of_once_and_no_pass_reads_metr
 
     monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
     path = tmp_path / "sweep.yaml"
-    path.write_text("name: rec\ncommand: 'true'\nstore: store\nprune:\n  metric: val_acc\n  rungs: [2]\n")
+    path.write_text(
+        "name: rec\ncommand: 'true'\nstore: store\nprune:\n  metric: val_acc\n  rungs: [2]\n  min_runs: 1\n"
+    )
     sweep = load_sweep(path)
     store = _CountingStore(str(tmp_path / "store"))
     record = RunStatus(run_id="run", state=RUNNING, attempt=1, started_at=time.time(), heartbeat=time.time())

@@ -195,9 +195,18 @@ def _data_problems(spec: SweepSpec) -> Problems:
                     f"{to!r} leaves orch's data folder; use a path inside it (e.g. `cifar10`) or an absolute one",
                 )
             )
-    tos = [e.to.rstrip("/") for e in spec.data or []]
-    if len(set(tos)) != len(tos):
-        out.append((("data",), "two entries stage to the same `to:` folder; give each its own"))
+    first: dict = {}  # a folder however written (`x`, `./x`, `x/`) -> the entry that stages to it first
+    for i, entry in enumerate(spec.data or []):
+        folder = os.path.normpath(os.path.expanduser(entry.to) if spec.backend == "local" else entry.to)
+        if folder in first:
+            j = first[folder]
+            out.append(
+                (
+                    ("data", i, "to"),
+                    f"{entry.to!r} is the folder data[{j}] stages to ({spec.data[j].to!r}); give each entry its own",
+                )
+            )
+        first.setdefault(folder, i)
     return out
 
 
@@ -250,6 +259,26 @@ def _prune_problems(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
         out.append((("prune", "mode"), f"say `mode: max` or `mode: min`: '{metric}' ends neither in acc nor in loss"))
     if any(b <= a for a, b in zip(p.rungs, p.rungs[1:])):
         out.append((("prune", "rungs"), "must increase, e.g. [2, 4, 8]"))
+    runs = run_count(spec)
+    if p.min_runs > runs:
+        out.append(
+            (
+                ("prune", "min_runs"),
+                f"{'' if 'min_runs' in p.model_fields_set else 'the default '}{p.min_runs} is more than the "
+                f"sweep's {runs} run(s): no rung could ever decide; "
+                f"use at most {runs}, or remove `prune:`",
+            )
+        )
+    t = spec.target
+    if p.mode is not None and t is not None and t.metric == metric and p.mode != t.resolved_mode():
+        said = f"`target.mode: {t.mode}`" if t.mode else f"{t.resolved_mode()} (target's default for '{metric}')"
+        out.append(
+            (
+                ("prune", "mode"),
+                f"{p.mode} contradicts {said} for the same metric '{metric}': a run would be pruned for "
+                "what the target calls better. Remove `prune.mode` (it follows target) or make the two agree",
+            )
+        )
     if metric is not None and p.at == metric:
         out.append(
             (

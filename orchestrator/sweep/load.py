@@ -119,4 +119,28 @@ def _local_sources(spec: SweepSpec, base: Path) -> list:
             )
         elif not p.is_dir():
             out.append((("data", i, "from"), f"{entry.source!r} is not a folder; give a folder or s3://bucket/prefix/"))
+        else:
+            out += _inside_source(spec, i, p.resolve())
     return out
+
+
+def _inside_source(spec: SweepSpec, i: int, source: Path) -> list:
+    """A `to:` at or under its own `from:` would copy the copy into itself, one level deeper each attempt."""
+    from orchestrator.sweep.spec import orch_home
+
+    to = spec.data[i].to
+    if to.startswith(("/", "~")):
+        dest = Path(os.path.expanduser(to))
+    else:  # relative: under the work folder's .data/, as the local backend places it
+        work = Path(os.path.expanduser(spec.local.workdir)) if spec.local.workdir else orch_home() / "work"
+        dest = work / ".data" / to
+    dest = dest.resolve()
+    if dest != source and source not in dest.parents:
+        return []
+    return [
+        (
+            ("data", i, "to"),
+            f"{to!r}{'' if str(dest) == to else f' ({dest})'} is {'' if dest == source else 'inside '}its own "
+            f"`from:` folder {source}: each attempt would copy the copy into itself. Stage to a folder outside it",
+        )
+    ]

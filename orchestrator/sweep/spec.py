@@ -21,6 +21,7 @@ from pydantic import (
     Field,
     StrictInt,
 )
+from typing_extensions import Annotated
 
 from orchestrator.contract import default_mode, finite
 from orchestrator.sweep.search import SearchSection, trial_id
@@ -203,7 +204,9 @@ class PruneSection(Strict):
     at: str = Field(
         "epoch", min_length=1, description="The metrics key that measures progress (a rung is a value of it)."
     )
-    rungs: List[Amount] = Field(..., min_length=1, description="Progress values where runs are compared, increasing.")
+    rungs: List[Annotated[Amount, Field(gt=0)]] = Field(
+        ..., min_length=1, description="Progress values where runs are compared, increasing (each above 0)."
+    )
     keep: Amount = Field(0.34, gt=0, lt=1, description="The fraction of runs kept at each rung (the best ones).")
     min_runs: Count = Field(3, ge=1, description="No decision at a rung before this many runs have reported there.")
 

@@ -17,9 +17,10 @@ def _no_bool(value: Any) -> Any:
     return value
 
 
-# Counts are whole numbers and never true/false; amounts are finite numbers (no .inf, no .nan).
+# Counts are whole numbers and never true/false; amounts are finite numbers (no .inf, no .nan). Neither is ever
+# text: `value: "0.9"` is refused like `max_parallel: "2"`, since a quoted number is more likely a mistake than meant.
 Count = Annotated[StrictInt, BeforeValidator(_no_bool)]
-Amount = Annotated[float, BeforeValidator(_no_bool), Field(allow_inf_nan=False)]
+Amount = Annotated[float, BeforeValidator(_no_bool), Field(strict=True, allow_inf_nan=False)]
 
 
 class Strict(BaseModel):

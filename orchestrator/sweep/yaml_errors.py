@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import typing
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -146,12 +147,24 @@ def format_errors(exc: ValidationError, path: Path, root: Optional[yaml.Node], m
         elif isinstance(err.get("input"), (dict, list)) and err["type"] not in ("extra_forbidden", "missing"):
             msg += f" (got {json.dumps(err['input'])[:60]})"
         fix = _FIXES.get(err["type"], "").format(allowed=_allowed_fields(loc, model))
+        if err["type"] in ("float_type", "int_type") and _number_text(err.get("input")):
+            fix = f"write the number without quotes: {err['input'].strip()}"
         if err["type"] == "extra_forbidden":
             close = difflib.get_close_matches(str(loc[-1]), _allowed_fields(loc, model).split(", "), n=1)
             if close:
                 fix = f"did you mean `{close[0]}`? Allowed here: {_allowed_fields(loc, model)}"
         lines.append(f"{path}:{line_of(root, loc)}: {dotted(loc)}: {msg}" + (f". Fix: {fix}." if fix else ""))
     return lines
+
+
+def _number_text(value: Any) -> bool:
+    """A string that reads as a number (`"0.9"`): a number put in quotes."""
+    if not isinstance(value, str):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except ValueError:
+        return False
 
 
 _SCALAR_ERRORS = {"bool_type", "int_type", "float_type", "string_type", "bool_parsing", "int_parsing", "float_parsing"}
