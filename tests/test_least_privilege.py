@@ -3,6 +3,7 @@ the controller's credentials as IAM does), and its grammar (what IAM's policy va
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 
@@ -172,10 +173,11 @@ def _as_list(v):
     return v if isinstance(v, list) else [v]
 
 
-def _operations(service: str) -> set:
+@functools.lru_cache(maxsize=None)  # a service model is megabytes of JSON: load each once, not once per action
+def _operations(service: str) -> frozenset:
     import botocore.session
 
-    return set(botocore.session.get_session().get_service_model(service).operation_names)
+    return frozenset(botocore.session.get_session().get_service_model(service).operation_names)
 
 
 def check_grammar(doc: dict) -> None:
