@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import shlex
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
@@ -124,9 +124,13 @@ def notice_path(ctl_dir: str) -> str:
     return f"{ctl_dir.rstrip('/')}/{NOTICE_FILE}"
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunTask:
-    """Everything an agent needs to run one attempt of one run; written as JSON for the agent."""
+    """Everything an agent needs to run one attempt of one run; written as JSON for the agent.
+
+    Frozen: built once (orchestrator/sweep/tasks.py: new_task, and on_host for what only the acquired host
+    decides), never changed after; a test checks that nothing changes its env, data or rungs either.
+    """
 
     sweep: str  # sweep name
     run_id: str  # run id within the sweep
@@ -166,10 +170,6 @@ class RunTask:
     @classmethod
     def from_json(cls, data: bytes) -> "RunTask":
         return cls(**json.loads(data))
-
-    def on_node(self, rank: int, host: str, hosts: int) -> "RunTask":
-        """This attempt's task for one of the `hosts` it spans: node `rank`, on instance `host`."""
-        return replace(self, env={**self.env, "ORCH_NODE_RANK": str(rank)}, host=host, node_hosts=hosts, node_rank=rank)
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -96,7 +96,7 @@ class WakingAgent(BackendBase):
         write_status(self.store, "rec", status)
         return 0.0
 
-    def new_task(self, run_id, attempt, command, params_json) -> RunTask:
+    def new_task(self, run_id, attempt, command, params_json, replaces="") -> RunTask:
         return RunTask(
             sweep="rec",
             run_id=run_id,

@@ -52,7 +52,7 @@ class Hosts(BackendBase):
     def list(self) -> List[Host]:
         return list(self.hosts.values())
 
-    def new_task(self, run_id, attempt, command, params_json) -> RunTask:
+    def new_task(self, run_id, attempt, command, params_json, replaces="") -> RunTask:
         return RunTask(
             sweep=self.sweep,
             run_id=run_id,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import signal
 import subprocess
+from dataclasses import replace
 
 import pytest
 
@@ -151,6 +152,6 @@ def test_the_watch_of_an_attempt_has_its_checks_in_order(agent):
         "StopCommand",
         "SyncUp",
     ]
-    agent.task.timeout_s, agent.task.node_hosts = 30.0, 1
+    agent.task = replace(agent.task, timeout_s=30.0, node_hosts=1)
     names = [c.name for c in watch.checks_for(agent, RunStatus(run_id="r"), NOW)]
     assert "Deadline" in names and "NodeFailed" not in names

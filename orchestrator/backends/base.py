@@ -57,8 +57,9 @@ class Backend(Protocol):
     def list(self) -> List[Host]:
         """Live hosts of this sweep (one call, whatever the number of runs)."""
 
-    def new_task(self, run_id: str, attempt: int, command: str, params_json: str) -> RunTask:
-        """The task for one attempt of a run on this backend (paths, environment, periods)."""
+    def new_task(self, run_id: str, attempt: int, command: str, params_json: str, replaces: str = "") -> RunTask:
+        """The task for one attempt of a run on this backend (paths, environment, periods), whole: nothing changes
+        it after; `replaces`: the host of the previous attempt when that one was preempted or lost."""
 
     def start(self, task: RunTask) -> Host:
         """Start the agent for task; raises OrchError when the run already has a live host."""

@@ -54,7 +54,7 @@ class LocalBackend(BackendBase):
             if s in by_session
         ]
 
-    def new_task(self, run_id: str, attempt: int, command: str, params_json: str) -> RunTask:
+    def new_task(self, run_id: str, attempt: int, command: str, params_json: str, replaces: str = "") -> RunTask:
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", str(self.threads))
         env.pop("TMUX", None)
@@ -71,6 +71,7 @@ class LocalBackend(BackendBase):
             notice_poll_s=1.0,
             sync_s=2.0,
             host="localhost",
+            replaces=replaces,
             nodes_here=self.sweep.spec.resources.nodes if self.sweep.spec.resources else 1,
         )
 

@@ -416,8 +416,9 @@ class Controller:
         status = life.claim(previous)
         if not self._write(status, version):  # claim it before a host exists; never over a record this pass did not see
             return False
-        task = self.backend.new_task(run.run_id, status.attempt, run.command, json.dumps(run.params, sort_keys=True))
-        task.replaces = previous.host if was_lost and previous.host not in ("", "localhost") else ""
+        replaces = previous.host if was_lost and previous.host not in ("", "localhost") else ""
+        params = json.dumps(run.params, sort_keys=True)
+        task = self.backend.new_task(run.run_id, status.attempt, run.command, params, replaces=replaces)
         try:
             self.backend.start(task)
         except OrchError as exc:

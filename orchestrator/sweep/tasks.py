@@ -1,10 +1,13 @@
 """One attempt of a run as its host needs it: the task (RunTask), its ORCH_* environment and its data entries.
 
-Built on the user's machine from the validated sweep; the agent on the host reads only the task.
+Built on the user's machine from the validated sweep (new_task), once; what only an acquired host decides (its
+instance, node rank, interpreter, rendezvous, slot) makes a copy of it (on_host). The agent on the host reads only
+the task.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Dict, Optional
 
 from orchestrator.contract import RunTask, ctl_dir, run_root, session_name
@@ -47,7 +50,8 @@ def new_task(
     env: Optional[Dict[str, str]] = None,
     **periods,
 ) -> RunTask:
-    """The task of one attempt; `env` is laid under the contract's variables, `periods` are RunTask fields."""
+    """The task of one attempt; `env` is laid under the contract's variables, `periods` are RunTask fields (with
+    `replaces`: the host of a previous attempt that was preempted or lost)."""
     from orchestrator.sweep.tasks import resolve
 
     root = run_root(base, sweep.spec.name, run_id)
@@ -72,6 +76,15 @@ def new_task(
         data=data,
         **periods,
     )
+
+
+def on_host(
+    task: RunTask, host: str, rank: int = 0, hosts: int = 1, env: Optional[Dict[str, str]] = None, slot: int = -1
+) -> RunTask:
+    """This attempt's task as one host runs it: node `rank` of the `hosts` it spans, on instance `host`, in `slot`
+    of a shared instance; `env` (what the host decided: interpreter, rendezvous, GPUs) over the task's own."""
+    env = {**task.env, **(env or {}), "ORCH_NODE_RANK": str(rank)}
+    return replace(task, env=env, host=host, node_hosts=hosts, node_rank=rank, slot=slot)
 
 
 def resolve(entries: Optional[list], source_base: Path, to_base: str) -> List[Dict[str, str]]:

@@ -282,7 +282,7 @@ class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
         else:
             api.terminate(self.ec2, [host.host_id])
 
-    def new_task(self, run_id: str, attempt: int, command: str, params_json: str) -> RunTask:
+    def new_task(self, run_id: str, attempt: int, command: str, params_json: str, replaces: str = "") -> RunTask:
         cfg = self.cfg
         return new_task(
             self.sweep,
@@ -294,6 +294,7 @@ class AwsBackend(PackMixin, ProvisionMixin, BackendBase):
             heartbeat_s=cfg.heartbeat_s,
             sync_s=cfg.sync_s,
             host="",
+            replaces=replaces,
             terminate_on_exit=not cfg.keep_alive,
             imds=True,
             notice_poll_s=5.0,

@@ -100,12 +100,9 @@ class PackMixin:
                 raise OrchError(f"claiming slot {slot} on {iid} failed (exit {code})")
             if tag:
                 self._tag_slot(iid, slot, value)
-            task.slot = slot
-            task.env["CUDA_VISIBLE_DEVICES"] = visible_devices(slot, self.sweep.spec.resources.gpus)
-            self._start_agents([conn], task, [iid])
-            log.info(
-                "%s: slot %s of %s (CUDA_VISIBLE_DEVICES=%s)", task.run_id, slot, iid, task.env["CUDA_VISIBLE_DEVICES"]
-            )
+            devices = visible_devices(slot, self.sweep.spec.resources.gpus)
+            self._start_agents([conn], task, [iid], slot, {"CUDA_VISIBLE_DEVICES": devices})
+            log.info("%s: slot %s of %s (CUDA_VISIBLE_DEVICES=%s)", task.run_id, slot, iid, devices)
             return True
         finally:
             conn.close()

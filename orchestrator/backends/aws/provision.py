@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import shlex
 import time
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from orchestrator import contract
 from orchestrator.aws import ec2 as api
@@ -27,6 +27,7 @@ from orchestrator.errors import OrchError
 from orchestrator.remote.ssh import Target, connect, new_host_key, public_key_of
 from orchestrator.store.status import FAILED, QUEUED
 from orchestrator.sweep.spec import AUTO_PYTHON
+from orchestrator.sweep.tasks import on_host
 
 log = logging.getLogger("orch.aws")
 
@@ -150,8 +151,11 @@ class ProvisionMixin:
                     self.gpus[instance_type] = 0
             return self.gpus.get(instance_type, 0)
 
-    def _start_agents(self, conns: list, task: RunTask, ids: List[str]) -> None:
-        """The bundle on every node, then one agent per node; node 0 is the rendezvous."""
+    def _start_agents(
+        self, conns: list, task: RunTask, ids: List[str], slot: int = -1, env: Optional[Dict[str, str]] = None
+    ) -> None:
+        """The bundle on every node, then one agent per node; node 0 is the rendezvous. `slot` and `env`: the
+        run's place on a shared instance (packing)."""
         with self._setup_lock:
             if self._bundle is None:
                 self._bundle = code_bundle.build()  # once per controller, not per host
@@ -160,13 +164,13 @@ class ProvisionMixin:
             if conn.run(f'test -f "{b.remote_dir.replace("~/", "$HOME/")}/.complete"').code != 0:
                 conn.check(code_bundle.install_command(b), stdin=b.data)
         py = self._interpreter(conns[0])
-        task.env["ORCH_PYTHON"] = py
+        here = {**(env or {}), "ORCH_PYTHON": py}
         if len(conns) > 1:
             port = conns[0].check(f"{shlex.quote(py)} -c {shlex.quote(FREE_PORT)}").strip()
             master = api.describe(self.ec2, ids[0]) or {}
-            task.env.update(ORCH_MASTER_ADDR=master.get("private_ip", ""), ORCH_MASTER_PORT=port)
+            here.update(ORCH_MASTER_ADDR=master.get("private_ip", ""), ORCH_MASTER_PORT=port)
         for rank in sorted(range(len(conns)), reverse=True):  # followers first: node 0 reports once all are started
-            self._start_agent(conns[rank], task.on_node(rank, ids[rank], len(conns)), py)
+            self._start_agent(conns[rank], on_host(task, ids[rank], rank, len(conns), here, slot), py)
         with self.lock:
             self.ready[task.run_id] = (task.attempt, time.time())
 
