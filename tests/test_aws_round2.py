@@ -91,16 +91,10 @@ def test_terminated_instances_still_counting_toward_a_quota_make_the_next_run_wa
 
 
 def test_a_run_is_not_packed_where_the_safety_net_shutdown_would_cut_it():
-    from types import SimpleNamespace
-
-    from orchestrator.backends.aws.pack import PackMixin
+    from orchestrator.backends.aws.pack import lives_long_enough
 
     def fits(max_minutes, timeout_minutes, age_minutes):
-        backend = SimpleNamespace(
-            cfg=SimpleNamespace(max_minutes=max_minutes),
-            sweep=SimpleNamespace(spec=SimpleNamespace(timeout_minutes=timeout_minutes)),
-        )
-        return PackMixin._lives_long_enough(backend, 0.0, age_minutes * 60.0)
+        return lives_long_enough(max_minutes, timeout_minutes, 0.0, age_minutes * 60.0)
 
     assert fits(240, 60, 100) and not fits(240, 60, 180)  # 60 min left: not enough for a 60-min run plus its sync
     assert fits(240, None, 100) and not fits(

@@ -7,6 +7,9 @@ A run goes to the fullest live instance with a free slot; the slot is claimed on
 an instance whose last run is just terminating it; without a free slot, a new instance of the
 best type (packing.rank) is acquired with the run in slot 0. Each agent gives its slot back when
 its run ends, and the last one terminates the instance.
+
+The Packer starts the run's agent and settles a failed placement through the Provisioner (provision.py); the
+placements in flight (reserved, fresh, dead) are the ProvisioningState's, under its pack_lock.
 """
 
 from __future__ import annotations
@@ -14,11 +17,16 @@ from __future__ import annotations
 import logging
 import shlex
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from orchestrator import contract
 from orchestrator.aws import ec2 as api
 from orchestrator.aws import fleet
+from orchestrator.aws.userdata import cloud_config
+from orchestrator.backends.aws.listing import live_instance
+from orchestrator.backends.aws.provision import Provisioner
+from orchestrator.backends.aws.setup import bootstrap
+from orchestrator.backends.aws.state import ProvisioningState
 from orchestrator.backends.base import Host
 from orchestrator.contract import RunTask
 from orchestrator.errors import OrchError
@@ -31,31 +39,42 @@ log = logging.getLogger("orch.aws")
 FRESH_S = 60.0  # how long an instance this controller just acquired counts even before a filtered describe lists it
 
 
-class PackMixin:
-    """The packing half of AwsBackend.
+def lives_long_enough(max_minutes: int, timeout_minutes: Optional[int], launched_at: float, now: float) -> bool:
+    """Every instance powers itself off `aws.max_minutes` after boot. A new run goes only where that leaves it
+    its `timeout_minutes` (+5 min to sync), or, without one, at least half of an instance's life."""
+    left = launched_at + max_minutes * 60 - now
+    return left >= (timeout_minutes * 60 + 300 if timeout_minutes else max_minutes * 30)
 
-    AwsBackend supplies cfg, ec2, ledger, locks, pack_order and the provisioning helpers.
-    """
 
-    def _provision_packed(self, task: RunTask) -> None:
+class Packer:
+    """Places runs on shared instances and gives their slots back; starts their agents and settles their failures
+    through the Provisioner, sharing only the ProvisioningState."""
+
+    def __init__(self, state: ProvisioningState, provisioner: Provisioner):
+        self.state = state
+        self.provisioner = provisioner
+
+    def provision(self, task: RunTask) -> None:
+        """Claim a free slot on a live shared instance (or acquire a new one) and start the run's agent there."""
+        st = self.state
         new_ids: List[str] = []
         claimed: Optional[Tuple[str, int]] = None
         reported = True
         value = slot_value(task.run_id, task.attempt)
         try:
-            if self.fatal is not None:
-                raise self.fatal
-            setup = self.bootstrap()
+            if st.fatal is not None:
+                raise st.fatal
+            setup = bootstrap(st)
             if task.replaces:
-                self._block_reclaimed(task.replaces)
+                self.provisioner.block_reclaimed(task.replaces)
             for _ in range(5):  # an instance whose last run is just leaving is skipped
-                with self.pack_lock:
+                with st.pack_lock:
                     found = self._free_slot()
                     if found is None:
-                        found = self._acquire_packed(task, setup, value)
+                        found = self._acquire(task, setup, value)
                         new_ids = [found[0]]
                     iid, slot, host_key = found
-                    self.reserved.setdefault(iid, set()).add(slot)
+                    st.reserved.setdefault(iid, set()).add(slot)
                 claimed = (iid, slot)
                 if self._start_in_slot(task, iid, slot, host_key, value, tag=not new_ids):
                     reported = False
@@ -66,21 +85,21 @@ class PackMixin:
         except Exception as exc:
             failed = not isinstance(exc, (fleet.CapacityUnavailable, api.AwsFatal))
             if failed and claimed and not new_ids:  # a slot on another run's instance: give it back
-                self._free_claim(claimed[0], claimed[1], value)
-            self._settle(task, exc, new_ids)  # as for a run of its own (provision.py)
+                self.free_claim(claimed[0], claimed[1], value)
+            self.provisioner.settle(task, exc, new_ids)  # as for a run of its own
         finally:
             if claimed:
                 self._unreserve(*claimed)
             if not reported:
-                with self.lock:
-                    self.pending.pop(task.run_id, None)
+                st.provisioned(task.run_id)
 
     def _start_in_slot(self, task: RunTask, iid: str, slot: int, host_key: str, value: str, tag: bool) -> bool:
         """Claim the slot on the host and start the run's agent there; False when the host refused the claim."""
-        address = api.wait_running(self.ec2, iid, self.cfg.ssh.address, self.cfg.boot_timeout_s)
+        cfg = self.state.cfg
+        address = api.wait_running(self.state.ec2, iid, cfg.ssh.address, cfg.boot_timeout_s)
         conn = connect(
-            Target(address, self.cfg.ssh.port, self.cfg.ssh.user, self.cfg.ssh.identity, host_key),
-            timeout=self.cfg.boot_timeout_s,
+            Target(address, cfg.ssh.port, cfg.ssh.user, cfg.ssh.identity, host_key),
+            timeout=cfg.boot_timeout_s,
             interval=1.0,
         )
         try:
@@ -94,85 +113,77 @@ class PackMixin:
                     "the instance is terminating" if code == 3 else "taken",
                 )
                 if code == 3:
-                    self.dead.add(iid)
+                    with self.state.pack_lock:
+                        self.state.dead.add(iid)
                 return False
             if code != 0:
                 raise OrchError(f"claiming slot {slot} on {iid} failed (exit {code})")
             if tag:
                 self._tag_slot(iid, slot, value)
-            devices = visible_devices(slot, self.sweep.spec.resources.gpus)
-            self._start_agents([conn], task, [iid], slot, {"CUDA_VISIBLE_DEVICES": devices})
+            devices = visible_devices(slot, self.state.sweep.spec.resources.gpus)
+            self.provisioner.start_agents([conn], task, [iid], slot, {"CUDA_VISIBLE_DEVICES": devices})
             log.info("%s: slot %s of %s (CUDA_VISIBLE_DEVICES=%s)", task.run_id, slot, iid, devices)
             return True
         finally:
             conn.close()
 
     def _free_slot(self) -> Optional[Tuple[str, int, str]]:
-        """(instance, slot, host key) of a free slot on the fullest live packed instance, or None."""
-        live = {
-            i["instance_id"]: i
-            for i in api.sweep_instances(self.ec2, self.name_, ["pending", "running"])
-            if i["slot_count"]
-        }
+        """(instance, slot, host key) of a free slot on the fullest live packed instance, or None (under pack_lock)."""
+        st = self.state
+        live = {i["instance_id"]: i for i in st.live() if i["slot_count"]}
         now = time.time()
-        for iid in [i for i in self.fresh if i in live or now - self.fresh[i][2] > FRESH_S]:
-            del self.fresh[iid]  # listed now (or gone): the listing speaks for it
+        for iid in [i for i in st.fresh if i in live or now - st.fresh[i][2] > FRESH_S]:
+            del st.fresh[iid]  # listed now (or gone): the listing speaks for it
         view = {
             iid: (i["slot_count"], set(i["slots"]), i["host_key"], i["launch_time"] or now) for iid, i in live.items()
         }
-        view.update({iid: (n, set(), key, born) for iid, (n, key, born) in self.fresh.items()})
+        view.update({iid: (n, set(), key, born) for iid, (n, key, born) in st.fresh.items()})
         best = None
         for iid, (n, used, key, born) in view.items():
-            taken = used | self.reserved.get(iid, set())
+            taken = used | st.reserved.get(iid, set())
             free = [k for k in range(n) if k not in taken]
-            if not self._lives_long_enough(born, now):
+            if not lives_long_enough(st.cfg.max_minutes, st.sweep.spec.timeout_minutes, born, now):
                 continue  # its safety-net shutdown would cut the run short: a fresh instance instead
-            if iid not in self.dead and free and (best is None or len(taken) > best[3]):
+            if iid not in st.dead and free and (best is None or len(taken) > best[3]):
                 best = (iid, free[0], key, len(taken))
         return best[:3] if best else None
 
-    def _lives_long_enough(self, launched_at: float, now: float) -> bool:
-        """Every instance powers itself off `aws.max_minutes` after boot. A new run goes only where that leaves it
-        its `timeout_minutes` (+5 min to sync), or, without one, at least half of an instance's life."""
-        left = launched_at + self.cfg.max_minutes * 60 - now
-        minutes = self.sweep.spec.timeout_minutes
-        return left >= (minutes * 60 + 300 if minutes else self.cfg.max_minutes * 30)
-
-    def _acquire_packed(self, task: RunTask, setup: dict, value: str) -> Tuple[str, int, str]:
-        """A new instance of the best type that has capacity, with this run in slot 0."""
+    def _acquire(self, task: RunTask, setup: dict, value: str) -> Tuple[str, int, str]:
+        """A new instance of the best type that has capacity, with this run in slot 0 (under pack_lock)."""
+        st, cfg = self.state, self.state.cfg
         host_private, host_public = new_host_key()
-        user_data = self._user_data(host_private, host_public)
+        user_data = cloud_config(host_private, host_public, public_key_of(cfg.ssh.identity), cfg.max_minutes)
         last: Optional[Exception] = None
-        for choice in self.pack_order:
+        for choice in st.pack_order:
             pools = [c for c in setup["choices"] if c.instance_type == choice.instance_type]
-            tags = api.sweep_tags(self.name_, hostkey=host_public) + [
+            tags = api.sweep_tags(st.name, hostkey=host_public) + [
                 {"Key": SLOTS_TAG, "Value": str(choice.slots)},
                 {"Key": f"{SLOT_TAG}0", "Value": value},
-                {"Key": "Name", "Value": f"orch {self.name_} shared ({choice.slots} runs)"},
+                {"Key": "Name", "Value": f"orch {st.name} shared ({choice.slots} runs)"},
             ]
             try:
                 got = fleet.acquire(
-                    self.ec2,
+                    st.ec2,
                     setup["template"],
                     setup["base"],
                     user_data,
                     pools,
-                    fleet.markets(self.cfg.market),
+                    fleet.markets(cfg.market),
                     tags,
-                    self.blocklist,
+                    st.blocklist,
                 )
             except fleet.CapacityUnavailable as exc:
                 last = exc
                 continue
-            self.ledger.acquired(
+            st.ledger.acquired(
                 got.instance_id,
                 got.instance_type,
                 got.az,
                 got.market,
-                gpus=self._gpus_of(got.instance_type),
+                gpus=self.provisioner.gpus_of(got.instance_type),
                 slots=choice.slots,
             )
-            self.fresh[got.instance_id] = (choice.slots, host_public, time.time())
+            st.fresh[got.instance_id] = (choice.slots, host_public, time.time())
             log.info(
                 "%s: new shared instance %s %s in %s (%s), %s slots",
                 task.run_id,
@@ -185,11 +196,6 @@ class PackMixin:
             return got.instance_id, 0, host_public
         raise last or fleet.CapacityUnavailable("no instance type can hold this run")
 
-    def _user_data(self, host_private: str, host_public: str) -> str:
-        from orchestrator.aws.userdata import cloud_config
-
-        return cloud_config(host_private, host_public, public_key_of(self.cfg.ssh.identity), self.cfg.max_minutes)
-
     def _tag_slot(self, iid: str, slot: int, value: str) -> None:
         from botocore.exceptions import ClientError
 
@@ -197,7 +203,7 @@ class PackMixin:
 
         def once() -> bool:
             try:
-                self.ec2.create_tags(Resources=[iid], Tags=[{"Key": f"{SLOT_TAG}{slot}", "Value": value}])
+                self.state.ec2.create_tags(Resources=[iid], Tags=[{"Key": f"{SLOT_TAG}{slot}", "Value": value}])
                 return True
             except ClientError as exc:
                 if api._not_found(exc):  # a new id, not visible everywhere yet
@@ -207,26 +213,27 @@ class PackMixin:
         retry_until(once, api.NOT_FOUND_S, 1.0, f"EC2 to know {iid}")
 
     def _unreserve(self, iid: str, slot: int) -> None:
-        with self.pack_lock:
-            self.reserved.get(iid, set()).discard(slot)
+        with self.state.pack_lock:
+            self.state.reserved.get(iid, set()).discard(slot)
 
-    def _free_claim(
+    def free_claim(
         self, iid: str, slot: int, value: str, reason: StopReason = StopReason.LOST, inst: Optional[dict] = None
     ) -> None:
         """Give a run's slot back from here: stop its session, remove its tag and its claim on the host (best effort).
         `inst`: the instance as just listed, when the caller has it (else it is looked up)."""
         from orchestrator.host.slots import SLOTS_DIR
 
-        inst = inst or self._live_instance(iid)
+        st = self.state
+        inst = inst or live_instance(st, iid)
         run_id = slot_run(value)
         try:
             if inst is not None:
-                conn = connect(self._target(inst), timeout=20)
+                conn = connect(st.target(inst), timeout=20)
                 try:
                     conn.run(
                         contract.stop_script(
-                            self._ctl(run_id),
-                            contract.session_name(self.name_, run_id),
+                            st.ctl(run_id),
+                            contract.session_name(st.name, run_id),
                             reason,
                             30,
                             contract.REMOTE_TMUX_SOCKET,
@@ -240,43 +247,18 @@ class PackMixin:
                     )
                 finally:
                     conn.close()
-            self.ec2.delete_tags(Resources=[iid], Tags=[{"Key": f"{SLOT_TAG}{slot}", "Value": value}])
+            st.ec2.delete_tags(Resources=[iid], Tags=[{"Key": f"{SLOT_TAG}{slot}", "Value": value}])
         except Exception as exc:  # the instance may be gone already; `orch down` removes what is left
             log.warning("could not free slot %s of %s: %s", slot, iid, exc)
 
-    def _live_instance(self, iid: str) -> Optional[dict]:
-        return next(
-            (i for i in api.sweep_instances(self.ec2, self.name_, ["pending", "running"]) if i["instance_id"] == iid),
-            None,
-        )
-
-    def _packed_hosts(self, inst: dict, pending: Dict[str, int], ready: Dict[str, tuple]) -> List[Host]:
-        """One Host per run on a packed instance (its slot tags)."""
-        hosts = []
-        for slot, value in sorted(inst["slots"].items()):
-            run_id, att = slot_run(value), value.rpartition("#")[2]
-            attempt = int(att) if att.isdigit() else None
-            hosts.append(
-                Host(
-                    run_id=run_id,
-                    host_id=inst["instance_id"],
-                    address=self._address(inst),
-                    attempt=attempt,
-                    provisioning=pending.get(run_id) == attempt,
-                    start_deadline=self._deadline({**inst, "run": run_id}, attempt, ready),
-                    slot=slot,
-                )
-            )
-        return hosts
-
-    def _release_packed(self, host: Host, reason: StopReason = StopReason.LOST) -> None:
+    def release(self, host: Host, reason: StopReason = StopReason.LOST) -> None:
         """A run's host on a shared instance: the instance goes only with its last run."""
-        inst = self._live_instance(host.host_id)
+        inst = live_instance(self.state, host.host_id)
         if inst is None:
             return
         value = slot_value(host.run_id, host.attempt or 0)
         others = {k: v for k, v in inst["slots"].items() if k != host.slot}
         if others:
-            self._free_claim(host.host_id, host.slot, value, reason, inst)
+            self.free_claim(host.host_id, host.slot, value, reason, inst)
         else:
-            api.terminate(self.ec2, [host.host_id])
+            api.terminate(self.state.ec2, [host.host_id])

@@ -5,7 +5,8 @@ start one agent per node in tmux. Node 0's private address and a free port on it
 rendezvous (ORCH_MASTER_ADDR, ORCH_MASTER_PORT).
 
 Once CreateFleet returned instances, every way out of here leaves them either running this
-attempt's agents or terminated and recorded on the run.
+attempt's agents or terminated and recorded on the run: Provisioner.settle is the one answer to every way
+provisioning fails, for packed runs (pack.py) too. What it shares with them is the ProvisioningState (state.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from orchestrator.aws import fleet
 from orchestrator.aws.placement import ensure_group
 from orchestrator.aws.userdata import cloud_config
 from orchestrator.backends import bundle as code_bundle
+from orchestrator.backends.aws.setup import bootstrap
+from orchestrator.backends.aws.state import ProvisioningState
 from orchestrator.backends.base import Outcome
 from orchestrator.contract import RunTask
 from orchestrator.errors import OrchError
@@ -37,82 +40,81 @@ QUOTA_LINGER_S = 600.0  # how long a terminated instance of the sweep may still 
 FREE_PORT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
 
 
-class ProvisionMixin:
-    """The provisioning half of AwsBackend (which supplies cfg, ec2, ledger, locks and queues)."""
+class Provisioner:
+    """Acquires and starts attempts (worker threads), and settles every way that fails; shares with the Packer only
+    the ProvisioningState it is given."""
 
-    def _provision(self, task: RunTask) -> None:
+    def __init__(self, state: ProvisioningState):
+        self.state = state
+
+    def provision(self, task: RunTask) -> None:
         """Acquire, boot, check and start one attempt on its node(s)."""
+        st, cfg = self.state, self.state.cfg
         ids: List[str] = []
         reported = True
-        nodes = self.nodes
         try:
-            if self.fatal is not None:
-                raise self.fatal
-            setup = self.bootstrap()
+            if st.fatal is not None:
+                raise st.fatal
+            setup = bootstrap(st)
             if task.replaces:  # that (type, AZ) just took its instance back: try elsewhere first
-                self._block_reclaimed(task.replaces)
+                self.block_reclaimed(task.replaces)
             host_private, host_public = new_host_key()  # one key per attempt, pinned by tag (shared by its nodes)
-            user_data = cloud_config(
-                host_private, host_public, public_key_of(self.cfg.ssh.identity), self.cfg.max_minutes
-            )
-            tags = api.sweep_tags(self.name_, run=task.run_id, attempt=str(task.attempt), hostkey=host_public) + [
-                {"Key": "Name", "Value": f"orch {self.name_} {task.run_id} #{task.attempt}"}
+            user_data = cloud_config(host_private, host_public, public_key_of(cfg.ssh.identity), cfg.max_minutes)
+            tags = api.sweep_tags(st.name, run=task.run_id, attempt=str(task.attempt), hostkey=host_public) + [
+                {"Key": "Name", "Value": f"orch {st.name} {task.run_id} #{task.attempt}"}
             ]
             args = (
-                self.ec2,
+                st.ec2,
                 setup["template"],
                 setup["base"],
                 user_data,
                 setup["choices"],
-                fleet.markets(self.cfg.market),
+                fleet.markets(cfg.market),
                 tags,
-                self.blocklist,
+                st.blocklist,
             )
-            if nodes > 1:
+            if st.nodes > 1:
                 got = fleet.acquire_nodes(
                     *args,
-                    count=nodes,
-                    release=lambda ids: api.terminate(self.ec2, ids),
-                    group_of=lambda az: ensure_group(self.ec2, self.name_, az, self.groups),
+                    count=st.nodes,
+                    release=lambda ids: api.terminate(st.ec2, ids),
+                    group_of=lambda az: ensure_group(st.ec2, st.name, az, st.groups),
                 )
             else:
                 got = [fleet.acquire(*args)]
             got.sort(key=lambda g: g.instance_id)  # node ranks: the order list() sees them in
             ids = [g.instance_id for g in got]
             for g in got:
-                self.ledger.acquired(
+                st.ledger.acquired(
                     g.instance_id,
                     g.instance_type,
                     g.az,
                     g.market,
                     run=task.run_id,
-                    gpus=self._gpus_of(g.instance_type),
+                    gpus=self.gpus_of(g.instance_type),
                     attempt=task.attempt,
                 )
             log.info(
                 "%s: %s %s in %s (%s)", task.run_id, ", ".join(ids), got[0].instance_type, got[0].az, got[0].market
             )
-            addresses = [api.wait_running(self.ec2, i, self.cfg.ssh.address, self.cfg.boot_timeout_s) for i in ids]
+            addresses = [api.wait_running(st.ec2, i, cfg.ssh.address, cfg.boot_timeout_s) for i in ids]
             conns = []
             try:
                 for address in addresses:
-                    target = Target(address, self.cfg.ssh.port, self.cfg.ssh.user, self.cfg.ssh.identity, host_public)
-                    conns.append(connect(target, timeout=self.cfg.boot_timeout_s, interval=1.0))
-                self._start_agents(conns, task, ids)
+                    target = Target(address, cfg.ssh.port, cfg.ssh.user, cfg.ssh.identity, host_public)
+                    conns.append(connect(target, timeout=cfg.boot_timeout_s, interval=1.0))
+                self.start_agents(conns, task, ids)
             finally:
                 for c in conns:
                     c.close()
             reported = False
         except Exception as exc:
-            self._settle(task, exc, ids)
+            self.settle(task, exc, ids)
         finally:
-            if (
-                not reported
-            ):  # else the run stays pending until the controller took the outcome (no window where it looks hostless)
-                with self.lock:
-                    self.pending.pop(task.run_id, None)
+            if not reported:  # else it stays pending until the controller took the outcome (never looks hostless)
+                st.provisioned(task.run_id)
 
-    def _settle(self, task: RunTask, exc: Exception, ids: List[str]) -> None:
+    def settle(self, task: RunTask, exc: Exception, ids: List[str]) -> None:
         """The one answer to every way an attempt's provisioning fails (CreateFleet's outcomes first), for single
         and packed runs alike; `ids`: the instances this attempt acquired (released here)."""
         if isinstance(exc, fleet.CapacityUnavailable):  # no pool now: the run waits for the next pass
@@ -120,7 +122,7 @@ class ProvisionMixin:
         elif isinstance(exc, fleet.QuotaReached):
             self._quota_reached(task, exc, ids)
         elif isinstance(exc, api.AwsFatal):  # fail fast: the controller's next pass raises it
-            self.fatal = exc
+            self.state.fatal = exc
             self._requeue(task, str(exc), ids)
         elif isinstance(exc, OrchError):  # host key mismatch, sshd never came up, remote command failed
             self._fail(task, str(exc), ids)
@@ -132,34 +134,37 @@ class ProvisionMixin:
         """The run waits while the sweep's own instances may free the quota; else the sweep stops (nothing of its
         own will ever free it). One shutting down still holds it, and a terminated one goes on counting toward the
         limit for a while (EC2 Developer Guide, "Eventual consistency": InstanceLimitExceeded)."""
-        if api.sweep_instances(self.ec2, self.name_, api.NOT_GONE):
+        st = self.state
+        if api.sweep_instances(st.ec2, st.name, api.NOT_GONE):
             self._requeue(task, f"waiting for quota to free (the sweep's running instances hold it): {exc}", ids)
-        elif time.time() - self.ledger.last_seen() < QUOTA_LINGER_S:
+        elif time.time() - st.ledger.last_seen() < QUOTA_LINGER_S:
             self._requeue(task, f"waiting for quota to free (instances of the sweep ended moments ago): {exc}", ids)
         else:
-            self.fatal = exc
+            st.fatal = exc
             self._requeue(task, str(exc), ids)
 
-    def _gpus_of(self, instance_type: str) -> int:
+    def gpus_of(self, instance_type: str) -> int:
         """GPUs of an instance type (DescribeInstanceTypes, else orch's table), for GPU-hours."""
-        with self._setup_lock:
-            if instance_type not in self.gpus:
+        st = self.state
+        with st.setup_lock:
+            if instance_type not in st.gpus:
                 try:
-                    self.gpus.update(api.gpu_counts(self.ec2, [instance_type]))
+                    st.gpus.update(api.gpu_counts(st.ec2, [instance_type]))
                 except Exception as exc:  # never loses the instance: GPU-hours then count 0 for it
                     log.warning("GPUs of %s unknown: %s", instance_type, exc)
-                    self.gpus[instance_type] = 0
-            return self.gpus.get(instance_type, 0)
+                    st.gpus[instance_type] = 0
+            return st.gpus.get(instance_type, 0)
 
-    def _start_agents(
+    def start_agents(
         self, conns: list, task: RunTask, ids: List[str], slot: int = -1, env: Optional[Dict[str, str]] = None
     ) -> None:
         """The bundle on every node, then one agent per node; node 0 is the rendezvous. `slot` and `env`: the
         run's place on a shared instance (packing)."""
-        with self._setup_lock:
-            if self._bundle is None:
-                self._bundle = code_bundle.build()  # once per controller, not per host
-        b = self._bundle
+        st = self.state
+        with st.setup_lock:
+            if st.bundle is None:
+                st.bundle = code_bundle.build()  # once per controller, not per host
+        b = st.bundle
         for conn in conns:
             if conn.run(f'test -f "{b.remote_dir.replace("~/", "$HOME/")}/.complete"').code != 0:
                 conn.check(code_bundle.install_command(b), stdin=b.data)
@@ -167,18 +172,18 @@ class ProvisionMixin:
         here = {**(env or {}), "ORCH_PYTHON": py}
         if len(conns) > 1:
             port = conns[0].check(f"{shlex.quote(py)} -c {shlex.quote(FREE_PORT)}").strip()
-            master = api.describe(self.ec2, ids[0]) or {}
+            master = api.describe(st.ec2, ids[0]) or {}
             here.update(ORCH_MASTER_ADDR=master.get("private_ip", ""), ORCH_MASTER_PORT=port)
         for rank in sorted(range(len(conns)), reverse=True):  # followers first: node 0 reports once all are started
-            self._start_agent(conns[rank], on_host(task, ids[rank], rank, len(conns), here, slot), py)
-        with self.lock:
-            self.ready[task.run_id] = (task.attempt, time.time())
+            self._start_agent(conns[rank], on_host(task, ids[rank], rank, len(conns), here, slot), py, b)
+        st.started(task.run_id, task.attempt)
 
-    def _start_agent(self, conn, task: RunTask, py: str) -> None:
+    @staticmethod
+    def _start_agent(conn, task: RunTask, py: str, bundle: code_bundle.Bundle) -> None:
         ctl = task.ctl_dir
         task_path = contract.task_file(ctl, task.attempt)
         conn.put_bytes(task.to_json(), task_path)
-        agent = contract.agent_command(py, task_path, ctl, pythonpath=self._bundle.remote_dir)
+        agent = contract.agent_command(py, task_path, ctl, pythonpath=bundle.remote_dir)
         conn.check(
             f'cd "$HOME" && tmux -L {contract.REMOTE_TMUX_SOCKET} new-session -d -s {shlex.quote(task.session)} '
             f"-n agent -x 200 -y 50 {shlex.quote(agent)}"
@@ -190,18 +195,19 @@ class ProvisionMixin:
         It must import boto3 (the agent) and, when a command runs the bundled trainer, torch. A
         wrong interpreter stops the sweep once, with the fix, instead of failing every run.
         """
-        with self._setup_lock:
-            if self.python is not None:
-                return self.python
-            needs = ["boto3"] + (["torch"] if any("-m trainer" in r.command for r in self.sweep.runs) else [])
-            candidates = list(PYTHON_CANDIDATES) if self.cfg.python == AUTO_PYTHON else [self.cfg.python]
+        st, cfg = self.state, self.state.cfg
+        with st.setup_lock:
+            if st.python is not None:
+                return st.python
+            needs = ["boto3"] + (["torch"] if any("-m trainer" in r.command for r in st.sweep.runs) else [])
+            candidates = list(PYTHON_CANDIDATES) if cfg.python == AUTO_PYTHON else [cfg.python]
             probe = " ".join(shlex.quote(c) for c in candidates)
             script = (
                 f'for p in {probe}; do if command -v "$p" >/dev/null 2>&1; then '
                 f'out=$("$p" -c {shlex.quote("import " + ", ".join(needs))} 2>&1) && {{ echo "OK $p"; exit 0; }}; '
                 f'echo "NO $p: $(printf %s "$out" | tail -n 1)"; else echo "NO $p: not found"; fi; done; exit 1'
             )
-            r = conn.run(script, timeout=max(300.0, self.cfg.boot_timeout_s))
+            r = conn.run(script, timeout=max(300.0, cfg.boot_timeout_s))
             found = [line[3:] for line in r.out.splitlines() if line.startswith("OK ")]
             if r.code != 0 or not found:
                 tried = (
@@ -213,19 +219,20 @@ class ProvisionMixin:
                     "/opt/pytorch/bin/python), "
                     f"or `auto`; or use an image that has them."
                 )
-            self.python = found[0]
-            log.info("instance interpreter: %s", self.python)
-            return self.python
+            st.python = found[0]
+            log.info("instance interpreter: %s", st.python)
+            return st.python
 
-    def _block_reclaimed(self, instance_id: str) -> None:
+    def block_reclaimed(self, instance_id: str) -> None:
+        """The (type, AZ) of the previous attempt's instance just took it back: avoid it for a while."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            prev = api.instance_placement(self.ec2, instance_id)
+            prev = api.instance_placement(self.state.ec2, instance_id)
         except (ClientError, BotoCoreError):
             return
         if prev:
-            self.blocklist.avoid(*prev)
+            self.state.blocklist.avoid(*prev)
             log.info("avoiding %s in %s for a while: it just reclaimed %s", prev[0], prev[1], instance_id)
 
     def _release_acquired(self, ids: List[str]) -> str:
@@ -233,16 +240,16 @@ class ProvisionMixin:
         if not ids:
             return ""
         try:
-            api.terminate(self.ec2, ids)
+            api.terminate(self.state.ec2, ids)
             return ""
         except Exception as exc:  # recorded on the run, so `orch down` (which finds them by tag) is the next step
             log.error("could not terminate %s: %s", ", ".join(ids), exc)
-            return f" (could not terminate {', '.join(ids)}: {exc}; `orch down {self.name_}` removes them)"
+            return f" (could not terminate {', '.join(ids)}: {exc}; `orch down {self.state.name}` removes them)"
 
     def _requeue(self, task: RunTask, reason: str, ids: Optional[List[str]] = None) -> None:
         """No host for this attempt (no capacity, or the sweep must stop): the run waits as it was before the claim."""
-        self.outcomes.put(Outcome(task.run_id, task.attempt, QUEUED, reason + self._release_acquired(ids or [])))
+        self.state.outcomes.put(Outcome(task.run_id, task.attempt, QUEUED, reason + self._release_acquired(ids or [])))
 
     def _fail(self, task: RunTask, reason: str, ids: List[str]) -> None:
         log.warning("%s: %s", task.run_id, reason)
-        self.outcomes.put(Outcome(task.run_id, task.attempt, FAILED, reason + self._release_acquired(ids)))
+        self.state.outcomes.put(Outcome(task.run_id, task.attempt, FAILED, reason + self._release_acquired(ids)))

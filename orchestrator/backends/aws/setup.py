@@ -1,0 +1,122 @@
+"""The sweep's AWS resources, found or created once per controller (bootstrap), and what a launch would ask for
+(plan, for `orch launch --dry-run`): subnets, image, security group, instance profile, launch template, the
+(type, AZ) choices and, when runs share instances, the best homes for them (packing.rank).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Dict, List
+
+from orchestrator.aws import ec2 as api
+from orchestrator.aws import fleet, iam
+from orchestrator.aws.images import resolve_image
+from orchestrator.backends.aws.state import ProvisioningState
+from orchestrator.store.s3url import is_s3, parse_s3
+from orchestrator.sweep.packing import describe as describe_packing
+from orchestrator.sweep.packing import packs, rank
+from orchestrator.sweep.spec import Sweep
+
+log = logging.getLogger("orch.aws")
+
+
+def bootstrap(state: ProvisioningState) -> dict:
+    """Subnets, image, security group, instance profile and launch template (created once)."""
+    with state.setup_lock:
+        if state.setup is None:
+            state.setup = _resources(state)
+        return state.setup
+
+
+def _resources(state: ProvisioningState) -> dict:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    cfg, sweep, ec2 = state.cfg, state.name, state.ec2
+    try:
+        subnets = api.resolve_subnets(ec2, cfg.subnet_ids, cfg.region)
+        image = resolve_image(ec2, cfg.image, cfg.image_owner, cfg.region)
+        sg = cfg.security_group or api.ensure_security_group(
+            ec2, sweep, subnets[0]["VpcId"], cfg.ssh_cidr or api.caller_cidr()
+        )
+        profile = cfg.instance_profile
+        if profile == "create":
+            store = parse_s3(state.sweep.store_url)
+            sources = [e.source for e in state.sweep.spec.data or []]
+            buckets = [store.bucket] + [parse_s3(u).bucket for u in sources if is_s3(u)]
+            profile = iam.ensure_instance_profile(
+                api.client("iam", cfg.region),
+                sweep,
+                store.bucket,
+                store.prefix,
+                sources,
+                iam.bucket_kms_keys(api.client("s3", cfg.region), buckets),
+            )
+        public_ip = cfg.ssh.address == "public_ip" and not all(s["MapPublicIpOnLaunch"] for s in subnets)
+        data = api.launch_template_data(image, sg, cfg.volume_gb, profile, public_ip)
+        template = api.ensure_launch_template(ec2, sweep, data)
+    except (ClientError, BotoCoreError) as exc:
+        raise api.explain(exc, "preparing the sweep's AWS resources") from None
+    choices = fleet.offered_choices(ec2, cfg.instance_types, subnets, cfg.region)
+    _plan_packing(state, sorted({s["AvailabilityZone"] for s in subnets}))
+    # Each instance gets a template version of its own from exactly this data (today's image, group, volume,
+    # profile) plus its user data: a template made by an earlier launch never pins an older (or deleted)
+    # image after `orch ami build --force` / `orch ami rm`, and no DescribeLaunchTemplateVersions answer
+    # (response fields such as MetadataOptions.State) is ever posted back as a request.
+    return {"template": template, "base": data, "choices": choices, "image": image, "sg": sg}
+
+
+def _plan_packing(state: ProvisioningState, azs: List[str]) -> None:
+    cfg = state.cfg
+    state.gpus.update(api.gpu_counts(state.ec2, cfg.instance_types))
+    state.packing = packs(state.sweep.spec.resources, {t: state.gpus.get(t, 0) for t in cfg.instance_types})
+    if state.packing:
+        state.pack_order = pack_order(state.sweep, state.gpus, api.spot_prices(state.ec2, cfg.instance_types, azs))
+        log.info("packing: %s", ", ".join(f"{c.instance_type} ({c.slots} per instance)" for c in state.pack_order))
+
+
+def _parallel(sweep: Sweep) -> int:
+    return min(sweep.spec.max_parallel, len(sweep.runs))
+
+
+def pack_order(sweep: Sweep, gpus: Dict[str, int], prices: Dict[tuple, float]) -> list:
+    """Homes for packed runs, best first, from GPU counts and spot prices per (type, AZ) (its cheapest AZ)."""
+    types = sweep.spec.aws.instance_types
+    by_type = {t: min((p for (tt, _), p in prices.items() if tt == t), default=None) for t in types}
+    return rank(types, gpus, by_type, sweep.spec.resources.gpus, _parallel(sweep))
+
+
+def plan(state: ProvisioningState) -> dict:
+    """What a launch would ask for: (type, AZ) choices with their current spot price, and a cost bound."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    cfg, sweep, ec2 = state.cfg, state.sweep, state.ec2
+    try:
+        subnets = api.resolve_subnets(ec2, cfg.subnet_ids, cfg.region)
+        azs = sorted({s["AvailabilityZone"] for s in subnets})
+        prices = api.spot_prices(ec2, cfg.instance_types, azs)
+        gpus = api.gpu_counts(ec2, cfg.instance_types)
+        image = resolve_image(ec2, cfg.image, cfg.image_owner, cfg.region)
+    except (ClientError, BotoCoreError) as exc:
+        raise api.explain(exc, "reading spot prices and instance types") from None
+    rows = [
+        {"type": t, "az": az, "spot_usd_per_h": prices.get((t, az)), "gpus": gpus.get(t)}
+        for t in cfg.instance_types
+        for az in azs
+    ]
+    known = [r["spot_usd_per_h"] for r in rows if r["spot_usd_per_h"] is not None]
+    hours = (sweep.spec.timeout_minutes or cfg.max_minutes) / 60
+    dearest = max(known) if known else None  # a bound over whichever choice the fleet takes
+    instances = len(sweep.runs) * state.nodes  # every node of a run is an instance billed (packing only lowers it)
+    packing: List[str] = []
+    if packs(sweep.spec.resources, gpus):
+        packing = describe_packing(pack_order(sweep, gpus, prices), sweep.spec.resources.gpus, _parallel(sweep))
+    return {
+        "choices": rows,
+        "runs": len(sweep.runs),
+        "hours_per_run_max": hours,
+        "image": f"{image['ImageId']} ({image['Name']})",
+        "nodes_per_run": state.nodes,
+        "packing": packing,
+        "estimate_usd_max": round(dearest * hours * instances, 2) if dearest is not None else None,
+        "unpriced_choices": len(rows) - len(known),
+    }

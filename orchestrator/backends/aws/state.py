@@ -1,0 +1,131 @@
+"""What the aws backend's parts share, in one object: the sweep's clients, what its bootstrap found, the attempts
+being provisioned and the shared instances being placed on — each field with the lock that guards it.
+
+AwsBackend (backend.py) holds one ProvisioningState and hands it to its Provisioner (provision.py) and Packer
+(pack.py); nothing else is shared between them.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from orchestrator import contract
+from orchestrator.aws import ec2 as api
+from orchestrator.aws import fleet
+from orchestrator.aws.pricing import CostLedger, PriceBook
+from orchestrator.backends import bundle as code_bundle
+from orchestrator.backends.base import Outcome
+from orchestrator.errors import OrchError
+from orchestrator.remote.ssh import Target
+from orchestrator.store import open_store
+from orchestrator.sweep.spec import AwsSection, Sweep
+
+
+@dataclass
+class ProvisioningState:
+    sweep: Sweep
+    ec2: Any  # the sweep's EC2 client (boto3 clients are thread-safe)
+    ledger: CostLedger  # what the sweep's instances cost (thread-safe)
+    blocklist: fleet.Blocklist = field(default_factory=fleet.Blocklist)  # (type, AZ) pools to avoid (thread-safe)
+    fatal: Optional[OrchError] = None  # set once by a provisioning thread; the controller's next pass raises it
+    outcomes: "queue.Queue[Outcome]" = field(default_factory=queue.Queue)  # provisioning threads report here
+
+    # Guarded by `lock`: the attempts of this controller between start() and their agent's first report.
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    pending: Dict[str, int] = field(default_factory=dict)  # run -> attempt being provisioned (no instance listed yet)
+    ready: Dict[str, tuple] = field(default_factory=dict)  # run -> (attempt, when this controller started its agent)
+
+    # Guarded by `setup_lock`: found once per controller, by the first provisioning thread that needs it.
+    setup_lock: threading.Lock = field(default_factory=threading.Lock)
+    setup: Optional[dict] = None  # subnets' choices, image, security group, launch template (setup.bootstrap)
+    bundle: Optional[code_bundle.Bundle] = None  # the code shipped to hosts, built once
+    python: Optional[str] = None  # the instance interpreter, checked on the first host
+    gpus: Dict[str, int] = field(default_factory=dict)  # instance type -> GPUs (GPU-hours in the cost ledger)
+    packing: bool = False  # runs share multi-GPU instances (decided at bootstrap: orchestrator/sweep/packing.py)
+    pack_order: list = field(default_factory=list)  # packing.PackChoice, the best home for new shared instances first
+    groups: Dict[str, str] = field(default_factory=dict)  # AZ -> the sweep's cluster placement group there
+
+    # Guarded by `pack_lock`: one placement on a shared instance at a time (pack.py).
+    pack_lock: threading.Lock = field(default_factory=threading.Lock)
+    reserved: Dict[str, set] = field(default_factory=dict)  # instance -> slots being claimed here (not tagged yet)
+    fresh: Dict[str, tuple] = field(default_factory=dict)  # instance -> (slots, host key, acquired at), maybe unlisted
+    dead: set = field(default_factory=set)  # shared instances found terminating
+
+    @classmethod
+    def of(cls, sweep: Sweep) -> "ProvisioningState":
+        ec2 = api.client("ec2", sweep.spec.aws.region)
+        prices = PriceBook(lambda types, azs: api.spot_prices(ec2, types, azs))
+        return cls(sweep, ec2, CostLedger(open_store(sweep.store_url), sweep.spec.name, prices))
+
+    @property
+    def cfg(self) -> AwsSection:
+        return self.sweep.spec.aws
+
+    @property
+    def name(self) -> str:
+        return self.sweep.spec.name
+
+    @property
+    def nodes(self) -> int:
+        """Instances per attempt."""
+        return self.sweep.spec.resources.nodes if self.sweep.spec.resources else 1
+
+    # --- the attempts in flight ---------------------------------------------------------------
+
+    def in_flight(self) -> tuple:
+        """(pending, ready) as of now: copies, read without holding the lock."""
+        with self.lock:
+            return dict(self.pending), dict(self.ready)
+
+    def begin(self, run_id: str, attempt: int) -> None:
+        """The attempt is being provisioned from now on; refused when the run already is."""
+        with self.lock:
+            if run_id in self.pending:
+                raise OrchError(f"run {run_id} is already being provisioned")
+            self.pending[run_id] = attempt
+
+    def started(self, run_id: str, attempt: int) -> None:
+        """This controller started the attempt's agent(s) now: its report is due from here (listing.deadline)."""
+        with self.lock:
+            self.ready[run_id] = (attempt, time.time())
+
+    def provisioned(self, run_id: str) -> None:
+        """The attempt's instance(s) and agent(s) are up: list() counts the run by its instances from now on."""
+        with self.lock:
+            self.pending.pop(run_id, None)
+
+    def drain(self) -> List[Outcome]:
+        """Outcomes since the last call; each one ends its attempt's pending entry."""
+        out = []
+        while not self.outcomes.empty():
+            outcome = self.outcomes.get_nowait()
+            with self.lock:
+                if self.pending.get(outcome.run_id) == outcome.attempt:
+                    self.pending.pop(outcome.run_id)
+            out.append(outcome)
+        return out
+
+    # --- reaching an instance -----------------------------------------------------------------
+
+    def address(self, inst: dict) -> str:
+        return inst.get("private_ip" if self.cfg.ssh.address == "private_ip" else "public_ip") or ""
+
+    def target(self, inst: dict) -> Target:
+        if not inst.get("host_key"):
+            raise OrchError(
+                f"{inst['instance_id']} carries no pinned host key (tag orch:hostkey); refusing to connect."
+            )
+        ssh = self.cfg.ssh
+        return Target(self.address(inst), ssh.port, ssh.user, ssh.identity, inst["host_key"])
+
+    def ctl(self, run_id: str) -> str:
+        """The run's agent folder on an instance."""
+        return contract.ctl_dir(contract.REMOTE_BASE, self.name, run_id)
+
+    def live(self) -> List[dict]:
+        """The sweep's pending and running instances (one DescribeInstances)."""
+        return api.sweep_instances(self.ec2, self.name, ["pending", "running"])
