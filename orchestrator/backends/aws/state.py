@@ -30,16 +30,17 @@ class ProvisioningState:
     sweep: Sweep
     ec2: Any  # the sweep's EC2 client (boto3 clients are thread-safe)
     ledger: CostLedger  # what the sweep's instances cost (thread-safe)
-    blocklist: fleet.Blocklist = field(default_factory=fleet.Blocklist)  # (type, AZ) pools to avoid (thread-safe)
-    fatal: Optional[OrchError] = None  # set once by a provisioning thread; the controller's next pass raises it
+    blocklist: fleet.Blocklist = field(default_factory=fleet.Blocklist)  # pools to avoid (one dict item a write)
+    fatal: Optional[OrchError] = None  # set by a provisioning thread (one assignment); the next list() raises it
     outcomes: "queue.Queue[Outcome]" = field(default_factory=queue.Queue)  # provisioning threads report here
+    groups: Dict[str, str] = field(default_factory=dict)  # AZ -> the sweep's placement group (placement.ensure_group)
 
     # Guarded by `lock`: the attempts of this controller between start() and their agent's first report.
     lock: threading.Lock = field(default_factory=threading.Lock)
     pending: Dict[str, int] = field(default_factory=dict)  # run -> attempt being provisioned (no instance listed yet)
     ready: Dict[str, tuple] = field(default_factory=dict)  # run -> (attempt, when this controller started its agent)
 
-    # Guarded by `setup_lock`: found once per controller, by the first provisioning thread that needs it.
+    # Written under `setup_lock`: found once per controller, by the first provisioning thread that needs it.
     setup_lock: threading.Lock = field(default_factory=threading.Lock)
     setup: Optional[dict] = None  # subnets' choices, image, security group, launch template (setup.bootstrap)
     bundle: Optional[code_bundle.Bundle] = None  # the code shipped to hosts, built once
@@ -47,7 +48,6 @@ class ProvisioningState:
     gpus: Dict[str, int] = field(default_factory=dict)  # instance type -> GPUs (GPU-hours in the cost ledger)
     packing: bool = False  # runs share multi-GPU instances (decided at bootstrap: orchestrator/sweep/packing.py)
     pack_order: list = field(default_factory=list)  # packing.PackChoice, the best home for new shared instances first
-    groups: Dict[str, str] = field(default_factory=dict)  # AZ -> the sweep's cluster placement group there
 
     # Guarded by `pack_lock`: one placement on a shared instance at a time (pack.py).
     pack_lock: threading.Lock = field(default_factory=threading.Lock)
