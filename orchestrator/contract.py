@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -59,6 +60,36 @@ def keep_best(best: Dict[str, float], metric: str, value: float) -> None:
     mode = default_mode(metric)
     if mode is not None:
         best[metric] = value if metric not in best else (max if mode == "max" else min)(best[metric], value)
+
+
+# --- S3 bucket names (a store, a `data:` source, `orch data push`, `orch aws policy`: one rule for all) ---
+
+# S3's rules for general purpose buckets (docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html)
+_BUCKET_CHARS = re.compile(r"^[a-z0-9.-]+$")
+_IP_LIKE = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
+_RESERVED_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
+_RESERVED_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3")
+
+
+def bucket_problem(name: str) -> Optional[str]:
+    """Why S3 would refuse `name` as a bucket's, in words; None for a valid name."""
+    if not 3 <= len(name) <= 63:
+        return f"a bucket name has 3 to 63 characters ({len(name)} here)"
+    if not _BUCKET_CHARS.match(name):
+        return "a bucket name holds only lowercase letters, digits, '.' and '-'"
+    if not (name[0].isalnum() and name[-1].isalnum()):
+        return "a bucket name begins and ends with a letter or digit"
+    if ".." in name:
+        return "a bucket name has no two dots in a row"
+    if _IP_LIKE.match(name):
+        return "a bucket name may not look like an IP address"
+    for prefix in _RESERVED_PREFIXES:
+        if name.startswith(prefix):
+            return f"S3 reserves bucket names that start with {prefix!r}"
+    for suffix in _RESERVED_SUFFIXES:
+        if name.endswith(suffix):
+            return f"S3 reserves bucket names that end with {suffix!r}"
+    return None
 
 
 def session_prefix(sweep: str) -> str:

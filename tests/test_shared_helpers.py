@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.contract import default_mode, finite, keep_best
-from orchestrator.store.s3url import BUCKET_RE, is_s3, parse_s3
+from orchestrator.store.s3url import is_s3, parse_s3, valid_bucket
 
 
 @pytest.mark.parametrize("value", [True, False, float("nan"), float("inf"), float("-inf"), "0.9", None, [1]])
@@ -35,4 +35,4 @@ def test_an_s3_url_splits_into_bucket_and_a_prefix_without_slashes():
     assert is_s3("s3://x") and not is_s3("/tmp/s3://x")
     with pytest.raises(ValueError):
         parse_s3("/tmp/store")
-    assert BUCKET_RE.match("my.bucket-1") and not BUCKET_RE.match("My_Bucket")
+    assert valid_bucket("my.bucket-1") and not valid_bucket("My_Bucket")

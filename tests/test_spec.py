@@ -126,11 +126,24 @@ BAD = {
         6,
         "data[1].to",
     ),
+    "two_dots_in_a_bucket": ("name: x\nstore: s3://my..bucket/p\n", 2, "store"),
+    "bucket_like_an_ip_address": ("name: x\ndata:\n  - from: s3://192.168.1.1/d/\n    to: d\n", 3, "data[0].from"),
+    "max_runs_over_the_ceiling": ("name: x\nmax_runs: 1000000000\n", 2, "max_runs"),
+    "one_tmux_session_for_two_runs": ("name: x\ncommand: echo {v}\ngrid:\n  v: ['.', '/']\n", 3, "grid"),
     "aws_unknown_market": (
         "name: x\nbackend: aws\nstore: s3://b/p\naws:\n  image: ami-1\n  market: cheap\n",
         6,
         "aws.market",
     ),
+}
+
+
+# Were a bad store or bucket let through, the CLI would call S3: it must find a closed loopback port, never AWS.
+OFFLINE_AWS = {
+    "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_EC2_METADATA_DISABLED": "true",
 }
 
 
@@ -152,6 +165,7 @@ def test_missing_file(tmp_path):
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_sweep_cli_exits_2_without_traceback_and_launches_nothing(orch, case):
+    orch.env.update(OFFLINE_AWS)
     text, line, field = BAD[case]
     path = orch.sweep(text)
     r = orch("launch", str(path))
@@ -235,3 +249,67 @@ def test_a_data_folder_inside_its_own_source_is_refused_before_anything_runs(orc
     assert r.code == 2 and f"{path}:7: data[0].to: 'd' ({source.resolve()}/.data/d) is inside" in r.err, r.err
     ok = orch.sweep(f"name: nest\ncommand: 'true'\ndata:\n  - from: cifar\n    to: {orch.tmp / 'elsewhere'}\n")
     assert orch("launch", str(ok), "--dry-run").code == 0
+
+
+def test_a_collision_of_ids_or_of_tmux_sessions_names_both_runs(tmp_path):
+    with pytest.raises(SpecError) as info:
+        load_sweep(write(tmp_path, "name: x\ncommand: echo {v}\ngrid:\n  v: ['.', '/']\n"))
+    assert "runs 'v=.' and 'v=_' get the same tmux session name 'orch_x_v=_'" in str(info.value), info.value
+    with pytest.raises(SpecError) as info:
+        load_sweep(write(tmp_path, "name: x\ncommand: echo {v}\ngrid:\n  v: ['a b', 'a_b']\n"))
+    assert 'the same id \'v=a_b\' (from v: "a b" and v: "a_b")' in str(info.value), info.value
+
+
+@pytest.mark.parametrize(
+    "bucket, why",
+    [
+        ("my..bucket", "no two dots in a row"),
+        ("192.168.1.1", "IP address"),
+        ("xn--bucket", "start with 'xn--'"),
+        ("sthree-bucket", "start with 'sthree-'"),
+        ("bucket-s3alias", "end with '-s3alias'"),
+        ("bucket--ol-s3", "end with '--ol-s3'"),
+        ("ab", "3 to 63 characters"),
+        ("a" * 64, "3 to 63 characters"),
+        ("My-Bucket", "lowercase letters"),
+        ("-bucket", "begins and ends with a letter or digit"),
+    ],
+)
+def test_bucket_names_follow_s3s_naming_rules_everywhere_one_is_given(orch, bucket, why):
+    orch.env.update(OFFLINE_AWS)  # a name let through must fail on loopback, never reach AWS
+    r = orch("launch", str(orch.sweep(f"name: x\nstore: s3://{bucket}/p\n")), "--dry-run")
+    assert r.code == 2 and "sweep.yaml:2: store: not a valid s3://bucket/prefix URL: " in r.err and why in r.err, r.err
+    r = orch("aws", "policy", "--bucket", bucket)
+    assert r.code == 2 and why in r.err and "Traceback" not in r.err, r.err
+    r = orch("data", "push", str(orch.tmp), f"s3://{bucket}/d/")
+    assert r.code == 2 and why in r.err and "Traceback" not in r.err, r.err
+
+
+def test_bucket_names_s3_accepts_are_accepted():
+    from orchestrator.contract import bucket_problem
+
+    for name in ("my-bucket", "my.bucket.1", "abc", "a" * 63, "1bucket", "xn-bucket", "bucket-s3"):
+        assert bucket_problem(name) is None, name
+
+
+def test_the_dry_run_says_what_target_and_prune_will_do(orch):
+    path = orch.sweep(
+        "name: goals\ncommand: echo {lr}\ngrid:\n  lr: [1, 2, 3]\ntarget: {metric: test_acc, value: 0.94}\n"
+        "prune: {rungs: [2, 4], keep: 0.5, min_runs: 2}\n"
+    )
+    r = orch("launch", str(path), "--dry-run")
+    assert r.code == 0, r.err
+    assert "target: test_acc >= 0.94; collect reports each run's time and dollars to it" in r.out, r.out
+    assert "prune: compares test_acc (higher is better) at epoch 2, 4; a run outside the best 50% there" in r.out
+    plain = orch("launch", str(orch.sweep("name: plain\ncommand: 'true'\n")), "--dry-run")
+    assert "target:" not in plain.out and "prune:" not in plain.out, plain.out
+
+
+@pytest.mark.timeout(60)
+def test_max_runs_has_a_ceiling_so_a_dry_run_never_runs_out_of_memory(orch):
+    r = orch("launch", str(orch.sweep("name: big\nseeds: 100000000\nmax_runs: 1000000000\n")), "--dry-run")
+    assert (
+        r.code == 2 and "MemoryError" not in r.err and "max_runs: Input should be less than or equal to 100000" in r.err
+    )
+    r = orch("launch", str(orch.sweep("name: big\nseeds: 100000000\n")), "--dry-run")
+    assert r.code == 2 and "over the 100,000 one sweep may hold" in r.err, r.err

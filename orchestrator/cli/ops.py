@@ -283,13 +283,13 @@ def aws_group():
 
 
 def _bucket_names(*names: Optional[str]) -> None:
-    import re
+    from orchestrator.contract import bucket_problem
 
     for name in names:
-        if name is not None and not re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", name):
+        problem = bucket_problem(name) if name is not None else None
+        if problem:
             raise OrchError(
-                f"{name!r} is not a bucket name (3-63 of a-z, 0-9, '.', '-'); give the name alone, without s3:// or "
-                "a prefix",
+                f"{name!r} is not a bucket name: {problem}. Give the name alone, without s3:// or a prefix",
                 exit_code=2,
             )
 

@@ -274,5 +274,26 @@ def dry_run_lines(sweep, plan, every: bool = False) -> List[str]:
             if est is not None
             else "estimated cost unknown: no spot price history"
         )
+    lines += goal_lines(spec)
     lines.append("dry run: nothing launched.")
     return lines
+
+
+def goal_lines(spec) -> List[str]:
+    """What `target:` and `prune:` will do, one line each when set (the dry run shows them)."""
+    out = []
+    t = spec.target
+    if t is not None:
+        sign = ">=" if t.resolved_mode() == "max" else "<="
+        out.append(f"target: {t.metric} {sign} {t.value:g}; collect reports each run's time and dollars to it")
+    if spec.prune is not None:
+        from orchestrator.control.prune import rule
+
+        p = spec.prune
+        metric, mode = rule(spec)
+        rungs = ", ".join(f"{r:g}" for r in p.rungs)
+        out.append(
+            f"prune: compares {metric} ({'higher' if mode == 'max' else 'lower'} is better) at {p.at} {rungs}; a run "
+            f"outside the best {p.keep:.0%} there is stopped, once {p.min_runs} runs have reported there"
+        )
+    return out

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Tuple
 
+from orchestrator.contract import bucket_problem
 from orchestrator.store.base import sha256_file
-from orchestrator.store.s3url import BUCKET_RE, SCHEME, is_s3, parse_s3
+from orchestrator.store.s3url import SCHEME, is_s3, parse_s3
 
 log = logging.getLogger("orch.agent")
 
@@ -202,8 +203,12 @@ def push(local_dir: Path, url: str, client=None) -> StageResult:
     from orchestrator.store.s3 import S3Store
 
     where = parse_s3(url) if is_s3(url) else None
-    if where is None or not BUCKET_RE.match(where.bucket) or not where.prefix:
-        raise OrchError(f"{url}: give a bucket and a prefix, e.g. s3://my-bucket/datasets/cifar10/", exit_code=2)
+    problem = bucket_problem(where.bucket) if where is not None else None
+    if where is None or problem or not where.prefix:
+        raise OrchError(
+            f"{url}: {problem + '; ' if problem else ''}give a bucket and a prefix, e.g. s3://my-bucket/datasets/cifar10/",
+            exit_code=2,
+        )
     local = {str(p.relative_to(local_dir)): p.stat().st_size for p in sorted(Path(local_dir).rglob("*")) if p.is_file()}
     if not local:
         raise OrchError(f"{local_dir}: no files to push", exit_code=2)

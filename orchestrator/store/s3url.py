@@ -5,11 +5,11 @@ Standard library only: the host's staging reads these too.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
+from orchestrator.contract import bucket_problem
+
 SCHEME = "s3://"
-BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")  # S3's bucket naming rules, without the rarer ones
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,12 @@ def is_s3(url: str) -> bool:
 
 
 def parse_s3(url: str) -> S3Url:
-    """s3://bucket/a/b/ -> S3Url("bucket", "a/b"). The bucket's name is not checked (see BUCKET_RE)."""
+    """s3://bucket/a/b/ -> S3Url("bucket", "a/b"). The bucket's name is not checked (see bucket_problem)."""
     if not is_s3(url):
         raise ValueError(f"{url!r} is not an s3:// URL")
     bucket, _, prefix = url[len(SCHEME) :].partition("/")
     return S3Url(bucket, prefix.strip("/"))
+
+
+def valid_bucket(name: str) -> bool:
+    return bucket_problem(name) is None

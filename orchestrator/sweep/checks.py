@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
-from collections import Counter
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
-from orchestrator.contract import default_mode, session_name
+from orchestrator.contract import bucket_problem, default_mode, session_name
 from orchestrator.sweep.search import problems as search_problems
 from orchestrator.sweep.search import space_keys
 from orchestrator.sweep.spec import (
     BUILTINS,
     KEY_RE,
+    MAX_RUNS_CEILING,
     SweepSpec,
     expand,
     placeholders,
@@ -89,12 +88,21 @@ def _count_problems(spec: SweepSpec) -> Problems:
     """A sweep over `max_runs`, counted without expanding it."""
     out: Problems = []
     count = run_count(spec)
-    if count > spec.max_runs:
+    where = ("seeds",) if len(spec.grid) == 0 else ("grid",)
+    if count > MAX_RUNS_CEILING:
         out.append(
             (
-                ("seeds",) if len(spec.grid) == 0 else ("grid",),
+                where,
+                f"expands to {count} runs, over the {MAX_RUNS_CEILING:,} one sweep may hold (`max_runs:` goes no "
+                "higher); shrink the grid or seeds, or split it into several sweeps",
+            )
+        )
+    elif count > spec.max_runs:
+        out.append(
+            (
+                where,
                 f"expands to {count} runs, over the limit of {spec.max_runs}; shrink the grid or seeds, "
-                f"or raise `max_runs:` if you mean it",
+                f"or raise `max_runs:` (at most {MAX_RUNS_CEILING:,}) if you mean it",
             )
         )
     return out
@@ -176,8 +184,9 @@ def _data_problems(spec: SweepSpec) -> Problems:
     out: Problems = []
     for i, entry in enumerate(spec.data or []):
         if entry.source.startswith("s3://"):
-            if not re.match(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$", entry.source):
-                out.append((("data", i, "from"), "not a valid s3://bucket/prefix/ URL"))
+            problem = _bucket_of(entry.source)
+            if problem:
+                out.append((("data", i, "from"), f"not a valid s3://bucket/prefix/ URL: {problem}"))
         elif spec.backend == "aws":
             out.append(
                 (
@@ -217,27 +226,50 @@ def _backend_problems(spec: SweepSpec) -> Problems:
         out.append((("budget_usd",), "a budget needs backend aws (local runs cost nothing orch can count); remove it"))
     if spec.aws is not None and spec.backend != "aws":
         out.append((("aws",), "an aws section with backend local; remove it or set `backend: aws`"))
-    if spec.store.startswith("s3://") and not re.match(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$", spec.store):
-        out.append(
-            (("store",), "not a valid s3://bucket/prefix URL (bucket names: lowercase letters, digits, '.', '-')")
-        )
+    problem = _bucket_of(spec.store) if spec.store.startswith("s3://") else None
+    if problem:
+        out.append((("store",), f"not a valid s3://bucket/prefix URL: {problem}"))
     return out
+
+
+def _bucket_of(url: str) -> Optional[str]:
+    """Why the bucket of an s3:// URL cannot be one (S3's naming rules), or None."""
+    return bucket_problem(url[len("s3://") :].split("/", 1)[0])
 
 
 def _id_problems(spec: SweepSpec) -> Problems:
-    """Two runs with one id (or one tmux session name) would share a record: refused."""
-    out: Problems = []
-    ids = [r.run_id for r in expand(spec)]
-    seen, safe = Counter(ids), Counter(session_name(spec.name, i) for i in ids)
-    dup = sorted({i for i in ids if seen[i] > 1 or safe[session_name(spec.name, i)] > 1})
-    if dup:
-        out.append(
-            (
-                ("grid",),
-                f"two runs get the same id {dup[0]!r}; make the values differ in letters, digits, '.', '+' or '-'",
-            )
-        )
-    return out
+    """Two runs with one id (or one tmux session name) would share a record: refused, naming both."""
+    by_id: dict = {}
+    by_session: dict = {}
+    for run in expand(spec):
+        if run.run_id in by_id:
+            a, b = _values(spec, by_id[run.run_id]), _values(spec, run)
+            return [
+                (
+                    ("grid",),
+                    f"two runs get the same id {run.run_id!r} (from {a} and {b}): in run ids, characters other than "
+                    "letters, digits, '.', '+' and '-' become '_', and 1 and \"1\" read alike; make the values differ "
+                    "in letters, digits, '.', '+' or '-'",
+                )
+            ]
+        by_id[run.run_id] = run
+        name = session_name(spec.name, run.run_id)
+        if name in by_session:
+            return [
+                (
+                    ("grid",),
+                    f"runs {by_session[name].run_id!r} and {run.run_id!r} get the same tmux session name {name!r} "
+                    "(tmux names cannot hold '.', which becomes '_' there); make the values differ in letters, "
+                    "digits, '+' or '-'",
+                )
+            ]
+        by_session[name] = run
+    return []
+
+
+def _values(spec: SweepSpec, run) -> str:
+    """A run's grid values as written in the file, e.g. `t: 'a b'`."""
+    return ", ".join(f"{k}: {json.dumps(run.params[k])}" for k in spec.grid) or "no grid"
 
 
 def _prune_problems(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:

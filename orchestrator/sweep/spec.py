@@ -33,6 +33,7 @@ DEFAULT_COMMAND = "{python} -m trainer"
 BUILTINS = ("python", "sweep", "run_id", "seed", "torchrun")
 AUTO_PYTHON = "auto"
 MAX_RUNS = 10_000  # default limit on runs per sweep
+MAX_RUNS_CEILING = 100_000  # what `max_runs:` may raise it to: 10x the size the controller is measured at (README)
 MAX_NODES = 64  # nodes per run: a cluster placement group of more is rare and a typo is likelier (README: resources)
 MAX_GPUS = 16  # GPUs per node: the most any EC2 instance has (p2.16xlarge); 8 on every current GPU type
 MAX_PROCS = 256  # processes per node
@@ -249,7 +250,11 @@ class SweepSpec(Strict):
     max_runs: Count = Field(
         MAX_RUNS,
         ge=1,
-        description="Refuse the sweep when grid x seeds expands to more runs than this (a guard against typos).",
+        le=MAX_RUNS_CEILING,
+        description=(
+            f"Refuse the sweep when grid x seeds expands to more runs than this (a guard against typos); at most "
+            f"{MAX_RUNS_CEILING:,}."
+        ),
     )
     data: Optional[List[DataEntry]] = Field(
         None, description="Data sets staged to each host before the command starts."
