@@ -29,6 +29,9 @@ STOP_REASON_FILE = "stop-reason"  # written by whoever stops the run, before sig
 NOTICE_FILE = "spot-notice"  # `orch chaos interrupt` (and tests) deliver a spot notice here
 AGENT_PID_FILE = "agent.pid"
 AGENT_LOG_FILE = "agent.log"
+# The agent's sign of life on its own host, free to read there (the local backend does): touched every beat,
+# holding the version of the run's record the agent wrote last (so a reader knows when the record changed).
+REPORTED_FILE = "reported"
 REMOTE_BASE = "~/orch/runs"  # where runs live on an instance
 REMOTE_TMUX_SOCKET = "orch"
 AUTO = "auto"  # `resources:` gpus / procs_per_node: the host decides (its GPUs)
@@ -174,6 +177,9 @@ class RunTask:
     env: Dict[str, str] = field(default_factory=dict)  # environment of the command
     timeout_s: Optional[float] = None  # stop and fail the command after this long
     heartbeat_s: float = 2.0  # status.json heartbeat period
+    # with it: a beat rewrites status.json only this often (or when its state or a rung changed) and otherwise just
+    # touches ctl/reported, for a backend that reads that file (local) on a store that bills each request
+    record_s: Optional[float] = None
     sync_s: float = 5.0  # run folder -> store period
     host: str = "localhost"  # shown in status
     terminate_on_exit: bool = False  # aws: the agent terminates its own instance when the attempt ends

@@ -83,3 +83,39 @@ def test_the_store_keeps_the_checkpoints_the_run_keeps_and_restores_selectively(
     dst = tmp_path / "restored"
     got = store.sync_down("sw/r", dst, only=lambda rel: not is_checkpoint(rel))
     assert got.copied == 2 and not (dst / "ckpt").exists()
+
+
+def test_an_unchanged_resync_makes_no_request_and_the_logs_keep_no_index(tmp_path):
+    """The agent syncs every `sync_s`: a sync of what did not change costs nothing (the store remembers the
+    index it wrote), and the logs (read key by key, never synced down) are uploaded without an index."""
+    from tests.fakecloud import BUCKET, FakeCloud
+
+    with FakeCloud(tmp_path / "cloud") as cloud:
+        client = cloud.client("s3")
+        store = S3Store(f"s3://{BUCKET}/pre", client=client)
+        calls = []
+        client.meta.events.register("before-call.s3", lambda model, **kw: calls.append(model.name))
+        run, logs = tmp_path / "run", tmp_path / "logs"
+        run.mkdir()
+        logs.mkdir()
+        (run / "metrics.jsonl").write_text('{"epoch": 1}\n')
+        (logs / "1.log").write_text("epoch 1\n")
+        store.sync_up(run, "sw/r")
+        store.sync_up(logs, "sw/.orch/r/logs", indexed=False)
+        del calls[:]
+        assert (
+            store.sync_up(run, "sw/r").skipped == 1
+            and store.sync_up(logs, "sw/.orch/r/logs", indexed=False).skipped == 1
+        )
+        assert calls == []
+        (run / "metrics.jsonl").write_text('{"epoch": 1}\n{"epoch": 2}\n')
+        (logs / "1.log").write_text("epoch 1\nepoch 2\n")
+        store.sync_up(run, "sw/r")
+        store.sync_up(logs, "sw/.orch/r/logs", indexed=False)
+        assert sorted(calls) == ["PutObject", "PutObject", "PutObject"]  # the two files and the run folder's index
+        assert store.list("sw/.orch/r/logs") == ["sw/.orch/r/logs/1.log"]
+        assert store.get_bytes("sw/.orch/r/logs/1.log") == b"epoch 1\nepoch 2\n"
+        fresh = S3Store(f"s3://{BUCKET}/pre", client=client)  # another process (a new attempt): reads the index once
+        assert fresh.sync_up(run, "sw/r").skipped == 1
+        assert fresh.sync_down("sw/r", tmp_path / "restored").copied == 1
+        assert (tmp_path / "restored" / "metrics.jsonl").read_text().count("epoch") == 2

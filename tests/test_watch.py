@@ -118,6 +118,42 @@ def test_the_sync_puts_the_run_folder_in_the_store_every_sync_s(agent):
     assert agent.store.get_bytes(layout.metrics_key("sw", "r")) == b'{"step": 1}\n'
 
 
+def test_a_completed_checkpoint_goes_to_the_store_at_once_whatever_sync_s(agent):
+    check = watch.CheckpointSync(agent, watch.CHECKPOINT_LOOK_S)
+    step = agent.run_dir / "ckpt" / "20"
+    step.mkdir(parents=True)
+    (step / "state.pt").write_bytes(b"x" * 100)
+    check.tick(NOW)
+    assert agent.store.get_bytes("sw/r/ckpt/20/state.pt") is None  # no manifest yet: not a checkpoint
+    (step / "MANIFEST.json").write_text("{}")
+    check.tick(NOW + 1)
+    assert agent.store.get_bytes("sw/r/ckpt/20/MANIFEST.json") == b"{}"
+    assert agent.store.get_bytes("sw/r/ckpt/20/state.pt") == b"x" * 100
+
+
+def test_with_record_s_a_beat_rewrites_the_record_only_when_due_or_when_a_rung_or_state_moved(tmp_path):
+    from orchestrator.host.reporter import Reporter
+    from orchestrator.store import lifecycle as life
+
+    store = LocalStore(str(tmp_path / "store"))
+    write_status(store, "sw", RunStatus(run_id="r", state="starting", attempt=1))
+    sign = tmp_path / "reported"
+    rep = Reporter(store, "sw", "r", 1, tmp_path / "metrics.jsonl", reported=sign, record_s=60.0)
+    status = read_status(store, "sw", "r")
+    life.run(status, 1, "localhost", NOW)
+    assert rep.record(status)
+    version = sign.read_text()
+    rep.beat(status, now=NOW + 1)
+    rep.beat(status, now=NOW + 30)
+    assert read_status(store, "sw", "r").heartbeat == NOW  # not rewritten: only the sign of life moved
+    assert sign.stat().st_mtime == NOW + 30 and sign.read_text() == version
+    status.at_rungs = {"2": 0.5}  # a rung reported: written at once
+    rep.beat(status, now=NOW + 31)
+    assert read_status(store, "sw", "r").heartbeat == NOW + 31 and sign.read_text() != version
+    rep.beat(status, now=NOW + 95)
+    assert read_status(store, "sw", "r").heartbeat == NOW + 95  # due again after record_s
+
+
 def test_a_stop_is_sigterm_then_sigkill_after_the_grace(agent):
     # a command that ignores SIGTERM, in a session of its own (SIGKILL goes to its whole process group)
     ready = agent.ctl / "ready"
@@ -150,6 +186,7 @@ def test_the_watch_of_an_attempt_has_its_checks_in_order(agent):
         "SpotNotice",
         "Rebalance",
         "StopCommand",
+        "CheckpointSync",
         "SyncUp",
     ]
     agent.task = replace(agent.task, timeout_s=30.0, node_hosts=1)

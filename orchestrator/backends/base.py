@@ -27,6 +27,9 @@ class Host:
     slot: int = (
         -1
     )  # packing: the run's slot on an instance shared with other runs (-1: the instance is the run's alone)
+    # Seen without a store request, where the backend can (local: a file the agent keeps in its control folder):
+    seen: Optional[float] = None  # when its agent last showed it is alive (counts as a heartbeat)
+    mark: Optional[str] = None  # changes whenever its agent writes the run's record (a pass reads it then)
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class Backend(Protocol):
     stale_s: float  # a running agent silent this long has lost its host
     start_timeout_s: float  # a started agent must report within this (unless its Host says when)
     releases_interrupted_host: bool  # after a chaos notice, take the host away (a local agent ends its own session)
+    hosts_outlive_runs: bool  # a host may stay after its run ended (aws.keep_alive): its end shows only in the record
 
     def list(self) -> List[Host]:
         """Live hosts of this sweep (one call, whatever the number of runs)."""
@@ -103,6 +107,7 @@ class BackendBase:
     stale_s = 60.0
     start_timeout_s = 60.0
     releases_interrupted_host = True
+    hosts_outlive_runs = False
 
     def plan(self) -> Optional[dict]:
         return None

@@ -20,10 +20,16 @@ from orchestrator.host import tmux
 from orchestrator.remote.runners import LocalRunner
 from orchestrator.store.folder import usable_folder
 from orchestrator.store.lifecycle import StopReason
+from orchestrator.store.s3url import is_s3
 from orchestrator.sweep.spec import Sweep, orch_home
 from orchestrator.sweep.tasks import new_task
 
 STOP_WAIT_S = 20.0  # the agent's own kill grace is 10 s
+# On a store that bills each request (S3) the agents' signs of life go through a file beside them, which list()
+# reads for free (the silence limit, stale_s, keeps its meaning); the record is then rewritten only this often
+# (or when its state or a rung changes), and the run folder synced this often (a new checkpoint at once).
+METERED_RECORD_S = 60.0
+METERED_SYNC_S = 120.0
 
 
 class LocalBackend(BackendBase):
@@ -39,6 +45,7 @@ class LocalBackend(BackendBase):
         cores = os.cpu_count() or 1
         self.threads = local.threads_per_run or max(1, cores // min(sweep.spec.max_parallel, cores))
         self.host = LocalRunner()
+        self.metered = is_s3(sweep.store_url)
 
     def session(self, run_id: str) -> str:
         return contract.session_name(self.sweep.spec.name, run_id)
@@ -49,10 +56,18 @@ class LocalBackend(BackendBase):
     def list(self) -> List[Host]:
         by_session = {self.session(r.run_id): r.run_id for r in self.sweep.runs}
         return [
-            Host(run_id=by_session[s], host_id=s, address="localhost")
+            Host(run_id=by_session[s], host_id=s, address="localhost", **self.reported(by_session[s]))
             for s in tmux_server.sessions(contract.session_prefix(self.sweep.spec.name))
             if s in by_session
         ]
+
+    def reported(self, run_id: str) -> dict:
+        """The agent's sign of life (contract.REPORTED_FILE): when it last beat, and its record's version."""
+        path = Path(self.ctl_dir(run_id)) / contract.REPORTED_FILE
+        try:
+            return {"seen": path.stat().st_mtime, "mark": path.read_text()}
+        except OSError:
+            return {}
 
     def new_task(self, run_id: str, attempt: int, command: str, params_json: str, replaces: str = "") -> RunTask:
         env = dict(os.environ)
@@ -68,8 +83,9 @@ class LocalBackend(BackendBase):
             str(self.workdir),
             env=env,
             heartbeat_s=1.0,
+            record_s=METERED_RECORD_S if self.metered else None,
             notice_poll_s=1.0,
-            sync_s=2.0,
+            sync_s=METERED_SYNC_S if self.metered else 2.0,
             host="localhost",
             replaces=replaces,
             nodes_here=self.sweep.spec.resources.nodes if self.sweep.spec.resources else 1,

@@ -59,6 +59,10 @@ class Action(str, Enum):
 
 WAIT, START, DONE, REPLACE = Action.WAIT, Action.START, Action.DONE, Action.REPLACE
 MAX_NO_SHOWS = 3  # attempts whose host never reported before the run fails for good
+# On a store that bills each request (S3), what a pass reads besides what changed:
+REREAD_S = 30.0  # a followed run's record at least this often (its newest metrics line for the live table)
+TOUCHED_S = 10.0  # `orch cancel`'s markers this often (a cancel also stops the run's host, which a pass sees at once)
+SWEEP_CHECK_S = 60.0  # the sweep's own record (gone: the store was emptied under the controller)
 
 
 def decide(
@@ -75,7 +79,7 @@ def decide(
     if status.state == CORRUPT:
         return WAIT if host is not None else DONE  # reported with its reason; never restarted blindly
     if host is not None:
-        if status.state in ACTIVE and status.heartbeat and now - status.heartbeat > stale_s:
+        if status.state in ACTIVE and status.heartbeat and now - max(status.heartbeat, host.seen or 0) > stale_s:
             return REPLACE  # its agent stopped talking: treat the host as lost
         if status.state in ACTIVE and host.missing and not host.provisioning:
             return REPLACE  # a node of a multi-node attempt is gone: the attempt ends for all its nodes
@@ -112,6 +116,9 @@ class Controller:
         self._published: Tuple[Optional[float], float] = (None, 0.0)  # (spend, when) of the last summary written
         self.trials: Optional[Trials] = None  # `search:`: the study, read at the first pass (after prepare's checks)
         self.lease = None  # control/lease.py's Lease when the caller holds the sweep's lease: renewed each pass
+        self.metered = store.metered  # each request is billed: a pass reads what changed, not every live record
+        self._hosts_seen: Dict[str, tuple] = {}  # run -> its host as the last pass listed it (see _due)
+        self._checked: Dict[str, float] = {}  # what was last read when, of the sweep's own records
 
     def prepare(self) -> bool:
         """Record the sweep in the store; refuse if a different sweep of that name is already there.
@@ -135,9 +142,12 @@ class Controller:
         self.state.remember(self.name, str(self.sweep.path), self.sweep.store_url, self.sweep.spec.backend)
         return existing is None
 
-    def step(self) -> Progress:
+    def step(self, now: Optional[float] = None) -> Progress:
         """One pass. It reads the records of live runs only (see table.py): O(active runs), not O(runs)."""
-        if not self.store.exists(layout.sweep_key(self.name)):  # without it every status read would say "queued"
+        now = time.time() if now is None else now
+        if self._due_every(layout.sweep_key(self.name), SWEEP_CHECK_S, now) and not self.store.exists(
+            layout.sweep_key(self.name)
+        ):  # without it every status read would say "queued"
             raise OSError(f"{layout.sweep_key(self.name)} is gone")
         table = self.table
         if self.sweep.spec.search is not None and self.trials is None:
@@ -147,15 +157,19 @@ class Controller:
             table.load(rows_before)
             self.reached |= {rid for rid, v in (rows_before or {}).items() if v.reached}
             self._recount_reached(rows_before)
-        self._record_outcomes()
-        marked = summary.touched(self.store, self.name)  # records changed by `orch cancel` meanwhile
-        table.follow(marked)
+        outcomes = self._record_outcomes()
+        marked = summary.touched(self.store, self.name) if self._due_every("touched", TOUCHED_S, now) else []
+        table.follow(marked)  # records changed by `orch cancel` meanwhile
         hosts, every = live_hosts(self.backend)  # one call, before any status is read (see the module doc)
         table.follow(hosts)
-        tracked = table.read_tracked()
+        changed = set(marked) | set(outcomes)
+        tracked = table.read_tracked(
+            None if not self.metered else lambda rid: rid in changed or self._due(rid, hosts.get(rid), now), now
+        )
+        self._hosts_seen = {rid: _host_key(h) for rid, h in hosts.items()}
         if marked:
             summary.untouch(self.store, self.name, marked)
-        rows = [self._row(rid, hosts.get(rid)) for rid in tracked]
+        rows = [self._row(rid, hosts.get(rid), now) for rid in tracked]
         budget = self.sweep.spec.budget_usd
         spend = self.backend.spend()
         for row in rows:
@@ -179,7 +193,7 @@ class Controller:
                 rid = table.take_queued()
                 if rid is None:
                     break
-                row = self._row(rid, hosts.get(rid))
+                row = self._row(rid, hosts.get(rid), now)
                 if row.action == START:
                     if self._start(row):
                         started.append(rid)
@@ -195,8 +209,34 @@ class Controller:
             budget_usd=budget,
             target=summary.target_of(self.sweep.spec.target),
         )
-        self._publish(progress)
+        self._publish(progress, now)
         return progress
+
+    def _due_every(self, what: str, period: float, now: float) -> bool:
+        """On a metered store, whether `what` is due (read at most every `period`); always on a folder."""
+        if not self.metered:
+            return True
+        if now - self._checked.get(what, float("-inf")) < period:
+            return False
+        self._checked[what] = now
+        return True
+
+    def _due(self, rid: str, host: Optional[Host], now: float) -> bool:
+        """Whether this pass reads a followed run's record (on a metered store): when something may have
+        changed it — its host came, went or changed, its agent wrote (the host's mark), or the host cannot say
+        (`aws.keep_alive`, a `prune:` rung without a mark) — or when the record read before would make this
+        pass act (start, replace, done: never on an old read), and at least every REREAD_S."""
+        if (
+            host is None
+            or _host_key(host) != self._hosts_seen.get(rid)
+            or now - self.table.read_at.get(rid, 0) >= REREAD_S
+        ):
+            return True
+        if host.mark is None and (self.backend.hosts_outlive_runs or self.rungs is not None):
+            return True
+        status = self.table.status[rid]
+        spec = self.sweep.spec
+        return decide(status, host, spec.max_restarts, now, self.backend.stale_s, self.backend.start_timeout_s) != WAIT
 
     def _recount_reached(self, rows: Optional[Dict[str, RunView]]) -> None:
         """Rows whose marks were of another target (a relaunch changed it): from their metrics files, once."""
@@ -210,11 +250,12 @@ class Controller:
                 self.table.views[rid].reached = rid in self.reached
         self.table.changed = self.table.changed or bool(stale)
 
-    def _row(self, run_id: str, host: Optional[Host]) -> Row:
+    def _row(self, run_id: str, host: Optional[Host], now: Optional[float] = None) -> Row:
         """Decide one run from the record just read; its view goes into the table."""
         status = self.table.status[run_id]
+        now = time.time() if now is None else now
         action = decide(
-            status, host, self.sweep.spec.max_restarts, time.time(), self.backend.stale_s, self.backend.start_timeout_s
+            status, host, self.sweep.spec.max_restarts, now, self.backend.stale_s, self.backend.start_timeout_s
         )
         row = Row(
             self.table.runs[run_id],
@@ -301,19 +342,21 @@ class Controller:
         self.state.journal(self.name, "prune", status.run_id, status.reason)
         log.info("%s: %s", status.run_id, status.reason)
 
-    def _publish(self, progress: Progress) -> None:
+    def _publish(self, progress: Progress, now: float) -> None:
         """The summary record, when something changed (and now and then while runs are active)."""
         key = (self.table.changed, round(progress.spend_usd, 4))
-        now = time.time()
         if key == (False, self._published[0]) and (progress.done or now - self._published[1] < summary.REFRESH_S):
             return
         summary.write(self.store, progress)
         self.table.changed = False
         self._published = (round(progress.spend_usd, 4), now)
 
-    def _record_outcomes(self) -> None:
-        """Attempts that ended before their agent ran: the controller, the writer of claims, records them."""
+    def _record_outcomes(self) -> List[str]:
+        """Attempts that ended before their agent ran: the controller, the writer of claims, records them.
+        Returns their runs (a pass reads them again)."""
+        runs = []
         for outcome in self.backend.drain_outcomes():
+            runs.append(outcome.run_id)
 
             def change(status: RunStatus, outcome=outcome) -> Optional[RunStatus]:
                 if status.attempt != outcome.attempt or status.state not in ACTIVE:
@@ -325,6 +368,7 @@ class Controller:
             self.table.follow([outcome.run_id])
             if update_status(self.store, self.name, outcome.run_id, change):
                 self.state.journal(self.name, f"provision-{outcome.state}", outcome.run_id, outcome.reason)
+        return runs
 
     def _stop_for_budget(self, rows, spend: float, budget: float) -> None:
         """The budget is spent: what has not started never will (running attempts finish)."""
@@ -505,3 +549,8 @@ def live_hosts(backend: Backend) -> Tuple[Dict[str, Host], List[Host]]:
         if present < h.nodes and not h.provisioning:
             hosts[run_id] = replace(h, missing=h.nodes - present)
     return hosts, every
+
+
+def _host_key(host: Host) -> tuple:
+    """What of a listed host means its run may have changed (not its liveness time, which moves every beat)."""
+    return (host.host_id, host.attempt, host.provisioning, host.missing, host.node, host.slot, host.mark)

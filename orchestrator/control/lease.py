@@ -141,10 +141,10 @@ class Lease:
             exit_code=2,
         )
 
-    def renew(self, force: bool = False) -> None:
+    def renew(self, force: bool = False, now: Optional[float] = None) -> None:
         """The heartbeat, from the pass loop: written when due. Raises LeaseLost when the record moved on
         (another controller took it over, or `orch down` asked this one to stop)."""
-        now = time.time()
+        now = time.time() if now is None else now
         if self.record is None or (not force and now - self._renewed < RENEW_S):
             return
         self.record.heartbeat = now

@@ -3,7 +3,9 @@
 A final run (succeeded, cancelled, pruned, failed for good) is never read again. A queued run is not
 read until the controller is about to claim it (the claim is conditional, so a record changed
 meanwhile, e.g. by `orch cancel`, shows up as a refused write and is read then). Everything else —
-starting, running, interrupted, lost, stopped, failed with restarts left — is read every pass.
+starting, running, interrupted, lost, stopped, failed with restarts left — is followed every pass; on a
+store that bills each request (S3) a pass reads of those only what may have changed or what it is about
+to act on (controller.py, Controller._due).
 The first pass starts from the summary record when there is one (its final and queued rows are
 trusted, see summary.py), else it lists which records exist (one LIST per 1,000 keys) and reads
 those, in parallel: a new sweep of 10,000 runs starts after one LIST, not 10,000 reads of nothing.
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Deque, Dict, Iterable, List, Optional, Set
+from typing import Callable, Deque, Dict, Iterable, List, Optional, Set
 
 from orchestrator.control.views import RunView
 from orchestrator.store.base import Store
@@ -48,6 +50,7 @@ class RunTable:
         self.loaded = False
         self.changed = True  # a view changed since the summary was last written
         self.reads = 0  # records read, in all (the scale benchmark reports it)
+        self.read_at: Dict[str, float] = {}  # when a pass last read each followed run's record
 
     def load(self, summary: Optional[Dict[str, RunView]]) -> None:
         """Before the first pass: trust a summary's final and queued rows and read the rest this pass;
@@ -87,10 +90,13 @@ class RunTable:
                 self.final.discard(rid)
                 self.watch.add(rid)
 
-    def read_tracked(self) -> List[str]:
-        """Read the runs followed every pass; returns them in grid order."""
+    def read_tracked(self, due: Optional[Callable[[str], bool]] = None, now: float = 0.0) -> List[str]:
+        """Read the runs followed every pass (of them, with `due`, only those it names; the others keep the
+        record read before); returns them all in grid order."""
         tracked = sorted(self.watch, key=self.index.__getitem__)
-        self.update(read_many(self.store, self.name, [rid for rid in tracked if rid not in self.fresh]))
+        todo = [rid for rid in tracked if rid not in self.fresh and (due is None or rid not in self.status or due(rid))]
+        self.update(read_many(self.store, self.name, todo))
+        self.read_at.update(dict.fromkeys(todo, now))
         self.fresh = set()
         return tracked
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from orchestrator.contract import AGENT_PID_FILE, NOTICE_FILE, STOP_REASON_FILE, RunTask
+from orchestrator.contract import AGENT_PID_FILE, NOTICE_FILE, REPORTED_FILE, STOP_REASON_FILE, RunTask
 from orchestrator.host import tmux, watch
 from orchestrator.host.attempt import (
     RungWatch,
@@ -82,7 +82,16 @@ class Agent:
         self.reporter = (
             FollowerReporter(self.store, task.sweep, task.run_id, task.attempt)
             if self.follower
-            else Reporter(self.store, task.sweep, task.run_id, task.attempt, metrics, self.rungs)
+            else Reporter(
+                self.store,
+                task.sweep,
+                task.run_id,
+                task.attempt,
+                metrics,
+                self.rungs,
+                reported=self.ctl / REPORTED_FILE,
+                record_s=task.record_s,
+            )
         )
         self.status_lock = self.reporter.lock  # the record is shared with the heartbeat thread
         self.notices = NoticeSource(
@@ -180,7 +189,7 @@ class Agent:
             signal.signal(sig, self._on_signal)
         self.ctl.mkdir(parents=True, exist_ok=True)
         (self.ctl / AGENT_PID_FILE).write_text(str(os.getpid()))
-        for stale in (STOP_REASON_FILE, NOTICE_FILE):  # meant for an earlier attempt
+        for stale in (STOP_REASON_FILE, NOTICE_FILE, REPORTED_FILE):  # meant for (or left by) an earlier attempt
             (self.ctl / stale).unlink(missing_ok=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # Report before any slow work: the controller gives a silent new host only a short while.
@@ -371,11 +380,13 @@ class Agent:
     def _sync_up(self) -> None:
         if self.follower:  # the run folder is node 0's to keep; this node keeps only its log
             self.store.sync_up(
-                self.log_file.parent, layout.node_logs_prefix(self.task.sweep, self.task.run_id, self.task.node_rank)
+                self.log_file.parent,
+                layout.node_logs_prefix(self.task.sweep, self.task.run_id, self.task.node_rank),
+                indexed=False,
             )
             return
         self.store.sync_up(self.run_dir, self.prefix, prune=layout.is_checkpoint)
-        self.store.sync_up(self.log_file.parent, layout.logs_prefix(self.task.sweep, self.task.run_id))
+        self.store.sync_up(self.log_file.parent, layout.logs_prefix(self.task.sweep, self.task.run_id), indexed=False)
 
     def _quietly(self, fn, *args) -> bool:
         """A store write that fails (read-only folder, network) is logged and tried again later, never fatal."""

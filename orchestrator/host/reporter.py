@@ -10,6 +10,7 @@ can make a live host look lost.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import replace
@@ -33,7 +34,15 @@ log = logging.getLogger("orch.agent")
 
 class Reporter:
     def __init__(
-        self, store: Store, sweep: str, run_id: str, attempt: int, metrics_file: Path, watch: Optional[RungWatch] = None
+        self,
+        store: Store,
+        sweep: str,
+        run_id: str,
+        attempt: int,
+        metrics_file: Path,
+        watch: Optional[RungWatch] = None,
+        reported: Optional[Path] = None,
+        record_s: Optional[float] = None,
     ):
         self.store, self.sweep, self.run_id, self.attempt = store, sweep, run_id, attempt
         self.metrics_file = metrics_file
@@ -41,6 +50,10 @@ class Reporter:
         self.lock = threading.RLock()  # the record is shared by the attempt and the heartbeat thread
         self.superseded = False
         self.version: Optional[str] = None  # of this reporter's last write: while nobody else wrote, no read is needed
+        self.reported = reported  # ctl/reported: the sign of life a local backend reads (contract.REPORTED_FILE)
+        self.record_s = record_s  # set: a beat writes the record only this often, unless something in it moved on
+        self._sent: tuple = ()  # (state, rungs reported) of the last record written
+        self._sent_at = float("-inf")
 
     def record(self, status: RunStatus, tries: int = 20) -> bool:
         """Write the record; False (and nothing written, ever again) once it is no longer this attempt's.
@@ -70,18 +83,40 @@ class Reporter:
                     version = self.version
                 self.version = write_if(self.store, self.sweep, replace(status), version)
                 if self.version is not None:
+                    self._sent, self._sent_at = _what_moves(status), status.heartbeat or time.time()
+                    self._sign(self._sent_at, self.version)
                     return True
             raise OSError(f"status record of {self.sweep}/{self.run_id} kept changing under {tries} writes in a row")
 
-    def beat(self, status: RunStatus) -> None:
-        """Alive, and the newest metrics line."""
+    def beat(self, status: RunStatus, now: Optional[float] = None) -> None:
+        """Alive, and the newest metrics line. With `record_s`, the record is rewritten only when it is due or
+        what the controller acts on changed (a rung reported); else only ctl/reported is touched."""
+        now = time.time() if now is None else now
         with self.lock:
             if status.state not in (STARTING, RUNNING):
                 return  # interrupted or ended: that record stands
-            status.heartbeat = time.time()
             if status.state == RUNNING:
                 self.watch.report(status)
+            if self.record_s is not None and now - self._sent_at < self.record_s and _what_moves(status) == self._sent:
+                self._sign(now)
+                return
+            status.heartbeat = now
             self.record(status)
+
+    def _sign(self, now: float, version: Optional[str] = None) -> None:
+        """ctl/reported: touched at `now` (alive), and given the record's new version when there is one."""
+        if self.reported is None:
+            return
+        try:
+            if version is not None:
+                self.reported.write_text(version)
+            os.utime(self.reported, (now, now))
+        except OSError as exc:  # nobody can see this sign: every beat is a record again, as without record_s
+            if self.record_s is not None:
+                log.warning(
+                    "could not touch %s (%s): every heartbeat writes the record from now on", self.reported, exc
+                )
+            self.record_s = None
 
     def heartbeats(self, status: RunStatus, period: float) -> "_Heartbeats":
         return _Heartbeats(lambda: self.beat(status), period)
@@ -108,3 +143,8 @@ class _Heartbeats:
     def __exit__(self, *exc) -> None:
         self.done.set()
         self.thread.join()
+
+
+def _what_moves(status: RunStatus) -> tuple:
+    """What in a record makes the controller act: its state, attempt and the rungs reported."""
+    return (status.state, status.attempt, tuple(sorted(status.at_rungs.items())))

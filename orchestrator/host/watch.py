@@ -16,6 +16,7 @@ import time
 from typing import Any, List, Optional
 
 from orchestrator.host import tmux
+from orchestrator.host.attempt import newest_checkpoint
 from orchestrator.host.nodes import failed_node
 from orchestrator.store.lifecycle import StopReason
 from orchestrator.wait import retry_until
@@ -26,6 +27,7 @@ POLL_S = 0.05  # how often the watch polls its checks (the command's exit is see
 ERROR_RETRY_S = 2.0  # a check that raised is tried again after this long at the soonest
 WINDOW_LOOK_S = 2.0  # how often the agent looks for the command's tmux window
 KILL_GRACE_S = 10.0  # SIGTERM -> SIGKILL
+CHECKPOINT_LOOK_S = 1.0  # how often the agent looks for a newly completed checkpoint
 
 
 class Check:
@@ -175,6 +177,21 @@ class SyncUp(Check):
         self.agent._sync_up()
 
 
+class CheckpointSync(Check):
+    """A checkpoint the command just completed (its manifest written) goes to the store at once, whatever
+    `sync_s` is: what a lost host costs is the work since the newest checkpoint, not since the last sync."""
+
+    def __init__(self, agent: Any, interval: float):
+        super().__init__(agent, interval)
+        self.synced = newest_checkpoint(agent.run_dir)  # restored: already in the store
+
+    def run(self, now: float) -> None:
+        newest = newest_checkpoint(self.agent.run_dir)
+        if newest is not None and newest != self.synced:
+            self.agent._sync_up()
+            self.synced = newest
+
+
 def request_stop(agent: Any, reason: StopReason) -> None:
     """The first reason asked for is the one the attempt ends with."""
     agent.stop_requested = agent.stop_requested or reason
@@ -195,7 +212,11 @@ def checks_for(agent: Any, status: Any, now: float) -> List[Check]:
     checks += [SpotNotice(agent, status, t.notice_poll_s), Rebalance(agent, t.notice_poll_s)]
     if t.timeout_s:
         checks.append(Deadline(agent, now + t.timeout_s))
-    return checks + [StopCommand(agent), SyncUp(agent, t.sync_s, first=now + t.sync_s)]
+    return checks + [
+        StopCommand(agent),
+        CheckpointSync(agent, CHECKPOINT_LOOK_S),
+        SyncUp(agent, t.sync_s, first=now + t.sync_s),
+    ]
 
 
 def watch(checks: List[Check], poll_s: float = POLL_S) -> None:

@@ -31,6 +31,7 @@ class SyncResult:
 
 class Store(Protocol):
     url: str
+    metered: bool  # each request is billed (S3): readers poll what changed, not everything
 
     def put_bytes(self, key: str, data: bytes) -> None: ...
 
@@ -41,8 +42,10 @@ class Store(Protocol):
     def exists(self, key: str) -> bool:
         """Whether the key exists, in one small request (S3: a LIST of its own name; no body is read)."""
 
-    def sync_up(self, local_dir: Path, prefix: str, prune: Optional[Select] = None) -> SyncResult:
-        """Copy what changed; then delete from the store the files `prune` selects that are gone locally."""
+    def sync_up(self, local_dir: Path, prefix: str, prune: Optional[Select] = None, indexed: bool = True) -> SyncResult:
+        """Copy what changed; then delete from the store the files `prune` selects that are gone locally.
+        `indexed=False`: a folder nobody syncs down (the logs, read key by key): S3 keeps no index of it, and what
+        was uploaded is remembered by this process only (a new process uploads the folder's files once)."""
 
     def sync_down(self, prefix: str, local_dir: Path, only: Optional[Select] = None) -> SyncResult:
         """Copy what differs from the store; with `only`, just the files it selects."""

@@ -64,6 +64,8 @@ def _lock(fd: int, wait_s: float) -> bool:
 class LocalStore:
     """A store in a local folder."""
 
+    metered = False
+
     def __init__(self, root: str):
         self.root = Path(root)
         self.url = str(self.root)
@@ -118,7 +120,7 @@ class LocalStore:
         base = self._path(prefix)
         return [str(p.relative_to(self.root)) for p in _files(base)]
 
-    def sync_up(self, local_dir: Path, prefix: str, prune: Optional[Select] = None) -> SyncResult:
+    def sync_up(self, local_dir: Path, prefix: str, prune: Optional[Select] = None, indexed: bool = True) -> SyncResult:
         return _copy_tree(Path(local_dir), self._path(prefix), self.hashes, prune=prune)
 
     def sync_down(self, prefix: str, local_dir: Path, only: Optional[Select] = None) -> SyncResult:

@@ -26,6 +26,8 @@ class S3Store:
     size is still uploaded. Files upload in parallel; large ones in parallel parts.
     """
 
+    metered = True  # S3 bills every request: PUT, COPY, POST, LIST $0.005 and GET $0.0004 per 1,000 (Standard)
+
     def __init__(self, url: str, client=None, workers: int = 16):
         import boto3
         from boto3.s3.transfer import TransferConfig
@@ -39,6 +41,9 @@ class S3Store:
             multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_THRESHOLD, max_concurrency=8
         )
         self.hashes = HashCache()
+        # {prefix: the index this store last wrote there}: a run folder has one writer (its attempt's agent), so
+        # once it has written an index it knows what the store holds without a GET per sync
+        self._written: Dict[str, dict] = {}
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
@@ -158,12 +163,20 @@ class S3Store:
         )
 
     def sync_up(
-        self, local_dir: Path, prefix: str, prune: Optional[Select] = None, there: Optional[Dict[str, int]] = None
+        self,
+        local_dir: Path,
+        prefix: str,
+        prune: Optional[Select] = None,
+        there: Optional[Dict[str, int]] = None,
+        indexed: bool = True,
     ) -> SyncResult:
         """`there` ({key under prefix: size}, from a listing): index entries it contradicts (an object deleted
         or replaced behind orch's back) are uploaded again instead of trusted."""
         local_dir = Path(local_dir)
-        index = self._index(prefix)
+        if prefix in self._written and there is None:
+            index = dict(self._written[prefix])
+        else:
+            index = self._index(prefix) if indexed else {}
         if there is not None:
             index = {rel: meta for rel, meta in index.items() if there.get(rel) == meta.get("size")}
         result = SyncResult()
@@ -180,6 +193,7 @@ class S3Store:
             todo.append((path, rel, digest))
         gone = [rel for rel in index if prune is not None and prune(rel) and not (local_dir / rel).exists()]
         if not todo and not gone:
+            self._written[prefix] = dict(index)
             return result
         if todo:
             with ThreadPoolExecutor(min(self.workers, len(todo))) as pool:
@@ -197,7 +211,9 @@ class S3Store:
         for rel in gone:
             index.pop(rel, None)
         result.deleted = len(gone)
-        self.put_bytes(f"{prefix}/{SYNC_INDEX}", json.dumps(index, sort_keys=True).encode())
+        if indexed:
+            self.put_bytes(f"{prefix}/{SYNC_INDEX}", json.dumps(index, sort_keys=True).encode())
+        self._written[prefix] = dict(index)
         return result
 
     def sync_down(self, prefix: str, local_dir: Path, only: Optional[Select] = None) -> SyncResult:

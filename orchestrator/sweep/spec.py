@@ -134,9 +134,21 @@ class AwsSection(Strict):
         ),
     )
     boot_timeout_s: Amount = Field(600, gt=0, description="How long to wait for an instance's sshd.")
-    heartbeat_s: Amount = Field(10, gt=0, description="How often the agent writes status.json to S3.")
+    heartbeat_s: Amount = Field(
+        60,
+        gt=0,
+        description=(
+            "How often the agent writes status.json to S3 (a host silent for 180 s is lost: three beats fit; a "
+            "rung, a notice and the end are written at once)."
+        ),
+    )
     sync_s: Amount = Field(
-        30, gt=0, description="How often the agent syncs the run folder to S3 (and at once on a spot notice)."
+        120,
+        gt=0,
+        description=(
+            "How often the agent syncs the run folder (metrics, log) to S3; a new checkpoint and a spot notice go at "
+            "once."
+        ),
     )
     ssh: SshSection = Field(default_factory=SshSection, description="SSH settings.")
     controller: ControllerSection = Field(

@@ -48,7 +48,7 @@ class AwsBackend(BackendBase):
 
     name = "aws"
     poll_s = 2.0
-    stale_s = 180.0  # agents heartbeat every 10 s
+    stale_s = 180.0  # agents heartbeat every 60 s (aws.heartbeat_s): three beats fit
 
     def __init__(self, sweep: Sweep):
         self.sweep = sweep
@@ -110,6 +110,10 @@ class AwsBackend(BackendBase):
         finally:
             conn.close()
         return True
+
+    @property
+    def hosts_outlive_runs(self) -> bool:
+        return self.cfg.keep_alive
 
     def spend(self) -> float:
         return self.state.ledger.spend()
