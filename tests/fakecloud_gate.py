@@ -118,6 +118,7 @@ class Gate:
         None  # the policy orch documents (orch aws policy): every controller call is checked
     )
     denied: List[str] = field(default_factory=list)  # controller calls the documented policy refused
+    role_denied: List[tuple] = field(default_factory=list)  # (role, action) of instances' calls their role refused
 
     def __post_init__(self):
         from tests.fakecloud_images import Images
@@ -148,7 +149,7 @@ class Gate:
             elif service == "ec2":
                 answer = self._ec2(environ, body, role)
             elif service == "iam":
-                answer = self._iam(environ, body)
+                answer = self._iam_refused(body, role) or self._iam(environ, body)
             else:
                 answer = self.forward(environ)
         except Exception as exc:  # a bug in the gate must be loud, not a hang
@@ -197,25 +198,13 @@ class Gate:
             for k, v in form.items()
             if k.startswith("InstanceId.") or (action == "DeleteTags" and k.startswith("ResourceId."))
         ]
-        if (
-            role and role != CONTROLLER
-        ):  # a host: only what its role allows (the agent terminates, or untags, its own instance)
-            if (
-                action not in ("TerminateInstances", "DeleteTags")
-                or not ids
-                or not all(
-                    self._allowed(
-                        role,
-                        f"ec2:{action}",
-                        f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/{i}",
-                        {f"aws:ResourceTag/{k}": v for k, v in _instance_tags(i).items()},
+        if role and role != CONTROLLER:  # an instance: only what its role (under its boundary) allows, as IAM does
+            for what, resource, ctx in self._ec2_checks(form):
+                if not self._allowed(role, what, resource, ctx):
+                    self.role_denied.append((role, what))
+                    return self._ec2_error(
+                        "UnauthorizedOperation", f"You are not authorized to perform this operation ({action}).", 403
                     )
-                    for i in ids
-                )
-            ):
-                return self._ec2_error(
-                    "UnauthorizedOperation", f"You are not authorized to perform this operation ({action}).", 403
-                )
         if action in ("DescribeInstances", "TerminateInstances"):
             fresh = [i for i in ids if self._is_young(i, self.strict.instance_s)]
             if fresh:
@@ -499,6 +488,21 @@ class Gate:
         if action in ("CreateInstanceProfile", "AddRoleToInstanceProfile") and answer[0].startswith("200"):
             self._born(form.get("InstanceProfileName", [""])[0])
         return answer
+
+    def _iam_refused(self, body: bytes, role: Optional[str]) -> Optional[tuple]:
+        """An instance's IAM call: only what its role allows (a remote controller's role allows none)."""
+        if not role or role == CONTROLLER:
+            return None
+        for what, resource, ctx in self._iam_checks(parse_qs(body.decode())):
+            if not self._allowed(role, what, resource, ctx):
+                self.role_denied.append((role, what))
+                xml = (
+                    '<ErrorResponse xmlns="https://iam.amazonaws.com/doc/2010-05-08/"><Error><Type>Sender</Type>'
+                    f"<Code>AccessDenied</Code><Message>{_xml(f'{role} is not authorized to perform: {what}')}"
+                    f"</Message></Error><RequestId>{uuid.uuid4()}</RequestId></ErrorResponse>"
+                )
+                return "403 Forbidden", [("Content-Type", "text/xml")], xml.encode()
+        return None
 
     def _controller_refused(self, service: str, environ, body: bytes) -> Optional[tuple]:
         """Every call of the controller (but S3's, which _s3 checks) against the documented policy, with the

@@ -202,6 +202,18 @@ def ensure_security_group(ec2, sweep: str, vpc_id: str, cidr: str) -> str:
     return gid
 
 
+def allow_ssh_from(ec2, group_id: str, cidr: str) -> None:
+    """Port 22 of the group from one more address (a remote controller's), once."""
+    from botocore.exceptions import ClientError
+
+    rule = {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": cidr, "Description": "orch"}]}
+    try:
+        ec2.authorize_security_group_ingress(GroupId=group_id, IpPermissions=[rule])
+    except ClientError as exc:
+        if _code(exc) != "InvalidPermission.Duplicate":
+            raise
+
+
 def launch_template_data(image: dict, sg_id: str, volume_gb: int, profile: Optional[str], public_ip: bool) -> dict:
     """What every instance of the sweep gets; the root volume as the image names it, never smaller than its snapshot."""
     data = {

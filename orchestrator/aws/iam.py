@@ -12,7 +12,7 @@ import logging
 from typing import List, Sequence
 
 from orchestrator.aws.ec2 import AwsFatal, _code, _message, explain
-from orchestrator.aws.policy import boundary_arn
+from orchestrator.aws.policy import boundary_arn, pass_role_statement, remote_controller_statements
 from orchestrator.store.s3url import parse_s3
 
 log = logging.getLogger("orch.ec2")
@@ -20,12 +20,23 @@ log = logging.getLogger("orch.ec2")
 IAM_NAME_MAX = 64
 
 
-def iam_name(sweep: str) -> str:
-    """The sweep's role and instance profile name, within IAM's 64 characters."""
-    name = f"orch-{sweep}"
+def iam_name(sweep: str, suffix: str = "") -> str:
+    """The sweep's role and instance profile name, within IAM's 64 characters; `suffix` (after a period, which no
+    sweep name holds, so no sweep's role can be another's controller role) names the sweep's other roles."""
+    tail = f".{suffix}" if suffix else ""
+    name = f"orch-{sweep}{tail}"
     if len(name) <= IAM_NAME_MAX:
         return name
-    return f"{name[: IAM_NAME_MAX - 9]}-{hashlib.sha256(sweep.encode()).hexdigest()[:8]}"
+    digest = hashlib.sha256((sweep + tail).encode()).hexdigest()[:8]
+    return f"{name[: IAM_NAME_MAX - 9 - len(tail)]}-{digest}{tail}"
+
+
+CONTROLLER_SUFFIX = "controller"
+
+
+def controller_iam_name(sweep: str) -> str:
+    """The role and instance profile of the sweep's remote controller (`orch launch --remote`)."""
+    return iam_name(sweep, CONTROLLER_SUFFIX)
 
 
 def bucket_kms_keys(s3, buckets: Sequence[str], kms=None) -> List[str]:
@@ -153,13 +164,47 @@ def instance_profile_policy(
     return policy
 
 
+def store_statements(bucket: str, prefix: str, sweep: str) -> List[dict]:
+    """Objects under the sweep's prefix, and listing only there."""
+    base = f"{prefix}/{sweep}" if prefix else sweep
+    return [
+        {
+            "Effect": "Allow",
+            "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+            "Resource": [f"arn:aws:s3:::{bucket}/{base}/*"],
+        },
+        {
+            "Effect": "Allow",
+            "Action": ["s3:ListBucket"],
+            "Resource": [f"arn:aws:s3:::{bucket}"],
+            "Condition": {"StringLike": {"s3:prefix": [f"{base}/*"]}},
+        },
+    ]
+
+
+def controller_role_policy(
+    bucket: str, prefix: str, sweep: str, host_role_arn: str, kms_keys: Sequence[str] = ()
+) -> dict:
+    """What the sweep's remote controller may do: its sweep's S3 prefix; read EC2, launch hosts through the sweep's
+    launch template and change or remove only what carries its sweep's tag; pass exactly its sweep's host role, to
+    EC2. No other IAM call: the laptop made every role and profile before it started the controller."""
+    statements = store_statements(bucket, prefix, sweep) + [
+        {k: v for k, v in st.items() if k != "Sid"} for st in remote_controller_statements(sweep)
+    ]
+    statements.append({k: v for k, v in pass_role_statement([host_role_arn]).items() if k != "Sid"})
+    return {"Version": "2012-10-17", "Statement": statements + kms_statements(kms_keys)}
+
+
 def account_boundary(iam) -> str:
     """The ARN of orch's permissions boundary in the caller's account (STS GetCallerIdentity, which needs no
     permission)."""
+    return boundary_arn(_account(iam))
+
+
+def _account(iam) -> str:
     import boto3
 
-    account = boto3.client("sts", region_name=iam.meta.region_name).get_caller_identity()["Account"]
-    return boundary_arn(account)
+    return boto3.client("sts", region_name=iam.meta.region_name).get_caller_identity()["Account"]
 
 
 def ensure_instance_profile(
@@ -167,9 +212,23 @@ def ensure_instance_profile(
 ) -> str:
     """The sweep's role + instance profile (created or updated), found by name; returns the profile name. The
     role carries orch's permissions boundary (`orch aws boundary`): the documented policy allows no other."""
+    policy = instance_profile_policy(bucket, prefix, sweep, data, kms_keys)
+    return ensure_role_profile(iam, iam_name(sweep), sweep, policy, "the sweep's instance profile")
+
+
+def ensure_controller_profile(
+    iam, sweep: str, bucket: str, prefix: str, host_role: str, kms_keys: Sequence[str] = ()
+) -> str:
+    """The remote controller's role + instance profile, under the same boundary; returns the profile name."""
+    role_arn = f"arn:aws:iam::{_account(iam)}:role/{host_role}"
+    policy = controller_role_policy(bucket, prefix, sweep, role_arn, kms_keys)
+    return ensure_role_profile(iam, controller_iam_name(sweep), sweep, policy, "the sweep's controller profile")
+
+
+def ensure_role_profile(iam, name: str, sweep: str, policy: dict, what: str) -> str:
+    """A role and instance profile of that name with this inline policy and orch's boundary (created or updated)."""
     from botocore.exceptions import ClientError
 
-    name = iam_name(sweep)
     boundary = account_boundary(iam)
     trust = {
         "Version": "2012-10-17",
@@ -184,11 +243,7 @@ def ensure_instance_profile(
         except ClientError as exc:
             if _code(exc) != "EntityAlreadyExists":
                 raise
-        iam.put_role_policy(
-            RoleName=name,
-            PolicyName="orch-sweep",
-            PolicyDocument=json.dumps(instance_profile_policy(bucket, prefix, sweep, data, kms_keys)),
-        )
+        iam.put_role_policy(RoleName=name, PolicyName="orch-sweep", PolicyDocument=json.dumps(policy))
         try:
             profile = iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"]
         except ClientError as exc:
@@ -200,10 +255,10 @@ def ensure_instance_profile(
     except ClientError as exc:
         if _code(exc) == "AccessDenied":
             raise AwsFatal(
-                f"creating the sweep's instance profile: permission denied ({_message(exc)}). orch creates roles only "
+                f"creating {what}: permission denied ({_message(exc)}). orch creates roles only "
                 f"with the permissions boundary {boundary}: an admin creates it once (`orch aws boundary`, "
                 "docs/aws.md); a role orch-* made without it cannot be changed by orch (remove it, or name your own "
                 "profile in `aws.instance_profile`)."
             ) from None
-        raise explain(exc, "creating the sweep's instance profile") from None
+        raise explain(exc, f"creating {what}") from None
     return name

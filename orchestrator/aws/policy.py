@@ -287,10 +287,65 @@ def instance_statements(bucket: str, data_buckets: Sequence[str] = ()) -> List[d
     return out
 
 
+# What a remote controller (`orch launch --remote`) does on EC2 beyond a host: read, launch its sweep's hosts
+# (CreateFleet through a launch template version of the sweep's template) and tag them at creation, and change or
+# remove only what carries its sweep's tag. No IAM call but PassRole: the laptop made every role beforehand.
+CONTROLLER_EC2_CREATE = ["ec2:CreateFleet", "ec2:RunInstances", "ec2:CreatePlacementGroup"]
+CONTROLLER_ON_SWEEP = [
+    "ec2:TerminateInstances",
+    "ec2:CreateLaunchTemplateVersion",
+    "ec2:DeleteLaunchTemplateVersions",
+    "ec2:DeletePlacementGroup",
+    "ec2:CreateTags",
+    "ec2:DeleteTags",
+]
+
+
+def remote_controller_statements(tag_value: str = "") -> List[dict]:
+    """EC2 for a sweep's remote controller, on resources tagged with its sweep (`tag_value`), or, empty, with any
+    sweep (the boundary's cap: each controller role narrows it to its own sweep)."""
+    on_sweep = {"StringEquals": {f"aws:ResourceTag/{SWEEP_TAG}": tag_value}} if tag_value else _tagged(SWEEP_TAG)
+    return [
+        {"Sid": "ControllerEc2Read", "Effect": "Allow", "Resource": "*", "Action": list(READ_ACTIONS)},
+        {"Sid": "ControllerEc2Create", "Effect": "Allow", "Resource": "*", "Action": list(CONTROLLER_EC2_CREATE)},
+        {
+            "Sid": "ControllerEc2TagAtCreation",
+            "Effect": "Allow",
+            "Resource": "*",
+            "Action": "ec2:CreateTags",
+            "Condition": {
+                "StringEquals": {"ec2:CreateAction": ["CreateFleet", "RunInstances", "CreatePlacementGroup"]}
+            },
+        },
+        {
+            "Sid": "ControllerEc2OnSweep",
+            "Effect": "Allow",
+            "Resource": "*",
+            "Action": list(CONTROLLER_ON_SWEEP),
+            "Condition": on_sweep,
+        },
+    ]
+
+
+def pass_role_statement(role_arns: Sequence[str]) -> dict:
+    """PassRole of exactly these roles, to EC2 only (a remote controller launching its sweep's hosts)."""
+    return {
+        "Sid": "PassHostRole",
+        "Effect": "Allow",
+        "Resource": list(role_arns),
+        "Action": "iam:PassRole",
+        "Condition": {"StringEquals": {"iam:PassedToService": EC2_SERVICE}},
+    }
+
+
 def boundary_policy(bucket: Optional[str] = None, data_buckets: Sequence[str] = (), extra: Sequence[dict] = ()) -> dict:
     """The permissions boundary `orch-boundary`: the most any role orch creates may do, whatever its own policy
-    says. `extra` adds statements for roles of other kinds (each with its own Sid)."""
+    says: a host's, and a remote controller's (no more than the user policy already allows its holder, so no
+    escalation; no IAM write at all). `extra` adds statements for roles of other kinds (each with its own Sid)."""
     return {
         "Version": "2012-10-17",
-        "Statement": instance_statements(bucket or PLACEHOLDER, data_buckets) + list(extra),
+        "Statement": instance_statements(bucket or PLACEHOLDER, data_buckets)
+        + remote_controller_statements()
+        + [{**pass_role_statement(["arn:aws:iam::*:role/orch-*"]), "Sid": "ControllerPassRole"}]
+        + list(extra),
     }

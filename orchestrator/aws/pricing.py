@@ -39,6 +39,14 @@ ON_DEMAND_USD_PER_H = {
     "p3.16xlarge": 24.48,
     "p4d.24xlarge": 21.96,
     "p5.48xlarge": 55.04,
+    # the small burstable types a remote controller runs on (`aws.controller.instance_type`)
+    "t3.nano": 0.0052,
+    "t3.micro": 0.0104,
+    "t3.small": 0.0208,
+    "t3.medium": 0.0416,
+    "t4g.nano": 0.0042,
+    "t4g.micro": 0.0084,
+    "t4g.small": 0.0168,
 }
 
 
@@ -75,6 +83,14 @@ def per_run(ledger: Dict[str, dict], now: Optional[float] = None) -> Dict[str, T
             end = entry.get("end") or now or time.time()
             add(entry["run"], max(0.0, end - entry["start"]) / 3600, price, gpus)
     return out
+
+
+CONTROLLER_ROLE = "controller"  # a ledger entry's `role` for the instance a remote controller runs on
+
+
+def controller_cost(ledger: Dict[str, dict], now: Optional[float] = None) -> float:
+    """Dollars of the sweep's remote controller instances (part of ledger_cost; no run's)."""
+    return ledger_cost({k: e for k, e in ledger.items() if e.get("role") == CONTROLLER_ROLE}, now)
 
 
 def ledger_cost(ledger: Dict[str, dict], now: Optional[float] = None) -> float:
@@ -136,6 +152,7 @@ class CostLedger:
         gpus: int = 0,
         slots: int = 0,
         attempt: int = 0,
+        role: str = "",
     ) -> None:
         try:
             price = self.prices.price(instance_type, az, market)
@@ -155,6 +172,7 @@ class CostLedger:
                 "gpus": gpus,
                 **({"slots": slots, "run_s": {}} if slots else {}),
                 **({"attempt": attempt} if attempt else {}),
+                **({"role": role} if role else {}),
             }
             self._save()
 

@@ -15,7 +15,7 @@ from orchestrator.aws.ec2 import (
     sweep_instances,
     terminate,
 )
-from orchestrator.aws.iam import iam_name
+from orchestrator.aws.iam import controller_iam_name, iam_name
 from orchestrator.aws.placement import delete_group, sweep_groups
 from orchestrator.errors import OrchError
 
@@ -69,6 +69,7 @@ def teardown(ec2, iam, sweep: str, wait_s: float = TEARDOWN_WAIT_S) -> List[str]
                 f"placement group {group} still holds an instance; run `orch down {sweep}` again in a minute."
             ) from None
     removed += _delete_instance_profile(iam, iam_name(sweep))
+    removed += _delete_instance_profile(iam, controller_iam_name(sweep))  # `orch launch --remote`'s
     return removed
 
 

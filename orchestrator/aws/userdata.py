@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 log = logging.getLogger("orch.aws")
 
@@ -39,16 +39,22 @@ def safety_net(max_minutes: int, now: Optional[float] = None) -> str:
 
 
 def cloud_config(
-    host_private: str, host_public: str, user_public: str, max_minutes: int, now: Optional[float] = None
+    host_private: str,
+    host_public: str,
+    user_public: Union[str, Sequence[str]],
+    max_minutes: int,
+    now: Optional[float] = None,
 ) -> str:
-    """User data: the pinned host key, the user's key, and the safety-net shutdown (written for this instance:
-    an empty owner file, claimed at its first boot)."""
+    """User data: the pinned host key, the user's key(s) (a remote controller's hosts accept its own key and the
+    laptop's), and the safety-net shutdown (written for this instance: an empty owner file, claimed at its first
+    boot)."""
     import yaml
 
+    keys = [user_public] if isinstance(user_public, str) else list(user_public)
     doc = {
         "ssh_deletekeys": True,
         "ssh_keys": {"ed25519_private": host_private, "ed25519_public": host_public},
-        "ssh_authorized_keys": [user_public],
+        "ssh_authorized_keys": keys,
         "write_files": [
             {"path": SAFETY_NET, "permissions": "0755", "owner": "root:root", "content": safety_net(max_minutes, now)},
             {"path": SAFETY_NET_OWNER, "permissions": "0644", "owner": "root:root", "content": ""},

@@ -20,6 +20,8 @@ SHIPPED = (
     "orchestrator/store",
     "trainer",
 )
+# A remote controller (`orch launch --remote`) runs all of orch, and ships the hosts' bundle from its own copy.
+CONTROLLER_SHIPPED = ("orchestrator", "trainer")
 
 
 @dataclass(frozen=True)
@@ -32,18 +34,18 @@ class Bundle:
         return f"~/orch/code/{self.digest}"
 
 
-def _sources(root: Path):
-    for part in SHIPPED:
+def _sources(root: Path, parts=SHIPPED):
+    for part in parts:
         for path in [root / part] if part.endswith(".py") else sorted((root / part).rglob("*.py")):
             yield path, str(path.relative_to(root))
 
 
-def build(root: Path | None = None) -> Bundle:
+def build(root: Path | None = None, parts=SHIPPED) -> Bundle:
     root = root or Path(__file__).resolve().parents[2]
     h = hashlib.sha256()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
-        for path, name in _sources(root):
+        for path, name in _sources(root, parts):
             data = path.read_bytes()
             h.update(name.encode() + b"\0" + data)
             info = tarfile.TarInfo(name)

@@ -45,8 +45,14 @@ def main():
 @click.option("--dry-run", is_flag=True, help="Validate and print the runs and their commands; launch nothing.")
 @click.option("--detach", is_flag=True, help="Run the controller in the background and return at once.")
 @click.option("--all", "every", is_flag=True, help="With --dry-run: print every run (without it, the first 50).")
+@click.option(
+    "--remote",
+    is_flag=True,
+    help="aws: run the controller on an on-demand instance of the sweep's region (`aws.controller`), so this "
+    "machine may sleep; returns once it runs.",
+)
 @expected_errors
-def launch(sweep_file: str, dry_run: bool, detach: bool, every: bool):
+def launch(sweep_file: str, dry_run: bool, detach: bool, every: bool, remote: bool):
     """Launch (or continue) the sweep in SWEEP_FILE and watch it.
 
     A second launch of the same sweep adopts what runs, skips what finished and
@@ -61,13 +67,22 @@ def launch(sweep_file: str, dry_run: bool, detach: bool, every: bool):
 
     sweep = load_sweep(sweep_file)
     con = _console()
+    if remote:
+        from orchestrator.backends.aws.remote import check_remote
+
+        check_remote(sweep)
     if dry_run:
         _check_like_launch(sweep)
         from orchestrator.backends.factory import backend_for
         from orchestrator.cli.render import dry_run_lines
 
-        for line in dry_run_lines(sweep, backend_for(sweep).plan(), every):
+        for line in dry_run_lines(sweep, backend_for(sweep).plan(), every, remote):
             con.print(line, markup=False)
+        return
+    if remote:
+        from orchestrator.cli.remote import launch_remote
+
+        launch_remote(con, sweep)
         return
     from orchestrator.control.controller import Controller
     from orchestrator.control.state import SweepLock
@@ -273,9 +288,10 @@ def _spawn_controller(sweep) -> int:
 
 @main.command("_controller", hidden=True)
 @click.argument("sweep_file")
+@click.option("--remote-settings", type=click.Path(dir_okay=False), help="On a remote controller's instance.")
 @expected_errors
-def controller_cmd(sweep_file: str):
-    """The background controller (used by --detach and Ctrl-C)."""
+def controller_cmd(sweep_file: str, remote_settings: Optional[str]):
+    """The background controller (used by --detach and Ctrl-C, and on a remote controller's instance)."""
     import logging
 
     from orchestrator.control.controller import Controller
@@ -286,6 +302,11 @@ def controller_cmd(sweep_file: str):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     sweep = load_sweep(sweep_file)
     backend, store, state = _parts(sweep)
+    if remote_settings:  # its backend sees the sweep with the controller's own key, group and profile
+        from orchestrator.backends.aws.remote import RemoteSettings, remote_view
+        from orchestrator.backends.factory import backend_for
+
+        backend = backend_for(remote_view(sweep, RemoteSettings.read(Path(remote_settings))))
     lock = SweepLock(state.home, sweep.spec.name)
     lock.acquire()
     con = _console()
@@ -510,6 +531,7 @@ def cancel(run: str):
 from orchestrator.cli.ami import ami  # noqa: E402
 from orchestrator.cli.board import tensorboard  # noqa: E402
 from orchestrator.cli.ops import aws_group, chaos, data, down, gc  # noqa: E402  (registered below)
+from orchestrator.cli.remote import supervise_cmd  # noqa: E402
 from orchestrator.cli.runs import attach, logs  # noqa: E402
 
 main.add_command(ami)
@@ -521,6 +543,7 @@ main.add_command(aws_group)
 main.add_command(attach)
 main.add_command(logs)
 main.add_command(tensorboard)
+main.add_command(supervise_cmd)
 
 
 if __name__ == "__main__":

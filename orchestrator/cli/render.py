@@ -167,6 +167,10 @@ def results_table(res: Results, width: int = 200, wide: bool = False) -> Table:
 def results_notes(res: Results) -> List[str]:
     """Under the results table: why runs were pruned, and with `target:` the sweep's time and dollars to it."""
     out = [f"{r.run_id}: {r.reason}" for r in res.runs if r.state == "pruned" and r.reason]
+    if res.controller_usd is not None:
+        out.append(
+            f"controller: {usd(res.controller_usd)} of the spend (its on-demand instance, `orch launch --remote`)"
+        )
     if res.economics is not None:
         out += res.economics.words()
     if res.search is not None:
@@ -233,7 +237,27 @@ def search_lines(spec) -> List[str]:
     return lines
 
 
-def dry_run_lines(sweep, plan, every: bool = False) -> List[str]:
+def controller_line(sweep, plan) -> str:
+    """--remote's part of the bound: the controller's on-demand hours while the runs can last."""
+    import math
+
+    from orchestrator.aws.pricing import on_demand_price
+
+    ctl, spec = sweep.spec.aws.controller, sweep.spec
+    waves = math.ceil(len(sweep.runs) / max(1, min(spec.max_parallel, len(sweep.runs) or 1)))
+    hours = min(float(ctl.max_hours), waves * plan["hours_per_run_max"])
+    price = on_demand_price(ctl.instance_type, None)
+    if price is None:
+        return f"controller: {ctl.instance_type} on demand for at most {hours:.1f} h (its price is unknown to orch)"
+    est = plan["estimate_usd_max"]
+    total = f"; with the runs at most {usd(est + price * hours)}" if est is not None else ""
+    return (
+        f"controller: {ctl.instance_type} on demand at ${price:.4f}/h x at most {hours:.1f} h (the runs in "
+        f"{waves} wave(s) of max_parallel, capped by aws.controller.max_hours) = {usd(price * hours)}{total}"
+    )
+
+
+def dry_run_lines(sweep, plan, every: bool = False, remote: bool = False) -> List[str]:
     """What `orch launch --dry-run` prints: the runs and their commands, each run's shape, and on
     AWS the (type, AZ) choices with their spot prices and GPUs, and a cost bound."""
     from orchestrator.sweep.shapes import describe
@@ -274,6 +298,8 @@ def dry_run_lines(sweep, plan, every: bool = False) -> List[str]:
             if est is not None
             else "estimated cost unknown: no spot price history"
         )
+        if remote:
+            lines.append(controller_line(sweep, plan))
     lines += goal_lines(spec)
     lines.append("dry run: nothing launched.")
     return lines

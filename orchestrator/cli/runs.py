@@ -52,17 +52,27 @@ def attach(run: str, node: int):
     show_default=True,
     help="A multi-node run's node (0 is the run's own log; K > 0 that node's copy of the command).",
 )
+@click.option(
+    "--controller",
+    is_flag=True,
+    help="RUN names a sweep: print its remote controller's own log (`orch launch --remote`) from the store.",
+)
 @expected_errors
-def logs(run: str, follow: bool, attempt: Optional[int], node: int):
+def logs(run: str, follow: bool, attempt: Optional[int], node: int, controller: bool):
     """Print RUN's log (the command's stdout and stderr) from the store.
 
     \b
     Example:
       orch logs 'lr=0.1,seed=0' -f
+      orch logs --controller my-sweep
     """
     from orchestrator.store import layout
     from orchestrator.store.status import ACTIVE, read_status
     from orchestrator.wait import retry_until
+
+    if controller:
+        _controller_log(run, follow)
+        return
 
     sweep, run_id = resolve_run(run)
     _, store, _ = _parts(sweep)
@@ -93,3 +103,36 @@ def logs(run: str, follow: bool, attempt: Optional[int], node: int):
         raise NotFound(f"no log for attempt {n} of {run_id} in the store yet ({key}).")
     retry_until(pump, None, 0.5)
     pump()
+
+
+def _controller_log(sweep_arg: str, follow: bool) -> None:
+    """The remote controller's log (its supervisor copies it into the store every few seconds)."""
+    from orchestrator.cli.common import load_sweep_arg
+    from orchestrator.control.lease import read_lease
+    from orchestrator.store import layout
+    from orchestrator.wait import retry_until
+
+    sweep = load_sweep_arg(sweep_arg)
+    _, store, _ = _parts(sweep)
+    key = layout.controller_log_key(sweep.spec.name)
+    if store.get_bytes(key) is None and not follow:
+        raise NotFound(
+            f"sweep {sweep.spec.name} has no remote controller's log in the store ({key}): it runs with "
+            f"`orch launch --remote`. A controller on this machine logs to its terminal or to "
+            f"$ORCH_HOME/logs/{sweep.spec.name}-controller.log."
+        )
+    printed = 0
+
+    def pump() -> bool:
+        nonlocal printed
+        data = store.get_bytes(key) or b""
+        if len(data) < printed:  # the store keeps the log's tail: it was cut at the front
+            printed = 0
+        if len(data) > printed:
+            sys.stdout.write(data[printed:].decode(errors="replace"))
+            sys.stdout.flush()
+            printed = len(data)
+        lease, _ = read_lease(store, sweep.spec.name)
+        return not follow or lease is None or not lease.alive()
+
+    retry_until(pump, None, 1.0)

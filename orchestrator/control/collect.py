@@ -64,6 +64,7 @@ class Results:
     sweep: str
     runs: List[RunResult]
     spend_usd: float | None = None  # the whole sweep (aws), wasted attempts and set-up included
+    controller_usd: float | None = None  # of spend_usd: the remote controller's instances (`orch launch --remote`)
     target: bool = False  # the sweep has `target:` (the to-target columns are shown)
     economics: Optional[Economics] = None  # with `target:`: the summary line
     search: Optional[SearchInfo] = None  # with `search:`
@@ -101,7 +102,7 @@ READERS = 16  # parallel reads: a status record and a metrics file per run
 def collect(sweep: Sweep, store: Store) -> Results:
     from concurrent.futures import ThreadPoolExecutor
 
-    from orchestrator.aws.pricing import ledger_cost, per_run
+    from orchestrator.aws.pricing import controller_cost, ledger_cost, per_run
     from orchestrator.store.base import get_json
 
     ledger = get_json(store, layout.cost_key(sweep.spec.name)) if sweep.spec.backend == "aws" else None
@@ -159,6 +160,7 @@ def collect(sweep: Sweep, store: Store) -> Results:
         sweep=sweep.spec.name,
         runs=runs,
         spend_usd=ledger_cost(ledger) if ledger is not None else None,
+        controller_usd=(controller_cost(ledger) or None) if ledger is not None else None,
         target=target is not None,
         economics=eco,
         search=search,
@@ -220,6 +222,7 @@ def _write(results: Results, out_dir: Path) -> List[Path]:
         "sweep": results.sweep,
         "runs": rows,
         **({"spend_usd": round(results.spend_usd, 4)} if results.spend_usd is not None else {}),
+        **({"controller_usd": round(results.controller_usd, 4)} if results.controller_usd is not None else {}),
     }
     if results.economics is not None:
         doc["summary"] = {**asdict(results.economics), "words": results.economics.words()}

@@ -152,9 +152,16 @@ class Lease:
         if new:
             self.version, self._renewed = new, now
             return
-        current, _ = read_lease(self.store, self.sweep)
+        current, version = read_lease(self.store, self.sweep)
         self.record = None
-        raise LeaseLost(self.sweep, current, self.holder)
+        lost = LeaseLost(self.sweep, current, self.holder)
+        if lost.stopped:  # say so at once: `orch down` on another machine waits for it (a pid there tells nothing)
+            current.ended, current.end_reason = now, f"stopped by `orch down` ({current.stop_by or 'another machine'})"
+            try:
+                self.store.put_if(lease_key(self.sweep), json_bytes(current.to_json()), version)
+            except OSError:
+                pass
+        raise lost
 
     def release(self, reason: str) -> None:
         """Give the sweep up (the end, a hand-off, a stop): another controller may take it at once."""

@@ -59,6 +59,18 @@ def public_key_of(identity: str) -> str:
     return pub.read_text().strip()
 
 
+ALSO_SUFFIX = ".also.pub"  # beside a key: public keys (one a line) the instances accept besides the key's own
+
+
+def authorized_keys(identity: str) -> List[str]:
+    """The public keys an instance accepts: the identity's own, and those of `<identity>.also.pub` when it exists
+    (a remote controller's key has the laptop's there, so `orch attach` from the laptop reaches its hosts)."""
+    path = Path(os.path.expanduser(identity))
+    also = path.with_name(path.name + ALSO_SUFFIX)
+    extra = [line.strip() for line in also.read_text().splitlines() if line.strip()] if also.is_file() else []
+    return [public_key_of(identity), *extra]
+
+
 def _host_id(t: Target) -> str:
     return t.address if t.port == 22 else f"[{t.address}]:{t.port}"
 

@@ -6,6 +6,7 @@
 <sweep>/rungs.json                         pruning verdicts (the controller's)
 <sweep>/cost.json                          the cost ledger (the controller's)
 <sweep>/controller.json                    the controller's lease on the sweep
+<sweep>/controller.log                     a remote controller's own log (`orch logs --controller`)
 <sweep>/.orch-touched/<run>/at             a run's record changed outside the controller
 <sweep>/.orch/<run>/status.json            the run's record
 <sweep>/.orch/<run>/logs/<attempt>.log     the command's stdout+stderr (node 0's)
@@ -58,6 +59,11 @@ def cost_key(sweep: str) -> str:
 def controller_key(sweep: str) -> str:
     """The lease of the controller that holds the sweep (one per sweep)."""
     return f"{sweep}/controller.json"
+
+
+def controller_log_key(sweep: str) -> str:
+    """The log of the sweep's remote controller (`orch launch --remote`), uploaded by its supervisor."""
+    return f"{sweep}/controller.log"
 
 
 def touched_prefix(sweep: str) -> str:

@@ -76,7 +76,14 @@ class ControllerSection(Strict):
         ),
     )
     image_owner: str = Field("amazon", description="Owner of `image` when it is a name pattern.")
-    python: str = Field("python3", min_length=1, description="Interpreter on the image (3.9 or newer) to run orch.")
+    python: str = Field(
+        "python3.11",
+        min_length=1,
+        description=(
+            "Interpreter on the image (3.10 or newer) to run orch; installed with dnf and pip when missing (Amazon "
+            "Linux 2023's python3 is 3.9)."
+        ),
+    )
     max_hours: Amount = Field(
         48, gt=0, le=24 * 30, description="Safety net: the controller's instance terminates itself after this."
     )

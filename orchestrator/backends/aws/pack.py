@@ -31,7 +31,7 @@ from orchestrator.backends.base import Host
 from orchestrator.contract import RunTask
 from orchestrator.errors import OrchError
 from orchestrator.host.slots import CLAIM, slot_run, slot_value
-from orchestrator.remote.ssh import Target, connect, new_host_key, public_key_of
+from orchestrator.remote.ssh import Target, authorized_keys, connect, new_host_key
 from orchestrator.store.lifecycle import StopReason
 from orchestrator.sweep.packing import SLOT_TAG, SLOTS_TAG, visible_devices
 
@@ -152,7 +152,7 @@ class Packer:
         """A new instance of the best type that has capacity, with this run in slot 0 (under pack_lock)."""
         st, cfg = self.state, self.state.cfg
         host_private, host_public = new_host_key()
-        user_data = cloud_config(host_private, host_public, public_key_of(cfg.ssh.identity), cfg.max_minutes)
+        user_data = cloud_config(host_private, host_public, authorized_keys(cfg.ssh.identity), cfg.max_minutes)
         last: Optional[Exception] = None
         for choice in st.pack_order:
             pools = [c for c in setup["choices"] if c.instance_type == choice.instance_type]

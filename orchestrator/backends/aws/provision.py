@@ -27,7 +27,7 @@ from orchestrator.backends.aws.state import ProvisioningState
 from orchestrator.backends.base import Outcome
 from orchestrator.contract import RunTask
 from orchestrator.errors import OrchError
-from orchestrator.remote.ssh import Target, connect, new_host_key, public_key_of
+from orchestrator.remote.ssh import Target, authorized_keys, connect, new_host_key
 from orchestrator.store.status import FAILED, QUEUED
 from orchestrator.sweep.spec import AUTO_PYTHON
 from orchestrator.sweep.tasks import on_host
@@ -59,7 +59,7 @@ class Provisioner:
             if task.replaces:  # that (type, AZ) just took its instance back: try elsewhere first
                 self.block_reclaimed(task.replaces)
             host_private, host_public = new_host_key()  # one key per attempt, pinned by tag (shared by its nodes)
-            user_data = cloud_config(host_private, host_public, public_key_of(cfg.ssh.identity), cfg.max_minutes)
+            user_data = cloud_config(host_private, host_public, authorized_keys(cfg.ssh.identity), cfg.max_minutes)
             tags = api.sweep_tags(st.name, run=task.run_id, attempt=str(task.attempt), hostkey=host_public) + [
                 {"Key": "Name", "Value": f"orch {st.name} {task.run_id} #{task.attempt}"}
             ]

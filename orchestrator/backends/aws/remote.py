@@ -1,0 +1,258 @@
+"""`orch launch --remote`: the sweep's controller on one on-demand instance of the sweep's region.
+
+The laptop's half (launch_controller): the sweep's resources as a launch makes them (security group, template, the
+hosts' role), then the controller's role and profile (under orch's boundary: its sweep's prefix, EC2 on its sweep's
+tagged resources, PassRole of the hosts' role only), then ONE on-demand instance through CreateFleet from the
+sweep's template (IMDSv2 required, encrypted root volume, shutdown terminates it, the sweep's security group: SSH
+from `ssh_cidr` only), its host key pinned through user data as for every host. Over SSH it gets orch's code, the
+sweep file and its settings (remote.json) — never a credential: the controller uses its instance role through
+IMDS — and starts the supervisor (control/supervisor.py).
+
+The controller's half (apply_settings): the `_controller` command on the instance uses the settings on top of the
+sweep file: its own SSH key (the hosts accept it and the laptop's key, `<key>.also.pub`), the security group and
+host profile the laptop made (so it calls no IAM and asks no one for its public address).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shlex
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from orchestrator.aws import ec2 as api
+from orchestrator.aws import fleet, iam
+from orchestrator.aws.controller_host import DEFAULT_USER, controller_tags, controllers, default_image
+from orchestrator.aws.images import resolve_image
+from orchestrator.aws.pricing import CONTROLLER_ROLE
+from orchestrator.aws.userdata import cloud_config
+from orchestrator.backends import bundle as code_bundle
+from orchestrator.errors import OrchError
+from orchestrator.remote.ssh import ALSO_SUFFIX, Target, connect, new_host_key, public_key_of
+from orchestrator.store.s3url import is_s3, parse_s3
+
+log = logging.getLogger("orch.remote")
+
+REMOTE_DIR = "orch/controller"  # under the login user's home on the controller instance
+SETTINGS_FILE = "remote.json"
+CONTROLLER_VOLUME_GB = 8  # orch's code, a log, a state folder (raised to the image's snapshot when larger)
+# What the controller imports (pyproject's dependencies): installed with pip when the image's Python lacks them.
+PACKAGES = (
+    "boto3>=1.35.69",
+    "paramiko>=3.4",
+    "libtmux>=0.37",
+    "pydantic>=2.6,<3",
+    "click>=8.1",
+    "rich>=13",
+    "PyYAML>=6",
+    "matplotlib>=3.8",
+    "optuna>=5.0,<6",
+)
+IMPORTS = "boto3, paramiko, libtmux, pydantic, click, rich, yaml, optuna"
+
+
+@dataclass
+class RemoteSettings:
+    """remote.json on the controller instance: what its controller uses besides the sweep file."""
+
+    sweep_file: str = ""  # the sweep file's path on the instance (relative to the home)
+    code_dir: str = ""  # orch's code on the instance (PYTHONPATH)
+    python: str = ""
+    identity: str = ""  # the controller's own SSH key (made on the instance; the private half never leaves it)
+    laptop_key: str = ""  # the public key of whoever launched it: the hosts accept it too (`orch attach`)
+    security_group: str = ""
+    instance_profile: str = ""  # the hosts'
+    instance_id: str = ""
+    instance_type: str = ""
+    region: str = ""
+    deadline: float = 0.0  # epoch seconds: `max_hours` after the launch, the supervisor terminates the instance
+
+    @classmethod
+    def read(cls, path: Path) -> "RemoteSettings":
+        raw = json.loads(Path(path).read_text())
+        return cls(**{k: v for k, v in raw.items() if k in {f.name for f in fields(cls)}})
+
+
+@dataclass
+class RemoteController:
+    instance_id: str
+    instance_type: str
+    region: str
+    address: str
+
+
+def login_user(cfg) -> str:
+    """The controller image's login user: Amazon Linux's for the default image, else the hosts' (`aws.ssh.user`)."""
+    return DEFAULT_USER if cfg.controller.image is None else cfg.ssh.user
+
+
+def check_remote(sweep) -> None:
+    """What --remote needs beyond a launch (exit 2 before anything is bought)."""
+    cfg = sweep.spec.aws
+    if sweep.spec.backend != "aws" or cfg is None:
+        raise OrchError(
+            f"{sweep.path}: --remote runs the controller on an AWS instance; it needs `backend: aws` (this sweep's "
+            f"backend is {sweep.spec.backend}). Run it here with `orch launch {sweep.path}`.",
+            exit_code=2,
+        )
+    if cfg.instance_profile != "create":
+        raise OrchError(
+            f"{sweep.path}: aws.instance_profile: --remote needs the profile orch creates (`create`): the controller's "
+            f"role may pass only its sweep's own host role, which orch makes. Remove `instance_profile` or set it to "
+            "create.",
+            exit_code=2,
+        )
+    if not is_s3(sweep.store_url):
+        raise OrchError(f"{sweep.path}: store: --remote needs an s3:// store (the controller's only channel).", 2)
+
+
+def launch_controller(state, setup: dict, say=lambda _: None) -> RemoteController:
+    """Make the controller's role and instance, install orch on it and start its supervisor (`state`: the aws
+    backend's ProvisioningState; `setup`: what its bootstrap made). An instance bought here is terminated again on
+    any failure before the supervisor runs."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    sweep, cfg, ec2 = state.sweep, state.cfg, state.ec2
+    ctl, name = cfg.controller, sweep.spec.name
+    try:
+        profile = _controller_profile(sweep, cfg)
+        image = resolve_image(ec2, ctl.image or default_image(ec2, ctl.instance_type), ctl.image_owner, cfg.region)
+        subnets = api.resolve_subnets(ec2, cfg.subnet_ids, cfg.region)
+        public_ip = cfg.ssh.address == "public_ip" and not all(s["MapPublicIpOnLaunch"] for s in subnets)
+        data = api.launch_template_data(image, setup["sg"], CONTROLLER_VOLUME_GB, profile, public_ip)
+        choices = fleet.offered_choices(ec2, [ctl.instance_type], subnets, cfg.region)
+    except (ClientError, BotoCoreError) as exc:
+        raise api.explain(exc, "preparing the controller's instance") from None
+    host_private, host_public = new_host_key()
+    minutes = max(5, math.ceil(ctl.max_hours * 60))
+    user_data = cloud_config(host_private, host_public, public_key_of(cfg.ssh.identity), minutes)
+    got = fleet.acquire(
+        ec2,
+        setup["template"],
+        data,
+        user_data,
+        choices,
+        ["on-demand"],
+        controller_tags(name, host_public),
+        fleet.Blocklist(),
+    )
+    state.ledger.acquired(got.instance_id, got.instance_type, got.az, "on-demand", role=CONTROLLER_ROLE)
+    say(f"controller instance {got.instance_id} ({got.instance_type}, on demand) in {got.az}; installing orch")
+    try:
+        address = api.wait_running(ec2, got.instance_id, cfg.ssh.address, cfg.boot_timeout_s)
+        if cfg.ssh.address == "public_ip" and not cfg.security_group:  # hosts are dialled from its public address
+            api.allow_ssh_from(ec2, setup["sg"], f"{address}/32")
+        target = Target(address, cfg.ssh.port, login_user(cfg), cfg.ssh.identity, host_public)
+        conn = connect(target, timeout=cfg.boot_timeout_s, interval=1.0)
+        try:
+            _install(conn, sweep, got, setup["sg"], minutes)
+        finally:
+            conn.close()
+    except BaseException:
+        api.terminate(ec2, [got.instance_id])
+        raise
+    return RemoteController(got.instance_id, got.instance_type, cfg.region, address)
+
+
+def _controller_profile(sweep, cfg) -> str:
+    store = parse_s3(sweep.store_url)
+    client = api.client("iam", cfg.region)
+    keys = iam.bucket_kms_keys(api.client("s3", cfg.region), [store.bucket])
+    return iam.ensure_controller_profile(
+        client, sweep.spec.name, store.bucket, store.prefix, iam.iam_name(sweep.spec.name), keys
+    )
+
+
+def _install(conn, sweep, got, security_group: str, minutes: int) -> None:
+    """orch's code, the sweep file and remote.json on the instance, the interpreter checked (and its packages
+    installed when missing), then the supervisor started in the background."""
+    import time
+
+    cfg = sweep.spec.aws
+    b = code_bundle.build(parts=code_bundle.CONTROLLER_SHIPPED)
+    conn.check(code_bundle.install_command(b), stdin=b.data, timeout=300)
+    py = cfg.controller.python
+    _ensure_python(conn, py)
+    home = conn.check('printf %s "$HOME"').strip()
+    base = f"{home}/{REMOTE_DIR}"
+    conn.check(f"mkdir -p {shlex.quote(base)} && chmod 700 {shlex.quote(base)}")
+    sweep_file = f"{base}/{Path(sweep.path).name}"
+    conn.put_bytes(Path(sweep.path).read_bytes(), sweep_file)
+    settings = RemoteSettings(
+        sweep_file=sweep_file,
+        code_dir=b.remote_dir.replace("~/", f"{home}/"),
+        python=py,
+        identity=f"{base}/id_ed25519",
+        laptop_key=public_key_of(cfg.ssh.identity),
+        security_group=security_group,
+        instance_profile=iam.iam_name(sweep.spec.name),
+        instance_id=got.instance_id,
+        instance_type=got.instance_type,
+        region=cfg.region,
+        deadline=time.time() + minutes * 60,
+    )
+    path = f"{base}/{SETTINGS_FILE}"
+    conn.put_bytes(json.dumps(asdict(settings), indent=2).encode(), path)
+    env = (
+        f"PYTHONPATH={shlex.quote(settings.code_dir)} ORCH_HOME={shlex.quote(base + '/home')} "
+        f"AWS_DEFAULT_REGION={shlex.quote(cfg.region)}"
+    )
+    conn.check(  # only the supervisor goes to the background, its output in a file: the channel closes at once
+        f"cd {shlex.quote(base)} && {{ {env} nohup setsid {shlex.quote(py)} -m orchestrator.cli _supervise "
+        f"{shlex.quote(path)} >> supervisor.log 2>&1 < /dev/null & }}"
+    )
+
+
+def _ensure_python(conn, py: str) -> None:
+    """The controller's interpreter: 3.10 or newer with orch's packages; pip installs them (Amazon Linux: dnf
+    installs that Python first) when the image lacks them."""
+    probe = f"{shlex.quote(py)} -c {shlex.quote('import sys; assert sys.version_info >= (3, 10); import ' + IMPORTS)}"
+    if conn.run(probe, timeout=300).code == 0:
+        return
+    pkgs = " ".join(shlex.quote(p) for p in PACKAGES)
+    install = (
+        f"(command -v {shlex.quote(py)} >/dev/null || ! command -v dnf >/dev/null || "
+        f"sudo dnf install -y -q {shlex.quote(py)} {shlex.quote(py + '-pip')}) && "
+        f"{shlex.quote(py)} -m pip install --user -q {pkgs}"
+    )
+    r = conn.run(install, timeout=900)
+    if r.code != 0 or conn.run(probe, timeout=300).code != 0:
+        raise OrchError(
+            f"the controller's interpreter `{py}` cannot run orch (Python 3.10+ with {IMPORTS}); installing them "
+            f"failed: {(r.err or r.out).strip()[-400:]}. Set `aws.controller.python` (Amazon Linux 2023: "
+            "python3.11), or `aws.controller.image` to an image that has them.",
+            exit_code=2,
+        )
+
+
+def remote_view(sweep, settings: RemoteSettings):
+    """On the controller instance: the sweep as its backend sees it — its own key, the group and profile the laptop
+    made (see the module doc). The sweep itself (what is recorded and compared) stays as the file says."""
+    import dataclasses
+
+    cfg = sweep.spec.aws
+    ssh = cfg.ssh.model_copy(update={"identity": settings.identity})
+    aws = cfg.model_copy(
+        update={"ssh": ssh, "security_group": settings.security_group, "instance_profile": settings.instance_profile}
+    )
+    return dataclasses.replace(sweep, spec=sweep.spec.model_copy(update={"aws": aws}))
+
+
+def ensure_own_key(settings: RemoteSettings) -> None:
+    """The controller's SSH key, made on its instance at its first start (0600), and the laptop's public key
+    beside it: the hosts it launches accept both."""
+    from orchestrator.remote.ssh import new_host_key as new_key
+
+    key = Path(settings.identity)
+    if not key.is_file():
+        private, public = new_key()
+        key.touch(mode=0o600)
+        key.write_text(private)
+        key.with_name(key.name + ".pub").write_text(public + " orch-controller\n")
+    key.with_name(key.name + ALSO_SUFFIX).write_text(settings.laptop_key.strip() + "\n")
+
+
+def live_controllers(ec2, sweep) -> list:
+    return controllers(ec2, sweep.spec.name, ["pending", "running"])

@@ -1,0 +1,160 @@
+"""`orch launch --remote` on the fake cloud: the controller on an instance of its own, the laptop asleep."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from orchestrator.wait import retry_until
+from tests.conftest import run_states as status
+from tests.conftest import starts
+from tests.fakecloud import IMAGE_NAME, processes_of
+from tests.fakecloud_gate import CONTROLLER_KEY
+
+pytestmark = pytest.mark.slow
+
+CONTROLLER = f"{{image: {IMAGE_NAME}, image_owner: self, python: python3, max_hours: 2}}"
+
+
+def remote_sweep(orch, cloud, identity, job, name: str, extra: str = "max_restarts: 0"):
+    return orch.sweep(cloud.sweep_yaml(name, identity, job(steps=3, release=True), extra=extra, controller=CONTROLLER))
+
+
+def controller_ids(cloud, sweep: str, states=("pending", "running")):
+    return [i["id"] for i in cloud.instances(sweep, states) if i["tags"].get("orch:role") == "controller"]
+
+
+def run_instance(cloud, sweep: str, run: str, attempt: int) -> str:
+    found = [
+        i["id"]
+        for i in cloud.instances(sweep)
+        if i["tags"].get("orch:run") == run and i["tags"].get("orch:attempt") == str(attempt)
+    ]
+    return found[0] if found else ""
+
+
+def laptop_controllers(home: Path) -> list:
+    """orch processes of this ORCH_HOME outside every fake instance: the laptop's own."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ")
+            env = (d / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"orchestrator.cli" in cmd and f"ORCH_HOME={home}".encode() in env:
+            if not any(e.startswith(b"ORCH_FAKE_HOST=") for e in env):
+                found.append(cmd.decode(errors="replace"))
+    return found
+
+
+def everything_of(root: Path) -> bytes:
+    out = []
+    for p in root.rglob("*"):
+        try:
+            if p.is_file() and not p.is_symlink():
+                out.append(p.read_bytes())
+        except OSError:
+            pass
+    return b"\n".join(out)
+
+
+@pytest.mark.timeout(1200)
+def test_remote_controller_resumes_an_interrupted_run_while_the_laptop_sleeps_and_ends_itself(
+    orch, cloud, identity, job
+):
+    path = remote_sweep(orch, cloud, identity, job, "away")
+    dry = orch("launch", str(path), "--dry-run", "--remote")
+    assert dry.code == 0 and "controller: t3.micro on demand at $0.0104/h" in dry.out, dry.out + dry.err
+
+    r = orch("launch", str(path), "--remote", timeout=600)
+    assert r.code == 0, r.out[-3000:] + r.err[-3000:]
+    assert "orch logs --controller away" in r.out and "orch down away" in r.out, r.out
+    [ctl] = controller_ids(cloud, "away")
+    assert ctl in r.out
+    assert laptop_controllers(orch.home) == []  # nothing of the laptop runs from here on
+
+    st = json.loads(orch("status", "away", "--json").out)
+    assert st["controller"]["holder"]["instance_id"] == ctl and st["controller"]["alive"], st["controller"]
+    plain = orch("status", "away")
+    assert f"instance {ctl} (t3.micro, us-east-1)" in plain.out, plain.out
+
+    retry_until(lambda: run_instance(cloud, "away", "run", 1), 120, 0.5, "the run's first instance")
+    retry_until(lambda: status(orch, "away").get("run", {}).get("state") == "running", 120, 0.5, "the run to start")
+    first = run_instance(cloud, "away", "run", 1)
+    cloud.spot_notice(first)  # the spot market, while nothing of the laptop runs
+    retry_until(
+        lambda: status(orch, "away")["run"]["preemptions"] >= 1 or status(orch, "away")["run"]["attempt"] >= 2,
+        120,
+        0.5,
+        "the agent to record the interruption",
+    )
+    cloud.reclaim(first)
+    retry_until(lambda: run_instance(cloud, "away", "run", 2), 180, 0.5, "the remote controller's second attempt")
+    assert laptop_controllers(orch.home) == []
+    retry_until(
+        lambda: status(orch, "away")["run"]["state"] == "running" and status(orch, "away")["run"]["attempt"] == 2,
+        180,
+        0.5,
+        "the resumed attempt",
+    )
+    # the laptop's key reaches the remote controller's hosts too (`orch attach`): it is among their keys
+    host = cloud.hosts[run_instance(cloud, "away", "run", 2)]
+    keys = (host.root / "authorized_keys").read_text()
+    assert identity.with_name("id_ed25519.pub").read_text().split()[1] in keys and "orch-controller" in keys
+    env = [(Path(f"/proc/{p}/environ").read_bytes()) for p in processes_of(ctl)]
+    assert env and not any(CONTROLLER_KEY.encode() in e or cloud.secret.encode() in e for e in env)
+
+    job.release.touch()
+    retry_until(lambda: status(orch, "away")["run"]["state"] == "succeeded", 180, 0.5, "the run to finish")
+    retry_until(lambda: not controller_ids(cloud, "away"), 120, 0.5, "the controller to terminate its own instance")
+    assert [s[1] for s in starts(job.marks)] == ["1", "2"]  # (the reclaim killed attempt 1: its lock stays behind)
+
+    st = json.loads(orch("status", "away", "--json").out)
+    assert st["controller"]["ended"] and st["controller"]["end_reason"] == "every run is final", st["controller"]
+    log = orch("logs", "--controller", "away")
+    assert log.code == 0 and "terminating this instance" in log.out, log.out + log.err
+
+    # the laptop's credentials and private key appear nowhere on the controller's host
+    gone = cloud.gone[ctl]
+    private = identity.read_text().strip().splitlines()[3]  # (the first lines are the same in every ed25519 key)
+    for secret in (cloud.secret, CONTROLLER_KEY, private):
+        assert secret not in gone.user_data
+        assert secret.encode() not in everything_of(gone.root), secret
+    assert not [d for d in cloud.gate.role_denied if d[0].endswith(".controller")], cloud.gate.role_denied
+
+    col = orch("collect", "away", "--out", str(orch.tmp / "res"))
+    assert col.code == 0 and "controller: $" in col.out, col.out + col.err
+
+    d = orch("down", "away")
+    assert d.code == 0, d.err
+    assert not any(cloud.leftovers("away").values()), cloud.leftovers("away")
+
+
+@pytest.mark.timeout(900)
+def test_a_second_remote_launch_adopts_and_down_stops_the_remote_controller(orch, cloud, identity, job):
+    path = remote_sweep(orch, cloud, identity, job, "twice")
+    assert orch("launch", str(path), "--remote", timeout=600).code == 0
+    [ctl] = controller_ids(cloud, "twice")
+    again = orch("launch", str(path), "--remote")
+    assert again.code == 0 and "Adopted" in again.out and ctl in again.out, again.out + again.err
+    assert controller_ids(cloud, "twice") == [ctl]
+    local = orch("launch", str(path), "--detach")
+    assert local.code == 2 and ctl in local.err and "orch down twice" in local.err, local.out + local.err
+
+    d = orch("down", "twice")
+    assert d.code == 0 and f"stopped the controller on instance {ctl}" in d.out, d.out + d.err
+    assert not any(cloud.leftovers("twice").values()), cloud.leftovers("twice")
+    assert not controller_ids(cloud, "twice", ("pending", "running", "stopping", "stopped", "shutting-down"))
+
+
+def test_remote_needs_the_aws_backend(orch, tmp_path):
+    path = orch.sweep('name: here\nbackend: local\ncommand: "true"\n')
+    r = orch("launch", str(path), "--remote")
+    assert r.code == 2 and "backend: aws" in r.err and "Traceback" not in r.err, r.err
+    assert not os.path.exists(orch.home / "locks")
