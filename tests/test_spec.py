@@ -307,9 +307,11 @@ def test_the_dry_run_says_what_target_and_prune_will_do(orch):
 
 @pytest.mark.timeout(60)
 def test_max_runs_has_a_ceiling_so_a_dry_run_never_runs_out_of_memory(orch):
-    r = orch("launch", str(orch.sweep("name: big\nseeds: 100000000\nmax_runs: 1000000000\n")), "--dry-run")
+    r = orch(  # (a short timeout: were the ceiling gone, this would fill the memory; orch is then stopped)
+        "launch", str(orch.sweep("name: big\nseeds: 100000000\nmax_runs: 1000000000\n")), "--dry-run", timeout=40
+    )
     assert (
         r.code == 2 and "MemoryError" not in r.err and "max_runs: Input should be less than or equal to 100000" in r.err
     )
-    r = orch("launch", str(orch.sweep("name: big\nseeds: 100000000\n")), "--dry-run")
+    r = orch("launch", str(orch.sweep("name: big\nseeds: 100000000\n")), "--dry-run", timeout=40)
     assert r.code == 2 and "over the 100,000 one sweep may hold" in r.err, r.err

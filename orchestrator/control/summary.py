@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict, fields
 from typing import Dict, Iterable, List, Optional
 
+from orchestrator.contract import finite
 from orchestrator.control.views import Progress, RunView
 from orchestrator.store.base import Store, get_json
 from orchestrator.store.layout import summary_key, touched_key, touched_prefix, touched_run_prefix, touched_runs
@@ -64,7 +65,7 @@ def read(store: Store, sweep: str, run_ids: List[str], target=None) -> Optional[
     try:
         for row in doc["runs"]:
             view = RunView(**{k: v for k, v in row.items() if k in _FIELDS})
-            if not isinstance(view.run_id, str) or not isinstance(view.state, str) or not isinstance(view.final, bool):
+            if not _row_ok(view):
                 return None
             rows[view.run_id] = view
     except (TypeError, AttributeError, ValueError):  # ValueError: a state this orch does not know
@@ -79,6 +80,28 @@ def read(store: Store, sweep: str, run_ids: List[str], target=None) -> Optional[
         or RunView(run_id=rid, state=QUEUED, attempt=0, failures=0, preemptions=0, elapsed=None, metrics={})
         for rid in run_ids
     }
+
+
+def _number(value) -> bool:
+    return value is None or finite(value) is not None
+
+
+def _row_ok(view: RunView) -> bool:
+    """Every field of a row read back has the type the controller writes (a row that does not is no row to show)."""
+    counts = (view.attempt, view.failures, view.preemptions)
+    return (
+        isinstance(view.run_id, str)
+        and all(isinstance(n, int) and not isinstance(n, bool) for n in counts)
+        and _number(view.elapsed)
+        and _number(view.finished_at)
+        and isinstance(view.metrics, dict)
+        and all(isinstance(k, str) for k in view.metrics)
+        and isinstance(view.reason, str)
+        and isinstance(view.log_tail, str)
+        and (view.exit_code is None or (isinstance(view.exit_code, int) and not isinstance(view.exit_code, bool)))
+        and isinstance(view.final, bool)
+        and (view.reached is None or isinstance(view.reached, bool))
+    )
 
 
 def touch(store: Store, sweep: str, run_id: str) -> None:

@@ -140,7 +140,7 @@ def last_metrics(path: Path, max_bytes: int = 8 << 20) -> dict:
         for line in reversed(lines):
             try:
                 obj = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: a line nested deeper than Python parses
                 continue
             if isinstance(obj, dict):
                 return obj
@@ -214,7 +214,7 @@ class RungWatch:
     def _line(self, raw: bytes) -> bool:
         try:
             line = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             return False
         if not isinstance(line, dict):
             return False  # (a number may be the start of a longer one)

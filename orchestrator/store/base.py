@@ -117,7 +117,7 @@ def get_json(store: Store, key: str) -> Optional[Any]:
         return None
     try:
         return json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than any record orch writes
         return None
 
 
@@ -147,7 +147,7 @@ def read_jsonl(data: Optional[bytes]) -> List[dict]:
     for line in (data or b"").splitlines():
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # a torn line, or one nested deeper than Python parses
             continue
         if isinstance(obj, dict):
             out.append(obj)

@@ -72,7 +72,7 @@ def read_versioned(store: Store, sweep: str, run_id: str) -> Tuple[RunStatus, Op
         return RunStatus(run_id=run_id), None
     try:
         record = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         return RunStatus(
             run_id=run_id, state=CORRUPT, reason=f"status record {status_key(sweep, run_id)} is not JSON (truncated?)"
         ), version

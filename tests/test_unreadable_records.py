@@ -1,0 +1,102 @@
+"""Records and metrics lines that cannot be trusted are ignored or shown as such, never a crash: a summary
+row of the wrong types (README: a summary that cannot be read is ignored), and JSON nested deeper than
+Python parses (a metrics line, a status record, the summary)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from orchestrator.control import summary
+from orchestrator.store.base import read_jsonl
+from orchestrator.store.folder import LocalStore
+
+DEEP = "[" * 100_000 + "]" * 100_000  # deeper than json.loads recurses
+
+ROW = {
+    "attempt": 1,
+    "elapsed": 0.1,
+    "exit_code": 0,
+    "failures": 0,
+    "final": True,
+    "finished_at": 1.0,
+    "log_tail": "",
+    "metrics": {"epoch": 1, "test_acc": 0.5},
+    "preemptions": 0,
+    "reached": None,
+    "reason": "",
+    "run_id": "a=1",
+    "state": "succeeded",
+}
+
+# (what is wrong with the row, the row's field and its value)
+BAD_ROWS = [
+    ("metrics not a mapping", "metrics", "x"),
+    ("elapsed as text", "elapsed", "x"),
+    ("elapsed infinite", "elapsed", float("inf")),
+    ("elapsed past any float", "elapsed", 10**400),
+    ("attempt as text", "attempt", "x"),
+    ("attempt true", "attempt", True),
+    ("reached as text", "reached", "x"),
+    ("exit code as text", "exit_code", "0"),
+    ("finished_at as text", "finished_at", "x"),
+    ("reason a number", "reason", 5),
+    ("an unknown state", "state", "nope"),
+]
+
+
+def _doc(row: dict) -> dict:
+    return {"version": summary.VERSION, "sweep": "s", "target": None, "runs": [row]}
+
+
+def _write(store: LocalStore, doc) -> None:
+    text = doc if isinstance(doc, str) else json.dumps(doc)
+    store.put_bytes("s/summary.json", text.encode())
+
+
+@pytest.mark.parametrize("what, key, value", BAD_ROWS, ids=[w for w, _, _ in BAD_ROWS])
+def test_a_summary_row_of_the_wrong_types_is_no_summary(tmp_path, what, key, value):
+    store = LocalStore(str(tmp_path / "store"))
+    _write(store, _doc(ROW))
+    assert summary.read(store, "s", ["a=1"])["a=1"].state == "succeeded"  # the good row is read
+    _write(store, _doc({**ROW, key: value}))
+    assert summary.read(store, "s", ["a=1"]) is None  # the reader falls back to the records
+
+
+def test_json_nested_too_deep_is_unreadable_not_a_crash(tmp_path):
+    store = LocalStore(str(tmp_path / "store"))
+    _write(store, DEEP)
+    assert summary.read(store, "s", ["a=1"]) is None
+    lines = read_jsonl(b'{"epoch": 1}\n{"a": ' + DEEP.encode() + b"}\n")
+    assert lines == [{"epoch": 1}]
+
+
+def test_status_and_collect_survive_a_corrupt_summary_and_a_metrics_line_nested_too_deep(orch):
+    script = orch.tmp / "deep.py"
+    script.write_text(
+        "import os\n"
+        "with open(os.path.join(os.environ['ORCH_RUN_DIR'], 'metrics.jsonl'), 'w') as f:\n"
+        '    f.write(\'{"epoch": 1, "test_acc": 0.5}\\n\')\n'
+        "    f.write('{\"a\": ' + '[' * 100000 + ']' * 100000 + '}\\n')\n"
+    )
+    path = orch.sweep(
+        f"name: s\ncommand: '{sys.executable} {script}'\nstore: store\ngrid:\n  a: [1, 2]\nmax_restarts: 0\n"
+    )
+    r = orch("launch", str(path), timeout=120)
+    assert r.code == 0 and "Traceback" not in r.out + r.err, r.out + r.err  # the agent read past the deep line
+    good = json.loads(orch.store("s", "summary.json").read_text())
+    assert [(row["state"], row["attempt"]) for row in good["runs"]] == [("succeeded", 1)] * 2, good
+    for key, value in (("metrics", "x"), ("elapsed", "x"), ("reached", "x")):  # crashed, crashed, showed ✓ target
+        doc = json.loads(json.dumps(good))
+        doc["runs"][0][key] = value
+        orch.store("s", "summary.json").write_text(json.dumps(doc))
+        st = orch("status", "s")
+        assert st.code == 0 and "Traceback" not in st.out + st.err, (key, st.out + st.err)
+        assert st.out.count("│ succeeded") == 2 and "target" not in st.out, (key, st.out)
+    orch.store("s", "summary.json").write_text(DEEP)
+    st = orch("status", "s")
+    assert st.code == 0 and st.out.count("│ succeeded") == 2, st.out + st.err
+    c = orch("collect", "s", "--out", str(orch.tmp / "res"))
+    assert c.code == 0 and "Traceback" not in c.out + c.err, c.out + c.err
