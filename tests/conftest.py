@@ -15,6 +15,11 @@ from urllib.parse import urlparse
 
 import pytest
 
+# Two test workers share two cores, and each trainer they start would take one OpenMP thread per core: the
+# threads then busy-wait on each other and a digits run takes ten times its CPU (measured: 58 s for 5 s). One
+# thread each, unless a test asks for more; set before anything imports torch.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

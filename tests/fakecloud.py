@@ -236,6 +236,9 @@ class FakeHost:
             "ORCH_FAKE_HOST_ROOT": str(self.root),
             "ORCH_FAKE_PYTHON": sys.executable,
             "ORCH_FAKE_COLD_S": str(self.cold_s or ""),
+            # Every fake host shares this machine's few cores: torch's default of one OpenMP thread per core in
+            # each host's trainer oversubscribes them, and busy-waiting threads then make a run ten times slower.
+            "OMP_NUM_THREADS": "1",
             "PATH": f"{self.image or Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
         }
         config = "\n".join(

@@ -92,9 +92,12 @@ def test_threads_per_run_ambiguous_run_ids_and_lowest_loss(orch, script):
     """,
         "two.yaml",
     )
-    for path in (one, two):
-        r = orch("launch", str(path))
-        assert r.code == 0, r.out + r.err
+    orch.env["OMP_NUM_THREADS"] = "7"  # the shell's value yields to the sweep's threads_per_run
+    r = orch("launch", str(one))
+    assert r.code == 0, r.out + r.err
+    orch.env.pop("OMP_NUM_THREADS")  # and without one in the shell, the default is cores / max_parallel
+    r = orch("launch", str(two))
+    assert r.code == 0, r.out + r.err
 
     # both sweeps have a run called "run": the bare id is ambiguous, SWEEP/RUN is not
     r = orch("logs", "run")

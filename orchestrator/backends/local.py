@@ -71,7 +71,10 @@ class LocalBackend(BackendBase):
 
     def new_task(self, run_id: str, attempt: int, command: str, params_json: str, replaces: str = "") -> RunTask:
         env = dict(os.environ)
-        env.setdefault("OMP_NUM_THREADS", str(self.threads))
+        if self.sweep.spec.local.threads_per_run:  # the sweep's own setting wins over the shell's
+            env["OMP_NUM_THREADS"] = str(self.threads)
+        else:
+            env.setdefault("OMP_NUM_THREADS", str(self.threads))
         env.pop("TMUX", None)
         env["ORCH_PYTHON"] = sys.executable
         return new_task(
