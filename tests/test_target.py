@@ -621,3 +621,4 @@ def test_collect_of_a_thousand_metric_keys_draws_a_bounded_figure_and_names_what
     paths = write_outputs(results, tmp_path / "out")
     assert (tmp_path / "out" / "curves.png").exists() and len(paths) == 3
     assert len(results.left_out) == 1001 - MAX_PANELS + 1 and "test_acc" not in results.left_out
+    assert json.loads((tmp_path / "out" / "runs.json").read_text())["curves_left_out"] == results.left_out

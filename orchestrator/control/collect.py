@@ -235,14 +235,16 @@ def _write(results: Results, out_dir: Path) -> List[Path]:
             "metric": results.search.metric,
             "mode": results.search.mode,
         }
-    json_path.write_text(json.dumps(plain_json(doc), indent=2, allow_nan=False) + "\n")
-    paths = [csv_path, json_path]
     first = ranked(metrics)
     chosen = set(first)
     curves = first + [m for m in metrics if m not in X_KEYS and m not in chosen]
     # a line of a thousand per-class accuracies must not make a thousand panels: the familiar ones first
     results.left_out = curves[MAX_PANELS:]
     curves = curves[:MAX_PANELS]
+    if results.left_out:
+        doc["curves_left_out"] = results.left_out
+    json_path.write_text(json.dumps(plain_json(doc), indent=2, allow_nan=False) + "\n")
+    paths = [csv_path, json_path]
     if curves and any(r.curves for r in results.runs):
         paths.append(plot(results, curves, out_dir / "curves.png"))
     return paths
