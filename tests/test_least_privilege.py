@@ -240,3 +240,39 @@ def test_the_documented_policy_and_boundary_are_valid_iam_grammar():
                 ],
             }
         )
+
+
+def test_a_remote_controllers_role_reaches_only_its_own_sweep(cloud):
+    """The role `orch launch --remote` gives a sweep's controller, evaluated with orch's boundary as IAM would:
+    its sweep's prefix and tagged resources, passing only its sweep's host role, no IAM write."""
+    from orchestrator.aws import ec2 as api
+    from orchestrator.aws.iam import controller_iam_name, ensure_controller_profile, ensure_instance_profile
+
+    iam = api.client("iam", "us-east-1")  # the laptop's credentials make both roles, under the boundary
+    ensure_instance_profile(iam, "mine", BUCKET, "sweeps")
+    ensure_controller_profile(iam, "mine", BUCKET, "sweeps", "orch-mine")
+    role, acct = controller_iam_name("mine"), "arn:aws:iam::123456789012"
+    allowed = cloud.gate._allowed
+
+    def instance(tags):
+        return "arn:aws:ec2:us-east-1:123456789012:instance/i-1", {f"aws:ResourceTag/{k}": v for k, v in tags.items()}
+
+    ec2_service = {"iam:PassedToService": "ec2.amazonaws.com"}
+    assert allowed(role, "s3:PutObject", f"arn:aws:s3:::{BUCKET}/sweeps/mine/x", {})
+    assert not allowed(role, "s3:PutObject", f"arn:aws:s3:::{BUCKET}/sweeps/other/x", {})
+    assert not allowed(role, "s3:GetObject", f"arn:aws:s3:::{BUCKET}/sweeps/other/status.json", {})
+    assert allowed(role, "ec2:TerminateInstances", *instance({"orch:sweep": "mine"}))
+    assert not allowed(role, "ec2:TerminateInstances", *instance({"orch:sweep": "other"}))
+    assert not allowed(role, "ec2:TerminateInstances", *instance({}))
+    assert allowed(role, "ec2:CreateFleet", "*", {})
+    assert not allowed(role, "ec2:CreateTags", *instance({}))  # tags only at creation or on its sweep's
+    assert allowed(role, "iam:PassRole", f"{acct}:role/orch-mine", ec2_service)
+    assert not allowed(role, "iam:PassRole", f"{acct}:role/orch-other", ec2_service)
+    assert not allowed(role, "iam:PassRole", f"{acct}:role/orch-mine", {"iam:PassedToService": "lambda.amazonaws.com"})
+    for action in ("iam:CreateRole", "iam:PutRolePolicy", "iam:AttachRolePolicy", "iam:DeleteRole"):
+        assert not allowed(role, action, f"{acct}:role/orch-mine", {})
+    for action in ("ec2:AuthorizeSecurityGroupIngress", "ec2:CreateSecurityGroup", "ec2:DeleteSecurityGroup"):
+        assert not allowed(role, action, "*", {"aws:ResourceTag/orch:sweep": "mine"})
+    from orchestrator.aws.teardown import teardown
+
+    teardown(api.client("ec2", "us-east-1"), iam, "mine")

@@ -158,3 +158,30 @@ def test_remote_needs_the_aws_backend(orch, tmp_path):
     r = orch("launch", str(path), "--remote")
     assert r.code == 2 and "backend: aws" in r.err and "Traceback" not in r.err, r.err
     assert not os.path.exists(orch.home / "locks")
+
+
+@pytest.mark.timeout(1200)
+def test_a_lost_controller_instance_is_reported_and_a_second_remote_adopts_the_runs(orch, cloud, identity, job):
+    path = remote_sweep(orch, cloud, identity, job, "lost")
+    assert orch("launch", str(path), "--remote", timeout=600).code == 0
+    [ctl] = controller_ids(cloud, "lost")
+    retry_until(lambda: status(orch, "lost").get("run", {}).get("state") == "running", 180, 0.5, "the run to start")
+    run_host = run_instance(cloud, "lost", "run", 1)
+    cloud.reclaim(ctl)  # the controller's instance goes without a word; its run goes on
+
+    def says_gone() -> str:
+        out = orch("status", "lost").out
+        return out if "is gone" in out else ""
+
+    out = retry_until(says_gone, 300, 2.0, "orch status to say the controller is gone")
+    assert ctl in out and f"orch launch {path}" in out, out
+    again = orch("launch", str(path), "--remote", timeout=600)
+    assert again.code == 0, again.out[-3000:] + again.err[-3000:]
+    [new] = controller_ids(cloud, "lost")
+    assert new != ctl and run_instance(cloud, "lost", "run", 1) == run_host  # adopted, not started again
+    job.release.touch()
+    retry_until(lambda: status(orch, "lost")["run"]["state"] == "succeeded", 300, 0.5, "the run to finish")
+    assert [s[1] for s in starts(job.marks)] == ["1"] and not (job.marks / "DUPLICATE").exists()
+    retry_until(lambda: not controller_ids(cloud, "lost"), 180, 0.5, "the new controller to terminate itself")
+    assert orch("down", "lost").code == 0
+    assert not any(cloud.leftovers("lost").values()), cloud.leftovers("lost")
