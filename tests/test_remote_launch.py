@@ -185,3 +185,23 @@ def test_a_lost_controller_instance_is_reported_and_a_second_remote_adopts_the_r
     retry_until(lambda: not controller_ids(cloud, "lost"), 180, 0.5, "the new controller to terminate itself")
     assert orch("down", "lost").code == 0
     assert not any(cloud.leftovers("lost").values()), cloud.leftovers("lost")
+
+
+@pytest.mark.timeout(900)
+def test_the_controller_terminates_its_own_instance_at_max_hours(orch, cloud, identity, job):
+    path = orch.sweep(
+        cloud.sweep_yaml(
+            "short",
+            identity,
+            job(steps=3, release=True),
+            extra="max_restarts: 0",
+            controller=f"{{image: {IMAGE_NAME}, image_owner: self, python: python3, max_hours: 0.03}}",
+        )
+    )
+    assert orch("launch", str(path), "--remote", timeout=600).code == 0
+    retry_until(lambda: not controller_ids(cloud, "short"), 400, 1.0, "the controller to end itself at max_hours")
+    log = orch("logs", "--controller", "short").out
+    assert "max_hours reached" in log and "terminating this instance" in log, log[-2000:]
+    assert status(orch, "short")["run"]["state"] != "succeeded"  # the run never finished: the net ended it
+    assert orch("down", "short").code == 0
+    assert not any(cloud.leftovers("short").values()), cloud.leftovers("short")

@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import shlex
+import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -126,8 +127,10 @@ def launch_controller(state, setup: dict, say=lambda _: None) -> RemoteControlle
     except (ClientError, BotoCoreError) as exc:
         raise api.explain(exc, "preparing the controller's instance") from None
     host_private, host_public = new_host_key()
-    minutes = max(5, math.ceil(ctl.max_hours * 60))
-    user_data = cloud_config(host_private, host_public, public_key_of(cfg.ssh.identity), minutes)
+    deadline = time.time() + ctl.max_hours * 3600  # the supervisor's; the per-boot shutdown is the second net
+    user_data = cloud_config(
+        host_private, host_public, public_key_of(cfg.ssh.identity), max(5, math.ceil(ctl.max_hours * 60))
+    )
     got = fleet.acquire(
         ec2,
         setup["template"],
@@ -147,7 +150,7 @@ def launch_controller(state, setup: dict, say=lambda _: None) -> RemoteControlle
         target = Target(address, cfg.ssh.port, login_user(cfg), cfg.ssh.identity, host_public)
         conn = connect(target, timeout=cfg.boot_timeout_s, interval=1.0)
         try:
-            _install(conn, sweep, got, setup["sg"], minutes)
+            _install(conn, sweep, got, setup["sg"], deadline)
         finally:
             conn.close()
     except BaseException:
@@ -165,11 +168,9 @@ def _controller_profile(sweep, cfg) -> str:
     )
 
 
-def _install(conn, sweep, got, security_group: str, minutes: int) -> None:
+def _install(conn, sweep, got, security_group: str, deadline: float) -> None:
     """orch's code, the sweep file and remote.json on the instance, the interpreter checked (and its packages
     installed when missing), then the supervisor started in the background."""
-    import time
-
     cfg = sweep.spec.aws
     b = code_bundle.build(parts=code_bundle.CONTROLLER_SHIPPED)
     conn.check(code_bundle.install_command(b), stdin=b.data, timeout=300)
@@ -191,7 +192,7 @@ def _install(conn, sweep, got, security_group: str, minutes: int) -> None:
         instance_id=got.instance_id,
         instance_type=got.instance_type,
         region=cfg.region,
-        deadline=time.time() + minutes * 60,
+        deadline=deadline,
     )
     path = f"{base}/{SETTINGS_FILE}"
     conn.put_bytes(json.dumps(asdict(settings), indent=2).encode(), path)
