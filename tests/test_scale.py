@@ -243,3 +243,51 @@ def test_a_dry_run_prints_fifty_runs_unless_asked_for_all(orch, tmp_path):
     ), short.out
     full = orch("launch", str(path), "--dry-run", "--all")
     assert "i=119: echo 119" in full.out and "more runs" not in full.out
+
+
+def test_on_a_billed_store_a_pass_reads_only_what_changed_and_still_acts_in_the_next_pass(tmp_path, monkeypatch):
+    """S3 bills each request: a pass reads a live run's record when its host came, went or changed (its
+    agent's mark), when the record read before would make it act, and every REREAD_S; nothing else."""
+    from dataclasses import replace
+    from urllib.parse import unquote
+
+    from orchestrator.control.controller import REREAD_S
+    from orchestrator.store.s3 import S3Store
+    from tests.fakecloud import BUCKET, FakeCloud
+
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
+    with FakeCloud(tmp_path / "cloud") as cloud:
+        client = cloud.client("s3")
+        store = S3Store(f"s3://{BUCKET}/billed", client=client)
+        reads = []
+        client.meta.events.register(
+            "before-call.s3.GetObject", lambda params, **kw: reads.append(unquote(params["url_path"].split("/")[-2]))
+        )
+        sweep = make_sweep(tmp_path, "billed", 6, 3, "unused")
+        hosts = Hosts("billed", store)
+        c = Controller(sweep, hosts, store, State(tmp_path / "home"))
+        c.prepare()
+        now = time.time()
+        c.step(now=now)
+        ids = [r.run_id for r in sweep.runs]
+        for rid in ids[:3]:
+            hosts.report(rid, RUNNING)
+        del reads[:]
+        c.step(now=now + 1)  # their hosts appeared since the last listing: read once
+        assert sorted(reads) == sorted(ids[:3])
+        del reads[:]
+        c.step(now=now + 2)
+        assert reads == []  # nothing changed: no record read
+        hosts.report(ids[0], SUCCEEDED, 0)  # the end: its host goes (a session or an instance ends)
+        hosts.hosts[ids[1]] = replace(hosts.hosts[ids[1]], mark="v2")  # its agent wrote (a rung, say)
+        del reads[:]
+        progress = c.step(now=now + 3)
+        assert {ids[0], ids[1]} <= set(reads) and ids[2] not in reads
+        assert next(v for v in progress.runs if v.run_id == ids[0]).final and ids[3] in hosts.hosts  # in this pass
+        del reads[:]
+        c.step(now=now + 3 + REREAD_S)
+        assert set(ids[1:4]) <= set(reads)  # every REREAD_S, whatever changed
+        del reads[:]
+        c.step(now=now + 3 + REREAD_S + Hosts.stale_s + 1)  # silent past the limit: read again before the verdict
+        assert set(ids[1:4]) <= set(reads)
+        assert read_status(store, "billed", ids[2]).state == "lost" and ids[2] not in hosts.hosts

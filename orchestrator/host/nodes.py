@@ -80,7 +80,7 @@ class FollowerReporter:
     def record(self, status: RunStatus, tries: int = 20) -> bool:
         return self.still_running()
 
-    def beat(self, status: RunStatus) -> None:
+    def beat(self, status: RunStatus, now: Optional[float] = None) -> None:
         self._look()
 
     def heartbeats(self, status: RunStatus, period: float):

@@ -92,7 +92,7 @@ class RungPassed(Check):
 
     def run(self, now: float) -> None:
         if self.agent.rungs.passed():
-            self.agent.reporter.beat(self.status)
+            self.agent.reporter.beat(self.status, now)
 
 
 class Superseded(Check):

@@ -242,8 +242,8 @@ class SimHosts(BackendBase):
         seen = getattr(self.real, "reported", lambda rid: {})
         return [replace(r.host, **seen(rid)) for rid, r in self.sim.live.items()]
 
-    def new_task(self, run_id, attempt, command, params_json):
-        return self.real.new_task(run_id, attempt, command, params_json)
+    def new_task(self, run_id, attempt, command, params_json, **kw):
+        return self.real.new_task(run_id, attempt, command, params_json, **kw)
 
     def start(self, task) -> Host:
         run = SimRun(self.sim, task, self.sim.offset(task.run_id))
