@@ -107,11 +107,28 @@ def test_learns_with_progressive_sizes_and_counts_corrupt_files(folder, tmp_path
     assert summary["final_acc"] >= 0.6, summary  # chance is 0.25
     assert {r["image_size"] for r in rows} == {32, 48, 64}
     assert {r["batch_size"] for r in rows} == {32, 16}
-    # two broken training files an epoch (each counted as it is met, then replaced), 8 epochs: 16, less any that fell
-    # in an epoch's dropped remainder (2 of 98 files); a count that did not accumulate across epochs would stay at 2
-    assert 12 <= summary["skipped_files"] <= 16 and rows[-1]["skipped_files"] == summary["skipped_files"], summary
+    # two broken training files, met (and replaced) every epoch they are not in the dropped remainder: counted once each
+    assert summary["skipped_files"] == 2 and rows[-1]["skipped_files"] == summary["skipped_files"], summary
     per_epoch = [r["skipped_files"] for r in rows]
-    assert per_epoch == sorted(per_epoch) and per_epoch[-1] > per_epoch[0]
+    assert per_epoch == sorted(per_epoch)
+
+
+def test_skipped_files_counts_files_not_the_times_they_were_met(tmp_path):
+    import torch
+
+    from trainer.imagefolder import ImageFolderSource
+
+    root = write_imagefolder_like(str(tmp_path / "data"), classes=2, per_class=4, val_per_class=2, corrupt=2)
+    (root / "val" / "class_01" / "bad.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    found = scan(str(root))
+    source = ImageFolderSource(found, torch.device("cpu"), workers=1)
+    broken = [i for i, (p, _) in enumerate(found.train) if "broken" in p]
+    assert len(broken) == 2
+    every = torch.arange(len(found.train))
+    for _ in range(3):  # three epochs: each broken file met, and replaced, three times
+        source.augmented(every, torch.rand(len(every), 4), torch.zeros(len(every), dtype=torch.bool), 32)
+        list(source.val_batches(32))
+    assert source.skipped == 3, sorted(source.bad)  # the 2 broken training files and the broken validation one
 
 
 @pytest.mark.timeout(700)

@@ -155,11 +155,16 @@ class ImageFolderSource:
     gpu_decode: bool = True
     seed: int = 0
     val_rect: bool = False
-    skipped: int = 0  # files that did not decode, so far
+    bad: set = field(default_factory=set)  # paths of the files that did not decode, so far (each counted once)
     mean: tuple = IMAGENET_MEAN
     std: tuple = IMAGENET_STD
     _pool: Optional[ThreadPoolExecutor] = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def skipped(self) -> int:
+        """Files that did not decode so far: each once, however often an epoch or a refill met it again."""
+        return len(self.bad)
 
     @property
     def num_classes(self) -> int:
@@ -226,7 +231,7 @@ class ImageFolderSource:
                 f"{self.folder.root}: {len(done)} training files and the next {REFILL_TRIES} after each do not decode; "
                 f"is the data set corrupt? ({self.skipped} unreadable files so far)"
             )
-        return self._batch(done, [label for _, label in items], count=False)
+        return self._batch(done, [label for _, label in items])
 
     def _refill(self, images: List[Optional[torch.Tensor]], items: list, indices: List[int]) -> None:
         """A file that does not decode is counted and replaced by the next training file that does (same crop
@@ -236,14 +241,16 @@ class ImageFolderSource:
             if img is not None:
                 continue
             j = indices[k]
+            with self._lock:
+                self.bad.add(self.folder.train[j][0])
             for _ in range(REFILL_TRIES):
-                with self._lock:
-                    self.skipped += 1
                 j = (j + 1) % n
                 images[k] = self._decoded([self.folder.train[j][0]])[0]
                 if images[k] is not None:
                     items[k] = self.folder.train[j]
                     break
+                with self._lock:
+                    self.bad.add(self.folder.train[j][0])
 
     def val_batches(self, size: int, rect: bool = False, batch: int = 256, shard: Tuple[int, int] = (0, 1)):
         """(x, y) batches of the validation set (this rank's shard) at `size`: center crop, or
@@ -253,10 +260,10 @@ class ImageFolderSource:
             items = val[start : start + batch]
             images = self._decoded([p for p, _ in items])
             groups: dict = {}
-            unreadable = sum(img is None for img in images)
+            unreadable = [p for img, (p, _) in zip(images, items) if img is None]
             if unreadable:  # counted like training files (summary.json: skipped_files)
                 with self._lock:
-                    self.skipped += unreadable
+                    self.bad.update(unreadable)
             for img, (_, label) in zip(images, items):
                 if img is None:
                     continue
@@ -267,12 +274,10 @@ class ImageFolderSource:
                 b = self._batch([p for p, _ in pairs], [lab for _, lab in pairs])
                 yield b.x, b.y
 
-    def _batch(self, images: List[Optional[torch.Tensor]], labels: List[int], count: bool = True) -> Batch:
+    def _batch(self, images: List[Optional[torch.Tensor]], labels: List[int]) -> Batch:
+        """The decoded images of a batch (the callers counted those that did not decode, by path)."""
         keep = [k for k, img in enumerate(images) if img is not None]
         skipped = len(images) - len(keep)
-        if skipped and count:
-            with self._lock:
-                self.skipped += skipped
         if not keep:
             return Batch(
                 torch.zeros(0, 3, 1, 1, device=self.device),
