@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import uuid
 
@@ -17,6 +18,7 @@ from tests.conftest import run_states as status
 from tests.fakecloud import BUCKET
 
 pytestmark = pytest.mark.slow
+SPENT = r"spent (\$[0-9]+\.[0-9]+)"  # a dollar figure as launch and collect print it
 
 
 def s3_objects(cloud, prefix):
@@ -90,6 +92,9 @@ def test_sweep_runs_on_fake_spot_instances_and_leaves_nothing(orch, cloud, ident
 
     col = orch("collect", "fc", "--out", str(orch.tmp / "res"))
     assert col.code == 0 and "lr=0.2" in col.out, col.err
+    # the dollars a finished launch prints are the ones collect reads from the ledger afterwards
+    launched, collected = re.findall(SPENT, r.out)[-1], re.findall(SPENT, col.out)[0]
+    assert launched == collected, (launched, collected)
     assert (orch.tmp / "res" / "curves.png").exists()
 
     d = orch("down", "fc")

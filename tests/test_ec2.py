@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import boto3
 import pytest
@@ -468,3 +469,22 @@ def test_spot_prices_are_those_in_effect_now_and_on_demand_hours_have_their_publ
     book = PriceBook(lambda types, azs: api.spot_prices(ec2, types, azs))
     assert book.price("p5.48xlarge", "us-east-1a", "spot") is None
     assert book.price("p5.48xlarge", "us-east-1a", "on-demand") == ON_DEMAND_USD_PER_H["p5.48xlarge"]
+
+
+def test_the_ledger_saved_at_the_end_is_the_spend_the_controller_printed(tmp_path):
+    """Passes save the ledger only on a change or every 30 s; the loop's end saves the newest times too."""
+    from orchestrator.aws.pricing import CostLedger, PriceBook, ledger_cost
+    from orchestrator.store.base import get_json
+    from orchestrator.store.folder import LocalStore
+    from orchestrator.store.layout import cost_key
+
+    store = LocalStore(str(tmp_path / "store"))
+    ledger = CostLedger(store, "s", PriceBook(lambda types, azs: {("g5.xlarge", "us-east-1a"): 3600.0}))
+    ledger.acquired("i-1", "g5.xlarge", "us-east-1a", "spot", run="r")
+    ledger.observe(["i-1"])  # the instance is seen running: a change, saved
+    time.sleep(0.05)  # a dollar a second: the next pass adds a visible amount
+    ledger.observe(["i-1"])  # the same live set within 30 s: kept in memory only
+    saved = ledger_cost(get_json(store, cost_key("s")))
+    assert saved < ledger.spend()
+    ledger.flush()
+    assert ledger_cost(get_json(store, cost_key("s"))) == ledger.spend()

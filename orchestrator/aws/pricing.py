@@ -200,6 +200,13 @@ class CostLedger:
         with self.lock:
             return ledger_cost(self.entries, now=time.time())
 
+    def flush(self) -> None:
+        """Save what the passes since the last write added (they save only on a change or every 30 s), so that
+        the spend a finished launch prints is the one `orch collect` reads."""
+        with self.lock:
+            if self._entries is not None:
+                self._save()
+
     def _save(self) -> None:
         from orchestrator.store.base import put_json
 

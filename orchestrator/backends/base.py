@@ -96,6 +96,9 @@ class Backend(Protocol):
     def teardown(self) -> List[str]:
         """Remove the sweep's per-sweep resources (after its runs stopped); returns what went."""
 
+    def flush(self) -> None:
+        """Write to the store what the backend keeps in memory between writes (the cost ledger's newest times)."""
+
     def drain_outcomes(self) -> List[Outcome]:
         """Outcomes of attempts that ended before their agent ran, since the last call (the controller records them)."""
 
@@ -123,6 +126,9 @@ class BackendBase:
 
     def teardown(self) -> List[str]:
         return []
+
+    def flush(self) -> None:
+        pass
 
     def drain_outcomes(self) -> List[Outcome]:
         return []

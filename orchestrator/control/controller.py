@@ -479,6 +479,12 @@ class Controller:
         self._show(row, False)
         return True
 
+    def _flush(self) -> None:
+        try:
+            self.backend.flush()
+        except Exception as exc:  # the store may be why the loop ended; the ledger's last write stands
+            log.warning("could not save the cost ledger at the end: %s", exc)
+
     def run(
         self, on_progress: Callable[[Progress], None] = lambda p: None, interval: Optional[float] = None
     ) -> Progress:
@@ -504,6 +510,7 @@ class Controller:
         try:
             retry_until(one_pass, timeout=None, interval=interval)
         finally:
+            self._flush()
             if self.lease is not None:
                 self.lease.release("every run is final" if last and last[0].done else "the controller's loop ended")
         return last[0]

@@ -118,6 +118,9 @@ class AwsBackend(BackendBase):
     def spend(self) -> float:
         return self.state.ledger.spend()
 
+    def flush(self) -> None:
+        self.state.ledger.flush()
+
     def release(self, host: Host) -> None:
         if host.host_id == ACQUIRING:
             return
