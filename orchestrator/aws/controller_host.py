@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from orchestrator.aws.ec2 import LIVE_STATES, sweep_tags
+from orchestrator.aws.ec2 import sweep_instances, sweep_tags
 
 ROLE_TAG, CONTROLLER_ROLE = "orch:role", "controller"
 # Amazon Linux 2023, the newest of the type's architecture (owner amazon): what `aws.controller.image` defaults to.
@@ -42,25 +42,4 @@ def default_image(ec2, instance_type: str) -> str:
 
 def controllers(ec2, sweep: str, states: Optional[List[str]] = None) -> List[dict]:
     """The sweep's controller instances (normally none or one): id, state, type, addresses, pinned host key."""
-    filters = [
-        {"Name": "tag:orch:sweep", "Values": [sweep]},
-        {"Name": f"tag:{ROLE_TAG}", "Values": [CONTROLLER_ROLE]},
-        {"Name": "instance-state-name", "Values": states or LIVE_STATES},
-    ]
-    out = []
-    for page in ec2.get_paginator("describe_instances").paginate(Filters=filters):
-        for res in page["Reservations"]:
-            for i in res["Instances"]:
-                tags = {t["Key"]: t["Value"] for t in i.get("Tags", [])}
-                out.append(
-                    {
-                        "instance_id": i["InstanceId"],
-                        "state": i["State"]["Name"],
-                        "type": i.get("InstanceType", ""),
-                        "az": i.get("Placement", {}).get("AvailabilityZone", ""),
-                        "private_ip": i.get("PrivateIpAddress", ""),
-                        "public_ip": i.get("PublicIpAddress", ""),
-                        "host_key": tags.get("orch:hostkey", ""),
-                    }
-                )
-    return out
+    return sweep_instances(ec2, sweep, states, tags={ROLE_TAG: CONTROLLER_ROLE})

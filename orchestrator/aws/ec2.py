@@ -267,11 +267,15 @@ def template_data(ec2, template_id: str) -> dict:
 # --- watching and releasing ------------------------------------------------------------------------
 
 
-def sweep_instances(ec2, sweep: str, states: Optional[List[str]] = None) -> List[dict]:
-    """Instances tagged with the sweep, in one paginated DescribeInstances, as plain dicts."""
+def sweep_instances(
+    ec2, sweep: str, states: Optional[List[str]] = None, tags: Optional[Dict[str, str]] = None
+) -> List[dict]:
+    """Instances tagged with the sweep (and with `tags`, if given), in one paginated DescribeInstances, as plain
+    dicts."""
     out = []
     filters = [
         {"Name": "tag:orch:sweep", "Values": [sweep]},
+        *({"Name": f"tag:{k}", "Values": [v]} for k, v in (tags or {}).items()),
         {"Name": "instance-state-name", "Values": states or LIVE_STATES},
     ]
     for page in ec2.get_paginator("describe_instances").paginate(Filters=filters):

@@ -124,7 +124,6 @@ def instance_profile_policy(
     """What an instance of the sweep may do: its own S3 prefix, read its `data:` prefixes (and use the
     KMS keys those buckets encrypt with), and terminate (and untag: a packed run gives its slot back)
     instances of its sweep."""
-    base = f"{prefix}/{sweep}" if prefix else sweep
     reads = []
     for url in data:
         where = parse_s3(url)
@@ -141,17 +140,7 @@ def instance_profile_policy(
     policy = {
         "Version": "2012-10-17",
         "Statement": [
-            {
-                "Effect": "Allow",
-                "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
-                "Resource": [f"arn:aws:s3:::{bucket}/{base}/*"],
-            },
-            {
-                "Effect": "Allow",
-                "Action": ["s3:ListBucket"],
-                "Resource": [f"arn:aws:s3:::{bucket}"],
-                "Condition": {"StringLike": {"s3:prefix": [f"{base}/*"]}},
-            },
+            *store_statements(bucket, prefix, sweep),
             {
                 "Effect": "Allow",
                 "Action": ["ec2:TerminateInstances", "ec2:DeleteTags"],
