@@ -205,3 +205,25 @@ def test_the_controller_terminates_its_own_instance_at_max_hours(orch, cloud, id
     assert status(orch, "short")["run"]["state"] != "succeeded"  # the run never finished: the net ended it
     assert orch("down", "short").code == 0
     assert not any(cloud.leftovers("short").values()), cloud.leftovers("short")
+
+
+@pytest.mark.timeout(1200)
+def test_two_remote_launches_racing_leave_one_controller_and_run_each_run_once(orch, cloud, identity, job):
+    path = remote_sweep(orch, cloud, identity, job, "race")
+    racers = [orch.popen("launch", str(path), "--remote") for _ in range(2)]
+    outs = [p.communicate(timeout=900)[0] for p in racers]
+    assert [p.returncode for p in racers] == [0, 0], outs
+    assert sum("Adopted" in out for out in outs) == 1, outs  # one started the controller, the other adopted it
+    # the loser's instance, if it bought one, is terminated by the loser (or by its own refused controller)
+    [ctl] = retry_until(
+        lambda: len(controller_ids(cloud, "race")) == 1 and controller_ids(cloud, "race"), 300, 1.0, "one controller"
+    )
+    assert ctl in orch("status", "race").out  # the one that holds the sweep
+    retry_until(lambda: status(orch, "race").get("run", {}).get("state") == "running", 180, 0.5, "the run to start")
+    job.release.touch()
+    retry_until(lambda: status(orch, "race").get("run", {}).get("state") == "succeeded", 300, 1.0, "the run to end")
+    assert [s[1] for s in starts(job.marks)] == ["1"] and not (job.marks / "DUPLICATE").exists()
+    d = orch("down", "race")
+    assert d.code == 0, d.out + d.err
+    assert not any(cloud.leftovers("race").values()), cloud.leftovers("race")
+    assert not controller_ids(cloud, "race", ("pending", "running", "stopping", "stopped"))

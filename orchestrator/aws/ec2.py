@@ -165,18 +165,27 @@ def ensure_security_group(ec2, sweep: str, vpc_id: str, cidr: str) -> str:
     from orchestrator.wait import retry_until
 
     name = f"orch-{sweep}"
-    found = ec2.describe_security_groups(
-        Filters=[{"Name": "group-name", "Values": [name]}, {"Name": "vpc-id", "Values": [vpc_id]}]
-    )["SecurityGroups"]
-    if found:
-        gid = found[0]["GroupId"]
+
+    def found() -> list:
+        return ec2.describe_security_groups(
+            Filters=[{"Name": "group-name", "Values": [name]}, {"Name": "vpc-id", "Values": [vpc_id]}]
+        )["SecurityGroups"]
+
+    existing = found()
+    if existing:
+        gid = existing[0]["GroupId"]
     else:
-        gid = ec2.create_security_group(
-            GroupName=name,
-            Description=f"orch sweep {sweep}: ssh from one address, and its own instances",
-            VpcId=vpc_id,
-            TagSpecifications=[{"ResourceType": "security-group", "Tags": sweep_tags(sweep)}],
-        )["GroupId"]
+        try:
+            gid = ec2.create_security_group(
+                GroupName=name,
+                Description=f"orch sweep {sweep}: ssh from one address, and its own instances",
+                VpcId=vpc_id,
+                TagSpecifications=[{"ResourceType": "security-group", "Tags": sweep_tags(sweep)}],
+            )["GroupId"]
+        except ClientError as exc:  # a racing launch of the sweep made it meanwhile: use that one
+            if _code(exc) != "InvalidGroup.Duplicate" or not found():
+                raise
+            gid = found()[0]["GroupId"]
     rules = [
         {
             "IpProtocol": "tcp",
@@ -244,17 +253,27 @@ def launch_template_data(image: dict, sg_id: str, volume_gb: int, profile: Optio
 
 
 def ensure_launch_template(ec2, sweep: str, data: dict) -> str:
+    from botocore.exceptions import ClientError
+
     name = f"orch-{sweep}"
-    found = ec2.describe_launch_templates(Filters=[{"Name": "launch-template-name", "Values": [name]}])[
-        "LaunchTemplates"
-    ]
-    if found:
-        return found[0]["LaunchTemplateId"]
-    return ec2.create_launch_template(
-        LaunchTemplateName=name,
-        LaunchTemplateData=data,
-        TagSpecifications=[{"ResourceType": "launch-template", "Tags": sweep_tags(sweep)}],
-    )["LaunchTemplate"]["LaunchTemplateId"]
+
+    def found() -> list:
+        return ec2.describe_launch_templates(Filters=[{"Name": "launch-template-name", "Values": [name]}])[
+            "LaunchTemplates"
+        ]
+
+    if found():
+        return found()[0]["LaunchTemplateId"]
+    try:
+        return ec2.create_launch_template(
+            LaunchTemplateName=name,
+            LaunchTemplateData=data,
+            TagSpecifications=[{"ResourceType": "launch-template", "Tags": sweep_tags(sweep)}],
+        )["LaunchTemplate"]["LaunchTemplateId"]
+    except ClientError as exc:  # a racing launch of the sweep made it meanwhile: use that one
+        if _code(exc) != "InvalidLaunchTemplateName.AlreadyExistsException" or not found():
+            raise
+        return found()[0]["LaunchTemplateId"]
 
 
 def template_data(ec2, template_id: str) -> dict:

@@ -214,6 +214,34 @@ def ensure_controller_profile(
     return ensure_role_profile(iam, controller_iam_name(sweep), sweep, policy, "the sweep's controller profile")
 
 
+def _profile_with_role(iam, name: str, tags: list) -> None:
+    """The instance profile `name` holding the role `name`. Two launches of one sweep may race here: the one that
+    finds the profile or its role already made by the other uses them (AWS answers EntityAlreadyExists, or
+    LimitExceeded for a second role, one role being a profile's quota)."""
+    from botocore.exceptions import ClientError
+
+    def current() -> dict:
+        try:
+            return iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"]
+        except ClientError as exc:
+            if _code(exc) != "NoSuchEntity":
+                raise
+        try:
+            return iam.create_instance_profile(InstanceProfileName=name, Tags=tags)["InstanceProfile"]
+        except ClientError as exc:
+            if _code(exc) != "EntityAlreadyExists":
+                raise
+            return iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"]
+
+    if any(r["RoleName"] == name for r in current().get("Roles", [])):
+        return
+    try:
+        iam.add_role_to_instance_profile(InstanceProfileName=name, RoleName=name)
+    except ClientError as exc:
+        if _code(exc) != "LimitExceeded" or not any(r["RoleName"] == name for r in current().get("Roles", [])):
+            raise
+
+
 def ensure_role_profile(iam, name: str, sweep: str, policy: dict, what: str) -> str:
     """A role and instance profile of that name with this inline policy and orch's boundary (created or updated)."""
     from botocore.exceptions import ClientError
@@ -233,14 +261,7 @@ def ensure_role_profile(iam, name: str, sweep: str, policy: dict, what: str) -> 
             if _code(exc) != "EntityAlreadyExists":
                 raise
         iam.put_role_policy(RoleName=name, PolicyName="orch-sweep", PolicyDocument=json.dumps(policy))
-        try:
-            profile = iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"]
-        except ClientError as exc:
-            if _code(exc) != "NoSuchEntity":
-                raise
-            profile = iam.create_instance_profile(InstanceProfileName=name, Tags=tags)["InstanceProfile"]
-        if not any(r["RoleName"] == name for r in profile.get("Roles", [])):
-            iam.add_role_to_instance_profile(InstanceProfileName=name, RoleName=name)
+        _profile_with_role(iam, name, tags)
     except ClientError as exc:
         if _code(exc) == "AccessDenied":
             raise AwsFatal(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import click
@@ -10,6 +11,7 @@ import click
 from orchestrator.cli.common import _parts, expected_errors
 from orchestrator.errors import OrchError
 
+STARTING_S = 900.0  # a controller instance younger than this may still be installing and taking the sweep
 FIRST_PASS_S = 300.0  # after the install: the supervisor starts, the controller takes the lease (its first pass)
 
 
@@ -36,40 +38,81 @@ def launch_remote(con, sweep) -> None:
         return
     backend.preflight()
     new = Controller(sweep, backend, store, state).prepare()
-    for old in live_controllers(
-        backend.ec2, sweep
-    ):  # its lease lapsed: that controller is gone, its instance serves nobody
-        from orchestrator.aws.ec2 import terminate
-
-        terminate(backend.ec2, [old["instance_id"]])
-        con.print(f"terminated {old['instance_id']}, the sweep's earlier controller (its lease lapsed)", markup=False)
+    if _adopt_or_clear(con, backend, store, sweep, live_controllers(backend.ec2, sweep)):
+        _follow(con, name)
+        return
     con.print(
         f"{'launching' if new else 'continuing'} sweep [bold]{name}[/]: {len(sweep.runs)} runs, max_parallel "
         f"{sweep.spec.max_parallel}, store {sweep.store_url}; its controller on a "
         f"{sweep.spec.aws.controller.instance_type}"
     )
     ctl = launch_controller(backend.state, backend.bootstrap(), say=lambda text: con.print(text, markup=False))
-    _wait_first_pass(store, name, ctl)
-    con.print(
-        f"the controller runs on instance {ctl.instance_id} ({ctl.instance_type}, {ctl.region}); this machine "
-        "may sleep now.",
-        markup=False,
-    )
+    holder = _wait_first_pass(store, name, ctl)
+    if holder == ctl.instance_id:
+        con.print(
+            f"the controller runs on instance {ctl.instance_id} ({ctl.instance_type}, {ctl.region}); this machine "
+            "may sleep now.",
+            markup=False,
+        )
+    else:  # another launch raced this one and its controller took the sweep first: ours serves nobody
+        from orchestrator.aws.ec2 import terminate
+
+        terminate(backend.ec2, [ctl.instance_id])
+        con.print(
+            f"another launch's controller on {holder} took the sweep first; this launch's instance "
+            f"{ctl.instance_id} is terminated. Adopted; nothing new started.",
+            markup=False,
+        )
     _follow(con, name)
 
 
-def _wait_first_pass(store, name: str, ctl) -> None:
+def _adopt_or_clear(con, backend, store, sweep, found: list) -> bool:
+    """Controller instances of the sweep that exist although no live lease did when this launch began. One that is
+    young may be another launch's, still starting: wait for it to take the sweep and adopt it (True). One that never
+    took it, or whose lease lapsed, serves nobody: terminate it."""
+    from orchestrator.aws.ec2 import terminate
+    from orchestrator.control.lease import read_lease
+    from orchestrator.wait import Timeout, retry_until
+
+    name = sweep.spec.name
+    for old in found:
+        iid = old["instance_id"]
+
+        def holds() -> bool:
+            lease, _ = read_lease(store, name)
+            return lease is not None and lease.alive() and lease.holder.instance_id == iid
+
+        left = (old.get("launch_time") or 0.0) + STARTING_S - time.time()
+        if holds() or left > 0:
+            if not holds():
+                con.print(f"another launch is starting this sweep's controller on {iid}; waiting for it", markup=False)
+            try:
+                retry_until(holds, max(left, 1.0), 2.0, f"the controller on {iid} to take the sweep")
+                con.print(f"sweep {name} runs on its remote controller {iid}. Adopted; nothing new started.")
+                return True
+            except Timeout:
+                pass
+        terminate(backend.ec2, [iid])
+        con.print(f"terminated {iid}, the sweep's earlier controller (it does not hold the sweep)", markup=False)
+    return False
+
+
+def _wait_first_pass(store, name: str, ctl) -> str:
+    """The instance whose controller took the sweep: this launch's, or a racing launch's."""
     from orchestrator.aws import ec2 as api
     from orchestrator.control.lease import read_lease
     from orchestrator.store import layout
     from orchestrator.wait import Timeout, retry_until
 
-    def taken() -> bool:
+    def taken() -> str:
         lease, _ = read_lease(store, name)
-        return lease is not None and lease.holder.instance_id == ctl.instance_id
+        if lease is None or not lease.holder.instance_id:
+            return ""
+        mine = lease.holder.instance_id == ctl.instance_id
+        return lease.holder.instance_id if mine or lease.alive() else ""
 
     try:
-        retry_until(taken, FIRST_PASS_S, 1.0, "the remote controller's first pass")
+        return retry_until(taken, FIRST_PASS_S, 1.0, "the remote controller's first pass")
     except Timeout:
         log = (store.get_bytes(layout.controller_log_key(name)) or b"").decode(errors="replace")[-1500:]
         api.terminate(api.client("ec2", ctl.region), [ctl.instance_id])
