@@ -183,9 +183,10 @@ def ensure_security_group(ec2, sweep: str, vpc_id: str, cidr: str) -> str:
                 TagSpecifications=[{"ResourceType": "security-group", "Tags": sweep_tags(sweep)}],
             )["GroupId"]
         except ClientError as exc:  # a racing launch of the sweep made it meanwhile: use that one
-            if _code(exc) != "InvalidGroup.Duplicate" or not found():
+            existing = found() if _code(exc) == "InvalidGroup.Duplicate" else []
+            if not existing:
                 raise
-            gid = found()[0]["GroupId"]
+            gid = existing[0]["GroupId"]
     rules = [
         {
             "IpProtocol": "tcp",
@@ -262,8 +263,9 @@ def ensure_launch_template(ec2, sweep: str, data: dict) -> str:
             "LaunchTemplates"
         ]
 
-    if found():
-        return found()[0]["LaunchTemplateId"]
+    existing = found()
+    if existing:
+        return existing[0]["LaunchTemplateId"]
     try:
         return ec2.create_launch_template(
             LaunchTemplateName=name,
@@ -271,9 +273,10 @@ def ensure_launch_template(ec2, sweep: str, data: dict) -> str:
             TagSpecifications=[{"ResourceType": "launch-template", "Tags": sweep_tags(sweep)}],
         )["LaunchTemplate"]["LaunchTemplateId"]
     except ClientError as exc:  # a racing launch of the sweep made it meanwhile: use that one
-        if _code(exc) != "InvalidLaunchTemplateName.AlreadyExistsException" or not found():
+        existing = found() if _code(exc) == "InvalidLaunchTemplateName.AlreadyExistsException" else []
+        if not existing:
             raise
-        return found()[0]["LaunchTemplateId"]
+        return existing[0]["LaunchTemplateId"]
 
 
 def template_data(ec2, template_id: str) -> dict:

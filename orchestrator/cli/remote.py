@@ -83,11 +83,13 @@ def _adopt_or_clear(con, backend, store, sweep, found: list) -> bool:
             return lease is not None and lease.alive() and lease.holder.instance_id == iid
 
         left = (old.get("launch_time") or 0.0) + STARTING_S - time.time()
-        if holds() or left > 0:
-            if not holds():
+        held = holds()
+        if held or left > 0:
+            if not held:
                 con.print(f"another launch is starting this sweep's controller on {iid}; waiting for it", markup=False)
             try:
-                retry_until(holds, max(left, 1.0), 2.0, f"the controller on {iid} to take the sweep")
+                if not held:  # left > 0 here
+                    retry_until(holds, left, 2.0, f"the controller on {iid} to take the sweep")
                 con.print(f"sweep {name} runs on its remote controller {iid}. Adopted; nothing new started.")
                 return True
             except Timeout:
