@@ -47,6 +47,8 @@ def test_the_controller_section_has_working_defaults_and_is_no_part_of_the_recor
         ("      controller: {max_hours: 0}\n", "max_hours"),
         ("      controller: {max_hours: 100000}\n", "max_hours"),
         ("      controller: {python: ''}\n", "python"),
+        ("      controller: {python: '$(id)'}\n", "python"),
+        ("      controller: {instance_type: '../t3;rm'}\n", "instance_type"),
     ],
 )
 def test_a_bad_controller_section_is_refused_with_the_field(tmp_path, extra, words):

@@ -66,7 +66,9 @@ class ControllerSection(Strict):
     Its defaults follow tests/bench/test_bench_remote.py: a pass at 10,000 runs needs well under 1 GiB and a
     fraction of a CPU second, so the smallest burstable type serves (README: Sweeps that run unattended)."""
 
-    instance_type: str = Field("t3.micro", min_length=1, description="EC2 type of the controller's instance.")
+    instance_type: str = Field(
+        "t3.micro", pattern=r"^[a-z0-9-]+\.[a-z0-9-]+$", description="EC2 type of the controller's instance."
+    )
     image: Optional[str] = Field(
         None,
         min_length=1,
@@ -78,7 +80,7 @@ class ControllerSection(Strict):
     image_owner: str = Field("amazon", description="Owner of `image` when it is a name pattern.")
     python: str = Field(
         "python3.11",
-        min_length=1,
+        pattern=r"^[A-Za-z0-9_./+-]+$",  # a command name or path: it is run over SSH, however quoted
         description=(
             "Interpreter on the image (3.10 or newer) to run orch; installed with dnf and pip when missing (Amazon "
             "Linux 2023's python3 is 3.9)."
