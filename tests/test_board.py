@@ -245,7 +245,16 @@ def serving(orch, tmp_path, *args):
     """`orch tensorboard` started and answering; (process, port, what it started)."""
     sweep, store = make(tmp_path)
     put_run(store, sweep.runs[0].run_id, lines({"step": 1, "loss": 0.5}))
-    proc = orch.popen("tensorboard", str(sweep.path), "--port", "0", "--logdir", str(tmp_path / "live"), *args)
+    proc = orch.popen(  # SIGINT as from a terminal: a shell's background job (a CI runner's) starts with it ignored
+        "tensorboard",
+        str(sweep.path),
+        "--port",
+        "0",
+        "--logdir",
+        str(tmp_path / "live"),
+        *args,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     first = proc.stdout.readline()
     assert "http://127.0.0.1:" in first, first + proc.stdout.read()
     port = int(first.split("http://127.0.0.1:")[1].split("/")[0])

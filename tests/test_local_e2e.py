@@ -177,7 +177,11 @@ def test_controller_killed_mid_sweep_then_relaunched(orch, job):
     # no run ran twice at once, and every run ran exactly once: running ones were adopted
     assert not (job.marks / "DUPLICATE").exists()
     assert sorted(run for run, _ in starts(job.marks)) == sorted(final)
-    assert all(v["attempt"] == 1 for v in final.values())
+    # a run killed between its claim and its start (starting, no session yet) is claimed again as attempt 2: the
+    # attempt number fences a claim that may yet start somewhere (on AWS, an instance from a CreateFleet unseen)
+    again = {k for k, v in mid.items() if v["state"] == "starting"}
+    assert all(v["attempt"] == 1 or (k in again and v["attempt"] == 2) for k, v in final.items()), (mid, final)
+    assert all(final[k]["attempt"] == 1 for k, v in mid.items() if v["state"] == "running")  # adopted, not restarted
     for k, data in snapshot.items():  # finished results untouched
         assert orch.store("crashy", k, "metrics.jsonl").read_bytes() == data
 
