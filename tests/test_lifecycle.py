@@ -72,6 +72,27 @@ def test_claim_starts_a_new_attempt_and_counts_a_preemption():
             life.claim(RunStatus(run_id="r", state=final))
 
 
+def test_attempts_lost_soon_after_their_claim_are_counted_in_a_row_and_end_the_run():
+    """An agent or host that keeps dying (a crash at every attempt) is not the spot market: a cap, not a loop."""
+    s = RunStatus(run_id="r")
+    for n in range(life.MAX_QUICK_LOSSES):
+        s = life.claim(s, now=NOW)
+        assert s.quick_losses == n
+        life.lose(s, "host lost", now=NOW + 5)
+    assert life.quick_loss(s) and life.claim(s, now=NOW + 6).quick_losses == life.MAX_QUICK_LOSSES
+    gone = life.claim(RunStatus(run_id="r"), now=NOW)  # active with its host gone (its session vanished)
+    assert life.quick_loss(gone, now=NOW + 1) and not life.quick_loss(gone, now=NOW + life.QUICK_LOSS_S)
+    life.give_up(s, "failed for good", now=NOW + 7)
+    assert (s.state, s.failures, s.quick_losses, s.finished_at) == (RunState.FAILED, 0, life.MAX_QUICK_LOSSES, NOW + 7)
+    # a long attempt, a notice, or any other ending starts the count again
+    again = RunStatus(run_id="r", state="lost", quick_losses=3, started_at=NOW, finished_at=NOW + life.QUICK_LOSS_S)
+    assert not life.quick_loss(again) and life.claim(again, now=NOW).quick_losses == 0
+    noticed = RunStatus(run_id="r", state="interrupted", quick_losses=3, started_at=NOW, finished_at=NOW + 1)
+    assert life.claim(noticed, now=NOW + 2).quick_losses == 0
+    with pytest.raises(Impossible):
+        life.give_up(RunStatus(run_id="r", state=RunState.SUCCEEDED), "x")
+
+
 def test_verdicts_set_state_reason_and_end_together():
     s = life.stop(RunStatus(run_id="r", state="starting", attempt=1), "stopped by orch down", now=NOW)
     assert (s.state, s.reason, s.finished_at) == (RunState.STOPPED, "stopped by orch down", NOW)

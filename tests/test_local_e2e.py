@@ -186,6 +186,22 @@ def test_controller_killed_mid_sweep_then_relaunched(orch, job):
         assert orch.store("crashy", k, "metrics.jsonl").read_bytes() == data
 
 
+def test_a_host_that_dies_at_every_attempt_fails_the_run_for_good_not_attempt_after_attempt(orch):
+    """Each attempt's session dies at once (as a crashing agent's or host's would): no notice, so not the spot
+    market; after a few in a row the run fails with the reason instead of climbing to attempt 78."""
+    path = orch.sweep("""
+        name: dying
+        command: "tmux kill-session"
+        store: store
+    """)
+    r = orch("launch", str(path), timeout=300)
+    assert r.code == 1, r.out + r.err
+    final = status(orch, "dying")["run"]
+    assert (final["state"], final["attempt"], final["failures"]) == ("failed", 5, 0), final
+    assert "5 attempts in a row were lost within 10 min of their start" in final["reason"], final
+    assert "5 attempts in a row were lost" in r.out and "Traceback" not in r.out + r.err
+
+
 def test_failing_command_retried_then_reported(orch, job):
     path = orch.sweep(f"""
         name: faily

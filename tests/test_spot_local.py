@@ -111,6 +111,8 @@ def st(state, **kw):
             REPLACE,
         ),  # reported, then went silent
         (st("failed", no_shows=3), None, DONE),  # hosts that never report end the run: no replacement loop
+        (st("failed", quick_losses=5), None, DONE),  # attempts lost again and again soon after their claim: too
+        (st("failed", failures=1, quick_losses=4), None, START),
         # a run on several instances needs every node of its attempt
         (st("running", heartbeat=NOW - 5), Host("r", "i-1", "a", nodes=2, missing=1), REPLACE),
         (st("starting", heartbeat=NOW - 5), Host("r", "i-1", "a", nodes=2, missing=1), REPLACE),

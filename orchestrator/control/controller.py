@@ -89,7 +89,8 @@ def decide(
                 return REPLACE  # its agent never reported, e.g. a controller died between CreateFleet and the agent
         return WAIT
     if status.state == FAILED:
-        return DONE if status.failures > max_restarts or status.no_shows >= MAX_NO_SHOWS else START
+        spent = status.no_shows >= MAX_NO_SHOWS or status.quick_losses >= life.MAX_QUICK_LOSSES
+        return DONE if status.failures > max_restarts or spent else START
     return START  # queued, stopped, interrupted, lost, or active with its host gone
 
 
@@ -458,6 +459,8 @@ class Controller:
             run = self.table.runs[run.run_id] = self.trials.bound(run)
         was_lost = life.preempted(previous)
         status = life.claim(previous)
+        if status.quick_losses >= life.MAX_QUICK_LOSSES:
+            return self._give_up(row, previous, version)
         if not self._write(status, version):  # claim it before a host exists; never over a record this pass did not see
             return False
         replaces = previous.host if was_lost and previous.host not in ("", "localhost") else ""
@@ -478,6 +481,19 @@ class Controller:
         row.status, row.hosted = status, True  # its host is on its way
         self._show(row, False)
         return True
+
+    def _give_up(self, row: Row, previous: RunStatus, version: Optional[str]) -> bool:
+        reason = (
+            f"failed for good: {life.MAX_QUICK_LOSSES} attempts in a row were lost within "
+            f"{life.QUICK_LOSS_S / 60:.0f} min of their start (the agent or its host keeps dying; a spot reclaim "
+            "comes with a notice). Last: " + (previous.reason or str(previous.state)) + ". See `orch logs` and the "
+            "agent's log (`aws.keep_alive: true`, then `orch attach`)."
+        )
+        if self._write(life.give_up(previous, reason), version):
+            self._show(row, True)
+            log.warning("%s: %s", previous.run_id, reason)
+            self.state.journal(self.name, "give-up", previous.run_id, reason)
+        return False
 
     def _flush(self) -> None:
         try:

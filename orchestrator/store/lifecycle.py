@@ -65,6 +65,7 @@ class RunStatus:
     failures: int = 0  # attempts whose command failed (they count against max_restarts)
     preemptions: int = 0  # attempts lost to interruption or a vanished host (free)
     no_shows: int = 0  # attempts whose host never reported (its agent did not start); a few end the run
+    quick_losses: int = 0  # attempts in a row lost within QUICK_LOSS_S of their claim; MAX_QUICK_LOSSES end the run
     host: str = ""  # where the current attempt runs
     started_at: Optional[float] = None  # of the current attempt, unix seconds
     heartbeat: Optional[float] = None  # last sign of life from the agent (None until it first reported)
@@ -90,6 +91,21 @@ class RunStatus:
             return None
         end = self.finished_at or self.heartbeat or time.time()
         return max(0.0, end - self.started_at)
+
+
+# An attempt lost (its host vanished or went silent, no notice) this soon after its claim, again and again, is an
+# agent or a host that keeps dying, not the spot market (whose reclaims come with a notice): after
+# MAX_QUICK_LOSSES in a row the run fails for good instead of starting (and on AWS paying for) host after host.
+QUICK_LOSS_S = 600.0
+MAX_QUICK_LOSSES = 5
+
+
+def quick_loss(status: RunStatus, now: Optional[float] = None) -> bool:
+    """The attempt ended lost (or is active with its host gone) within QUICK_LOSS_S of its claim."""
+    if not (status.state in ACTIVE or status.state == RunState.LOST) or status.started_at is None:
+        return False
+    end = status.finished_at or status.heartbeat or (time.time() if now is None else now)
+    return end - status.started_at < QUICK_LOSS_S
 
 
 class StopReason(_Word):
@@ -190,6 +206,7 @@ def claim(previous: RunStatus, now: Optional[float] = None) -> RunStatus:
         failures=previous.failures,
         preemptions=previous.preemptions + (1 if preempted(previous) else 0),
         no_shows=previous.no_shows,
+        quick_losses=previous.quick_losses + 1 if quick_loss(previous, now) else 0,
         started_at=now,
         first_started_at=previous.first_started_at or now,
         pruned=previous.pruned,
@@ -212,6 +229,15 @@ def fail(status: RunStatus, reason: str, failure: bool = True, now: Optional[flo
     """The controller's verdict that the attempt failed (provisioning failed; hosts that never reported)."""
     _move(status, "fail", ACTIVE, RunState.FAILED, reason)
     status.failures += 1 if failure else 0
+    status.finished_at = time.time() if now is None else now
+    return status
+
+
+def give_up(status: RunStatus, reason: str, now: Optional[float] = None) -> RunStatus:
+    """Instead of a new attempt: MAX_QUICK_LOSSES attempts in a row were lost soon after their claim (failed for
+    good; not a failure of the command, so max_restarts is not what ended it)."""
+    _move(status, "give up", ACTIVE | {RunState.LOST}, RunState.FAILED, reason)
+    status.quick_losses += 1
     status.finished_at = time.time() if now is None else now
     return status
 

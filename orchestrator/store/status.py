@@ -46,6 +46,7 @@ _TYPES = {
     "failures": int,
     "preemptions": int,
     "no_shows": int,
+    "quick_losses": int,
     "host": str,
     "reason": str,
     "log_tail": str,
