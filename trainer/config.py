@@ -91,7 +91,7 @@ USAGE = """The bundled trainer: DAWNBench-class image classification, resumable 
     python -m trainer --preset digits                      # one process, CPU or one GPU
     torchrun --nproc_per_node 8 -m trainer --preset dawnbench-rn18 --data-dir ~/data
 
-Config, later overriding earlier: the defaults (train.py: DEFAULTS) < --preset < --config FILE (YAML/JSON) <
+Config, later overriding earlier: the defaults (presets.py: DEFAULTS) < --preset < --config FILE (YAML/JSON) <
 $ORCH_PARAMS_JSON (set by orch for each run) < command-line flags. Output goes to --out (default
 $ORCH_RUN_DIR): config.json, metrics.jsonl, summary.json and ckpt/<step>/ with MANIFEST.json.
 SIGUSR1 checkpoints at once and goes on; SIGTERM checkpoints and exits with 143.
@@ -107,7 +107,7 @@ def build_parser(defaults: Dict[str, Any], presets: Dict[str, Any]) -> argparse.
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     from .validate import CHOICES, option_help
 
-    helps = option_help((Path(__file__).with_name("train.py")).read_text())
+    helps = option_help((Path(__file__).with_name("presets.py")).read_text())
     for key, default in defaults.items():
         kind = _parse_bool if isinstance(default, bool) else type(default)
         choices = [c for c in CHOICES.get(key, ()) if c]

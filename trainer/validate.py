@@ -195,7 +195,7 @@ def _points(
 
 
 def option_help(source: str) -> Dict[str, str]:
-    """Each option's trailing comment in the DEFAULTS block of train.py's source: the one text both read."""
+    """Each option's trailing comment in the DEFAULTS block of presets.py's source: the one text both read."""
     import re
 
     block = source.split("DEFAULTS = dict(", 1)[-1].split("\n)", 1)[0]
