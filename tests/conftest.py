@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,9 @@ def _never_real_aws():
     os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
 
 
+STATUS_GAP_S = 1.0  # run_states: at least this long between two `orch status` calls of one test
+
+
 @dataclass
 class CliResult:
     code: int
@@ -80,6 +84,7 @@ class Orch:
         self.env = dict(os.environ, ORCH_HOME=str(self.home), ORCH_TMUX_SOCKET=self.socket, COLUMNS="200")
         self.env.pop("TMUX", None)
         self.env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+        self.last_status = 0.0  # (monotonic) when run_states last returned
 
     def argv(self, *args: str):
         return [sys.executable, "-X", "faulthandler", "-m", "orchestrator.cli", *args]
@@ -213,7 +218,11 @@ def run_states(orch: "Orch", sweep: str) -> dict:
     """`orch status SWEEP --json` as {run_id: run}; {} until the controller has registered the sweep."""
     import json
 
+    # each call is a Python process that imports boto3 and makes clients (about 1 s of CPU): a wait that polls
+    # through it every 0.2 s kept a core busy on a 2-core machine. Calls are spaced STATUS_GAP_S apart.
+    time.sleep(max(0.0, orch.last_status + STATUS_GAP_S - time.monotonic()))
     r = orch("status", sweep, "--json")
+    orch.last_status = time.monotonic()
     if "no sweep named" in r.err:
         return {}
     assert r.code == 0, r.err

@@ -333,7 +333,7 @@ class FakeCloud:
     def __init__(
         self,
         root: Path,
-        poll_s: float = 0.2,
+        poll_s: float = 0.5,
         boot_s: float = 0.0,
         cold_s: float = 0.0,
         strict: Optional[Strictness] = None,
@@ -550,8 +550,10 @@ class FakeCloud:
                 print(f"fakecloud watcher: {type(exc).__name__}: {exc}", file=sys.stderr)
 
     def reconcile(self, ec2) -> None:
-        running = {}
-        for res in ec2.describe_instances()["Reservations"]:
+        running = {}  # (only running ones asked for: moto renders every instance it ever had, terminated ones too)
+        for res in ec2.describe_instances(Filters=[{"Name": "instance-state-name", "Values": ["running"]}])[
+            "Reservations"
+        ]:
             for i in res["Instances"]:
                 if i["State"]["Name"] == "running":
                     running[i["InstanceId"]] = i

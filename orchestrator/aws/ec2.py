@@ -56,10 +56,9 @@ def quota_name(market: str, instance_type: str) -> str:
 
 
 def client(service: str, region: str):
-    import boto3
-    from botocore.config import Config
+    from orchestrator.store import clients
 
-    return boto3.client(service, region_name=region, config=Config(retries={"mode": "standard", "max_attempts": 8}))
+    return clients.client(service, region, max_attempts=8)
 
 
 def _code(exc) -> str:

@@ -29,13 +29,14 @@ class S3Store:
     metered = True  # S3 bills every request: PUT, COPY, POST, LIST $0.005 and GET $0.0004 per 1,000 (Standard)
 
     def __init__(self, url: str, client=None, workers: int = 16):
-        import boto3
         from boto3.s3.transfer import TransferConfig
+
+        from orchestrator.store import clients
 
         where = parse_s3(url)
         self.bucket, self.prefix = where.bucket, where.prefix
         self.url = url.rstrip("/")
-        self.client = client or boto3.client("s3")
+        self.client = client or clients.client("s3")
         self.workers = workers
         self.transfer = TransferConfig(
             multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_THRESHOLD, max_concurrency=8

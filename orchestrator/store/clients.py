@@ -1,0 +1,42 @@
+"""One boto3 client per service, region and credentials for the life of a process.
+
+Creating a client loads its service's model and copies the session's event hooks: 0.13-0.26 s of CPU
+each. `orch status` on an S3 store made three S3 clients and one EC2 client (half its run time); now
+each is made once. boto3 clients are thread-safe; making one is not, hence the lock. The key holds the
+environment boto3 reads, so a process that changes its endpoint or credentials gets a client of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Dict, Optional, Tuple
+
+_ENV = (
+    "AWS_ENDPOINT_URL",
+    "AWS_PROFILE",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_DEFAULT_REGION",
+    "AWS_REGION",
+    "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+)
+_made: Dict[Tuple, Any] = {}
+_lock = threading.Lock()
+
+
+def client(service: str, region: Optional[str] = None, max_attempts: Optional[int] = None) -> Any:
+    """boto3's client for `service` (in `region`, or boto3's default), made once per process and environment;
+    `max_attempts`: botocore's standard retry mode with that many attempts."""
+    key = (service, region, max_attempts, tuple(os.environ.get(k) for k in _ENV))
+    with _lock:
+        made = _made.get(key)
+        if made is None:
+            import boto3
+            from botocore.config import Config
+
+            config = Config(retries={"mode": "standard", "max_attempts": max_attempts}) if max_attempts else None
+            made = _made[key] = boto3.client(service, region_name=region, config=config)
+        return made
