@@ -9,13 +9,16 @@ export PATH="$PWD/.venv/bin:$PATH"
 # e.g. `scripts/test.sh -m bench -s`; any -m given here replaces the default selection.
 select=(-m "not bench")
 for arg in "$@"; do [ "$arg" = "-m" ] && select=(); done
-# Two workers (pytest-xdist); each fake cloud takes a loopback /16 of its own (tests/fakecloud.py), so
-# two at once never share an address. ORCH_TEST_WORKERS=0 runs everything in this process; benchmarks
-# always do (a measurement must not share the machine).
-workers="${ORCH_TEST_WORKERS:-2}"
+# Three workers (pytest-xdist) on the two cores: many tests wait on fake boots, leases and passes, so a third
+# worker fills the idle CPU. Tests go out one at a time (--maxschedchunk 1), longest first (tests/conftest.py):
+# xdist's default hands each worker a block of consecutive tests, which gave the first worker every long test.
+# Each fake cloud takes a loopback /16 of its own (tests/fakecloud.py), so two at once never share an address.
+# ORCH_TEST_WORKERS=0 runs everything in this process; benchmarks always do (a measurement must not share the
+# machine).
+workers="${ORCH_TEST_WORKERS:-3}"
 for arg in "$@"; do [[ "$arg" == *bench* && "$arg" != *"not bench"* ]] && workers=0; done
 parallel=()
-[ "$workers" -gt 0 ] && parallel=(-n "$workers")
+[ "$workers" -gt 0 ] && parallel=(-n "$workers" --maxschedchunk 1)
 .venv/bin/python -m pytest tests "${select[@]}" "${parallel[@]}" "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # The longest tests (minutes each, mostly waiting on fake boots and real training) start first, so the
-# two workers share them instead of one worker ending the suite alone with the last of them.
+# workers share them instead of one worker ending the suite alone with the last of them.
 LONGEST_FIRST = (
     "test_acceptance_three_runs_with_realistic_boot",
     "test_every_run_interrupted_once",
@@ -39,14 +39,28 @@ LONGEST_FIRST = (
     "test_host_lost_without_notice_resumes",
     "test_four_ranks_resumed_mid_epoch",
     "test_compile_trains_and_matches_eager",
+    "test_a_lost_controller_instance_is_reported",
+    "test_the_controller_terminates_its_own_instance_at_max_hours",
+    "test_remote_controller_resumes_an_interrupted_run",
+    "test_four_one_gpu_runs_share_one_four_gpu_instance",
+    "test_resume_after_sigusr1_then_sigkill_is_bitwise_identical",
+    "test_resume_skips_a_broken_checkpoint",
+    "test_fast_muon_resumed_mid_epoch",
+    "test_ddp_run_interrupted_by_a_notice",
+    "test_terminated_instances_still_counting_toward_a_quota",
+    "test_gc_lists_and_down_all_removes_everything",
+    "test_two_process_torchrun_lands_in_the_same_band",
 )
 
 
 def pytest_collection_modifyitems(config, items):
-    """Known-long tests first (a stable sort: the rest keep their order)."""
+    """Known-long tests first, then the other `slow` ones (a stable sort: the rest keep their order)."""
 
     def rank(item) -> int:
-        return next((i for i, name in enumerate(LONGEST_FIRST) if item.name.startswith(name)), len(LONGEST_FIRST))
+        known = next((i for i, name in enumerate(LONGEST_FIRST) if item.name.startswith(name)), None)
+        if known is not None:
+            return known
+        return len(LONGEST_FIRST) + (item.get_closest_marker("slow") is None)
 
     items.sort(key=rank)
 
