@@ -194,7 +194,7 @@ def test_a_host_that_dies_at_every_attempt_fails_the_run_for_good_not_attempt_af
         command: "tmux kill-session"
         store: store
     """)
-    r = orch("launch", str(path), timeout=300)
+    r = orch("launch", str(path), timeout=240)
     assert r.code == 1, r.out + r.err
     final = status(orch, "dying")["run"]
     assert (final["state"], final["attempt"], final["failures"]) == ("failed", 5, 0), final

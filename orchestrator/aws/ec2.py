@@ -56,9 +56,9 @@ def quota_name(market: str, instance_type: str) -> str:
 
 
 def client(service: str, region: str):
-    from orchestrator.store import clients
+    from orchestrator.store.clients import client as boto_client
 
-    return clients.client(service, region, max_attempts=8)
+    return boto_client(service, region, max_attempts=8)
 
 
 def _code(exc) -> str:

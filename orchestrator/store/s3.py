@@ -31,12 +31,12 @@ class S3Store:
     def __init__(self, url: str, client=None, workers: int = 16):
         from boto3.s3.transfer import TransferConfig
 
-        from orchestrator.store import clients
+        from orchestrator.store.clients import client as boto_client
 
         where = parse_s3(url)
         self.bucket, self.prefix = where.bucket, where.prefix
         self.url = url.rstrip("/")
-        self.client = client or clients.client("s3")
+        self.client = client or boto_client("s3")
         self.workers = workers
         self.transfer = TransferConfig(
             multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_THRESHOLD, max_concurrency=8
