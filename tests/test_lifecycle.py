@@ -72,22 +72,31 @@ def test_claim_starts_a_new_attempt_and_counts_a_preemption():
             life.claim(RunStatus(run_id="r", state=final))
 
 
-def test_attempts_lost_soon_after_their_claim_are_counted_in_a_row_and_end_the_run():
+def test_attempts_lost_soon_after_their_start_are_counted_in_a_row_and_end_the_run():
     """An agent or host that keeps dying (a crash at every attempt) is not the spot market: a cap, not a loop."""
     s = RunStatus(run_id="r")
     for n in range(life.MAX_QUICK_LOSSES):
         s = life.claim(s, now=NOW)
         assert s.quick_losses == n
-        life.lose(s, "host lost", now=NOW + 5)
-    assert life.quick_loss(s) and life.claim(s, now=NOW + 6).quick_losses == life.MAX_QUICK_LOSSES
-    gone = life.claim(RunStatus(run_id="r"), now=NOW)  # active with its host gone (its session vanished)
-    assert life.quick_loss(gone, now=NOW + 1) and not life.quick_loss(gone, now=NOW + life.QUICK_LOSS_S)
-    life.give_up(s, "failed for good", now=NOW + 7)
-    assert (s.state, s.failures, s.quick_losses, s.finished_at) == (RunState.FAILED, 0, life.MAX_QUICK_LOSSES, NOW + 7)
+        life.start(s, s.attempt, "h", "restoring", now=NOW + 1)  # its agent reported
+        life.lose(s, "host lost", now=NOW + 185)  # (the verdict comes stale_s after the last sign of life)
+    assert life.quick_loss(s) and life.claim(s, now=NOW + 186).quick_losses == life.MAX_QUICK_LOSSES
+    life.give_up(s, "failed for good", now=NOW + 187)
+    assert (s.state, s.failures, s.quick_losses) == (RunState.FAILED, 0, life.MAX_QUICK_LOSSES)
+    assert s.finished_at == NOW + 187
+    # a claim whose host never came or never reported is not one (no_shows counts those); active with its host
+    # gone after a report is
+    assert not life.quick_loss(life.claim(RunStatus(run_id="r"), now=NOW))
+    gone = life.start(life.claim(RunStatus(run_id="r"), now=NOW), 1, "h", "restoring", now=NOW + 1)
+    assert life.quick_loss(gone)
+    # no capacity: the claim goes back to queued, and the count stands
+    counted = RunStatus(run_id="r", state="lost", quick_losses=3, started_at=NOW, heartbeat=NOW + 5)
+    requeued = life.requeue(life.claim(counted, now=NOW + 6), "no capacity")
+    assert requeued.quick_losses == 4 and life.claim(requeued, now=NOW + 7).quick_losses == 4
     # a long attempt, a notice, or any other ending starts the count again
-    again = RunStatus(run_id="r", state="lost", quick_losses=3, started_at=NOW, finished_at=NOW + life.QUICK_LOSS_S)
-    assert not life.quick_loss(again) and life.claim(again, now=NOW).quick_losses == 0
-    noticed = RunStatus(run_id="r", state="interrupted", quick_losses=3, started_at=NOW, finished_at=NOW + 1)
+    long = RunStatus(run_id="r", state="lost", quick_losses=3, started_at=NOW, heartbeat=NOW + life.QUICK_LOSS_S)
+    assert not life.quick_loss(long) and life.claim(long, now=NOW).quick_losses == 0
+    noticed = RunStatus(run_id="r", state="interrupted", quick_losses=3, started_at=NOW, heartbeat=NOW + 1)
     assert life.claim(noticed, now=NOW + 2).quick_losses == 0
     with pytest.raises(Impossible):
         life.give_up(RunStatus(run_id="r", state=RunState.SUCCEEDED), "x")

@@ -486,7 +486,9 @@ class Controller:
         reason = (
             f"failed for good: {life.MAX_QUICK_LOSSES} attempts in a row were lost within "
             f"{life.QUICK_LOSS_S / 60:.0f} min of their start (the agent or its host keeps dying; a spot reclaim "
-            "comes with a notice). Last: " + (previous.reason or str(previous.state)) + ". See `orch logs` and the "
+            "comes with a notice). Last: "
+            + (previous.reason or f"its host went away while it was {previous.state}")
+            + ". See `orch logs` and the "
             "agent's log (`aws.keep_alive: true`, then `orch attach`)."
         )
         if self._write(life.give_up(previous, reason), version):

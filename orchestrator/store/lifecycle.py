@@ -65,7 +65,7 @@ class RunStatus:
     failures: int = 0  # attempts whose command failed (they count against max_restarts)
     preemptions: int = 0  # attempts lost to interruption or a vanished host (free)
     no_shows: int = 0  # attempts whose host never reported (its agent did not start); a few end the run
-    quick_losses: int = 0  # attempts in a row lost within QUICK_LOSS_S of their claim; MAX_QUICK_LOSSES end the run
+    quick_losses: int = 0  # attempts in a row whose agent reported, then was lost within QUICK_LOSS_S; a few end it
     host: str = ""  # where the current attempt runs
     started_at: Optional[float] = None  # of the current attempt, unix seconds
     heartbeat: Optional[float] = None  # last sign of life from the agent (None until it first reported)
@@ -93,19 +93,23 @@ class RunStatus:
         return max(0.0, end - self.started_at)
 
 
-# An attempt lost (its host vanished or went silent, no notice) this soon after its claim, again and again, is an
-# agent or a host that keeps dying, not the spot market (whose reclaims come with a notice): after
-# MAX_QUICK_LOSSES in a row the run fails for good instead of starting (and on AWS paying for) host after host.
+# An attempt whose agent reported and then was lost (its host vanished or went silent, no notice) this soon after
+# its start, again and again, is an agent or a host that keeps dying, not the spot market (whose reclaims come
+# with a notice): after MAX_QUICK_LOSSES in a row the run fails for good instead of starting (and on AWS paying
+# for) host after host. A claim that never got a host or a report is not one (no_shows counts hosts that never
+# report); a requeue (no capacity) keeps the count.
 QUICK_LOSS_S = 600.0
 MAX_QUICK_LOSSES = 5
 
 
-def quick_loss(status: RunStatus, now: Optional[float] = None) -> bool:
-    """The attempt ended lost (or is active with its host gone) within QUICK_LOSS_S of its claim."""
+def quick_loss(status: RunStatus) -> bool:
+    """The attempt's agent reported, then the attempt ended lost (or is active with its host gone), its last sign
+    of life within QUICK_LOSS_S of its start (the command's, once it ran; else the claim's)."""
     if not (status.state in ACTIVE or status.state == RunState.LOST) or status.started_at is None:
         return False
-    end = status.finished_at or status.heartbeat or (time.time() if now is None else now)
-    return end - status.started_at < QUICK_LOSS_S
+    if status.heartbeat is None:
+        return False
+    return status.heartbeat - status.started_at < QUICK_LOSS_S
 
 
 class StopReason(_Word):
@@ -206,11 +210,17 @@ def claim(previous: RunStatus, now: Optional[float] = None) -> RunStatus:
         failures=previous.failures,
         preemptions=previous.preemptions + (1 if preempted(previous) else 0),
         no_shows=previous.no_shows,
-        quick_losses=previous.quick_losses + 1 if quick_loss(previous, now) else 0,
+        quick_losses=_quick_losses(previous),
         started_at=now,
         first_started_at=previous.first_started_at or now,
         pruned=previous.pruned,
     )
+
+
+def _quick_losses(previous: RunStatus) -> int:
+    if quick_loss(previous):
+        return previous.quick_losses + 1
+    return previous.quick_losses if previous.state == RunState.QUEUED else 0  # requeued: the count stands
 
 
 def preempted(status: RunStatus) -> bool:
@@ -234,7 +244,7 @@ def fail(status: RunStatus, reason: str, failure: bool = True, now: Optional[flo
 
 
 def give_up(status: RunStatus, reason: str, now: Optional[float] = None) -> RunStatus:
-    """Instead of a new attempt: MAX_QUICK_LOSSES attempts in a row were lost soon after their claim (failed for
+    """Instead of a new attempt: MAX_QUICK_LOSSES attempts in a row were lost soon after their start (failed for
     good; not a failure of the command, so max_restarts is not what ended it)."""
     _move(status, "give up", ACTIVE | {RunState.LOST}, RunState.FAILED, reason)
     status.quick_losses += 1
