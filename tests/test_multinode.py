@@ -86,11 +86,18 @@ def test_two_nodes_of_two_processes_interrupted_on_node_1_end_as_one_node_of_fou
     dry = orch("launch", str(path), "--dry-run")
     assert dry.code == 0 and "2 node(s); per node" in dry.out and "x 2 instances" in dry.out, dry.out + dry.err
     assert orch("launch", str(path), "--detach").code == 0
-    retry_until(
-        lambda: status(orch, "mn").get("run", {}).get("metrics", {}).get("step", 0) >= 3, 400, 0.5, "training to start"
+    first = retry_until(
+        lambda: nodes_of(cloud, "mn", 1) if len(nodes_of(cloud, "mn", 1)) == 2 else None, 400, 0.5, "2 nodes"
     )
-    first = nodes_of(cloud, "mn", 1)
-    assert len(first) == 2
+    node0 = cloud.root / "hosts" / first[0] / "home" / "orch" / "runs" / "mn" / "run"
+
+    def step() -> int:  # on node 0's own disk, at once: an `orch status` under load takes seconds, and the run
+        try:  # could end before the notice reached it (seen at load 5-6: attempt 1 succeeded)
+            return max(json.loads(m.read_text().splitlines()[-1]).get("step", 0) for m in node0.rglob("metrics.jsonl"))
+        except (OSError, ValueError, IndexError):  # not there yet, or a line being written
+            return 0
+
+    retry_until(lambda: step() >= 3, 400, 0.2, "training to start")
     placed = {iid: cloud.gate.placement.members.get(iid) for iid in first}
     assert len({g for g, _ in placed.values()}) == 1 and len({az for _, az in placed.values()}) == 1, (
         placed

@@ -142,6 +142,7 @@ def test_every_run_interrupted_once_finishes_with_uninterrupted_results(orch, cl
     assert not any(cloud.leftovers("spot3").values())
 
 
+@pytest.mark.timeout(900)
 def test_host_lost_without_notice_resumes(orch, cloud, identity, tmp_path):
     path = orch.sweep(
         cloud.sweep_yaml("lost1", identity, TRAIN.replace("{seed}", "5"), extra="max_restarts: 0", **FAST_SYNC)

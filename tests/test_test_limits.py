@@ -37,6 +37,9 @@ def _module_timeout(tree: ast.Module) -> int:
 def _inner_limits(fn: ast.FunctionDef):
     for node in ast.walk(fn):
         if isinstance(node, ast.Call):
+            positional = node.args[1] if ast.unparse(node.func) == "retry_until" and len(node.args) > 1 else None
+            if isinstance(positional, ast.Constant) and isinstance(positional.value, (int, float)):
+                yield node.lineno, float(positional.value)  # retry_until(fn, timeout, interval, what)
             for kw in node.keywords:
                 if kw.arg in ("timeout", "timeout_s") and isinstance(kw.value, ast.Constant):
                     if isinstance(kw.value.value, (int, float)):
@@ -64,8 +67,10 @@ def test_the_scan_sees_a_launch_that_outlasts_its_test(tmp_path):
     sample.write_text(
         "import pytest\n\n"
         "def test_a(orch):\n    orch('launch', 'x', timeout=600)\n\n"
-        "@pytest.mark.timeout(900)\ndef test_b(orch):\n    orch('launch', 'x', timeout=600)\n"
+        "@pytest.mark.timeout(900)\ndef test_b(orch):\n    orch('launch', 'x', timeout=600)\n\n"
+        "def test_c(orch):\n    retry_until(lambda: True, 600, 1.0, 'the run to end')\n"
     )
     assert [m.split(": ")[1] for m in limits_that_disagree(sample)] == [
-        "test_a waits up to 600 s inside a 300 s test limit"
+        "test_a waits up to 600 s inside a 300 s test limit",
+        "test_c waits up to 600 s inside a 300 s test limit",  # (a wait through retry_until's own argument)
     ]
