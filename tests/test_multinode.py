@@ -86,9 +86,12 @@ def test_two_nodes_of_two_processes_interrupted_on_node_1_end_as_one_node_of_fou
     dry = orch("launch", str(path), "--dry-run")
     assert dry.code == 0 and "2 node(s); per node" in dry.out and "x 2 instances" in dry.out, dry.out + dry.err
     assert orch("launch", str(path), "--detach").code == 0
-    first = retry_until(
-        lambda: nodes_of(cloud, "mn", 1) if len(nodes_of(cloud, "mn", 1)) == 2 else None, 400, 0.5, "2 nodes"
-    )
+
+    def both_nodes():  # (one DescribeInstances a poll)
+        ids = nodes_of(cloud, "mn", 1)
+        return ids if len(ids) == 2 else None
+
+    first = retry_until(both_nodes, 400, 0.5, "2 nodes")
     node0 = cloud.root / "hosts" / first[0] / "home" / "orch" / "runs" / "mn" / "run"
 
     def step() -> int:  # on node 0's own disk, at once: an `orch status` under load takes seconds, and the run

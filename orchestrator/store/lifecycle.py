@@ -105,9 +105,7 @@ MAX_QUICK_LOSSES = 5
 def quick_loss(status: RunStatus) -> bool:
     """The attempt's agent reported, then the attempt ended lost (or is active with its host gone), its last sign
     of life within QUICK_LOSS_S of its start (the command's, once it ran; else the claim's)."""
-    if not (status.state in ACTIVE or status.state == RunState.LOST) or status.started_at is None:
-        return False
-    if status.heartbeat is None:
+    if not (status.state in ACTIVE or status.state == RunState.LOST) or None in (status.started_at, status.heartbeat):
         return False
     return status.heartbeat - status.started_at < QUICK_LOSS_S
 
