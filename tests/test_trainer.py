@@ -94,6 +94,56 @@ def assert_same_weights(a, b):
 # --- pieces ---------------------------------------------------------------------------------------
 
 
+def test_the_trainers_sgd_steps_bitwise_as_torchs():
+    from trainer.runtime import SGD
+
+    def steps(cls):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 3))
+        groups = [dict(params=list(net[0].parameters()), weight_decay=5e-4), dict(params=list(net[1:].parameters()))]
+        opt = cls(groups, lr=0.1, momentum=0.9, nesterov=True)
+        for i in range(4):
+            opt.zero_grad()
+            F.cross_entropy(net(torch.randn(16, 8)), torch.arange(16) % 3).backward()
+            opt.param_groups[0]["lr"] = 0.1 / (i + 1)
+            opt.step()
+        return net.state_dict(), opt.state_dict()
+
+    (ours, ours_opt), (theirs, theirs_opt) = steps(SGD), steps(torch.optim.SGD)
+    assert_same_weights(ours, theirs)
+    assert all(
+        torch.equal(ours_opt["state"][k]["momentum_buffer"], v["momentum_buffer"])
+        for k, v in theirs_opt["state"].items()
+    )
+
+
+STARTS_WITHOUT_DYNAMO = """
+import runpy, sys
+sys.argv = ["trainer", *sys.argv[1:]]
+try:
+    runpy.run_module("trainer", run_name="__main__")
+finally:
+    print("torch._dynamo imported:", "torch._dynamo" in sys.modules)
+"""
+
+
+def test_a_run_and_its_resume_do_not_import_torch_dynamo(tmp_path):
+    # torch imports torch._dynamo lazily at an optimizer's first step or state_dict (1.8 s of CPU at every start of
+    # every attempt); without --compile the trainer never needs it
+    args = [*SMALL, "--epochs", "2", "--ema", "0.9", "--out", str(tmp_path / "run")]
+    for extra in (["--max-steps", "20"], []):  # stop mid-epoch 2 with a checkpoint, then resume from it
+        p = subprocess.run(
+            [sys.executable, "-c", STARTS_WITHOUT_DYNAMO, *args, *extra, "--ckpt-every-s", "0.001"],
+            env=trainer_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert "torch._dynamo imported: False" in p.stdout, p.stdout + p.stderr[-2000:]
+    assert "resumed from" in p.stderr, p.stderr[-2000:]
+
+
 @pytest.mark.parametrize("name", models.MODELS)
 @pytest.mark.parametrize("size", [16, 24])
 def test_models_forward_backward(name, size):

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from . import data, models
 from .loop import Checkpoints, Clock, metrics_row, record_accuracy, write_summary
 from .muon import Muon
-from .runtime import MetricsLog, compile_net, start_run, uses_cuda_graphs
+from .runtime import SGD, MetricsLog, compile_net, start_run, uses_cuda_graphs
 
 log = logging.getLogger("trainer")
 
@@ -98,9 +98,7 @@ def optimizers(model: models.AirBench, batch: int, device: torch.device):
         dict(params=norm_biases, lr=BIAS_LR, weight_decay=wd / BIAS_LR),
         dict(params=[model.fc.weight], lr=HEAD_LR, weight_decay=wd / HEAD_LR),
     ]
-    sgd = torch.optim.SGD(
-        groups, momentum=SGD_MOMENTUM, nesterov=True, **({"fused": True} if device.type == "cuda" else {})
-    )
+    sgd = SGD(groups, momentum=SGD_MOMENTUM, nesterov=True, **({"fused": True} if device.type == "cuda" else {}))
     muon = Muon(filters, lr=FILTER_LR, momentum=MUON_MOMENTUM, nesterov=True)
     for opt in (sgd, muon):
         for group in opt.param_groups:

@@ -4,6 +4,7 @@ the optimizer's parameter groups."""
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -45,6 +46,39 @@ def pick_precision(cfg, device: torch.device) -> str:
     if device.type != "cuda":
         return "fp32"
     return "bf16" if torch.cuda.get_device_capability(device)[0] >= 8 else "fp16"
+
+
+def skip_dynamo_import() -> None:
+    """Without torch.compile nothing traces the optimizer, so the `import torch._dynamo` that torch makes at the first
+    call of its state_dict, zero_grad and friends (to wrap them in dynamo's `disable`) buys nothing and costs 1.8 s of
+    CPU at every start. torch caches that wrapper on the wrapped function (torch/_compile.py): handing it the function
+    itself skips the import and leaves every call as it was. One this misses costs the import again, nothing else
+    (tests/test_trainer.py checks that a run and its resume import none). DDP imports it in its constructor anyway."""
+    import sys
+
+    if "torch._dynamo" in sys.modules:
+        return
+    import torch._compile
+    from torch.optim import Optimizer
+
+    lazy = torch._compile._disable_dynamo(lambda: None).__code__  # the code of every lazily disabled function
+    for fn in vars(Optimizer).values():
+        raw = getattr(fn, "__wrapped__", None)
+        if getattr(fn, "__code__", None) is lazy and raw is not None:
+            raw.__dynamo_disable = raw
+
+
+class SGD(torch.optim.SGD):
+    """torch's SGD, stepping as torch's does when torch.compile does not trace the step (the trainer never compiles
+    it, only the network): without grad. torch's own step imports torch._dynamo at its first call for a graph break
+    that only a traced step needs (1.8 s of CPU at every start)."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        return _TORCH_SGD_STEP(self, closure)
+
+
+_TORCH_SGD_STEP = inspect.unwrap(torch.optim.SGD.step)  # sgd.py's own step, under torch's wrappers
 
 
 def graphs_compiled() -> int:
@@ -195,6 +229,8 @@ def start_run(cfg: dict):
     precision = pick_precision(cfg, device)
     if cfg["threads"]:
         torch.set_num_threads(int(cfg["threads"]))
+    if not cfg["compile"]:
+        skip_dynamo_import()
     out = Path(cfg["out"]).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     if rank == 0:

@@ -23,6 +23,7 @@ from .config import resolve_config
 from .loop import Checkpoints, Clock, metrics_row, record_accuracy, write_summary
 from .presets import DEFAULTS, PRESETS
 from .runtime import (
+    SGD,
     MetricsLog,
     check_compile_mode,
     compile_net,
@@ -140,7 +141,7 @@ def build_net(cfg: dict, source, device: torch.device, precision: str, world: in
         model = model.to(memory_format=torch.channels_last)
     ema = copy.deepcopy(model).eval() if cfg["ema"] > 0 else None
     fused = device.type == "cuda"  # one kernel for the whole update on a GPU; the CPU keeps for-each (bitwise tests)
-    optimizer = torch.optim.SGD(
+    optimizer = SGD(
         param_groups(model, cfg["weight_decay"]),
         lr=cfg["lr"],
         momentum=cfg["momentum_max"],
