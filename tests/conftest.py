@@ -78,7 +78,7 @@ def _never_real_aws():
     os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
 
 
-STATUS_GAP_S = 1.0  # run_states: at least this long between two `orch status` calls of one test
+STATUS_GAP_S = 2.0  # run_states: at least this long between two `orch status` calls of one test
 
 
 @dataclass
