@@ -137,7 +137,7 @@ def test_a_run_and_its_resume_do_not_import_torch_dynamo(tmp_path):
             env=trainer_env(),
             capture_output=True,
             text=True,
-            timeout=300,
+            timeout=240,
         )
         assert p.returncode == 0, p.stderr[-3000:]
         assert "torch._dynamo imported: False" in p.stdout, p.stdout + p.stderr[-2000:]
