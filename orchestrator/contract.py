@@ -158,6 +158,18 @@ def notice_path(ctl_dir: str) -> str:
     return f"{ctl_dir.rstrip('/')}/{NOTICE_FILE}"
 
 
+# A `prune:` run alone on its instance: RUNGS_TAG says the instance signals its rungs, and one rung_tag(r) per rung
+# is there until the run's record has its value at r (the agent removes it then). The controller lists instances at
+# every pass anyway (DescribeInstances is free): it reads a run's record when a tag went, not every pass.
+RUNGS_TAG = "orch:rungs"
+RUNG_TAG = "orch:rung:"
+MAX_RUNG_TAGS = 40  # EC2 allows 50 tags a resource; orch's own take 6
+
+
+def rung_tag(rung: float) -> str:
+    return f"{RUNG_TAG}{rung:g}"
+
+
 @dataclass(frozen=True)
 class RunTask:
     """Everything an agent needs to run one attempt of one run; written as JSON for the agent.
@@ -199,6 +211,7 @@ class RunTask:
     )
     rungs: List[float] = field(default_factory=list)  # not at the next heartbeat (the controller decides at rungs)
     rungs_metric: str = ""  # prune: the metric compared; the agent reports its value at each rung
+    rung_tags: bool = False  # aws: the instance carries rung_tag(r) per rung; the agent removes each once reported
 
     def to_json(self) -> bytes:
         """The task as its agent reads it: the one way a task is written, for a local file or an instance."""

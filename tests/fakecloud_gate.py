@@ -11,7 +11,8 @@ What it imitates (each switchable through `Strictness`, all on by default):
   DeleteSecurityGroup with `DependencyViolation`.
 - IAM for hosts. Requests signed with role credentials that the fake IMDS handed out are checked
   against that role's policies (Allow/Deny, `*` wildcards, StringEquals/StringLike conditions on
-  `s3:prefix` and `aws:ResourceTag/...`); anything not allowed is 403. S3's rule for a missing key
+  `s3:prefix`, `aws:ResourceTag/...` and, with ForAllValues/ForAnyValue, the request's `aws:TagKeys`);
+  anything not allowed is 403. S3's rule for a missing key
   holds: GetObject/HeadObject of a key that does not exist answers 403, not 404, to a caller
   without `s3:ListBucket` on the bucket. Callers with other keys (the controller) are not checked.
 - CreateFleet answers injected per (market, instance type, AZ): `fleet_errors[(m, t, az)] = code`
@@ -191,7 +192,7 @@ class Gate:
     # --- EC2 -----------------------------------------------------------------------------------
 
     def _ec2(self, environ, body: bytes, role: Optional[str]):
-        form = parse_qs(body.decode())
+        form = parse_qs(body.decode(), keep_blank_values=True)
         action = form.get("Action", [""])[0]
         ids = [
             v[0]
@@ -339,7 +340,7 @@ class Gate:
             return self._fleet_errors(template_id, version, market, refused)
         new_form = [
             (k, v)
-            for k, v in parse_qsl(urlencode(form, doseq=True))
+            for k, v in parse_qsl(urlencode(form, doseq=True), keep_blank_values=True)
             if not k.startswith("LaunchTemplateConfigs.1.Overrides.")
         ]
         for n, o in enumerate(kept, start=1):
@@ -482,7 +483,7 @@ class Gate:
     # --- IAM -----------------------------------------------------------------------------------
 
     def _iam(self, environ, body: bytes):
-        form = parse_qs(body.decode())
+        form = parse_qs(body.decode(), keep_blank_values=True)
         action = form.get("Action", [""])[0]
         answer = self.forward(environ)
         if action in ("CreateInstanceProfile", "AddRoleToInstanceProfile") and answer[0].startswith("200"):
@@ -493,7 +494,7 @@ class Gate:
         """An instance's IAM call: only what its role allows (a remote controller's role allows none)."""
         if not role or role == CONTROLLER:
             return None
-        for what, resource, ctx in self._iam_checks(parse_qs(body.decode())):
+        for what, resource, ctx in self._iam_checks(parse_qs(body.decode(), keep_blank_values=True)):
             if not self._allowed(role, what, resource, ctx):
                 self.role_denied.append((role, what))
                 xml = (
@@ -514,9 +515,9 @@ class Gate:
         if service == "sts":  # GetCallerIdentity needs no permission (STS API reference)
             return None
         if service == "ec2":
-            checks = self._ec2_checks(parse_qs(body.decode()))
+            checks = self._ec2_checks(parse_qs(body.decode(), keep_blank_values=True))
         elif service == "iam":
-            checks = self._iam_checks(parse_qs(body.decode()))
+            checks = self._iam_checks(parse_qs(body.decode(), keep_blank_values=True))
         elif service == "kms":
             checks = self._kms_checks(environ, body)
         else:
@@ -546,6 +547,9 @@ class Gate:
     def _ec2_checks(self, form: Dict[str, List[str]]) -> List[Tuple[str, str, Dict[str, str]]]:
         action = form.get("Action", [""])[0]
         existing = [(_ec2_arn(rid), _resource_tags(rid, self.placement)) for rid in _ec2_targets(action, form)]
+        keys = [v[0] for k, v in sorted(form.items()) if re.fullmatch(r"Tag\.\d+\.Key", k)]
+        if action in ("CreateTags", "DeleteTags") and keys:  # the request's tag keys (absent without tags, as IAM)
+            existing = [(arn, {**tags, "aws:TagKeys": keys}) for arn, tags in existing]
         checks = [(f"ec2:{action}", arn, tags) for arn, tags in existing] or [(f"ec2:{action}", "*", {})]
         if action == "CreateImage":  # the image and its snapshots are resources of the call too
             checks += [("ec2:CreateImage", _ec2_arn("ami-new"), {}), ("ec2:CreateImage", _ec2_arn("snap-new"), {})]
@@ -779,20 +783,29 @@ STRING_OPS = {
 }
 
 
-def _conditions_hold(condition: dict, context: Dict[str, str]) -> bool:
+def _conditions_hold(condition: dict, context: Dict[str, object]) -> bool:
     """Every operator and key must hold (AND); any of a key's values may match (OR). Null tests a key's presence;
-    ...IfExists holds where the key is absent; an operator the gate does not know fails closed."""
+    ...IfExists holds where the key is absent; a multivalued key (`aws:TagKeys`, a list) needs a set operator:
+    ForAllValues holds when every request value matches (so also when the key is absent, as in IAM: pair it with
+    Null), ForAnyValue when one does. An operator the gate does not know fails closed."""
     for op, pairs in condition.items():
+        qualifier, _, op = op.rpartition(":") if op.startswith(("ForAllValues:", "ForAnyValue:")) else ("", "", op)
         for key, wanted in pairs.items():
             got = context.get(key)
             wanted = [_substitute(str(w), context) for w in (wanted if isinstance(wanted, list) else [wanted])]
             if op == "Null":
-                if (got is None) != (wanted[0].lower() == "true"):
+                if (got is None or got == []) != (wanted[0].lower() == "true"):
                     return False
                 continue
             base = op[: -len("IfExists")] if op.endswith("IfExists") else op
             if base not in STRING_OPS:
                 return False
+            if qualifier or isinstance(got, list):
+                items = got if isinstance(got, list) else ([] if got is None else [got])
+                matched = [any(STRING_OPS[base](i, w) for w in wanted) for i in items]
+                if not qualifier or not (all(matched) if qualifier == "ForAllValues" else any(matched)):
+                    return False
+                continue
             if got is None:
                 if op.endswith("IfExists"):
                     continue

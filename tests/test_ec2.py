@@ -274,11 +274,16 @@ def test_security_group_launch_template_and_instance_profile(cloud):
     profile = iam_api.ensure_instance_profile(iam, "sec", "bucket", "team/orch")
     policy = iam.get_role_policy(RoleName=profile, PolicyName="orch-sweep")["PolicyDocument"]
     policy = policy if isinstance(policy, dict) else json.loads(policy)
-    objects, listing, terminate = policy["Statement"]
+    objects, listing, terminate, untag = policy["Statement"]
     assert objects["Resource"] == ["arn:aws:s3:::bucket/team/orch/sec/*"]
     assert listing["Condition"] == {"StringLike": {"s3:prefix": ["team/orch/sec/*"]}}
-    assert terminate["Action"] == ["ec2:TerminateInstances", "ec2:DeleteTags"] and terminate["Condition"] == {
+    assert terminate["Action"] == ["ec2:TerminateInstances"] and terminate["Condition"] == {
         "StringEquals": {"aws:ResourceTag/orch:sweep": "sec"}
+    }
+    assert untag["Action"] == ["ec2:DeleteTags"] and untag["Condition"] == {
+        "StringEquals": {"aws:ResourceTag/orch:sweep": "sec"},
+        "ForAllValues:StringLike": {"aws:TagKeys": ["orch:slot:*", "orch:rung:*"]},
+        "Null": {"aws:TagKeys": "false"},
     }
 
     image = resolve_image(ec2, cloud.image, "self", "us-east-1")

@@ -158,6 +158,8 @@ KEYS = {  # key -> (type, the actions of orch's policy that take it)
     "iam:AWSServiceName": ("String", {"iam:CreateServiceLinkedRole"}),
     "kms:ViaService": ("String", {"kms:Decrypt", "kms:GenerateDataKey"}),
     "aws:ResourceTag/": ("String", None),  # every EC2 action of the policy that has a tagged resource
+    "aws:TagKeys": ("String", {"ec2:CreateTags", "ec2:DeleteTags"}),
+    "s3:prefix": ("String", {"s3:ListBucket"}),
 }
 VARIABLES = {"aws:PrincipalAccount"}  # global keys usable as policy variables
 SERVICE_ARN = {
@@ -195,6 +197,9 @@ def check_grammar(doc: dict) -> None:
             assert r == "*" or any(re.fullmatch(SERVICE_ARN[a.partition(":")[0]], r) for a in actions), (st, r)
             assert "alias/" not in r, r  # KMS: an alias is no policy resource
         for op, pairs in (st.get("Condition") or {}).items():
+            qualifier, _, op = op.rpartition(":")
+            assert qualifier in ("", "ForAllValues", "ForAnyValue"), qualifier
+            assert not qualifier or set(pairs) == {"aws:TagKeys"}, pairs  # a set operator needs a multivalued key
             base = op.removesuffix("IfExists")
             assert base in OPERATORS, op
             for key, values in pairs.items():
@@ -214,12 +219,14 @@ def check_grammar(doc: dict) -> None:
 
 
 def test_the_documented_policy_and_boundary_are_valid_iam_grammar():
+    from orchestrator.aws.iam import instance_profile_policy
     from orchestrator.aws.policy import boundary_policy, controller_policy
 
     for doc in (
         controller_policy(),
         controller_policy("my-bucket", ["my-data", "more-data"]),
         boundary_policy("my-bucket", ["my-data"]),
+        instance_profile_policy("my-bucket", "sweeps", "mine", ["s3://my-data/x"], ["alias/k"]),
     ):
         check_grammar(doc)
     with pytest.raises(AssertionError):  # the check can fail: an alias ARN as a resource
@@ -273,6 +280,30 @@ def test_a_remote_controllers_role_reaches_only_its_own_sweep(cloud):
         assert not allowed(role, action, f"{acct}:role/orch-mine", {})
     for action in ("ec2:AuthorizeSecurityGroupIngress", "ec2:CreateSecurityGroup", "ec2:DeleteSecurityGroup"):
         assert not allowed(role, action, "*", {"aws:ResourceTag/orch:sweep": "mine"})
+    from orchestrator.aws.teardown import teardown
+
+    teardown(api.client("ec2", "us-east-1"), iam, "mine")
+
+
+def test_a_hosts_role_removes_only_the_slot_and_rung_tags_of_its_sweeps_instances(cloud):
+    """What code on a host (the user's command has its role's credentials) may untag: its sweep's instances' slot
+    and rung tags, named. Not `orch:sweep` or `orch:run` (the instance would vanish from the controller's listing
+    and bill until its safety net), not a DeleteTags without tags (which removes every tag), not another sweep's."""
+    from orchestrator.aws import ec2 as api
+    from orchestrator.aws.iam import ensure_instance_profile
+
+    iam = api.client("iam", "us-east-1")
+    ensure_instance_profile(iam, "mine", BUCKET, "sweeps")
+    allowed = cloud.gate._allowed
+
+    def untag(keys, sweep="mine"):
+        ctx = {"aws:ResourceTag/orch:sweep": sweep, **({"aws:TagKeys": keys} if keys else {})}
+        return allowed("orch-mine", "ec2:DeleteTags", "arn:aws:ec2:us-east-1:123456789012:instance/i-1", ctx)
+
+    assert untag(["orch:rung:2"]) and untag(["orch:slot:0"]) and untag(["orch:rung:1", "orch:rung:0.5"])
+    assert not untag(["orch:sweep"]) and not untag(["orch:run"]) and not untag(["orch:rung:1", "orch:sweep"])
+    assert not untag([])  # no Tag.N: every tag would go
+    assert not untag(["orch:rung:2"], sweep="other")
     from orchestrator.aws.teardown import teardown
 
     teardown(api.client("ec2", "us-east-1"), iam, "mine")

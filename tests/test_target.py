@@ -189,6 +189,10 @@ def test_on_the_fake_cloud_a_pruned_run_loses_its_instance_and_dollars_match_the
     assert not [i for i in cloud.instances("prunecloud") if i["tags"].get("orch:run") == "q=1"], cloud.instances(
         "prunecloud"
     )
+    # each instance said it signals its one rung by tag, and its agent removed the rung's tag once its record had
+    # the value there (the controller reads a record when that tag goes, not at every pass; it removes no tag)
+    gone = [i["tags"] for i in cloud.instances("prunecloud", states=("shutting-down", "terminated"))]
+    assert gone and all(t["orch:rungs"] == "1" and "orch:rung:1" not in t for t in gone), gone
     retry_until(lambda: run_states(orch, "prunecloud")["q=9"]["state"] == "succeeded", 120, 0.5, "q=9 to succeed")
     out = tmp_path / "res"
     c = orch("collect", "prunecloud", "--out", str(out))

@@ -322,9 +322,19 @@ def sweep_instances(
                         "slots": {
                             int(k[10:]): v for k, v in tags.items() if k.startswith("orch:slot:") and k[10:].isdigit()
                         },
+                        "rungs_left": rungs_left(tags),
                     }
                 )
     return out
+
+
+def rungs_left(tags: Dict[str, str]) -> Optional[str]:
+    """A `prune:` instance's rungs not yet reported, as its tags say (contract.RUNGS_TAG); None: it does not say."""
+    from orchestrator.contract import RUNG_TAG, RUNGS_TAG
+
+    if RUNGS_TAG not in tags:
+        return None
+    return ",".join(sorted(k[len(RUNG_TAG) :] for k in tags if k.startswith(RUNG_TAG)))
 
 
 def wait_running(ec2, instance_id: str, address: str, timeout_s: float) -> str:

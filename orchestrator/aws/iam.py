@@ -13,7 +13,9 @@ from typing import List, Sequence
 
 from orchestrator.aws.ec2 import AwsFatal, _code, _message, explain
 from orchestrator.aws.policy import boundary_arn, pass_role_statement, remote_controller_statements
+from orchestrator.contract import RUNG_TAG
 from orchestrator.store.s3url import parse_s3
+from orchestrator.sweep.packing import SLOT_TAG
 
 log = logging.getLogger("orch.ec2")
 
@@ -122,8 +124,8 @@ def instance_profile_policy(
     bucket: str, prefix: str, sweep: str, data: Sequence[str] = (), kms_keys: Sequence[str] = ()
 ) -> dict:
     """What an instance of the sweep may do: its own S3 prefix, read its `data:` prefixes (and use the
-    KMS keys those buckets encrypt with), and terminate (and untag: a packed run gives its slot back)
-    instances of its sweep."""
+    KMS keys those buckets encrypt with), and terminate instances of its sweep and remove their slot and rung
+    tags (a packed run gives its slot back; a `prune:` run says it reported a rung)."""
     reads = []
     for url in data:
         where = parse_s3(url)
@@ -143,9 +145,20 @@ def instance_profile_policy(
             *store_statements(bucket, prefix, sweep),
             {
                 "Effect": "Allow",
-                "Action": ["ec2:TerminateInstances", "ec2:DeleteTags"],
+                "Action": ["ec2:TerminateInstances"],
                 "Resource": "*",
                 "Condition": {"StringEquals": {"aws:ResourceTag/orch:sweep": sweep}},
+            },
+            {  # only the tags a host gives back; named (DeleteTags without tags would remove every tag, orch:sweep
+                # too, and hide the instance from the controller)
+                "Effect": "Allow",
+                "Action": ["ec2:DeleteTags"],
+                "Resource": "*",
+                "Condition": {
+                    "StringEquals": {"aws:ResourceTag/orch:sweep": sweep},
+                    "ForAllValues:StringLike": {"aws:TagKeys": [f"{SLOT_TAG}*", f"{RUNG_TAG}*"]},
+                    "Null": {"aws:TagKeys": "false"},
+                },
             },
         ],
     }

@@ -29,7 +29,8 @@ class Host:
     )  # packing: the run's slot on an instance shared with other runs (-1: the instance is the run's alone)
     # Seen without a store request, where the backend can (local: a file the agent keeps in its control folder):
     seen: Optional[float] = None  # when its agent last showed it is alive (counts as a heartbeat)
-    mark: Optional[str] = None  # changes whenever its agent writes the run's record (a pass reads it then)
+    # changes whenever its agent writes what a pass must read (local: every record; aws: a rung's value, by tag)
+    mark: Optional[str] = None
 
 
 @dataclass(frozen=True)

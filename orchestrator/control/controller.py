@@ -224,8 +224,9 @@ class Controller:
 
     def _due(self, rid: str, host: Optional[Host], now: float) -> bool:
         """Whether this pass reads a followed run's record (on a metered store): when something may have
-        changed it — its host came, went or changed, its agent wrote (the host's mark), or the host cannot say
-        (`aws.keep_alive`, a `prune:` rung without a mark) — or when the record read before would make this
+        changed it — its host came, went or changed, its agent wrote (the host's mark: local, its agent's every
+        record; aws, a rung's value, by the instance's rung tags), or the host cannot say (`aws.keep_alive`, a
+        `prune:` rung without a mark: packed or multi-node) — or when the record read before would make this
         pass act (start, replace, done: never on an old read), and at least every REREAD_S."""
         if (
             host is None

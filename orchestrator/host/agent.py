@@ -41,6 +41,7 @@ from orchestrator.host.notices import NoticeSource
 from orchestrator.host.policy import HostPolicy
 from orchestrator.host.reporter import Reporter
 from orchestrator.host.slots import doom, slot_value
+from orchestrator.host.tags import RungTags
 from orchestrator.host.watch import POLL_S
 from orchestrator.store import layout, open_store
 from orchestrator.store import lifecycle as life
@@ -91,6 +92,7 @@ class Agent:
                 self.rungs,
                 reported=self.ctl / REPORTED_FILE,
                 record_s=task.record_s,
+                rungs_recorded=RungTags().recorded if task.rung_tags else None,
             )
         )
         self.status_lock = self.reporter.lock  # the record is shared with the heartbeat thread

@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Dict, Optional
 
 from orchestrator.host.attempt import RungWatch
 from orchestrator.store.base import Store
@@ -43,6 +43,7 @@ class Reporter:
         watch: Optional[RungWatch] = None,
         reported: Optional[Path] = None,
         record_s: Optional[float] = None,
+        rungs_recorded: Optional[Callable[[Dict[str, float]], None]] = None,
     ):
         self.store, self.sweep, self.run_id, self.attempt = store, sweep, run_id, attempt
         self.metrics_file = metrics_file
@@ -54,6 +55,7 @@ class Reporter:
         self.record_s = record_s  # set: a beat writes the record only this often, unless something in it moved on
         self._sent: tuple = ()  # (state, rungs reported) of the last record written
         self._sent_at = float("-inf")
+        self.rungs_recorded = rungs_recorded  # told the values at rungs each record written has (aws: RungTags)
 
     def record(self, status: RunStatus, tries: int = 20) -> bool:
         """Write the record; False (and nothing written, ever again) once it is no longer this attempt's.
@@ -85,6 +87,8 @@ class Reporter:
                 if self.version is not None:
                     self._sent, self._sent_at = _what_moves(status), status.heartbeat or time.time()
                     self._sign(self._sent_at, self.version)
+                    if self.rungs_recorded is not None and status.at_rungs:
+                        self.rungs_recorded(status.at_rungs)
                     return True
             raise OSError(f"status record of {self.sweep}/{self.run_id} kept changing under {tries} writes in a row")
 

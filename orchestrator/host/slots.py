@@ -6,7 +6,7 @@ host whose last run has left. Both the controller (claiming a slot over SSH, `CL
 the agents (leaving one) change it only under the same lock (`flock` on `~/orch/slots/.lock`), so
 a run is never placed on a host that is about to terminate.
 
-Runs on the host (the agent imports it): standard library, and boto3 to untag its slot.
+Runs on the host (the agent imports it): standard library, and host/tags.py to untag its slot.
 """
 
 from __future__ import annotations
@@ -60,14 +60,6 @@ def doom(home: Path = None) -> None:
 
 def untag(slot: int, value: str) -> None:
     """Remove this run's `orch:slot:<k>` tag from its instance (only while it still names this run)."""
-    import os
+    from orchestrator.host.tags import remove_own
 
-    import boto3
-
-    from orchestrator.host.imds import imds_get
-
-    instance_id = imds_get("instance-id")
-    region = imds_get("placement/region") or os.environ.get("AWS_DEFAULT_REGION", "us-east-1")
-    boto3.client("ec2", region_name=region).delete_tags(
-        Resources=[instance_id], Tags=[{"Key": f"orch:slot:{slot}", "Value": value}]
-    )
+    remove_own({f"orch:slot:{slot}": value})

@@ -36,7 +36,9 @@ from typing import Dict, List, Optional
 
 import pytest
 
+from orchestrator.aws.ec2 import rungs_left
 from orchestrator.backends.base import BackendBase, Host
+from orchestrator.contract import RUNG_TAG, RUNGS_TAG, rung_tag
 from orchestrator.control.controller import Controller
 from orchestrator.control.lease import Lease
 from orchestrator.control.state import State
@@ -175,6 +177,15 @@ class SimRun:
         self.next_line = now + offset
         self.epoch = 0
         self.quality = sim.quality(task.run_id)
+        self.tags = None  # aws, `prune:`: the instance's tags, played; the agent removes rung tags (host/tags.py)
+        if task.rung_tags:
+            self.tags = {RUNGS_TAG: str(len(task.rungs)), **{rung_tag(r): "" for r in task.rungs}}
+            agent.reporter.rungs_recorded = self.untag
+
+    def untag(self, at_rungs: Dict[str, float]) -> None:
+        """The agent's DeleteTags of the rungs its record now has (RungTags.recorded), on the played instance."""
+        for rung in at_rungs:
+            self.tags.pop(RUNG_TAG + rung, None)
 
     def beat(self, now: float) -> None:
         if takes_now(self.agent.reporter.beat):
@@ -238,14 +249,22 @@ class SimHosts(BackendBase):
 
     def list(self) -> List[Host]:
         """The live hosts, with what the real backend sees of their agents without a request (local: the file
-        each agent touches, LocalBackend.reported)."""
+        each agent touches, LocalBackend.reported; aws: a `prune:` instance's rung tags, listing.hosts)."""
         seen = getattr(self.real, "reported", lambda rid: {})
-        return [replace(r.host, **seen(rid)) for rid, r in self.sim.live.items()]
+        out = []
+        for rid, r in self.sim.live.items():
+            host = replace(r.host, **seen(rid))
+            if r.tags is not None:
+                host = replace(host, mark=f"rungs left: {rungs_left(r.tags)}")
+            out.append(host)
+        return out
 
     def new_task(self, run_id, attempt, command, params_json, **kw):
         return self.real.new_task(run_id, attempt, command, params_json, **kw)
 
     def start(self, task) -> Host:
+        if self.real.name == "aws" and task.rungs:  # as the provisioner tags a `prune:` run's own instance
+            task = replace(task, rung_tags=True)
         run = SimRun(self.sim, task, self.sim.offset(task.run_id))
         run.host = Host(
             run_id=task.run_id, host_id=f"h-{task.run_id}-{task.attempt}", address="x", attempt=task.attempt
@@ -264,7 +283,15 @@ class SimHosts(BackendBase):
 
 class Sim:
     def __init__(
-        self, tmp: Path, server: S3Server, backend: str, name: str, runs: int, prune: bool, epochs: int, epoch_s: float
+        self,
+        tmp: Path,
+        server: S3Server,
+        backend: str,
+        name: str,
+        runs: int,
+        prune: Optional[int],
+        epochs: int,
+        epoch_s: float,
     ):
         from orchestrator.store.s3 import S3Store
 
@@ -332,7 +359,7 @@ class Sim:
                 self.one_pass()
 
 
-def make_sweep(tmp: Path, name: str, backend: str, runs: int, prune: bool):
+def make_sweep(tmp: Path, name: str, backend: str, runs: int, prune: Optional[int]):
     path = tmp / f"{name}.yaml"
     text = (
         f"name: {name}\nbackend: {backend}\ncommand: 'true'\ngrid:\n  q: {list(range(runs))}\n"
@@ -341,8 +368,8 @@ def make_sweep(tmp: Path, name: str, backend: str, runs: int, prune: bool):
     )
     if backend == "aws":
         text += "aws:\n  image: ami-12345678\n"
-    if prune:
-        text += "prune:\n  metric: acc\n  rungs: [3]\n  keep: 0.5\n  min_runs: 4\n"
+    if prune is not None:  # a rung at epoch `prune`
+        text += f"prune:\n  metric: acc\n  at: epoch\n  rungs: [{prune}]\n  keep: 0.5\n  min_runs: 4\n"
     path.write_text(text)
     return load_sweep(path)
 
@@ -364,9 +391,11 @@ def dollars(ops: Dict[str, int], span: float) -> float:
 # --- the two parts --------------------------------------------------------------------------------------
 
 
-def bill(tmp: Path, server: S3Server, backend: str) -> dict:
-    """20 runs active for SPAN_S: requests per operation, a day, and their price."""
-    sim = Sim(tmp, server, backend, f"bill-{backend}", RUNS, prune=False, epochs=10**6, epoch_s=EPOCH_S)
+def bill(tmp: Path, server: S3Server, backend: str, prune: bool) -> dict:
+    """20 runs active for SPAN_S: requests per operation, a day, and their price. With `prune`: a sweep with a rung
+    none reaches in the span (what waiting for a rung costs)."""
+    name = f"bill-{backend}{'-prune' if prune else ''}"
+    sim = Sim(tmp, server, backend, name, RUNS, prune=10**6 if prune else None, epochs=10**6, epoch_s=EPOCH_S)
     sim.advance(sim.clock() + 2 * EPOCH_S)  # every run claimed, started and past its first lines
     assert len(sim.live) == RUNS
     server.counter.reset()
@@ -386,7 +415,7 @@ def bill(tmp: Path, server: S3Server, backend: str) -> dict:
 def reaction(tmp: Path, server: S3Server, backend: str) -> dict:
     """A prune sweep of RUNS + 4 runs (4 wait in the queue), 5 epochs each: for each end, notice and rung,
     the passes from its record reaching the store to the controller's act (1: the very next pass)."""
-    sim = Sim(tmp, server, backend, f"react-{backend}", RUNS + 4, prune=True, epochs=5, epoch_s=REACT_EPOCH_S)
+    sim = Sim(tmp, server, backend, f"react-{backend}", RUNS + 4, prune=3, epochs=5, epoch_s=REACT_EPOCH_S)
     noticed: Dict[str, int] = {}
 
     def inject(s: Sim, now: float) -> None:
@@ -422,14 +451,16 @@ def test_s3_request_bill_of_twenty_active_runs(tmp_path, monkeypatch, backend):
             "AWS_EC2_METADATA_DISABLED": "true",
         }.items():
             monkeypatch.setenv(k, v)
-        b = bill(tmp_path, server, backend)
-        day = ", ".join(f"{op} {n:,.0f}" for op, n in sorted(b["per_day"].items()))
-        print(
-            f"\n{backend}: {RUNS} active runs (a metrics and a log line every {EPOCH_S:.0f} s), {SPAN_S:.0f} simulated "
-            f"s: ${b['usd_day']:.2f} a day at S3 Standard prices; requests a day: {day}"
-        )
-        top = sorted(b["keys"].items(), key=lambda kv: -PRICE.get(kv[0].split()[0], 0) * kv[1])[:8]
-        print("  most billed: " + "; ".join(f"{k} {v * SECONDS_A_DAY / SPAN_S:,.0f}/day" for k, v in top))
+        for prune in (False, True):
+            b = bill(tmp_path, server, backend, prune)
+            day = ", ".join(f"{op} {n:,.0f}" for op, n in sorted(b["per_day"].items()))
+            print(
+                f"\n{backend}{' with prune' if prune else ''}: {RUNS} active runs (a metrics and a log line every "
+                f"{EPOCH_S:.0f} s), {SPAN_S:.0f} simulated s: ${b['usd_day']:.2f} a day at S3 Standard prices; "
+                f"requests a day: {day}"
+            )
+            top = sorted(b["keys"].items(), key=lambda kv: -PRICE.get(kv[0].split()[0], 0) * kv[1])[:8]
+            print("  most billed: " + "; ".join(f"{k} {v * SECONDS_A_DAY / SPAN_S:,.0f}/day" for k, v in top))
         re = reaction(tmp_path, server, backend)
         print(
             f"  reaction in passes of {b['poll_s']:g} s (1 = the next pass): end {summary(re['end'])}, notice "

@@ -44,6 +44,7 @@ def hosts(
                 start_deadline=_deadline(state, i, attempt, ready, start_timeout_s),
                 node=ranks[(i["run"], i["attempt"])].index(i["instance_id"]),
                 nodes=state.nodes,
+                mark=None if i.get("rungs_left") is None else f"rungs left: {i['rungs_left']}",
             )
         )
     seen = {h.run_id for h in out}

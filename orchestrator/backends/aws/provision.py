@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import shlex
 import time
+from dataclasses import replace
 from typing import Dict, List, Optional
 
 from orchestrator import contract
@@ -63,6 +64,7 @@ class Provisioner:
             tags = api.sweep_tags(st.name, run=task.run_id, attempt=str(task.attempt), hostkey=host_public) + [
                 {"Key": "Name", "Value": f"orch {st.name} {task.run_id} #{task.attempt}"}
             ]
+            task = self._with_rung_tags(task, tags)
             args = (
                 st.ec2,
                 setup["template"],
@@ -154,6 +156,21 @@ class Provisioner:
                     log.warning("GPUs of %s unknown: %s", instance_type, exc)
                     st.gpus[instance_type] = 0
             return st.gpus.get(instance_type, 0)
+
+    def _with_rung_tags(self, task: RunTask, tags: List[dict]) -> RunTask:
+        """A `prune:` run alone on its instance signals its rungs by tags (contract.RUNGS_TAG): adds them to `tags`.
+        Not on several nodes, nor with `keep_alive` (an instance there outlives its run, so its record is read at
+        every pass anyway)."""
+        if (
+            not task.rungs
+            or self.state.nodes > 1
+            or self.state.cfg.keep_alive
+            or len(task.rungs) > contract.MAX_RUNG_TAGS
+        ):
+            return task
+        tags += [{"Key": contract.RUNGS_TAG, "Value": str(len(task.rungs))}]
+        tags += [{"Key": contract.rung_tag(r), "Value": ""} for r in sorted(task.rungs)]
+        return replace(task, rung_tags=True)
 
     def start_agents(
         self, conns: list, task: RunTask, ids: List[str], slot: int = -1, env: Optional[Dict[str, str]] = None

@@ -1,0 +1,55 @@
+"""The instance's own tags, as its host changes them (aws): the one place a host calls EC2. A host can only remove
+tags (its role's ec2:DeleteTags, on its sweep's instances): a packed run's slot tag when it leaves, and a `prune:`
+run's rung tags once its record has the value at that rung (contract.RUNGS_TAG), which is how the controller knows
+to read the record at its next pass without reading it at every pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Dict, Optional
+
+from orchestrator.contract import RUNG_TAG
+
+log = logging.getLogger("orch.agent")
+
+_ec2 = []  # this host's EC2 client, made once
+
+
+def remove_own(tags: Dict[str, Optional[str]]) -> None:
+    """Remove these tags from this instance; a tag with a value only while it still has that value."""
+    from orchestrator.host.imds import imds_get
+
+    instance_id = imds_get("instance-id")
+    if not _ec2:
+        import boto3
+        from botocore.config import Config
+
+        region = imds_get("placement/region") or os.environ.get("AWS_DEFAULT_REGION", "us-east-1")
+        config = Config(connect_timeout=5, read_timeout=10, retries={"max_attempts": 3, "mode": "standard"})
+        _ec2.append(boto3.client("ec2", region_name=region, config=config))
+    _ec2[0].delete_tags(
+        Resources=[instance_id], Tags=[{"Key": k, **({} if v is None else {"Value": v})} for k, v in tags.items()]
+    )
+
+
+class RungTags:
+    """Removes the rung tag of each rung the run's record reports a value at, once (a failed removal is tried again
+    with the next record; until it lands, the controller still reads the record every REREAD_S)."""
+
+    def __init__(self) -> None:
+        self.removed: set = set()
+
+    def recorded(self, at_rungs: Dict[str, float]) -> None:
+        keys = [RUNG_TAG + rung for rung in at_rungs if rung not in self.removed]
+        if not keys:
+            return
+        try:
+            remove_own({k: None for k in keys})
+        except Exception as exc:  # the tag stays: the controller reads the record at its next reread instead
+            log.warning(
+                "could not remove the tags %s from this instance (%s); trying again with the next record", keys, exc
+            )
+            return
+        self.removed.update(k[len(RUNG_TAG) :] for k in keys)
