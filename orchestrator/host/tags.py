@@ -35,21 +35,40 @@ def remove_own(tags: Dict[str, Optional[str]]) -> None:
 
 
 class RungTags:
-    """Removes the rung tag of each rung the run's record reports a value at, once (a failed removal is tried again
-    with the next record; until it lands, the controller still reads the record every REREAD_S)."""
+    """Removes the rung tag of each rung the run's record reports a value at, once, on a thread of its own: the
+    record is written under the reporter's lock, which a slow or throttled EC2 must not hold up (a notice's
+    checkpoint waits on it). A failed removal is tried again with the next record; until it lands, the controller
+    still reads the record every REREAD_S."""
 
     def __init__(self) -> None:
+        import threading
+
+        self.wanted: set = set()  # rungs some written record has a value at
         self.removed: set = set()
+        self.busy = threading.Lock()  # held while a removal is under way
 
     def recorded(self, at_rungs: Dict[str, float]) -> None:
-        keys = [RUNG_TAG + rung for rung in at_rungs if rung not in self.removed]
-        if not keys:
-            return
-        try:
-            remove_own({k: None for k in keys})
-        except Exception as exc:  # the tag stays: the controller reads the record at its next reread instead
-            log.warning(
-                "could not remove the tags %s from this instance (%s); trying again with the next record", keys, exc
-            )
-            return
-        self.removed.update(k[len(RUNG_TAG) :] for k in keys)
+        import threading
+
+        self.wanted.update(at_rungs)
+        if self.wanted - self.removed and self.busy.acquire(blocking=False):
+            threading.Thread(target=self._remove, daemon=True, name="orch-untag").start()
+
+    def _remove(self) -> None:
+        """Holding `busy`: remove what is wanted, again while more came meanwhile; stop at a failure."""
+        while True:
+            rungs = sorted(self.wanted - self.removed)
+            try:
+                remove_own({RUNG_TAG + rung: None for rung in rungs})
+                self.removed.update(rungs)
+            except Exception as exc:  # the tags stay: the controller reads the record at its next reread instead
+                log.warning(
+                    "could not remove this instance's tags of rungs %s (%s); trying again with the next record",
+                    rungs,
+                    exc,
+                )
+                self.busy.release()
+                return
+            self.busy.release()
+            if not self.wanted - self.removed or not self.busy.acquire(blocking=False):
+                return
