@@ -333,7 +333,7 @@ class FakeCloud:
     def __init__(
         self,
         root: Path,
-        poll_s: float = 0.5,
+        poll_s: float = 1.0,  # the watcher's DescribeInstances: about 30 ms of moto's CPU each (6% of a core at 0.5)
         boot_s: float = 0.0,
         cold_s: float = 0.0,
         strict: Optional[Strictness] = None,
