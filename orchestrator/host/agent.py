@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 from orchestrator.contract import AGENT_PID_FILE, NOTICE_FILE, REPORTED_FILE, STOP_REASON_FILE, RunTask
+from orchestrator.errors import OrchError
 from orchestrator.host import tmux, watch
 from orchestrator.host.attempt import (
     RungWatch,
@@ -367,13 +368,27 @@ class Agent:
             return False
 
     def _restore(self) -> None:
-        """The run folder as the last attempt left it, with only its newest checkpoint that verifies."""
-        self.store.sync_down(self.prefix, self.run_dir, only=lambda rel: not layout.is_checkpoint(rel))
+        """The run folder as the last attempt left it, with only its newest checkpoint that verifies.
+
+        A host lost in the middle of a sync leaves files newer than the folder's index: the metrics file and
+        the logs are then taken as the store has them (a newer file is still the run's); a checkpoint file
+        that does not match is that checkpoint failing to verify, and an older one is tried."""
+        files = lambda rel: not layout.is_checkpoint(rel)  # noqa: E731
+        got = self.store.sync_down(self.prefix, self.run_dir, only=files, stale_ok=files)
+        if got.stale:
+            log.warning(
+                "the store's index of the run folder is older than %s (the last host was lost while it "
+                "synced): taken as the store has them",
+                ", ".join(got.stale),
+            )
         t = self.task
         keys = self.store.list(layout.checkpoints_prefix(t.sweep, t.run_id))
         for step in sorted(layout.manifested_steps(t.sweep, t.run_id, keys), reverse=True):
             folder = layout.checkpoint_rel(step)
-            self.store.sync_down(self.prefix, self.run_dir, only=lambda rel, folder=folder: rel.startswith(folder))
+            try:
+                self.store.sync_down(self.prefix, self.run_dir, only=lambda rel, folder=folder: rel.startswith(folder))
+            except OrchError as exc:  # a file of it that does not match what was uploaded
+                log.warning("%s", exc)
             if checkpoint_ok(self.run_dir / folder):
                 log.info("restored checkpoint step %s", step)
                 return

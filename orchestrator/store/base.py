@@ -10,7 +10,7 @@ import hashlib
 import json
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, List, Optional, Protocol, Tuple
 
@@ -27,6 +27,7 @@ class SyncResult:
     skipped: int = 0  # files already identical there
     bytes: int = 0  # bytes written
     deleted: int = 0  # files pruned from the destination
+    stale: List[str] = field(default_factory=list)  # kept although their index's digest was another (stale_ok)
 
 
 class Store(Protocol):
@@ -47,8 +48,13 @@ class Store(Protocol):
         `indexed=False`: a folder nobody syncs down (the logs, read key by key): S3 keeps no index of it, and what
         was uploaded is remembered by this process only (a new process uploads the folder's files once)."""
 
-    def sync_down(self, prefix: str, local_dir: Path, only: Optional[Select] = None) -> SyncResult:
-        """Copy what differs from the store; with `only`, just the files it selects."""
+    def sync_down(
+        self, prefix: str, local_dir: Path, only: Optional[Select] = None, stale_ok: Optional[Select] = None
+    ) -> SyncResult:
+        """Copy what differs from the store; with `only`, just the files it selects. A file that does not match
+        the digest its index recorded is refused (OrchError), unless `stale_ok` selects it: then the index is
+        taken to be older than the file (its uploader was lost between the upload and the index) and the store's
+        bytes are kept (listed in `stale`)."""
 
     def delete_prefix(self, prefix: str) -> int: ...
 

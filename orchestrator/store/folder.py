@@ -123,7 +123,9 @@ class LocalStore:
     def sync_up(self, local_dir: Path, prefix: str, prune: Optional[Select] = None, indexed: bool = True) -> SyncResult:
         return _copy_tree(Path(local_dir), self._path(prefix), self.hashes, prune=prune)
 
-    def sync_down(self, prefix: str, local_dir: Path, only: Optional[Select] = None) -> SyncResult:
+    def sync_down(
+        self, prefix: str, local_dir: Path, only: Optional[Select] = None, stale_ok: Optional[Select] = None
+    ) -> SyncResult:
         return _copy_tree(self._path(prefix), Path(local_dir), self.hashes, only=only)
 
     def delete_prefix(self, prefix: str) -> int:
