@@ -73,9 +73,11 @@ class SGD(torch.optim.SGD):
     it, only the network): without grad. torch's own step imports torch._dynamo at its first call for a graph break
     that only a traced step needs (1.8 s of CPU at every start)."""
 
-    @torch.no_grad()
     def step(self, closure=None):
-        return _TORCH_SGD_STEP(self, closure)
+        if self.defaults["differentiable"]:  # a step to differentiate through: torch's own, grad and all
+            return super().step(closure)
+        with torch.no_grad():
+            return _TORCH_SGD_STEP(self, closure)
 
 
 _TORCH_SGD_STEP = inspect.unwrap(torch.optim.SGD.step)  # sgd.py's own step, under torch's wrappers

@@ -59,6 +59,7 @@ TICK_S = 0.25  # the simulated clock's step (the agents' watch polls at every ti
 BUCKET = "bench-bucket"
 PRICE = {"PUT": 0.005e-3, "COPY": 0.005e-3, "POST": 0.005e-3, "LIST": 0.005e-3, "GET": 0.0004e-3, "HEAD": 0.0004e-3}
 SECONDS_A_DAY = 86400.0
+GOAL_USD_DAY = 0.50  # 20 active runs, either backend, with or without `prune:`
 
 
 # --- the counting S3 endpoint ----------------------------------------------------------------------
@@ -451,8 +452,10 @@ def test_s3_request_bill_of_twenty_active_runs(tmp_path, monkeypatch, backend):
             "AWS_EC2_METADATA_DISABLED": "true",
         }.items():
             monkeypatch.setenv(k, v)
+        usd = {}
         for prune in (False, True):
             b = bill(tmp_path, server, backend, prune)
+            usd[prune] = b["usd_day"]
             day = ", ".join(f"{op} {n:,.0f}" for op, n in sorted(b["per_day"].items()))
             print(
                 f"\n{backend}{' with prune' if prune else ''}: {RUNS} active runs (a metrics and a log line every "
@@ -467,6 +470,9 @@ def test_s3_request_bill_of_twenty_active_runs(tmp_path, monkeypatch, backend):
             f"{summary(re['notice'])}, rung {summary(re['rung'])}"
         )
     assert not re["unseen_ends"]
+    # the issue's goal, and no slower reaction than before: every end, notice and rung acted on at the next pass
+    assert max(usd.values()) <= GOAL_USD_DAY, usd
+    assert max(re["end"] + re["notice"] + re["rung"]) == 1, re
 
 
 def summary(values: List[int]) -> str:

@@ -168,8 +168,8 @@ class Provisioner:
             or len(task.rungs) > contract.MAX_RUNG_TAGS
         ):
             return task
-        tags += [{"Key": contract.RUNGS_TAG, "Value": str(len(task.rungs))}]
-        tags += [{"Key": contract.rung_tag(r), "Value": ""} for r in sorted(task.rungs)]
+        keys = list(dict.fromkeys(contract.rung_tag(r) for r in sorted(task.rungs)))  # rungs alike in 6 digits: one
+        tags += [{"Key": contract.RUNGS_TAG, "Value": str(len(keys))}] + [{"Key": k, "Value": ""} for k in keys]
         return replace(task, rung_tags=True)
 
     def start_agents(
