@@ -6,30 +6,31 @@ to read the record at its next pass without reading it at every pass.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 from orchestrator.contract import RUNG_TAG
 
 log = logging.getLogger("orch.agent")
 
-_ec2 = []  # this host's EC2 client, made once
+
+@functools.lru_cache(maxsize=1)
+def _instance() -> Tuple[str, str]:
+    """(instance id, region) of this host, from its metadata service (asked once)."""
+    from orchestrator.host.imds import imds_get
+
+    region = imds_get("placement/region") or os.environ.get("AWS_DEFAULT_REGION", "us-east-1")
+    return imds_get("instance-id"), region
 
 
 def remove_own(tags: Dict[str, Optional[str]]) -> None:
     """Remove these tags from this instance; a tag with a value only while it still has that value."""
-    from orchestrator.host.imds import imds_get
+    from orchestrator.store.clients import client
 
-    instance_id = imds_get("instance-id")
-    if not _ec2:
-        import boto3
-        from botocore.config import Config
-
-        region = imds_get("placement/region") or os.environ.get("AWS_DEFAULT_REGION", "us-east-1")
-        config = Config(connect_timeout=5, read_timeout=10, retries={"max_attempts": 3, "mode": "standard"})
-        _ec2.append(boto3.client("ec2", region_name=region, config=config))
-    _ec2[0].delete_tags(
+    instance_id, region = _instance()
+    client("ec2", region, max_attempts=3).delete_tags(
         Resources=[instance_id], Tags=[{"Key": k, **({} if v is None else {"Value": v})} for k, v in tags.items()]
     )
 
