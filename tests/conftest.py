@@ -65,6 +65,36 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=rank)
 
 
+LOG_TAIL_LINES = 60  # of each log a failed test's report shows
+
+
+def _log_tails(tmp: Path) -> str:
+    """The last lines of every controller's and agent's log under a test's tmp folder (what a CI failure needs to be
+    read without the machine it ran on)."""
+    logs = sorted(tmp.glob("orch-home/logs/*.log")) + sorted(tmp.glob("cloud/hosts/*/home/orch/runs/*/*/ctl/agent.log"))
+    parts = []
+    for log in logs[:24]:
+        try:
+            lines = log.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        parts.append(f"--- {log.relative_to(tmp)} (last {LOG_TAIL_LINES} of {len(lines)} lines)")
+        parts.extend(line[:300] for line in lines[-LOG_TAIL_LINES:] if "paramiko.transport" not in line)
+    return "\n".join(parts)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that ran sweeps carries their logs' tails in its report."""
+    outcome = yield
+    report = outcome.get_result()
+    tmp = item.funcargs.get("tmp_path") if hasattr(item, "funcargs") else None
+    if report.failed and call.when == "call" and isinstance(tmp, Path):
+        tails = _log_tails(tmp)
+        if tails:
+            report.sections.append(("sweep logs (tails)", tails))
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _never_real_aws():
     """Fail closed: a test may only ever talk to an AWS endpoint on loopback."""
