@@ -71,7 +71,15 @@ LOG_TAIL_LINES = 60  # of each log a failed test's report shows
 def _log_tails(tmp: Path) -> str:
     """The last lines of every controller's and agent's log under a test's tmp folder (what a CI failure needs to be
     read without the machine it ran on)."""
-    logs = sorted(tmp.glob("orch-home/logs/*.log")) + sorted(tmp.glob("cloud/hosts/*/home/orch/runs/*/*/ctl/agent.log"))
+    logs = [
+        log
+        for pattern in (
+            "orch-home/logs/*.log",
+            "orch-home/work/*/*/ctl/agent.log",
+            "cloud/hosts/*/home/orch/runs/*/*/ctl/agent.log",
+        )
+        for log in sorted(tmp.glob(pattern))
+    ]
     parts = []
     for log in logs[:24]:
         try:
@@ -258,14 +266,16 @@ def job(tmp_path):
     return command
 
 
-def run_states(orch: "Orch", sweep: str) -> dict:
-    """`orch status SWEEP --json` as {run_id: run}; {} until the controller has registered the sweep."""
+def run_states(orch: "Orch", sweep: str, every: bool = False) -> dict:
+    """`orch status SWEEP --json` as {run_id: run}; {} until the controller has registered the sweep. `every`: with
+    --all, every run's own record (without it, a run the summary does not count active is as the last pass wrote
+    it: a controller killed mid-pass may have claimed it since)."""
     import json
 
     # each call is a Python process that imports boto3 and makes clients (about 1 s of CPU): a wait that polls
     # through it every 0.2 s kept a core busy on a 2-core machine. Calls are spaced STATUS_GAP_S apart.
     time.sleep(max(0.0, orch.last_status + STATUS_GAP_S - time.monotonic()))
-    r = orch("status", sweep, "--json")
+    r = orch("status", sweep, "--json", *(["--all"] if every else []))
     orch.last_status = time.monotonic()
     if "no sweep named" in r.err:
         return {}
