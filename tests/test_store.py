@@ -137,3 +137,18 @@ def test_boto3_clients_are_made_once_per_process_and_environment(monkeypatch):
     assert S3Store("s3://bucket/a").client is not one.client
     assert S3Store("s3://bucket/a").client.meta.endpoint_url == "http://127.0.0.1:2"
     assert clients.client("s3") is S3Store("s3://bucket/c").client
+
+
+def test_a_hosts_ec2_client_waits_seconds_not_botocores_minute(monkeypatch):
+    """An ending agent removes its slot tag before it leaves its slot: a hung EC2 call must not keep its instance
+    (and its bill) for botocore's 60 s per try."""
+    from orchestrator.host import tags
+    from orchestrator.store import clients
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "a")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "b")
+    made = clients.client("ec2", "us-east-1", max_attempts=3, read_timeout=tags.CALL_TIMEOUT_S)
+    assert (made.meta.config.read_timeout, made.meta.config.connect_timeout) == (10.0, 5.0)
+    assert made.meta.config.retries["total_max_attempts"] == 4  # botocore's max_attempts counts retries
+    assert clients.client("ec2", "us-east-1", max_attempts=3) is not made
+    assert clients.client("ec2", "us-east-1").meta.config.read_timeout == 60

@@ -14,6 +14,7 @@ from typing import Dict, Optional, Tuple
 from orchestrator.contract import RUNG_TAG
 
 log = logging.getLogger("orch.agent")
+CALL_TIMEOUT_S = 10.0  # a slow EC2 must not hold an ending agent (and its instance's bill) for botocore's 60 s a try
 
 
 @functools.lru_cache(maxsize=1)
@@ -30,7 +31,7 @@ def remove_own(tags: Dict[str, Optional[str]]) -> None:
     from orchestrator.store.clients import client
 
     instance_id, region = _instance()
-    client("ec2", region, max_attempts=3).delete_tags(
+    client("ec2", region, max_attempts=3, read_timeout=CALL_TIMEOUT_S).delete_tags(
         Resources=[instance_id], Tags=[{"Key": k, **({} if v is None else {"Value": v})} for k, v in tags.items()]
     )
 

@@ -27,16 +27,23 @@ _made: Dict[Tuple, Any] = {}
 _lock = threading.Lock()
 
 
-def client(service: str, region: Optional[str] = None, max_attempts: Optional[int] = None) -> Any:
-    """boto3's client for `service` (in `region`, or boto3's default), made once per process and environment;
-    `max_attempts`: botocore's standard retry mode with that many attempts."""
-    key = (service, region, max_attempts, tuple(os.environ.get(k) for k in _ENV))
+def client(
+    service: str, region: Optional[str] = None, max_attempts: Optional[int] = None, read_timeout: Optional[float] = None
+) -> Any:
+    """boto3's client for `service` (in `region`, or boto3's default), made once per process and environment.
+    `max_attempts`: botocore's standard retry mode with that many retries (after the first try). `read_timeout`:
+    seconds a call may wait for an answer (and at most 5 to connect) instead of botocore's 60."""
+    key = (service, region, max_attempts, read_timeout, tuple(os.environ.get(k) for k in _ENV))
     with _lock:
         made = _made.get(key)
         if made is None:
             import boto3
             from botocore.config import Config
 
-            config = Config(retries={"mode": "standard", "max_attempts": max_attempts}) if max_attempts else None
-            made = _made[key] = boto3.client(service, region_name=region, config=config)
+            options: Dict[str, Any] = {}
+            if max_attempts:
+                options["retries"] = {"mode": "standard", "max_attempts": max_attempts}
+            if read_timeout:
+                options.update(connect_timeout=min(5.0, read_timeout), read_timeout=read_timeout)
+            made = _made[key] = boto3.client(service, region_name=region, config=Config(**options) if options else None)
         return made
