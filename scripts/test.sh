@@ -11,8 +11,20 @@ export PATH="$PWD/.venv/bin:$PATH"
 .venv/bin/python -m compileall -q orchestrator trainer tests >/dev/null || exit 1
 # Benchmarks (tests/bench, marker `bench`) are measurements, not checks: they run when asked for,
 # e.g. `scripts/test.sh -m bench -s`; any -m given here replaces the default selection.
+# A -m that names no benchmark keeps them out too: `-m "not slow"` (the fast loop) runs "(not slow) and not bench".
 select=(-m "not bench")
-for arg in "$@"; do [ "$arg" = "-m" ] && select=(); done
+args=()
+expr_next=0
+for arg in "$@"; do
+  if [ "$expr_next" = 1 ]; then
+    expr_next=0
+    select=()
+    [[ "$arg" != *bench* ]] && arg="($arg) and not bench"
+  fi
+  [ "$arg" = "-m" ] && expr_next=1
+  args+=("$arg")
+done
+set -- "${args[@]}"
 # Four workers (pytest-xdist) on the two cores: many tests wait on fake boots, leases and passes; with three the
 # cores were idle 17% of the suite (2,696 CPU s in 1,620 s), so a fourth worker fills them. Tests go out one at a time (--maxschedchunk 1), longest first (tests/conftest.py):
 # xdist's default hands each worker a block of consecutive tests, which gave the first worker every long test.
