@@ -242,15 +242,13 @@ class S3Store:
             # Large objects come in ranged GETs and carry composite (multipart) checksums, which botocore does not
             # check: the SHA-256 orch recorded at upload is what a download is held to, whatever its size.
             if digest and sha256_file(tmp) != digest:
-                if stale_ok is not None and stale_ok(rel):  # the index is older than the file: keep S3's bytes
-                    result.stale.append(rel)
-                    os.replace(tmp, dst)
-                    return dst.stat().st_size
-                tmp.unlink(missing_ok=True)
-                raise OrchError(
-                    f"s3://{self.bucket}/{key}: the download does not match the SHA-256 orch recorded when it uploaded "
-                    "it (corrupted in transit or changed in S3); nothing was kept"
-                )
+                if stale_ok is None or not stale_ok(rel):
+                    tmp.unlink(missing_ok=True)
+                    raise OrchError(
+                        f"s3://{self.bucket}/{key}: the download does not match the SHA-256 orch recorded when it "
+                        "uploaded it (corrupted in transit or changed in S3); nothing was kept"
+                    )
+                result.stale.append(rel)  # the index is older than the file: S3's bytes are kept
             os.replace(tmp, dst)
             return dst.stat().st_size
 
