@@ -704,6 +704,17 @@ def _ec2_backend():
     return ec2_backends[ACCOUNT][REGION]
 
 
+def running_instances() -> Dict[str, dict]:
+    """{instance id: {"PrivateIpAddress", "AvailabilityZone"}} of every running instance, as moto holds them."""
+    with MOTO:
+        return {
+            i.id: {"PrivateIpAddress": i.private_ip, "AvailabilityZone": i.placement.zone}
+            for r in list(_ec2_backend().reservations.values())
+            for i in r.instances
+            if i._state.name == "running"
+        }
+
+
 def _instance(iid: str):
     with MOTO:
         try:
