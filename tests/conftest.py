@@ -117,6 +117,9 @@ def _never_real_aws():
 
 
 STATUS_GAP_S = 2.0  # run_states: at least this long between two `orch status` calls of one test
+# A wait for a state that lasts (a run's end, its second attempt) asks every ENDED_GAP_S: such a wait of two minutes
+# made 60 calls of about 0.9 s of CPU each at STATUS_GAP_S; at this gap it makes 24 and sees the end at most 5 s later.
+ENDED_GAP_S = 5.0
 
 
 @dataclass
@@ -266,15 +269,16 @@ def job(tmp_path):
     return command
 
 
-def run_states(orch: "Orch", sweep: str, every: bool = False) -> dict:
+def run_states(orch: "Orch", sweep: str, every: bool = False, gap: float = STATUS_GAP_S) -> dict:
     """`orch status SWEEP --json` as {run_id: run}; {} until the controller has registered the sweep. `every`: with
     --all, every run's own record (without it, a run the summary does not count active is as the last pass wrote
-    it: a controller killed mid-pass may have claimed it since)."""
+    it: a controller killed mid-pass may have claimed it since). `gap`: at least this long since the test's last call
+    (ENDED_GAP_S where the state waited for, once reached, stays)."""
     import json
 
     # each call is a Python process that imports boto3 and makes clients (about 1 s of CPU): a wait that polls
-    # through it every 0.2 s kept a core busy on a 2-core machine. Calls are spaced STATUS_GAP_S apart.
-    time.sleep(max(0.0, orch.last_status + STATUS_GAP_S - time.monotonic()))
+    # through it every 0.2 s kept a core busy on a 2-core machine. Calls are spaced `gap` apart.
+    time.sleep(max(0.0, orch.last_status + gap - time.monotonic()))
     r = orch("status", sweep, "--json", *(["--all"] if every else []))
     orch.last_status = time.monotonic()
     if "no sweep named" in r.err:

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from orchestrator.wait import retry_until
-from tests.conftest import ROOT, starts
+from tests.conftest import ENDED_GAP_S, ROOT, starts
 from tests.conftest import run_states as status
 from tests.fakecloud import BUCKET
 
@@ -163,7 +163,9 @@ def test_attach_shows_the_live_run_over_ssh(orch, cloud, identity, job):
     finally:
         subprocess.run(["tmux", "-L", outer, "kill-server"], capture_output=True)
     job.release.touch()
-    retry_until(lambda: status(orch, "fcattach")["run"]["state"] == "succeeded", 60, 0.5, "the run to finish")
+    retry_until(
+        lambda: status(orch, "fcattach", gap=ENDED_GAP_S)["run"]["state"] == "succeeded", 60, 0.5, "the run to finish"
+    )
     assert len(starts(job.marks)) == 1
     assert orch("down", "fcattach").code == 0
     assert not any(cloud.leftovers("fcattach").values())

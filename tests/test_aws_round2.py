@@ -10,6 +10,7 @@ import pytest
 from orchestrator.backends.aws.backend import AwsBackend
 from orchestrator.sweep.load import load_sweep
 from orchestrator.wait import retry_until
+from tests.conftest import ENDED_GAP_S
 from tests.conftest import run_states as status
 from tests.fakecloud import IMAGE_NAME
 
@@ -51,9 +52,7 @@ def test_a_quota_reached_while_runs_go_makes_runs_wait_not_the_sweep_fail(orch, 
     # the quota refuses the second run while the first holds the only spot instance: it waits (not a fatal stop of
     # the sweep) and starts once the first instance is gone
     retry_until(
-        lambda: (
-            {v["state"] for v in status(orch, "quota").values()} == {"succeeded"} and len(status(orch, "quota")) == 2
-        ),
+        lambda: [v["state"] for v in status(orch, "quota", gap=ENDED_GAP_S).values()] == ["succeeded"] * 2,
         600,
         1.0,
         "both runs to succeed",
@@ -77,7 +76,7 @@ def test_terminated_instances_still_counting_toward_a_quota_make_the_next_run_wa
     assert orch("launch", str(path), "--detach").code == 0
 
     def settled() -> bool:
-        runs = status(orch, "serial").values()
+        runs = status(orch, "serial", gap=ENDED_GAP_S).values()
         fatal = any("quota" in (r.get("reason") or "") and "waiting" not in r["reason"] for r in runs)
         return fatal or (len(runs) == 2 and {r["state"] for r in runs} == {"succeeded"})
 

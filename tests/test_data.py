@@ -72,9 +72,7 @@ def test_push_then_two_runs_on_one_host_stage_once_and_a_resume_stages_nothing(o
     """)
     assert orch("launch", str(path), "--detach").code == 0
     retry_until(
-        lambda: (
-            all(v["state"] == "running" for v in status(orch, "staged").values()) and len(status(orch, "staged")) == 2
-        ),
+        lambda: [v["state"] for v in status(orch, "staged").values()] == ["running"] * 2,
         120,
         0.5,
         "both runs to start",

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from orchestrator.wait import retry_until
+from tests.conftest import ENDED_GAP_S
 from tests.conftest import run_states as status
 from tests.test_trainer import (
     SMALL,
@@ -79,7 +80,12 @@ def test_ddp_run_interrupted_by_a_notice_resumes_bitwise(orch, tmp_path):
     retry_until(lambda: _step(metrics) >= STEPS_PER_EPOCH + 3, 240, 0.05, "training to pass into epoch 2")
     r = orch("chaos", "interrupt", "run", "--grace", "60", timeout=120)
     assert r.code == 0, r.out + r.err
-    retry_until(lambda: status(orch, "ddp")["run"]["state"] in ("succeeded", "failed"), 300, 0.5, "the run to end")
+    retry_until(
+        lambda: status(orch, "ddp", gap=ENDED_GAP_S)["run"]["state"] in ("succeeded", "failed"),
+        300,
+        0.5,
+        "the run to end",
+    )
     v = status(orch, "ddp")["run"]
     assert (v["state"], v["attempt"], v["failures"], v["preemptions"]) == ("succeeded", 2, 0, 1), v
     log1 = orch("logs", "run", "--attempt", "1").out

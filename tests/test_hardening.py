@@ -12,8 +12,8 @@ import time
 import pytest
 
 from orchestrator.wait import retry_until
+from tests.conftest import ENDED_GAP_S, starts
 from tests.conftest import run_states as status
-from tests.conftest import starts
 
 pytestmark = pytest.mark.slow
 
@@ -174,7 +174,12 @@ def test_a_notice_that_kills_a_command_without_a_handler_is_a_preemption(orch):
     retry_until(lambda: status(orch, "nohandler").get("run", {}).get("state") == "running", 30, 0.2, "the run to start")
     r = orch("chaos", "interrupt", "run", "--grace", "20", timeout=120)
     no_traceback(r)
-    retry_until(lambda: status(orch, "nohandler")["run"]["state"] in ("succeeded", "failed"), 90, 0.5, "the run to end")
+    retry_until(
+        lambda: status(orch, "nohandler", gap=ENDED_GAP_S)["run"]["state"] in ("succeeded", "failed"),
+        90,
+        0.5,
+        "the run to end",
+    )
     v = status(orch, "nohandler")["run"]
     assert (v["state"], v["attempt"], v["failures"], v["preemptions"]) == ("succeeded", 2, 0, 1), v
 
@@ -532,7 +537,9 @@ def test_a_run_whose_results_cannot_reach_the_store_is_not_succeeded_until_they_
     assert v["state"] == "running" and "writing its results to the store" in v["reason"], v
     folder.unlink()
     folder.with_name("run.saved").rename(folder)
-    retry_until(lambda: status(orch, "finsync")["run"]["state"] == "succeeded", 60, 0.2, "the run to succeed")
+    retry_until(
+        lambda: status(orch, "finsync", gap=ENDED_GAP_S)["run"]["state"] == "succeeded", 60, 0.2, "the run to succeed"
+    )
     work = orch.home / "work" / "finsync" / "run" / "run" / "metrics.jsonl"
     assert stored.read_text() == work.read_text()
     assert len(stored.read_text().splitlines()) > 2  # the lines written after the store refused them are there

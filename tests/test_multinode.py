@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from orchestrator.wait import retry_until
+from tests.conftest import ENDED_GAP_S
 from tests.conftest import run_states as status
 from tests.fakecloud import BUCKET
 from tests.test_trainer import SMALL, _free_port, final_weights, same, trainer_env
@@ -107,7 +108,12 @@ def test_two_nodes_of_two_processes_interrupted_on_node_1_end_as_one_node_of_fou
     )  # one group, one AZ
     cloud.spot_notice(first[1])  # node 1's IMDS, as AWS gives it: node 0 must checkpoint for the run
 
-    retry_until(lambda: status(orch, "mn")["run"]["state"] in ("succeeded", "failed"), 600, 1.0, "the run to end")
+    retry_until(
+        lambda: status(orch, "mn", gap=ENDED_GAP_S)["run"]["state"] in ("succeeded", "failed"),
+        600,
+        1.0,
+        "the run to end",
+    )
     v = status(orch, "mn")["run"]
     assert (v["state"], v["attempt"], v["failures"], v["preemptions"]) == ("succeeded", 2, 0, 1), v
     log1 = orch("logs", "run", "--attempt", "1").out
@@ -160,7 +166,12 @@ def test_nodes_come_all_at_once_and_a_lost_node_ends_the_attempt_on_every_node(o
     assert line[0] == "0/2" and line[1].startswith(master + ":") and line[2] == "mn2-run-1", line
 
     cloud.reclaim(first[1])  # node 1 vanishes without a notice
-    retry_until(lambda: status(orch, "mn2")["run"]["state"] in ("succeeded", "failed"), 300, 0.5, "the run to end")
+    retry_until(
+        lambda: status(orch, "mn2", gap=ENDED_GAP_S)["run"]["state"] in ("succeeded", "failed"),
+        300,
+        0.5,
+        "the run to end",
+    )
     v = status(orch, "mn2")["run"]
     assert (v["state"], v["attempt"], v["preemptions"]) == ("succeeded", 2, 1), v
     retry_until(lambda: not cloud.instances("mn2"), 60, 0.5, "every node to be gone")  # node 0 of attempt 1 too

@@ -12,6 +12,7 @@ import pytest
 from orchestrator.host.slots import CLAIM, doom, leave
 from orchestrator.sweep.packing import PackChoice, rank, visible_devices
 from orchestrator.wait import retry_until
+from tests.conftest import ENDED_GAP_S
 from tests.conftest import run_states as status
 from tests.fakecloud import BUCKET
 
@@ -102,6 +103,9 @@ def test_four_one_gpu_runs_share_one_four_gpu_instance_and_resume_together(orch,
             for r in runs
         }
 
+    def _of(states: dict, ids) -> list:  # one `orch status` read for every run asked about
+        return [states.get(r, {}) for r in ids]
+
     def all_synced(attempt) -> bool:
         try:
             return len(visible(attempt)) == 4
@@ -109,7 +113,7 @@ def test_four_one_gpu_runs_share_one_four_gpu_instance_and_resume_together(orch,
             return False
 
     retry_until(
-        lambda: all(status(orch, "pack").get(r, {}).get("state") == "running" for r in runs) and all_synced(1),
+        lambda: all(v.get("state") == "running" for v in _of(status(orch, "pack"), runs)) and all_synced(1),
         180,
         0.5,
         "four runs running",
@@ -124,7 +128,7 @@ def test_four_one_gpu_runs_share_one_four_gpu_instance_and_resume_together(orch,
 
     cloud.spot_notice(first[0]["id"])  # the shared instance is going: every run on it checkpoints and resumes elsewhere
     retry_until(
-        lambda: all(status(orch, "pack").get(r, {}).get("attempt") == 2 for r in runs),
+        lambda: all(v.get("attempt") == 2 for v in _of(status(orch, "pack", gap=ENDED_GAP_S), runs)),
         180,
         0.5,
         "every run's second attempt",
@@ -135,14 +139,20 @@ def test_four_one_gpu_runs_share_one_four_gpu_instance_and_resume_together(orch,
 
     # the instance lives while any of its runs is active, and goes after the last
     retry_until(
-        lambda: all(status(orch, "pack")[r]["state"] == "succeeded" for r in runs[:3]), 120, 0.5, "k=0..2 to end"
+        lambda: all(v.get("state") == "succeeded" for v in _of(status(orch, "pack", gap=ENDED_GAP_S), runs[:3])),
+        120,
+        0.5,
+        "k=0..2 to end",
     )
     assert status(orch, "pack")["k=3"]["state"] == "running" and [i["id"] for i in cloud.instances("pack")] == [
         second[0]["id"]
     ]
     release.touch()
     retry_until(
-        lambda: all(status(orch, "pack")[r]["state"] == "succeeded" for r in runs), 120, 0.5, "every run to end"
+        lambda: all(v.get("state") == "succeeded" for v in _of(status(orch, "pack", gap=ENDED_GAP_S), runs)),
+        120,
+        0.5,
+        "every run to end",
     )
     retry_until(lambda: not cloud.instances("pack"), 60, 0.5, "the shared instance to terminate after its last run")
     v = status(orch, "pack")

@@ -13,8 +13,8 @@ import threading
 import pytest
 
 from orchestrator.wait import retry_until
+from tests.conftest import ENDED_GAP_S, starts
 from tests.conftest import run_states as status
-from tests.conftest import starts
 
 pytestmark = pytest.mark.slow
 
@@ -122,7 +122,9 @@ def test_a_second_launch_of_a_running_sweep_launches_nothing(orch, job):
     dry = orch("launch", str(path), "--dry-run")
     assert dry.code == 0 and "nothing launched" in dry.out, dry.err
     job.release.touch()
-    retry_until(lambda: status(orch, "twice")["run"]["state"] == "succeeded", 60, 0.3, "the run to end")
+    retry_until(
+        lambda: status(orch, "twice", gap=ENDED_GAP_S)["run"]["state"] == "succeeded", 60, 0.3, "the run to end"
+    )
     assert len(starts(job.marks)) == 1 and not (job.marks / "DUPLICATE").exists()
 
 
@@ -165,6 +167,8 @@ def test_an_agent_that_goes_silent_loses_its_host_and_the_run_restarts(orch, job
     v = status(orch, "silent")["run"]
     assert (v["state"], v["attempt"], v["preemptions"], v["failures"]) == ("running", 2, 1, 0), v
     job.release.touch()
-    retry_until(lambda: status(orch, "silent")["run"]["state"] == "succeeded", 90, 0.5, "attempt 2 to finish")
+    retry_until(
+        lambda: status(orch, "silent", gap=ENDED_GAP_S)["run"]["state"] == "succeeded", 90, 0.5, "attempt 2 to finish"
+    )
     assert [a for _, a in starts(job.marks)] == ["1", "2"]
     assert not (job.marks / "DUPLICATE").exists()  # attempt 1's command was stopped before attempt 2 began

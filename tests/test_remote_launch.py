@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.wait import retry_until
+from tests.conftest import ENDED_GAP_S, starts
 from tests.conftest import run_states as status
-from tests.conftest import starts
 from tests.fakecloud import IMAGE_NAME, processes_of
 from tests.fakecloud_gate import CONTROLLER_KEY
 
@@ -89,7 +89,7 @@ def test_remote_controller_resumes_an_interrupted_run_while_the_laptop_sleeps_an
     first = run_instance(cloud, "away", "run", 1)
     cloud.spot_notice(first)  # the spot market, while nothing of the laptop runs
     retry_until(
-        lambda: status(orch, "away")["run"]["preemptions"] >= 1 or status(orch, "away")["run"]["attempt"] >= 2,
+        lambda: (v := status(orch, "away")["run"])["preemptions"] >= 1 or v["attempt"] >= 2,
         120,
         0.5,
         "the agent to record the interruption",
@@ -98,7 +98,7 @@ def test_remote_controller_resumes_an_interrupted_run_while_the_laptop_sleeps_an
     retry_until(lambda: run_instance(cloud, "away", "run", 2), 180, 0.5, "the remote controller's second attempt")
     assert laptop_controllers(orch.home) == []
     retry_until(
-        lambda: status(orch, "away")["run"]["state"] == "running" and status(orch, "away")["run"]["attempt"] == 2,
+        lambda: (v := status(orch, "away")["run"])["state"] == "running" and v["attempt"] == 2,
         180,
         0.5,
         "the resumed attempt",
@@ -111,7 +111,9 @@ def test_remote_controller_resumes_an_interrupted_run_while_the_laptop_sleeps_an
     assert env and not any(CONTROLLER_KEY.encode() in e or cloud.secret.encode() in e for e in env)
 
     job.release.touch()
-    retry_until(lambda: status(orch, "away")["run"]["state"] == "succeeded", 180, 0.5, "the run to finish")
+    retry_until(
+        lambda: status(orch, "away", gap=ENDED_GAP_S)["run"]["state"] == "succeeded", 180, 0.5, "the run to finish"
+    )
     retry_until(lambda: not controller_ids(cloud, "away"), 120, 0.5, "the controller to terminate its own instance")
     assert [s[1] for s in starts(job.marks)] == ["1", "2"]  # (the reclaim killed attempt 1: its lock stays behind)
 
@@ -173,14 +175,17 @@ def test_a_lost_controller_instance_is_reported_and_a_second_remote_adopts_the_r
         out = orch("status", "lost").out
         return out if "is gone" in out else ""
 
-    out = retry_until(says_gone, 300, 2.0, "orch status to say the controller is gone")
+    # the lease lapses 120 s after the last heartbeat (lease.STALE_S): asked every 8 s, not 60 CLI calls of ~1 s of CPU
+    out = retry_until(says_gone, 300, 8.0, "orch status to say the controller is gone")
     assert ctl in out and f"orch launch {path}" in out, out
     again = orch("launch", str(path), "--remote", timeout=600)
     assert again.code == 0, again.out[-3000:] + again.err[-3000:]
     [new] = controller_ids(cloud, "lost")
     assert new != ctl and run_instance(cloud, "lost", "run", 1) == run_host  # adopted, not started again
     job.release.touch()
-    retry_until(lambda: status(orch, "lost")["run"]["state"] == "succeeded", 300, 0.5, "the run to finish")
+    retry_until(
+        lambda: status(orch, "lost", gap=ENDED_GAP_S)["run"]["state"] == "succeeded", 300, 0.5, "the run to finish"
+    )
     assert [s[1] for s in starts(job.marks)] == ["1"] and not (job.marks / "DUPLICATE").exists()
     retry_until(lambda: not controller_ids(cloud, "lost"), 180, 0.5, "the new controller to terminate itself")
     assert orch("down", "lost").code == 0
@@ -221,7 +226,12 @@ def test_two_remote_launches_racing_leave_one_controller_and_run_each_run_once(o
     assert ctl in orch("status", "race").out  # the one that holds the sweep
     retry_until(lambda: status(orch, "race").get("run", {}).get("state") == "running", 180, 0.5, "the run to start")
     job.release.touch()
-    retry_until(lambda: status(orch, "race").get("run", {}).get("state") == "succeeded", 300, 1.0, "the run to end")
+    retry_until(
+        lambda: status(orch, "race", gap=ENDED_GAP_S).get("run", {}).get("state") == "succeeded",
+        300,
+        1.0,
+        "the run to end",
+    )
     assert [s[1] for s in starts(job.marks)] == ["1"] and not (job.marks / "DUPLICATE").exists()
     d = orch("down", "race")
     assert d.code == 0, d.out + d.err

@@ -15,8 +15,8 @@ import torch
 
 from orchestrator.aws.images import resolve_image
 from orchestrator.wait import retry_until
+from tests.conftest import ENDED_GAP_S, starts
 from tests.conftest import run_states as status
-from tests.conftest import starts
 from tests.test_ddp import _step
 from tests.test_trainer import SMALL, run_trainer, same
 
@@ -135,7 +135,7 @@ def test_every_run_interrupted_once_finishes_with_uninterrupted_results(orch, cl
         }
         raise AssertionError(f"runs: {snap}\nnoticed: {noticed}\nagent logs: {logs}")
     retry_until(
-        lambda: all(v["state"] in ("succeeded", "failed") for v in status(orch, "spot3").values()),
+        lambda: all(v["state"] in ("succeeded", "failed") for v in status(orch, "spot3", gap=ENDED_GAP_S).values()),
         600,
         1.0,
         "the sweep to finish",
@@ -163,7 +163,12 @@ def test_host_lost_without_notice_resumes(orch, cloud, identity, tmp_path):
         lambda: status(orch, "lost1").get("run", {}).get("metrics", {}).get("step", 0) >= 60, 300, 0.2, "step 60"
     )
     cloud.reclaim(instance_of(cloud, "lost1", "run", 1))  # no notice: gone
-    retry_until(lambda: status(orch, "lost1")["run"]["state"] in ("succeeded", "failed"), 600, 1.0, "the run to end")
+    retry_until(
+        lambda: status(orch, "lost1", gap=ENDED_GAP_S)["run"]["state"] in ("succeeded", "failed"),
+        600,
+        1.0,
+        "the run to end",
+    )
     v = status(orch, "lost1")["run"]
     assert (v["state"], v["attempt"], v["preemptions"], v["failures"]) == ("succeeded", 2, 1, 0)
     got, _ = weights_in_s3(cloud, "sweeps/lost1/run/")

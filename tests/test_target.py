@@ -157,7 +157,7 @@ def test_on_the_fake_cloud_a_pruned_run_loses_its_instance_and_dollars_match_the
     orch, cloud, identity, tmp_path
 ):
     from orchestrator.aws.pricing import ledger_cost
-    from tests.conftest import run_states
+    from tests.conftest import ENDED_GAP_S, run_states
     from tests.fakecloud import BUCKET
 
     script = tmp_path / "curve.py"
@@ -193,7 +193,12 @@ def test_on_the_fake_cloud_a_pruned_run_loses_its_instance_and_dollars_match_the
     # the value there (the controller reads a record when that tag goes, not at every pass; it removes no tag)
     gone = [i["tags"] for i in cloud.instances("prunecloud", states=("shutting-down", "terminated"))]
     assert gone and all(t["orch:rungs"] == "1" and "orch:rung:1" not in t for t in gone), gone
-    retry_until(lambda: run_states(orch, "prunecloud")["q=9"]["state"] == "succeeded", 120, 0.5, "q=9 to succeed")
+    retry_until(
+        lambda: run_states(orch, "prunecloud", gap=ENDED_GAP_S)["q=9"]["state"] == "succeeded",
+        120,
+        0.5,
+        "q=9 to succeed",
+    )
     out = tmp_path / "res"
     c = orch("collect", "prunecloud", "--out", str(out))
     assert c.code == 0, c.err

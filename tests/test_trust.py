@@ -9,8 +9,8 @@ import os
 import pytest
 
 from orchestrator.wait import retry_until
+from tests.conftest import ENDED_GAP_S, starts
 from tests.conftest import run_states as status
-from tests.conftest import starts
 
 
 def _bad(r, *words):
@@ -80,7 +80,7 @@ def test_killing_a_runs_tmux_session_restarts_it_and_the_old_agent_leaves_the_ne
     retry_until(lambda: status(orch, "killed").get("run", {}).get("state") == "running", 60, 0.3, "attempt 1 to run")
     assert orch.tmux("kill-session", "-t", "=orch_killed_run").returncode == 0
     retry_until(
-        lambda: status(orch, "killed")["run"]["attempt"] == 2 and status(orch, "killed")["run"]["state"] == "running",
+        lambda: (v := status(orch, "killed")["run"])["attempt"] == 2 and v["state"] == "running",
         120,
         0.3,
         "attempt 2 to run",
@@ -98,7 +98,12 @@ def test_killing_a_runs_tmux_session_restarts_it_and_the_old_agent_leaves_the_ne
     )  # it used to SIGKILL attempt 2 on its way out
     assert status(orch, "killed")["run"]["state"] == "running"
     job.release.touch()
-    retry_until(lambda: status(orch, "killed")["run"]["state"] in ("succeeded", "failed"), 120, 0.3, "the run to end")
+    retry_until(
+        lambda: status(orch, "killed", gap=ENDED_GAP_S)["run"]["state"] in ("succeeded", "failed"),
+        120,
+        0.3,
+        "the run to end",
+    )
     v = status(orch, "killed")["run"]
     assert v["state"] == "succeeded" and v["attempt"] == 2 and v["failures"] == 0, v
     assert [a for _, a in starts(job.marks)] == ["1", "2"]
