@@ -134,7 +134,7 @@ def test_four_ranks_resumed_mid_epoch_reduce_as_the_run_they_continue(tmp_path):
     """With 3+ ranks the order of a gradient sum depends on DDP's bucket layout, which it sets by its
     first backward: a resumed run must lay them out as the run it continues (before the fix its first
     resumed step summed in another order, and the weights drifted by ~1e-8)."""
-    args = [*SMALL, "--epochs", "2", "--ckpt-keep", "100"]
+    args = [*SMALL, "--epochs", "2", "--ckpt-keep", "100", "--synthetic-train", "512"]  # 8 steps an epoch
 
     def run(out, *extra):
         p = subprocess.run(
@@ -165,7 +165,7 @@ def test_four_ranks_resumed_mid_epoch_reduce_as_the_run_they_continue(tmp_path):
 
     run(tmp_path / "whole")
     run(
-        tmp_path / "stopped", "--max-steps", "24", "--ckpt-every-s", "0.00001"
-    )  # a checkpoint at step 24 of 32, mid-epoch 2
+        tmp_path / "stopped", "--max-steps", "12", "--ckpt-every-s", "0.00001"
+    )  # a checkpoint at step 12 of 16, mid-epoch 2
     assert "resumed from" in run(tmp_path / "stopped").stderr
     assert same(final_weights(tmp_path / "whole"), final_weights(tmp_path / "stopped"))
