@@ -262,8 +262,8 @@ class Agent:
         failures = []
 
         def once() -> bool:
-            if self.reporter.superseded or self.stop_requested in (StopReason.SUPERSEDED, StopReason.LOST):
-                return True  # another attempt has the run folder now: this one writes nothing more
+            if self.reporter.superseded:  # another attempt has the run folder now
+                return True
             try:
                 self._sync_up()
                 return True
