@@ -255,23 +255,18 @@ class Agent:
 
     def _final_sync(self, status) -> bool:
         """The run folder reaches the store before the end is recorded: a success whose results never got there
-        is none. Tried until it lands (heartbeats go on meanwhile), the record moves on, or FINAL_SYNC_S pass;
-        False then. A run orch stops (`orch down`, cancel, prune) is tried once, not again: the checkpoint its
-        command made on the stop is what the next launch continues from, and a stop must not wait on a store
-        that refuses."""
+        is none. Tried until it lands (heartbeats go on meanwhile), the record moves on, orch stops the run, or
+        FINAL_SYNC_S pass; False then."""
         failures = []
 
         def once() -> bool:
-            if self.reporter.superseded:  # another attempt has the run folder now
+            if self.reporter.superseded or self.stop_requested:
                 return True
             try:
                 self._sync_up()
                 return True
             except Exception as exc:
                 failures.append(f"{type(exc).__name__}: {exc}")
-                if self.stop_requested:
-                    log.warning("stopped; the run folder did not reach the store (%s)", failures[-1])
-                    return True
                 log.warning("the run's results are not in the store yet (%s); trying again", failures[-1])
                 with self.status_lock:
                     status.reason = f"the command ended; writing its results to the store ({failures[-1]})"
