@@ -67,9 +67,9 @@ def test_corrupted_newest_checkpoint_in_the_store_falls_back(orch, reference):
     data = bytearray(blob.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size, other bytes: as a bad upload would leave it
     blob.write_bytes(bytes(data))
-    # The work folder goes, as a new host has none: attempt 1 may have checkpointed on the stop after its last sync,
-    # and the trainer would rightly resume from that newer, intact local checkpoint (seen in a full run) without
-    # ever reading the store's corrupt one.
+    # The work folder goes, as a new host has none: attempt 1's checkpoint made on the stop stays there (the agent
+    # does not sync on a stop: a known gap), and the trainer would rightly resume from that newer, intact local
+    # checkpoint (seen in a full run) without ever reading the store's corrupt one.
     shutil.rmtree(orch.home / "work" / "corrupt" / "run" / "run")
     r = orch("launch", str(path), timeout=300)
     assert r.code == 0, r.out + r.err
