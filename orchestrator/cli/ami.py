@@ -60,19 +60,30 @@ def ami_build(recipe: Path, regions: Tuple[str, ...], dry_run: bool, force: bool
     _remember_region(spec.aws.region)
     import signal
 
+    signalled: list = []
+
     def hand_off(signum, _frame):
+        signalled.append(signum)
         raise KeyboardInterrupt  # SIGTERM or a closed terminal cleans up exactly as Ctrl-C does
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, hand_off)
+    interrupted = OrchError(
+        f"interrupted: the builder was terminated and what the build made removed (`orch gc` checks; "
+        f"`orch down ami-{spec.name}` removes anything left).",
+        exit_code=130,
+    )
     try:
         built = image_build.build(spec, sha, recipe.parent, list(regions), force, say)
     except KeyboardInterrupt:
-        raise OrchError(
-            f"interrupted: the builder was terminated and what the build made removed (`orch gc` checks; "
-            f"`orch down ami-{spec.name}` removes anything left).",
-            exit_code=130,
-        ) from None
+        raise interrupted from None
+    except OrchError:
+        # The signal's KeyboardInterrupt can land inside paramiko, which then fails in its own way (seen: an
+        # AttributeError from a channel half torn down, reported as "building failed"); the build's cleanup ran
+        # either way, and what the user did was interrupt it.
+        if signalled:
+            raise interrupted from None
+        raise
     for region, image_id in built.items():
         say(f"{region}: {image_id}  (use `image: recipe:{spec.name}` in a sweep's aws section)")
 

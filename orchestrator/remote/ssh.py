@@ -118,7 +118,11 @@ class Connection(Runner):
         )
 
     def close(self) -> None:
-        self.client.close()
+        """Close; a connection broken half-way (an interrupt inside paramiko) must not hide why it is closed."""
+        try:
+            self.client.close()
+        except Exception as exc:  # noqa: BLE001 - closing is best effort; the host is terminated or the error raised
+            log.debug("closing the SSH connection: %s: %s", type(exc).__name__, exc)
 
 
 def connect(target: Target, timeout: float, interval: float = 2.0) -> Connection:
