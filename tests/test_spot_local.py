@@ -51,6 +51,22 @@ def test_chaos_interrupt_resumes_to_the_same_result(orch, reference):
     assert (ref_last["test_acc"], ref_last["train_loss"]) == (got_last["test_acc"], got_last["train_loss"])
 
 
+@pytest.mark.timeout(300)
+def test_the_checkpoint_made_on_orch_down_reaches_the_store(orch):
+    """`orch down` stops the command with SIGTERM, and the trainer checkpoints on it: that checkpoint must reach
+    the store, or on AWS (the instance then terminated) the next launch continues from an older one. Here the
+    trainer checkpoints on the stop only (no checkpoint by epoch or time)."""
+    args = [*SMALL, "--epochs", "400", "--ckpt-every-epochs", "0", "--log-every", "1"]
+    path = orch.sweep(f'name: stopped\ncommand: "{" ".join(["{python}", "-m", "trainer", *args])}"\nstore: store\n')
+    assert orch("launch", str(path), "--detach").code == 0
+    metrics = orch.home / "work" / "stopped" / "run" / "run" / "metrics.jsonl"
+    retry_until(lambda: _step(metrics) >= 3, 120, 0.1, "training past step 3")
+    assert orch("down", "stopped").code == 0
+    made = sorted(int(p.parent.name) for p in (metrics.parent / "ckpt").glob("*/MANIFEST.json"))
+    stored = sorted(int(p.parent.name) for p in orch.store("stopped", "run").glob("ckpt/*/MANIFEST.json"))
+    assert made and stored == made, (made, stored)  # the stop's checkpoint, and only it
+
+
 @pytest.mark.timeout(400)
 def test_corrupted_newest_checkpoint_in_the_store_falls_back(orch, reference):
     path = orch.sweep(f'name: corrupt\ncommand: "{TRAIN}"\nstore: store\n')
@@ -67,9 +83,7 @@ def test_corrupted_newest_checkpoint_in_the_store_falls_back(orch, reference):
     data = bytearray(blob.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size, other bytes: as a bad upload would leave it
     blob.write_bytes(bytes(data))
-    # The work folder goes, as a new host has none: attempt 1's checkpoint made on the stop stays there (the agent
-    # does not sync on a stop: a known gap), and the trainer would rightly resume from that newer, intact local
-    # checkpoint (seen in a full run) without ever reading the store's corrupt one.
+    # The work folder goes, as a new host has none: the store's checkpoints are the ones on trial here.
     shutil.rmtree(orch.home / "work" / "corrupt" / "run" / "run")
     r = orch("launch", str(path), timeout=300)
     assert r.code == 0, r.out + r.err

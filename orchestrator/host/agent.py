@@ -72,6 +72,7 @@ class Agent:
         self.log_file = self.ctl / "logs" / f"{task.attempt}.log"  # orch's, beside the run folder (never in it)
         self.cmd_group: Optional[int] = None  # the command's process group, to stop what it leaves behind
         self.stop_requested: Optional[StopReason] = None
+        self.stopped_by_orch = False  # the stop file said `stopped` (orch down): a checkpoint made on it is kept
         self.node_failed: Optional[tuple] = None  # (node, exit code) of a follower whose command failed
         self.stop_sent_at: Optional[float] = None
         self.notice_at: Optional[float] = None
@@ -109,7 +110,10 @@ class Agent:
     # --- signals ---------------------------------------------------------------------------
 
     def _on_signal(self, signum, _frame) -> None:
-        self.stop_requested = self.stop_requested or stop_reason(self.ctl / STOP_REASON_FILE)
+        if self.stop_requested is None:
+            path = self.ctl / STOP_REASON_FILE
+            self.stop_requested = stop_reason(path)
+            self.stopped_by_orch = self.stop_requested is StopReason.STOPPED and path.exists()
 
     def _on_rebalance(self, now: float) -> None:
         """EC2's rebalance recommendation comes before the two-minute notice, when it comes at all:
@@ -258,6 +262,11 @@ class Agent:
         is none. Tried until it lands (heartbeats go on meanwhile), the record moves on, orch stops the run, or
         FINAL_SYNC_S pass; False then."""
         failures = []
+        if self.stopped_by_orch and not self.reporter.superseded:
+            # `orch down`: the command checkpointed on its SIGTERM, and the next launch resumes from the store. One
+            # try, not the retries below (orch down waits for this session); a stop without orch's file (a host
+            # going down, someone's kill) or a lost or superseded attempt writes nothing: another may have begun.
+            self._quietly(self._sync_up)
 
         def once() -> bool:
             if self.reporter.superseded or self.stop_requested:
