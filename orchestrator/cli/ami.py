@@ -3,6 +3,8 @@ work)."""
 
 from __future__ import annotations
 
+import logging
+import sys
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -10,6 +12,8 @@ import click
 
 from orchestrator.cli.common import expected_errors
 from orchestrator.errors import OrchError
+
+log = logging.getLogger("orch.ami")
 
 
 @click.group()
@@ -66,7 +70,7 @@ def ami_build(recipe: Path, regions: Tuple[str, ...], dry_run: bool, force: bool
         signalled.append(signum)
         raise KeyboardInterrupt  # SIGTERM or a closed terminal cleans up exactly as Ctrl-C does
 
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, hand_off)
     interrupted = OrchError(
         f"interrupted: the builder was terminated and what the build made removed (`orch gc` checks; "
@@ -82,6 +86,7 @@ def ami_build(recipe: Path, regions: Tuple[str, ...], dry_run: bool, force: bool
         # AttributeError from a channel half torn down, reported as "building failed"); the build's cleanup ran
         # either way, and what the user did was interrupt it.
         if signalled:
+            log.debug("after signal %s the build ended with: %s", signalled[0], sys.exc_info()[1])
             raise interrupted from None
         raise
     for region, image_id in built.items():

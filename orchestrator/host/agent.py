@@ -17,6 +17,7 @@ import os
 import shlex
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Optional
@@ -57,6 +58,10 @@ LEFTOVER_GRACE_S = 2.0  # after the command exited, how long what it left in the
 NOTICE_GRACE_S = 60.0  # after a notice, how long to wait for the command's checkpoint before syncing anyway
 FOLLOWER_WAIT_S = 300.0  # a follower whose command ended waits this long for node 0's verdict
 FINAL_SYNC_S = 1800.0  # a finished attempt keeps trying this long to put its results in the store
+# orch down's one sync of the checkpoint made on the stop. orch down waits for the agent's session (locally 20 s, of
+# which the command's kill grace takes 10; on AWS 30 s), then ends it: an agent still uploading after that could
+# write over what the next attempt puts in the store, so it waits no longer than this.
+STOP_SYNC_S = 8.0
 
 
 class Agent:
@@ -262,11 +267,8 @@ class Agent:
         is none. Tried until it lands (heartbeats go on meanwhile), the record moves on, orch stops the run, or
         FINAL_SYNC_S pass; False then."""
         failures = []
-        if self.stopped_by_orch and not self.reporter.superseded:
-            # `orch down`: the command checkpointed on its SIGTERM, and the next launch resumes from the store. One
-            # try, not the retries below (orch down waits for this session); a stop without orch's file (a host
-            # going down, someone's kill) or a lost or superseded attempt writes nothing: another may have begun.
-            self._quietly(self._sync_up)
+        if self.stopped_by_orch and self._still_current():
+            self._sync_on_stop()
 
         def once() -> bool:
             if self.reporter.superseded or self.stop_requested:
@@ -287,6 +289,30 @@ class Agent:
             self.sync_error = failures[-1] if failures else "no answer"
             return False
         return not (failures and (self.reporter.superseded or self.stop_requested))
+
+    def _still_current(self) -> bool:
+        """Whether the run's record is still this attempt's (read now, not the reporter's last write)."""
+        try:
+            return not self.reporter.superseded and read_status(
+                self.store, self.task.sweep, self.task.run_id
+            ).attempt == (self.task.attempt)
+        except Exception as exc:
+            log.warning("could not read the run's record (%s: %s); not syncing on the stop", type(exc).__name__, exc)
+            return False
+
+    def _sync_on_stop(self) -> None:
+        """`orch down`: the command checkpointed on its SIGTERM, and the next launch resumes from the store. One try,
+        for at most STOP_SYNC_S; a stop without orch's file (a host going down, someone's kill), a cancel, a prune, a
+        lost or superseded attempt make no such sync: another attempt may have begun."""
+        sync = threading.Thread(target=self._quietly, args=(self._sync_up,), name="stop-sync", daemon=True)
+        sync.start()
+        sync.join(STOP_SYNC_S)
+        if sync.is_alive():  # the process ends soon after; a checkpoint cut half-way fails its manifest: not restored
+            log.warning(
+                "the checkpoint made on the stop did not reach the store in %.0f s; the run continues from its newest "
+                "stored checkpoint",
+                STOP_SYNC_S,
+            )
 
     def _finish(self, status, code: Optional[int], landed: bool = True) -> int:
         """Record how the attempt ended, then leave the host as its policy says."""
