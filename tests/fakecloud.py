@@ -147,7 +147,13 @@ class _Imds(BaseHTTPRequestHandler):
 
     def do_PUT(self):
         if self.path == "/latest/api/token":
-            self._send(200, self.host.token)
+            if self.host.imds_late_s and not self.host.imds_answered:  # fault injection: a busy host's first answer
+                self.host.imds_answered = True
+                time.sleep(self.host.imds_late_s)
+            try:
+                self._send(200, self.host.token)
+            except BrokenPipeError:  # the SDK stopped waiting for this answer
+                pass
         else:
             self._send(404, "")
 
@@ -198,6 +204,8 @@ class FakeHost:
     image: Optional[Path] = None  # the fake AMI's bin folder (plain python3 without torch)
     cold_s: float = 0.0  # extra seconds of the first interpreter start (a cold EBS volume)
     wrong_key: bool = False  # fault injection: present a host key other than the pinned one
+    imds_late_s: float = 0.0  # fault injection: the first IMDS token request is answered this many seconds late
+    imds_answered: bool = False
     sshd: Optional[subprocess.Popen] = None
     imds: Optional[ThreadingHTTPServer] = None
 
@@ -351,6 +359,7 @@ class FakeCloud:
         self.subnets: List[str] = []
         self.wrong_host_keys = False  # set by a test: new hosts answer with a different host key
         self.no_sshd = False  # set by a test: new hosts never bring sshd up
+        self.imds_late_s = 0.0  # set by a test: each new host answers its first IMDS token request this late
         self.secret = f"fake-secret-{uuid.uuid4().hex}"  # distinctive, so tests can look for leaks
         self._stop = threading.Event()
         self._saved_env: Dict[str, Optional[str]] = {}
@@ -573,6 +582,7 @@ class FakeCloud:
                     wrong_key=self.wrong_host_keys,
                     image=self.image_bin,
                     cold_s=self.cold_s,
+                    imds_late_s=self.imds_late_s,
                     credentials=lambda iid=iid: self.host_credentials(iid),
                 )
                 if self.no_sshd:

@@ -256,6 +256,20 @@ def test_sshd_never_up_fails_the_attempt_and_terminates(orch, cloud, identity):
     orch("down", "nossh")
 
 
+def test_an_instance_metadata_service_slow_to_answer_first_costs_no_attempt(orch, cloud, identity):
+    """The agent's store credentials come from IMDS, which botocore asks once with 1 s to answer by default: an agent
+    whose first answer came late (a busy host) died of NoCredentialsError before it reported (seen in a full run),
+    and the attempt was lost. Here every host answers its first token request 1.5 s late."""
+    cloud.imds_late_s = 1.5
+    path = orch.sweep(cloud.sweep_yaml("imds", identity, "true", extra="max_restarts: 0"))
+    r = orch("launch", str(path), timeout=280)
+    assert r.code == 0, r.out[-2000:] + r.err[-2000:]
+    v = status(orch, "imds")["run"]
+    assert (v["state"], v["attempt"]) == ("succeeded", 1), v
+    assert all(h.imds_answered for h in [*cloud.hosts.values(), *cloud.gone.values()])  # the late answer was given
+    orch("down", "imds")
+
+
 def test_throttling_is_retried_with_backoff(cloud):
     from botocore.awsrequest import AWSResponse
 
