@@ -280,7 +280,10 @@ def test_orch_tensorboard_stops_the_tensorboard_it_started_on_any_signal(orch, t
     left = [p for p in started if alive(p)]
     assert not left, f"still running after orch tensorboard ended: {left}"
     with socket.socket() as s:
-        s.bind(("127.0.0.1", port))  # the port is free again
+        # free again: no listener left. SO_REUSEADDR, as servers bind: the test's own connections to TensorBoard may
+        # leave the port in TIME_WAIT, which refused a plain bind in a loaded run although nothing listened.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
 
 
 @pytest.mark.timeout(200)
