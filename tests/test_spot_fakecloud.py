@@ -14,6 +14,8 @@ import pytest
 import torch
 
 from orchestrator.aws.images import resolve_image
+from orchestrator.contract import AGENT_LOG_FILE
+from orchestrator.host.attempt import pid_file, usr1_targets
 from orchestrator.wait import retry_until
 from tests.conftest import ENDED_GAP_S, starts
 from tests.conftest import run_states as status
@@ -74,6 +76,14 @@ def steps_lost(cloud, key):
     return sum(a - (b - 1) for a, b in drops)
 
 
+def signal_all(pids, sig):
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
 def instance_of(cloud, sweep, run, attempt):
     for i in cloud.instances(sweep):
         if i["tags"].get("orch:run") == run and i["tags"].get("orch:attempt") == str(attempt):
@@ -98,6 +108,25 @@ def test_every_run_interrupted_once_finishes_with_uninterrupted_results(orch, cl
         return _step(cloud.root / "hosts" / iid / "home" / "orch" / "runs" / "spot3" / run / "run" / "metrics.jsonl")
 
     iids = {}  # run -> its attempt-1 instance, once listed (a DescribeInstances is 30 ms of moto's CPU)
+    held = {}  # run -> its trainer's processes, stopped at the target step until its agent has seen the notice
+
+    def ctl(iid: str, run: str):
+        return cloud.root / "hosts" / iid / "home" / "orch" / "runs" / "spot3" / run / "ctl"
+
+    def hold_and_notice(iid: str, run: str) -> None:
+        # The moment is an event, not the run's speed: the trainer waits (SIGSTOP) at its target step until its
+        # agent has logged the notice, then goes on with the SIGUSR1 that waits for it. Without the hold, runs
+        # under load ended before the agent's next look and were never interrupted at all.
+        cmd = int((ctl(iid, run) / pid_file("cmd", 1)).read_text())
+        held[run] = usr1_targets(cmd)
+        signal_all(held[run], signal.SIGSTOP)
+        cloud.spot_notice(iid)  # through the fake IMDS, as AWS gives it
+        noticed[run] = (iid, time.time())
+
+    def release_when_seen(run: str) -> None:
+        log = ctl(noticed[run][0], run) / AGENT_LOG_FILE
+        if log.exists() and "spot interruption notice" in log.read_text():
+            signal_all(held.pop(run), signal.SIGCONT)
 
     def chaos_pass() -> bool:
         for run in runs:
@@ -105,8 +134,9 @@ def test_every_run_interrupted_once_finishes_with_uninterrupted_results(orch, cl
             if iid is not None:
                 iids[run] = iid
             if iid is not None and step_on_host(iid, run) >= target[run]:
-                cloud.spot_notice(iid)  # through the fake IMDS, as AWS gives it
-                noticed[run] = (iid, time.time())
+                hold_and_notice(iid, run)
+        for run in list(held):
+            release_when_seen(run)
         now = status(orch, "spot3") if set(noticed) - reclaimed else {}
         for run in runs:
             v = now.get(run, {})
@@ -134,6 +164,9 @@ def test_every_run_interrupted_once_finishes_with_uninterrupted_results(orch, cl
             for iid, _ in noticed.values()
         }
         raise AssertionError(f"runs: {snap}\nnoticed: {noticed}\nagent logs: {logs}")
+    finally:
+        for pids in held.values():
+            signal_all(pids, signal.SIGCONT)
     retry_until(
         lambda: all(v["state"] in ("succeeded", "failed") for v in status(orch, "spot3", gap=ENDED_GAP_S).values()),
         600,
