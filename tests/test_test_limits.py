@@ -34,9 +34,26 @@ def _module_timeout(tree: ast.Module) -> int:
     return 0
 
 
-def _inner_limits(fn: ast.FunctionDef):
+def _helper_defaults(tree: ast.Module) -> dict[str, float]:
+    """The module's own helpers that wait (`def run_trainer(args, timeout=300)`): a call that gives no
+    timeout waits as long as the helper's default."""
+    found = {}
+    for fn in tree.body:
+        if isinstance(fn, ast.FunctionDef):
+            params = fn.args.args[len(fn.args.args) - len(fn.args.defaults) :] + fn.args.kwonlyargs
+            defaults = list(fn.args.defaults) + list(fn.args.kw_defaults)
+            for param, default in zip(params, defaults):
+                if param.arg in ("timeout", "timeout_s") and isinstance(default, ast.Constant):
+                    found[fn.name] = float(default.value)
+    return found
+
+
+def _inner_limits(fn: ast.FunctionDef, helpers: dict[str, float]):
     for node in ast.walk(fn):
         if isinstance(node, ast.Call):
+            name = ast.unparse(node.func)
+            if name in helpers and not any(kw.arg in ("timeout", "timeout_s") for kw in node.keywords):
+                yield node.lineno, helpers[name]  # the helper's own default
             positional = node.args[1] if ast.unparse(node.func) == "retry_until" and len(node.args) > 1 else None
             if isinstance(positional, ast.Constant) and isinstance(positional.value, (int, float)):
                 yield node.lineno, float(positional.value)  # retry_until(fn, timeout, interval, what)
@@ -46,15 +63,34 @@ def _inner_limits(fn: ast.FunctionDef):
                         yield node.lineno, float(kw.value.value)
 
 
+def _helper_runs(fn: ast.FunctionDef, helpers: dict[str, float]) -> list[float]:
+    """How long each call of a module helper in the test may wait. Such helpers run a program to its end
+    (a trainer run), one after another, so their waits add up: two runs of 200 s do not fit in 300 s."""
+    waits = []
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in helpers:
+            given = [kw.value for kw in node.keywords if kw.arg in ("timeout", "timeout_s")]
+            if not given:
+                waits.append(helpers[ast.unparse(node.func)])
+            elif isinstance(given[0], ast.Constant) and isinstance(given[0].value, (int, float)):
+                waits.append(float(given[0].value))
+    return waits
+
+
 def limits_that_disagree(path: Path):
     tree = ast.parse(path.read_text())
     default = _module_timeout(tree) or _default_timeout()
+    helpers = _helper_defaults(tree)
     for fn in ast.walk(tree):
         if isinstance(fn, ast.FunctionDef) and fn.name.startswith("test_"):
             limit = _mark_timeout(fn.decorator_list) or default
-            for line, inner in _inner_limits(fn):
+            for line, inner in _inner_limits(fn, helpers):
                 if inner > limit - MARGIN_S:
                     yield f"{path.name}:{line}: {fn.name} waits up to {inner:g} s inside a {limit} s test limit"
+            runs = _helper_runs(fn, helpers)
+            if len(runs) > 1 and sum(runs) > limit - MARGIN_S:
+                total = f"{len(runs)} helpers for up to {sum(runs):g} s in all"
+                yield f"{path.name}:{fn.lineno}: {fn.name} runs {total} inside a {limit} s test limit"
 
 
 def test_no_wait_in_a_test_outlasts_the_test_itself():
@@ -68,9 +104,15 @@ def test_the_scan_sees_a_launch_that_outlasts_its_test(tmp_path):
         "import pytest\n\n"
         "def test_a(orch):\n    orch('launch', 'x', timeout=600)\n\n"
         "@pytest.mark.timeout(900)\ndef test_b(orch):\n    orch('launch', 'x', timeout=600)\n\n"
-        "def test_c(orch):\n    retry_until(lambda: True, 600, 1.0, 'the run to end')\n"
+        "def test_c(orch):\n    retry_until(lambda: True, 600, 1.0, 'the run to end')\n\n"
+        "def train(args, timeout=300):\n    pass\n\n"
+        "def test_d():\n    train([])\n\n"
+        "def test_e():\n    train([], timeout=60)\n\n"
+        "def test_f():\n    train([], timeout=200)\n    train([], timeout=200)\n"
     )
     assert [m.split(": ")[1] for m in limits_that_disagree(sample)] == [
         "test_a waits up to 600 s inside a 300 s test limit",
         "test_c waits up to 600 s inside a 300 s test limit",  # (a wait through retry_until's own argument)
+        "test_d waits up to 300 s inside a 300 s test limit",  # (a wait through a helper's default)
+        "test_f runs 2 helpers for up to 400 s in all inside a 300 s test limit",  # (waits one after another)
     ]

@@ -148,7 +148,7 @@ def test_unreadable_files_are_replaced_in_the_batch_and_counted_validation_too(t
     assert rows[-1]["skipped_files"] == summary["skipped_files"]
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(460)  # two trainer runs: up to 300 s and 120 s
 @pytest.mark.slow
 def test_a_folder_where_nothing_decodes_fails_clearly_and_one_class_is_refused(tmp_path):
     root = write_imagefolder_like(str(tmp_path / "data"), classes=2, per_class=4, val_per_class=2, corrupt=0)
