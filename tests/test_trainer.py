@@ -377,9 +377,10 @@ def test_resume_skips_a_broken_checkpoint_and_still_matches(tmp_path):
     assert_same_weights(final_weights(ref), final_weights(cut))
 
 
+@pytest.mark.timeout(600)  # the heaviest single trainer run here (about 40 s alone): room for a loaded machine
 def test_digits_preset_reaches_97_percent(tmp_path):
     out = tmp_path / "digits"
-    p = run_trainer(["--preset", "digits", "--out", str(out)])
+    p = run_trainer(["--preset", "digits", "--out", str(out)], timeout=540)
     summary = json.loads((out / "summary.json").read_text())
     print(
         f"\ndigits: final {summary['final_acc']:.4f} best {summary['best_acc']:.4f} in {summary['train_time_s']:.1f} s "
