@@ -155,6 +155,34 @@ def test_a_second_remote_launch_adopts_and_down_stops_the_remote_controller(orch
     assert not controller_ids(cloud, "twice", ("pending", "running", "stopping", "stopped", "shutting-down"))
 
 
+@pytest.mark.timeout(900)
+def test_a_controller_instance_slow_to_answer_its_first_metadata_request_still_runs_the_sweep(
+    orch, cloud, identity, job
+):
+    """The remote controller's credentials come from its instance's IMDS, which botocore asks once with 1 s to answer
+    by default. Every host here, the controller's among them, answers its first token request 1.5 s late. Seen
+    without the fix: the supervisor died at its first store read ("No AWS credentials found"), the controller it had
+    started ran the sweep to its end, and nothing terminated the instance (it would have billed until max_hours)."""
+    cloud.imds_late_s = 1.5
+    path = remote_sweep(orch, cloud, identity, job, "late")
+    r = orch("launch", str(path), "--remote", timeout=600)
+    assert r.code == 0, r.out[-3000:] + r.err[-3000:]
+    [ctl] = controller_ids(cloud, "late")
+    job.release.touch()
+    retry_until(
+        lambda: status(orch, "late", gap=ENDED_GAP_S).get("run", {}).get("state") == "succeeded",
+        300,
+        0.5,
+        "the run to finish",
+    )
+    assert status(orch, "late")["run"]["attempt"] == 1
+    retry_until(lambda: not controller_ids(cloud, "late"), 120, 0.5, "the controller to terminate its own instance")
+    assert cloud.gone[ctl].imds_answered  # the late answer was given
+    d = orch("down", "late")
+    assert d.code == 0, d.out + d.err
+    assert not any(cloud.leftovers("late").values()), cloud.leftovers("late")
+
+
 def test_remote_needs_the_aws_backend(orch, tmp_path):
     path = orch.sweep('name: here\nbackend: local\ncommand: "true"\n')
     r = orch("launch", str(path), "--remote")
