@@ -95,6 +95,19 @@ def bucket_problem(name: str) -> Optional[str]:
     return None
 
 
+# An orch process on an instance (the agent, a remote controller's supervisor) takes its credentials from the instance
+# metadata service, which botocore asks once with 1 s to answer by default: a busy instance's late first answer left
+# the process without credentials (an agent lost its attempt; a supervisor died and its instance billed on). Three
+# tries of 5 s (botocore's documented settings); a setting of the user's own is kept.
+PATIENT_IMDS = {"AWS_METADATA_SERVICE_TIMEOUT": "5", "AWS_METADATA_SERVICE_NUM_ATTEMPTS": "3"}
+
+
+def ask_imds_patiently(environ) -> None:
+    """Set PATIENT_IMDS in `environ` (os.environ at a process's entry, before any AWS client) where unset."""
+    for name, value in PATIENT_IMDS.items():
+        environ.setdefault(name, value)
+
+
 def session_prefix(sweep: str) -> str:
     return f"orch_{sweep}_"
 

@@ -48,12 +48,29 @@ def _helper_defaults(tree: ast.Module) -> dict[str, float]:
     return found
 
 
+def _helper_wait(node: ast.Call, helpers: dict[str, float]):
+    """How long a call of a module helper waits: the timeout it gives, else the helper's default; None for any
+    other call (or a timeout that is not a number written out)."""
+    name = ast.unparse(node.func)
+    if name not in helpers:
+        return None
+    given = [kw.value for kw in node.keywords if kw.arg in ("timeout", "timeout_s")]
+    if not given:
+        return helpers[name]
+    return (
+        float(given[0].value)
+        if isinstance(given[0], ast.Constant) and isinstance(given[0].value, (int, float))
+        else None
+    )
+
+
 def _inner_limits(fn: ast.FunctionDef, helpers: dict[str, float]):
     for node in ast.walk(fn):
         if isinstance(node, ast.Call):
-            name = ast.unparse(node.func)
-            if name in helpers and not any(kw.arg in ("timeout", "timeout_s") for kw in node.keywords):
-                yield node.lineno, helpers[name]  # the helper's own default
+            if ast.unparse(node.func) in helpers and not any(
+                kw.arg in ("timeout", "timeout_s") for kw in node.keywords
+            ):
+                yield node.lineno, _helper_wait(node, helpers)  # the helper's own default (a given one: below)
             positional = node.args[1] if ast.unparse(node.func) == "retry_until" and len(node.args) > 1 else None
             if isinstance(positional, ast.Constant) and isinstance(positional.value, (int, float)):
                 yield node.lineno, float(positional.value)  # retry_until(fn, timeout, interval, what)
@@ -66,15 +83,8 @@ def _inner_limits(fn: ast.FunctionDef, helpers: dict[str, float]):
 def _helper_runs(fn: ast.FunctionDef, helpers: dict[str, float]) -> list[float]:
     """How long each call of a module helper in the test may wait. Such helpers run a program to its end
     (a trainer run), one after another, so their waits add up: two runs of 200 s do not fit in 300 s."""
-    waits = []
-    for node in ast.walk(fn):
-        if isinstance(node, ast.Call) and ast.unparse(node.func) in helpers:
-            given = [kw.value for kw in node.keywords if kw.arg in ("timeout", "timeout_s")]
-            if not given:
-                waits.append(helpers[ast.unparse(node.func)])
-            elif isinstance(given[0], ast.Constant) and isinstance(given[0].value, (int, float)):
-                waits.append(float(given[0].value))
-    return waits
+    waits = (_helper_wait(node, helpers) for node in ast.walk(fn) if isinstance(node, ast.Call))
+    return [w for w in waits if w is not None]
 
 
 def limits_that_disagree(path: Path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -139,10 +140,12 @@ def supervise_cmd(settings_file: str):
     """On the controller's instance: run the sweep's controller, restarting it, until the sweep is done."""
     from orchestrator.aws import ec2 as api
     from orchestrator.backends.aws.remote import RemoteSettings
+    from orchestrator.contract import ask_imds_patiently
     from orchestrator.control.supervisor import Supervisor
     from orchestrator.store import open_store
     from orchestrator.sweep.load import load_sweep
 
+    ask_imds_patiently(os.environ)  # its credentials (and its controller's) come from the instance metadata service
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = RemoteSettings.read(Path(settings_file))
     sweep = load_sweep(settings.sweep_file)

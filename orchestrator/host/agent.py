@@ -22,7 +22,14 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from orchestrator.contract import AGENT_PID_FILE, NOTICE_FILE, REPORTED_FILE, STOP_REASON_FILE, RunTask
+from orchestrator.contract import (
+    AGENT_PID_FILE,
+    NOTICE_FILE,
+    REPORTED_FILE,
+    STOP_REASON_FILE,
+    RunTask,
+    ask_imds_patiently,
+)
 from orchestrator.errors import OrchError
 from orchestrator.host import tmux, watch
 from orchestrator.host.attempt import (
@@ -500,12 +507,7 @@ def main(argv=None) -> int:
     if len(args) != 1:
         log.error("usage: python -m orchestrator.host.agent TASK.json")
         return 2
-    # On an instance the store's credentials come from the instance metadata service, which botocore asks once with
-    # 1 s to answer (its defaults): an agent whose first answer came late (a busy host) died of NoCredentialsError
-    # before it reported, and its attempt was lost (seen in a full run of the suite). Three tries of 5 s; a setting
-    # of the user's own is kept.
-    os.environ.setdefault("AWS_METADATA_SERVICE_TIMEOUT", "5")
-    os.environ.setdefault("AWS_METADATA_SERVICE_NUM_ATTEMPTS", "3")
+    ask_imds_patiently(os.environ)  # its store credentials come from the instance metadata service
     return Agent(RunTask.load(Path(args[0]))).run()
 
 

@@ -196,13 +196,9 @@ def _install(conn, sweep, got, security_group: str, deadline: float) -> None:
     )
     path = f"{base}/{SETTINGS_FILE}"
     conn.put_bytes(json.dumps(asdict(settings), indent=2).encode(), path)
-    # Its credentials come from the instance metadata service, which botocore asks once with 1 s to answer by
-    # default: a busy instance's late first answer left the supervisor without credentials (its sweep ended and the
-    # instance kept running). Three tries of 5 s, as the agent's (host/agent.py).
     env = (
         f"PYTHONPATH={shlex.quote(settings.code_dir)} ORCH_HOME={shlex.quote(base + '/home')} "
-        f"AWS_DEFAULT_REGION={shlex.quote(cfg.region)} AWS_METADATA_SERVICE_TIMEOUT=5 "
-        "AWS_METADATA_SERVICE_NUM_ATTEMPTS=3"
+        f"AWS_DEFAULT_REGION={shlex.quote(cfg.region)}"
     )
     conn.check(  # only the supervisor goes to the background, its output in a file: the channel closes at once
         f"cd {shlex.quote(base)} && {{ {env} nohup setsid {shlex.quote(py)} -m orchestrator.cli _supervise "
