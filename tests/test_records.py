@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import List
 
+import pytest
+
 from orchestrator.backends.base import BackendBase, Host
 from orchestrator.contract import RunTask
 from orchestrator.control.controller import Controller
@@ -24,6 +26,7 @@ from orchestrator.store.status import (
     write_status,
 )
 from orchestrator.sweep.load import load_sweep
+from orchestrator.sweep.record import SWEEP_SCHEMA
 
 
 def test_put_if_refuses_a_write_over_what_the_writer_did_not_read(store):
@@ -216,3 +219,89 @@ def test_status_right_after_cancel_of_a_queued_run_shows_it_cancelled(orch, tmp_
     states = {v["run_id"]: v["state"] for v in json.loads(orch("status", "later", "--json").out)["runs"]}
     assert states == {"x=1": "queued", "x=2": "cancelled"}, states
     assert "cancelled" in orch("status", "later").out
+
+
+# --- sweep records written by earlier orch versions (tests/records/sweeps, made by tests/records/make_sweep_records.py)
+
+
+SWEEP_RECORDS = Path(__file__).parent / "records" / "sweeps"
+# Before 2026-11-30 (fa0a8f3) a run's records lay in its own folder, not under .orch/: today's orch cannot read them.
+OLD_LAYOUT = "2026-11-29-05e919f"
+
+
+def _recorded(orch, version: str) -> Path:
+    """An earlier orch's sweep as it left it (x=1 succeeded, x=2 running when it was killed), placed in this test's
+    folder, with the file x=2 waits for already there."""
+    source = SWEEP_RECORDS / version
+    for path in source.rglob("*"):
+        if path.is_file() and path.name != "ORCH_VERSION":
+            dest = orch.tmp / path.relative_to(source)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_text(path.read_text().replace("@ROOT@", str(orch.tmp)))
+    orch.home.mkdir(parents=True, exist_ok=True)
+    (orch.home / "release").touch()
+    return orch.tmp / "sweep.yaml"
+
+
+@pytest.mark.parametrize("version", sorted(p.name for p in SWEEP_RECORDS.iterdir() if p.name != OLD_LAYOUT))
+def test_a_sweep_recorded_by_an_earlier_orch_continues_after_an_upgrade(orch, version):
+    r = orch("launch", str(_recorded(orch, version)))
+    assert r.code == 0 and "Traceback" not in r.err, r.err
+    assert (orch.home / "ran").read_text().split() == ["2"], "x=1 had succeeded: it must not run again"
+    store = LocalStore(str(orch.tmp / "store"))
+    one, two = read_status(store, "upgraded", "x=1"), read_status(store, "upgraded", "x=2")
+    assert (one.state, one.attempt) == ("succeeded", 1)
+    assert two.state == "succeeded" and two.attempt >= 2, two
+
+
+def test_a_sweep_recorded_before_run_records_moved_under_orch_is_refused_not_rerun(orch):
+    r = orch("launch", str(_recorded(orch, OLD_LAYOUT)))
+    assert r.code == 2 and "Traceback" not in r.err, r.err
+    assert "2026-11-30" in r.err and "new `name:`" in r.err, r.err
+    assert not (orch.home / "ran").exists()
+
+
+def test_a_sweep_recorded_by_a_newer_orch_is_refused_with_the_upgrade_to_make(orch):
+    newest = sorted(p.name for p in SWEEP_RECORDS.iterdir())[-1]
+    path = _recorded(orch, newest)
+    key = orch.tmp / "store" / "upgraded" / "sweep.json"
+    record = json.loads(key.read_text())
+    record["schema"] = SWEEP_SCHEMA + 1
+    key.write_text(json.dumps(record))
+    for args in (["--dry-run"], []):
+        r = orch("launch", str(path), *args)
+        assert r.code == 2 and "Traceback" not in r.err, r.err
+        assert f"schema {SWEEP_SCHEMA + 1}" in r.err and "Upgrade orch" in r.err, r.err
+    assert not (orch.home / "ran").exists()
+
+
+def _strip_defaults(recorded: dict, model) -> dict:
+    """The record as an orch that did not know its default-valued fields yet would have written it."""
+    out = {}
+    for key, value in recorded.items():
+        info = model.model_fields.get(key)
+        nested = getattr(info.annotation, "model_fields", None) if info else None
+        if isinstance(value, dict) and nested is not None:
+            out[key] = _strip_defaults(value, info.annotation)
+        elif info is None or value != info.get_default(call_default_factory=True):
+            out[key] = value
+    return out
+
+
+def test_fields_an_older_orch_did_not_record_are_read_at_their_defaults_and_free_ones_may_change(orch):
+    """Every field at its default left out of the record (what a field added later looks like in an older record),
+    and the file changes how many run at once and its description: the sweep continues."""
+    from orchestrator.sweep.spec import SweepSpec
+
+    path = _recorded(orch, sorted(p.name for p in SWEEP_RECORDS.iterdir())[-1])
+    key = orch.tmp / "store" / "upgraded" / "sweep.json"
+    record = json.loads(key.read_text())
+    record["spec"] = _strip_defaults(record["spec"], SweepSpec)
+    assert "max_runs" not in record["spec"] and "local" in record["spec"], record["spec"]
+    key.write_text(json.dumps(record))
+    path.write_text(path.read_text().replace("max_parallel: 2", "max_parallel: 1\ndescription: after the upgrade"))
+    r = orch("launch", str(path))
+    assert r.code == 0, r.err
+    assert (orch.home / "ran").read_text().split() == ["2"]
+    spec = json.loads(key.read_text())["spec"]
+    assert (spec["max_parallel"], spec["description"]) == (1, "after the upgrade")  # status by name shows the file's

@@ -42,6 +42,7 @@ from orchestrator.store.status import (
     update_status,
     write_if,
 )
+from orchestrator.sweep import record as sweep_record
 from orchestrator.sweep.spec import RunSpec, Sweep
 from orchestrator.wait import retry_until
 
@@ -127,19 +128,11 @@ class Controller:
         Returns True when the sweep is new.
         """
         existing = check_recorded(self.sweep, self.store, self.state)
-        if existing is not None and any(
-            existing.get("spec", {}).get(k) != self.sweep.resolved().get(k) for k in REPORT_ONLY
-        ):
-            existing["spec"] = {**existing["spec"], **{k: self.sweep.resolved().get(k) for k in REPORT_ONLY}}
-            put_json(
-                self.store, layout.sweep_key(self.name), existing
-            )  # the new target, for status and collect by name
+        newer = sweep_record.updated(existing, self.sweep) if existing is not None else None
+        if newer is not None:  # the new target, description, ...: for status and collect by name
+            put_json(self.store, layout.sweep_key(self.name), newer)
         if existing is None:
-            put_json(
-                self.store,
-                layout.sweep_key(self.name),
-                {"spec": self.sweep.resolved(), "launched_at": time.time(), "spec_file": str(self.sweep.path)},
-            )
+            put_json(self.store, layout.sweep_key(self.name), sweep_record.new_record(self.sweep, time.time()))
         self.state.remember(self.name, str(self.sweep.path), self.sweep.store_url, self.sweep.spec.backend)
         return existing is None
 
@@ -535,24 +528,16 @@ class Controller:
         return last[0]
 
 
-REPORT_ONLY = ("target",)  # changes nothing a run does (unless prune: compares by it): a relaunch may change it
-
-
 def check_recorded(sweep: Sweep, store: Store, state: State) -> Optional[dict]:
-    """What launch checks before it acts (a dry run checks the same): the sweep's record in the store,
-    which must match this file; and the name, which must not move to another store. Read-only."""
+    """What launch checks before it acts (a dry run checks the same): the sweep's record in the store, which this
+    orch must be able to continue (sweep/record.py) and which must give the runs what this file gives them; and the
+    name, which must not move to another store. Read-only."""
     state.check_same_store(sweep.spec.name, str(sweep.path), sweep.store_url)
     existing = get_json(store, layout.sweep_key(sweep.spec.name))
-    resolved = sweep.resolved()
     if existing is not None:
-        before = existing.get("spec", {})
-        changed = sorted(
-            k
-            for k in set(before) | set(resolved)
-            if before.get(k) != resolved.get(k)
-            and not (k == "grid_order" and k not in before)  # a record without it (an older orch) is no change
-            and not (k in REPORT_ONLY and before.get("prune") is None and resolved.get("prune") is None)
-        )
+        where = f"{sweep.path}: the sweep {sweep.spec.name!r} in {store.url}"
+        sweep_record.check_schema(existing, where)
+        changed = sweep_record.changes(existing, sweep)
         if changed:
             raise OrchError(
                 f"{sweep.path}: a different sweep named {sweep.spec.name!r} already exists in {store.url} "

@@ -13,6 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from orchestrator.errors import SpecError
+from orchestrator.sweep.record import check_schema
 from orchestrator.sweep.spec import Sweep, SweepSpec, expand, host_python, resolve_store
 from orchestrator.sweep.yaml_errors import Loader, dotted, format_errors, line_of
 
@@ -70,6 +71,7 @@ def sweep_from_record(record: Dict[str, Any], path: str) -> Sweep:
     comes from `grid_order`, or, in a record written before that field, from the recorded run ids.
     The runs must be exactly the recorded ones: a sweep named instead of given as a file must
     never address other runs than its file does (`orch down NAME` would miss them)."""
+    check_schema(record, f"the sweep.json at {path}", continuing=False)
     resolved = record.get("spec", {})
     fields_ = {k: v for k, v in resolved.items() if k in SweepSpec.model_fields}
     recorded = resolved.get("runs")

@@ -1,0 +1,98 @@
+"""A sweep's record in the store (`<sweep>/sweep.json`): its schema, and what a relaunch may change.
+
+A user who upgrades orch mid-sweep must be able to continue it. So the record carries a schema version;
+a record from an older orch is read with every field it lacks at today's default (a field added later
+is no change), and a relaunch is refused only where the runs would get something else: their commands,
+params, environment, data, shape, backend settings, store, pruning. A record from a newer orch than this
+one is refused: its fields may mean what this orch cannot know.
+
+Schemas: 0 — before 2026-11-30, a run's records lay in its own folder (`<sweep>/<run>/status.json`);
+this orch reads them nowhere, so such a sweep cannot be continued (it would run every run again).
+1 — records without a `schema` key, written from then until this module. 2 — this module's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+from pydantic import ValidationError
+
+from orchestrator.errors import OrchError
+from orchestrator.sweep.spec import Sweep, SweepSpec
+
+SWEEP_SCHEMA = 2
+# Change nothing a run gets (its command, params, env, shape, data): a relaunch may change them, and the record is
+# brought up to date. `target` only while `prune:` does not compare by it.
+FREE = ("description", "max_parallel", "max_runs")
+REPORT_ONLY = ("target",)
+
+
+def schema_of(record: Dict[str, Any]) -> int:
+    """The record's schema; a record without one is 1, or 0 when it predates `max_runs` (the same commit that moved
+    run records under `.orch/`)."""
+    if "schema" in record:
+        value = record["schema"]
+        return value if isinstance(value, int) and not isinstance(value, bool) else SWEEP_SCHEMA + 1
+    return 1 if "max_runs" in (record.get("spec") or {}) else 0
+
+
+def check_schema(record: Dict[str, Any], where: str, continuing: bool = True) -> None:
+    """Refuse a record this orch cannot read: one from a newer orch; and, to continue it, one from before run records
+    moved (reading it by name, for `orch status` or `orch down`, is harmless)."""
+    schema = schema_of(record)
+    if schema > SWEEP_SCHEMA:
+        raise OrchError(
+            f"{where}: recorded by a newer orch (sweep record schema {record.get('schema')!r}; this orch reads up to "
+            f"schema {SWEEP_SCHEMA}). Upgrade orch (`pip install -U` it where you installed it) to continue this "
+            "sweep, or give this sweep a new `name:`.",
+            exit_code=2,
+        )
+    if schema == 0 and continuing:
+        raise OrchError(
+            f"{where}: recorded by an orch from before 2026-11-30, which kept each run's records in the run's own "
+            "folder; this orch would not find them and would run every run again. Continue it with that orch, or "
+            "give this sweep a new `name:` (its results stay where they are).",
+            exit_code=2,
+        )
+
+
+def new_record(sweep: Sweep, launched_at: float) -> Dict[str, Any]:
+    return {
+        "schema": SWEEP_SCHEMA,
+        "spec": sweep.resolved(),
+        "launched_at": launched_at,
+        "spec_file": str(sweep.path),
+    }
+
+
+def as_today(spec: Dict[str, Any]) -> Dict[str, Any]:
+    """A recorded spec as this orch would record it: each field it lacks at its default, at every level.
+    A record that no longer validates is compared as it is (a change of it is then named, as before)."""
+    try:
+        model = SweepSpec.model_validate({k: v for k, v in spec.items() if k in SweepSpec.model_fields})
+    except ValidationError:
+        return dict(spec)
+    today = model.model_dump(mode="json", exclude={"aws": {"controller"}})
+    return {**spec, **today}
+
+
+def changes(record: Dict[str, Any], sweep: Sweep) -> List[str]:
+    """The fields of `sweep` that differ from its record in a way that changes what the runs get."""
+    before, after = as_today(record.get("spec") or {}), sweep.resolved()
+    pruned = before.get("prune") is not None or after.get("prune") is not None
+    return sorted(
+        k
+        for k in set(before) | set(after)
+        if before.get(k) != after.get(k)
+        and k not in FREE
+        and not (k in ("grid_order", "space_order") and k not in before)  # not recorded by an older orch: no change
+        and not (k in REPORT_ONLY and not pruned)
+    )
+
+
+def updated(record: Dict[str, Any], sweep: Sweep) -> Optional[Dict[str, Any]]:
+    """The record with the free and report-only fields as the file now says, or None when they are as recorded."""
+    after = sweep.resolved()
+    spec = record.get("spec") or {}
+    news = {k: after.get(k) for k in FREE + REPORT_ONLY if spec.get(k) != after.get(k)}
+    return {**record, "spec": {**spec, **news}} if news else None
