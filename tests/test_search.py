@@ -49,8 +49,9 @@ def section(**over) -> SearchSection:
 
 @pytest.mark.parametrize("sampler", ["tpe", "random"])
 def test_one_trial_at_a_time_asks_what_optunas_own_optimize_asks_even_across_restarts(tmp_path, sampler):
-    """Each ask is made by a fresh Study read from the store (a controller restarted before every trial),
-    and the sequence equals study.optimize's in one process with the same sampler and seed."""
+    """The study's half of the promise: each ask made by a fresh Study read from the store (as by a controller
+    restarted before every trial), told before the next ask, equals study.optimize's sequence. That the controller
+    tells before it asks is checked through `orch launch` below."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     search = section(sampler=sampler, seed=3)
     make = optuna.samplers.TPESampler if sampler == "tpe" else optuna.samplers.RandomSampler
@@ -248,6 +249,57 @@ def test_a_search_sweep_runs_every_trial_and_collect_names_the_best(orch, tmp_pa
     path.write_text(path.read_text().replace("seed: 0", "seed: 1"))
     again = orch("launch", str(path))
     assert again.code == 2 and "changed: search" in again.out + again.err
+
+
+OBJECTIVE = """\
+import json, math, os
+p = json.loads(os.environ["ORCH_PARAMS_JSON"])
+score = 1.0 - (math.log10(p["lr"]) + 2) ** 2 / 4 - (p["depth"] - 5) ** 2 / 9 - (0.0 if p["opt"] == "adam" else 0.2)
+with open(os.path.join(os.environ["ORCH_RUN_DIR"], "metrics.jsonl"), "a") as f:
+    f.write(json.dumps({"epoch": 1, "score": score}) + "\\n")
+"""
+
+
+@pytest.mark.slow
+def test_orch_launch_with_one_trial_at_a_time_asks_what_optunas_own_optimize_asks(orch, tmp_path):
+    """README: with `max_parallel: 1` the params asked are exactly those of `study.optimize` with the same sampler
+    and seed. Through `orch launch`: each trial's outcome must be told before the next trial is asked (past TPE's
+    10 random start-up trials every ask depends on every earlier value)."""
+    script = tmp_path / "objective.py"
+    script.write_text(OBJECTIVE)
+    path = orch.sweep(f"""
+        name: optimize
+        command: "{sys.executable} {script}"
+        store: store
+        max_parallel: 1
+        search:
+          sampler: tpe
+          seed: 11
+          trials: 13
+          metric: score
+          mode: max
+          space:
+            lr: {{low: 0.0001, high: 1.0, log: true}}
+            depth: {{low: 2, high: 8, int: true}}
+            opt: {{choices: [sgd, adam]}}
+    """)
+    r = orch("launch", str(path))
+    assert r.code == 0, r.out + r.err
+
+    def objective(trial: optuna.Trial) -> float:
+        p = {
+            "lr": trial.suggest_float("lr", 0.0001, 1.0, log=True),
+            "depth": trial.suggest_int("depth", 2, 8),
+            "opt": trial.suggest_categorical("opt", ["sgd", "adam"]),
+        }
+        return 1.0 - (math.log10(p["lr"]) + 2) ** 2 / 4 - (p["depth"] - 5) ** 2 / 9 - (0.0 if p["opt"] == "adam" else 0.2)
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    reference = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=11))
+    reference.optimize(objective, n_trials=13)
+    trials = json.loads(orch.store(study_key("optimize")).read_text())["trials"]
+    assert [t["params"] for t in trials] == [t.params for t in reference.trials]  # trial by trial
+    assert [t["value"] for t in trials] == [t.value for t in reference.trials]
 
 
 @pytest.mark.slow

@@ -173,6 +173,7 @@ class Controller:
             elif self.rungs is not None:
                 self._rung(row)
         self._release_unclaimed(every, table.status)
+        self._tell_trials()  # before any start asks: each ask knows every outcome so far (README: Search)
         free = self.sweep.spec.max_parallel - len(hosts)
         started: List[str] = []
         if budget is not None and spend >= budget:
@@ -192,9 +193,8 @@ class Controller:
                     if self._start(row):
                         started.append(rid)
                     free -= 1
+        self._tell_trials()  # and what a start ended (a run given up at its claim)
         views = table.all_views()
-        if self.trials is not None:
-            self.trials.tell_finished({v.run_id: v for v in views}, self.rungs.values if self.rungs else None)
         progress = Progress(
             sweep=self.name,
             runs=views,
@@ -431,6 +431,10 @@ class Controller:
         for h in all_hosts or [host]:
             self.backend.release(h)
         self.state.journal(self.name, "replace", status.run_id, reason)
+
+    def _tell_trials(self) -> None:
+        if self.trials is not None:
+            self.trials.tell_finished(self.table.views, self.rungs.values if self.rungs else None)
 
     def _release_unclaimed(self, hosts: List[Host], statuses: Dict[str, RunStatus]) -> None:
         """Hosts of an older attempt than the run's current one serve nobody: release them."""
