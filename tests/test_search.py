@@ -399,8 +399,42 @@ def test_a_trial_is_told_the_mean_of_its_seeds_once_all_ended_pruned_with_its_ru
 def test_value_best_takes_the_best_line_and_a_run_without_the_metric_fails_its_trial():
     from orchestrator.control.trials import trial_value
 
-    lines = [{"score": 0.2}, {"score": 0.9}, {"score": 0.4}, {"score": float("inf")}, {"loss": 1}]
+    lines = [{"score": 0.2}, {"score": 0.9}, {"score": 0.4}, {"loss": 1}]
     assert trial_value(lines, "score", "max", "last") == 0.4
-    assert trial_value(lines, "score", "max", "best") == 0.9
+    assert trial_value(lines + [{"score": float("inf")}], "score", "max", "best") == 0.9
     assert trial_value(lines, "score", "min", "best") == 0.2
     assert trial_value([{"loss": 1}], "score", "max", "last") is None
+
+
+DIVERGES = """\
+import json, os
+nan = float("nan")
+values = {"trial=0": [0.9, nan], "trial=1": [0.5, 0.6]}[os.environ["ORCH_RUN_ID"]]
+with open(os.path.join(os.environ["ORCH_RUN_DIR"], "metrics.jsonl"), "a") as f:
+    for epoch, score in enumerate(values):
+        f.write(json.dumps({"epoch": epoch, "score": score}) + "\\n")
+    f.write(json.dumps({"epoch": 9, "other": 1}) + "\\n")
+"""
+
+
+@pytest.mark.slow
+def test_a_trial_whose_last_value_is_nan_is_told_fail_and_is_never_the_best(orch, tmp_path):
+    """README: `value: last` is the metric on the run's last line that has it; a run without a finite value there
+    (it diverged) is told FAIL, whatever it reported before."""
+    script = tmp_path / "diverges.py"
+    script.write_text(DIVERGES)
+    path = orch.sweep(f"""
+        name: diverges
+        command: "{sys.executable} {script}"
+        store: store
+        max_parallel: 1
+        search: {{sampler: random, trials: 2, metric: score, mode: max, space: {{lr: {{low: 0.1, high: 1.0}}}}}}
+    """)
+    r = orch("launch", str(path))
+    assert r.code == 0, r.out + r.err
+    trials = json.loads(orch.store(study_key("diverges")).read_text())["trials"]
+    assert [(t["outcome"], t["value"]) for t in trials] == [("fail", None), ("complete", 0.6)]
+    c = orch("collect", "diverges", "--out", str(tmp_path / "out"))
+    assert c.code == 0, c.out + c.err
+    assert "best trial: trial=1" in c.out
+    assert json.loads((tmp_path / "out" / "runs.json").read_text())["best_trial"]["run_id"] == "trial=1"

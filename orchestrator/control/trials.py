@@ -25,12 +25,14 @@ log = logging.getLogger("orch.trials")
 
 
 def trial_value(lines: List[dict], metric: str, mode: str, how: str) -> Optional[float]:
-    """The metric of one run: on its last line that has it (`last`), or its best (`best`); None without one."""
+    """The metric of one run: on its last line that has it (`last`), or its best (`best`); None without a finite
+    one. `last` never looks past that line: a run whose last value is NaN diverged, and its trial is told FAIL."""
+    if how == "last":
+        had = [line[metric] for line in lines if line.get(metric) is not None]
+        return finite(had[-1]) if had else None
     values = [v for v in (finite(line.get(metric)) for line in lines) if v is not None]
     if not values:
         return None
-    if how == "last":
-        return values[-1]
     return max(values) if mode == "max" else min(values)
 
 
