@@ -141,6 +141,7 @@ command: "echo {lr}"
 search:
   trials: 4
   metric: score
+  mode: max
   space:
     lr: {low: 0.001, high: 1.0, log: true}
 """
@@ -160,11 +161,30 @@ search:
         (BASE.replace("  trials: 4", "  sampler: grid\n  trials: 4"), "'tpe' or 'random'"),
         (BASE + "params:\n  lr: 0.1\n", "also in params"),
         (BASE + "grid:\n  wd: [0, 1]\n", "`grid:` and `search:` together"),
-        (BASE.replace("  metric: score\n", ""), "which metric the sampler optimizes"),
+        (BASE.replace("  metric: score\n  mode: max\n", ""), "which metric the sampler optimizes"),
+        (BASE.replace("  mode: max\n", ""), "say `mode: max` or `mode: min`: 'score' ends neither in acc nor in loss"),
+        (
+            BASE + "prune: {metric: score, mode: min, rungs: [1, 2]}\n",
+            "max contradicts prune's min for the same metric 'score'",
+        ),
+        (
+            BASE.replace("metric: score", "metric: test_loss")
+            + "prune: {metric: test_loss, rungs: [1, 2]}\n",
+            "max contradicts prune's min for the same metric 'test_loss'",
+        ),
+        (
+            BASE.replace("  metric: score\n", "") + "target: {metric: score, value: 0.9, mode: min}\n",
+            "max contradicts target's min for the same metric 'score'",
+        ),
         (BASE.replace("{low: 0.001, high: 1.0, log: true}", "{low: 0.1}"), "needs `low:` and `high:`"),
         (BASE.replace("{low: 0.001, high: 1.0, log: true}", "{low: 0.1, high: 1, choices: [1]}"), "not both"),
         (BASE.replace('"echo {lr}"', '"echo {lr} {mom}"'), "placeholder {mom} has no param"),
         (BASE + "    $(touch x): {low: 1, high: 2}\n", "not a valid name"),
+        (BASE + "    seed: {low: 1, high: 9, int: true}\n", "'seed' is reserved by orch; use the `seeds:` field"),
+        (BASE + "    run_id: {choices: [a, b]}\n", "'run_id' is reserved by orch; rename it"),
+        (BASE + "    python: {choices: [a, b]}\n", "'python' is reserved by orch; rename it"),
+        (BASE + "    sweep: {choices: [a, b]}\n", "'sweep' is reserved by orch; rename it"),
+        (BASE + "    torchrun: {choices: [a, b]}\n", "'torchrun' is reserved by orch; rename it"),
     ],
 )
 def test_a_bad_search_is_refused_with_file_line_and_the_fix(tmp_path, text, words):
@@ -214,6 +234,7 @@ def test_a_search_sweep_runs_every_trial_and_collect_names_the_best(orch, tmp_pa
           trials: 6
           seed: 0
           metric: score
+          mode: max
           space:
             lr: {{low: 0.0001, high: 1.0, log: true}}
             depth: {{low: 2, high: 8, int: true}}

@@ -40,16 +40,16 @@ def check(spec: SweepSpec) -> Problems:
 
 
 def _key_problems(spec: SweepSpec) -> Problems:
-    """Names of params and grid axes: placeholders, never orch's own."""
+    """Names of params, grid axes and a search's space: placeholders, never orch's own."""
     out: Problems = []
-    for section in ("params", "grid"):
-        for key in getattr(spec, section):
-            if not KEY_RE.match(key):
-                out.append(((section, key), "not a valid name; use letters, digits and '_' (it becomes {%s})" % key))
+    for section, keys in ((("params",), spec.params), (("grid",), spec.grid), (("search", "space"), space_keys(spec))):
+        for key in keys:
+            if not KEY_RE.match(key) and section != ("search", "space"):  # (search.py says it for the space)
+                out.append(((*section, key), "not a valid name; use letters, digits and '_' (it becomes {%s})" % key))
             if key in BUILTINS:
                 out.append(
                     (
-                        (section, key),
+                        (*section, key),
                         f"'{key}' is reserved by orch; use the `seeds:` field for seeds"
                         if key == "seed"
                         else f"'{key}' is reserved by orch; rename it",

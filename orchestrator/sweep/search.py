@@ -88,15 +88,67 @@ def _num(value: float) -> str:
 
 
 def resolved_metric(spec) -> Tuple[Optional[str], str]:
-    """(metric, mode) the sampler optimizes: search's own, else target's, else prune's; mode likewise."""
+    """(metric, mode) the sampler optimizes: search's own, else target's, else prune's; mode likewise (a sweep
+    whose mode cannot be told was refused at load: see problems)."""
+    metric = _metric(spec)
+    return metric, _mode(spec, metric) or "max"
+
+
+def _metric(spec) -> Optional[str]:
     s = spec.search
-    metric = s.metric or (spec.target.metric if spec.target else None) or (spec.prune.metric if spec.prune else None)
-    mode = s.mode
+    return s.metric or (spec.target.metric if spec.target else None) or (spec.prune.metric if spec.prune else None)
+
+
+def _mode(spec, metric: Optional[str]) -> Optional[str]:
+    """The search's mode as the sweep says it (search's, target's or prune's on the same metric, or the metric's
+    name); None when nothing says it."""
+    if metric is None:
+        return None
+    mode = spec.search.mode
     if mode is None and spec.target is not None and spec.target.metric == metric:
         mode = spec.target.mode
-    if mode is None and spec.prune is not None and (spec.prune.metric or metric) == metric:
+    if mode is None and _prune_metric(spec) == metric:
         mode = spec.prune.mode
-    return metric, mode or (default_mode(metric) if metric else None) or "max"
+    return mode or default_mode(metric)
+
+
+def _prune_metric(spec) -> Optional[str]:
+    if spec.prune is None:
+        return None
+    return spec.prune.metric or (spec.target.metric if spec.target else None)
+
+
+def _mode_problems(spec) -> List[Tuple[Tuple[Any, ...], str]]:
+    """A mode nothing says (orch does not guess, as for target: and prune:), or one that contradicts target's or
+    prune's on the same metric (runs would be pruned, or stopped, for what the search calls worse)."""
+    metric = _metric(spec)
+    if metric is None:
+        return []
+    mode = _mode(spec, metric)
+    if mode is None:
+        return [(("search", "mode"), f"say `mode: max` or `mode: min`: '{metric}' ends neither in acc nor in loss")]
+    out: List[Tuple[Tuple[Any, ...], str]] = []
+    t = spec.target
+    if t is not None and t.metric == metric and t.resolved_mode() != mode:
+        out.append(
+            (
+                ("search", "mode"),
+                f"{mode} contradicts target's {t.resolved_mode()} for the same metric '{metric}': remove "
+                "`search.mode` (it follows target) or make the two agree",
+            )
+        )
+    if _prune_metric(spec) == metric:
+        prune_mode = spec.prune.mode or (t.resolved_mode() if t is not None and t.metric == metric else None)
+        prune_mode = prune_mode or default_mode(metric)
+        if prune_mode is not None and prune_mode != mode:
+            out.append(
+                (
+                    ("search", "mode"),
+                    f"{mode} contradicts prune's {prune_mode} for the same metric '{metric}': trials would be pruned "
+                    "for what the search calls better. Make `search.mode` and `prune.mode` agree",
+                )
+            )
+    return out
 
 
 def problems(spec) -> List[Tuple[Tuple[Any, ...], str]]:
@@ -137,7 +189,7 @@ def problems(spec) -> List[Tuple[Tuple[Any, ...], str]]:
         out.append(
             (("search", "metric"), "which metric the sampler optimizes: give `metric:` (e.g. test_acc), or a `target:`")
         )
-    return out
+    return out + _mode_problems(spec)
 
 
 def trial_id(number: int, seed: Optional[int]) -> str:

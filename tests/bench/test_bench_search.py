@@ -40,6 +40,7 @@ search:
   trials: {trials}
   seed: {seed}
   metric: score
+  mode: max
   space:
     lr: {{low: 0.0001, high: 1.0, log: true}}
     wd: {{low: 0.0, high: 0.001}}
