@@ -168,8 +168,7 @@ search:
             "max contradicts prune's min for the same metric 'score'",
         ),
         (
-            BASE.replace("metric: score", "metric: test_loss")
-            + "prune: {metric: test_loss, rungs: [1, 2]}\n",
+            BASE.replace("metric: score", "metric: test_loss") + "prune: {metric: test_loss, rungs: [1, 2]}\n",
             "max contradicts prune's min for the same metric 'test_loss'",
         ),
         (
@@ -275,7 +274,8 @@ def test_a_search_sweep_runs_every_trial_and_collect_names_the_best(orch, tmp_pa
 OBJECTIVE = """\
 import json, math, os
 p = json.loads(os.environ["ORCH_PARAMS_JSON"])
-score = 1.0 - (math.log10(p["lr"]) + 2) ** 2 / 4 - (p["depth"] - 5) ** 2 / 9 - (0.0 if p["opt"] == "adam" else 0.2)
+opt_term = 0.0 if p["opt"] == "adam" else 0.2
+score = 1.0 - (math.log10(p["lr"]) + 2) ** 2 / 4 - (p["depth"] - 5) ** 2 / 9 - opt_term
 with open(os.path.join(os.environ["ORCH_RUN_DIR"], "metrics.jsonl"), "a") as f:
     f.write(json.dumps({"epoch": 1, "score": score}) + "\\n")
 """
@@ -313,7 +313,8 @@ def test_orch_launch_with_one_trial_at_a_time_asks_what_optunas_own_optimize_ask
             "depth": trial.suggest_int("depth", 2, 8),
             "opt": trial.suggest_categorical("opt", ["sgd", "adam"]),
         }
-        return 1.0 - (math.log10(p["lr"]) + 2) ** 2 / 4 - (p["depth"] - 5) ** 2 / 9 - (0.0 if p["opt"] == "adam" else 0.2)
+        opt_term = 0.0 if p["opt"] == "adam" else 0.2
+        return 1.0 - (math.log10(p["lr"]) + 2) ** 2 / 4 - (p["depth"] - 5) ** 2 / 9 - opt_term
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     reference = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=11))
