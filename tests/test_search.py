@@ -197,6 +197,25 @@ def test_a_bad_search_is_refused_with_file_line_and_the_fix(tmp_path, text, word
     assert str(path) + ":" in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (("seed: 0", "seed: -1"), "must be between 0 and 4294967295 (numpy's seed range)"),
+        (("seed: 0", "seed: 4294967296"), "must be between 0 and 4294967295 (numpy's seed range)"),
+        (("{low: 0.001, high: 1.0, log: true}", "{low: -1e308, high: 1e308}"), "wider than a float holds"),
+        (("{low: 0.001, high: 1.0, log: true}", "{low: -1e300, high: 1e300, int: true}"), "within ±9007199254740992"),
+    ],
+)
+@pytest.mark.parametrize("dry", [True, False])
+def test_values_the_sampler_cannot_take_are_refused_by_launch_before_anything_is_recorded(orch, change, words, dry):
+    """Each of these once passed validation and crashed the sampler after the sweep was recorded (or the dry run)."""
+    text = BASE.replace("  trials: 4\n", "  sampler: random\n  seed: 0\n  trials: 4\n") + "store: store\n"
+    path = orch.sweep(text.replace(*change))
+    r = orch("launch", str(path), *(["--dry-run"] if dry else []))
+    assert r.code == 2, r.out + r.err
+    assert words in r.err and f"{path}:" in r.err and "Traceback" not in r.out + r.err
+    assert not orch.store().exists()  # nothing recorded, nothing launched
+
 def test_a_search_has_one_run_per_trial_and_seed(tmp_path):
     path = tmp_path / "sweep.yaml"
     path.write_text(BASE + "seeds: 2\n")

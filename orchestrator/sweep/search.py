@@ -20,6 +20,8 @@ from orchestrator.sweep.spec_types import KEY_RE, Amount, Count, Strict
 
 Choice = Union[StrictBool, StrictInt, Amount, StrictStr]
 TRIAL = "trial"  # the run id's key: trial=N
+SEED_MAX = 2**32 - 1  # the samplers seed numpy's RandomState: 0 .. 2**32 - 1
+INT_BOUND = 2**53
 
 
 class Dimension(Strict):
@@ -56,6 +58,14 @@ class Dimension(Strict):
             return f"`log: true` needs low > 0 (got {_num(self.low)}); use a positive lower bound"
         if self.int_ and (self.low != int(self.low) or self.high != int(self.high)):
             return f"`int: true` needs whole bounds (got {_num(self.low)} .. {_num(self.high)})"
+        if self.int_ and max(abs(self.low), abs(self.high)) > INT_BOUND:
+            return f"`int: true` bounds must lie within ±{INT_BOUND} (2**53: whole numbers a float holds exactly)"
+        if not self.log and not math.isfinite(float(self.high) - float(self.low)):
+            # the samplers draw low + (high - low) * u: a width past the largest float overflows there
+            return (
+                f"the range {_num(self.low)} .. {_num(self.high)} is wider than a float holds; narrow it "
+                "(e.g. ±1e300), or use `log: true` with a positive low"
+            )
         return ""
 
     def contains(self, value: Any) -> bool:
@@ -177,6 +187,8 @@ def problems(spec) -> List[Tuple[Tuple[Any, ...], str]]:
             )
         if name == TRIAL:
             out.append((("search", "space", name), "'trial' is reserved by orch (it numbers the trials); rename it"))
+    if not 0 <= s.seed <= SEED_MAX:
+        out.append((("search", "seed"), f"must be between 0 and {SEED_MAX} (numpy's seed range); got {s.seed}"))
     if s.trials > spec.max_runs:
         out.append(
             (
