@@ -216,6 +216,7 @@ def test_values_the_sampler_cannot_take_are_refused_by_launch_before_anything_is
     assert words in r.err and f"{path}:" in r.err and "Traceback" not in r.out + r.err
     assert not orch.store().exists()  # nothing recorded, nothing launched
 
+
 def test_a_search_has_one_run_per_trial_and_seed(tmp_path):
     path = tmp_path / "sweep.yaml"
     path.write_text(BASE + "seeds: 2\n")
