@@ -69,6 +69,8 @@ FINAL_SYNC_S = 1800.0  # a finished attempt keeps trying this long to put its re
 # which the command's kill grace takes 10; on AWS 30 s), then ends it: an agent still uploading after that could
 # write over what the next attempt puts in the store, so it waits no longer than this.
 STOP_SYNC_S = 8.0
+# The stops that keep what the attempt wrote (README): `orch down`, `orch cancel`, a prune.
+KEPT_ON_STOP = (StopReason.STOPPED, StopReason.CANCELLED, StopReason.PRUNED)
 
 
 class Agent:
@@ -125,7 +127,7 @@ class Agent:
         if self.stop_requested is None:
             path = self.ctl / STOP_REASON_FILE
             self.stop_requested = stop_reason(path)
-            self.stopped_by_orch = self.stop_requested is StopReason.STOPPED and path.exists()
+            self.stopped_by_orch = self.stop_requested in KEPT_ON_STOP and path.exists()
 
     def _on_rebalance(self, now: float) -> None:
         """EC2's rebalance recommendation comes before the two-minute notice, when it comes at all:
@@ -274,7 +276,7 @@ class Agent:
         is none. Tried until it lands (heartbeats go on meanwhile), the record moves on, orch stops the run, or
         FINAL_SYNC_S pass; False then."""
         failures = []
-        if self.stopped_by_orch and self._still_current():
+        if self._keeps_what_it_wrote():
             self._sync_on_stop()
 
         def once() -> bool:
@@ -297,27 +299,35 @@ class Agent:
             return False
         return not (failures and (self.reporter.superseded or self.stop_requested))
 
-    def _still_current(self) -> bool:
-        """Whether the run's record is still this attempt's (read now, not the reporter's last write)."""
+    def _keeps_what_it_wrote(self) -> bool:
+        """Whether orch stopped this attempt in a way that keeps what its command wrote (README: a run orch stops
+        keeps its folder and log): the run's record (read now, not the reporter's last write) ended with this
+        attempt for good (pruned, cancelled: no attempt comes after it to write over), or orch's stop file asked
+        (`orch down`, `orch cancel`, a prune) while the record is still this attempt's. A stop without orch's
+        file (a host going down, someone's kill), a lost or superseded attempt keep nothing: another attempt may
+        have begun."""
         try:
-            return not self.reporter.superseded and read_status(
-                self.store, self.task.sweep, self.task.run_id
-            ).attempt == (self.task.attempt)
+            record = read_status(self.store, self.task.sweep, self.task.run_id)
         except Exception as exc:
             log.warning("could not read the run's record (%s: %s); not syncing on the stop", type(exc).__name__, exc)
             return False
+        if record.attempt != self.task.attempt:
+            return False
+        return record.state in (RunState.PRUNED, RunState.CANCELLED) or (
+            self.stopped_by_orch and not self.reporter.superseded
+        )
 
     def _sync_on_stop(self) -> None:
-        """`orch down`: the command checkpointed on its SIGTERM, and the next launch resumes from the store. One try,
-        for at most STOP_SYNC_S; a stop without orch's file (a host going down, someone's kill), a cancel, a prune, a
-        lost or superseded attempt make no such sync: another attempt may have begun."""
+        """Orch stopped the command (see _keeps_what_it_wrote): its folder and log go to the store (after `orch
+        down`, with the checkpoint it made on its SIGTERM, which the next launch resumes from). One try, for at most
+        STOP_SYNC_S: orch waits only so long for the agent's session."""
         sync = threading.Thread(target=self._quietly, args=(self._sync_up,), name="stop-sync", daemon=True)
         sync.start()
         sync.join(STOP_SYNC_S)
         if sync.is_alive():  # the process ends soon after; a checkpoint cut half-way fails its manifest: not restored
             log.warning(
-                "the checkpoint made on the stop did not reach the store in %.0f s; the run continues from its newest "
-                "stored checkpoint",
+                "what the command wrote did not all reach the store in %.0f s; a run resumed later continues from "
+                "its newest stored checkpoint",
                 STOP_SYNC_S,
             )
 
