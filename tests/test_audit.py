@@ -9,16 +9,17 @@ from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 
 from orchestrator.backends.base import Host
-from orchestrator.control.controller import DONE, WAIT, decide
+from orchestrator.control.controller import START, WAIT, decide
 from orchestrator.store.s3 import S3Store
 from orchestrator.store.status import RunStatus
 
 NOW = 1_000_000.0
 
 
-def test_a_corrupt_record_is_never_restarted_blindly():
+def test_a_corrupt_record_is_never_taken_as_final():
+    """With a host, its agent writes it over; without one, the run gets a new attempt (test_unreadable_records)."""
     corrupt = RunStatus(run_id="r", state="corrupt", reason="not JSON")
-    assert decide(corrupt, None, max_restarts=5, now=NOW, stale_s=60, start_timeout_s=60) == DONE
+    assert decide(corrupt, None, max_restarts=5, now=NOW, stale_s=60, start_timeout_s=60) == START
     assert decide(corrupt, Host("r", "h", "a"), max_restarts=5, now=NOW, stale_s=60, start_timeout_s=60) == WAIT
 
 

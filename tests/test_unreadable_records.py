@@ -12,6 +12,8 @@ import pytest
 from orchestrator.control import summary
 from orchestrator.store.base import read_jsonl
 from orchestrator.store.folder import LocalStore
+from orchestrator.wait import retry_until
+from tests.conftest import run_states, starts
 
 DEEP = "[" * 100_000 + "]" * 100_000  # deeper than json.loads recurses
 
@@ -100,3 +102,45 @@ def test_status_and_collect_survive_a_corrupt_summary_and_a_metrics_line_nested_
     assert st.code == 0 and st.out.count("│ succeeded") == 2, st.out + st.err
     c = orch("collect", "s", "--out", str(orch.tmp / "res"))
     assert c.code == 0 and "Traceback" not in c.out + c.err, c.out + c.err
+
+
+# --- a running run's record that cannot be read (README: a record orch cannot read is never taken as final) ---
+
+
+def _corrupt_record(orch, sweep: str, run: str) -> None:
+    orch.store(sweep, ".orch", run, "status.json").write_bytes(b'{"run_id": "run", "state": "runn')
+
+
+def test_a_running_runs_unreadable_record_is_written_over_by_its_agent_and_the_run_goes_on(orch, job):
+    path = orch.sweep(f'name: torn\ncommand: "{job(steps=1, release=True)}"\nstore: store\nmax_restarts: 0\n')
+    assert orch("launch", str(path), "--detach").code == 0
+    retry_until(lambda: (job.marks / "run.running").exists(), 120, 0.2, "the command to start")
+    _corrupt_record(orch, "torn", "run")
+    record = orch.store("torn", ".orch", "run", "status.json")
+
+    def written_over() -> bool:
+        try:
+            return json.loads(record.read_text())["state"] == "running"
+        except ValueError:
+            return False
+
+    retry_until(written_over, 60, 0.2, "the agent to write its record over the unreadable one")
+    assert (job.marks / "run.running").exists()  # its command was never stopped
+    job.release.touch()
+    retry_until(lambda: run_states(orch, "torn").get("run", {}).get("state") == "succeeded", 120, 0.5, "the end")
+    assert len(starts(job.marks)) == 1
+
+
+def test_a_relaunch_gives_a_run_whose_record_cannot_be_read_a_new_attempt_never_counts_it_done(orch, job):
+    path = orch.sweep(f'name: torn\ncommand: "{job(steps=1, release=True)}"\nstore: store\nmax_restarts: 0\n')
+    assert orch("launch", str(path), "--detach").code == 0
+    retry_until(lambda: (job.marks / "run.running").exists(), 120, 0.2, "the command to start")
+    assert orch("down", "torn").code == 0  # no host runs it any more
+    _corrupt_record(orch, "torn", "run")
+    job.release.touch()
+    r = orch("launch", str(path), timeout=120)
+    assert r.code == 0 and "Traceback" not in r.out + r.err, r.out + r.err
+    assert "status record torn/.orch/run/status.json is not JSON" in r.err and "new attempt (2)" in r.err, r.err
+    final = run_states(orch, "torn", every=True)["run"]
+    assert (final["state"], final["attempt"]) == ("succeeded", 2), final
+    assert starts(job.marks) == [["run", "1"], ["run", "2"]]

@@ -78,7 +78,9 @@ def decide(
     if status.state in (SUCCEEDED, CANCELLED, PRUNED):
         return DONE
     if status.state == CORRUPT:
-        return WAIT if host is not None else DONE  # reported with its reason; never restarted blindly
+        # No verdict can be read in it, so none is taken as final: with a host, its agent writes it over at its next
+        # beat; without one, the run gets a new attempt (Controller._start), numbered after those the store has logs of.
+        return WAIT if host is not None else START
     if host is not None:
         if status.state in ACTIVE and status.heartbeat and now - max(status.heartbeat, host.seen or 0) > stale_s:
             return REPLACE  # its agent stopped talking: treat the host as lost
@@ -455,6 +457,8 @@ class Controller:
         run, previous, version = row.run, row.status, self.table.versions[row.run.run_id]
         if self.trials is not None:  # a trial's params: asked of the sampler at its first start, then as recorded
             run = self.table.runs[run.run_id] = self.trials.bound(run)
+        if previous.state == CORRUPT:
+            previous = self._unreadable(previous)
         was_lost = life.preempted(previous)
         status = life.claim(previous)
         if status.quick_losses >= life.MAX_QUICK_LOSSES:
@@ -479,6 +483,21 @@ class Controller:
         row.status, row.hosted = status, True  # its host is on its way
         self._show(row, False)
         return True
+
+    def _unreadable(self, corrupt: RunStatus) -> RunStatus:
+        """A record that cannot be read and no host of the run: taken as an attempt lost after the newest one whose
+        log is in the store, so the new attempt resumes from the run's newest checkpoint under a number of its own.
+        Its counts of failures and preemptions are in the unreadable record: they start again from 0."""
+        rid = corrupt.run_id
+        keys = self.store.list(layout.records_prefix(self.name, rid) + "/")
+        attempt = max(layout.logged_attempts(self.name, rid, keys), default=0)
+        message = (
+            f"{corrupt.reason}; no host runs it, so it gets a new attempt ({attempt + 1}), resumed from its newest "
+            "checkpoint (its counts of failures and preemptions start again)"
+        )
+        log.warning("%s: %s", rid, message)
+        self.state.journal(self.name, "unreadable-record", rid, message)
+        return RunStatus(run_id=rid, state=life.RunState.LOST, attempt=attempt, reason=corrupt.reason)
 
     def _give_up(self, row: Row, previous: RunStatus, version: Optional[str]) -> bool:
         reason = (

@@ -22,6 +22,7 @@ from typing import Optional
 from orchestrator.store.base import Store
 from orchestrator.store.layout import node_exit_key
 from orchestrator.store.status import (
+    CORRUPT,
     RUNNING,
     STARTING,
     RunStatus,
@@ -61,6 +62,8 @@ class FollowerReporter:
 
     def _look(self) -> bool:
         current = read_status(self.store, self.sweep, self.run_id)
+        if current.state == CORRUPT:  # no verdict can be read in it: node 0's agent writes it over at its next beat
+            return not self.superseded
         if current.attempt != self.attempt or current.state not in (STARTING, RUNNING):
             if not self.superseded:
                 log.info(

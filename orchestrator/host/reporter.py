@@ -20,6 +20,7 @@ from typing import Callable, Dict, Optional
 from orchestrator.host.attempt import RungWatch
 from orchestrator.store.base import Store
 from orchestrator.store.status import (
+    CORRUPT,
     LOST,
     PRUNED,
     RUNNING,
@@ -70,7 +71,9 @@ class Reporter:
                     return False
                 if self.version is None:
                     current, version = read_versioned(self.store, self.sweep, self.run_id)
-                    if current.attempt != self.attempt or current.state in (LOST, PRUNED):
+                    if current.state == CORRUPT:  # no verdict can be read in it: the running attempt's record is ours
+                        log.warning("%s; writing attempt %s's record over it", current.reason, self.attempt)
+                    elif current.attempt != self.attempt or current.state in (LOST, PRUNED):
                         self.superseded = (
                             True  # the controller moved on: a newer attempt, or this one given up or pruned
                         )

@@ -117,6 +117,18 @@ def log_key(sweep: str, run_id: str, attempt: int, node: int = 0) -> str:
     return f"{folder}/{attempt}.log"
 
 
+def logged_attempts(sweep: str, run_id: str, keys: Iterable[str]) -> Set[int]:
+    """The attempts, of any node, whose log is among `keys` (a listing of records_prefix(sweep, run_id))."""
+    base = records_prefix(sweep, run_id) + "/"
+    found = set()
+    for key in keys:
+        rel = key[len(base) :] if key.startswith(base) else ""
+        folder, _, name = rel.rpartition("/")
+        if (folder == "logs" or folder.startswith("node-logs/")) and name.endswith(".log") and name[:-4].isdigit():
+            found.add(int(name[:-4]))
+    return found
+
+
 def relay_key(sweep: str, run_id: str, attempt: int) -> str:
     """Where a follower puts a spot notice for node 0 (one per attempt)."""
     return f"{records_prefix(sweep, run_id)}/notices/{attempt}"
