@@ -497,7 +497,7 @@ class Controller:
         )
         log.warning("%s: %s", rid, message)
         self.state.journal(self.name, "unreadable-record", rid, message)
-        return RunStatus(run_id=rid, state=life.RunState.LOST, attempt=attempt, reason=corrupt.reason)
+        return life.recover(corrupt, attempt)
 
     def _give_up(self, row: Row, previous: RunStatus, version: Optional[str]) -> bool:
         reason = (

@@ -6,6 +6,7 @@ a record that moved on under its writer). The stop file (contract.py) carries a 
 value; each reason knows the state an attempt it stops ends in (`StopReason.to_state()`).
 
     controller:  queued|failed|lost|... ─claim─► starting ─requeue─► queued (no host for it)
+                 corrupt (no host) ─recover─► lost (then a claim)
     agent:       starting ─start─► starting ─run─► running ─interrupt─► interrupted
                  starting|running|interrupted ─finish─► succeeded|failed|cancelled|pruned|stopped|lost|interrupted
     verdicts:    a live attempt ─lose|stop|fail|prune|cancel─► lost|stopped|failed|pruned|cancelled
@@ -213,6 +214,15 @@ def claim(previous: RunStatus, now: Optional[float] = None) -> RunStatus:
         first_started_at=previous.first_started_at or now,
         pruned=previous.pruned,
     )
+
+
+def recover(corrupt: RunStatus, attempt: int) -> RunStatus:
+    """A record that cannot be read, of a run no host runs: taken as attempt `attempt` lost (the newest one the store
+    has a log of), so that a claim gives the run a new attempt under a number of its own. The counts it held are
+    unreadable: they start again."""
+    if corrupt.state != RunState.CORRUPT:
+        raise Impossible(f"{corrupt.run_id}: cannot recover a run that is {corrupt.state} (its record reads)")
+    return RunStatus(run_id=corrupt.run_id, state=RunState.LOST, attempt=attempt, reason=corrupt.reason)
 
 
 def _quick_losses(previous: RunStatus) -> int:
