@@ -241,3 +241,19 @@ def test_a_host_released_by_the_controller_ends_the_attempt_as_lost_not_failed()
     from orchestrator.host.attempt import final_status
 
     assert final_status(StopReason.LOST, False, 143, None) == Ending(RunState.LOST, StopReason.LOST.words(), False)
+
+
+def test_an_agent_cannot_start_a_run_that_ended_for_good():
+    """A host that booted after its run was cancelled (or pruned, or ended) must not bring the run back."""
+    for final in ("succeeded", "cancelled", "pruned", "corrupt"):
+        with pytest.raises(Impossible, match=f"cannot start a run that is {final}"):
+            life.start(RunStatus(run_id="r", state=final, attempt=1), 1, "h", "restoring", now=NOW)
+
+
+def test_an_unreadable_record_is_recovered_as_its_newest_logged_attempt_lost():
+    corrupt = RunStatus(run_id="r", state="corrupt", reason="status record x is not JSON")
+    lost = life.recover(corrupt, 3)
+    assert (lost.state, lost.attempt, lost.reason) == (RunState.LOST, 3, "status record x is not JSON")
+    assert life.claim(lost, now=NOW).attempt == 4
+    with pytest.raises(Impossible, match="cannot recover a run that is running"):
+        life.recover(RunStatus(run_id="r", state="running"), 3)

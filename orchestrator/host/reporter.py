@@ -21,8 +21,6 @@ from orchestrator.host.attempt import RungWatch
 from orchestrator.store.base import Store
 from orchestrator.store.status import (
     CORRUPT,
-    LOST,
-    PRUNED,
     RUNNING,
     STARTING,
     RunStatus,
@@ -73,10 +71,10 @@ class Reporter:
                     current, version = read_versioned(self.store, self.sweep, self.run_id)
                     if current.state == CORRUPT:  # no verdict can be read in it: the running attempt's record is ours
                         log.warning("%s; writing attempt %s's record over it", current.reason, self.attempt)
-                    elif current.attempt != self.attempt or current.state in (LOST, PRUNED):
-                        self.superseded = (
-                            True  # the controller moved on: a newer attempt, or this one given up or pruned
-                        )
+                    elif current.attempt != self.attempt or current.state not in (STARTING, RUNNING):
+                        # someone else's write since this reporter's: a newer attempt, or a verdict on this one (lost,
+                        # pruned, cancelled or stopped while its host booted, failed): it stands
+                        self.superseded = True
                         log.warning(
                             "the record of %s is no longer attempt %s's (the controller moved on): writing nothing "
                             "more",

@@ -1,0 +1,64 @@
+"""The agent (host/agent.py) and its reporter (host/reporter.py) on a real folder store: what it may write over.
+
+The record of a running attempt is the agent's; a verdict someone else wrote on it (the controller's lost, a
+prune; `orch cancel`; `orch down` on a claim whose host was still booting) stands, and the agent writes nothing
+more. Each second writer here really writes the store, between the agent's read and its write."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import pytest
+
+from orchestrator.contract import RunTask
+from orchestrator.host.agent import Agent
+from orchestrator.host.reporter import Reporter
+from orchestrator.store import lifecycle as life
+from orchestrator.store.folder import LocalStore
+from orchestrator.store.status import read_status, update_status, write_status
+
+NOW = 1_000_000.0
+
+
+def _claimed(store: LocalStore) -> None:
+    write_status(store, "sw", life.claim(life.RunStatus(run_id="r"), now=NOW))
+
+
+VERDICTS = {
+    "cancelled": lambda s: life.cancel(s, "cancelled by orch cancel"),
+    "stopped": lambda s: life.stop(s, "stopped by orch down"),
+    "lost": lambda s: life.lose(s, "host lost"),
+    "pruned": lambda s: life.prune(s, "pruned at epoch 1", {"rung": 1}),
+    "failed": lambda s: life.fail(s, "provisioning failed"),
+}
+
+
+def test_an_agent_whose_run_was_cancelled_while_its_host_booted_writes_nothing_and_runs_nothing(tmp_path):
+    store = LocalStore(str(tmp_path / "store"))
+    _claimed(store)
+    update_status(store, "sw", "r", VERDICTS["cancelled"])  # orch cancel, before the agent began
+    before = asdict(read_status(store, "sw", "r"))
+    mark = tmp_path / "ran"
+    task = RunTask(
+        sweep="sw",
+        run_id="r",
+        attempt=1,
+        command=f"touch {mark}",
+        store_url=str(tmp_path / "store"),
+        run_dir=str(tmp_path / "host" / "run"),
+        ctl_dir=str(tmp_path / "host" / "ctl"),
+        session="orch_sw_r",
+    )
+    assert Agent(task, store=store).run() == 0
+    assert asdict(read_status(store, "sw", "r")) == before and not mark.exists()
+
+
+@pytest.mark.parametrize("verdict", sorted(VERDICTS))
+def test_a_verdict_written_between_the_agents_read_and_its_first_write_stands(tmp_path, verdict):
+    store = LocalStore(str(tmp_path / "store"))
+    _claimed(store)
+    reporter = Reporter(store, "sw", "r", 1, tmp_path / "metrics.jsonl")
+    status = life.start(read_status(store, "sw", "r"), 1, "h", "restoring the run folder", now=NOW + 1)
+    update_status(store, "sw", "r", VERDICTS[verdict])  # the second writer, after the agent's read
+    assert reporter.record(status) is False and reporter.superseded
+    assert read_status(store, "sw", "r").state == verdict
