@@ -58,7 +58,7 @@ def test_provision_script_is_valid_shell():
     shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
     r = subprocess.run([shellcheck, str(script)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
-    from orchestrator.sweep.recipe import load_recipe
+    from orchestrator.backends.aws.recipe import load_recipe
 
     spec, sha = load_recipe(ROOT / "ami" / "recipe.yaml")  # the default recipe validates, and its files exist
     assert spec.name == "orch-dl" and len(sha) == 64

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from orchestrator.backends.aws.backend import AwsBackend
-from orchestrator.sweep.load import load_sweep
+from orchestrator.backends.registry import load_sweep
 from orchestrator.wait import retry_until
 from tests.conftest import ENDED_GAP_S
 from tests.conftest import run_states as status

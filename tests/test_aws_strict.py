@@ -227,7 +227,7 @@ def test_j_reused_group_gets_the_current_cidr_and_public_ip_is_asked_for(orch, c
     assert cidrs == {"203.0.113.7/32", "198.51.100.9/32"}
 
     from orchestrator.backends.aws.backend import AwsBackend
-    from orchestrator.sweep.load import load_sweep
+    from orchestrator.backends.registry import load_sweep
 
     path = smoke(
         orch,

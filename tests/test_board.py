@@ -21,10 +21,10 @@ pytest.importorskip(
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 from tensorboard.plugins.hparams import plugin_data_pb2  # noqa: E402
 
+from orchestrator.backends.registry import load_sweep  # noqa: E402
 from orchestrator.control.board import Board  # noqa: E402
 from orchestrator.store.folder import LocalStore  # noqa: E402
 from orchestrator.store.status import RunStatus, write_status  # noqa: E402
-from orchestrator.sweep.load import load_sweep  # noqa: E402
 from orchestrator.wait import retry_until  # noqa: E402
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.sweep.load import load_sweep
+from orchestrator.backends.registry import load_sweep
 from tests.conftest import ROOT
 
 EXPERIMENTS = sorted((ROOT / "experiments").glob("*.yaml"))

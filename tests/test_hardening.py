@@ -280,7 +280,7 @@ def test_huge_sweeps_are_refused_at_once_with_the_count(orch):
 
 @pytest.mark.timeout(60)
 def test_run_expansion_is_linear_in_the_runs(tmp_path):
-    from orchestrator.sweep.load import load_sweep
+    from orchestrator.backends.registry import load_sweep
 
     p = tmp_path / "s.yaml"
     p.write_text(
@@ -360,7 +360,7 @@ def test_chaos_grace_must_be_positive(orch):
 
 
 def test_long_values_keep_distinct_ids_and_yaml_exponents_are_numbers(tmp_path):
-    from orchestrator.sweep.load import load_sweep
+    from orchestrator.backends.registry import load_sweep
 
     p = tmp_path / "s.yaml"
     a, b = "x" * 45 + "1", "x" * 45 + "2"

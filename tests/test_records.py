@@ -12,6 +12,7 @@ from typing import List
 import pytest
 
 from orchestrator.backends.base import BackendBase, Host
+from orchestrator.backends.registry import load_sweep
 from orchestrator.contract import RunTask
 from orchestrator.control.controller import Controller
 from orchestrator.control.state import State
@@ -25,7 +26,6 @@ from orchestrator.store.status import (
     update_status,
     write_status,
 )
-from orchestrator.sweep.load import load_sweep
 from orchestrator.sweep.record import SWEEP_SCHEMA
 
 

@@ -8,7 +8,7 @@ from orchestrator.aws.ec2 import rungs_left
 from orchestrator.backends.aws.listing import hosts
 from orchestrator.backends.aws.provision import Provisioner
 from orchestrator.backends.aws.state import ProvisioningState
-from orchestrator.sweep.load import load_sweep
+from orchestrator.backends.registry import load_sweep
 from orchestrator.sweep.tasks import new_task
 
 

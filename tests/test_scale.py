@@ -11,12 +11,12 @@ from typing import Dict, List
 import pytest
 
 from orchestrator.backends.base import BackendBase, Host
+from orchestrator.backends.registry import load_sweep
 from orchestrator.contract import RunTask
 from orchestrator.control.actions import cancel_run
 from orchestrator.control.controller import Controller
 from orchestrator.control.state import State
 from orchestrator.store.status import FAILED, RUNNING, SUCCEEDED, RunStatus, read_status, update_status
-from orchestrator.sweep.load import load_sweep
 
 
 class Counting:

@@ -9,11 +9,11 @@ import sys
 import optuna
 import pytest
 
+from orchestrator.backends.registry import load_sweep
 from orchestrator.control.study import Outcome, Study, first_random_trials
 from orchestrator.errors import OrchError
 from orchestrator.store.folder import LocalStore
 from orchestrator.store.layout import study_key
-from orchestrator.sweep.load import load_sweep
 from orchestrator.sweep.search import SearchSection
 from tests.conftest import starts
 

@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
+from orchestrator.backends.registry import load_sweep
 from orchestrator.errors import SpecError
-from orchestrator.sweep.load import load_sweep
 from orchestrator.sweep.spec import expand
 
 

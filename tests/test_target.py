@@ -9,9 +9,9 @@ import textwrap
 
 import pytest
 
+from orchestrator.backends.registry import load_sweep
 from orchestrator.control.prune import Rungs
 from orchestrator.store.folder import LocalStore
-from orchestrator.sweep.load import load_sweep
 
 # Each run's test_acc at its rungs (epoch 2 and epoch 4). Arrival is the grid's order (max_parallel 1,
 # and each run waits at a rung until the controller has recorded it there). Worked by hand, with

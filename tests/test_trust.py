@@ -282,9 +282,9 @@ def test_collect_never_cuts_ids_states_or_times_however_narrow(orch, columns, wi
     import json
     import time
 
+    from orchestrator.backends.registry import load_sweep
     from orchestrator.store.folder import LocalStore
     from orchestrator.store.status import RunStatus, write_status
-    from orchestrator.sweep.load import load_sweep
 
     path = orch.sweep("""
         name: cut

@@ -404,8 +404,8 @@ def terminate(ec2, instance_ids: List[str], patience_s: float = NOT_FOUND_S) -> 
 
 
 def gpu_counts(ec2, instance_types: List[str]) -> Dict[str, int]:
-    """GPUs per instance type: DescribeInstanceTypes' GpuInfo, else orch's table (shapes.GPUS_OF_TYPE), else 0."""
-    from orchestrator.sweep.shapes import GPUS_OF_TYPE
+    """GPUs per instance type: DescribeInstanceTypes' GpuInfo, else orch's table (gpus.GPUS_OF_TYPE), else 0."""
+    from orchestrator.aws.gpus import GPUS_OF_TYPE
 
     counts = {t: GPUS_OF_TYPE.get(t, 0) for t in instance_types}
     try:

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from orchestrator.aws.ec2 import NOT_FOUND_S, _code, explain
 from orchestrator.errors import OrchError
-from orchestrator.sweep.recipe import Recipe
 from orchestrator.wait import Timeout, retry_until
 
 log = logging.getLogger("orch.ami")
@@ -24,7 +23,7 @@ log = logging.getLogger("orch.ami")
 RECIPE_TAG, SHA_TAG, BASE_TAG = "orch:recipe", "orch:recipe-sha", "orch:base"
 
 
-def builder_name(recipe: Recipe) -> str:
+def builder_name(recipe: Any) -> str:  # a backends.aws.recipe.Recipe (a layer above)
     return f"ami-{recipe.name}"
 
 

@@ -38,7 +38,7 @@ def ami_build(recipe: Path, regions: Tuple[str, ...], dry_run: bool, force: bool
     from orchestrator.aws import ec2 as api
     from orchestrator.aws import images
     from orchestrator.backends.aws import image_build
-    from orchestrator.sweep.recipe import load_recipe
+    from orchestrator.backends.aws.recipe import load_recipe
 
     spec, sha = load_recipe(recipe)
     say = lambda text: click.echo(text)  # noqa: E731
@@ -172,7 +172,7 @@ def _remember_region(region: str) -> None:
 def _default_region() -> str:
     import os
 
-    from orchestrator.sweep.recipe import load_recipe
+    from orchestrator.backends.aws.recipe import load_recipe
 
     try:
         return load_recipe(Path("ami/recipe.yaml"))[0].aws.region

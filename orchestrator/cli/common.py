@@ -56,10 +56,10 @@ def explained(exc: BaseException) -> Optional[OrchError]:
 
 def load_sweep_arg(arg: str):
     """A sweep file path, or the name of a sweep launched from this machine."""
+    from orchestrator.backends.registry import load_sweep, sweep_from_record
     from orchestrator.control.state import State
     from orchestrator.store import layout, open_store
     from orchestrator.store.base import get_json
-    from orchestrator.sweep.load import load_sweep, sweep_from_record
 
     if arg.endswith((".yaml", ".yml")) or os.sep in arg or Path(arg).is_file():
         return load_sweep(arg)
@@ -107,7 +107,7 @@ def resolve_run(arg: str) -> Tuple[object, str]:
 
 
 def _parts(sweep):
-    from orchestrator.backends.factory import backend_for
+    from orchestrator.backends.registry import backend_for
     from orchestrator.control.state import State
     from orchestrator.store import open_store
 

@@ -63,7 +63,7 @@ def launch(sweep_file: str, dry_run: bool, detach: bool, every: bool, remote: bo
     Example:
       orch launch experiments/local-smoke.yaml --dry-run
     """
-    from orchestrator.sweep.load import load_sweep
+    from orchestrator.backends.registry import load_sweep
 
     sweep = load_sweep(sweep_file)
     con = _console()
@@ -73,7 +73,7 @@ def launch(sweep_file: str, dry_run: bool, detach: bool, every: bool, remote: bo
         check_remote(sweep)
     if dry_run:
         _check_like_launch(sweep)
-        from orchestrator.backends.factory import backend_for
+        from orchestrator.backends.registry import backend_for
         from orchestrator.cli.render import dry_run_lines
 
         for line in dry_run_lines(sweep, backend_for(sweep).plan(), every, remote):
@@ -294,17 +294,17 @@ def controller_cmd(sweep_file: str, remote_settings: Optional[str]):
     """The background controller (used by --detach and Ctrl-C, and on a remote controller's instance)."""
     import logging
 
+    from orchestrator.backends.registry import load_sweep
     from orchestrator.control.controller import Controller
     from orchestrator.control.lease import LeaseLost
     from orchestrator.control.state import SweepLock
-    from orchestrator.sweep.load import load_sweep
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     sweep = load_sweep(sweep_file)
     backend, store, state = _parts(sweep)
     if remote_settings:  # its backend sees the sweep with the controller's own key, group and profile
         from orchestrator.backends.aws.remote import RemoteSettings, remote_view
-        from orchestrator.backends.factory import backend_for
+        from orchestrator.backends.registry import backend_for
 
         backend = backend_for(remote_view(sweep, RemoteSettings.read(Path(remote_settings))))
     lock = SweepLock(state.home, sweep.spec.name)

@@ -140,10 +140,10 @@ def supervise_cmd(settings_file: str):
     """On the controller's instance: run the sweep's controller, restarting it, until the sweep is done."""
     from orchestrator.aws import ec2 as api
     from orchestrator.backends.aws.remote import RemoteSettings
+    from orchestrator.backends.registry import load_sweep
     from orchestrator.contract import ask_imds_patiently
     from orchestrator.control.supervisor import Supervisor
     from orchestrator.store import open_store
-    from orchestrator.sweep.load import load_sweep
 
     ask_imds_patiently(os.environ)  # its credentials (and its controller's) come from the instance metadata service
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

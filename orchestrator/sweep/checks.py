@@ -1,10 +1,11 @@
 """Cross-field rules of sweep.yaml that pydantic cannot express: each problem is (location, message
-with the fix); spec.load_sweep turns them into errors that name file:line and field."""
+with the fix); load.load_sweep turns them into errors that name file:line and field."""
 
 from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any, List, Optional, Tuple
 
 from orchestrator.contract import bucket_problem, default_mode, session_name
@@ -24,18 +25,17 @@ from orchestrator.sweep.spec import (
 Problems = List[Tuple[Tuple[Any, ...], str]]
 
 
-def check(spec: SweepSpec) -> Problems:
-    """Cross-field rules pydantic cannot express; each problem is (location, message with fix)."""
-    from orchestrator.sweep.shapes import check as check_shape
-
+def check(spec: SweepSpec, base: Path) -> Problems:
+    """Cross-field rules pydantic cannot express, then those of the sweep's backend (`base`: the sweep file's folder);
+    each problem is (location, message with fix)."""
     out = _key_problems(spec) + _grid_problems(spec) + _env_problems(spec) + _prune_problems(spec)
     if spec.search is not None:
         out += search_problems(spec)
     too_many = _count_problems(spec)
     if too_many:  # before anything is expanded: `seeds: 1000000000` must not allocate
         return out + too_many
-    out += _seed_problems(spec) + _command_problems(spec) + _aws_problems(spec) + _data_problems(spec)
-    out += check_shape(spec) + _backend_problems(spec)
+    out += _seed_problems(spec) + _command_problems(spec) + _data_problems(spec)
+    out += _backend_problems(spec) + spec.backends()[spec.backend].checks(spec, base)
     return out or _id_problems(spec)
 
 
@@ -141,44 +141,6 @@ def _command_problems(spec: SweepSpec) -> Problems:
     return out
 
 
-def _aws_problems(spec: SweepSpec) -> Problems:
-    """What backend aws needs: its section, an S3 store, a way in over SSH, credentials on the host."""
-    out: Problems = []
-    if spec.backend == "aws":
-        if spec.aws is None:
-            out.append((("backend",), "backend aws needs an `aws:` section (at least `image:`); see README"))
-        if not spec.store.startswith("s3://"):
-            out.append(
-                (
-                    ("store",) if spec.store else ("backend",),
-                    "backend aws needs `store: s3://bucket/prefix`: instances sync results there",
-                )
-            )
-    if (
-        spec.aws is not None
-        and spec.aws.ssh.address == "private_ip"
-        and not spec.aws.ssh_cidr
-        and not spec.aws.security_group
-    ):
-        # the default rule admits this machine's *public* address, which never reaches a private IP
-        out.append(
-            (
-                ("aws", "ssh", "address"),
-                "private_ip needs `aws.ssh_cidr`: the range this machine reaches the VPC from "
-                "(e.g. the VPC's CIDR, 10.0.0.0/16, from a bastion or VPN), or a `security_group` that admits it",
-            )
-        )
-    if spec.aws is not None and not (spec.aws.instance_profile or "").strip():
-        out.append(
-            (
-                ("aws", "instance_profile"),
-                "an instance without a profile has no AWS credentials: it can neither sync results to S3 "
-                "nor terminate itself. Use `create` (the default) or the name of a profile that may do both",
-            )
-        )
-    return out
-
-
 def _data_problems(spec: SweepSpec) -> Problems:
     """`data:` sources orch can stage, each to a folder of its own inside the data folder."""
     out: Problems = []
@@ -187,14 +149,6 @@ def _data_problems(spec: SweepSpec) -> Problems:
             problem = _bucket_of(entry.source)
             if problem:
                 out.append((("data", i, "from"), f"not a valid s3://bucket/prefix/ URL: {problem}"))
-        elif spec.backend == "aws":
-            out.append(
-                (
-                    ("data", i, "from"),
-                    "on aws, data comes from S3: `from: s3://bucket/prefix/` (`orch data push DIR s3://…` uploads a "
-                    "folder)",
-                )
-            )
     for i, entry in enumerate(spec.data or []):
         to = entry.to
         if not to.startswith(("/", "~")) and os.path.normpath(to).split(os.sep)[0] == "..":
@@ -220,12 +174,23 @@ def _data_problems(spec: SweepSpec) -> Problems:
 
 
 def _backend_problems(spec: SweepSpec) -> Problems:
-    """Sections that belong to the other backend, and an S3 store URL that cannot be one."""
+    """Sections that belong to another backend, and an S3 store URL that cannot be one."""
     out: Problems = []
-    if spec.budget_usd is not None and spec.backend != "aws":
-        out.append((("budget_usd",), "a budget needs backend aws (local runs cost nothing orch can count); remove it"))
-    if spec.aws is not None and spec.backend != "aws":
-        out.append((("aws",), "an aws section with backend local; remove it or set `backend: aws`"))
+    known = spec.backends()
+    if spec.budget_usd is not None and not known[spec.backend].counts_dollars:
+        counting = ", ".join(n for n, b in known.items() if b.counts_dollars) or "none"
+        out.append(
+            (
+                ("budget_usd",),
+                f"a budget needs a backend that counts dollars ({counting}); backend {spec.backend} runs cost nothing "
+                "orch can count; remove it",
+            )
+        )
+    for name, schema in known.items():
+        # a section with a required field is given or absent; given for another backend, it is a mistake
+        if name != spec.backend and schema.default() is None and spec.section(name) is not None:
+            a = "an" if name[:1] in "aeiou" else "a"
+            out.append(((name,), f"{a} {name} section with backend {spec.backend}; remove it or set `backend: {name}`"))
     problem = _bucket_of(spec.store) if spec.store.startswith("s3://") else None
     if problem:
         out.append((("store",), f"not a valid s3://bucket/prefix URL: {problem}"))

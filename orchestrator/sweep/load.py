@@ -5,7 +5,6 @@ Every error names file:line, the field and a fix, and is raised before anything 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Dict, Union
 
@@ -14,12 +13,15 @@ from pydantic import ValidationError
 
 from orchestrator.errors import SpecError
 from orchestrator.sweep.record import check_schema
+from orchestrator.sweep.sections import CONTEXT_KEY, Backends
 from orchestrator.sweep.spec import Sweep, SweepSpec, expand, host_python, resolve_store
 from orchestrator.sweep.yaml_errors import Loader, dotted, format_errors, line_of
 
 
-def load_sweep(path: Union[str, Path]) -> Sweep:
-    """Read, validate and expand a sweep file; raise SpecError naming file:line, field and fix."""
+def load_sweep(path: Union[str, Path], backends: Backends) -> Sweep:
+    """Read, validate and expand a sweep file; raise SpecError naming file:line, field and fix.
+
+    `backends`: the known ones (backends/registry.py passes them; this layer names none)."""
     path = Path(path)
     if not path.is_file():
         raise SpecError(f"{path}: sweep file not found. Check the path (try `ls {path.parent or '.'}`).")
@@ -45,17 +47,14 @@ def load_sweep(path: Union[str, Path]) -> Sweep:
         raise SpecError(f"{path}:1: the sweep must be a mapping of fields (name:, command:, grid: ...), not {kind}.")
 
     try:
-        spec = SweepSpec.model_validate(data)
+        spec = SweepSpec.model_validate(data, context={CONTEXT_KEY: backends})
     except ValidationError as exc:
-        raise SpecError("\n".join(format_errors(exc, path, root, SweepSpec))) from None
+        sections = {name: b.settings for name, b in backends.items()}
+        raise SpecError("\n".join(format_errors(exc, path, root, SweepSpec, sections))) from None
 
     from orchestrator.sweep.checks import check
 
-    problems = check(spec)
-    if problems:
-        raise SpecError("\n".join(f"{path}:{line_of(root, loc)}: {dotted(loc)}: {msg}" for loc, msg in problems))
-
-    problems = _local_sources(spec, path.parent)
+    problems = check(spec, path.parent)
     if problems:
         raise SpecError("\n".join(f"{path}:{line_of(root, loc)}: {dotted(loc)}: {msg}" for loc, msg in problems))
 
@@ -64,7 +63,7 @@ def load_sweep(path: Union[str, Path]) -> Sweep:
     return Sweep(spec=spec, path=path.resolve(), store_url=store_url, runs=runs)
 
 
-def sweep_from_record(record: Dict[str, Any], path: str) -> Sweep:
+def sweep_from_record(record: Dict[str, Any], path: str, backends: Backends) -> Sweep:
     """Rebuild a Sweep from the resolved spec kept in the store's sweep.json.
 
     Records are written with sorted keys, so the grid's order (which orders every run id's parts)
@@ -73,7 +72,7 @@ def sweep_from_record(record: Dict[str, Any], path: str) -> Sweep:
     never address other runs than its file does (`orch down NAME` would miss them)."""
     check_schema(record, f"the sweep.json at {path}", continuing=False)
     resolved = record.get("spec", {})
-    fields_ = {k: v for k, v in resolved.items() if k in SweepSpec.model_fields}
+    fields_ = {k: v for k, v in resolved.items() if k in SweepSpec.model_fields or k in backends}
     recorded = resolved.get("runs")
     order = resolved.get("grid_order") or _order_from_ids(recorded, list(fields_.get("grid") or {}))
     if isinstance(fields_.get("grid"), dict) and order and sorted(order) == sorted(fields_["grid"]):
@@ -81,7 +80,7 @@ def sweep_from_record(record: Dict[str, Any], path: str) -> Sweep:
     space, space_order = (fields_.get("search") or {}).get("space"), resolved.get("space_order")
     if isinstance(space, dict) and isinstance(space_order, list) and sorted(space_order) == sorted(space):
         fields_["search"] = {**fields_["search"], "space": {k: space[k] for k in space_order}}
-    spec = SweepSpec.model_validate(fields_)
+    spec = SweepSpec.model_validate(fields_, context={CONTEXT_KEY: backends})
     sweep = Sweep(
         spec=spec,
         path=Path(path),
@@ -102,47 +101,3 @@ def _order_from_ids(run_ids: Any, keys: list) -> list:
         return []
     named = [part.split("=", 1)[0] for part in run_ids[0].split(",")]
     return [k for k in named if k in keys]
-
-
-def _local_sources(spec: SweepSpec, base: Path) -> list:
-    """`data: from:` folders on this machine must be there (relative to the sweep file) before a run tries."""
-    out = []
-    for i, entry in enumerate(spec.data or []):
-        if entry.source.startswith("s3://") or spec.backend != "local":
-            continue
-        p = Path(os.path.expanduser(entry.source))
-        p = p if p.is_absolute() else base / p
-        if not p.exists():
-            out.append(
-                (
-                    ("data", i, "from"),
-                    f"{entry.source!r}: no such folder ({p}); give a folder on this machine or s3://bucket/prefix/",
-                )
-            )
-        elif not p.is_dir():
-            out.append((("data", i, "from"), f"{entry.source!r} is not a folder; give a folder or s3://bucket/prefix/"))
-        else:
-            out += _inside_source(spec, i, p.resolve())
-    return out
-
-
-def _inside_source(spec: SweepSpec, i: int, source: Path) -> list:
-    """A `to:` at or under its own `from:` would copy the copy into itself, one level deeper each attempt."""
-    from orchestrator.sweep.spec import orch_home
-
-    to = spec.data[i].to
-    if to.startswith(("/", "~")):
-        dest = Path(os.path.expanduser(to))
-    else:  # relative: under the work folder's .data/, as the local backend places it
-        work = Path(os.path.expanduser(spec.local.workdir)) if spec.local.workdir else orch_home() / "work"
-        dest = work / ".data" / to
-    dest = dest.resolve()
-    if dest != source and source not in dest.parents:
-        return []
-    return [
-        (
-            ("data", i, "to"),
-            f"{to!r}{'' if str(dest) == to else f' ({dest})'} is {'' if dest == source else 'inside '}its own "
-            f"`from:` folder {source}: each attempt would copy the copy into itself. Stage to a folder outside it",
-        )
-    ]

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional
 from pydantic import ValidationError
 
 from orchestrator.errors import OrchError
+from orchestrator.sweep.sections import CONTEXT_KEY, Backends
 from orchestrator.sweep.spec import Sweep, SweepSpec
 
 SWEEP_SCHEMA = 2
@@ -65,20 +66,20 @@ def new_record(sweep: Sweep, launched_at: float) -> Dict[str, Any]:
     }
 
 
-def as_today(spec: Dict[str, Any]) -> Dict[str, Any]:
+def as_today(spec: Dict[str, Any], backends: Backends) -> Dict[str, Any]:
     """A recorded spec as this orch would record it: each field it lacks at its default, at every level.
     A record that no longer validates is compared as it is (a change of it is then named, as before)."""
     try:
-        model = SweepSpec.model_validate({k: v for k, v in spec.items() if k in SweepSpec.model_fields})
+        known = {k: v for k, v in spec.items() if k in SweepSpec.model_fields or k in backends}
+        model = SweepSpec.model_validate(known, context={CONTEXT_KEY: backends})
     except ValidationError:
         return dict(spec)
-    today = model.model_dump(mode="json", exclude={"aws": {"controller"}})
-    return {**spec, **today}
+    return {**spec, **model.recorded()}
 
 
 def changes(record: Dict[str, Any], sweep: Sweep) -> List[str]:
     """The fields of `sweep` that differ from its record in a way that changes what the runs get."""
-    before, after = as_today(record.get("spec") or {}), sweep.resolved()
+    before, after = as_today(record.get("spec") or {}, sweep.spec.backends()), sweep.resolved()
     pruned = before.get("prune") is not None or after.get("prune") is not None
     return sorted(
         k

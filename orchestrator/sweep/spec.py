@@ -19,12 +19,19 @@ from typing import Any, Dict, List, Literal, Optional, Union
 from pydantic import (
     ConfigDict,
     Field,
+    PrivateAttr,
     StrictInt,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
 )
+from pydantic_core import PydanticCustomError
 from typing_extensions import Annotated
 
 from orchestrator.contract import default_mode, finite
 from orchestrator.sweep.search import SearchSection, trial_id
+from orchestrator.sweep.sections import Backends, BackendSchema, backends_of, raise_errors, section_errors
 from orchestrator.sweep.spec_types import KEY_RE, Amount, Count, Scalar, Strict
 
 # The bundled trainer reads ORCH_PARAMS_JSON, so every param and grid key becomes a trainer option.
@@ -38,131 +45,7 @@ MAX_NODES = 64  # nodes per run: a cluster placement group of more is rare and a
 MAX_GPUS = 16  # GPUs per node: the most any EC2 instance has (p2.16xlarge); 8 on every current GPU type
 MAX_PROCS = 256  # processes per node
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$"
-
-
-class LocalSection(Strict):
-    """Settings of the local backend (`backend: local`)."""
-
-    workdir: Optional[str] = Field(None, description="Folder for the runs' working copies (default: $ORCH_HOME/work).")
-    threads_per_run: Optional[Count] = Field(
-        None, ge=1, description="OMP/torch threads per run (default: CPU cores / max_parallel)."
-    )
-
-
-class SshSection(Strict):
-    """How the controller reaches instances over SSH."""
-
-    user: str = Field("ubuntu", description="Login user on the image.")
-    port: Count = Field(22, ge=1, le=65535, description="sshd port.")
-    address: Literal["public_ip", "private_ip"] = Field("public_ip", description="Which instance address to dial.")
-    identity: str = Field(
-        "~/.ssh/id_ed25519", description="Private key file; its .pub goes into the instance's authorized keys."
-    )
-
-
-class ControllerSection(Strict):
-    """The instance a sweep's controller runs on with `orch launch --remote` (on demand, in the sweep's region).
-
-    Its defaults follow tests/bench/test_bench_remote.py: a pass at 10,000 runs needs well under 1 GiB and a
-    fraction of a CPU second, so the smallest burstable type serves (README: Sweeps that run unattended)."""
-
-    instance_type: str = Field(
-        "t3.micro", pattern=r"^[a-z0-9-]+\.[a-z0-9-]+$", description="EC2 type of the controller's instance."
-    )
-    image: Optional[str] = Field(
-        None,
-        min_length=1,
-        description=(
-            "AMI id or name pattern (owner `image_owner`); default: the newest Amazon Linux 2023 image of the type's "
-            "architecture."
-        ),
-    )
-    image_owner: str = Field("amazon", description="Owner of `image` when it is a name pattern.")
-    python: str = Field(
-        "python3.11",
-        pattern=r"^[A-Za-z0-9_./+-]+$",  # a command name or path: it is run over SSH, however quoted
-        description=(
-            "Interpreter on the image (3.10 or newer) to run orch; installed with dnf and pip when missing (Amazon "
-            "Linux 2023's python3 is 3.9)."
-        ),
-    )
-    max_hours: Amount = Field(
-        48, gt=0, le=24 * 30, description="Safety net: the controller's instance terminates itself after this."
-    )
-
-
-class AwsSection(Strict):
-    """Settings of the aws backend (`backend: aws`)."""
-
-    region: str = Field("us-east-1", description="AWS region.")
-    instance_types: List[str] = Field(
-        ["g5.xlarge", "g6.xlarge"],
-        min_length=1,
-        description=(
-            "Acceptable instance types; EC2 picks among them by price and capacity (the order does not rank them: "
-            "docs/aws.md)."
-        ),
-    )
-    subnet_ids: List[str] = Field(
-        default_factory=list, description="Subnets to launch into (one per AZ); default: the default VPC's."
-    )
-    image: str = Field(
-        ..., min_length=1, description="An AMI id (ami-...) or a name pattern resolved to the newest match."
-    )
-    image_owner: str = Field("amazon", description="Owner of `image` when it is a name pattern.")
-    market: Literal["spot", "on-demand", "spot-then-on-demand"] = Field("spot", description="Capacity market.")
-    max_minutes: Count = Field(240, ge=5, description="Safety net: every instance powers off (terminates) after this.")
-    security_group: Optional[str] = Field(None, description="Use this security group instead of creating one.")
-    ssh_cidr: Optional[str] = Field(
-        None, description="Who may reach port 22 (default: this machine's public address /32)."
-    )
-    instance_profile: Optional[str] = Field(
-        "create",
-        description=(
-            "'create' (default): a profile limited to this sweep's S3 prefix and to terminating its own instances; or "
-            "an existing profile's name."
-        ),
-    )
-    python: str = Field(
-        "auto",
-        min_length=1,
-        description=(
-            "Interpreter on the instance ({python}); 'auto' finds the image's PyTorch interpreter (DLAMI: "
-            "/opt/pytorch/bin/python) on the first host."
-        ),
-    )
-    volume_gb: Count = Field(100, ge=8, description="Root volume size (deleted with the instance).")
-    keep_alive: bool = Field(
-        False, description="Keep an instance after its run ends (debugging); `orch down` removes it."
-    )
-    idle_minutes: Optional[Amount] = Field(
-        None,
-        gt=0,
-        description=(
-            "With keep_alive: the instance terminates itself once its run ended and nobody was attached for this long."
-        ),
-    )
-    boot_timeout_s: Amount = Field(600, gt=0, description="How long to wait for an instance's sshd.")
-    heartbeat_s: Amount = Field(
-        60,
-        gt=0,
-        description=(
-            "How often the agent writes status.json to S3 (a host silent for 180 s is lost: three beats fit; a "
-            "rung, a notice and the end are written at once)."
-        ),
-    )
-    sync_s: Amount = Field(
-        120,
-        gt=0,
-        description=(
-            "How often the agent syncs the run folder (metrics, log) to S3; a new checkpoint and a spot notice go at "
-            "once."
-        ),
-    )
-    ssh: SshSection = Field(default_factory=SshSection, description="SSH settings.")
-    controller: ControllerSection = Field(
-        default_factory=ControllerSection, description="The controller's own instance, for `orch launch --remote`."
-    )
+EXTRA = "Extra inputs are not permitted"  # pydantic's words for a key a section does not have
 
 
 class ResourcesSection(Strict):
@@ -240,7 +123,14 @@ class SweepSpec(Strict):
         ..., pattern=NAME_RE, description="Sweep name: letters, digits, '-' and '_'; names the store folder."
     )
     description: str = Field("", description="Free text, shown by `orch status`.")
-    backend: Literal["local", "aws"] = Field("local", description="Where runs execute: local or aws.")
+    # Each backend's section (`local:`, `aws:` ...) is no field here: `_backend_sections` validates it with the model
+    # its backend declares, which the caller passes in the validation context (sweep/sections.py).
+    model_config = ConfigDict(extra="allow")
+    _backends: Dict[str, BackendSchema] = PrivateAttr(default_factory=dict)
+
+    backend: str = Field(
+        "local", description="Where runs execute: a backend's name (local, aws; docs/backends.md lists them)."
+    )
     command: str = Field(
         DEFAULT_COMMAND,
         min_length=1,
@@ -259,7 +149,9 @@ class SweepSpec(Strict):
         None, gt=0, description="A run still going after this is stopped and failed."
     )
     budget_usd: Optional[Amount] = Field(
-        None, gt=0, description="aws: once the realized cost reaches this, no new run or attempt starts."
+        None,
+        gt=0,
+        description="Backends that count dollars: once the realized cost reaches this, no new run or attempt starts.",
     )
     store: str = Field(
         "",
@@ -292,8 +184,53 @@ class SweepSpec(Strict):
     search: Optional[SearchSection] = Field(
         None, description="Random or Bayesian search instead of a grid: trials a sampler proposes."
     )
-    local: LocalSection = Field(default_factory=LocalSection, description="Local backend settings.")
-    aws: Optional[AwsSection] = Field(None, description="AWS backend settings (required with backend: aws).")
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str, info: ValidationInfo) -> str:
+        known = backends_of(info.context)
+        if value not in known:
+            raise PydanticCustomError(
+                "unknown_backend",
+                "unknown backend {name}; known backends: {known}",
+                {"name": repr(value), "known": ", ".join(known) or "(none given)"},
+            )
+        return value
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _backend_sections(cls, data: Any, handler: Any, info: ValidationInfo) -> Any:
+        """The generic fields by pydantic, each backend's section by its own model; every error located."""
+        known = backends_of(info.context)
+        if not isinstance(data, dict):
+            return handler(data)
+        fields = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
+        unknown = [k for k in data if k not in fields and k not in known]
+        spec, errors = None, []
+        try:
+            spec = handler({k: v for k, v in data.items() if k in fields})
+        except ValidationError as exc:
+            errors = exc.errors()
+        sections, more = section_errors(data, known, info.context)
+        errors += more + [{"type": "extra_forbidden", "loc": (k,), "input": data[k], "msg": EXTRA} for k in unknown]
+        raise_errors(cls.__name__, errors)
+        spec.__pydantic_extra__ = sections
+        spec._backends = dict(known)
+        return spec
+
+    def section(self, name: str) -> Any:
+        """The section of backend `name` (validated by its model), or None."""
+        return (self.__pydantic_extra__ or {}).get(name)
+
+    def backends(self) -> Backends:
+        """The backends this spec was validated against."""
+        return self._backends
+
+    def recorded(self) -> Dict[str, Any]:
+        """The spec as its record keeps it: every field and section, less what its backends leave out (e.g. where the
+        controller runs is no part of what the runs do: a relaunch may change it)."""
+        unrecorded = {n: {f: True for f in b.unrecorded} for n, b in self._backends.items() if b.unrecorded}
+        return self.model_dump(mode="json", exclude=unrecorded or None)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -316,8 +253,7 @@ class Sweep:
 
     def resolved(self) -> Dict[str, Any]:
         """What is recorded as sweep.json; a relaunch must match it."""
-        # where the controller runs is no part of what the runs do: a relaunch may change it
-        data = self.spec.model_dump(mode="json", exclude={"aws": {"controller"}})
+        data = self.spec.recorded()
         data["store"] = self.store_url
         data["runs"] = [r.run_id for r in self.runs]
         data["grid_order"] = list(
@@ -332,8 +268,9 @@ class Sweep:
 
 
 def host_python(spec: SweepSpec) -> Optional[str]:
-    """The interpreter `{python}` means: the instance's on aws, this one's locally."""
-    return spec.aws.python if spec.backend == "aws" and spec.aws else None
+    """The interpreter `{python}` means: the one its backend's hosts name (None: this one's)."""
+    schema = spec.backends().get(spec.backend)
+    return schema.python(spec) if schema else None
 
 
 def orch_home() -> Path:

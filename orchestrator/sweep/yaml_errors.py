@@ -90,6 +90,7 @@ _FIXES = {
     "value_error": "see the message",
     "string_pattern_mismatch": "rename it",
     "string_too_short": "write something here",
+    "unknown_backend": "use one of the known backends (docs/backends.md says how to add one)",
 }
 
 
@@ -104,22 +105,28 @@ def _model_of(annotation: Any) -> Any:
     return None
 
 
-def _allowed_fields(loc: Tuple[Any, ...], root_model: Any) -> str:
-    """The fields of the section the location is in (`resources.gpu` -> nodes, gpus, procs_per_node)."""
+def _allowed_fields(loc: Tuple[Any, ...], root_model: Any, sections: Optional[Dict[str, Any]] = None) -> str:
+    """The fields of the section the location is in (`resources.gpu` -> nodes, gpus, procs_per_node); `sections`:
+    the top-level sections validated by models of their own (a backend's, by its name)."""
+    sections = sections or {}
     model: Any = root_model
     for part in loc[:-1]:
         if isinstance(part, int) or (isinstance(part, str) and part.isdigit()):
             continue  # a list index: the same model
         f = getattr(model, "model_fields", {}).get(part)
-        model = _model_of(f.annotation) if f else None
+        model = _model_of(f.annotation) if f else (sections.get(part) if model is root_model else None)
         if model is None:
             model = root_model
             break
-    return ", ".join(f.alias or name for name, f in model.model_fields.items())
+    names = [f.alias or name for name, f in model.model_fields.items()]
+    return ", ".join(names + (list(sections) if model is root_model else []))
 
 
-def format_errors(exc: ValidationError, path: Path, root: Optional[yaml.Node], model: Any) -> List[str]:
-    """One line per field: file:line: field: message. Fix: ...; union alternatives merged."""
+def format_errors(
+    exc: ValidationError, path: Path, root: Optional[yaml.Node], model: Any, sections: Optional[Dict[str, Any]] = None
+) -> List[str]:
+    """One line per field: file:line: field: message. Fix: ...; union alternatives merged. `sections`: top-level
+    sections with models of their own (_allowed_fields)."""
     merged: Dict[Tuple[Any, ...], List[dict]] = {}
     for err in exc.errors():
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p in _TYPE_TAGS))
@@ -146,13 +153,13 @@ def format_errors(exc: ValidationError, path: Path, root: Optional[yaml.Node], m
             msg += f" (got {err['input']!r})"
         elif isinstance(err.get("input"), (dict, list)) and err["type"] not in ("extra_forbidden", "missing"):
             msg += f" (got {json.dumps(err['input'])[:60]})"
-        fix = _FIXES.get(err["type"], "").format(allowed=_allowed_fields(loc, model))
+        fix = _FIXES.get(err["type"], "").format(allowed=_allowed_fields(loc, model, sections))
         if err["type"] in ("float_type", "int_type") and _number_text(err.get("input")):
             fix = f"write the number without quotes: {err['input'].strip()}"
         if err["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(str(loc[-1]), _allowed_fields(loc, model).split(", "), n=1)
+            close = difflib.get_close_matches(str(loc[-1]), _allowed_fields(loc, model, sections).split(", "), n=1)
             if close:
-                fix = f"did you mean `{close[0]}`? Allowed here: {_allowed_fields(loc, model)}"
+                fix = f"did you mean `{close[0]}`? Allowed here: {_allowed_fields(loc, model, sections)}"
         lines.append(f"{path}:{line_of(root, loc)}: {dotted(loc)}: {msg}" + (f". Fix: {fix}." if fix else ""))
     return lines
 

@@ -35,10 +35,10 @@ def all_running(orch, sweep, n):
 @pytest.mark.timeout(1200)
 def test_launch_time_scales_and_calls_per_pass_do_not(orch, cloud, identity, job):
     from orchestrator.backends.aws.backend import AwsBackend
+    from orchestrator.backends.registry import load_sweep
     from orchestrator.control.controller import Controller
     from orchestrator.control.state import State
     from orchestrator.store import open_store
-    from orchestrator.sweep.load import load_sweep
 
     figures = {}
     for n in (1, 4, 16):

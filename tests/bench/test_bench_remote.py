@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.backends.aws.settings import ControllerSection
 from orchestrator.store.base import json_bytes
 from orchestrator.store.status import RunStatus, status_key
-from orchestrator.sweep.spec import ControllerSection
 from tests.test_scale import make_sweep
 
 pytestmark = pytest.mark.bench
@@ -42,7 +42,7 @@ import json, resource, statistics, sys, time
 from orchestrator.control.controller import Controller
 from orchestrator.control.state import State
 from orchestrator.store.s3 import S3Store
-from orchestrator.sweep.load import load_sweep
+from orchestrator.backends.registry import load_sweep
 from orchestrator.backends.base import Host
 from tests.test_scale import Hosts
 

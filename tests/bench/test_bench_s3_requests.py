@@ -38,6 +38,7 @@ import pytest
 
 from orchestrator.aws.ec2 import rungs_left
 from orchestrator.backends.base import BackendBase, Host
+from orchestrator.backends.registry import load_sweep
 from orchestrator.contract import RUNG_TAG, RUNGS_TAG, rung_tag
 from orchestrator.control.controller import Controller
 from orchestrator.control.lease import Lease
@@ -47,7 +48,6 @@ from orchestrator.host.watch import RungPassed, SyncUp
 from orchestrator.store import lifecycle as life
 from orchestrator.store.lifecycle import Ending, RunState
 from orchestrator.store.status import PRUNED, read_status
-from orchestrator.sweep.load import load_sweep
 
 pytestmark = pytest.mark.bench
 

@@ -24,10 +24,10 @@ import textwrap
 
 import pytest
 
+from orchestrator.backends.registry import load_sweep
 from orchestrator.control.prune import Rungs
 from orchestrator.control.study import Outcome, Study
 from orchestrator.store.folder import LocalStore
-from orchestrator.sweep.load import load_sweep
 
 pytestmark = pytest.mark.bench
 

@@ -27,8 +27,8 @@ from orchestrator.aws.images import (
     resolve_image,
 )
 from orchestrator.backends import bundle as code_bundle
+from orchestrator.backends.aws.recipe import Recipe
 from orchestrator.errors import OrchError
-from orchestrator.sweep.recipe import Recipe
 
 log = logging.getLogger("orch.ami")
 

@@ -18,11 +18,12 @@ from orchestrator.aws import ec2 as api
 from orchestrator.aws import fleet
 from orchestrator.aws.pricing import CostLedger, PriceBook
 from orchestrator.backends import bundle as code_bundle
+from orchestrator.backends.aws.settings import AwsSection
 from orchestrator.backends.base import Outcome
 from orchestrator.errors import OrchError
 from orchestrator.remote.ssh import Target
 from orchestrator.store import open_store
-from orchestrator.sweep.spec import AwsSection, Sweep
+from orchestrator.sweep.spec import Sweep
 
 
 @dataclass

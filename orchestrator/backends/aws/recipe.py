@@ -10,8 +10,10 @@ from typing import Dict, List
 import yaml
 from pydantic import Field
 
+from orchestrator.backends.aws.settings import AwsSection
 from orchestrator.errors import SpecError
-from orchestrator.sweep.spec import NAME_RE, AwsSection, Strict
+from orchestrator.sweep.spec import NAME_RE
+from orchestrator.sweep.spec_types import Strict
 
 log = logging.getLogger("orch.ami")
 

@@ -1,0 +1,68 @@
+"""The AWS backend's rules for a sweep (README: AWS): its section, an S3 store, a way in over SSH, credentials on the
+host, data from S3, shapes its instance types can hold. Run by the loader after the generic rules, each problem
+(location, message with the fix) becomes a `file:line: field: message` error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from orchestrator.aws.gpus import GPUS_OF_TYPE
+from orchestrator.sweep.sections import Problems
+
+
+def check(spec: Any, base: Path) -> Problems:
+    out: Problems = []
+    aws = spec.section("aws")
+    if aws is None:
+        out.append((("backend",), "backend aws needs an `aws:` section (at least `image:`); see README"))
+    if not spec.store.startswith("s3://"):
+        out.append(
+            (
+                ("store",) if spec.store else ("backend",),
+                "backend aws needs `store: s3://bucket/prefix`: instances sync results there",
+            )
+        )
+    for i, entry in enumerate(spec.data or []):
+        if not entry.source.startswith("s3://"):
+            out.append(
+                (
+                    ("data", i, "from"),
+                    "on aws, data comes from S3: `from: s3://bucket/prefix/` (`orch data push DIR s3://…` uploads a "
+                    "folder)",
+                )
+            )
+    return out if aws is None else out + _section_problems(spec, aws)
+
+
+def _section_problems(spec: Any, aws: Any) -> Problems:
+    out: Problems = []
+    if aws.ssh.address == "private_ip" and not aws.ssh_cidr and not aws.security_group:
+        # the default rule admits this machine's *public* address, which never reaches a private IP
+        out.append(
+            (
+                ("aws", "ssh", "address"),
+                "private_ip needs `aws.ssh_cidr`: the range this machine reaches the VPC from "
+                "(e.g. the VPC's CIDR, 10.0.0.0/16, from a bastion or VPN), or a `security_group` that admits it",
+            )
+        )
+    if not (aws.instance_profile or "").strip():
+        out.append(
+            (
+                ("aws", "instance_profile"),
+                "an instance without a profile has no AWS credentials: it can neither sync results to S3 "
+                "nor terminate itself. Use `create` (the default) or the name of a profile that may do both",
+            )
+        )
+    r = spec.resources
+    if r is not None and r.gpus:
+        known = [GPUS_OF_TYPE[t] for t in aws.instance_types if t in GPUS_OF_TYPE]
+        if known and len(known) == len(aws.instance_types) and r.gpus > max(known):
+            out.append(
+                (
+                    ("resources", "gpus"),
+                    f"{r.gpus} GPUs per node, but the most any of {', '.join(aws.instance_types)} "
+                    f"has is {max(known)}; lower `gpus:` or list a larger type (e.g. p4d.24xlarge: 8)",
+                )
+            )
+    return out

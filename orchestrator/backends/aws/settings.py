@@ -1,0 +1,129 @@
+"""The `aws:` section of sweep.yaml (and of an image recipe): the AWS backend's settings, declared beside it.
+
+The sweep layer validates this section only through the registry (backends/registry.py), which hands this model to
+the loader; nothing below `backends/` names it.
+"""
+
+from __future__ import annotations
+
+from typing import List, Literal, Optional
+
+from pydantic import Field
+
+from orchestrator.sweep.spec_types import Amount, Count, Strict
+
+
+class SshSection(Strict):
+    """How the controller reaches instances over SSH."""
+
+    user: str = Field("ubuntu", description="Login user on the image.")
+    port: Count = Field(22, ge=1, le=65535, description="sshd port.")
+    address: Literal["public_ip", "private_ip"] = Field("public_ip", description="Which instance address to dial.")
+    identity: str = Field(
+        "~/.ssh/id_ed25519", description="Private key file; its .pub goes into the instance's authorized keys."
+    )
+
+
+class ControllerSection(Strict):
+    """The instance a sweep's controller runs on with `orch launch --remote` (on demand, in the sweep's region).
+
+    Its defaults follow tests/bench/test_bench_remote.py: a pass at 10,000 runs needs well under 1 GiB and a
+    fraction of a CPU second, so the smallest burstable type serves (README: Sweeps that run unattended)."""
+
+    instance_type: str = Field(
+        "t3.micro", pattern=r"^[a-z0-9-]+\.[a-z0-9-]+$", description="EC2 type of the controller's instance."
+    )
+    image: Optional[str] = Field(
+        None,
+        min_length=1,
+        description=(
+            "AMI id or name pattern (owner `image_owner`); default: the newest Amazon Linux 2023 image of the type's "
+            "architecture."
+        ),
+    )
+    image_owner: str = Field("amazon", description="Owner of `image` when it is a name pattern.")
+    python: str = Field(
+        "python3.11",
+        pattern=r"^[A-Za-z0-9_./+-]+$",  # a command name or path: it is run over SSH, however quoted
+        description=(
+            "Interpreter on the image (3.10 or newer) to run orch; installed with dnf and pip when missing (Amazon "
+            "Linux 2023's python3 is 3.9)."
+        ),
+    )
+    max_hours: Amount = Field(
+        48, gt=0, le=24 * 30, description="Safety net: the controller's instance terminates itself after this."
+    )
+
+
+class AwsSection(Strict):
+    """Settings of the aws backend (`backend: aws`)."""
+
+    region: str = Field("us-east-1", description="AWS region.")
+    instance_types: List[str] = Field(
+        ["g5.xlarge", "g6.xlarge"],
+        min_length=1,
+        description=(
+            "Acceptable instance types; EC2 picks among them by price and capacity (the order does not rank them: "
+            "docs/aws.md)."
+        ),
+    )
+    subnet_ids: List[str] = Field(
+        default_factory=list, description="Subnets to launch into (one per AZ); default: the default VPC's."
+    )
+    image: str = Field(
+        ..., min_length=1, description="An AMI id (ami-...) or a name pattern resolved to the newest match."
+    )
+    image_owner: str = Field("amazon", description="Owner of `image` when it is a name pattern.")
+    market: Literal["spot", "on-demand", "spot-then-on-demand"] = Field("spot", description="Capacity market.")
+    max_minutes: Count = Field(240, ge=5, description="Safety net: every instance powers off (terminates) after this.")
+    security_group: Optional[str] = Field(None, description="Use this security group instead of creating one.")
+    ssh_cidr: Optional[str] = Field(
+        None, description="Who may reach port 22 (default: this machine's public address /32)."
+    )
+    instance_profile: Optional[str] = Field(
+        "create",
+        description=(
+            "'create' (default): a profile limited to this sweep's S3 prefix and to terminating its own instances; or "
+            "an existing profile's name."
+        ),
+    )
+    python: str = Field(
+        "auto",
+        min_length=1,
+        description=(
+            "Interpreter on the instance ({python}); 'auto' finds the image's PyTorch interpreter (DLAMI: "
+            "/opt/pytorch/bin/python) on the first host."
+        ),
+    )
+    volume_gb: Count = Field(100, ge=8, description="Root volume size (deleted with the instance).")
+    keep_alive: bool = Field(
+        False, description="Keep an instance after its run ends (debugging); `orch down` removes it."
+    )
+    idle_minutes: Optional[Amount] = Field(
+        None,
+        gt=0,
+        description=(
+            "With keep_alive: the instance terminates itself once its run ended and nobody was attached for this long."
+        ),
+    )
+    boot_timeout_s: Amount = Field(600, gt=0, description="How long to wait for an instance's sshd.")
+    heartbeat_s: Amount = Field(
+        60,
+        gt=0,
+        description=(
+            "How often the agent writes status.json to S3 (a host silent for 180 s is lost: three beats fit; a "
+            "rung, a notice and the end are written at once)."
+        ),
+    )
+    sync_s: Amount = Field(
+        120,
+        gt=0,
+        description=(
+            "How often the agent syncs the run folder (metrics, log) to S3; a new checkpoint and a spot notice go at "
+            "once."
+        ),
+    )
+    ssh: SshSection = Field(default_factory=SshSection, description="SSH settings.")
+    controller: ControllerSection = Field(
+        default_factory=ControllerSection, description="The controller's own instance, for `orch launch --remote`."
+    )

@@ -1,0 +1,120 @@
+"""The registry of backends: one line per backend, and the one place a backend's name is looked up.
+
+Each entry declares what the layers above and below need of its backend, so that `sweep/`, `control/`,
+`contract.py` and the CLI's generic commands name none:
+
+- `schema` (sweep/sections.py): its name (`backend: NAME`), the model of its section of sweep.yaml (`NAME: {...}`),
+  its cross-field checks, the interpreter `{python}` means on its hosts, whether it counts dollars. The sweep layer
+  sits below this one and cannot import it, so the loader here hands the schemas down in pydantic's validation
+  context; an unknown `backend:` is refused there, with file:line and the list of known ones.
+- `make`: the backend (backends/base.py's interface) for a loaded sweep, imported only when asked for.
+- `costs`: how its cost ledger (the store's cost.json) reads in dollars, for `orch status`, `collect`, the board and
+  the target's economics; None for a backend that spends nothing orch can count.
+
+Host-side parts (spot notices, self-termination, tags) travel in the task each backend builds (`new_task`).
+Adding a backend: docs/backends.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional, Tuple, Union
+
+from orchestrator.backends.aws import checks as aws_checks
+from orchestrator.backends.aws.settings import AwsSection
+from orchestrator.backends.base import Backend
+from orchestrator.backends.local_settings import LocalSection
+from orchestrator.backends.local_settings import check as local_checks
+from orchestrator.errors import OrchError
+from orchestrator.sweep import load
+from orchestrator.sweep.sections import BackendSchema
+from orchestrator.sweep.spec import Sweep
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Dollars out of a backend's cost ledger (one entry per instance: type, market, price, start, end, run...)."""
+
+    total: Callable[[Dict[str, dict]], float]  # the whole sweep
+    per_run: Callable[[Dict[str, dict]], Dict[str, Tuple[float, float]]]  # run -> (dollars, GPU-hours)
+    controller: Callable[[Dict[str, dict]], float]  # the remote controller's part of total
+    on_demand: Callable[[str, Optional[float]], Optional[float]]  # an on-demand hour of a type (given its spot price)
+
+
+@dataclass(frozen=True)
+class Entry:
+    schema: BackendSchema
+    make: Callable[[Sweep], Backend]
+    costs: Optional[Callable[[], Costs]] = None  # called when needed: pricing imports stay out of `orch --help`
+
+    @property
+    def name(self) -> str:
+        return self.schema.name
+
+
+def _local(sweep: Sweep) -> Backend:
+    from orchestrator.backends.local import LocalBackend
+
+    return LocalBackend(sweep)
+
+
+def _aws(sweep: Sweep) -> Backend:
+    from orchestrator.backends.aws.backend import AwsBackend
+
+    return AwsBackend(sweep)
+
+
+def _aws_costs() -> Costs:
+    from orchestrator.aws import pricing
+
+    return Costs(pricing.ledger_cost, pricing.per_run, pricing.controller_cost, pricing.on_demand_price)
+
+
+def _aws_python(spec: Any) -> Optional[str]:
+    aws = spec.section("aws")
+    return aws.python if aws is not None else None
+
+
+BACKENDS: Tuple[Entry, ...] = (
+    Entry(BackendSchema("local", LocalSection, checks=local_checks), _local),
+    Entry(
+        BackendSchema(
+            "aws", AwsSection, aws_checks.check, _aws_python, counts_dollars=True, unrecorded=("controller",)
+        ),
+        _aws,
+        _aws_costs,
+    ),
+)
+
+
+def schemas() -> Dict[str, BackendSchema]:
+    return {e.name: e.schema for e in BACKENDS}
+
+
+def entry(name: str) -> Entry:
+    for e in BACKENDS:
+        if e.name == name:
+            return e
+    raise OrchError(f"unknown backend {name!r}; known backends: {', '.join(e.name for e in BACKENDS)}")
+
+
+def backend_for(sweep: Sweep) -> Backend:
+    """The backend a sweep runs on (`backend:` in its spec, validated against this registry when loaded)."""
+    return entry(sweep.spec.backend).make(sweep)
+
+
+def costs_of(sweep: Sweep) -> Optional[Costs]:
+    """How the sweep's cost ledger reads in dollars; None when its backend counts none."""
+    make = entry(sweep.spec.backend).costs
+    return make() if make is not None else None
+
+
+def load_sweep(path: Union[str, Path]) -> Sweep:
+    """Read, validate and expand a sweep file against the known backends (sweep/load.py)."""
+    return load.load_sweep(path, schemas())
+
+
+def sweep_from_record(record: Dict[str, Any], path: str) -> Sweep:
+    """Rebuild a Sweep from its record in the store against the known backends (sweep/load.py)."""
+    return load.sweep_from_record(record, path, schemas())
