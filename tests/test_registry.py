@@ -80,16 +80,20 @@ def test_a_record_written_before_the_registry_reads_back_the_same(tmp_path):
     assert again.resolved() == resolved
 
 
-GENERIC = ["sweep", "control", "contract.py", "cli/common.py", "cli/main.py", "cli/render.py", "cli/runs.py"]
+# The remote controller's supervisor runs on an instance of its own and terminates it: AWS-only by nature, for now.
+GENERIC = ["sweep", "control", "contract.py"]
+NOT_YET = {"control/supervisor.py"}
 
 
-def test_the_generic_layers_name_no_backend_in_code():
-    """sweep/, the cli's generic commands and contract.py name no backend (strings and comments aside)."""
+def test_the_generic_layers_import_no_backend():
+    """sweep/, control/ and contract.py import no backend's parts (each backend's are reached through the
+    registry); comments and messages aside."""
     named = []
-    for part in GENERIC[:1]:
-        for f in sorted((ROOT / part).rglob("*.py")):
+    for part in GENERIC:
+        for f in sorted((ROOT / part).rglob("*.py")) if (ROOT / part).is_dir() else [ROOT / part]:
+            if str(f.relative_to(ROOT)) in NOT_YET:
+                continue
             for n, line in enumerate(f.read_text().splitlines(), 1):
-                code = line.split("#")[0]
-                if re.search(r"\b(import|from)\b.*\b(aws|boto3?|botocore|ec2|imds)\b", code):
+                if re.search(r"^\s*(import|from)\s+\S*\b(aws|boto3?|botocore|ec2|imds)\b", line):
                     named.append(f"{f.relative_to(ROOT)}:{n}: {line.strip()}")
     assert not named, "\n".join(named)

@@ -8,6 +8,7 @@ import time
 from typing import List, Optional
 
 from orchestrator.backends.base import Backend
+from orchestrator.backends.registry import costs_of
 from orchestrator.control import summary
 from orchestrator.control.controller import DONE, decide, live_hosts
 from orchestrator.control.table import read_many
@@ -36,8 +37,6 @@ log = logging.getLogger("orch.controller")
 def observe(sweep: Sweep, backend: Backend, store: Store, every: bool = False) -> Progress:
     """What each run is doing, without acting (for `orch status`). From the summary record plus the
     records of live, hosted and touched runs — O(active runs); `every` reads every record instead."""
-    from orchestrator.aws.pricing import ledger_cost
-
     name = sweep.spec.name
     order = [run.run_id for run in sweep.runs]
     views = None if every else summary.read(store, name, order, sweep.spec.target)
@@ -56,10 +55,9 @@ def observe(sweep: Sweep, backend: Backend, store: Store, every: bool = False) -
         views[rid] = view_of(status, host is not None, action == DONE)
         if sweep.spec.target is not None:
             views[rid].reached = bool((before and before.reached) or sweep.spec.target.met(status.last_metrics))
-    ledger = (get_json(store, layout.cost_key(name)) or {}) if sweep.spec.backend == "aws" else {}
-    return Progress(
-        sweep=name, runs=[views[rid] for rid in order], spend_usd=ledger_cost(ledger), budget_usd=sweep.spec.budget_usd
-    )
+    costs = costs_of(sweep)
+    spend = costs.total(get_json(store, layout.cost_key(name)) or {}) if costs is not None else 0.0
+    return Progress(sweep=name, runs=[views[rid] for rid in order], spend_usd=spend, budget_usd=sweep.spec.budget_usd)
 
 
 def cancel_run(sweep: Sweep, backend: Backend, store: Store, run_id: str) -> str:

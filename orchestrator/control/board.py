@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from orchestrator.backends.registry import costs_of
 from orchestrator.contract import finite, keep_best
 from orchestrator.errors import OrchError
 from orchestrator.store import layout
@@ -160,14 +161,14 @@ class Board:
         return wrote
 
     def _cost(self, run_id: str) -> Optional[float]:
-        """The run's dollars from the sweep's cost ledger, read once per pass (AWS only)."""
-        if self.sweep.spec.backend != "aws":
+        """The run's dollars from the sweep's cost ledger, read once per pass (backends that count dollars)."""
+        reader = costs_of(self.sweep)
+        if reader is None:
             return None
         if self._costs is None:
-            from orchestrator.aws.pricing import per_run
             from orchestrator.store.base import get_json
 
-            self._costs = per_run(get_json(self.store, layout.cost_key(self.name)) or {})
+            self._costs = reader.per_run(get_json(self.store, layout.cost_key(self.name)) or {})
         return self._costs[run_id][0] if run_id in self._costs else None
 
     # --- writing -----------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from orchestrator.backends.registry import costs_of
 from orchestrator.contract import default_mode, finite, keep_best
 from orchestrator.control.target import Economics, ToTarget, economics, entries_of, to_target
 from orchestrator.errors import OrchError
@@ -102,11 +103,11 @@ READERS = 16  # parallel reads: a status record and a metrics file per run
 def collect(sweep: Sweep, store: Store) -> Results:
     from concurrent.futures import ThreadPoolExecutor
 
-    from orchestrator.aws.pricing import controller_cost, ledger_cost, per_run
     from orchestrator.store.base import get_json
 
-    ledger = get_json(store, layout.cost_key(sweep.spec.name)) if sweep.spec.backend == "aws" else None
-    costs = per_run(ledger) if ledger is not None else {}
+    reader = costs_of(sweep)
+    ledger = get_json(store, layout.cost_key(sweep.spec.name)) if reader is not None else None
+    costs = reader.per_run(ledger) if reader is not None and ledger is not None else {}
 
     target = sweep.spec.target
     statuses = {}
@@ -155,12 +156,13 @@ def collect(sweep: Sweep, store: Store) -> Results:
         for r in runs:
             r.trial_value = trial_values.get(r.run_id)
         runs = by_trial_value(runs, search.mode)
-    eco = economics(runs, ledger, {rid: st.attempt for rid, st in statuses.items()}) if target is not None else None
+    attempts = {rid: st.attempt for rid, st in statuses.items()}
+    eco = economics(runs, ledger, attempts, reader) if target is not None else None
     return Results(
         sweep=sweep.spec.name,
         runs=runs,
-        spend_usd=ledger_cost(ledger) if ledger is not None else None,
-        controller_usd=(controller_cost(ledger) or None) if ledger is not None else None,
+        spend_usd=reader.total(ledger) if reader is not None and ledger is not None else None,
+        controller_usd=(reader.controller(ledger) or None) if reader is not None and ledger is not None else None,
         target=target is not None,
         economics=eco,
         search=search,

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
+from orchestrator.backends.registry import Costs
 from orchestrator.contract import finite
 from orchestrator.control.views import usd
 from orchestrator.sweep.spec import TargetSection
@@ -138,10 +139,11 @@ class Economics:
         return [line + "."]
 
 
-def economics(rows, ledger: Optional[Dict[str, dict]], attempts: Dict[str, int]) -> Economics:
-    """`rows`: RunResults with their ToTarget filled; `attempts`: each run's last attempt."""
-    from orchestrator.aws.pricing import ledger_cost, on_demand_price
-
+def economics(
+    rows, ledger: Optional[Dict[str, dict]], attempts: Dict[str, int], costs: Optional[Costs] = None
+) -> Economics:
+    """`rows`: RunResults with their ToTarget filled; `attempts`: each run's last attempt; `costs`: how the backend's
+    ledger reads in dollars (None: it keeps none)."""
     reached = [r for r in rows if r.to_target.reached]
     timed = [
         (
@@ -158,9 +160,9 @@ def economics(rows, ledger: Optional[Dict[str, dict]], attempts: Dict[str, int])
         fastest=min(timed, key=lambda t: t[1]) if timed else None,
         cheapest=min(priced, key=lambda t: t[1]) if priced else None,
     )
-    if ledger is None:
+    if ledger is None or costs is None:
         return eco
-    eco.total_usd = ledger_cost(ledger)
+    eco.total_usd = costs.total(ledger)
     pruned = {r.run_id for r in rows if r.state == "pruned"}
     eco.unfinished_attempts_usd = sum(
         usd_until([e], e["run"])
@@ -173,7 +175,7 @@ def economics(rows, ledger: Optional[Dict[str, dict]], attempts: Dict[str, int])
         hours = max(0.0, float(e.get("end") or 0) - float(e.get("start") or 0)) / 3600
         price = float(e.get("price_per_h") or 0.0)
         od = (
-            on_demand_price(e.get("type", ""), price if e.get("market") == "spot" else None)
+            costs.on_demand(e.get("type", ""), price if e.get("market") == "spot" else None)
             if e.get("market") == "spot"
             else price
         )
