@@ -130,6 +130,11 @@ BAD = {
     "bucket_like_an_ip_address": ("name: x\ndata:\n  - from: s3://192.168.1.1/d/\n    to: d\n", 3, "data[0].from"),
     "max_runs_over_the_ceiling": ("name: x\nmax_runs: 1000000000\n", 2, "max_runs"),
     "one_tmux_session_for_two_runs": ("name: x\ncommand: echo {v}\ngrid:\n  v: ['.', '/']\n", 3, "grid"),
+    "aws_heartbeat_that_three_beats_do_not_fit_in": (
+        "name: x\nbackend: aws\nstore: s3://b/p\naws:\n  image: ami-1\n  heartbeat_s: 61\n",
+        6,
+        "aws.heartbeat_s",
+    ),
     "aws_unknown_market": (
         "name: x\nbackend: aws\nstore: s3://b/p\naws:\n  image: ami-1\n  market: cheap\n",
         6,
@@ -315,3 +320,38 @@ def test_max_runs_has_a_ceiling_so_a_dry_run_never_runs_out_of_memory(orch):
     )
     r = orch("launch", str(orch.sweep("name: big\nseeds: 100000000\n")), "--dry-run", timeout=40)
     assert r.code == 2 and "over the 100,000 one sweep may hold" in r.err, r.err
+
+
+def test_an_aws_heartbeat_that_three_beats_do_not_fit_in_is_refused_with_the_most_that_fits(orch):
+    """A host silent for 180 s is lost and replaced: with `heartbeat_s: 240` every healthy host would be."""
+    orch.env.update(OFFLINE_AWS)
+    aws = "name: beat\nbackend: aws\nstore: s3://bucket-1/p\naws:\n  image: ami-1\n"
+    path = orch.sweep(aws + "  heartbeat_s: 240\n")
+    refused = orch("launch", str(path), "--dry-run")
+    assert refused.code == 2 and "Traceback" not in refused.err, refused.err
+    assert f"{path}:6: aws.heartbeat_s: 240 s is too long" in refused.err, refused.err
+    assert "180 s" in refused.err and "at most 60" in refused.err, refused.err
+    for fits in ("  heartbeat_s: 60\n", ""):
+        load_sweep(orch.sweep(aws + fits))
+
+
+def test_the_aws_agents_default_heartbeat_beats_three_times_before_the_controller_calls_a_host_lost(
+    tmp_path, monkeypatch
+):
+    """The agent a sweep that leaves `heartbeat_s` out starts on AWS beats every 60 s; a host two and a half beats
+    late is still waited for by the controller (the silence that means lost is 180 s)."""
+    from orchestrator.backends.aws.backend import AwsBackend
+    from orchestrator.backends.base import Host
+    from orchestrator.control.controller import WAIT, decide
+    from orchestrator.store.status import RUNNING, RunStatus
+
+    for key, value in OFFLINE_AWS.items():  # building the backend makes clients; none is called
+        monkeypatch.setenv(key, value)
+    sweep = load_sweep(write(tmp_path, "name: beat\nbackend: aws\nstore: s3://bucket-1/p\naws:\n  image: ami-1\n"))
+    backend = AwsBackend(sweep)
+    task = backend.new_task(sweep.runs[0].run_id, 1, "true", "{}")
+    assert task.heartbeat_s == 60
+    now = 1_000_000.0
+    late = RunStatus(run_id="run", state=RUNNING, attempt=1, heartbeat=now - 2.5 * task.heartbeat_s)
+    host = Host(run_id="run", host_id="i-0abc", address="127.0.1.5", attempt=1)
+    assert decide(late, host, 1, now, backend.stale_s, backend.start_timeout_s) == WAIT

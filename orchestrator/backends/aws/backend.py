@@ -24,6 +24,7 @@ from orchestrator.aws import ec2 as api
 from orchestrator.backends.aws import listing
 from orchestrator.backends.aws.pack import Packer
 from orchestrator.backends.aws.provision import Provisioner
+from orchestrator.backends.aws.settings import LOST_AFTER_S
 from orchestrator.backends.aws.setup import bootstrap, plan
 from orchestrator.backends.aws.state import ProvisioningState
 from orchestrator.backends.base import ACQUIRING, BackendBase, Host, Outcome
@@ -48,7 +49,7 @@ class AwsBackend(BackendBase):
 
     name = "aws"
     poll_s = 2.0
-    stale_s = 180.0  # agents heartbeat every 60 s (aws.heartbeat_s): three beats fit
+    stale_s = LOST_AFTER_S  # agents heartbeat every 60 s (aws.heartbeat_s): checks.py makes three beats fit
 
     def __init__(self, sweep: Sweep):
         self.sweep = sweep

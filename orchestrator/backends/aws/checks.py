@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.aws.gpus import GPUS_OF_TYPE
+from orchestrator.backends.aws.settings import BEATS_IN_SILENCE, LOST_AFTER_S, AwsSection
 from orchestrator.sweep.sections import Problems
 
 
@@ -44,6 +45,16 @@ def _section_problems(spec: Any, aws: Any) -> Problems:
                 ("aws", "ssh", "address"),
                 "private_ip needs `aws.ssh_cidr`: the range this machine reaches the VPC from "
                 "(e.g. the VPC's CIDR, 10.0.0.0/16, from a bastion or VPN), or a `security_group` that admits it",
+            )
+        )
+    if aws.heartbeat_s * BEATS_IN_SILENCE > LOST_AFTER_S:
+        default = AwsSection.model_fields["heartbeat_s"].default
+        out.append(
+            (
+                ("aws", "heartbeat_s"),
+                f"{aws.heartbeat_s:g} s is too long: a host whose agent is silent for {LOST_AFTER_S:.0f} s is lost and "
+                f"replaced, so {BEATS_IN_SILENCE} beats must fit in that. Write at most "
+                f"{LOST_AFTER_S / BEATS_IN_SILENCE:.0f}, or leave it out for the default ({default:g})",
             )
         )
     if not (aws.instance_profile or "").strip():

@@ -55,6 +55,12 @@ class ControllerSection(Strict):
     )
 
 
+# A host whose agent wrote no heartbeat for this long is lost (backend.py's stale_s): aws.heartbeat_s must let three
+# beats fit in it (checks.py), so one late or refused write never gets a healthy host replaced (and paid twice).
+LOST_AFTER_S = 180.0
+BEATS_IN_SILENCE = 3
+
+
 class AwsSection(Strict):
     """Settings of the aws backend (`backend: aws`)."""
 
@@ -111,8 +117,9 @@ class AwsSection(Strict):
         60,
         gt=0,
         description=(
-            "How often the agent writes status.json to S3 (a host silent for 180 s is lost: three beats fit; a "
-            "rung, a notice and the end are written at once)."
+            f"How often the agent writes status.json to S3 (a host silent for {LOST_AFTER_S:.0f} s is lost: "
+            f"{BEATS_IN_SILENCE} beats must fit, so at most {LOST_AFTER_S / BEATS_IN_SILENCE:.0f}; a rung, a notice "
+            "and the end are written at once)."
         ),
     )
     sync_s: Amount = Field(
