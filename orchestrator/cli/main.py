@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from orchestrator.cli.common import (  # noqa: F401
     load_sweep_arg,
     resolve_run,
 )
+from orchestrator.control import notify as notify_api
 from orchestrator.errors import OrchError
 
 # --- commands -----------------------------------------------------------------------------------
@@ -306,7 +308,9 @@ def controller_cmd(sweep_file: str, remote_settings: Optional[str]):
         from orchestrator.backends.aws.remote import RemoteSettings, remote_view
         from orchestrator.backends.registry import backend_for
 
-        backend = backend_for(remote_view(sweep, RemoteSettings.read(Path(remote_settings))))
+        settings = RemoteSettings.read(Path(remote_settings))
+        os.environ.update(settings.notify_env)  # `notify:`'s url_env sinks, as the laptop had them
+        backend = backend_for(remote_view(sweep, settings))
     lock = SweepLock(state.home, sweep.spec.name)
     lock.acquire()
     con = _console()
@@ -317,6 +321,8 @@ def controller_cmd(sweep_file: str, remote_settings: Optional[str]):
         return
     controller = Controller(sweep, backend, store, state)
     controller.lease = lease
+    if remote_settings:  # nobody waits on this instance: it keeps trying to deliver before it ends
+        controller.notify_patience_s, controller.notify_hand_off = notify_api.REMOTE_PATIENCE_S, False
     controller.prepare()
     try:
         progress = controller.run()
@@ -440,6 +446,8 @@ def status(sweep: Optional[str], as_json: bool, watch: bool, every: bool):
         from orchestrator.control.trials import search_progress
 
         con.print(search_status_line(search_progress(sw, store)), markup=False)
+    for line in notify_api.status_lines(store, sw):
+        con.print(line, markup=False)
     if not progress.done:
         con.print(_controller_line(sw, store), markup=False)
 
@@ -530,6 +538,7 @@ def cancel(run: str):
 
 from orchestrator.cli.ami import ami  # noqa: E402
 from orchestrator.cli.board import tensorboard  # noqa: E402
+from orchestrator.cli.notify import notify_drain_cmd, notify_group  # noqa: E402
 from orchestrator.cli.ops import aws_group, chaos, data, down, gc  # noqa: E402  (registered below)
 from orchestrator.cli.remote import supervise_cmd  # noqa: E402
 from orchestrator.cli.runs import attach, logs  # noqa: E402
@@ -544,6 +553,8 @@ main.add_command(attach)
 main.add_command(logs)
 main.add_command(tensorboard)
 main.add_command(supervise_cmd)
+main.add_command(notify_group)
+main.add_command(notify_drain_cmd)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ from enum import Enum
 from typing import Callable, Dict, List, Optional, Tuple
 
 from orchestrator.backends.base import Backend, Host
-from orchestrator.control import summary
+from orchestrator.control import notify, summary
+from orchestrator.control.collect import best_trial, collect
 from orchestrator.control.prune import Rungs, Verdict
 from orchestrator.control.state import State
 from orchestrator.control.table import RunTable
@@ -123,6 +124,9 @@ class Controller:
         self.metered = store.metered  # each request is billed: a pass reads what changed, not every live record
         self._hosts_seen: Dict[str, tuple] = {}  # run -> its host as the last pass listed it (see _due)
         self._checked: Dict[str, float] = {}  # what was last read when, of the sweep's own records
+        self.notifier: Optional[notify.Notifier] = None  # `notify:`: started by run()
+        self.notify_patience_s = notify.PATIENCE_S  # at the loop's end; a remote controller waits longer
+        self.notify_hand_off = True  # what is still pending then goes to a background sender (not on a remote one)
 
     def prepare(self) -> bool:
         """Record the sweep in the store; refuse if a different sweep of that name is already there.
@@ -206,7 +210,21 @@ class Controller:
             target=summary.target_of(self.sweep.spec.target),
         )
         self._publish(progress, now)
+        if self.notifier is not None:
+            self.notifier.observe(progress, self._facts(progress))
         return progress
+
+    def _facts(self, progress: Progress) -> notify.Facts:
+        """What notifications need besides the runs: the search's best trial so far, and at the end a summary."""
+        facts = notify.Facts()
+        if self.trials is not None:
+            valued = [t for t in self.trials.study.record.trials if t.value is not None]
+            if valued:
+                best = (max if self.trials.mode == "max" else min)(valued, key=lambda t: t.value)
+                facts.best, facts.metric = (best.number, best.value, dict(best.params)), self.trials.metric
+        if progress.done:
+            facts.ended = ended_summary(self.sweep, self.store)
+        return facts
 
     def _due_every(self, what: str, period: float, now: float) -> bool:
         """On a metered store, whether `what` is due (read at most every `period`); always on a folder."""
@@ -542,13 +560,41 @@ class Controller:
             on_progress(progress)
             return progress.done
 
+        self.notifier = notify.for_sweep(self.store, self.sweep)
         try:
             retry_until(one_pass, timeout=None, interval=interval)
         finally:
             self._flush()
+            self._close_notifier()
             if self.lease is not None:
                 self.lease.release("every run is final" if last and last[0].done else "the controller's loop ended")
         return last[0]
+
+    def _close_notifier(self) -> None:
+        if self.notifier is None:
+            return
+        left = self.notifier.close(self.notify_patience_s)
+        if left and self.notify_hand_off:
+            log.info("notify: %d message(s) still pending; a background sender keeps trying", left)
+            notify.hand_off(str(self.sweep.path))
+        elif left:
+            log.warning("notify: %d message(s) could not be delivered before the controller ended", left)
+
+
+def ended_summary(sweep: Sweep, store: Store) -> str:
+    """The end's message beyond the counts: the best trial or run, and time and dollars to the target."""
+    try:
+        res = collect(sweep, store)
+    except Exception as exc:  # a summary is worth less than the message itself
+        log.warning("notify: no summary for the end's message: %s", exc)
+        return ""
+    lines = []
+    best = best_trial(res) if sweep.spec.search is not None else None
+    if best is not None and res.search is not None and best.trial_value is not None:
+        lines.append(f"best trial: {best.run_id} ({res.search.metric} {best.trial_value:.6g})")
+    if res.economics is not None:
+        lines += res.economics.words()
+    return "\n".join(lines)
 
 
 def check_recorded(sweep: Sweep, store: Store, state: State) -> Optional[dict]:
@@ -556,6 +602,7 @@ def check_recorded(sweep: Sweep, store: Store, state: State) -> Optional[dict]:
     orch must be able to continue (sweep/record.py) and which must give the runs what this file gives them; and the
     name, which must not move to another store. Read-only."""
     state.check_same_store(sweep.spec.name, str(sweep.path), sweep.store_url)
+    notify.check(sweep)
     existing = get_json(store, layout.sweep_key(sweep.spec.name))
     if existing is not None:
         where = f"{sweep.path}: the sweep {sweep.spec.name!r} in {store.url}"

@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from orchestrator.backends.aws.remote import RemoteSettings, ensure_own_key
+from orchestrator.control import notify
 from orchestrator.control.lease import INSTANCE_ENV
 from orchestrator.store import layout
 from orchestrator.store.base import Store
+from orchestrator.sweep.load import load_sweep
 from orchestrator.wait import retry_until
 
 log = logging.getLogger("orch.supervisor")
@@ -31,6 +33,7 @@ log = logging.getLogger("orch.supervisor")
 MAX_RESTARTS = 5
 UPLOAD_S = 10.0  # the log in the store at most this late
 LOG_TAIL = 1 << 20  # the store keeps the log's last MiB
+GONE = "the controller died"
 DONE, REFUSED = 0, 2  # the controller's exit codes that end the supervisor (2: expected errors, see cli/common.py)
 
 
@@ -58,8 +61,13 @@ class Supervisor:
     def run(self) -> Ending:
         """Supervise until the sweep no longer needs this instance, then terminate it."""
         ensure_own_key(self.s)
+        os.environ.update(self.s.notify_env)  # `notify:`'s url_env sinks, for its own messages and the controller's
         ending = retry_until(self._one_life, None, 1.0)
         self._note(f"supervisor: {ending.reason}; terminating this instance ({self.s.instance_id})")
+        if ending.reason.startswith(GONE):  # the controller will not come back: its user is told why
+            self._tell(
+                "gone", f"{ending.reason}. The sweep has no controller now; `orch launch --remote` continues it."
+            )
         self.upload(force=True)
         self.terminate(self.s.instance_id)
         return ending
@@ -79,8 +87,10 @@ class Supervisor:
             return Ending("the controller was refused (exit 2, see the log above)", self.restarts)
         self.restarts += 1
         if self.restarts > MAX_RESTARTS:
-            return Ending(f"the controller died {self.restarts} times (last exit code {code})", self.restarts)
+            return Ending(f"{GONE} {self.restarts} times (last exit code {code})", self.restarts)
         self._note(f"supervisor: the controller exited with code {code}; restart {self.restarts} of {MAX_RESTARTS}")
+        self._tell(f"restart:{self.restarts}", f"the controller exited with code {code}; restarted by its supervisor "
+                   f"({self.restarts} of {MAX_RESTARTS}). See `orch logs --controller {self.sweep}`.")  # fmt: skip
         time.sleep(min(60.0, 5.0 * self.restarts))
         return None
 
@@ -116,6 +126,14 @@ class Supervisor:
             self._uploaded = self.now()
         except OSError as exc:  # the store is out of reach for a moment: the next upload tries again
             log.warning("could not upload the controller's log: %s", exc)
+
+    def _tell(self, key: str, text: str) -> None:
+        """A `controller` notification (`notify:`), sent now; a failure to tell never stops the supervisor."""
+        try:
+            sweep = load_sweep(self.s.sweep_file)
+            notify.tell_now(self.store, sweep, notify.controller_message(self.sweep, key, text))
+        except Exception as exc:
+            log.warning("could not send the controller notification: %s", exc)
 
     def _note(self, text: str) -> None:
         with open(self.log_path, "a") as f:

@@ -7,6 +7,7 @@
 <sweep>/cost.json                          the cost ledger (the controller's)
 <sweep>/controller.json                    the controller's lease on the sweep
 <sweep>/controller.log                     a remote controller's own log (`orch logs --controller`)
+<sweep>/notify.json                        `notify:`'s outbox: each message, and per sink when it was delivered
 <sweep>/.orch-touched/<run>/at             a run's record changed outside the controller
 <sweep>/.orch/<run>/status.json            the run's record
 <sweep>/.orch/<run>/logs/<attempt>.log     the command's stdout+stderr (node 0's)
@@ -178,3 +179,8 @@ def manifested_steps(sweep: str, run_id: str, keys: Iterable[str]) -> Set[int]:
 def study_key(sweep: str) -> str:
     """`search:`: the study — every trial asked and every value told (the controller's)."""
     return f"{sweep}/study.json"
+
+
+def notify_key(sweep: str) -> str:
+    """`notify:`: the outbox — every message queued and, per sink, when it was delivered (the notifier's)."""
+    return f"{sweep}/notify.json"

@@ -30,6 +30,7 @@ from pydantic_core import PydanticCustomError
 from typing_extensions import Annotated
 
 from orchestrator.contract import default_mode, finite
+from orchestrator.sweep.notify import NotifySink
 from orchestrator.sweep.search import SearchSection, trial_id
 from orchestrator.sweep.sections import Backends, BackendSchema, backends_of, raise_errors, section_errors
 from orchestrator.sweep.spec_types import KEY_RE, Amount, Count, Scalar, Strict
@@ -184,6 +185,9 @@ class SweepSpec(Strict):
     search: Optional[SearchSection] = Field(
         None, description="Random or Bayesian search instead of a grid: trials a sampler proposes."
     )
+    notify: Optional[List[NotifySink]] = Field(
+        None, description="Where the sweep tells what matters (failed, ended, target, best, budget, …): Apprise URLs."
+    )
 
     @field_validator("backend")
     @classmethod
@@ -229,8 +233,11 @@ class SweepSpec(Strict):
     def recorded(self) -> Dict[str, Any]:
         """The spec as its record keeps it: every field and section, less what its backends leave out (e.g. where the
         controller runs is no part of what the runs do: a relaunch may change it)."""
-        unrecorded = {n: {f: True for f in b.unrecorded} for n, b in self._backends.items() if b.unrecorded}
-        return self.model_dump(mode="json", exclude=unrecorded or None)  # type: ignore[arg-type]
+        unrecorded: Dict[str, Any] = {
+            n: {f: True for f in b.unrecorded} for n, b in self._backends.items() if b.unrecorded
+        }
+        unrecorded["notify"] = True  # nor where it tells its user (`notify:` URLs are secrets: never in the store)
+        return self.model_dump(mode="json", exclude=unrecorded)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

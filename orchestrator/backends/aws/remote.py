@@ -18,10 +18,12 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import shlex
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Dict
 
 from orchestrator.aws import ec2 as api
 from orchestrator.aws import fleet, iam
@@ -50,8 +52,9 @@ PACKAGES = (
     "PyYAML>=6",
     "matplotlib>=3.8",
     "optuna>=5.0,<6",
+    "apprise>=1.9",
 )
-IMPORTS = "boto3, paramiko, libtmux, pydantic, click, rich, yaml, optuna"
+IMPORTS = "boto3, paramiko, libtmux, pydantic, click, rich, yaml, optuna, apprise"
 
 
 @dataclass
@@ -69,6 +72,9 @@ class RemoteSettings:
     instance_type: str = ""
     region: str = ""
     deadline: float = 0.0  # epoch seconds: `max_hours` after the launch, the supervisor terminates the instance
+    # `notify:` sinks given as `url_env:` — the variables' values as the laptop had them (remote.json is 0600 in a
+    # 0700 folder of the controller's instance: the hosts' role cannot read it, and it never goes to the store)
+    notify_env: Dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def read(cls, path: Path) -> "RemoteSettings":
@@ -193,6 +199,7 @@ def _install(conn, sweep, got, security_group: str, deadline: float) -> None:
         instance_type=got.instance_type,
         region=cfg.region,
         deadline=deadline,
+        notify_env={s.url_env: os.environ[s.url_env] for s in sweep.spec.notify or [] if s.url_env},
     )
     path = f"{base}/{SETTINGS_FILE}"
     conn.put_bytes(json.dumps(asdict(settings), indent=2).encode(), path)

@@ -1,0 +1,422 @@
+"""Notifications (`notify:`): what a pass saw becomes messages, sent off the loop through Apprise, once each.
+
+The controller hands every pass's Progress to `Notifier.observe`, which finds the events in it (a run failed for
+good, the target first met, a new best trial, 80% and 100% of the budget, the end) — a pure reading of the
+progress, cheap — and queues a message per sink that wants the event. A thread of its own sends them, retrying
+each with backoff, so a slow or dead receiver never delays a pass.
+
+Once each: every message has a key (`failed:<run>`, `target`, `budget:80`, `ended`, …) and the outbox record in the
+store (`<sweep>/notify.json`, one writer at a time) keeps, per message and sink, whether it was delivered. A
+controller killed and launched again reads it, sends what was still pending and nothing twice. (A kill between a
+receiver's "200 OK" and the record's write sends that one message again: the only duplicate possible.)
+When the loop ends with messages still pending (a receiver down), the laptop's controller hands them to a
+background sender (`orch _notify`), which keeps trying for DRAIN_S; the remote controller keeps trying itself
+before its instance ends. URLs are never written anywhere: the outbox names each sink by a redacted label and a
+short hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+from urllib.parse import urlsplit
+
+from orchestrator.control.views import Progress, RunView, usd
+from orchestrator.errors import OrchError
+from orchestrator.store.base import Store
+from orchestrator.store.layout import notify_key
+from orchestrator.store.status import FAILED, INTERRUPTED
+from orchestrator.sweep.notify import Event, NotifySink
+
+log = logging.getLogger("orch.notify")
+
+VERSION = 1
+BACKOFF_S = (2.0, 4.0, 8.0, 16.0, 32.0, 60.0)  # waits between tries of one message to one sink (then 60 s each)
+FAILING_AFTER = 3  # tries in a row that failed before a sink is reported as failing (status, log)
+PATIENCE_S = 10.0  # what the laptop's loop waits at its end for pending messages before handing them off
+REMOTE_PATIENCE_S = 900.0  # what a remote controller waits (no one is blocked; its instance costs ~$0.003)
+DRAIN_S = 900.0  # how long the background sender keeps trying
+LOG_LINES = 15  # of a failed run's log tail, in its message
+BODY_MAX = 3500  # characters of a message body (Slack and Discord cut longer ones)
+
+
+@dataclass(frozen=True)
+class Sink:
+    """A resolved sink: where (the URL, kept in memory only), what it wants, and how it is named."""
+
+    url: str
+    events: Tuple[Event, ...]
+    label: str  # redacted: safe for output, logs and the store
+
+    @property
+    def id(self) -> str:
+        return hashlib.sha256(self.url.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Message:
+    key: str  # one per event and subject: sent at most once per sink
+    event: Event
+    title: str
+    body: str
+
+
+@dataclass
+class SinkState:
+    label: str
+    tries_failed: int = 0  # in a row
+    last_error: str = ""
+    delivered: int = 0
+
+    @property
+    def failing(self) -> bool:
+        return self.tries_failed >= FAILING_AFTER
+
+
+@dataclass
+class Outbox:
+    """notify.json: every message queued and, per sink, when it was delivered (None: pending)."""
+
+    messages: Dict[str, dict] = field(default_factory=dict)  # key -> {event, title, body, to: {sink id: sent_at}}
+    sinks: Dict[str, SinkState] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        sinks = {k: {"label": s.label, "tries_failed": s.tries_failed, "last_error": s.last_error,
+                     "delivered": s.delivered} for k, s in self.sinks.items()}  # fmt: skip
+        return {"version": VERSION, "messages": self.messages, "sinks": sinks}
+
+    @classmethod
+    def parse(cls, data: Optional[bytes]) -> "Outbox":
+        """The record as stored; an unreadable one is started afresh (at worst a message is sent again)."""
+        if data is None:
+            return cls()
+        try:
+            raw = json.loads(data)
+            sinks = {k: SinkState(**v) for k, v in raw.get("sinks", {}).items()}
+            messages = {k: dict(v, to=dict(v["to"])) for k, v in raw.get("messages", {}).items()}
+            return cls(messages=messages, sinks=sinks)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            log.warning("notify: the outbox record cannot be read (%s); starting a new one", exc)
+            return cls()
+
+    def pending(self) -> List[Tuple[str, str]]:
+        return [(k, s) for k, m in self.messages.items() for s, at in m["to"].items() if at is None]
+
+
+def read_outbox(store: Store, sweep: str) -> Outbox:
+    return Outbox.parse(store.get_bytes(notify_key(sweep)))
+
+
+def resolve(sinks: List[NotifySink], env: Optional[dict] = None) -> List[Sink]:
+    """The sinks with their URLs (a variable is read now); raises ValueError naming the sink that cannot be."""
+    out = []
+    for i, s in enumerate(sinks):
+        try:
+            out.append(Sink(url=s.resolve(env), events=tuple(s.events), label=s.label()))
+        except ValueError as exc:
+            raise ValueError(f"notify[{i}]: {exc}") from None
+    return out
+
+
+# --- what a pass means ---------------------------------------------------------------------------
+
+
+@dataclass
+class Facts:
+    """What the events are found in besides the runs: the search's best so far, and the end's summary."""
+
+    best: Optional[Tuple[int, float, dict]] = None  # (trial number, value told, params) with `search:`
+    metric: str = ""  # the search's metric
+    ended: str = ""  # the end's summary lines (best run, time and $ to the target), made by the caller
+
+
+def messages_of(progress: Progress, facts: Facts) -> List[Message]:
+    """Every event this progress shows (the outbox drops those already queued)."""
+    sweep, out = progress.sweep, []
+    for r in progress.runs:
+        if r.final and r.state == FAILED:
+            out.append(_failed(sweep, r))
+        if r.state == INTERRUPTED and r.preemptions:
+            text = f"{r.run_id} was interrupted (attempt {r.attempt}); it resumes from its last checkpoint."
+            title = _title(sweep, f"run {r.run_id} interrupted")
+            out.append(Message(f"interrupted:{r.run_id}:{r.attempt}", Event.INTERRUPTED, title, text))
+    reached = [r for r in progress.runs if r.reached]
+    if reached and progress.target:
+        first = min(reached, key=lambda r: r.finished_at or math.inf)
+        t = progress.target
+        cmp = ">=" if t.get("mode") == "max" else "<="
+        text = f"{first.run_id} reached {t['metric']} {cmp} {t['value']}."
+        out.append(Message("target", Event.TARGET, _title(sweep, "target reached"), text))
+    if facts.best is not None:
+        number, value, params = facts.best
+        text = f"trial {number}: {facts.metric} = {value:.6g} with {_params(params)}"
+        out.append(Message(f"best:{number}", Event.BEST, _title(sweep, "new best trial"), text))
+    out += _budget(progress)
+    if progress.done:
+        out.append(Message("ended", Event.ENDED, _title(sweep, "ended"), _ended(progress, facts)))
+    return out
+
+
+def _title(sweep: str, what: str) -> str:
+    return f"orch: sweep {sweep}: {what}"
+
+
+def _params(params: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in params.items()) or "no params"
+
+
+def _failed(sweep: str, r: RunView) -> Message:
+    tail = "\n".join((r.log_tail or "").splitlines()[-LOG_LINES:])
+    code = f" (exit code {r.exit_code})" if r.exit_code is not None else ""
+    text = f"{r.run_id} failed for good after {r.attempt} attempt(s){code}: {r.reason or 'no reason recorded'}"
+    if tail:
+        text += f"\n\nthe last lines of its log:\n{tail}"
+    return Message(f"failed:{r.run_id}", Event.FAILED, _title(sweep, f"run {r.run_id} failed"), _cut(text))
+
+
+def _budget(progress: Progress) -> List[Message]:
+    budget, spend = progress.budget_usd, progress.spend_usd
+    if not budget:
+        return []
+    out = []
+    for share, key in ((0.8, "budget:80"), (1.0, "budget:100")):
+        if spend >= share * budget:
+            what = "reached: no new run or attempt starts" if share >= 1 else "80% spent"
+            text = f"{usd(spend)} of the budget of {usd(budget)} spent ({what})."
+            title = _title(progress.sweep, "budget reached" if share >= 1 else "80% of the budget spent")
+            out.append(Message(key, Event.BUDGET, title, text))
+    return out
+
+
+def _ended(progress: Progress, facts: Facts) -> str:
+    counts = ", ".join(f"{n} {state}" for state, n in sorted(progress.counts().items()))
+    lines = [f"{len(progress.runs)} runs: {counts}.", f"spent: {usd(progress.spend_usd)}."]
+    if facts.ended:
+        lines.append(facts.ended)
+    return _cut("\n".join(lines))
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= BODY_MAX else text[: BODY_MAX - 1] + "…"
+
+
+# --- sending ---------------------------------------------------------------------------------------
+
+
+def deliver(url: str, title: str, body: str) -> Tuple[bool, str]:
+    """One try through Apprise: (delivered, what went wrong — without the URL's secrets)."""
+    import apprise
+
+    hub = apprise.Apprise()
+    hub.add(url)
+    with apprise.LogCapture(level=logging.WARNING, fmt="%(message)s") as captured:
+        ok = bool(hub.notify(title=title, body=body))
+        said = captured.getvalue().strip().splitlines()
+    return ok, "" if ok else _scrub(said[-1] if said else "not delivered", url)
+
+
+def _scrub(text: str, url: str) -> str:
+    parts = urlsplit(url)
+    for secret in [parts.password, parts.username, *parts.path.split("/"), *parts.query.split("&")]:
+        if secret and len(secret) >= 4:
+            text = text.replace(secret, "…")
+    return text[:300]
+
+
+class Notifier:
+    """Queues messages as passes show events; one thread sends them (see the module doc)."""
+
+    def __init__(self, store: Store, sweep: str, sinks: List[Sink]):
+        self.store, self.sweep, self.sinks = store, sweep, {s.id: s for s in sinks}
+        self.outbox = read_outbox(store, sweep)
+        for s in sinks:
+            self.outbox.sinks.setdefault(s.id, SinkState(label=s.label)).label = s.label
+        self._cv = threading.Condition()
+        self._next_try: Dict[str, float] = {}  # sink id -> when it is tried again (after a failure)
+        self._closing = False  # the loop ended: send what is pending, then stop
+        self._done = False  # stop now
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self) -> "Notifier":
+        self._thread = threading.Thread(target=self._run, name="orch-notify", daemon=True)
+        self._thread.start()
+        with self._cv:
+            self._cv.notify()
+        return self
+
+    def observe(self, progress: Progress, facts: Facts) -> None:
+        """Queue what this pass shows that was never queued (cheap: no request, no send)."""
+        self.queue(messages_of(progress, facts))
+
+    def queue(self, messages: List[Message]) -> None:
+        new = [m for m in messages if m.key not in self.outbox.messages]
+        if not new:
+            return
+        with self._cv:
+            for m in new:
+                to = {s.id: None for s in self.sinks.values() if m.event in s.events}
+                if to:
+                    self.outbox.messages[m.key] = {"event": m.event.value, "title": m.title, "body": m.body, "to": to}
+            self._cv.notify()
+
+    def pending(self) -> int:
+        with self._cv:
+            return len([p for p in self.outbox.pending() if p[1] in self.sinks])
+
+    def close(self, patience_s: float) -> int:
+        """Stop after sending what is pending, waiting at most `patience_s`; the number still pending."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+        deadline = time.monotonic() + patience_s
+        if self._thread is not None:
+            while self._thread.is_alive() and self.pending() and time.monotonic() < deadline:
+                self._thread.join(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+        with self._cv:
+            self._done = True
+            self._cv.notify()
+        return self.pending()
+
+    def _due(self, now: float) -> Tuple[Optional[Tuple[str, str]], float]:
+        wait = 3600.0
+        for pair in self.outbox.pending():
+            if pair[1] not in self.sinks:
+                continue  # a sink this controller no longer has (the file changed): left as it is
+            at = self._next_try.get(pair[1], 0.0)
+            if at <= now:
+                return pair, 0.0
+            wait = min(wait, at - now)
+        return None, wait
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                pair, wait = self._due(time.monotonic())
+                if pair is None:
+                    if self._done:
+                        return
+                    self._cv.wait(timeout=min(wait, 1.0) if self._closing else wait)
+                    continue
+                msg, sink = self.outbox.messages[pair[0]], self.sinks[pair[1]]
+            ok, why = deliver(sink.url, msg["title"], msg["body"])  # outside the lock: observe never waits on it
+            with self._cv:
+                self._record(pair, sink, ok, why)
+                snapshot = json.dumps(self.outbox.to_json(), sort_keys=True).encode()
+            self._save(snapshot)
+
+    def _record(self, pair: Tuple[str, str], sink: Sink, ok: bool, why: str) -> None:
+        state = self.outbox.sinks[sink.id]
+        if ok:
+            self.outbox.messages[pair[0]]["to"][sink.id] = time.time()
+            state.tries_failed, state.last_error, state.delivered = 0, "", state.delivered + 1
+            log.info("notify: %s sent to %s", pair[0], sink.label)
+            return
+        state.tries_failed, state.last_error = state.tries_failed + 1, why
+        # the sink waits, all its messages with it: a receiver that is down is not asked once per message
+        self._next_try[sink.id] = time.monotonic() + BACKOFF_S[min(state.tries_failed, len(BACKOFF_S)) - 1]
+        if state.tries_failed == FAILING_AFTER:
+            log.warning(
+                "notify: %s keeps failing (%d tries in a row: %s); the sweep goes on and it is tried again",
+                sink.label, state.tries_failed, why,
+            )  # fmt: skip
+
+    def _save(self, data: bytes) -> None:
+        try:
+            self.store.put_bytes(notify_key(self.sweep), data)
+        except Exception as exc:  # the store may be down too: the next delivery writes the record again
+            log.warning("notify: the outbox record could not be written: %s", exc)
+
+
+def for_sweep(store: Store, sweep, env: Optional[dict] = None) -> Optional[Notifier]:
+    """The sweep's notifier (started), or None without `notify:`."""
+    sinks = sweep.spec.notify
+    if not sinks:
+        return None
+    return Notifier(store, sweep.spec.name, resolve(sinks, env)).start()
+
+
+def hand_off(sweep_path: str) -> None:
+    """Leave what is still pending to a background sender (`orch _notify`), so the launch returns on time."""
+    subprocess.Popen(  # noqa: S603 - our own interpreter and module
+        [sys.executable, "-m", "orchestrator.cli", "_notify", str(sweep_path)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One sink's answer to `orch notify test`."""
+
+    label: str
+    delivered: bool
+    error: str = ""
+
+
+def send_test(sweep) -> List[Delivery]:
+    """One message to every sink of the sweep, now, one try each (`orch notify test`). Records nothing."""
+    sinks = resolve(sweep.spec.notify or [])
+    title = _title(sweep.spec.name, "test")
+    out = []
+    for s in sinks:
+        events = ", ".join(e.value for e in s.events)
+        body = f"A test message from `orch notify test` for sweep {sweep.spec.name}. This sink is told of: {events}."
+        ok, why = deliver(s.url, title, body)
+        out.append(Delivery(s.label, ok, why))
+    return out
+
+
+def drain(store: Store, sweep, patience_s: float = DRAIN_S) -> int:
+    """The background sender: send what the outbox still holds, for at most `patience_s`; what is left."""
+    if not sweep.spec.notify:
+        return 0
+    notifier = Notifier(store, sweep.spec.name, resolve(sweep.spec.notify)).start()
+    return notifier.close(patience_s)
+
+
+def check(sweep) -> None:
+    """Before a launch buys anything: every sink resolves (its variable is set and holds a URL Apprise reads)."""
+    try:
+        resolve(sweep.spec.notify or [])
+    except ValueError as exc:
+        raise OrchError(f"{sweep.path}: {exc}", exit_code=2) from None
+
+
+def status_lines(store: Store, sweep) -> List[str]:
+    """What `orch status` says of the notifications: sinks that keep failing, messages still pending."""
+    box = read_outbox(store, sweep.spec.name)  # (a sweep read back by name has no `notify:`: URLs are not kept)
+    out = []
+    for sid, s in box.sinks.items():
+        pending = sum(1 for m in box.messages.values() if m["to"].get(sid, 0) is None)
+        if s.failing:
+            out.append(
+                f"notify: {s.label} keeps failing ({s.tries_failed} tries in a row: {s.last_error}); "
+                f"{pending} message(s) pending, retried. Check it with `orch notify test {sweep.path}`."
+            )
+        elif pending:
+            out.append(f"notify: {pending} message(s) to {s.label} pending.")
+    return out
+
+
+def tell_now(store: Store, sweep, message: Message, patience_s: float = 60.0) -> int:
+    """Send one message outside a controller's loop (the supervisor's `controller` events), once, recorded in the
+    outbox like the rest; what is still pending after `patience_s`."""
+    if not sweep.spec.notify:
+        return 0
+    notifier = Notifier(store, sweep.spec.name, resolve(sweep.spec.notify))
+    notifier.queue([message])
+    return notifier.start().close(patience_s)
+
+
+def controller_message(sweep: str, key: str, text: str) -> Message:
+    return Message(f"controller:{key}", Event.CONTROLLER, _title(sweep, "controller"), text)
