@@ -243,3 +243,42 @@ def test_a_url_env_is_read_from_the_environment_and_events_are_checked(orch, hoo
     bad = orch.sweep("name: ev\ncommand: 'true'\nnotify:\n  - url_env: ORCH_HOOK\n    events: [ended, no]\n", "ev.yaml")
     r = orch("launch", str(bad), "--dry-run")
     assert r.code == 2 and "ev.yaml:5: notify[0].events[1]" in r.err, r.err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_with_remote_the_controllers_instance_sends_the_news_and_the_url_stays_off_the_store(
+    orch, cloud, identity, job, hook
+):
+    from tests.fakecloud import BUCKET, IMAGE_NAME
+    from tests.test_remote_launch import laptop_controllers
+
+    controller = f"{{image: {IMAGE_NAME}, image_owner: self, python: python3, max_hours: 2}}"
+    extra = "max_restarts: 0\nnotify:\n  - url_env: ORCH_HOOK\n    events: [interrupted, ended]\n"
+    text = cloud.sweep_yaml("told", identity, job(steps=3, release=True), extra=extra, controller=controller)
+    path = orch.sweep(text)
+    orch.env["ORCH_HOOK"] = hook.url
+    r = orch("launch", str(path), "--remote", timeout=600)
+    assert r.code == 0, r.out[-3000:] + r.err[-3000:]
+    del orch.env["ORCH_HOOK"]  # from here on the laptop could not send anything: the news comes from the instance
+    assert laptop_controllers(orch.home) == []
+
+    def run_instance() -> str:
+        found = [i["id"] for i in cloud.instances("told") if i["tags"].get("orch:run") == "run"]
+        return found[0] if found else ""
+
+    retry_until(run_instance, 180, 0.5, "the run's instance")
+    retry_until(lambda: "running" in orch("status", "told").out, 180, 2.0, "the run to start")
+    cloud.spot_notice(run_instance())
+    retry_until(lambda: "orch: sweep told: run run interrupted" in hook.titles(), 180, 0.5, "the interruption's news")
+    job.release.touch()
+    retry_until(lambda: "orch: sweep told: ended" in hook.titles(), 400, 1.0, "the end's news")
+    assert hook.titles().count("orch: sweep told: run run interrupted") == 1
+    assert laptop_controllers(orch.home) == []
+    log = orch("logs", "--controller", "told").out
+    assert "notify: ended sent to $ORCH_HOOK" in log, log[-3000:]
+    s3 = cloud.client("s3")
+    for obj in s3.list_objects_v2(Bucket=BUCKET, Prefix="sweeps/told/").get("Contents", []):
+        assert SECRET.encode() not in s3.get_object(Bucket=BUCKET, Key=obj["Key"])["Body"].read(), obj["Key"]
+    assert orch("down", "told", timeout=300).code == 0
+    assert not any(cloud.leftovers("told").values()), cloud.leftovers("told")

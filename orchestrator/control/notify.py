@@ -33,7 +33,7 @@ from orchestrator.control.views import Progress, RunView, usd
 from orchestrator.errors import OrchError
 from orchestrator.store.base import Store
 from orchestrator.store.layout import notify_key
-from orchestrator.store.status import FAILED, INTERRUPTED
+from orchestrator.store.status import FAILED
 from orchestrator.sweep.notify import Event, NotifySink
 
 log = logging.getLogger("orch.notify")
@@ -144,10 +144,10 @@ def messages_of(progress: Progress, facts: Facts) -> List[Message]:
     for r in progress.runs:
         if r.final and r.state == FAILED:
             out.append(_failed(sweep, r))
-        if r.state == INTERRUPTED and r.preemptions:
-            text = f"{r.run_id} was interrupted (attempt {r.attempt}); it resumes from its last checkpoint."
+        if r.preemptions:  # each interruption raises the count: one message per interruption
+            text = f"{r.run_id} was interrupted ({r.preemptions} so far); it resumes from its last checkpoint."
             title = _title(sweep, f"run {r.run_id} interrupted")
-            out.append(Message(f"interrupted:{r.run_id}:{r.attempt}", Event.INTERRUPTED, title, text))
+            out.append(Message(f"interrupted:{r.run_id}:{r.preemptions}", Event.INTERRUPTED, title, text))
     reached = [r for r in progress.runs if r.reached]
     if reached and progress.target:
         first = min(reached, key=lambda r: r.finished_at or math.inf)
