@@ -282,3 +282,49 @@ def test_with_remote_the_controllers_instance_sends_the_news_and_the_url_stays_o
         assert SECRET.encode() not in s3.get_object(Bucket=BUCKET, Key=obj["Key"])["Body"].read(), obj["Key"]
     assert orch("down", "told", timeout=300).code == 0
     assert not any(cloud.leftovers("told").values()), cloud.leftovers("told")
+
+
+@pytest.mark.slow
+def test_a_search_tells_each_new_best_trial_once_in_the_order_it_was_found(orch, script, hook):
+    job = script(
+        """
+        import json, os, sys
+        x = float(sys.argv[1])
+        with open(os.path.join(os.environ["ORCH_RUN_DIR"], "metrics.jsonl"), "a") as f:
+            f.write(json.dumps({"epoch": 1, "score_loss": (x - 0.3) ** 2}) + "\\n")
+        """
+    )
+    path = orch.sweep(
+        f"name: best\ncommand: '{sys.executable} {job} {{x}}'\nstore: store\nmax_parallel: 1\n"
+        "search:\n  sampler: random\n  trials: 6\n  seed: 3\n  metric: score_loss\n  space:\n"
+        "    x: {low: 0.0, high: 1.0}\n"
+        f"notify:\n  - url: {hook.url}\n    events: [best, ended]\n",
+        name="best.yaml",
+    )
+    assert orch("launch", str(path)).code == 0
+    retry_until(lambda: "orch: sweep best: ended" in hook.titles(), 60, 0.2, "the end's news")
+    study = json.loads(orch.store("best", "study.json").read_text())
+    values = [t["value"] for t in study["trials"]]
+    improving = [n for n, v in enumerate(values) if v < min(values[:n], default=float("inf"))]
+    told = [m["message"].split(":")[0] for m in hook.got if "new best trial" in m["title"]]
+    # each pass tells what it saw: with one trial at a time every improvement is seen, in order
+    assert told == [f"trial {n}" for n in improving], (told, values)
+    ended = hook.message("ended")["message"]
+    assert f"best trial: trial={improving[-1]}" in ended, ended
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_on_the_fake_cloud_the_budget_is_told_at_80_percent_and_when_reached(orch, cloud, identity, job, hook):
+    extra = f"max_restarts: 0\nbudget_usd: 0.0001\nnotify:\n  - url: {hook.url}\n    events: [budget, ended]\n"
+    path = orch.sweep(cloud.sweep_yaml("money", identity, job(steps=3, release=True), extra=extra))
+    assert orch("launch", str(path), "--detach").code == 0
+    retry_until(lambda: "orch: sweep money: budget reached" in hook.titles(), 400, 0.5, "the budget's news")
+    titles = hook.titles()
+    eighty, reached = "orch: sweep money: 80% of the budget spent", "orch: sweep money: budget reached"
+    assert titles.index(eighty) < titles.index(reached)
+    assert "of the budget of $0.0001 spent" in hook.message("budget reached")["message"]
+    job.release.touch()
+    assert orch("down", "money", timeout=300).code == 0
+    assert titles.count("orch: sweep money: budget reached") == 1
+    assert not any(cloud.leftovers("money").values()), cloud.leftovers("money")

@@ -23,7 +23,6 @@ from orchestrator.cli.common import (  # noqa: F401
     load_sweep_arg,
     resolve_run,
 )
-from orchestrator.control import notify as notify_api
 from orchestrator.errors import OrchError
 
 # --- commands -----------------------------------------------------------------------------------
@@ -322,7 +321,9 @@ def controller_cmd(sweep_file: str, remote_settings: Optional[str]):
     controller = Controller(sweep, backend, store, state)
     controller.lease = lease
     if remote_settings:  # nobody waits on this instance: it keeps trying to deliver before it ends
-        controller.notify_patience_s, controller.notify_hand_off = notify_api.REMOTE_PATIENCE_S, False
+        from orchestrator.control.notify import REMOTE_PATIENCE_S
+
+        controller.notify_patience_s, controller.notify_hand_off = REMOTE_PATIENCE_S, False
     controller.prepare()
     try:
         progress = controller.run()
@@ -446,7 +447,9 @@ def status(sweep: Optional[str], as_json: bool, watch: bool, every: bool):
         from orchestrator.control.trials import search_progress
 
         con.print(search_status_line(search_progress(sw, store)), markup=False)
-    for line in notify_api.status_lines(store, sw):
+    from orchestrator.control.notify import status_lines
+
+    for line in status_lines(store, sw):
         con.print(line, markup=False)
     if not progress.done:
         con.print(_controller_line(sw, store), markup=False)

@@ -7,8 +7,6 @@ import sys
 import click
 
 from orchestrator.cli.common import expected_errors, load_sweep_arg
-from orchestrator.control import notify as notify_api
-from orchestrator.store import open_store
 
 
 @click.group("notify")
@@ -28,6 +26,8 @@ def notify_test_cmd(sweep_file: str):
     Example:
       ORCH_SLACK='slack://T000/B000/XXXX' orch notify test sweep.yaml
     """
+    from orchestrator.control import notify as notify_api
+
     sweep = load_sweep_arg(sweep_file)
     if not sweep.spec.notify:
         raise click.UsageError(f"{sweep_file} has no `notify:` section: add one (README: Notifications)")
@@ -50,6 +50,9 @@ def notify_test_cmd(sweep_file: str):
 def notify_drain_cmd(sweep_file: str):
     """The background sender: delivers what a controller left pending, for up to 15 minutes."""
     import logging
+
+    from orchestrator.control import notify as notify_api
+    from orchestrator.store import open_store
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     sweep = load_sweep_arg(sweep_file)
