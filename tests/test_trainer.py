@@ -728,3 +728,45 @@ def test_no_function_in_orch_or_the_trainer_is_over_80_lines():
                 where = path.relative_to(ROOT)
                 long.append(f"{where}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
     assert not long, long
+
+
+# --- checkpoints written by earlier versions ------------------------------------------------------
+
+OLD_CHECKPOINTS = Path(__file__).parent / "trainer_checkpoints"
+
+
+def _digest(state: dict) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for key in sorted(state):
+        h.update(key.encode())
+        h.update(state[key].detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+@pytest.mark.timeout(300)  # one short trainer run
+@pytest.mark.parametrize("name", ["resnet9-ema", "fast-muon"])
+def test_a_checkpoint_an_earlier_trainer_wrote_resumes_to_the_weights_that_trainer_reached(tmp_path, name):
+    """tests/trainer_checkpoints/<name>/ckpt/<step>/ was written mid-run by the trainer before its config and
+    progress became dataclasses; expected.json holds what that trainer's uninterrupted run ended with. Resumed by
+    today's trainer, the run continues from that step and ends with the same weights (bitwise, with the torch that
+    wrote them), the same last metrics line and the same best accuracy."""
+    expected = json.loads((OLD_CHECKPOINTS / name / "expected.json").read_text())
+    out = tmp_path / "out"
+    shutil.copytree(OLD_CHECKPOINTS / name, out, ignore=shutil.ignore_patterns("expected.json"))
+    (saved_step,) = [int(p.name) for p in checkpoint.candidates(out)]
+    p = run_trainer([*expected["args"], "--out", str(out)])
+    assert f"(step {saved_step} of {expected['final_step']})" in p.stderr, p.stderr[-2000:]
+    last = metrics(out)[-1]
+    assert (last["step"], last["test_acc"]) == (expected["final_step"], expected["final_test_acc"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == expected["final_step"] and summary["best_acc"] == expected["best_acc"]
+    final = checkpoint.load(checkpoint.latest(out))
+    if torch.__version__ == expected["torch"]:  # the same arithmetic: the same bits
+        assert expected["final_train_loss"] in (None, last["train_loss"])  # None: the recipe's restarts at a resume
+        assert _digest(final["model"]) == expected["final_model_sha256"]
+        if expected["final_ema_sha256"] is not None:
+            assert _digest(final["ema"]) == expected["final_ema_sha256"]
+    elif expected["final_train_loss"] is not None:  # another torch may round differently, but not by much
+        assert last["train_loss"] == pytest.approx(expected["final_train_loss"], rel=1e-3)
