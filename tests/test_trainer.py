@@ -755,13 +755,15 @@ def test_a_checkpoint_an_earlier_trainer_wrote_resumes_to_the_weights_that_train
     expected = json.loads((OLD_CHECKPOINTS / name / "expected.json").read_text())
     out = tmp_path / "out"
     shutil.copytree(OLD_CHECKPOINTS / name, out, ignore=shutil.ignore_patterns("expected.json"))
-    (saved_step,) = [int(p.name) for p in checkpoint.candidates(out)]
+    (saved,) = checkpoint.candidates(out)
+    saved_step, saved_time = int(saved.name), checkpoint.load(saved)["progress"]["train_time"]
     p = run_trainer([*expected["args"], "--out", str(out)])
     assert f"(step {saved_step} of {expected['final_step']})" in p.stderr, p.stderr[-2000:]
     last = metrics(out)[-1]
     assert (last["step"], last["test_acc"]) == (expected["final_step"], expected["final_test_acc"])
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == expected["final_step"] and summary["best_acc"] == expected["best_acc"]
+    assert summary["train_time_s"] > round(saved_time, 3)  # the training time goes on from the checkpoint's
     final = checkpoint.load(checkpoint.latest(out))
     if torch.__version__ == expected["torch"]:  # the same arithmetic: the same bits
         assert expected["final_train_loss"] in (None, last["train_loss"])  # None: the recipe's restarts at a resume

@@ -20,13 +20,14 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 
 import torch
 import torch.nn as nn
 
 from . import data, models
+from .presets import PRESETS, Config
 from .runtime import compile_net, pick_precision, uses_cuda_graphs
-from .train import DEFAULTS, PRESETS
 
 
 def flops_per_image(model: nn.Module, size: int, device) -> float:
@@ -61,12 +62,12 @@ def measured_path(cfg, model, ds, device, precision, batch):
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
-    net = compile_net(model, cfg["compile_mode"]) if cfg["compile"] else model
+    net = compile_net(model, cfg.compile_mode) if cfg.compile else model
     graphs = uses_cuda_graphs(cfg, device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, fused=device.type == "cuda" or None)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-    loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg["label_smoothing"])
-    source = data.TensorSource(ds, device, cfg)
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
+    source = data.TensorSource(ds, device, crop_pad=cfg.crop_pad, flip=cfg.flip, seed=cfg.seed)
     per_epoch = source.n_train // batch
     state = {"i": 0}
 
@@ -142,35 +143,34 @@ def run(
     width: float | None,
     compile_mode: str = "",
 ) -> dict:
-    cfg = {**DEFAULTS, **PRESETS[preset]}
+    cfg = replace(Config(), **PRESETS[preset])
     if width is not None:
-        cfg["width"] = width
+        cfg.width = width
     if compile_mode:
-        cfg["compile"], cfg["compile_mode"] = True, compile_mode
+        cfg.compile, cfg.compile_mode = True, compile_mode
     device = torch.device(device_name if device_name != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
-    precision = pick_precision({**cfg, "precision": "auto"}, device)
-    batch = batch or cfg["batch_size"]
+    precision = pick_precision("auto", device)
+    batch = batch or cfg.batch_size
     size = 32
     ds = data.load_synthetic(n_train=max(4 * batch, 2048), n_test=64, size=size)
 
     def fresh():
         torch.manual_seed(0)
-        m = models.build(cfg["model"], 10, cfg["width"], cfg["concat_pool"], cfg["depth"], cfg["widen"]).to(device)
-        if isinstance(m, models.AirBench):
-            m.init_whitening(data.normalize(ds.train.images[:2000].to(device), ds.mean, ds.std))
+        m = models.build(cfg.model, 10, cfg.width, cfg.concat_pool, cfg.depth, cfg.widen).to(device)
+        models.init_from_data(m, lambda: data.normalize(ds.train.images[:2000].to(device), ds.mean, ds.std))
         return m
 
     flops = flops_per_image(fresh(), size, device)
     fast_s = time_steps(measured_path(cfg, fresh(), ds, device, precision, batch), steps, warmup, device)
-    base_s = time_steps(baseline_path(fresh(), ds, device, batch, cfg["crop_pad"]), steps, warmup, device)
+    base_s = time_steps(baseline_path(fresh(), ds, device, batch, cfg.crop_pad), steps, warmup, device)
     ips, base_ips = batch / fast_s, batch / base_s
     return dict(
         preset=preset,
-        model=cfg["model"],
+        model=cfg.model,
         device=str(device),
         device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         precision=precision,
-        compile_mode=cfg["compile_mode"] if cfg["compile"] else "",
+        compile_mode=cfg.compile_mode if cfg.compile else "",
         batch_size=batch,
         steps=steps,
         images_per_s=round(ips, 1),

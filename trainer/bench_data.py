@@ -53,7 +53,7 @@ def training_rates(
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     folder = scan(data_dir)
     source = ImageFolderSource(folder, device, workers=workers)
-    precision = pick_precision({"precision": "auto"}, device)
+    precision = pick_precision("auto", device)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     model = models.build(model_name, len(folder.classes), width).to(device)
     if device.type == "cuda":

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from .presets import Config
+
 
 def refuse(message: str) -> None:
     """A bad option, file or value: one `trainer: …` line and exit 2, before anything starts."""
@@ -124,7 +126,8 @@ def build_parser(defaults: Dict[str, Any], presets: Dict[str, Any]) -> argparse.
     return p
 
 
-def resolve_config(defaults: Dict[str, Any], presets: Dict[str, Any], argv: List[str]) -> Optional[Dict[str, Any]]:
+def resolve_config(defaults: Dict[str, Any], presets: Dict[str, Any], argv: List[str]) -> Optional[Config]:
+    """The run's Config from every source, checked (a bad option: one line, exit 2); None after --print-config."""
     args = build_parser(defaults, presets).parse_args(argv)
     flags = {k: v for k, v in vars(args).items() if k in defaults and v is not None}
     env = _mapping(_parse_json(os.environ.get("ORCH_PARAMS_JSON") or "{}", "ORCH_PARAMS_JSON"), "ORCH_PARAMS_JSON")
@@ -148,4 +151,4 @@ def resolve_config(defaults: Dict[str, Any], presets: Dict[str, Any], argv: List
     if args.print_config:
         print(json.dumps(cfg, indent=2))
         return None
-    return cfg
+    return Config(**cfg)

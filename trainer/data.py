@@ -234,10 +234,10 @@ class TensorSource:
 
     on_device = True  # batches cost no host work: nothing to prepare ahead
 
-    def __init__(self, ds: Dataset, device, cfg: dict):
+    def __init__(self, ds: Dataset, device, crop_pad: int, flip: bool, seed: int):
         self.train, self.test = ds.train.to(device), ds.test.to(device)
         self.num_classes, self.mean, self.std, self.n_train = ds.num_classes, ds.mean, ds.std, len(ds.train)
-        self.pad, self.flip, self.seed = cfg["crop_pad"], cfg["flip"], cfg["seed"]
+        self.pad, self.flip, self.seed = crop_pad, flip, seed
         self.skipped = 0
         x = normalize(self.train.images, self.mean, self.std)
         self.train_x = F.pad(x, (self.pad,) * 4, mode="reflect") if self.pad > 0 else x

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -147,9 +149,11 @@ class AirBench(nn.Module):
         whiten_width: int = 24,
         scale: float = 1 / 9,
         muon: bool = False,
+        whiten_bias_epochs: int = 3,
     ):
         super().__init__()
         self.whiten = nn.Conv2d(3, whiten_width, 2, padding=0, bias=True)
+        self.whiten_bias_epochs = whiten_bias_epochs  # the whitening bias trains for these first epochs
         groups, c_in = [], whiten_width
         for w in widths:
             groups.append(ConvGroup(c_in, w))
@@ -179,6 +183,11 @@ class AirBench(nn.Module):
         filt = eigvecs[:k] / torch.sqrt(eigvals[:k] + eps).view(-1, 1, 1, 1)
         self.whiten.weight.copy_(torch.cat([filt, -filt]).to(self.whiten.weight.dtype))
         self.whiten.weight.requires_grad_(False)
+
+    def start_epoch(self, epoch: int) -> None:
+        """The whitening bias freezes once its epochs are over (and stays frozen: a resumed run freezes it again)."""
+        if self.whiten.bias.requires_grad:
+            self.whiten.bias.requires_grad_(epoch < self.whiten_bias_epochs)
 
     def forward(self, x):
         x = F.gelu(self.whiten(x))
@@ -230,10 +239,16 @@ def imagenet_resnet(name: str, num_classes: int, width: float = 1.0) -> nn.Modul
 
 
 def build(
-    name: str, num_classes: int = 10, width: float = 1.0, concat_pool: bool = True, depth: int = 22, widen: int = 6
+    name: str,
+    num_classes: int = 10,
+    width: float = 1.0,
+    concat_pool: bool = True,
+    depth: int = 22,
+    widen: int = 6,
+    whiten_bias_epochs: int = 3,
 ) -> nn.Module:
     """width scales the channels of resnet9/preact_resnet18/airbench/resnet18/resnet50; WRN takes depth and widen
-    (WRN-22-6)."""
+    (WRN-22-6); airbench's whitening bias trains for the first `whiten_bias_epochs`."""
     if name in ("resnet18", "resnet50"):
         return imagenet_resnet(name, num_classes, width)
     if name == "resnet9":
@@ -243,10 +258,22 @@ def build(
     if name == "wide_resnet":
         return WideResNet(num_classes, depth=depth, width=widen)
     if name in ("airbench", "airbench_muon"):
-        return AirBench(
-            num_classes, widths=tuple(max(8, int(w * width)) for w in (64, 256, 256)), muon=name == "airbench_muon"
-        )
+        widths = tuple(max(8, int(w * width)) for w in (64, 256, 256))
+        return AirBench(num_classes, widths, muon=name == "airbench_muon", whiten_bias_epochs=whiten_bias_epochs)
     raise ValueError(f"unknown model {name!r}: use {', '.join(MODELS)}")
+
+
+def init_from_data(model: nn.Module, images: Callable[[], torch.Tensor]) -> None:
+    """Before training, what a net takes from the data: airbench its patch-whitening filters, from the normalized
+    training images `images()` returns (called only for a net that needs them)."""
+    if isinstance(model, AirBench):
+        model.init_whitening(images())
+
+
+def start_epoch(model: nn.Module, epoch: int) -> None:
+    """At each step, what a net changes by epoch: airbench freezes its whitening bias after its epochs."""
+    if isinstance(model, AirBench):
+        model.start_epoch(epoch)
 
 
 from .validate import CHOICES  # noqa: E402  (one list of models: --help and validation read it too)

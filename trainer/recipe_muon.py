@@ -31,7 +31,6 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
 import torch
@@ -39,9 +38,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import data, models
-from .loop import Checkpoints, Clock, metrics_row, record_accuracy, write_summary
+from .loop import Checkpoints, Clock, Progress, metrics_row, record_accuracy, write_summary
 from .muon import Muon
-from .runtime import SGD, MetricsLog, compile_net, start_run, uses_cuda_graphs
+from .presets import Config
+from .runtime import SGD, MetricsLog, Process, compile_net, start_run, uses_cuda_graphs
 
 log = logging.getLogger("trainer")
 
@@ -113,10 +113,8 @@ def optimizers(model: models.AirBench, batch: int, device: torch.device):
 class Recipe:
     """One run of the recipe: its data on the device, the net and its two optimizers, and its step counts."""
 
-    cfg: dict
-    device: torch.device
-    precision: str
-    out: Path
+    cfg: Config
+    proc: Process
     padded: torch.Tensor  # the training images, flipped at random once and reflect-padded by TRANSLATE
     train_y: torch.Tensor
     test_x: torch.Tensor
@@ -132,48 +130,47 @@ class Recipe:
     bias_steps: int  # the whitening bias trains for these first steps
     stop_at: int
 
+    @property
+    def device(self) -> torch.device:
+        return self.proc.device
+
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None)
 
 
-def setup(cfg: dict) -> Recipe:
-    if cfg["recipe"] != "airbench94_muon":
-        raise SystemExit(
-            f"trainer: unknown --recipe {cfg['recipe']!r}: use airbench94_muon (--preset fast-muon), or none"
-        )
+def setup(cfg: Config) -> Recipe:
+    if cfg.recipe != "airbench94_muon":
+        raise SystemExit(f"trainer: unknown --recipe {cfg.recipe!r}: use airbench94_muon (--preset fast-muon), or none")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise SystemExit(
             "trainer: --preset fast-muon is the single-GPU airbench94_muon recipe; under torchrun use --preset fast"
         )
-    _, _, _, device, precision, out = start_run(cfg)
-    torch.manual_seed(cfg["seed"])
-    ds = data.load(
-        cfg["dataset"], cfg["data_dir"], cfg["seed"], cfg["image_size"], synthetic_train=cfg["synthetic_train"]
-    )
-    B = cfg["batch_size"]
+    proc = start_run(cfg)
+    device = proc.device
+    torch.manual_seed(cfg.seed)
+    ds = data.load(cfg.dataset, cfg.data_dir, cfg.seed, cfg.image_size, synthetic_train=cfg.synthetic_train)
+    B = cfg.batch_size
     train_x = data.normalize(ds.train.images.to(device), ds.mean, ds.std)
-    flip_once = torch.rand(len(train_x), generator=torch.Generator().manual_seed(cfg["seed"])).to(device) < 0.5
+    flip_once = torch.rand(len(train_x), generator=torch.Generator().manual_seed(cfg.seed)).to(device) < 0.5
     padded = F.pad(torch.where(flip_once.view(-1, 1, 1, 1), train_x.flip(-1), train_x), (TRANSLATE,) * 4, "reflect")
     test_x = data.normalize(ds.test.images.to(device), ds.mean, ds.std)
-    model = models.build("airbench_muon", ds.num_classes, cfg["width"]).to(device)
+    model = models.build("airbench_muon", ds.num_classes, cfg.width).to(device)
     model.init_whitening(train_x[:5000])
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
     sgd, muon = optimizers(model, B, device)
-    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-    net = compile_net(model, cfg["compile_mode"]) if cfg["compile"] else model
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(proc.precision)
+    scaler = torch.amp.GradScaler(device.type, enabled=proc.precision == "fp16")
+    net = compile_net(model, cfg.compile_mode) if cfg.compile else model
     per_epoch = len(train_x) // B
     if per_epoch < 1:
         raise SystemExit(f"trainer: batch size {B} is larger than the training set ({len(train_x)} images)")
-    total = math.ceil(cfg["epochs"] * per_epoch)
-    bias_steps = math.ceil(cfg["whiten_bias_epochs"] * per_epoch)
-    stop_at = min(total, cfg["max_steps"]) if cfg["max_steps"] else total
+    total = math.ceil(cfg.epochs * per_epoch)
+    bias_steps = math.ceil(cfg.whiten_bias_epochs * per_epoch)
+    stop_at = min(total, cfg.max_steps) if cfg.max_steps else total
     return Recipe(
         cfg=cfg,
-        device=device,
-        precision=precision,
-        out=out,
+        proc=proc,
         padded=padded,
         train_y=ds.train.labels.to(device),
         test_x=test_x,
@@ -195,7 +192,7 @@ def compile_first(r: Recipe, loss_fn, trains_bias_now: bool, graphs: bool) -> fl
     """Compile before the clock, on a throwaway copy of the state: a graph with the whitening bias trained and one
     with it frozen, as the run will meet them. Returns the seconds it took."""
     t0, saved_sd = time.perf_counter(), {k: v.clone() for k, v in r.model.state_dict().items()}
-    B, T = r.cfg["batch_size"], TRANSLATE
+    B, T = r.cfg.batch_size, TRANSLATE
     for trains_bias in sorted({trains_bias_now, r.stop_at - 1 < r.bias_steps}, reverse=True):
         for _ in range(1 + graphs):  # cudagraph trees run a graph once before recording it: both happen here
             if graphs:
@@ -213,25 +210,25 @@ def compile_first(r: Recipe, loss_fn, trains_bias_now: bool, graphs: bool) -> fl
 # --- training --------------------------------------------------------------------------------------
 
 
-def train_recipe(cfg: dict) -> dict:
+def train_recipe(cfg: Config) -> dict:
     r = setup(cfg)
-    B, size, graphs = cfg["batch_size"], r.padded.shape[-1] - 2 * TRANSLATE, uses_cuda_graphs(cfg, r.device)
-    st = dict(step=0, train_time=0.0, best_acc=0.0, acc=None, time_to_target=None)
-    ckpts = Checkpoints(cfg, r.out, r.device, dict(model=r.model, sgd=r.sgd, muon=r.muon, scaler=r.scaler), st)
+    B, size, graphs = cfg.batch_size, r.padded.shape[-1] - 2 * TRANSLATE, uses_cuda_graphs(cfg, r.device)
+    st = Progress()
+    ckpts = Checkpoints(cfg, r.proc, dict(model=r.model, sgd=r.sgd, muon=r.muon, scaler=r.scaler), st)
     ckpts.resume(r.total)
-    loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg["label_smoothing"], reduction="sum")
-    metrics, clock = MetricsLog(r.out / "metrics.jsonl", True), Clock(r.device, st)
-    compile_s = compile_first(r, loss_fn, st["step"] < r.bias_steps, graphs) if cfg["compile"] else 0.0
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing, reduction="sum")
+    metrics, clock = MetricsLog(r.proc.out / "metrics.jsonl", True), Clock(r.device, st)
+    compile_s = compile_first(r, loss_fn, st.step < r.bias_steps, graphs) if cfg.compile else 0.0
     loss_acc, epoch_cache = torch.zeros((), device=r.device, dtype=torch.float64), {}
     ckpts.begin()
-    while st["step"] < r.stop_at:
-        step = st["step"]
+    while st.step < r.stop_at:
+        step = st.step
         epoch, i = divmod(step, r.per_epoch)
         if epoch not in epoch_cache:  # the epoch's translated (and on odd epochs mirrored) images, and its order
             epoch_cache.clear()
-            g = torch.Generator().manual_seed(cfg["seed"] * 31 + epoch)
+            g = torch.Generator().manual_seed(cfg.seed * 31 + epoch)
             order = torch.randperm(len(r.padded), generator=g).to(r.device)
-            epoch_cache[epoch] = (epoch_images(r.padded, size, cfg["seed"], epoch), order)
+            epoch_cache[epoch] = (epoch_images(r.padded, size, cfg.seed, epoch), order)
         images, order = epoch_cache[epoch]
         idx = order[i * B : (i + 1) * B]
         r.model.whiten.bias.requires_grad_(step < r.bias_steps)
@@ -243,19 +240,19 @@ def train_recipe(cfg: dict) -> dict:
             torch.compiler.cudagraph_mark_step_begin()
         loss_acc += step_once(r, loss_fn, images[idx], r.train_y[idx])
         clock.stop(B)
-        st["step"] = step + 1
-        end_of_epoch = st["step"] % r.per_epoch == 0 or st["step"] == r.stop_at
-        if end_of_epoch or (cfg["log_every"] and st["step"] % cfg["log_every"] == 0):
+        st.step = step + 1
+        end_of_epoch = st.step % r.per_epoch == 0 or st.step == r.stop_at
+        if end_of_epoch or (cfg.log_every and st.step % cfg.log_every == 0):
             metrics_line(r, st, clock, loss_acc, metrics, end_of_epoch)
-        save, leave = ckpts.due(end_of_epoch, st["step"] // r.per_epoch)
+        save, leave = ckpts.due(end_of_epoch, st.step // r.per_epoch)
         if save:
             clock.take()
             ckpts.save()
         if leave:
             ckpts.leave()
-    about = dict(world_size=1, device=str(r.device), precision=r.precision, model="airbench_muon")
-    about.update(dataset=cfg["dataset"], recipe="airbench94_muon")
-    return write_summary(r.out, st, cfg, about, dict(compile_s=compile_s, cuda_graphs=graphs))
+    about = dict(world_size=1, device=str(r.device), precision=r.proc.precision, model="airbench_muon")
+    about.update(dataset=cfg.dataset, recipe="airbench94_muon")
+    return write_summary(r.proc.out, st, cfg, about, dict(compile_s=compile_s, cuda_graphs=graphs))
 
 
 def step_once(r: Recipe, loss_fn, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -272,16 +269,18 @@ def step_once(r: Recipe, loss_fn, x: torch.Tensor, y: torch.Tensor) -> torch.Ten
     return loss.detach()
 
 
-def metrics_line(r: Recipe, st: dict, clock: Clock, loss_acc: torch.Tensor, metrics: MetricsLog, end_of_epoch: bool):
+def metrics_line(
+    r: Recipe, st: Progress, clock: Clock, loss_acc: torch.Tensor, metrics: MetricsLog, end_of_epoch: bool
+):
     """A metrics line: the loss and images/s since the last one; at each epoch's end the test accuracy (TTA)."""
     clock.take()
     loss = float(loss_acc) / clock.images
-    row = metrics_row(st, st["step"] / r.per_epoch, r.muon.param_groups[0]["lr"], loss, clock)
+    row = metrics_row(st, st.step / r.per_epoch, r.muon.param_groups[0]["lr"], loss, clock)
     loss_acc.zero_()
     clock.reset()
     if end_of_epoch:
         acc = evaluate(r.model, r.test_x, r.test_y, r.autocast)
-        record_accuracy(st, acc, r.cfg["target_acc"])
+        record_accuracy(st, acc, r.cfg.target_acc)
         row["test_acc"] = acc
-        log.info("epoch %.2f step %d/%d loss %.4f acc %.4f", row["epoch"], st["step"], r.total, loss, acc)
+        log.info("epoch %.2f step %d/%d loss %.4f acc %.4f", row["epoch"], st.step, r.total, loss, acc)
     metrics.write(row)

@@ -10,11 +10,13 @@ import math
 import os
 import signal
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
+from .presets import Config
 from .validate import CHOICES
 
 
@@ -29,8 +31,7 @@ def setup_distributed(device_kind: str):
     return rank, world, local
 
 
-def pick_device(cfg, local_rank: int) -> torch.device:
-    kind = cfg["device"]
+def pick_device(kind: str, local_rank: int) -> torch.device:
     if kind == "auto":
         kind = "cuda" if torch.cuda.is_available() else "cpu"
     if kind == "cuda":
@@ -39,10 +40,9 @@ def pick_device(cfg, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def pick_precision(cfg, device: torch.device) -> str:
-    p = cfg["precision"]
-    if p != "auto":
-        return p
+def pick_precision(precision: str, device: torch.device) -> str:
+    if precision != "auto":
+        return precision
     if device.type != "cuda":
         return "fp32"
     return "bf16" if torch.cuda.get_device_capability(device)[0] >= 8 else "fp16"
@@ -104,9 +104,9 @@ def compile_net(net: nn.Module, mode: str) -> nn.Module:
     return torch.compile(net, mode=None if mode == "default" else mode, dynamic=False)
 
 
-def uses_cuda_graphs(cfg: dict, device: torch.device) -> bool:
+def uses_cuda_graphs(cfg: Config, device: torch.device) -> bool:
     """Whether the compiled step replays CUDA graphs (inductor's cudagraph trees; only on CUDA)."""
-    return bool(cfg["compile"]) and device.type == "cuda" and cfg["compile_mode"] in ("reduce-overhead", "max-autotune")
+    return cfg.compile and device.type == "cuda" and cfg.compile_mode in ("reduce-overhead", "max-autotune")
 
 
 def code_hash() -> str:
@@ -219,22 +219,36 @@ def fold_loss(acc: torch.Tensor, world: int) -> float:
     return value
 
 
-def start_run(cfg: dict):
+@dataclass
+class Process:
+    """Where this process trains: its rank of `world` (torchrun's environment; rank 0 of 1 without it), its device
+    and precision, and the output folder."""
+
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+    precision: str  # fp32 | fp16 | bf16: --precision with auto resolved for the device
+    out: Path
+
+    @property
+    def is_main(self) -> bool:  # rank 0 logs and writes config.json, metrics, checkpoints and the summary
+        return self.rank == 0
+
+
+def start_run(cfg: Config) -> Process:
     """What every training run does first: the process group (under torchrun), the device and its
-    precision, CPU threads, and the output folder with config.json (rank 0). Returns
-    (rank, world, local_rank, device, precision, out)."""
-    device_kind = (
-        "cuda" if (cfg["device"] == "cuda" or (cfg["device"] == "auto" and torch.cuda.is_available())) else "cpu"
-    )
+    precision, CPU threads, and the output folder with config.json (rank 0)."""
+    device_kind = "cuda" if (cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())) else "cpu"
     rank, world, local_rank = setup_distributed(device_kind)
-    device = pick_device(cfg, local_rank)
-    precision = pick_precision(cfg, device)
-    if cfg["threads"]:
-        torch.set_num_threads(int(cfg["threads"]))
-    if not cfg["compile"]:
+    device = pick_device(cfg.device, local_rank)
+    precision = pick_precision(cfg.precision, device)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    if not cfg.compile:
         skip_dynamo_import()
-    out = Path(cfg["out"]).expanduser()
+    out = Path(cfg.out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     if rank == 0:
-        (out / "config.json").write_text(json.dumps({**cfg, "code_sha256": code_hash()}, indent=2) + "\n")
-    return rank, world, local_rank, device, precision, out
+        (out / "config.json").write_text(json.dumps({**asdict(cfg), "code_sha256": code_hash()}, indent=2) + "\n")
+    return Process(rank, world, local_rank, device, precision, out)

@@ -12,7 +12,6 @@ import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional, Tuple
 
 import torch
@@ -20,11 +19,12 @@ import torch.nn as nn
 
 from . import data, models
 from .config import resolve_config
-from .loop import Checkpoints, Clock, metrics_row, record_accuracy, write_summary
-from .presets import DEFAULTS, PRESETS
+from .loop import Checkpoints, Clock, Progress, metrics_row, record_accuracy, write_summary
+from .presets import DEFAULTS, PRESETS, Config
 from .runtime import (
     SGD,
     MetricsLog,
+    Process,
     check_compile_mode,
     compile_net,
     ema_update,
@@ -43,20 +43,15 @@ log = logging.getLogger("trainer")
 # --- data and evaluation -------------------------------------------------------------------------
 
 
-def load_source(cfg: dict, device: torch.device):
+def load_source(cfg: Config, device: torch.device):
     """Batches for training and evaluation: tensors held on the device, or an image folder read as it goes."""
-    if cfg["dataset"] != "imagefolder":
-        return data.TensorSource(
-            data.load(
-                cfg["dataset"], cfg["data_dir"], cfg["seed"], cfg["image_size"], synthetic_train=cfg["synthetic_train"]
-            ),
-            device,
-            cfg,
-        )
+    if cfg.dataset != "imagefolder":
+        ds = data.load(cfg.dataset, cfg.data_dir, cfg.seed, cfg.image_size, synthetic_train=cfg.synthetic_train)
+        return data.TensorSource(ds, device, crop_pad=cfg.crop_pad, flip=cfg.flip, seed=cfg.seed)
     from .imagefolder import DataError, ImageFolderSource, scan
 
     try:
-        folder = scan(cfg["data_dir"])
+        folder = scan(cfg.data_dir)
     except DataError as exc:
         raise SystemExit(f"trainer: {exc}") from None
     if folder.ignored:
@@ -64,16 +59,16 @@ def load_source(cfg: dict, device: torch.device):
     return ImageFolderSource(
         folder,
         device,
-        min_scale=cfg["min_scale"],
-        flip=cfg["flip"],
-        workers=cfg["workers"],
-        seed=cfg["seed"],
-        val_rect=cfg["val_rect"],
+        min_scale=cfg.min_scale,
+        flip=cfg.flip,
+        workers=cfg.workers,
+        seed=cfg.seed,
+        val_rect=cfg.val_rect,
     )
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, source, cfg, autocast, size: int, rank: int = 0, world: int = 1) -> float:
+def evaluate(model: nn.Module, source, tta: bool, autocast, size: int, rank: int = 0, world: int = 1) -> float:
     """Accuracy on the test/validation set at `size` (each rank its shard, summed over ranks)."""
     model.eval()
     device = next(model.parameters()).device
@@ -81,7 +76,7 @@ def evaluate(model: nn.Module, source, cfg, autocast, size: int, rank: int = 0, 
     for x, y in source.eval_batches(size, rank, world):
         with autocast():
             logits = model(x).float()
-            if cfg["tta"]:
+            if tta:
                 logits = logits + model(x.flip(3)).float()
         counts[0] += (logits.argmax(1) == y).sum()
         counts[1] += y.shape[0]
@@ -131,31 +126,32 @@ class Net:
         return logits, loss
 
 
-def build_net(cfg: dict, source, device: torch.device, precision: str, world: int, local_rank: int) -> Net:
+def build_net(cfg: Config, source, proc: Process) -> Net:
+    device = proc.device
     model = models.build(
-        cfg["model"], source.num_classes, cfg["width"], cfg["concat_pool"], cfg["depth"], cfg["widen"]
+        cfg.model, source.num_classes, cfg.width, cfg.concat_pool, cfg.depth, cfg.widen, cfg.whiten_bias_epochs
     ).to(device)
-    if isinstance(model, models.AirBench):
-        model.init_whitening(data.normalize(source.train.images[:5000], source.mean, source.std))
+    models.init_from_data(model, lambda: data.normalize(source.train.images[:5000], source.mean, source.std))
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
-    ema = copy.deepcopy(model).eval() if cfg["ema"] > 0 else None
+    ema = copy.deepcopy(model).eval() if cfg.ema > 0 else None
     fused = device.type == "cuda"  # one kernel for the whole update on a GPU; the CPU keeps for-each (bitwise tests)
     optimizer = SGD(
-        param_groups(model, cfg["weight_decay"]),
-        lr=cfg["lr"],
-        momentum=cfg["momentum_max"],
-        nesterov=cfg["nesterov"],
+        param_groups(model, cfg.weight_decay),
+        lr=cfg.lr,
+        momentum=cfg.momentum_max,
+        nesterov=cfg.nesterov,
         fused=fused or None,
     )
-    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")  # on the CPU too: fp16 needs loss scaling
-    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    net: nn.Module = compile_net(model, cfg["compile_mode"]) if cfg["compile"] else model
-    if world > 1:
+    # on the CPU too: fp16 needs loss scaling
+    scaler = torch.amp.GradScaler(device.type, enabled=proc.precision == "fp16")
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(proc.precision)
+    net: nn.Module = compile_net(model, cfg.compile_mode) if cfg.compile else model
+    if proc.world > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        net = DDP(net, device_ids=[local_rank] if device.type == "cuda" else None)
-    return Net(model, ema, optimizer, scaler, net, fused, amp_dtype, device, cfg["ema"])
+        net = DDP(net, device_ids=[proc.local_rank] if device.type == "cuda" else None)
+    return Net(model, ema, optimizer, scaler, net, fused, amp_dtype, device, cfg.ema)
 
 
 # --- the plan: schedules, sizes and steps ----------------------------------------------------------
@@ -176,23 +172,21 @@ class Plan:
         return int(step_value(self.sizes, self.cursor.progress(epoch, pos)))
 
 
-def make_plan(cfg: dict, n: int, world: int) -> Plan:
-    sched = LRSchedule(
-        cfg["schedule"], cfg["lr"], cfg["warmup"], (cfg["momentum_max"], cfg["momentum_min"]), cfg["lr_points"]
-    )
-    sizes = parse_points(cfg["sizes"] or f"{cfg['image_size']}@0")
-    eval_size = cfg["val_size"] or (int(sizes[-1][1]) if cfg["dataset"] == "imagefolder" else cfg["image_size"])
-    B0 = cfg["batch_size"]
-    batches = parse_points(cfg["batch_sizes"] or f"{B0}@0")
+def make_plan(cfg: Config, n: int, world: int) -> Plan:
+    sched = LRSchedule(cfg.schedule, cfg.lr, cfg.warmup, (cfg.momentum_max, cfg.momentum_min), cfg.lr_points)
+    sizes = parse_points(cfg.sizes or f"{cfg.image_size}@0")
+    eval_size = cfg.val_size or (int(sizes[-1][1]) if cfg.dataset == "imagefolder" else cfg.image_size)
+    B0 = cfg.batch_size
+    batches = parse_points(cfg.batch_sizes or f"{B0}@0")
     for _, b in batches:
         if int(b) % world:
             raise SystemExit(f"trainer: batch size {int(b)} must divide evenly over {world} ranks")
-    cursor = Cursor(n, cfg["epochs"], batches)
+    cursor = Cursor(n, cfg.epochs, batches)
     total = cursor.total_steps()
     if total < 1:
         raise SystemExit(f"trainer: batch size {int(batches[0][1])} is larger than the training set ({n} images)")
-    if cfg["max_steps"]:
-        total = min(total, cfg["max_steps"])
+    if cfg.max_steps:
+        total = min(total, cfg.max_steps)
     return Plan(sched, sizes, eval_size, B0, cursor, total)
 
 
@@ -204,8 +198,8 @@ class Batches:
     and epoch), so a resumed run replays them. Read from files, the next batch is made on a thread while the current
     step computes."""
 
-    def __init__(self, cfg: dict, source, plan: Plan, rank: int, world: int, device: torch.device):
-        self.source, self.plan, self.seed, self.rank, self.world = source, plan, cfg["seed"], rank, world
+    def __init__(self, seed: int, source, plan: Plan, rank: int, world: int, device: torch.device):
+        self.source, self.plan, self.seed, self.rank, self.world = source, plan, seed, rank, world
         self.order_device = device if source.on_device else "cpu"
         self.orders: dict = {}
         self.ahead = ThreadPoolExecutor(1, thread_name_prefix="next-batch") if not source.on_device else None
@@ -239,89 +233,75 @@ class Batches:
 
 
 @dataclass
+class EpochProgress(Progress):
+    """The progress of a run through epochs of a data set: where the next batch starts in its epoch's order, and the
+    loss summed since the last epoch's line (a checkpoint taken mid-epoch keeps it, so the line is the same)."""
+
+    epoch: int = 0  # the epoch of the next step
+    pos: int = 0  # where in the epoch's order the next batch starts
+    loss_sum: float = 0.0  # the training loss summed over this epoch's steps so far
+    loss_n: int = 0  # those steps
+
+
+@dataclass
 class Run:
     """Everything one training run holds, set up by `setup`."""
 
-    cfg: dict
-    rank: int
-    world: int
-    device: torch.device
-    precision: str
-    out: Path
+    cfg: Config
+    proc: Process
     source: Any
     m: Net
     plan: Plan
-    st: dict  # the progress: what a checkpoint restores besides the weights
+    progress: EpochProgress  # what a checkpoint restores besides the weights
     ckpts: Checkpoints
     loss_fn: nn.Module
     metrics: MetricsLog
     batches: Batches
 
 
-def setup(cfg: dict) -> Run:
-    rank, world, local_rank, device, precision, out = start_run(cfg)
-    torch.manual_seed(cfg["seed"])
-    source = load_source(cfg, device)
-    m = build_net(cfg, source, device, precision, world, local_rank)
-    loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg["label_smoothing"])
-    plan = make_plan(cfg, source.n_train, world)
-    st = dict(
-        step=0, epoch=0, pos=0, loss_sum=0.0, loss_n=0, train_time=0.0, best_acc=0.0, time_to_target=None, acc=None
-    )
+def setup(cfg: Config) -> Run:
+    proc = start_run(cfg)
+    torch.manual_seed(cfg.seed)
+    source = load_source(cfg, proc.device)
+    m = build_net(cfg, source, proc)
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
+    plan = make_plan(cfg, source.n_train, proc.world)
+    progress = EpochProgress()
     parts = dict(model=m.model, optimizer=m.optimizer, scaler=m.scaler, ema=m.ema)
-    ckpts = Checkpoints(cfg, out, device, parts, st, rng=True, is_main=rank == 0, world=world)
+    ckpts = Checkpoints(cfg, proc, parts, progress, rng=True)
     saved = ckpts.resume(plan.total)
     if saved is not None:
         for group in m.optimizer.param_groups:  # a checkpoint made on another kind of device keeps this one's update
             group["fused"] = m.fused or None
         if "pos" not in saved["progress"]:  # a checkpoint of a version without batch schedules: constant batch
-            st["epoch"], i = divmod(st["step"], source.n_train // plan.B0)
-            st["pos"] = i * plan.B0
-    metrics = MetricsLog(out / "metrics.jsonl", rank == 0)
-    batches = Batches(cfg, source, plan, rank, world, device)
-    return Run(cfg, rank, world, device, precision, out, source, m, plan, st, ckpts, loss_fn, metrics, batches)
+            progress.epoch, i = divmod(progress.step, source.n_train // plan.B0)
+            progress.pos = i * plan.B0
+    metrics = MetricsLog(proc.out / "metrics.jsonl", proc.is_main)
+    batches = Batches(cfg.seed, source, plan, proc.rank, proc.world, proc.device)
+    return Run(cfg, proc, source, m, plan, progress, ckpts, loss_fn, metrics, batches)
 
 
 AGREE_EVERY = 8  # DDP: steps between the ranks' agreement on signals and the checkpoint clock
 
 
-def train(cfg: dict) -> dict:
-    check_compile_mode(cfg["compile_mode"])
-    if cfg["recipe"]:  # a published recipe with a loop of its own
+def train(cfg: Config) -> dict:
+    check_compile_mode(cfg.compile_mode)
+    if cfg.recipe:  # a published recipe with a loop of its own
         from .recipe_muon import train_recipe
 
         return train_recipe(cfg)
     run = setup(cfg)
-    st, m, plan, cursor = run.st, run.m, run.plan, run.plan.cursor
-    place = cursor.place(st["epoch"], st["pos"])
-    # Compiled, a step of each shape before the clock starts; under DDP one step, for the gradient buckets' layout.
-    warm = shape_places(cursor, plan.sizes, place) if cfg["compile"] else [place] if run.world > 1 and place else []
-    graphs = uses_cuda_graphs(cfg, run.device)
-    warm_s = 0.0
-    if warm:
-        warm_s = warm_up(
-            m.net,
-            m.model,
-            m.optimizer,
-            warm,
-            run.batches.at,
-            plan.sizes,
-            cursor,
-            m.autocast,
-            run.loss_fn,
-            run.device,
-            graphs,
-        )
-    compile_s = warm_s if cfg["compile"] else 0.0  # the DDP-only warm-up is not compilation
-    compiled_before_clock = graphs_compiled() if cfg["compile"] else 0
+    st, m, plan, cursor, device = run.progress, run.m, run.plan, run.plan.cursor, run.proc.device
+    place = cursor.place(st.epoch, st.pos)
+    compile_s, graphs = warm_up_before_clock(run, place)
+    compiled_before_clock = graphs_compiled() if cfg.compile else 0
     # Nothing in the step waits for the device: the loss adds up there and the clock is CUDA events, both read once
     # per metrics line; DDP ranks agree on signals every AGREE_EVERY steps.
-    clock, loss_acc, compute_dtype = Clock(run.device, st), torch.zeros((), device=run.device, dtype=torch.float64), ""
+    clock, loss_acc, compute_dtype = Clock(device, st), torch.zeros((), device=device, dtype=torch.float64), ""
     run.ckpts.begin()
-    while st["step"] < plan.total and place is not None:
-        step, (epoch, pos, B) = st["step"], place
-        if isinstance(m.model, models.AirBench) and m.model.whiten.bias.requires_grad:
-            m.model.whiten.bias.requires_grad_(epoch < cfg["whiten_bias_epochs"])
+    while st.step < plan.total and place is not None:
+        step, (epoch, pos, B) = st.step, place
+        models.start_epoch(m.model, epoch)
         clock.start()
         if graphs:  # the last step's graph outputs (its loss, read below) are done with
             torch.compiler.cudagraph_mark_step_begin()
@@ -337,48 +317,74 @@ def train(cfg: dict) -> dict:
         compute_dtype = compute_dtype or str(logits.dtype).removeprefix("torch.")  # what autocast ran in (no sync)
         loss_acc += loss.detach()
         clock.stop(B)
-        st["loss_n"] += 1
-        st["step"], place = step + 1, nxt
-        st["epoch"], st["pos"] = (place[0], place[1]) if place is not None else (cfg["epochs"], 0)
-        end_of_epoch = place is None or place[0] != epoch or st["step"] == plan.total
-        if end_of_epoch or (cfg["log_every"] and st["step"] % cfg["log_every"] == 0):
+        st.loss_n += 1
+        st.step, place = step + 1, nxt
+        st.epoch, st.pos = (place[0], place[1]) if place is not None else (cfg.epochs, 0)
+        end_of_epoch = place is None or place[0] != epoch or st.step == plan.total
+        if end_of_epoch or (cfg.log_every and st.step % cfg.log_every == 0):
             done = epoch + 1 if place is None or place[0] != epoch else epoch + (pos + B) / run.source.n_train
             metrics_line(run, clock, loss_acc, done, lr, size, B, end_of_epoch)
-        save, leave = run.ckpts.due(end_of_epoch, epoch + 1, agree=end_of_epoch or st["step"] % AGREE_EVERY == 0)
+        save, leave = run.ckpts.due(end_of_epoch, epoch + 1, agree=end_of_epoch or st.step % AGREE_EVERY == 0)
         if save:
             clock.take()
-            st["loss_sum"] += fold_loss(loss_acc, run.world)
+            st.loss_sum += fold_loss(loss_acc, run.proc.world)
             run.ckpts.save()
         if leave:
             run.ckpts.leave()
-    late = graphs_compiled() - compiled_before_clock if cfg["compile"] else 0  # inside the clock: should be 0
+    late = graphs_compiled() - compiled_before_clock if cfg.compile else 0  # inside the clock: should be 0
     return finish(run, compute_dtype, dict(compile_s=compile_s, cuda_graphs=graphs, late_compiles=late))
+
+
+def warm_up_before_clock(run: Run, place) -> Tuple[float, bool]:
+    """Compiled, a step of each shape before the clock starts; under DDP one step, for the gradient buckets' layout.
+    Returns (seconds compiling, whether steps replay CUDA graphs)."""
+    cfg, m, plan = run.cfg, run.m, run.plan
+    warm = (
+        shape_places(plan.cursor, plan.sizes, place) if cfg.compile else [place] if run.proc.world > 1 and place else []
+    )
+    graphs = uses_cuda_graphs(cfg, run.proc.device)
+    if not warm:
+        return 0.0, graphs
+    seconds = warm_up(
+        m.net,
+        m.model,
+        m.optimizer,
+        warm,
+        run.batches.at,
+        plan.sizes,
+        plan.cursor,
+        m.autocast,
+        run.loss_fn,
+        run.proc.device,
+        graphs,
+    )
+    return (seconds if cfg.compile else 0.0), graphs  # the DDP-only warm-up is not compilation
 
 
 def metrics_line(run: Run, clock: Clock, loss_acc, epoch: float, lr: float, size: int, B: int, end_of_epoch: bool):
     """A metrics line (every --log-every steps, and at each epoch's end with the test accuracy)."""
-    st, cfg, m = run.st, run.cfg, run.m
+    st, cfg, m, proc = run.progress, run.cfg, run.m, run.proc
     clock.take()
-    st["loss_sum"] += fold_loss(loss_acc, run.world)
-    row = metrics_row(st, epoch, lr, st["loss_sum"] / max(st["loss_n"], 1), clock, image_size=size, batch_size=B)
+    st.loss_sum += fold_loss(loss_acc, proc.world)
+    row = metrics_row(st, epoch, lr, st.loss_sum / max(st.loss_n, 1), clock, image_size=size, batch_size=B)
     if end_of_epoch:
         model = m.ema if m.ema is not None else m.model
-        acc = evaluate(model, run.source, cfg, m.autocast, run.plan.eval_size, run.rank, run.world)
-        record_accuracy(st, acc, cfg["target_acc"])
+        acc = evaluate(model, run.source, cfg.tta, m.autocast, run.plan.eval_size, proc.rank, proc.world)
+        record_accuracy(st, acc, cfg.target_acc)
         row["test_acc"] = acc
-        st["loss_sum"], st["loss_n"] = 0.0, 0
+        st.loss_sum, st.loss_n = 0.0, 0
         clock.reset()
-        if run.rank == 0:
+        if proc.is_main:
             log.info(
                 "epoch %.2f step %d/%d loss %.4f acc %.4f lr %.4f size %d %.0f img/s",
-                *(row["epoch"], st["step"], run.plan.total, row["train_loss"], acc, lr, size, row["images_per_s"]),
+                *(row["epoch"], st.step, run.plan.total, row["train_loss"], acc, lr, size, row["images_per_s"]),
             )
     if run.source.skipped:  # after the evaluation: its unreadable files count too
         row["skipped_files"] = run.source.skipped
     run.metrics.write(row)
     if not math.isfinite(row["train_loss"]):  # every later step would be NaN too: a failed run, not a "succeeded" one
         raise SystemExit(
-            f"trainer: the training loss is {row['train_loss']} at step {st['step']} (epoch {row['epoch']}); "
+            f"trainer: the training loss is {row['train_loss']} at step {st.step} (epoch {row['epoch']}); "
             f"the run failed. Lower --lr, check the data (skipped_files: {run.source.skipped}), or try --precision "
             "fp32"
         )
@@ -386,18 +392,19 @@ def metrics_line(run: Run, clock: Clock, loss_acc, epoch: float, lr: float, size
 
 def finish(run: Run, compute_dtype: str, compiled: dict) -> dict:
     run.batches.close()
+    proc = run.proc
     about = dict(
-        world_size=run.world,
-        device=str(run.device),
-        precision=run.precision,
-        model=run.cfg["model"],
-        dataset=run.cfg["dataset"],
+        world_size=proc.world,
+        device=str(proc.device),
+        precision=proc.precision,
+        model=run.cfg.model,
+        dataset=run.cfg.dataset,
         compute_dtype=compute_dtype,
         skipped_files=run.source.skipped,
     )
-    summary = write_summary(run.out, run.st, run.cfg, about, compiled, is_main=run.rank == 0)
+    summary = write_summary(proc.out, run.progress, run.cfg, about, compiled, is_main=proc.is_main)
     # the DDP reducer (its pending gloo work) goes first, then, all ranks done, the group: else gloo can abort at exit
-    if run.world > 1:
+    if proc.world > 1:
         run.m.net = None
         gc.collect()
         torch.distributed.barrier()
@@ -410,7 +417,7 @@ def main(argv=None) -> int:
     return 0 if cfg is None else run(cfg)
 
 
-def run(cfg: dict) -> int:
+def run(cfg: Config) -> int:
     """Train with a resolved, checked configuration (`python -m trainer` checks it before PyTorch is imported)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     rank = int(os.environ.get("RANK", "0"))

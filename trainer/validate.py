@@ -195,8 +195,8 @@ def _points(
 
 
 def option_help(source: str) -> Dict[str, str]:
-    """Each option's trailing comment in the DEFAULTS block of presets.py's source: the one text both read."""
+    """Each option's trailing comment in presets.py's `class Config` block: the one text both read."""
     import re
 
-    block = source.split("DEFAULTS = dict(", 1)[-1].split("\n)", 1)[0]
-    return {m.group(1): m.group(2).strip() for m in re.finditer(r"^\s+(\w+)=.*?#\s*(.*)$", block, re.M)}
+    block = source.split("class Config:", 1)[-1].split("# fmt: on", 1)[0]
+    return {m.group(1): m.group(2).strip() for m in re.finditer(r"^\s+(\w+): \w+ = .*?#\s*(.*)$", block, re.M)}
