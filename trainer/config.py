@@ -1,4 +1,5 @@
-"""Config resolution: defaults < --preset < --config FILE < $ORCH_PARAMS_JSON < flags."""
+"""Config resolution: defaults < --preset < --config FILE < $ORCH_PARAMS_JSON < flags, checked, into a
+`presets.Config`."""
 
 from __future__ import annotations
 
@@ -93,7 +94,7 @@ USAGE = """The bundled trainer: DAWNBench-class image classification, resumable 
     python -m trainer --preset digits                      # one process, CPU or one GPU
     torchrun --nproc_per_node 8 -m trainer --preset dawnbench-rn18 --data-dir ~/data
 
-Config, later overriding earlier: the defaults (presets.py: DEFAULTS) < --preset < --config FILE (YAML/JSON) <
+Config, later overriding earlier: the defaults (presets.py: Config) < --preset < --config FILE (YAML/JSON) <
 $ORCH_PARAMS_JSON (set by orch for each run) < command-line flags. Output goes to --out (default
 $ORCH_RUN_DIR): config.json, metrics.jsonl, summary.json and ckpt/<step>/ with MANIFEST.json.
 SIGUSR1 checkpoints at once and goes on; SIGTERM checkpoints and exits with 143.

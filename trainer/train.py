@@ -1,5 +1,8 @@
-"""The bundled trainer's main loop. What it does and how to call it: `trainer.config.USAGE`
-(`python -m trainer --help` prints it).
+"""The bundled trainer's main loop, top to bottom: the data source, the net and what updates it (`Net`), the run's
+course (`Plan`: schedules, sizes, steps), its batches, then `train`: one loop over steps. Its options are a
+`presets.Config` (one field a line, its default and meaning beside it), its progress an `EpochProgress`, saved in
+each checkpoint as a plain dict; what differs by net (airbench's whitening) is in models.py, not in the loop. What it
+does and how to call it: `trainer.config.USAGE` (`python -m trainer --help` prints it).
 """
 
 from __future__ import annotations
