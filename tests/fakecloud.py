@@ -491,7 +491,7 @@ class FakeCloud:
             return None, None
         role = roles[0]
         c = self.client("sts").assume_role(RoleArn=role["Arn"], RoleSessionName=instance_id)["Credentials"]
-        self.gate.roles[c["AccessKeyId"]] = role["RoleName"]
+        self.gate.delivered(c["AccessKeyId"], role["RoleName"], instance_id)
         doc = {
             "Code": "Success",
             "Type": "AWS-HMAC",

@@ -65,7 +65,24 @@ UNOFFERED = (
     "Your requested instance type ({t}) is not supported in your requested Availability Zone ({az}). "
     "Please retry your request by not specifying an Availability Zone or choosing another."
 )
+SPOT_SLR, SPOT_SERVICE = "AWSServiceRoleForEC2Spot", "spot.amazonaws.com"
+SLR_REFUSED = (
+    "The provided credentials do not have permission to create the service-linked role for EC2 Spot Instances."
+)
 PROFILE_ERROR = "Value ({name}) for parameter iamInstanceProfile.name is invalid. Invalid IAM Instance Profile name"
+
+
+class Caller(str):
+    """A role's name, as the gate knows a caller; `context` holds the keys IAM adds for where its credentials came
+    from: ec2:SourceInstanceARN only for credentials the fake IMDS delivered to an instance (as EC2 does)."""
+
+    context: Dict[str, str] = {}
+
+
+def on_instance(role: str, instance_id: str) -> Caller:
+    caller = Caller(role)
+    caller.context = {"ec2:SourceInstanceARN": _ec2_arn(instance_id)}
+    return caller
 
 
 @dataclass
@@ -91,7 +108,7 @@ class Gate:
     app: Callable
     strict: Strictness = field(default_factory=Strictness)
     fleet_errors: Dict[Tuple[str, str, str], str] = field(default_factory=dict)
-    roles: Dict[str, str] = field(default_factory=dict)  # access key id -> role name (handed out by the IMDS)
+    roles: Dict[str, str] = field(default_factory=dict)  # access key id -> role name (or a Caller, from the IMDS)
     counts: Counter = field(default_factory=Counter)
     young: Dict[str, float] = field(default_factory=dict)  # instance id / group id / profile name -> born at
     groups_of: Dict[str, List[str]] = field(default_factory=dict)  # instance id -> security groups (from its template)
@@ -120,6 +137,9 @@ class Gate:
     )
     denied: List[str] = field(default_factory=list)  # controller calls the documented policy refused
     role_denied: List[tuple] = field(default_factory=list)  # (role, action) of instances' calls their role refused
+    # service-linked roles the account has: none, as in an account that never launched spot (EC2 makes the spot
+    # one on the first spot request, with the caller's iam:CreateServiceLinkedRole; IAM's CreateServiceLinkedRole)
+    service_roles: set = field(default_factory=set)
 
     def __post_init__(self):
         from tests.fakecloud_images import Images
@@ -230,7 +250,7 @@ class Gate:
             self.counts[f"garbled:{action}"] += 1
             return "200 OK", [("Content-Type", "text/xml")], b"<garbled"
         if action == "CreateFleet":
-            return self._create_fleet(environ, form)
+            return self._create_fleet(environ, form, role)
         if action in PLACEMENT_ACTIONS:
             answer = self.placement.answer(action, form, self._ec2_error)
             if action == "CreatePlacementGroup" and answer[0].startswith("200"):
@@ -254,12 +274,16 @@ class Gate:
                 self._shut_down(iid)
         return answer
 
-    def _create_fleet(self, environ, form):
+    def _create_fleet(self, environ, form, role: Optional[str] = None):
         market = form.get("TargetCapacitySpecification.DefaultTargetCapacityType", ["on-demand"])[0]
         template_id = form.get("LaunchTemplateConfigs.1.LaunchTemplateSpecification.LaunchTemplateId", [""])[0]
         version = form.get("LaunchTemplateConfigs.1.LaunchTemplateSpecification.Version", ["1"])[0]
         data = _template_data(template_id, version)
         overrides = _overrides(form)
+        if market == "spot" and not self._spot_role(role):
+            self.counts["AuthFailure.ServiceLinkedRoleCreationNotPermitted"] += 1
+            refusals = [(o, "AuthFailure.ServiceLinkedRoleCreationNotPermitted", SLR_REFUSED) for o in overrides]
+            return self._fleet_errors(template_id, version, market, refusals)
         profile = (data.get("IamInstanceProfile") or {}).get("Name", "")
         refused: List[Tuple[dict, str, str]] = []
         kept: List[dict] = []
@@ -381,6 +405,15 @@ class Gate:
                 self._pending(iid)
         return answer
 
+    def _spot_role(self, role: Optional[str]) -> bool:
+        """The spot service-linked role exists, or EC2 makes it now with the caller's rights (EC2 user guide,
+        "Service-linked role for Spot Instance requests"); an unchecked caller (the harness) may."""
+        if SPOT_SLR not in self.service_roles and (
+            role is None or self._allowed(role, *_slr_check(SPOT_SERVICE, SPOT_SLR))
+        ):
+            self.service_roles.add(SPOT_SLR)
+        return SPOT_SLR in self.service_roles
+
     def _injected(self, market: str, itype: str, az: str) -> Optional[str]:
         for (m, t, a), code in self.fleet_errors.items():
             if m in ("*", market) and t in ("*", itype) and a in ("*", az):
@@ -485,10 +518,34 @@ class Gate:
     def _iam(self, environ, body: bytes):
         form = parse_qs(body.decode(), keep_blank_values=True)
         action = form.get("Action", [""])[0]
+        if action == "CreateServiceLinkedRole" and form.get("AWSServiceName", [""])[0] == SPOT_SERVICE:
+            return self._spot_service_role()
         answer = self.forward(environ)
         if action in ("CreateInstanceProfile", "AddRoleToInstanceProfile") and answer[0].startswith("200"):
             self._born(form.get("InstanceProfileName", [""])[0])
         return answer
+
+    def _spot_service_role(self) -> tuple:
+        """IAM's CreateServiceLinkedRole for spot: made once; again, InvalidInput "... has been taken"."""
+        if SPOT_SLR in self.service_roles:
+            xml = (
+                '<ErrorResponse xmlns="https://iam.amazonaws.com/doc/2010-05-08/"><Error><Type>Sender</Type>'
+                f"<Code>InvalidInput</Code><Message>Service role name {SPOT_SLR} has been taken in this account, "
+                f"please try a different suffix.</Message></Error><RequestId>{uuid.uuid4()}</RequestId></ErrorResponse>"
+            )
+            return "400 Bad Request", [("Content-Type", "text/xml")], xml.encode()
+        self.service_roles.add(SPOT_SLR)
+        arn = _iam_arn("role", f"aws-service-role/{SPOT_SERVICE}/{SPOT_SLR}")
+        xml = (
+            '<CreateServiceLinkedRoleResponse xmlns="https://iam.amazonaws.com/doc/2010-05-08/">'
+            f"<CreateServiceLinkedRoleResult><Role><Path>/aws-service-role/{SPOT_SERVICE}/</Path>"
+            f"<RoleName>{SPOT_SLR}</RoleName><RoleId>AROA{uuid.uuid4().hex[:16].upper()}</RoleId><Arn>{arn}</Arn>"
+            "<CreateDate>2026-01-01T00:00:00Z</CreateDate><AssumeRolePolicyDocument>%7B%7D</AssumeRolePolicyDocument>"
+            "</Role></CreateServiceLinkedRoleResult>"
+            f"<ResponseMetadata><RequestId>{uuid.uuid4()}</RequestId></ResponseMetadata>"
+            "</CreateServiceLinkedRoleResponse>"
+        )
+        return "200 OK", [("Content-Type", "text/xml")], xml.encode()
 
     def _iam_refused(self, body: bytes, role: Optional[str]) -> Optional[tuple]:
         """An instance's IAM call: only what its role allows (a remote controller's role allows none)."""
@@ -546,7 +603,7 @@ class Gate:
 
     def _ec2_checks(self, form: Dict[str, List[str]]) -> List[Tuple[str, str, Dict[str, str]]]:
         action = form.get("Action", [""])[0]
-        existing = [(_ec2_arn(rid), _resource_tags(rid, self.placement)) for rid in _ec2_targets(action, form)]
+        existing = [(_ec2_arn(rid), _resource_keys(rid, self.placement)) for rid in _ec2_targets(action, form)]
         keys = [v[0] for k, v in sorted(form.items()) if re.fullmatch(r"Tag\.\d+\.Key", k)]
         if action in ("CreateTags", "DeleteTags") and keys:  # the request's tag keys (absent without tags, as IAM)
             existing = [(arn, {**tags, "aws:TagKeys": keys}) for arn, tags in existing]
@@ -572,15 +629,25 @@ class Gate:
             resource = _iam_arn("instance-profile", profile)
         elif role:
             resource = _iam_arn("role", role)
-        elif action in ("CreatePolicy", "CreatePolicyVersion", "DeletePolicy", "SetDefaultPolicyVersion"):
+        elif action in (
+            "CreatePolicy",
+            "CreatePolicyVersion",
+            "DeletePolicy",
+            "DeletePolicyVersion",
+            "SetDefaultPolicyVersion",
+        ):
             resource = form.get("PolicyArn", [_iam_arn("policy", form.get("PolicyName", [""])[0])])[0]
         else:
             resource = "*"
         ctx: Dict[str, str] = {}
+        if action == "CreateServiceLinkedRole":
+            service = form.get("AWSServiceName", [""])[0]
+            return [_slr_check(service, SPOT_SLR if service == SPOT_SERVICE else "AWSServiceRole")]
         if action == "CreateRole":
             if form.get("PermissionsBoundary"):
                 ctx["iam:PermissionsBoundary"] = form["PermissionsBoundary"][0]
         elif role and not profile:
+            ctx.update(_role_tags(role))
             boundary = _role_boundary(role)  # the key is the boundary the role has now
             if boundary:
                 ctx["iam:PermissionsBoundary"] = boundary
@@ -603,11 +670,15 @@ class Gate:
             key = ""
         return [(f"kms:{action}", _kms_key_arn(key) if key else "*", {})]
 
+    def delivered(self, access_key: str, role: str, instance_id: str) -> None:
+        """Credentials of `role` that the fake IMDS handed to `instance_id`: IAM sees ec2:SourceInstanceARN."""
+        self.roles[access_key] = on_instance(role, instance_id)
+
     def _allowed(self, role: str, action: str, resource: str, context: Dict[str, str]) -> bool:
         """IAM's evaluation (IAM user guide, "Policy evaluation logic") for one (action, resource, context): an
         explicit Deny wins, else some Allow is needed, in the identity policies and, for a role with a
         permissions boundary, in the boundary too."""
-        context = {"aws:PrincipalAccount": ACCOUNT, **context}
+        context = {"aws:PrincipalAccount": ACCOUNT, **getattr(role, "context", {}), **context}
         if role == CONTROLLER:
             return evaluate([self.controller_policy], action, resource, context)
         if not evaluate(self.policy_source(role) if self.policy_source else [], action, resource, context):
@@ -792,6 +863,9 @@ STRING_OPS = {
     "ArnEquals": lambda got, want: got == want,
     "ArnLike": lambda got, want: fnmatch.fnmatchcase(got, want),
 }
+# The negated operators hold when the key matches none of the values, and where the key is absent (IAM user
+# guide, "Condition operators": a negated operator with a missing key evaluates to true).
+NEGATED = {"StringNotEquals": "StringEquals", "StringNotLike": "StringLike", "ArnNotEquals": "ArnEquals"}
 
 
 def _conditions_hold(condition: dict, context: Dict[str, object]) -> bool:
@@ -809,6 +883,10 @@ def _conditions_hold(condition: dict, context: Dict[str, object]) -> bool:
                     return False
                 continue
             base = op[: -len("IfExists")] if op.endswith("IfExists") else op
+            if base in NEGATED and not qualifier and not isinstance(got, list):
+                if got is not None and any(STRING_OPS[NEGATED[base]](got, w) for w in wanted):
+                    return False
+                continue
             if base not in STRING_OPS:
                 return False
             if qualifier or isinstance(got, list):
@@ -870,6 +948,16 @@ def _iam_arn(kind: str, name: str) -> str:
     return f"arn:aws:iam::{ACCOUNT}:{kind}/{name}"
 
 
+def _slr_check(service: str, name: str) -> Tuple[str, str, Dict[str, str]]:
+    """What IAM evaluates for CreateServiceLinkedRole (Service Authorization Reference: the role, and the
+    iam:AWSServiceName key)."""
+    return (
+        "iam:CreateServiceLinkedRole",
+        _iam_arn("role", f"aws-service-role/{service}/{name}"),
+        {"iam:AWSServiceName": service},
+    )
+
+
 def _ec2_targets(action: str, form: Dict[str, List[str]]) -> List[str]:
     """The existing resources an EC2 call acts on (ids, or `placement-group/NAME`), those a policy can name."""
 
@@ -891,6 +979,14 @@ def _ec2_targets(action: str, form: Dict[str, List[str]]) -> List[str]:
     if action == "DeleteSnapshot":
         return values("SnapshotId")
     return []
+
+
+def _resource_keys(resource: str, placement) -> Dict[str, str]:
+    """The keys IAM evaluates on an existing EC2 resource: its tags, and an instance's id (ec2:InstanceID)."""
+    keys = _resource_tags(resource, placement)
+    if resource.startswith("i-"):
+        keys["ec2:InstanceID"] = resource
+    return keys
 
 
 def _resource_tags(resource: str, placement) -> Dict[str, str]:
@@ -942,6 +1038,16 @@ def _role_boundary(role: str) -> Optional[str]:
             return _iam_backend().get_role(role).permissions_boundary_arn
         except Exception:
             return None
+
+
+def _role_tags(role: str) -> Dict[str, str]:
+    with MOTO:
+        try:
+            tags = _iam_backend().get_role(role).tags
+            pairs = tags.values() if isinstance(tags, dict) else tags
+            return {f"aws:ResourceTag/{t['Key']}": t["Value"] for t in pairs}
+        except Exception:
+            return {}
 
 
 def _profile_roles(profile: str) -> List[str]:

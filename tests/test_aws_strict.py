@@ -73,7 +73,7 @@ def test_b_role_credentials_read_missing_keys_as_missing_and_nothing_else(cloud)
     assert len(profile) <= 64 and iam_api.ensure_instance_profile(iam, long_sweep, BUCKET, "sweeps") == profile
     role = iam.get_instance_profile(InstanceProfileName=profile)["InstanceProfile"]["Roles"][0]
     c = cloud.client("sts").assume_role(RoleArn=role["Arn"], RoleSessionName="test")["Credentials"]
-    cloud.gate.roles[c["AccessKeyId"]] = role["RoleName"]  # as the fake IMDS hands them out
+    cloud.gate.delivered(c["AccessKeyId"], role["RoleName"], "i-0123456789abcdef0")  # as the fake IMDS hands them out
     s3 = boto3.client(
         "s3",
         region_name=REGION,

@@ -31,6 +31,27 @@ def _refused(call, code: str = ""):
     assert not code or err == code, got.value
 
 
+def _as_role(cloud, role: str, service: str, instance: str = ""):
+    """A client with credentials of `role`: delivered by EC2 to `instance` (as the IMDS hands them out), or, without
+    one, assumed through STS by whoever the role's trust policy names."""
+    import boto3
+
+    c = cloud.client("sts").assume_role(RoleArn=f"arn:aws:iam::123456789012:role/{role}", RoleSessionName="hostile")
+    c = c["Credentials"]
+    if instance:
+        cloud.gate.delivered(c["AccessKeyId"], role, instance)
+    else:
+        cloud.gate.roles[c["AccessKeyId"]] = role
+    return boto3.client(
+        service,
+        region_name="us-east-1",
+        endpoint_url=cloud.endpoint,
+        aws_access_key_id=c["AccessKeyId"],
+        aws_secret_access_key=c["SecretAccessKey"],
+        aws_session_token=c["SessionToken"],
+    )
+
+
 def test_a_hostile_holder_of_the_documented_policy_cannot_escalate_or_touch_what_orch_did_not_make(cloud):
     """Every way the old policy made its holder an administrator, or let it destroy or open up someone else's
     resources, is refused; what orch itself does (a role under the boundary, tagging at creation, terminating its
@@ -60,23 +81,13 @@ def test_a_hostile_holder_of_the_documented_policy_cannot_escalate_or_touch_what
     # the `*` inline policy gives the role no more than the boundary: another bucket stays closed to it
     admin_s3 = cloud.client("s3")
     admin_s3.create_bucket(Bucket="someone-elses")
-    creds = cloud.client("sts").assume_role(
-        RoleArn="arn:aws:iam::123456789012:role/orch-capped", RoleSessionName="hostile"
-    )
-    c = creds["Credentials"]
-    cloud.gate.roles[c["AccessKeyId"]] = "orch-capped"
-    import boto3
-
-    as_role = boto3.client(
-        "s3",
-        region_name="us-east-1",
-        endpoint_url=cloud.endpoint,
-        aws_access_key_id=c["AccessKeyId"],
-        aws_secret_access_key=c["SecretAccessKey"],
-        aws_session_token=c["SessionToken"],
-    )
-    as_role.put_object(Bucket=BUCKET, Key="pre/x", Body=b"1")  # within the boundary
-    _refused(lambda: as_role.put_object(Bucket="someone-elses", Key="x", Body=b"1"))
+    foreign = admin_ec2.run_instances(ImageId=cloud.image, MinCount=1, MaxCount=1, SubnetId=cloud.subnets[0])
+    foreign = foreign["Instances"][0]
+    on_an_instance = _as_role(cloud, "orch-capped", "s3", instance=foreign["InstanceId"])
+    on_an_instance.put_object(Bucket=BUCKET, Key="pre/x", Body=b"1")  # within the boundary
+    _refused(lambda: on_an_instance.put_object(Bucket="someone-elses", Key="x", Body=b"1"))
+    # the same role assumed any other way than through an instance profile gets nothing, even inside the boundary
+    _refused(lambda: _as_role(cloud, "orch-capped", "s3").put_object(Bucket=BUCKET, Key="pre/x", Body=b"1"))
 
     # passing roles: orch's, to EC2 only
     admin_iam.create_role(RoleName="admin-role", AssumeRolePolicyDocument=TRUST)
@@ -97,8 +108,7 @@ def test_a_hostile_holder_of_the_documented_policy_cannot_escalate_or_touch_what
     )
 
     # EC2: only what carries orch's tags; tags only at creation or onto what carries them
-    foreign = admin_ec2.run_instances(ImageId=cloud.image, MinCount=1, MaxCount=1, SubnetId=cloud.subnets[0])
-    fid = foreign["Instances"][0]["InstanceId"]
+    fid = foreign["InstanceId"]
     _refused(lambda: ec2.terminate_instances(InstanceIds=[fid]), "UnauthorizedOperation")
     _refused(lambda: ec2.create_tags(Resources=[fid], Tags=[{"Key": "orch:sweep", "Value": "x"}]))
     _refused(lambda: ec2.create_image(InstanceId=fid, Name="stolen"))
@@ -130,6 +140,115 @@ def test_a_hostile_holder_of_the_documented_policy_cannot_escalate_or_touch_what
         admin_iam.delete_role(RoleName=r)
 
 
+def _instance(cloud, **tags) -> str:
+    spec = [{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}] if tags else []
+    return cloud.client("ec2").run_instances(
+        ImageId=cloud.image, MinCount=1, MaxCount=1, SubnetId=cloud.subnets[0], TagSpecifications=spec
+    )["Instances"][0]["InstanceId"]
+
+
+def _capped_role(name: str, trust: str = TRUST) -> None:
+    """A role the holder of the documented policy makes: orch's boundary (the only kind it may make), a `*` policy."""
+    from orchestrator.aws import ec2 as api
+    from orchestrator.aws.iam import account_boundary
+
+    iam = api.client("iam", "us-east-1")
+    iam.create_role(
+        RoleName=name,
+        AssumeRolePolicyDocument=trust,
+        PermissionsBoundary=account_boundary(iam),
+        Tags=[{"Key": "orch:sweep", "Value": "hostile"}],
+    )
+    iam.put_role_policy(RoleName=name, PolicyName="all", PolicyDocument=EVERYTHING)
+
+
+def _remove_role(cloud, name: str) -> None:
+    admin_iam = cloud.client("iam")
+    for p in admin_iam.list_role_policies(RoleName=name)["PolicyNames"]:
+        admin_iam.delete_role_policy(RoleName=name, PolicyName=p)
+    admin_iam.delete_role(RoleName=name)
+
+
+def test_a_role_the_holder_makes_that_trusts_another_account_gets_nothing(cloud):
+    """The boundary holds only for credentials EC2 delivers to an instance (ec2:SourceInstanceARN): a role whose trust
+    policy names an outside account, assumed from there, can do nothing, though its own policy says `*`."""
+    outside = {"Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::999999999999:root"}, "Action": "sts:AssumeRole"}
+    _capped_role("orch-outside", json.dumps({"Version": "2012-10-17", "Statement": [outside]}))
+    ours = _instance(cloud, **{"orch:sweep": "mine"})
+    _refused(lambda: _as_role(cloud, "orch-outside", "s3").put_object(Bucket=BUCKET, Key="pre/x", Body=b"1"))
+    _refused(lambda: _as_role(cloud, "orch-outside", "s3").get_object(Bucket=BUCKET, Key="pre/x"))
+    _refused(lambda: _as_role(cloud, "orch-outside", "ec2").describe_instances())
+    _refused(lambda: _as_role(cloud, "orch-outside", "ec2").terminate_instances(InstanceIds=[ours]))
+    cloud.client("ec2").terminate_instances(InstanceIds=[ours])
+    _remove_role(cloud, "orch-outside")
+
+
+def test_a_role_under_the_boundary_terminates_and_untags_only_instances_orch_tagged(cloud):
+    """The boundary's own cap on terminating and untagging (not only the role's policy): a `*` role under it, on an
+    instance, cannot end or untag an instance without `orch:sweep`; with the tag it can (a remote controller's need)."""
+    _capped_role("orch-capped")
+    theirs, ours = _instance(cloud), _instance(cloud, **{"orch:sweep": "mine", "orch:slot:0": "r"})
+    ec2 = _as_role(cloud, "orch-capped", "ec2", instance=ours)
+    _refused(lambda: ec2.terminate_instances(InstanceIds=[theirs]), "UnauthorizedOperation")
+    _refused(lambda: ec2.delete_tags(Resources=[theirs], Tags=[{"Key": "Name"}]), "UnauthorizedOperation")
+    ec2.delete_tags(Resources=[ours], Tags=[{"Key": "orch:slot:0"}])
+    ec2.terminate_instances(InstanceIds=[ours])
+    cloud.client("ec2").terminate_instances(InstanceIds=[theirs])
+    _remove_role(cloud, "orch-capped")
+
+
+def test_a_hosts_role_terminates_and_untags_only_its_own_instance(cloud):
+    """Code on a run's host (it holds the host role's credentials) may end its own instance, never another run's host
+    of the sweep nor the sweep's remote controller, which carry the same `orch:sweep` tag."""
+    from orchestrator.aws import ec2 as api
+    from orchestrator.aws.iam import ensure_instance_profile
+    from orchestrator.aws.teardown import teardown
+
+    iam = api.client("iam", "us-east-1")
+    ensure_instance_profile(iam, "mine", BUCKET, "sweeps")
+    me = _instance(cloud, **{"orch:sweep": "mine", "orch:run": "a", "orch:slot:0": "a"})
+    other = _instance(cloud, **{"orch:sweep": "mine", "orch:run": "b", "orch:slot:0": "b"})
+    controller = _instance(cloud, **{"orch:sweep": "mine", "orch:role": "controller"})
+    ec2 = _as_role(cloud, "orch-mine", "ec2", instance=me)
+    for victim in (other, controller):
+        _refused(lambda: ec2.terminate_instances(InstanceIds=[victim]), "UnauthorizedOperation")
+    _refused(lambda: ec2.delete_tags(Resources=[other], Tags=[{"Key": "orch:slot:0"}]), "UnauthorizedOperation")
+    ec2.delete_tags(Resources=[me], Tags=[{"Key": "orch:slot:0"}])
+    ec2.terminate_instances(InstanceIds=[me])
+    cloud.client("ec2").terminate_instances(InstanceIds=[other, controller])
+    teardown(api.client("ec2", "us-east-1"), iam, "mine")
+
+
+def test_the_boundary_stays_as_the_admin_made_it_even_for_a_holder_with_more_iam_rights(cloud):
+    """AWS's delegation example: explicit Denies, so a holder who also has `*` (another policy of theirs) still
+    cannot change or delete the boundary policy, nor remove or swap a role's boundary."""
+    from orchestrator.aws import ec2 as api
+    from orchestrator.aws.iam import account_boundary
+
+    documented = cloud.gate.controller_policy
+    cloud.gate.controller_policy = {
+        **documented,
+        "Statement": documented["Statement"] + json.loads(EVERYTHING)["Statement"],
+    }
+    try:
+        iam = api.client("iam", "us-east-1")
+        boundary = account_boundary(iam)
+        _refused(lambda: iam.create_policy_version(PolicyArn=boundary, PolicyDocument=EVERYTHING, SetAsDefault=True))
+        _refused(lambda: iam.set_default_policy_version(PolicyArn=boundary, VersionId="v1"))
+        _refused(lambda: iam.delete_policy_version(PolicyArn=boundary, VersionId="v1"))
+        _refused(lambda: iam.delete_policy(PolicyArn=boundary))
+        _capped_role("orch-guarded")
+        _refused(lambda: iam.delete_role_permissions_boundary(RoleName="orch-guarded"))
+        _refused(lambda: iam.put_role_permissions_boundary(RoleName="orch-guarded", PermissionsBoundary=ADMIN))
+        iam.put_role_permissions_boundary(RoleName="orch-guarded", PermissionsBoundary=boundary)  # the same one
+        other = iam.create_policy(PolicyName="not-the-boundary", PolicyDocument=EVERYTHING)["Policy"]["Arn"]
+        iam.delete_policy(PolicyArn=other)  # the `*` is in force: only the Denies hold
+    finally:
+        cloud.gate.controller_policy = documented
+        cloud.gate.denied.clear()
+    _remove_role(cloud, "orch-guarded")
+
+
 # --- the grammar IAM accepts ------------------------------------------------------------------------
 # IAM user guide, "Grammar of the IAM JSON policy language" and "IAM JSON policy elements: Condition operators";
 # the condition keys each action takes: Service Authorization Reference (EC2, IAM, S3, KMS pages).
@@ -152,8 +271,15 @@ KEYS = {  # key -> (type, the actions of orch's policy that take it)
     "ec2:CreateAction": ("String", {"ec2:CreateTags"}),
     "iam:PermissionsBoundary": (
         "ARN",
-        {"iam:CreateRole", "iam:PutRolePolicy", "iam:DeleteRolePolicy", "iam:DeleteRole"},
+        {
+            "iam:CreateRole",
+            "iam:PutRolePolicy",
+            "iam:DeleteRolePolicy",
+            "iam:DeleteRolePermissionsBoundary",
+            "iam:PutRolePermissionsBoundary",
+        },
     ),
+    "ec2:SourceInstanceARN": ("ARN", None),  # a global key: any action, when credentials came from an instance
     "iam:PassedToService": ("String", {"iam:PassRole"}),
     "iam:AWSServiceName": ("String", {"iam:CreateServiceLinkedRole"}),
     "kms:ViaService": ("String", {"kms:Decrypt", "kms:GenerateDataKey"}),
@@ -161,7 +287,7 @@ KEYS = {  # key -> (type, the actions of orch's policy that take it)
     "aws:TagKeys": ("String", {"ec2:CreateTags", "ec2:DeleteTags"}),
     "s3:prefix": ("String", {"s3:ListBucket"}),
 }
-VARIABLES = {"aws:PrincipalAccount"}  # global keys usable as policy variables
+VARIABLES = {"aws:PrincipalAccount", "ec2:InstanceID"}  # keys usable as policy variables
 SERVICE_ARN = {
     "ec2": r"arn:aws:ec2:[a-z0-9*-]*:[0-9*]*:[a-z-]+/.+",
     "iam": r"arn:aws:iam::[0-9*]+:(role|instance-profile|policy)/.+",
@@ -258,7 +384,9 @@ def test_a_remote_controllers_role_reaches_only_its_own_sweep(cloud):
     iam = api.client("iam", "us-east-1")  # the laptop's credentials make both roles, under the boundary
     ensure_instance_profile(iam, "mine", BUCKET, "sweeps")
     ensure_controller_profile(iam, "mine", BUCKET, "sweeps", "orch-mine")
-    role, acct = controller_iam_name("mine"), "arn:aws:iam::123456789012"
+    from tests.fakecloud_gate import on_instance
+
+    role, acct = on_instance(controller_iam_name("mine"), "i-c"), "arn:aws:iam::123456789012"
     allowed = cloud.gate._allowed
 
     def instance(tags):
@@ -291,19 +419,21 @@ def test_a_hosts_role_removes_only_the_slot_and_rung_tags_of_its_sweeps_instance
     and bill until its safety net), not a DeleteTags without tags (which removes every tag), not another sweep's."""
     from orchestrator.aws import ec2 as api
     from orchestrator.aws.iam import ensure_instance_profile
+    from tests.fakecloud_gate import on_instance
 
     iam = api.client("iam", "us-east-1")
     ensure_instance_profile(iam, "mine", BUCKET, "sweeps")
-    allowed = cloud.gate._allowed
+    allowed, ARN = cloud.gate._allowed, "arn:aws:ec2:us-east-1:123456789012:instance"
 
-    def untag(keys, sweep="mine"):
-        ctx = {"aws:ResourceTag/orch:sweep": sweep, **({"aws:TagKeys": keys} if keys else {})}
-        return allowed("orch-mine", "ec2:DeleteTags", "arn:aws:ec2:us-east-1:123456789012:instance/i-1", ctx)
+    def untag(keys, sweep="mine", target="i-1"):
+        ctx = {"aws:ResourceTag/orch:sweep": sweep, "ec2:InstanceID": target, **({"aws:TagKeys": keys} if keys else {})}
+        return allowed(on_instance("orch-mine", "i-1"), "ec2:DeleteTags", f"{ARN}/{target}", ctx)
 
     assert untag(["orch:rung:2"]) and untag(["orch:slot:0"]) and untag(["orch:rung:1", "orch:rung:0.5"])
     assert not untag(["orch:sweep"]) and not untag(["orch:run"]) and not untag(["orch:rung:1", "orch:sweep"])
     assert not untag([])  # no Tag.N: every tag would go
     assert not untag(["orch:rung:2"], sweep="other")
+    assert not untag(["orch:slot:0"], target="i-2")  # another instance of the sweep: only its own host gives it back
     from orchestrator.aws.teardown import teardown
 
     teardown(api.client("ec2", "us-east-1"), iam, "mine")

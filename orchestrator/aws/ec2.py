@@ -27,6 +27,15 @@ QUOTA_ERRORS = frozenset(
     }
 )
 PERMISSION_ERRORS = frozenset({"UnauthorizedOperation", "AccessDenied", "AuthFailure", "OptInRequired", "Blocked"})
+# EC2 qualifies AuthFailure (AuthFailure.ServiceLinkedRoleCreationNotPermitted, ...): every one is a permission error.
+PERMISSION_PREFIXES = ("AuthFailure.", "InvalidClientTokenId")
+# The fix for the one a remote controller meets in an account that never launched spot (kubernetes/kops#16475).
+SLR_FIX = (
+    "EC2 makes the spot service-linked role AWSServiceRoleForEC2Spot on an account's first spot request, with the "
+    "caller's iam:CreateServiceLinkedRole. Create it once: `aws iam create-service-linked-role --aws-service-name "
+    "spot.amazonaws.com` (an `orch launch` from your machine does it too; `--remote` does it before the controller "
+    "starts)."
+)
 LIVE_STATES = ["pending", "running", "stopping", "stopped"]
 NOT_GONE = LIVE_STATES + ["shutting-down"]  # still holds its network interface (and so its security group)
 NOT_FOUND_S = 60.0  # how long a NotFound for an id orch just got is taken as "not yet"
@@ -34,6 +43,10 @@ NOT_FOUND_S = 60.0  # how long a NotFound for an id orch just got is taken as "n
 
 class AwsFatal(OrchError):
     """Credentials, permission or quota: retrying cannot help, so the sweep stops with the next step."""
+
+
+def is_permission(code: str) -> bool:
+    return code in PERMISSION_ERRORS or code.startswith(PERMISSION_PREFIXES)
 
 
 def quota_name(market: str, instance_type: str) -> str:
@@ -83,7 +96,9 @@ def explain(exc, what: str, market: str = "spot", instance_type: str = "") -> Or
         return AwsFatal("No AWS region set. Set `aws.region` in the sweep.")
     code = _code(exc)
     msg = getattr(exc, "response", {}).get("Error", {}).get("Message", str(exc))
-    if code in PERMISSION_ERRORS or code.startswith("InvalidClientTokenId"):
+    if code == "AuthFailure.ServiceLinkedRoleCreationNotPermitted":
+        return AwsFatal(f"{what}: permission denied ({code}: {msg}). {SLR_FIX}")
+    if is_permission(code):
         return AwsFatal(
             f"{what}: permission denied ({code}: {msg}). Grant the caller EC2/IAM/S3 rights for orch (see README) or "
             "use another AWS_PROFILE."

@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 from orchestrator.aws.ec2 import (
-    PERMISSION_ERRORS,
     QUOTA_ERRORS,
     AwsFatal,
     _code,
     _message,
     explain,
+    is_permission,
 )
 from orchestrator.errors import OrchError
 
@@ -208,7 +208,7 @@ def _quota(blocklist: Blocklist, choices: List[Choice], market: str, error: Orch
 
 def _refused(code: str, message: str, market: str, instance_type: str, where: str = "") -> OrchError:
     """A CreateFleet error that is neither capacity nor propagation, in AWS's words."""
-    if code in QUOTA_ERRORS or code in PERMISSION_ERRORS:
+    if code in QUOTA_ERRORS or is_permission(code):
         return explain(_as_client_error(code, message), "CreateFleet", market=market, instance_type=instance_type)
     return OrchError(
         f"CreateFleet refused {market} {instance_type}{where}: {code}: {message}. "

@@ -12,7 +12,7 @@ import logging
 from typing import List, Sequence
 
 from orchestrator.aws.ec2 import AwsFatal, _code, _message, explain
-from orchestrator.aws.policy import boundary_arn, pass_role_statement, remote_controller_statements
+from orchestrator.aws.policy import INSTANCES, ITSELF, boundary_arn, pass_role_statement, remote_controller_statements
 from orchestrator.contract import RUNG_TAG
 from orchestrator.store.s3url import parse_s3
 from orchestrator.sweep.packing import SLOT_TAG
@@ -124,8 +124,8 @@ def instance_profile_policy(
     bucket: str, prefix: str, sweep: str, data: Sequence[str] = (), kms_keys: Sequence[str] = ()
 ) -> dict:
     """What an instance of the sweep may do: its own S3 prefix, read its `data:` prefixes (and use the
-    KMS keys those buckets encrypt with), and terminate instances of its sweep and remove their slot and rung
-    tags (a packed run gives its slot back; a `prune:` run says it reported a rung)."""
+    KMS keys those buckets encrypt with), and terminate itself and remove its own slot and rung tags (a packed
+    run gives its slot back; a `prune:` run says it reported a rung)."""
     reads = []
     for url in data:
         where = parse_s3(url)
@@ -143,18 +143,19 @@ def instance_profile_policy(
         "Version": "2012-10-17",
         "Statement": [
             *store_statements(bucket, prefix, sweep),
-            {
+            {  # only the instance whose credentials these are: never the remote controller's, nor another run's
                 "Effect": "Allow",
                 "Action": ["ec2:TerminateInstances"],
-                "Resource": "*",
-                "Condition": {"StringEquals": {"aws:ResourceTag/orch:sweep": sweep}},
+                "Resource": INSTANCES,
+                "Condition": {"StringEquals": {"aws:ResourceTag/orch:sweep": sweep}, **ITSELF},
             },
-            {  # only the tags a host gives back; named (DeleteTags without tags would remove every tag, orch:sweep
-                # too, and hide the instance from the controller)
+            {  # only the tags a host gives back, on itself; named (DeleteTags without tags would remove every tag,
+                # orch:sweep too, and hide the instance from the controller)
                 "Effect": "Allow",
                 "Action": ["ec2:DeleteTags"],
-                "Resource": "*",
+                "Resource": INSTANCES,
                 "Condition": {
+                    **ITSELF,
                     "StringEquals": {"aws:ResourceTag/orch:sweep": sweep},
                     "ForAllValues:StringLike": {"aws:TagKeys": [f"{SLOT_TAG}*", f"{RUNG_TAG}*"]},
                     "Null": {"aws:TagKeys": "false"},
@@ -195,6 +196,23 @@ def controller_role_policy(
     ]
     statements.append({k: v for k, v in pass_role_statement([host_role_arn]).items() if k != "Sid"})
     return {"Version": "2012-10-17", "Statement": statements + kms_statements(kms_keys)}
+
+
+SPOT_SERVICE = "spot.amazonaws.com"
+
+
+def ensure_spot_service_role(iam) -> None:
+    """The spot service-linked role (AWSServiceRoleForEC2Spot), made now with the caller's rights (the laptop's
+    policy allows iam:CreateServiceLinkedRole for spot; a remote controller's role has no IAM write). IAM answers
+    InvalidInput "... has been taken in this account" when it exists: that is success."""
+    from botocore.exceptions import ClientError
+
+    try:
+        iam.create_service_linked_role(AWSServiceName=SPOT_SERVICE)
+    except ClientError as exc:
+        if _code(exc) == "InvalidInput" and "has been taken" in _message(exc):
+            return
+        raise explain(exc, "creating the spot service-linked role AWSServiceRoleForEC2Spot") from None
 
 
 def account_boundary(iam) -> str:

@@ -76,8 +76,25 @@ ON_SWEEP_RESOURCES = [
 ]
 # orch ami's images and their snapshots carry orch:recipe instead.
 ON_RECIPE_RESOURCES = ["ec2:DeregisterImage", "ec2:DeleteSnapshot", "ec2:CreateTags", "ec2:DeleteTags"]
-ROLE_ACTIONS_UNDER_BOUNDARY = ["iam:CreateRole", "iam:PutRolePolicy", "iam:DeleteRolePolicy", "iam:DeleteRole"]
+ROLE_ACTIONS_UNDER_BOUNDARY = ["iam:CreateRole", "iam:PutRolePolicy", "iam:DeleteRolePolicy"]
 ROLE_ACTIONS = ["iam:TagRole", "iam:ListRolePolicies"]
+# AWS's delegation example for permissions boundaries ("Permissions boundaries for IAM entities"): the boundary policy
+# itself cannot be changed or removed, nor a role's boundary removed or replaced, whatever other IAM rights the holder
+# has (explicit Deny wins over any Allow).
+BOUNDARY_POLICY_CHANGES = [
+    "iam:CreatePolicyVersion",
+    "iam:SetDefaultPolicyVersion",
+    "iam:DeletePolicyVersion",
+    "iam:DeletePolicy",
+]
+# Present only in the requests of credentials EC2 delivered to an instance through its instance profile (IAM user
+# guide, "AWS global condition context keys", ec2:SourceInstanceARN): a role assumed any other way (sts:AssumeRole
+# by a principal its trust policy names, another account's included) gets nothing from a boundary that asks for it.
+FROM_AN_INSTANCE = {"Null": {"ec2:SourceInstanceARN": "false"}}
+# The instance acted on is the one whose credentials sign the request: its ARN ends with the target's id
+# (ec2:InstanceID, used as a policy variable). IAM takes no bare variable as a Resource, hence a condition.
+ITSELF = {"ArnLike": {"ec2:SourceInstanceARN": "arn:aws:ec2:*:*:instance/${ec2:InstanceID}"}}
+INSTANCES = "arn:aws:ec2:*:*:instance/*"
 PROFILE_ACTIONS = [
     "iam:CreateInstanceProfile",
     "iam:TagInstanceProfile",
@@ -156,7 +173,14 @@ def iam_statements(boundary: str) -> List[dict]:
             "Effect": "Allow",
             "Resource": "arn:aws:iam::*:role/orch-*",
             "Action": list(ROLE_ACTIONS_UNDER_BOUNDARY),
-            "Condition": {"StringEquals": {"iam:PermissionsBoundary": boundary}},
+            "Condition": {"ArnEquals": {"iam:PermissionsBoundary": boundary}},
+        },
+        {  # DeleteRole takes no iam:PermissionsBoundary key (Service Authorization Reference): the role's own tag
+            "Sid": "IamDeleteOrchRoles",
+            "Effect": "Allow",
+            "Resource": "arn:aws:iam::*:role/orch-*",
+            "Action": "iam:DeleteRole",
+            "Condition": _tagged(SWEEP_TAG),
         },
         {"Sid": "IamRoles", "Effect": "Allow", "Resource": "arn:aws:iam::*:role/orch-*", "Action": list(ROLE_ACTIONS)},
         {
@@ -179,6 +203,33 @@ def iam_statements(boundary: str) -> List[dict]:
             "Resource": "*",
             "Action": "iam:CreateServiceLinkedRole",
             "Condition": {"StringEquals": {"iam:AWSServiceName": ["spot.amazonaws.com", "ec2fleet.amazonaws.com"]}},
+        },
+    ]
+
+
+def guardrail_statements(boundary: str) -> List[dict]:
+    """The explicit Denies of AWS's delegation example: the boundary policy stays as the admin made it, and no role
+    loses or swaps orch's boundary (a Put with another boundary, a Delete of this one)."""
+    return [
+        {
+            "Sid": "DenyChangingTheBoundary",
+            "Effect": "Deny",
+            "Resource": boundary,
+            "Action": list(BOUNDARY_POLICY_CHANGES),
+        },
+        {
+            "Sid": "DenyRemovingTheBoundary",
+            "Effect": "Deny",
+            "Resource": "arn:aws:iam::*:role/*",
+            "Action": "iam:DeleteRolePermissionsBoundary",
+            "Condition": {"ArnEquals": {"iam:PermissionsBoundary": boundary}},
+        },
+        {
+            "Sid": "DenyReplacingTheBoundary",
+            "Effect": "Deny",
+            "Resource": "arn:aws:iam::*:role/*",
+            "Action": "iam:PutRolePermissionsBoundary",
+            "Condition": {"ArnNotEquals": {"iam:PermissionsBoundary": boundary}},
         },
     ]
 
@@ -236,7 +287,8 @@ def controller_policy(bucket: Optional[str] = None, data_buckets: Sequence[str] 
         "Statement": ec2_statements()
         + iam_statements(boundary_arn())
         + s3_statements(b, data_buckets)
-        + kms_statements(),
+        + kms_statements()
+        + guardrail_statements(boundary_arn()),
     }
 
 
@@ -341,11 +393,21 @@ def pass_role_statement(role_arns: Sequence[str]) -> dict:
 def boundary_policy(bucket: Optional[str] = None, data_buckets: Sequence[str] = (), extra: Sequence[dict] = ()) -> dict:
     """The permissions boundary `orch-boundary`: the most any role orch creates may do, whatever its own policy
     says: a host's, and a remote controller's (no more than the user policy already allows its holder, so no
-    escalation; no IAM write at all). `extra` adds statements for roles of other kinds (each with its own Sid)."""
-    return {
-        "Version": "2012-10-17",
-        "Statement": instance_statements(bucket or PLACEHOLDER, data_buckets)
+    escalation; no IAM write at all), and only with credentials EC2 delivered to an instance (FROM_AN_INSTANCE).
+    `extra` adds statements for roles of other kinds (each with its own Sid)."""
+    statements = (
+        instance_statements(bucket or PLACEHOLDER, data_buckets)
         + remote_controller_statements()
         + [{**pass_role_statement(["arn:aws:iam::*:role/orch-*"]), "Sid": "ControllerPassRole"}]
-        + list(extra),
-    }
+        + list(extra)
+    )
+    return {"Version": "2012-10-17", "Statement": [from_an_instance(st) for st in statements]}
+
+
+def from_an_instance(statement: dict) -> dict:
+    """An Allow that holds only for credentials EC2 delivered to an instance (its other conditions kept)."""
+    if statement.get("Effect") != "Allow":
+        return statement
+    condition = dict(statement.get("Condition") or {})
+    condition["Null"] = {**condition.get("Null", {}), **FROM_AN_INSTANCE["Null"]}
+    return {**statement, "Condition": condition}

@@ -124,6 +124,8 @@ def launch_controller(state, setup: dict, say=lambda _: None) -> RemoteControlle
     sweep, cfg, ec2 = state.sweep, state.cfg, state.ec2
     ctl, name = cfg.controller, sweep.spec.name
     try:
+        if cfg.market != "on-demand":  # EC2 would make it with the controller's rights, which lack IAM writes
+            iam.ensure_spot_service_role(api.client("iam", cfg.region))
         profile = _controller_profile(sweep, cfg)
         image = resolve_image(ec2, ctl.image or default_image(ec2, ctl.instance_type), ctl.image_owner, cfg.region)
         subnets = api.resolve_subnets(ec2, cfg.subnet_ids, cfg.region)
