@@ -63,3 +63,22 @@ def test_every_aws_call_orch_makes_has_a_row_in_the_call_table():
     missing = {c: code[c][:2] for c in sorted(set(code) - table)}
     assert not missing, f"calls orch makes that docs/aws.md's call table lacks: {missing}"
     assert not table - set(code), f"rows for calls orch no longer makes: {sorted(table - set(code))}"
+
+
+def test_the_retry_counts_this_page_gives_are_the_clients():
+    """botocore's `max_attempts` counts retries after the first try (`total_max_attempts` counts tries): orch's EC2
+    and IAM clients ask for 8 retries, 9 tries in all; the store's S3 client keeps botocore's default, standard mode's
+    3 tries. The call table's preamble says so."""
+    from orchestrator.aws import ec2 as api
+    from orchestrator.store.s3 import S3Store
+
+    ec2 = api.client("ec2", "us-east-1")
+    assert ec2.meta.config.retries.get("total_max_attempts") == 9, ec2.meta.config.retries
+    s3 = S3Store("s3://bucket/prefix").client
+    assert s3.meta.config.retries.get("mode") == "standard" and "total_max_attempts" not in s3.meta.config.retries
+    from botocore.retries.standard import DEFAULT_MAX_ATTEMPTS
+
+    assert DEFAULT_MAX_ATTEMPTS == 3
+    page = " ".join((ROOT / "docs" / "aws.md").read_text().split())
+    assert "8 times after the first try (`max_attempts=8` counts retries, so 9 tries in all)" in page
+    assert "the store's S3 client as botocore sets it by default (standard mode, 3 tries in all)" in page

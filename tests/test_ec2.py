@@ -102,7 +102,6 @@ CAPACITY_CODES = [
     "InsufficientReservedInstanceCapacity",
     "SpotMaxPriceTooLow",
     "InsufficientFreeAddressesInSubnet",
-    "Unsupported",
 ]
 
 
@@ -119,6 +118,35 @@ def test_a_200_with_errors_and_no_instances_falls_back_to_the_next_choice(code):
     assert (got.instance_type, got.az, got.market) == ("g5.xlarge", "us-east-1b", "spot")
     assert blocklist.allowed(CHOICES, "spot") == CHOICES[1:]  # (g5, us-east-1a) stays blocked for a while
     assert blocklist.allowed(CHOICES, "on-demand") == CHOICES  # on-demand capacity was never asked
+
+
+def test_an_unsupported_pool_is_a_configuration_error_never_asked_again_not_capacity_retried_forever():
+    """`Unsupported` for one pool: the next pool is asked and that one never again (in either market); once every
+    pool was refused so, the run's attempt fails with AWS's words at once, with no API call and no "will retry"."""
+    client, stub = stubbed()
+    unsupported = fleet_error("Unsupported", "g5.xlarge", "subnet-a")
+    unsupported["Errors"][0]["ErrorMessage"] = "The requested configuration is currently not supported."
+    expect_fleet(stub, CHOICES, unsupported)
+    expect_fleet(stub, CHOICES[1:], fleet_ok("g5.xlarge", "subnet-b"))
+    expect_cleanup(stub)
+    blocklist = fleet.Blocklist()
+    with stub:
+        got = fleet.acquire(client, "lt-1", BASE, "#cloud-config\n", CHOICES, ["spot"], [], blocklist)
+    stub.assert_no_pending_responses()
+    assert (got.instance_type, got.az) == ("g5.xlarge", "us-east-1b")
+    for market in ("spot", "on-demand"):
+        assert CHOICES[0] not in blocklist.allowed(CHOICES, market)
+    client, stub = stubbed()
+    for c in CHOICES[1:]:
+        one = fleet_error("Unsupported", c.instance_type, c.subnet_id)
+        one["Errors"][0]["ErrorMessage"] = "The requested configuration is currently not supported."
+        expect_fleet(stub, [x for x in CHOICES[CHOICES.index(c) :] if x != CHOICES[0]], one)
+    expect_cleanup(stub)
+    with stub, pytest.raises(Exception) as err:
+        fleet.acquire(client, "lt-1", BASE, "#cloud-config\n", CHOICES, ["spot"], [], blocklist)
+    stub.assert_no_pending_responses()
+    assert not isinstance(err.value, fleet.CapacityUnavailable) and "not supported" in str(err.value), err.value
+    assert "aws:" in str(err.value)
 
 
 def test_insufficient_capacity_exception_for_one_choice_falls_back():
@@ -493,3 +521,87 @@ def test_the_ledger_saved_at_the_end_is_the_spend_the_controller_printed(tmp_pat
     assert saved < ledger.spend()
     ledger.flush()
     assert ledger_cost(get_json(store, cost_key("s"))) == ledger.spend()
+
+
+@pytest.mark.parametrize(
+    "market, instance_type, quota",
+    [
+        ("spot", "g5.xlarge", "All G and VT Spot Instance Requests"),
+        ("spot", "vt1.3xlarge", "All G and VT Spot Instance Requests"),
+        ("spot", "p3.2xlarge", "All P4, P3 and P2 Spot Instance Requests"),
+        ("spot", "p4d.24xlarge", "All P4, P3 and P2 Spot Instance Requests"),
+        ("spot", "p5.48xlarge", "All P5 Spot Instance Requests"),
+        ("spot", "p5en.48xlarge", "All P5 Spot Instance Requests"),
+        ("spot", "dl1.24xlarge", "All DL Spot Instance Requests"),
+        ("spot", "x2iedn.xlarge", "All X Spot Instance Requests"),
+        ("spot", "f1.2xlarge", "All F Spot Instance Requests"),
+        ("spot", "inf2.xlarge", "All Inf Spot Instance Requests"),
+        ("spot", "trn1.2xlarge", "All Trn Spot Instance Requests"),
+        ("spot", "c5.xlarge", "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests"),
+        ("spot", "z1d.large", "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests"),
+        ("on-demand", "p5.48xlarge", "Running On-Demand P instances"),
+        ("on-demand", "x1e.xlarge", "Running On-Demand X instances"),
+        ("on-demand", "g6.xlarge", "Running On-Demand G and VT instances"),
+        ("on-demand", "hpc7g.4xlarge", "Running On-Demand HPC instances"),
+    ],
+)
+def test_a_quota_error_names_the_quota_as_the_ec2_user_guide_names_it(market, instance_type, quota):
+    """EC2 user guide, "Amazon EC2 instance type quotas": P5 apart from P4/P3/P2 for spot; DL, X and F are not
+    Standard. The name a quota refusal gives is the one to look up in Service Quotas."""
+    assert api.quota_name(market, instance_type) == quota
+    from botocore.exceptions import ClientError
+
+    refused = ClientError({"Error": {"Code": "VcpuLimitExceeded", "Message": "no"}}, "CreateFleet")
+    assert f"'{quota}'" in str(api.explain(refused, "CreateFleet", market=market, instance_type=instance_type))
+
+
+def test_the_spot_service_linked_role_refusal_is_a_permission_error_that_names_the_fix():
+    """`AuthFailure.ServiceLinkedRoleCreationNotPermitted` in a fleet's Errors (an account that never launched spot,
+    a caller without iam:CreateServiceLinkedRole): fatal at once, with the command that makes the role, not a
+    generic refusal or a capacity wait."""
+    client, stub = stubbed()
+    refused = fleet_error("AuthFailure.ServiceLinkedRoleCreationNotPermitted", "g5.xlarge", "subnet-a")
+    expect_fleet(stub, CHOICES, refused)
+    expect_cleanup(stub)
+    with stub, pytest.raises(api.AwsFatal) as err:
+        fleet.acquire(client, "lt-1", BASE, "#cloud-config\n", CHOICES, ["spot"], [], fleet.Blocklist())
+    assert "permission denied" in str(err.value) and "create-service-linked-role" in str(err.value), err.value
+    assert "spot.amazonaws.com" in str(err.value)
+
+
+def test_gc_and_teardown_read_every_page_of_each_describe():
+    """EC2 pages DescribeLaunchTemplates and DescribeSecurityGroups: what sits past the first page is still orch's,
+    and `orch gc` lists it (teardown reads the same pages)."""
+    from orchestrator.aws.teardown import orch_resources
+
+    ec2 = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    iam = boto3.client("iam", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    stub, iam_stub = Stubber(ec2), Stubber(iam)
+    stub.add_response("describe_instances", {"Reservations": []}, {"Filters": ANY})
+    tagged = [{"Name": "tag-key", "Values": ["orch:sweep"]}]
+    stub.add_response("describe_security_groups", {"SecurityGroups": [], "NextToken": "2"}, {"Filters": tagged})
+    group = {"GroupId": "sg-2", "GroupName": "g", "Tags": [{"Key": "orch:sweep", "Value": "late"}]}
+    stub.add_response("describe_security_groups", {"SecurityGroups": [group]}, {"Filters": tagged, "NextToken": "2"})
+    stub.add_response("describe_placement_groups", {"PlacementGroups": []}, {"Filters": tagged})
+    stub.add_response("describe_launch_templates", {"LaunchTemplates": [], "NextToken": "2"}, {"Filters": []})
+    template = {"LaunchTemplateId": "lt-2", "LaunchTemplateName": "orch-late"}
+    stub.add_response("describe_launch_templates", {"LaunchTemplates": [template]}, {"Filters": [], "NextToken": "2"})
+    iam_stub.add_response("list_instance_profiles", {"InstanceProfiles": []}, {})
+    with stub, iam_stub:
+        found = orch_resources(ec2, iam)
+    stub.assert_no_pending_responses()
+    assert found == {"late": ["security-group sg-2", "launch-template lt-2"]}, found
+
+
+def test_a_remote_controllers_ssh_rule_replaces_those_of_controllers_no_longer_running(cloud):
+    """Each `--remote` with public addresses opens port 22 to its controller's /32; the rules of controllers that are
+    gone are revoked first (under the documented policy), so relaunches leave one rule per live controller, not a
+    pile up to the group's limit, and a released address opens nothing for its next holder."""
+    ec2 = api.client("ec2", "us-east-1")
+    sg = api.ensure_security_group(ec2, "rules", cloud.vpc, "127.0.0.1/32")
+    for n, instance in enumerate(["i-0000000000000000a", "i-0000000000000000b", "i-0000000000000000c"]):
+        api.allow_ssh_from(ec2, sg, f"198.51.100.{n}/32", instance, live=[])
+    api.allow_ssh_from(ec2, sg, "198.51.100.9/32", "i-0000000000000000d", live=["i-0000000000000000c"])
+    rules = api.controller_rules(ec2, sg)
+    assert sorted(r["CidrIp"] for r in rules) == ["198.51.100.2/32", "198.51.100.9/32"], rules
+    teardown(ec2, api.client("iam", "us-east-1"), "rules")

@@ -10,7 +10,7 @@ NotFound as "not yet". Code that runs on the instance itself is in host/imds.py.
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from orchestrator.errors import OrchError
 
@@ -49,20 +49,25 @@ def is_permission(code: str) -> bool:
     return code in PERMISSION_ERRORS or code.startswith(PERMISSION_PREFIXES)
 
 
+# The Service Quotas entries for EC2 instances, by the letters that start a type's family (EC2 user guide, "Amazon EC2
+# instance type quotas"): each counts vCPUs of running instances (on demand) or of spot requests.
+QUOTA_KINDS = {"g": "G and VT", "vt": "G and VT", "inf": "Inf", "trn": "Trn", "dl": "DL", "f": "F", "x": "X"}
+STANDARD_KIND = "Standard (A, C, D, H, I, M, R, T, Z)"
+
+
 def quota_name(market: str, instance_type: str) -> str:
-    """The Service Quotas entry that limits this kind of instance (vCPUs per family and market)."""
-    family = instance_type.split(".")[0].rstrip("0123456789dneaz-").lower() or instance_type[:1]
-    kind = (
-        "G and VT"
-        if family[:1] in ("g", "v")
-        else "P"
-        if family[:1] == "p"
-        else "Inf"
-        if family.startswith("inf")
-        else "Trn"
-        if family.startswith("trn")
-        else "Standard (A, C, D, H, I, M, R, T, Z)"
-    )
+    """The Service Quotas entry that limits this kind of instance (vCPUs per family and market). Spot P5 (and newer)
+    has a quota of its own, apart from P4, P3 and P2; on demand, every P shares one."""
+    import re
+
+    found = re.match(r"([a-z]+)(\d*)", instance_type.split(".")[0].lower())
+    letters, generation = (found.group(1), int(found.group(2) or 0)) if found else ("", 0)
+    if letters == "p":
+        kind = ("P5" if generation >= 5 else "P4, P3 and P2") if market == "spot" else "P"
+    elif letters == "hpc" and market != "spot":
+        kind = "HPC"
+    else:
+        kind = QUOTA_KINDS.get(letters, STANDARD_KIND)
     if market == "spot":
         return f"All {kind} Spot Instance Requests"
     return f"Running On-Demand {kind} instances"
@@ -226,16 +231,45 @@ def ensure_security_group(ec2, sweep: str, vpc_id: str, cidr: str) -> str:
     return gid
 
 
-def allow_ssh_from(ec2, group_id: str, cidr: str) -> None:
-    """Port 22 of the group from one more address (a remote controller's), once."""
+CONTROLLER_RULE = "orch controller "  # a remote controller's SSH rule's description, followed by its instance id
+
+
+def allow_ssh_from(ec2, group_id: str, cidr: str, instance_id: str = "", live: Sequence[str] = ()) -> None:
+    """Port 22 of the group from one more address (a remote controller's `instance_id`), once; the rules of earlier
+    controllers that are no longer `live` go first, so relaunches do not pile rules up to the group's limit, and an
+    address released with its instance opens nothing for whoever gets it next."""
     from botocore.exceptions import ClientError
 
-    rule = {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": cidr, "Description": "orch"}]}
+    stale = [
+        r
+        for r in controller_rules(ec2, group_id)
+        if r["Description"][len(CONTROLLER_RULE) :] not in {*live, instance_id}
+    ]
+    if stale:
+        ec2.revoke_security_group_ingress(
+            GroupId=group_id,
+            IpPermissions=[{"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": stale}],
+        )
+    described = {"CidrIp": cidr, "Description": f"{CONTROLLER_RULE}{instance_id}" if instance_id else "orch"}
+    rule = {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [described]}
     try:
         ec2.authorize_security_group_ingress(GroupId=group_id, IpPermissions=[rule])
     except ClientError as exc:
         if _code(exc) != "InvalidPermission.Duplicate":
             raise
+
+
+def controller_rules(ec2, group_id: str) -> List[dict]:
+    """The group's port-22 ranges that remote controllers were given: [{CidrIp, Description}]."""
+    groups = ec2.describe_security_groups(GroupIds=[group_id])["SecurityGroups"]
+    return [
+        {"CidrIp": r["CidrIp"], "Description": r["Description"]}
+        for g in groups
+        for perm in g.get("IpPermissions", [])
+        if perm.get("FromPort") == 22
+        for r in perm.get("IpRanges", [])
+        if r.get("Description", "").startswith(CONTROLLER_RULE)
+    ]
 
 
 def launch_template_data(image: dict, sg_id: str, volume_gb: int, profile: Optional[str], public_ip: bool) -> dict:

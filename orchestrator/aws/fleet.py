@@ -39,9 +39,12 @@ CAPACITY_ERRORS = frozenset(
         "InsufficientReservedInstanceCapacity",
         "SpotMaxPriceTooLow",
         "InsufficientFreeAddressesInSubnet",
-        "Unsupported",
     }
 )
+# "The requested configuration is not supported" for that pool (EC2 API reference, Error codes: Unsupported): no wait
+# changes it, so the pool is not asked again for the sweep; when no pool is left, the run's attempt fails with AWS's
+# words (a capacity verdict would ask again every few minutes, forever).
+CONFIG_ERRORS = frozenset({"Unsupported"})
 BLOCK_S = 300.0  # how long a pool stays blocked after a capacity error
 NEVER_S = float("inf")  # a pool the AZ does not offer: blocked for the rest of the sweep
 QUOTA_BLOCK_S = (
@@ -142,6 +145,17 @@ class Blocklist:
     quota: Dict[str, Tuple[float, str]] = field(
         default_factory=dict
     )  # market -> (until, what AWS said): asked again sooner
+    unsupported: Dict[Tuple[str, str], str] = field(default_factory=dict)  # pool -> what AWS said (CONFIG_ERRORS)
+
+    def refuse(self, instance_type: str, subnet_id: str, said: str) -> None:
+        """A pool whose configuration EC2 does not support: never asked again, and why is kept."""
+        self.never(instance_type, subnet_id)
+        self.unsupported[(instance_type, subnet_id)] = said
+
+    def all_unsupported(self, choices: List[Choice]) -> Optional[str]:
+        """What AWS said, when every choice was refused as unsupported (nothing to wait for)."""
+        said = [self.unsupported.get((c.instance_type, c.subnet_id)) for c in choices]
+        return "; ".join(dict.fromkeys(said)) if said and all(said) else None
 
     def block(self, market: str, instance_type: str, subnet_id: str, seconds: float = BLOCK_S) -> None:
         self.until[(market, instance_type, subnet_id)] = time.time() + seconds
@@ -350,6 +364,12 @@ class _Ask:
                     return outcome
         if self.quota is not None:
             raise QuotaReached(str(self.quota))
+        unsupported = self.blocklist.all_unsupported(self.choices)
+        if unsupported:
+            raise OrchError(
+                f"CreateFleet refused every (type, AZ) of this run as unsupported ({unsupported}). Check the sweep's "
+                "`aws:` settings (instance types, image, volume) against that message."
+            )
         raise CapacityUnavailable(
             f"no capacity for {', '.join(sorted({c.instance_type for c in self.choices}))} in "
             f"{', '.join(sorted({c.az for c in self.choices}))} ({' or '.join(markets)}) right now; will retry"
@@ -391,6 +411,10 @@ class _Ask:
             log.info("%s: %s; not asked again", first.instance_type, message)
             self.blocklist.never(first.instance_type, first.subnet_id)
             return _NEXT
+        if code in CONFIG_ERRORS:
+            log.info("%s in %s: %s: %s; not asked again", first.instance_type, first.az, code, message)
+            self.blocklist.refuse(first.instance_type, first.subnet_id, f"{code}: {message}")
+            return _NEXT
         if code in CAPACITY_ERRORS:  # block the first pool it offered
             log.info("capacity error %s for %s (%s); trying the next choice", code, first.instance_type, market)
             self.blocklist.block(market, first.instance_type, first.subnet_id)
@@ -427,6 +451,9 @@ class _Ask:
             if is_unoffered(code, message):  # that pool does not exist: the others are asked
                 for c in hit or allowed[:1]:
                     self.blocklist.never(c.instance_type, c.subnet_id)
+            elif code in CONFIG_ERRORS:
+                for c in hit or allowed[:1]:
+                    self.blocklist.refuse(c.instance_type, c.subnet_id, f"{code}: {message}")
             elif code in CAPACITY_ERRORS:
                 for c in hit or allowed:
                     self.blocklist.block(market, c.instance_type, c.subnet_id)

@@ -66,6 +66,7 @@ TAGGING_CREATE_ACTIONS = [
 ON_SWEEP_RESOURCES = [
     "ec2:TerminateInstances",
     "ec2:AuthorizeSecurityGroupIngress",
+    "ec2:RevokeSecurityGroupIngress",
     "ec2:DeleteSecurityGroup",
     "ec2:CreateLaunchTemplateVersion",
     "ec2:DeleteLaunchTemplateVersions",
@@ -137,11 +138,11 @@ def ec2_statements() -> List[dict]:
             "Condition": _tagged(SWEEP_TAG),
         },
         {
-            # a new rule is a resource of its own (security-group-rule), which carries no tag yet
+            # a rule is a resource of its own (security-group-rule), which carries no tag; its group must (above)
             "Sid": "Ec2NewIngressRules",
             "Effect": "Allow",
             "Resource": "arn:aws:ec2:*:*:security-group-rule/*",
-            "Action": "ec2:AuthorizeSecurityGroupIngress",
+            "Action": ["ec2:AuthorizeSecurityGroupIngress", "ec2:RevokeSecurityGroupIngress"],
         },
         {
             "Sid": "Ec2ImageOfOrchInstances",

@@ -45,12 +45,10 @@ def teardown(ec2, iam, sweep: str, wait_s: float = TEARDOWN_WAIT_S) -> List[str]
             f"instances of {sweep} are still shutting down after {wait_s:.0f} s; run `orch down {sweep}` again later."
         ) from None
     name = f"orch-{sweep}"
-    for lt in ec2.describe_launch_templates(Filters=[{"Name": "launch-template-name", "Values": [name]}])[
-        "LaunchTemplates"
-    ]:
+    for lt in _all(ec2, "describe_launch_templates", "LaunchTemplates", [("launch-template-name", name)]):
         ec2.delete_launch_template(LaunchTemplateId=lt["LaunchTemplateId"])
         removed.append(lt["LaunchTemplateId"])
-    for sg in ec2.describe_security_groups(Filters=[{"Name": "tag:orch:sweep", "Values": [sweep]}])["SecurityGroups"]:
+    for sg in _all(ec2, "describe_security_groups", "SecurityGroups", [("tag:orch:sweep", sweep)]):
         try:  # network interfaces of terminated instances detach a little later
             retry_until(
                 lambda: _try_delete_sg(ec2, sg["GroupId"]), 120, 3.0, f"security group {sg['GroupId']} to be free"
@@ -110,13 +108,13 @@ def orch_resources(ec2, iam) -> Dict[str, List[str]]:
             for i in res["Instances"]:
                 sweep = {t["Key"]: t["Value"] for t in i.get("Tags", [])}.get("orch:sweep", "?")
                 found.setdefault(sweep, []).append(f"instance {i['InstanceId']} ({i['State']['Name']})")
-    for sg in ec2.describe_security_groups(Filters=[{"Name": "tag-key", "Values": ["orch:sweep"]}])["SecurityGroups"]:
+    for sg in _all(ec2, "describe_security_groups", "SecurityGroups", [("tag-key", "orch:sweep")]):
         sweep = {t["Key"]: t["Value"] for t in sg.get("Tags", [])}.get("orch:sweep", "?")
         found.setdefault(sweep, []).append(f"security-group {sg['GroupId']}")
     for pg in ec2.describe_placement_groups(Filters=[{"Name": "tag-key", "Values": ["orch:sweep"]}])["PlacementGroups"]:
         sweep = {t["Key"]: t["Value"] for t in pg.get("Tags", [])}.get("orch:sweep", "?")
         found.setdefault(sweep, []).append(f"placement-group {pg['GroupName']}")
-    for lt in ec2.describe_launch_templates()["LaunchTemplates"]:
+    for lt in _all(ec2, "describe_launch_templates", "LaunchTemplates", []):
         if lt["LaunchTemplateName"].startswith("orch-"):
             found.setdefault(lt["LaunchTemplateName"][5:], []).append(f"launch-template {lt['LaunchTemplateId']}")
     for page in iam.get_paginator("list_instance_profiles").paginate():
@@ -127,6 +125,13 @@ def orch_resources(ec2, iam) -> Dict[str, List[str]]:
                 tags = {t["Key"]: t["Value"] for t in full.get("Tags", [])}
                 found.setdefault(tags.get("orch:sweep", name[5:]), []).append(f"instance-profile {name}")
     return found
+
+
+def _all(ec2, call: str, key: str, filters: List[tuple]) -> List[dict]:
+    """Every page of a Describe call (EC2 pages them: a template or group past the first page is still orch's;
+    DescribePlacementGroups alone is not paged)."""
+    pages = ec2.get_paginator(call).paginate(Filters=[{"Name": k, "Values": [v]} for k, v in filters])
+    return [item for page in pages for item in page.get(key, [])]
 
 
 def _try_delete_sg(ec2, group_id: str) -> bool:

@@ -303,17 +303,20 @@ _DATA_HELP = "A bucket that `data:` entries read from or `orch data push` writes
 @click.option("--data-bucket", "data_buckets", multiple=True, help=_DATA_HELP)
 @expected_errors
 def aws_policy(bucket: Optional[str], data_buckets: tuple):
-    """Print the IAM policy the credentials that run orch need, as JSON, ready for `aws iam put-user-policy`.
+    """Print the IAM policy the credentials that run orch need, as JSON, for `aws iam create-policy`.
 
     It covers sweeps (EC2 Fleet, launch templates, security and placement groups, the instance profile
-    orch creates), `orch ami`, the store and data buckets. Roles can be made only with orch's permissions
-    boundary (`orch aws boundary`, created once by an admin); EC2 resources are changed or removed only
-    when they carry orch's tags. docs/aws.md explains each statement.
+    orch creates), `orch launch --remote`, `orch ami`, the store and data buckets. Roles can be made only
+    with orch's permissions boundary (`orch aws boundary`, created once by an admin), which no one holding
+    this policy can change or remove; EC2 resources are changed or removed only when they carry orch's tags.
+    It is longer than the 2,048 characters IAM allows a user's inline policies: create it as a managed
+    policy and attach it. docs/aws.md explains each statement.
 
     \b
     Example:
       orch aws policy --bucket my-bucket --data-bucket my-datasets > orch-policy.json
-      aws iam put-user-policy --user-name me --policy-name orch --policy-document file://orch-policy.json
+      aws iam create-policy --policy-name orch --policy-document file://orch-policy.json
+      aws iam attach-user-policy --user-name me --policy-arn arn:aws:iam::ACCOUNT-ID:policy/orch
     """
     import json
 
@@ -330,9 +333,13 @@ def aws_policy(bucket: Optional[str], data_buckets: tuple):
 def aws_boundary(bucket: Optional[str], data_buckets: tuple):
     """Print the permissions boundary every role orch creates carries, for an admin to create once.
 
-    It caps any role orch makes at what an instance of a sweep needs (the store, reading data buckets,
-    KMS through S3, terminating orch's own instances), whatever the role's own policy says. Give it the
-    same buckets as `orch aws policy`; create it as the managed policy `orch-boundary`.
+    It caps any role orch makes, whatever the role's own policy says, at what a sweep's instances need: a
+    host's (the store, reading data buckets, KMS through S3, terminating or untagging instances tagged
+    orch:sweep) and a remote controller's (`orch launch --remote`: EC2 reads, launches of its sweep's hosts,
+    changes only to what carries orch:sweep, passing orch-* roles to EC2; no IAM write). It holds only for
+    credentials EC2 delivers to an instance (ec2:SourceInstanceARN): a role assumed any other way gets
+    nothing. Give it the same buckets as `orch aws policy`; create it as the managed policy `orch-boundary`
+    (an existing one: `aws iam create-policy-version --set-as-default`, see docs/aws.md).
 
     \b
     Example:

@@ -154,7 +154,8 @@ def launch_controller(state, setup: dict, say=lambda _: None) -> RemoteControlle
     try:
         address = api.wait_running(ec2, got.instance_id, cfg.ssh.address, cfg.boot_timeout_s)
         if cfg.ssh.address == "public_ip" and not cfg.security_group:  # hosts are dialled from its public address
-            api.allow_ssh_from(ec2, setup["sg"], f"{address}/32")
+            live = [c["instance_id"] for c in live_controllers(ec2, sweep)]
+            api.allow_ssh_from(ec2, setup["sg"], f"{address}/32", got.instance_id, live)
         target = Target(address, cfg.ssh.port, login_user(cfg), cfg.ssh.identity, host_public)
         conn = connect(target, timeout=cfg.boot_timeout_s, interval=1.0)
         try:
