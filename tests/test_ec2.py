@@ -305,10 +305,13 @@ def test_security_group_launch_template_and_instance_profile(cloud):
     objects, listing, terminate, untag = policy["Statement"]
     assert objects["Resource"] == ["arn:aws:s3:::bucket/team/orch/sec/*"]
     assert listing["Condition"] == {"StringLike": {"s3:prefix": ["team/orch/sec/*"]}}
+    itself = {"ArnLike": {"ec2:SourceInstanceARN": "arn:aws:ec2:*:*:instance/${ec2:InstanceID}"}}
     assert terminate["Action"] == ["ec2:TerminateInstances"] and terminate["Condition"] == {
-        "StringEquals": {"aws:ResourceTag/orch:sweep": "sec"}
+        "StringEquals": {"aws:ResourceTag/orch:sweep": "sec"},
+        **itself,
     }
     assert untag["Action"] == ["ec2:DeleteTags"] and untag["Condition"] == {
+        **itself,
         "StringEquals": {"aws:ResourceTag/orch:sweep": "sec"},
         "ForAllValues:StringLike": {"aws:TagKeys": ["orch:slot:*", "orch:rung:*"]},
         "Null": {"aws:TagKeys": "false"},
