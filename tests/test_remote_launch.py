@@ -69,6 +69,7 @@ def test_remote_controller_resumes_an_interrupted_run_while_the_laptop_sleeps_an
     orch, cloud, identity, job
 ):
     path = remote_sweep(orch, cloud, identity, job, "away")
+    assert not cloud.gate.service_roles  # an account that never launched spot: its controller's role may not make it
     dry = orch("launch", str(path), "--dry-run", "--remote")
     assert dry.code == 0 and "controller: t3.micro on demand at $0.0104/h" in dry.out, dry.out + dry.err
 
@@ -129,6 +130,9 @@ def test_remote_controller_resumes_an_interrupted_run_while_the_laptop_sleeps_an
         assert secret not in gone.user_data
         assert secret.encode() not in everything_of(gone.root), secret
     assert not [d for d in cloud.gate.role_denied if d[0].endswith(".controller")], cloud.gate.role_denied
+    # the laptop made the spot service-linked role before the controller's first spot request needed it
+    assert "AWSServiceRoleForEC2Spot" in cloud.gate.service_roles
+    assert not cloud.gate.counts["AuthFailure.ServiceLinkedRoleCreationNotPermitted"]
 
     col = orch("collect", "away", "--out", str(orch.tmp / "res"))
     assert col.code == 0 and "controller: $" in col.out, col.out + col.err
