@@ -95,19 +95,6 @@ def bucket_problem(name: str) -> Optional[str]:
     return None
 
 
-# An orch process on an instance (the agent, a remote controller's supervisor) takes its credentials from the instance
-# metadata service, which botocore asks once with 1 s to answer by default: a busy instance's late first answer left
-# the process without credentials (an agent lost its attempt; a supervisor died and its instance billed on). Three
-# tries of 5 s (botocore's documented settings); a setting of the user's own is kept.
-PATIENT_IMDS = {"AWS_METADATA_SERVICE_TIMEOUT": "5", "AWS_METADATA_SERVICE_NUM_ATTEMPTS": "3"}
-
-
-def ask_imds_patiently(environ) -> None:
-    """Set PATIENT_IMDS in `environ` (os.environ at a process's entry, before any AWS client) where unset."""
-    for name, value in PATIENT_IMDS.items():
-        environ.setdefault(name, value)
-
-
 def session_prefix(sweep: str) -> str:
     return f"orch_{sweep}_"
 
@@ -176,11 +163,18 @@ def notice_path(ctl_dir: str) -> str:
 # every pass anyway (DescribeInstances is free): it reads a run's record when a tag went, not every pass.
 RUNGS_TAG = "orch:rungs"
 RUNG_TAG = "orch:rung:"
-MAX_RUNG_TAGS = 40  # EC2 allows 50 tags a resource; orch's own take 6
+MAX_RUNG_TAGS = 40  # the cloud allows 50 tags a resource; orch's own take 6
 
 
 def rung_tag(rung: float) -> str:
     return f"{RUNG_TAG}{rung:g}"
+
+
+# Host-side parts a backend may switch on in its tasks (`RunTask.host_parts`); the agent (host/) has each.
+HOST_NOTICES = "host_notices"  # interruption notices from the host's metadata service too, not only ctl/spot-notice
+SELF_TERMINATE = "self_terminate"  # the agent ends its own host when the attempt ends
+RUNG_TAGS = "rung_tags"  # the host carries rung_tag(r) per rung; the agent removes each once its value is reported
+HOST_PARTS = (HOST_NOTICES, SELF_TERMINATE, RUNG_TAGS)
 
 
 @dataclass(frozen=True)
@@ -207,24 +201,25 @@ class RunTask:
     record_s: Optional[float] = None
     sync_s: float = 5.0  # run folder -> store period
     host: str = "localhost"  # shown in status
-    terminate_on_exit: bool = False  # aws: the agent terminates its own instance when the attempt ends
-    idle_s: Optional[float] = (
-        None  # with terminate_on_exit off: terminate after this long unattached once the run ended
-    )
+    # the host-side parts its backend switches on (HOST_PARTS); host/ ships them all, the backend names its own
+    host_parts: List[str] = field(default_factory=list)
+    idle_s: Optional[float] = None  # without SELF_TERMINATE: the host ends once the run ended and idle this long
     replaces: str = ""  # host of the previous attempt when that one was preempted or lost
     notice_poll_s: float = 5.0  # how often the agent looks for a spot interruption notice
-    imds: bool = False  # also ask the instance metadata service (aws), not only ctl/spot-notice
     data: List[Dict[str, str]] = field(default_factory=list)  # [{"from", "to"}]: staged before the command starts
     nodes_here: int = 1  # local: the run's nodes all run on this host, as that many copies of the command
-    node_hosts: int = 1  # aws: hosts the attempt spans, one node each (its agents: node 0 reports, the others follow)
-    node_rank: int = 0  # aws: which of them this host is
-    slot: int = -1  # aws packing: the slot (set of GPUs) this run holds on an instance shared with other runs; -1: none
+    node_hosts: int = 1  # hosts the attempt spans, one node each (its agents: node 0 reports, the others follow)
+    node_rank: int = 0  # which of them this host is
+    slot: int = -1  # packing: the slot (set of GPUs) this run holds on an instance shared with other runs; -1: none
     rungs_at: str = (
         ""  # prune: the metrics key of progress (`prune.at`); a line passing one of `rungs` is reported at once,
     )
     rungs: List[float] = field(default_factory=list)  # not at the next heartbeat (the controller decides at rungs)
     rungs_metric: str = ""  # prune: the metric compared; the agent reports its value at each rung
-    rung_tags: bool = False  # aws: the instance carries rung_tag(r) per rung; the agent removes each once reported
+
+    def uses(self, part: str) -> bool:
+        """Whether its backend switched the host-side part `part` (one of HOST_PARTS) on."""
+        return part in self.host_parts
 
     def to_json(self) -> bytes:
         """The task as its agent reads it: the one way a task is written, for a local file or an instance."""

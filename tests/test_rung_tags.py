@@ -9,6 +9,7 @@ from orchestrator.backends.aws.listing import hosts
 from orchestrator.backends.aws.provision import Provisioner
 from orchestrator.backends.aws.state import ProvisioningState
 from orchestrator.backends.registry import load_sweep
+from orchestrator.contract import RUNG_TAGS
 from orchestrator.sweep.tasks import new_task
 
 
@@ -37,13 +38,13 @@ def test_a_prune_runs_own_instance_gets_a_tag_per_rung_and_shared_or_kept_ones_n
     # 1234567 and 1234568 read alike in six digits (as the agent's values at rungs are keyed): one tag, not a
     # duplicate key that CreateFleet would refuse
     assert tags == {"orch:rungs": "3", "orch:rung:1": "", "orch:rung:2.5": "", "orch:rung:1.23457e+06": ""}
-    assert task.rung_tags
+    assert task.uses(RUNG_TAGS)
     for state in (
         state_of(tmp_path, extra="resources:\n  nodes: 2\n"),
         state_of(tmp_path, aws="aws:\n  image: ami-12345678\n  keep_alive: true\n"),
     ):
         task, tags = tags_for(state)
-        assert not tags and not task.rung_tags, state.sweep.spec
+        assert not tags and not task.uses(RUNG_TAGS), state.sweep.spec
 
 
 def test_the_listing_marks_a_host_by_the_rungs_its_tags_have_left(tmp_path):

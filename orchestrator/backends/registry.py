@@ -11,7 +11,8 @@ Each entry declares what the layers above and below need of its backend, so that
 - `costs`: how its cost ledger (the store's cost.json) reads in dollars, for `orch status`, `collect`, the board and
   the target's economics; None for a backend that spends nothing orch can count.
 
-Host-side parts (spot notices, self-termination, tags) travel in the task each backend builds (`new_task`).
+Host-side parts (spot notices from the metadata service, self-termination, rung tags) are switched on by name in
+the tasks a backend builds (`RunTask.host_parts`, one of `contract.HOST_PARTS`); the agent (host/) has them all.
 Adding a backend: docs/backends.md.
 """
 

@@ -141,8 +141,8 @@ def supervise_cmd(settings_file: str):
     from orchestrator.aws import ec2 as api
     from orchestrator.backends.aws.remote import RemoteSettings
     from orchestrator.backends.registry import load_sweep
-    from orchestrator.contract import ask_imds_patiently
     from orchestrator.control.supervisor import Supervisor
+    from orchestrator.host.imds import ask_imds_patiently
     from orchestrator.store import open_store
 
     ask_imds_patiently(os.environ)  # its credentials (and its controller's) come from the instance metadata service

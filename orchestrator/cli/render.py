@@ -277,7 +277,7 @@ def dry_run_lines(sweep, plan, every: bool = False, remote: bool = False) -> Lis
     if not plan:
         lines.append(f"each run: {describe(spec.resources)}")
     else:
-        lines.append(f"image {spec.aws.image}: {plan['image']}")
+        lines.append(f"image {plan['image_asked']}: {plan['image']}")
         for row in plan["choices"]:
             price = f"${row['spot_usd_per_h']:.4f}/h" if row["spot_usd_per_h"] is not None else "no spot price"
             lines.append(

@@ -24,11 +24,13 @@ from typing import Optional
 
 from orchestrator.contract import (
     AGENT_PID_FILE,
+    HOST_NOTICES,
     NOTICE_FILE,
     REPORTED_FILE,
+    RUNG_TAGS,
+    SELF_TERMINATE,
     STOP_REASON_FILE,
     RunTask,
-    ask_imds_patiently,
 )
 from orchestrator.errors import OrchError
 from orchestrator.host import tmux, watch
@@ -45,6 +47,7 @@ from orchestrator.host.attempt import (
     wrapper_script,
 )
 from orchestrator.host.env import HostFacts
+from orchestrator.host.imds import ask_imds_patiently
 from orchestrator.host.nodes import FollowerReporter, Relay
 from orchestrator.host.notices import NoticeSource
 from orchestrator.host.policy import HostPolicy
@@ -108,15 +111,17 @@ class Agent:
                 self.rungs,
                 reported=self.ctl / REPORTED_FILE,
                 record_s=task.record_s,
-                rungs_recorded=RungTags().recorded if task.rung_tags else None,
+                rungs_recorded=RungTags().recorded if task.uses(RUNG_TAGS) else None,
             )
         )
         self.status_lock = self.reporter.lock  # the record is shared with the heartbeat thread
         self.notices = NoticeSource(
-            self.ctl, task.imds, self.relay.received if task.node_hosts > 1 and not self.follower else None
+            self.ctl,
+            task.uses(HOST_NOTICES),
+            self.relay.received if task.node_hosts > 1 and not self.follower else None,
         )
         self.host_policy = HostPolicy(
-            task.session, task.terminate_on_exit, task.idle_s or 0, task.slot, slot_value(task.run_id, task.attempt)
+            task.session, task.uses(SELF_TERMINATE), task.idle_s or 0, task.slot, slot_value(task.run_id, task.attempt)
         )
         self.rebalance_at: Optional[float] = None  # when the rebalance recommendation was seen; -1 once handled
         self.ckpt_at_rebalance: Optional[int] = None

@@ -9,6 +9,18 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+# An orch process on an instance (the agent, a remote controller's supervisor) takes its credentials from the instance
+# metadata service, which botocore asks once with 1 s to answer by default: a busy instance's late first answer left
+# the process without credentials (an agent lost its attempt; a supervisor died and its instance billed on). Three
+# tries of 5 s (botocore's documented settings); a setting of the user's own is kept.
+PATIENT_IMDS = {"AWS_METADATA_SERVICE_TIMEOUT": "5", "AWS_METADATA_SERVICE_NUM_ATTEMPTS": "3"}
+
+
+def ask_imds_patiently(environ) -> None:
+    """Set PATIENT_IMDS in `environ` (os.environ at a process's entry, before any AWS client) where unset."""
+    for name, value in PATIENT_IMDS.items():
+        environ.setdefault(name, value)
+
 
 def imds_get(path: str, timeout: float = 2.0) -> Optional[str]:
     """IMDSv2 GET (token first), honouring AWS_EC2_METADATA_SERVICE_ENDPOINT; None on 404."""

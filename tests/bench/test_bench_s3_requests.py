@@ -39,7 +39,7 @@ import pytest
 from orchestrator.aws.ec2 import rungs_left
 from orchestrator.backends.base import BackendBase, Host
 from orchestrator.backends.registry import load_sweep
-from orchestrator.contract import RUNG_TAG, RUNGS_TAG, rung_tag
+from orchestrator.contract import RUNG_TAG, RUNG_TAGS, RUNGS_TAG, rung_tag
 from orchestrator.control.controller import Controller
 from orchestrator.control.lease import Lease
 from orchestrator.control.state import State
@@ -179,7 +179,7 @@ class SimRun:
         self.epoch = 0
         self.quality = sim.quality(task.run_id)
         self.tags = None  # aws, `prune:`: the instance's tags, played; the agent removes rung tags (host/tags.py)
-        if task.rung_tags:
+        if task.uses(RUNG_TAGS):
             self.tags = {RUNGS_TAG: str(len(task.rungs)), **{rung_tag(r): "" for r in task.rungs}}
             agent.reporter.rungs_recorded = self.untag
 
@@ -265,7 +265,7 @@ class SimHosts(BackendBase):
 
     def start(self, task) -> Host:
         if self.real.name == "aws" and task.rungs:  # as the provisioner tags a `prune:` run's own instance
-            task = replace(task, rung_tags=True)
+            task = replace(task, host_parts=[*task.host_parts, RUNG_TAGS])
         run = SimRun(self.sim, task, self.sim.offset(task.run_id))
         run.host = Host(
             run_id=task.run_id, host_id=f"h-{task.run_id}-{task.attempt}", address="x", attempt=task.attempt

@@ -143,8 +143,7 @@ class AwsBackend(BackendBase):
             sync_s=cfg.sync_s,
             host="",
             replaces=replaces,
-            terminate_on_exit=not cfg.keep_alive,
-            imds=True,
+            host_parts=[contract.HOST_NOTICES] + ([] if cfg.keep_alive else [contract.SELF_TERMINATE]),
             notice_poll_s=5.0,
             idle_s=cfg.idle_minutes * 60 if cfg.keep_alive and cfg.idle_minutes else None,
         )

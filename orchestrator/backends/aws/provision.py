@@ -170,7 +170,7 @@ class Provisioner:
             return task
         keys = list(dict.fromkeys(contract.rung_tag(r) for r in sorted(task.rungs)))  # rungs alike in 6 digits: one
         tags += [{"Key": contract.RUNGS_TAG, "Value": str(len(keys))}] + [{"Key": k, "Value": ""} for k in keys]
-        return replace(task, rung_tags=True)
+        return replace(task, host_parts=[*task.host_parts, contract.RUNG_TAGS])
 
     def start_agents(
         self, conns: list, task: RunTask, ids: List[str], slot: int = -1, env: Optional[Dict[str, str]] = None

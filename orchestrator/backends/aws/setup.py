@@ -115,6 +115,7 @@ def plan(state: ProvisioningState) -> dict:
         "runs": len(sweep.runs),
         "hours_per_run_max": hours,
         "image": f"{image['ImageId']} ({image['Name']})",
+        "image_asked": cfg.image,  # as the sweep names it (an id, a name pattern, recipe:NAME)
         "nodes_per_run": state.nodes,
         "packing": packing,
         "estimate_usd_max": round(dearest * hours * instances, 2) if dearest is not None else None,
