@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from orchestrator.backends.aws.remote import RemoteSettings, ensure_own_key
+from orchestrator.backends.registry import load_sweep
 from orchestrator.control import notify
 from orchestrator.control.lease import INSTANCE_ENV
 from orchestrator.store import layout
 from orchestrator.store.base import Store
-from orchestrator.sweep.load import load_sweep
 from orchestrator.wait import retry_until
 
 log = logging.getLogger("orch.supervisor")
