@@ -1,0 +1,396 @@
+"""A simulated cloud, store and command for the harness: what orch's real code is driven through.
+
+Nothing here replaces a function of orch's. The fakes stand where the real world would be:
+
+- `Cloud`: the machines. Instances with a price per hour, slots shared by packed runs, a host per node of
+  a run; it remembers when each instance was acquired and when it went (what a bill is made of).
+- `SimBackend`: orch's Backend interface over that cloud, as the controller's side of a backend (one per
+  controller: a relaunched controller gets a fresh one over the same cloud, as `orch launch` does). It
+  keeps the sweep's cost ledger with orch's own `CostLedger` and makes each attempt's task with orch's
+  own `new_task`.
+- `SimAgent`: one attempt on its host. It is orch's `Agent` object, driven step by step: its first report
+  and restore as `Agent.run` does them, then the real watch (`watch.checks_for`: exit, rungs, superseded,
+  spot notice, stop, syncs) polled once per tick, then its real `_final_sync` and `_finish`. What it does
+  not run is the part that needs a process: the tmux window and the command's process group (the
+  `WindowGone` and `FindGroup` checks, which look at tmux and /proc); the simulated command writes its
+  metrics lines, its log and its exit code file where the wrapper script would.
+- `GuardedStore`: orch's folder store behind a switch that makes writes fail (a full disk, a revoked
+  role); it also keeps the order in which the study record and status records were written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from orchestrator.aws.pricing import CostLedger, PriceBook
+from orchestrator.backends.base import BackendBase, Host
+from orchestrator.contract import NOTICE_FILE, STOP_REASON_FILE, RunTask
+from orchestrator.errors import OrchError
+from orchestrator.host import watch
+from orchestrator.host.agent import Agent
+from orchestrator.store import layout
+from orchestrator.store import lifecycle as life
+from orchestrator.store.folder import LocalStore
+from orchestrator.store.lifecycle import Impossible, StopReason
+from orchestrator.store.status import read_status
+from orchestrator.sweep.spec import Sweep
+from orchestrator.sweep.tasks import new_task, on_host
+
+PRICES = {"sim.small": 3600.0, "sim.large": 14400.0}  # dollars an hour: $1 and $4 a wall second, so that a budget of
+# a few dollars is spent within a scenario that lasts a second or two
+UNWATCHABLE = (watch.WindowGone, watch.FindGroup)  # they look at tmux and processes, which a simulated command lacks
+
+
+class StoreRefused(OSError):
+    """The store refuses writes (the harness's fault)."""
+
+
+class GuardedStore:
+    """orch's folder store, with writes refused while `refusing`; remembers the study's and records' writes."""
+
+    def __init__(self, root: Path):
+        self.inner = LocalStore(str(root))
+        self.refusing = False
+        self.writes: List[Tuple[str, bytes]] = []  # (key, data) of study and status writes, in order
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def _guard(self, key: str = "", data: Optional[bytes] = None) -> None:
+        if self.refusing:
+            raise StoreRefused(30, "Read-only file system (the harness refuses writes)")
+        if data is not None and (key.endswith("study.json") or key.endswith("status.json")):
+            self.writes.append((key, data))
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self._guard(key, data)
+        self.inner.put_bytes(key, data)
+
+    def put_if(self, key: str, data: bytes, version: Optional[str]) -> Optional[str]:
+        self._guard()
+        new = self.inner.put_if(key, data, version)
+        if new is not None:
+            self._guard(key, data)
+        return new
+
+    def sync_up(self, *args, **kwargs):
+        self._guard()
+        return self.inner.sync_up(*args, **kwargs)
+
+    def delete_prefix(self, prefix: str) -> int:
+        self._guard()
+        return self.inner.delete_prefix(prefix)
+
+
+@dataclass
+class Instance:
+    iid: str
+    itype: str
+    slots: int  # runs it can hold at once (packing); 1: a run's alone
+    acquired: Tuple[float, float]  # wall time just before and just after the ledger was told
+    ended: Optional[float] = None  # wall time it was terminated
+    occupants: List[str] = field(default_factory=list)  # host ids on it
+    seen: List[float] = field(default_factory=list)  # wall times a controller's list() saw it running
+
+
+@dataclass
+class SimHost:
+    host_id: str
+    run_id: str
+    attempt: int
+    node: int
+    nodes: int
+    instance: str
+    slot: int
+    agent: Optional["SimAgent"] = None  # node 0's; the other nodes follow it and hold no record
+
+
+@dataclass
+class Received:
+    """What one attempt's command was given."""
+
+    run_id: str
+    attempt: int
+    params_json: Dict[str, object]  # ORCH_PARAMS_JSON
+    words: Dict[str, str]  # `name=value` words of its command line
+
+
+class Cloud:
+    """The world the backends see: instances and hosts, with their bill."""
+
+    def __init__(self, workdir: Path, pack: int, itype: str):
+        self.workdir, self.pack, self.itype = workdir, pack, itype
+        self.instances: Dict[str, Instance] = {}
+        self.hosts: Dict[str, SimHost] = {}
+        self.received: List[Received] = []
+        self.plans: Dict[Tuple[str, int], "Plan"] = {}  # what each attempt's command will do (the harness sets it)
+        self._n = 0
+
+    def next_id(self, prefix: str) -> str:
+        self._n += 1
+        return f"{prefix}-{self._n:05d}"
+
+    def live_instances(self) -> List[Instance]:
+        return [i for i in self.instances.values() if i.ended is None]
+
+    def hosts_of(self, run_id: str) -> List[SimHost]:
+        return [h for h in self.hosts.values() if h.run_id == run_id]
+
+    def remove_host(self, host_id: str) -> None:
+        host = self.hosts.pop(host_id, None)
+        if host is None:
+            return
+        inst = self.instances[host.instance]
+        inst.occupants.remove(host_id)
+        if not inst.occupants:
+            inst.ended = time.time()  # the agent of its last run terminates it (or the controller released it)
+
+    def live_commands(self, run_id: str) -> List[int]:
+        """Attempts of the run whose command runs now."""
+        return [
+            h.attempt for h in self.hosts_of(run_id) if h.agent is not None and h.agent.phase == SimAgent.RUNNING
+        ]
+
+
+@dataclass
+class Plan:
+    """What an attempt's command does: the metric per line (None: NaN), then its exit code."""
+
+    values: List[Optional[float]]
+    exit_code: int = 0
+
+
+def default_plan(run_id: str, attempt: int, lines: int) -> Plan:
+    """A smooth learning curve, different per run (so rungs and trials have something to compare)."""
+    base = (sum(map(ord, run_id)) % 17) / 17.0
+    return Plan([round(1.0 + base - 0.1 * i, 6) for i in range(lines)])
+
+
+class SimBackend(BackendBase):
+    """The controller's side of the simulated cloud (one per controller, like a real backend object)."""
+
+    name = "sim"
+    poll_s = 0.0
+    stale_s = 1e9  # time never declares a host lost here: the harness makes hosts vanish instead
+    start_timeout_s = 1e9
+    releases_interrupted_host = False  # the agent ends its attempt itself after a notice, as locally
+
+    def __init__(self, sweep: Sweep, store, cloud: Cloud, lines: int):
+        self.sweep, self.store, self.cloud, self.lines = sweep, store, cloud, lines
+        book = PriceBook(lambda types, azs: {(t, a): PRICES[t] for t in types for a in azs})
+        self.ledger = CostLedger(store, sweep.spec.name, book)
+        self.nodes = sweep.spec.resources.nodes if sweep.spec.resources else 1
+        self.seen: Dict[str, float] = {}  # instance -> wall time this backend's list() last saw it running
+
+    def list(self) -> List[Host]:
+        now = time.time()
+        live = self.cloud.live_instances()
+        for inst in live:
+            inst.seen.append(now)
+            self.seen[inst.iid] = now
+        self.ledger.observe([i.iid for i in live])
+        return [
+            Host(
+                run_id=h.run_id,
+                host_id=h.host_id,
+                address="sim",
+                attempt=h.attempt,
+                node=h.node,
+                nodes=h.nodes,
+                slot=h.slot,
+            )
+            for h in self.cloud.hosts.values()
+        ]
+
+    def new_task(self, run_id: str, attempt: int, command: str, params_json: str, replaces: str = "") -> RunTask:
+        return new_task(
+            self.sweep,
+            run_id,
+            attempt,
+            command,
+            params_json,
+            str(self.cloud.workdir / f"a{attempt}"),  # each attempt its own host folder, as a new instance has
+            heartbeat_s=1.0,
+            notice_poll_s=1.0,
+            sync_s=3.0,
+            host="sim",
+            replaces=replaces,
+        )
+
+    def start(self, task: RunTask) -> Host:
+        if self.cloud.hosts_of(task.run_id):
+            raise OrchError(f"run {task.run_id} already has a live host; not starting it twice.")
+        first: Optional[SimHost] = None
+        for node in range(self.nodes):
+            inst, slot = self._place()
+            host = SimHost(self.cloud.next_id("h"), task.run_id, task.attempt, node, self.nodes, inst.iid, slot)
+            inst.occupants.append(host.host_id)
+            self.cloud.hosts[host.host_id] = host
+            if node == 0:
+                first = host
+                node_task = on_host(task, inst.iid, 0, self.nodes, slot=slot) if self.nodes > 1 else task
+                plan = self.cloud.plans.get((task.run_id, task.attempt)) or default_plan(
+                    task.run_id, task.attempt, self.lines
+                )
+                host.agent = SimAgent(node_task, self.store, plan, self.cloud)
+        return Host(run_id=task.run_id, host_id=first.host_id, address="sim", attempt=task.attempt, nodes=self.nodes)
+
+    def _place(self) -> Tuple[Instance, int]:
+        """A free slot of a shared instance (packing), else a new instance; the ledger is told as AWS's is."""
+        if self.cloud.pack > 1 and self.nodes == 1:
+            for inst in self.cloud.live_instances():
+                taken = {self.cloud.hosts[h].slot for h in inst.occupants}
+                free = [s for s in range(inst.slots) if s not in taken]
+                if free:
+                    return inst, free[0]
+        iid = self.cloud.next_id("i")
+        before = time.time()
+        slots = self.cloud.pack if self.nodes == 1 else 1
+        self.ledger.acquired(iid, self.cloud.itype, "sim-1a", "spot", slots=slots if slots > 1 else 0)
+        inst = Instance(iid, self.cloud.itype, slots, (before, time.time()))
+        self.cloud.instances[iid] = inst
+        return inst, (0 if slots > 1 else -1)
+
+    def release(self, host: Host) -> None:
+        self.cloud.remove_host(host.host_id)
+
+    def stop(self, run_id: str, reason: StopReason) -> bool:
+        """The stop protocol as contract.stop_script runs it: the reason in the stop file, SIGTERM to the agent
+        (its own handler), then wait for the agent to end (here: tick it until it has)."""
+        hosts = self.cloud.hosts_of(run_id)
+        agents = [h.agent for h in hosts if h.agent is not None and h.agent.phase != SimAgent.DONE]
+        if not hosts:
+            return False
+        for agent in agents:
+            (agent.agent.ctl / STOP_REASON_FILE).write_text(str(reason))
+            agent.agent._on_signal(signal.SIGTERM, None)
+            for _ in range(50):
+                if agent.phase == SimAgent.DONE:
+                    break
+                agent.tick(time.time(), stopping=True)
+        for host in hosts:  # its session ended: the hosts of the run go
+            self.cloud.remove_host(host.host_id)
+        return True
+
+    def notify_interruption(self, run_id: str) -> bool:
+        agents = [h.agent for h in self.cloud.hosts_of(run_id) if h.agent is not None]
+        if not agents:
+            return False
+        (agents[0].agent.ctl / NOTICE_FILE).write_text("chaos\n")
+        return True
+
+    def attach(self, run_id: str, node: int = 0) -> int:
+        raise OrchError("a simulated host has no terminal")
+
+    def spend(self) -> float:
+        return self.ledger.spend()
+
+    def flush(self) -> None:
+        self.ledger.flush()
+
+
+class SimAgent:
+    """One attempt's agent: orch's Agent, driven a tick at a time (see the module's docstring)."""
+
+    BOOTING, RUNNING, DONE = "booting", "running", "done"
+
+    def __init__(self, task: RunTask, store, plan: Plan, cloud: Cloud):
+        self.task, self.plan, self.cloud = task, plan, cloud
+        self.agent = Agent(task, store)
+        self.phase = self.BOOTING
+        self.status = None
+        self.checks: List[watch.Check] = []
+        self.written = 0  # metrics lines the command wrote
+        self.ran = False  # its command started
+
+    def boot(self, now: float) -> None:
+        """Agent.run up to its command's start: the first report, the restore, `running`."""
+        a, t = self.agent, self.task
+        a.ctl.mkdir(parents=True, exist_ok=True)
+        for stale in (STOP_REASON_FILE, NOTICE_FILE):
+            (a.ctl / stale).unlink(missing_ok=True)
+        a.run_dir.mkdir(parents=True, exist_ok=True)
+        status = read_status(a.store, t.sweep, t.run_id)
+        try:
+            life.start(status, t.attempt, t.host or "localhost", "restoring the run folder from the store")
+        except Impossible:
+            self._leave()
+            return
+        if not a.reporter.record(status):
+            self._leave()
+            return
+        self.status = status
+        a._restore()
+        with a.status_lock:
+            life.run(status, t.attempt, t.host, now)
+            a.reporter.record(status)
+        self._launch(now)
+
+    def _launch(self, now: float) -> None:
+        """What the wrapper script does at the start: the log's header; the command receives its task."""
+        a, t = self.agent, self.task
+        a.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(a.log_file, "a") as f:
+            f.write(f"[orch] attempt {t.attempt} of {t.run_id}: {t.command}\n")
+        a.exit_file.unlink(missing_ok=True)
+        words = dict(w.split("=", 1) for w in shlex.split(t.command) if "=" in w)
+        self.cloud.received.append(Received(t.run_id, t.attempt, json.loads(t.env["ORCH_PARAMS_JSON"]), words))
+        self.checks = [c for c in watch.checks_for(a, self.status, now) if not isinstance(c, UNWATCHABLE)]
+        self.phase, self.ran = self.RUNNING, True
+
+    def _leave(self) -> None:
+        self.phase = self.DONE
+        for h in [h for h in self.cloud.hosts.values() if h.agent is self]:
+            for other in self.cloud.hosts_of(h.run_id):
+                if other.attempt == h.attempt:
+                    self.cloud.remove_host(other.host_id)
+
+    def _command_step(self, stopping: bool) -> None:
+        """The command: a line (and its log line) per tick, its exit code after the last; SIGTERM ends it (143)."""
+        a = self.agent
+        if a.exit_file.exists():
+            return
+        if a.stop_sent_at is not None or stopping and a.stop_requested is not None:
+            a.exit_file.write_text("143\n")
+            return
+        if self.written < len(self.plan.values):
+            value = self.plan.values[self.written]
+            self.written += 1
+            line = {"epoch": self.written, "step": self.written * 10, "loss": math.nan if value is None else value}
+            with open(a.run_dir / layout.METRICS_FILE, "a") as f:
+                f.write(json.dumps(line) + "\n")  # NaN as json.dumps writes it, as Python trainers do
+            with open(a.log_file, "a") as f:
+                f.write(f"epoch {self.written} loss {value}\n")
+            return
+        a.exit_file.write_text(f"{self.plan.exit_code}\n")
+
+    def tick(self, now: float, stopping: bool = False) -> None:
+        """One poll of the agent: the command moves on, a heartbeat, the watch's checks; the end when it says so."""
+        if self.phase == self.BOOTING:
+            self.boot(now)
+            return
+        if self.phase != self.RUNNING:
+            return
+        self._command_step(stopping)
+        try:
+            self.agent.reporter.beat(self.status, now)
+        except Exception:  # the heartbeat thread logs and tries again next period
+            pass
+        if any(c.tick(now) for c in self.checks):
+            self.finish()
+
+    def finish(self) -> None:
+        """Agent.run after the watch: the exit code, the final sync, the final record, the host's end."""
+        a = self.agent
+        text = a.exit_file.read_text().strip() if a.exit_file.exists() else ""
+        code = int(text) if text else None
+        landed = a._final_sync(self.status)
+        a._finish(self.status, code, landed)
+        self._leave()
