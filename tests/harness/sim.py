@@ -154,9 +154,7 @@ class Cloud:
 
     def live_commands(self, run_id: str) -> List[int]:
         """Attempts of the run whose command runs now."""
-        return [
-            h.attempt for h in self.hosts_of(run_id) if h.agent is not None and h.agent.phase == SimAgent.RUNNING
-        ]
+        return [h.attempt for h in self.hosts_of(run_id) if h.agent is not None and h.agent.phase == SimAgent.RUNNING]
 
 
 @dataclass
@@ -304,6 +302,7 @@ class SimAgent:
     def __init__(self, task: RunTask, store, plan: Plan, cloud: Cloud):
         self.task, self.plan, self.cloud = task, plan, cloud
         self.agent = Agent(task, store)
+        self.agent.ctl.mkdir(parents=True, exist_ok=True)  # the backend put the task file there
         self.phase = self.BOOTING
         self.status = None
         self.checks: List[watch.Check] = []
