@@ -41,7 +41,7 @@ def test_invariants_hold_under_random_sweeps_and_faults():
 def scripted(scenario: Scenario, kinds, steps, checked):
     """Run `steps` (rule names, or (name, kwargs)) on a fresh machine, every invariant after each step."""
     machine = Harness()
-    machine.checked = set(checked)
+    machine.checked = Harness.checked | set(checked)
     try:
         machine.setup(scenario=scenario, kinds=kinds)
         machine.check_all()
@@ -80,12 +80,16 @@ def test_a_sweep_without_faults_ends_with_every_run_succeeded_and_in_the_store()
     assert {v.state for v in m.progress.runs} == {"succeeded"}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 44 item 10: a pruned run's folder and log never reach the store")
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 44 item 10: its fix (04b509b) landed, yet here a pruned run's metrics are not in the store once "
+    "it is final; not yet understood whether the fix misses this order (verdict, then stop in the same pass) or the "
+    "simulated agent does",
+)
 def test_a_pruned_run_keeps_its_folder_and_log_in_the_store():
     scripted(grid(prune=True), ["ok"] * 12, PASS_AND_TICK * 8, checked={10})
 
 
-@pytest.mark.xfail(strict=True, reason="issue 44 item 13: `value: last` skips a final NaN instead of telling FAIL")
 def test_a_trial_whose_last_value_is_nan_is_told_fail():
     scripted(
         grid(search="random", points=1, max_parallel=1),
@@ -95,7 +99,6 @@ def test_a_trial_whose_last_value_is_nan_is_told_fail():
     )
 
 
-@pytest.mark.xfail(strict=True, reason="issue 44 item 9: search asks before it tells")
 def test_each_ask_knows_every_trial_that_ended_before_it():
     scripted(
         grid(search="random", points=3, max_parallel=1),
@@ -105,11 +108,10 @@ def test_each_ask_knows_every_trial_that_ended_before_it():
     )
 
 
-@pytest.mark.xfail(strict=True, reason="issue 44 item 11: search.space accepts orch's reserved names")
 def test_a_search_space_naming_seed_is_refused_or_reaches_the_command_as_collect_shows(tmp_path):
     import yaml
 
-    from orchestrator.sweep.load import load_sweep
+    from orchestrator.backends.registry import load_sweep
 
     doc = grid(search="random", points=2, seeds=2).yaml()
     doc["search"]["space"]["seed"] = {"low": 1, "high": 1000, "int": True}
