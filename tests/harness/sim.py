@@ -130,6 +130,7 @@ class Cloud:
         self.instances: Dict[str, Instance] = {}
         self.hosts: Dict[str, SimHost] = {}
         self.received: List[Received] = []
+        self.now = time.time()  # the harness's clock (the watch's checks are due by it, not by the wall clock)
         self.plans: Dict[Tuple[str, int], "Plan"] = {}  # what each attempt's command will do (the harness sets it)
         self._n = 0
 
@@ -272,7 +273,8 @@ class SimBackend(BackendBase):
             for _ in range(50):
                 if agent.phase == SimAgent.DONE:
                     break
-                agent.tick(time.time(), stopping=True)
+                self.cloud.now += 0.1
+                agent.tick(self.cloud.now, stopping=True)
         for host in hosts:  # its session ended: the hosts of the run go
             self.cloud.remove_host(host.host_id)
         return True

@@ -80,12 +80,6 @@ def test_a_sweep_without_faults_ends_with_every_run_succeeded_and_in_the_store()
     assert {v.state for v in m.progress.runs} == {"succeeded"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 44 item 10: its fix (04b509b) landed, yet here a pruned run's metrics are not in the store once "
-    "it is final; not yet understood whether the fix misses this order (verdict, then stop in the same pass) or the "
-    "simulated agent does",
-)
 def test_a_pruned_run_keeps_its_folder_and_log_in_the_store():
     scripted(grid(prune=True), ["ok"] * 12, PASS_AND_TICK * 8, checked={10})
 
