@@ -170,3 +170,31 @@ def test_the_tree_is_ruff_formatted_and_lint_clean():
     assert fmt.returncode == 0, f"run `ruff format .`:\n{fmt.stdout}{fmt.stderr}"
     lint = _ruff("check", ".")
     assert lint.returncode == 0, f"`ruff check .` found:\n{lint.stdout}{lint.stderr}"
+
+
+def private_imports(root: Path) -> list:
+    """Every `from orchestrator.x import _name` in a module other than x (a private name is its module's own)."""
+    import ast
+
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        module = ".".join(path.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("orchestrator")):
+                continue
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__") and node.module != module:
+                    found.append(f"{path.relative_to(root.parent)}:{node.lineno}: {node.module}.{alias.name}")
+    return found
+
+
+def test_no_module_imports_another_modules_private_name(tmp_path):
+    """A name with a leading underscore may change without notice: what another module needs is made public."""
+    assert private_imports(ROOT / "orchestrator") == []
+    planted = tmp_path / "orchestrator"  # the check finds one, at module level and inside a function
+    planted.mkdir()
+    (planted / "a.py").write_text("from orchestrator.b import _x\n\n\ndef f():\n    from orchestrator.c import _y, z\n")
+    assert private_imports(planted) == [
+        "orchestrator/a.py:1: orchestrator.b._x",
+        "orchestrator/a.py:5: orchestrator.c._y",
+    ]

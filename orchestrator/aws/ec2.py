@@ -79,16 +79,16 @@ def client(service: str, region: str):
     return boto_client(service, region, max_attempts=8)
 
 
-def _code(exc) -> str:
+def error_code(exc) -> str:
     return getattr(exc, "response", {}).get("Error", {}).get("Code", "")
 
 
-def _message(exc) -> str:
+def error_message(exc) -> str:
     return getattr(exc, "response", {}).get("Error", {}).get("Message", "") or str(exc)
 
 
 def _not_found(exc) -> bool:
-    return _code(exc).endswith(".NotFound") or _code(exc) == "NoSuchEntity"
+    return error_code(exc).endswith(".NotFound") or error_code(exc) == "NoSuchEntity"
 
 
 def explain(exc, what: str, market: str = "spot", instance_type: str = "") -> OrchError:
@@ -99,7 +99,7 @@ def explain(exc, what: str, market: str = "spot", instance_type: str = "") -> Or
         return AwsFatal("No AWS credentials found. Run `aws configure` or set AWS_PROFILE.")
     if isinstance(exc, NoRegionError):
         return AwsFatal("No AWS region set. Set `aws.region` in the sweep.")
-    code = _code(exc)
+    code = error_code(exc)
     msg = getattr(exc, "response", {}).get("Error", {}).get("Message", str(exc))
     if code == "AuthFailure.ServiceLinkedRoleCreationNotPermitted":
         return AwsFatal(f"{what}: permission denied ({code}: {msg}). {SLR_FIX}")
@@ -134,7 +134,7 @@ def resolve_subnets(ec2, subnet_ids: List[str], region: str) -> List[dict]:
                 raise OrchError(f"no default VPC in {region}. Set `aws.subnet_ids` to subnets of your VPC.")
             subnets = ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpcs[0]["VpcId"]]}])["Subnets"]
     except ClientError as exc:
-        if _code(exc).startswith("InvalidSubnetID"):
+        if error_code(exc).startswith("InvalidSubnetID"):
             raise OrchError(
                 f"subnet not found in {region}: {', '.join(subnet_ids)}. Check `aws.subnet_ids` (`aws ec2 "
                 "describe-subnets`)."
@@ -202,7 +202,7 @@ def ensure_security_group(ec2, sweep: str, vpc_id: str, cidr: str) -> str:
                 TagSpecifications=[{"ResourceType": "security-group", "Tags": sweep_tags(sweep)}],
             )["GroupId"]
         except ClientError as exc:  # a racing launch of the sweep made it meanwhile: use that one
-            existing = found() if _code(exc) == "InvalidGroup.Duplicate" else []
+            existing = found() if error_code(exc) == "InvalidGroup.Duplicate" else []
             if not existing:
                 raise
             gid = existing[0]["GroupId"]
@@ -221,9 +221,9 @@ def ensure_security_group(ec2, sweep: str, vpc_id: str, cidr: str) -> str:
             try:
                 ec2.authorize_security_group_ingress(GroupId=gid, IpPermissions=[rule])
             except ClientError as exc:
-                if _code(exc) == "InvalidGroup.NotFound":  # a new group is not visible everywhere yet
+                if error_code(exc) == "InvalidGroup.NotFound":  # a new group is not visible everywhere yet
                     return False
-                if _code(exc) != "InvalidPermission.Duplicate":
+                if error_code(exc) != "InvalidPermission.Duplicate":
                     raise
         return True
 
@@ -255,7 +255,7 @@ def allow_ssh_from(ec2, group_id: str, cidr: str, instance_id: str = "", live: S
     try:
         ec2.authorize_security_group_ingress(GroupId=group_id, IpPermissions=[rule])
     except ClientError as exc:
-        if _code(exc) != "InvalidPermission.Duplicate":
+        if error_code(exc) != "InvalidPermission.Duplicate":
             raise
 
 
@@ -321,7 +321,7 @@ def ensure_launch_template(ec2, sweep: str, data: dict) -> str:
             TagSpecifications=[{"ResourceType": "launch-template", "Tags": sweep_tags(sweep)}],
         )["LaunchTemplate"]["LaunchTemplateId"]
     except ClientError as exc:  # a racing launch of the sweep made it meanwhile: use that one
-        existing = found() if _code(exc) == "InvalidLaunchTemplateName.AlreadyExistsException" else []
+        existing = found() if error_code(exc) == "InvalidLaunchTemplateName.AlreadyExistsException" else []
         if not existing:
             raise
         return existing[0]["LaunchTemplateId"]
@@ -439,7 +439,7 @@ def terminate(ec2, instance_ids: List[str], patience_s: float = NOT_FOUND_S) -> 
             ec2.terminate_instances(InstanceIds=instance_ids)
             return True
         except ClientError as exc:
-            if _code(exc) == "InvalidInstanceID.NotFound":
+            if error_code(exc) == "InvalidInstanceID.NotFound":
                 return False
             raise
 

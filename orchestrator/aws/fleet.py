@@ -20,8 +20,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 from orchestrator.aws.ec2 import (
     QUOTA_ERRORS,
     AwsFatal,
-    _code,
-    _message,
+    error_code,
+    error_message,
     explain,
     is_permission,
 )
@@ -405,7 +405,7 @@ class _Ask:
 
     def _refusal(self, exc, market: str, allowed: List[Choice]):
         """The whole request was refused (an exception, not a 200 with Errors)."""
-        code, message = _code(exc), _message(exc)
+        code, message = error_code(exc), error_message(exc)
         first = allowed[0]
         if is_unoffered(code, message):
             log.info("%s: %s; not asked again", first.instance_type, message)

@@ -11,7 +11,7 @@ import json
 import logging
 from typing import List, Sequence
 
-from orchestrator.aws.ec2 import AwsFatal, _code, _message, explain
+from orchestrator.aws.ec2 import AwsFatal, error_code, error_message, explain
 from orchestrator.aws.policy import INSTANCES, ITSELF, boundary_arn, pass_role_statement, remote_controller_statements
 from orchestrator.contract import RUNG_TAG
 from orchestrator.store.s3url import parse_s3
@@ -59,12 +59,12 @@ def bucket_kms_keys(s3, buckets: Sequence[str], kms=None) -> List[str]:
         try:
             rules = s3.get_bucket_encryption(Bucket=b)["ServerSideEncryptionConfiguration"]["Rules"]
         except ClientError as exc:
-            if _code(exc) not in ("ServerSideEncryptionConfigurationNotFoundError",):
+            if error_code(exc) not in ("ServerSideEncryptionConfigurationNotFoundError",):
                 log.warning(
                     "cannot read the default encryption of bucket %s (%s): if it uses a KMS key of yours, the "
                     "instances may not read or write it. Allow s3:GetEncryptionConfiguration (see `orch aws policy`).",
                     b,
-                    _code(exc),
+                    error_code(exc),
                 )
             continue
         for rule in rules:
@@ -97,7 +97,7 @@ def key_arn(kms, key: str) -> str:
             "cannot resolve the KMS key %s to its ARN (%s): the instances may use it only through S3 "
             "(kms:ViaService). Allow kms:DescribeKey (see `orch aws policy`).",
             key,
-            _code(exc) or type(exc).__name__,
+            error_code(exc) or type(exc).__name__,
         )
         return key
 
@@ -210,7 +210,7 @@ def ensure_spot_service_role(iam) -> None:
     try:
         iam.create_service_linked_role(AWSServiceName=SPOT_SERVICE)
     except ClientError as exc:
-        if _code(exc) == "InvalidInput" and "has been taken" in _message(exc):
+        if error_code(exc) == "InvalidInput" and "has been taken" in error_message(exc):
             return
         raise explain(exc, "creating the spot service-linked role AWSServiceRoleForEC2Spot") from None
 
@@ -255,12 +255,12 @@ def _profile_with_role(iam, name: str, tags: list) -> None:
         try:
             return iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"]
         except ClientError as exc:
-            if _code(exc) != "NoSuchEntity":
+            if error_code(exc) != "NoSuchEntity":
                 raise
         try:
             return iam.create_instance_profile(InstanceProfileName=name, Tags=tags)["InstanceProfile"]
         except ClientError as exc:
-            if _code(exc) != "EntityAlreadyExists":
+            if error_code(exc) != "EntityAlreadyExists":
                 raise
             return iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"]
 
@@ -269,7 +269,7 @@ def _profile_with_role(iam, name: str, tags: list) -> None:
     try:
         iam.add_role_to_instance_profile(InstanceProfileName=name, RoleName=name)
     except ClientError as exc:
-        if _code(exc) != "LimitExceeded" or not any(r["RoleName"] == name for r in current().get("Roles", [])):
+        if error_code(exc) != "LimitExceeded" or not any(r["RoleName"] == name for r in current().get("Roles", [])):
             raise
 
 
@@ -289,14 +289,14 @@ def ensure_role_profile(iam, name: str, sweep: str, policy: dict, what: str) -> 
                 RoleName=name, AssumeRolePolicyDocument=json.dumps(trust), Tags=tags, PermissionsBoundary=boundary
             )
         except ClientError as exc:
-            if _code(exc) != "EntityAlreadyExists":
+            if error_code(exc) != "EntityAlreadyExists":
                 raise
         iam.put_role_policy(RoleName=name, PolicyName="orch-sweep", PolicyDocument=json.dumps(policy))
         _profile_with_role(iam, name, tags)
     except ClientError as exc:
-        if _code(exc) == "AccessDenied":
+        if error_code(exc) == "AccessDenied":
             raise AwsFatal(
-                f"creating {what}: permission denied ({_message(exc)}). orch creates roles only "
+                f"creating {what}: permission denied ({error_message(exc)}). orch creates roles only "
                 f"with the permissions boundary {boundary}: an admin creates it once (`orch aws boundary`, "
                 "docs/aws.md); a role orch-* made without it cannot be changed by orch (remove it, or name your own "
                 "profile in `aws.instance_profile`)."

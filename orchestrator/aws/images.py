@@ -14,7 +14,7 @@ import logging
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from orchestrator.aws.ec2 import NOT_FOUND_S, _code, explain
+from orchestrator.aws.ec2 import NOT_FOUND_S, error_code, explain
 from orchestrator.errors import OrchError
 from orchestrator.wait import Timeout, retry_until
 
@@ -50,7 +50,7 @@ BAD_STATES = frozenset({"invalid", "deregistered", "failed", "error", "disabled"
 GONE_CODES = ("InvalidAMIID.NotFound", "InvalidAMIID.Unavailable")
 
 
-def _wait_available(
+def wait_available(
     ec2, image_id: str, say: Callable[[str], None] = lambda _: None, timeout_s: float = IMAGE_WAIT_S
 ) -> None:
     """Until the image is `available`; a bad terminal state is an error at once with EC2's reason. A new id that
@@ -92,7 +92,7 @@ def _describe(ec2, image_id: str) -> Optional[dict]:
     try:
         found = ec2.describe_images(ImageIds=[image_id])["Images"]
     except ClientError as exc:
-        if _code(exc) in GONE_CODES:
+        if error_code(exc) in GONE_CODES:
             return None
         raise
     return found[0] if found else None
@@ -139,7 +139,7 @@ def _deregister(ec2, image_id: str, snapshots: List[str]) -> bool:
     try:
         ec2.deregister_image(ImageId=image_id, **({"DeleteAssociatedSnapshots": True} if together else {}))
     except ClientError as exc:
-        if _code(exc) in GONE_CODES:
+        if error_code(exc) in GONE_CODES:
             return False
         raise
     for snap in [] if together else snapshots:
@@ -173,7 +173,7 @@ def resolve_image(ec2, image: str, owner: str, region: str) -> dict:
         else:
             found = ec2.describe_images(Owners=[owner], Filters=[{"Name": "name", "Values": [image]}])["Images"]
     except ClientError as exc:
-        if _code(exc).startswith("InvalidAMIID"):
+        if error_code(exc).startswith("InvalidAMIID"):
             found = []
         else:
             raise explain(exc, "looking up the AMI") from None

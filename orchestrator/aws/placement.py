@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Dict, List
 
-from orchestrator.aws.ec2 import _code, sweep_tags
+from orchestrator.aws.ec2 import error_code, sweep_tags
 
 _lock = threading.Lock()
 
@@ -34,7 +34,7 @@ def ensure_group(ec2, sweep: str, az: str, made: Dict[str, str]) -> str:
                 TagSpecifications=[{"ResourceType": "placement-group", "Tags": sweep_tags(sweep)}],
             )
         except ClientError as exc:
-            if _code(exc) != "InvalidPlacementGroup.Duplicate":  # made by an earlier controller of this sweep
+            if error_code(exc) != "InvalidPlacementGroup.Duplicate":  # made by an earlier controller of this sweep
                 raise
         made[az] = name
         return name
@@ -54,8 +54,8 @@ def delete_group(ec2, name: str) -> bool:
         ec2.delete_placement_group(GroupName=name)
         return True
     except ClientError as exc:
-        if _code(exc) == "InvalidPlacementGroup.Unknown":
+        if error_code(exc) == "InvalidPlacementGroup.Unknown":
             return True
-        if _code(exc) == "InvalidPlacementGroup.InUse":
+        if error_code(exc) == "InvalidPlacementGroup.InUse":
             return False
         raise

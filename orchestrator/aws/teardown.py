@@ -10,7 +10,7 @@ from typing import Dict, List
 from orchestrator.aws.ec2 import (
     LIVE_STATES,
     NOT_GONE,
-    _code,
+    error_code,
     explain,
     sweep_instances,
     terminate,
@@ -83,7 +83,7 @@ def _delete_instance_profile(iam, name: str) -> List[str]:
             iam.delete_instance_profile(InstanceProfileName=name)
             removed.append(f"instance-profile/{name}")
         except ClientError as exc:
-            if _code(exc) != "NoSuchEntity":
+            if error_code(exc) != "NoSuchEntity":
                 raise
         try:
             for policy in iam.list_role_policies(RoleName=name)["PolicyNames"]:
@@ -91,7 +91,7 @@ def _delete_instance_profile(iam, name: str) -> List[str]:
             iam.delete_role(RoleName=name)
             removed.append(f"role/{name}")
         except ClientError as exc:
-            if _code(exc) != "NoSuchEntity":
+            if error_code(exc) != "NoSuchEntity":
                 raise
     except ClientError as exc:
         raise explain(exc, "removing the instance profile") from None
@@ -141,8 +141,8 @@ def _try_delete_sg(ec2, group_id: str) -> bool:
         ec2.delete_security_group(GroupId=group_id)
         return True
     except ClientError as exc:
-        if _code(exc) == "InvalidGroup.NotFound":
+        if error_code(exc) == "InvalidGroup.NotFound":
             return True
-        if _code(exc) == "DependencyViolation":
+        if error_code(exc) == "DependencyViolation":
             return False
         raise

@@ -15,7 +15,7 @@ from typing import Optional
 
 import click
 
-from orchestrator.cli.common import _parts, expected_errors, load_sweep_arg
+from orchestrator.cli.common import expected_errors, load_sweep_arg, sweep_parts
 from orchestrator.errors import OrchError
 from orchestrator.host.attempt import group_runs
 from orchestrator.wait import Timeout, retry_until
@@ -60,7 +60,7 @@ def tensorboard(sweep: str, port: int, host: str, logdir: Optional[str]):
 
     need_tensorboard()
     sw = load_sweep_arg(sweep)
-    _, store, _ = _parts(sw)
+    _, store, _ = sweep_parts(sw)
     port = _free_port(host, port)  # before anything is written: a clear error, and never another server's URL
     folder = Path(logdir or Path("results") / sw.spec.name / "tensorboard")
     board = Board(sw, store, folder)

@@ -16,7 +16,7 @@ from orchestrator.errors import NotFound, OrchError
 EPILOG = "Docs: README.md. Runs keep going when orch exits; `orch down SWEEP` stops everything."
 
 
-def _console():
+def make_console():
     from rich.console import Console
 
     return Console(highlight=False, soft_wrap=True)
@@ -79,7 +79,7 @@ def resolve_run(arg: str) -> Tuple[object, str]:
             if rec.backend != "aws":
                 continue
             sweep = load_sweep_arg(rec.name)
-            run_id = _parts(sweep)[0].run_of_instance(arg)
+            run_id = sweep_parts(sweep)[0].run_of_instance(arg)
             if run_id:
                 return sweep, run_id
         raise NotFound(f"instance {arg} belongs to no running run of a sweep launched from here.")
@@ -106,7 +106,7 @@ def resolve_run(arg: str) -> Tuple[object, str]:
     return hits[0], run_id
 
 
-def _parts(sweep):
+def sweep_parts(sweep):
     from orchestrator.backends.registry import backend_for
     from orchestrator.control.state import State
     from orchestrator.store import open_store

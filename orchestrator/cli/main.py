@@ -16,12 +16,12 @@ import click
 
 from orchestrator.cli.common import (  # noqa: F401
     EPILOG,
-    _console,
-    _parts,
     expected_errors,
     explained,
     load_sweep_arg,
+    make_console,
     resolve_run,
+    sweep_parts,
 )
 from orchestrator.errors import OrchError
 
@@ -67,7 +67,7 @@ def launch(sweep_file: str, dry_run: bool, detach: bool, every: bool, remote: bo
     from orchestrator.backends.registry import load_sweep
 
     sweep = load_sweep(sweep_file)
-    con = _console()
+    con = make_console()
     if remote:
         from orchestrator.backends.aws.remote import check_remote
 
@@ -90,7 +90,7 @@ def launch(sweep_file: str, dry_run: bool, detach: bool, every: bool, remote: bo
     from orchestrator.store import layout
     from orchestrator.store.base import get_json
 
-    backend, store, state = _parts(sweep)
+    backend, store, state = sweep_parts(sweep)
     lock = SweepLock(state.home, sweep.spec.name)
     lock.acquire()
     lock.clear_stop()  # a launch after `orch down` runs the sweep again
@@ -302,7 +302,7 @@ def controller_cmd(sweep_file: str, remote_settings: Optional[str]):
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     sweep = load_sweep(sweep_file)
-    backend, store, state = _parts(sweep)
+    backend, store, state = sweep_parts(sweep)
     if remote_settings:  # its backend sees the sweep with the controller's own key, group and profile
         from orchestrator.backends.aws.remote import RemoteSettings, remote_view
         from orchestrator.backends.registry import backend_for
@@ -312,7 +312,7 @@ def controller_cmd(sweep_file: str, remote_settings: Optional[str]):
         backend = backend_for(remote_view(sweep, settings))
     lock = SweepLock(state.home, sweep.spec.name)
     lock.acquire()
-    con = _console()
+    con = make_console()
     lease = _take_lease(con, sweep, store, state)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     if lock.stop_asked():  # `orch down` came while a launch handed the loop over: the stop wins
@@ -346,7 +346,7 @@ def _status_of_every_sweep(con, as_json: bool) -> None:
     for rec in state.sweeps():
         try:
             sw = load_sweep_arg(rec.name)
-            backend, store, _ = _parts(sw)
+            backend, store, _ = sweep_parts(sw)
             p = observe(sw, backend, store)
             summary = summary_line(p)
         except Exception as exc:  # one sweep out of reach (its cloud's credentials, say): list the others
@@ -400,12 +400,12 @@ def status(sweep: Optional[str], as_json: bool, watch: bool, every: bool):
     from orchestrator.control.actions import observe
     from orchestrator.wait import retry_until
 
-    con = _console()
+    con = make_console()
     if sweep is None:
         _status_of_every_sweep(con, as_json)
         return
     sw = load_sweep_arg(sweep)
-    backend, store, _ = _parts(sw)
+    backend, store, _ = sweep_parts(sw)
     if as_json:
         from orchestrator.control.lease import read_lease
 
@@ -497,11 +497,11 @@ def collect(sweep: str, out: Optional[str], wide: bool, tb_dir: Optional[str]):
     from orchestrator.control.collect import write_outputs
 
     sw = load_sweep_arg(sweep)
-    _, store, _ = _parts(sw)
+    _, store, _ = sweep_parts(sw)
     results = gather(sw, store)
     out_dir = Path(out or Path("results") / sw.spec.name)
     paths = write_outputs(results, out_dir)
-    con = _console()
+    con = make_console()
     table = results_table(results, width=con.width, wide=wide)
     con.width = max(con.width, table.needed_width)  # longer lines rather than cut ids, states, times
     con.print(table)
@@ -535,7 +535,7 @@ def cancel(run: str):
     from orchestrator.control.actions import cancel_run
 
     sweep, run_id = resolve_run(run)
-    backend, store, _ = _parts(sweep)
+    backend, store, _ = sweep_parts(sweep)
     click.echo(cancel_run(sweep, backend, store, run_id))
 
 

@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import click
 
-from orchestrator.cli.common import _parts, expected_errors, explained, load_sweep_arg, resolve_run
+from orchestrator.cli.common import expected_errors, explained, load_sweep_arg, resolve_run, sweep_parts
 from orchestrator.errors import OrchError
 
 
@@ -43,7 +43,7 @@ def chaos_interrupt_cmd(run: str, grace: float):
     from orchestrator.control.actions import chaos_interrupt
 
     sweep, run_id = resolve_run(run)
-    backend, store, _ = _parts(sweep)
+    backend, store, _ = sweep_parts(sweep)
     st = chaos_interrupt(sweep, backend, store, run_id, grace)
     click.echo(f"interrupted {sweep.spec.name}/{run_id}: {st.reason or st.state}")
 
@@ -145,7 +145,7 @@ def _down_one(arg: str, known: set) -> None:
     sw = load_sweep_arg(arg)
     if arg not in known:
         _stop_controller(sw.spec.name)
-    backend, store, _ = _parts(sw)
+    backend, store, _ = sweep_parts(sw)
     for line in _stop_elsewhere(sw, store):
         click.echo(line)
     stopped = stop_sweep(sw, backend, store)

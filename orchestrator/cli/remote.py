@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from orchestrator.cli.common import _parts, expected_errors
+from orchestrator.cli.common import expected_errors, sweep_parts
 from orchestrator.errors import OrchError
 
 STARTING_S = 900.0  # a controller instance younger than this may still be installing and taking the sweep
@@ -24,7 +24,7 @@ def launch_remote(con, sweep) -> None:
     from orchestrator.control.lease import read_lease, refusal
 
     check_remote(sweep)
-    backend, store, state = _parts(sweep)
+    backend, store, state = sweep_parts(sweep)
     name = sweep.spec.name
     lease, _ = read_lease(store, name)
     if lease is not None and lease.alive():

@@ -7,7 +7,7 @@ from typing import Optional
 
 import click
 
-from orchestrator.cli.common import _parts, expected_errors, resolve_run
+from orchestrator.cli.common import expected_errors, resolve_run, sweep_parts
 from orchestrator.errors import NotFound, OrchError
 
 
@@ -37,7 +37,7 @@ def attach(run: str, node: int):
             f"{run} -f`."
         )
     sweep, run_id = resolve_run(run)
-    backend, _, _ = _parts(sweep)
+    backend, _, _ = sweep_parts(sweep)
     sys.exit(backend.attach(run_id, node))
 
 
@@ -75,7 +75,7 @@ def logs(run: str, follow: bool, attempt: Optional[int], node: int, controller: 
         return
 
     sweep, run_id = resolve_run(run)
-    _, store, _ = _parts(sweep)
+    _, store, _ = sweep_parts(sweep)
     name = sweep.spec.name
     n = attempt or read_status(store, name, run_id).attempt
     if not n:
@@ -113,7 +113,7 @@ def _controller_log(sweep_arg: str, follow: bool) -> None:
     from orchestrator.wait import retry_until
 
     sweep = load_sweep_arg(sweep_arg)
-    _, store, _ = _parts(sweep)
+    _, store, _ = sweep_parts(sweep)
     key = layout.controller_log_key(sweep.spec.name)
     if store.get_bytes(key) is None and not follow:
         raise NotFound(

@@ -36,7 +36,6 @@ from orchestrator.errors import OrchError
 from orchestrator.host import tmux, watch
 from orchestrator.host.attempt import (
     RungWatch,
-    _write_private,
     checkpoint_ok,
     final_status,
     group_runs,
@@ -45,6 +44,7 @@ from orchestrator.host.attempt import (
     tail,
     usr1_targets,
     wrapper_script,
+    write_private,
 )
 from orchestrator.host.env import HostFacts
 from orchestrator.host.imds import ask_imds_patiently
@@ -264,7 +264,7 @@ class Agent:
         t = self.task
         env = self.here.command_env(t)  # the host's GPUs and a free rendezvous port (the run's shape)
         script = self.ctl / f"attempt-{t.attempt}.sh"
-        _write_private(script, wrapper_script(t, self.here, env, self.log_file))  # it holds the whole environment
+        write_private(script, wrapper_script(t, self.here, env, self.log_file))  # it holds the whole environment
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "a") as f:  # the header from Python: user text never becomes shell syntax
             f.write(

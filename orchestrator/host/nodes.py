@@ -87,9 +87,9 @@ class FollowerReporter:
         self._look()
 
     def heartbeats(self, status: RunStatus, period: float):
-        from orchestrator.host.reporter import _Heartbeats
+        from orchestrator.host.reporter import Heartbeats
 
-        return _Heartbeats(lambda: self.beat(status), period)
+        return Heartbeats(lambda: self.beat(status), period)
 
 
 class Relay:

@@ -123,11 +123,11 @@ class Reporter:
                 )
             self.record_s = None
 
-    def heartbeats(self, status: RunStatus, period: float) -> "_Heartbeats":
-        return _Heartbeats(lambda: self.beat(status), period)
+    def heartbeats(self, status: RunStatus, period: float) -> "Heartbeats":
+        return Heartbeats(lambda: self.beat(status), period)
 
 
-class _Heartbeats:
+class Heartbeats:
     """Call beat() every period seconds on a thread while the block runs."""
 
     def __init__(self, beat, period: float):

@@ -90,7 +90,7 @@ def sha256_file(path: Path, algorithm: str = "sha256") -> str:
     return h.hexdigest()
 
 
-def _files(root: Path) -> Iterable[Path]:
+def files_under(root: Path) -> Iterable[Path]:
     if not root.is_dir():
         return []
     return sorted(p for p in root.rglob("*") if p.is_file() and not p.name.endswith(".tmp"))

@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from orchestrator.errors import OrchError
-from orchestrator.store.base import HashCache, Select, SyncResult, _files, atomic_write
+from orchestrator.store.base import HashCache, Select, SyncResult, atomic_write, files_under
 
 
 def _copy_tree(
     src_root: Path, dst_root: Path, hashes: HashCache, only: Optional[Select] = None, prune: Optional[Select] = None
 ) -> SyncResult:
     result = SyncResult()
-    for src in _files(src_root):
+    for src in files_under(src_root):
         rel = str(src.relative_to(src_root))
         if only is not None and not only(rel):
             continue
@@ -37,7 +37,7 @@ def _copy_tree(
         result.copied += 1
         result.bytes += dst.stat().st_size
     if prune is not None:
-        for dst in _files(dst_root):
+        for dst in files_under(dst_root):
             rel = str(dst.relative_to(dst_root))
             if prune(rel) and not (src_root / rel).exists():
                 dst.unlink(missing_ok=True)
@@ -118,7 +118,7 @@ class LocalStore:
 
     def list(self, prefix: str) -> List[str]:
         base = self._path(prefix)
-        return [str(p.relative_to(self.root)) for p in _files(base)]
+        return [str(p.relative_to(self.root)) for p in files_under(base)]
 
     def sync_up(self, local_dir: Path, prefix: str, prune: Optional[Select] = None, indexed: bool = True) -> SyncResult:
         return _copy_tree(Path(local_dir), self._path(prefix), self.hashes, prune=prune)
@@ -130,7 +130,7 @@ class LocalStore:
 
     def delete_prefix(self, prefix: str) -> int:
         base = self._path(prefix)
-        n = len(list(_files(base)))
+        n = len(list(files_under(base)))
         shutil.rmtree(base, ignore_errors=True)
         return n
 

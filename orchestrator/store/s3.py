@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from orchestrator.errors import OrchError
-from orchestrator.store.base import HashCache, Select, SyncResult, _files, sha256_file
+from orchestrator.store.base import HashCache, Select, SyncResult, files_under, sha256_file
 from orchestrator.store.s3url import parse_s3
 
 SYNC_INDEX = ".orch-sync.json"  # per synced prefix: {relative path: {"size", "sha256"}} of what was uploaded
@@ -182,7 +182,7 @@ class S3Store:
             index = {rel: meta for rel, meta in index.items() if there.get(rel) == meta.get("size")}
         result = SyncResult()
         todo = []
-        for path in _files(local_dir):
+        for path in files_under(local_dir):
             rel = str(path.relative_to(local_dir))
             try:
                 digest = self.hashes.digest(path)

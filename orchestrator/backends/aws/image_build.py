@@ -21,10 +21,10 @@ from orchestrator.aws.images import (
     BASE_TAG,
     RECIPE_TAG,
     SHA_TAG,
-    _wait_available,
     builder_name,
     images,
     resolve_image,
+    wait_available,
 )
 from orchestrator.backends import bundle as code_bundle
 from orchestrator.backends.aws.recipe import Recipe
@@ -146,7 +146,7 @@ def _snapshot(ec2, recipe: Recipe, sha: str, base: dict, instance_id: str, say: 
         TagSpecifications=_on_creation(image_tags),
     )["ImageId"]
     say(f"image {image_id} is pending: EC2 reboots the builder and snapshots its volume (minutes; more when large)")
-    _wait_available(ec2, image_id, say)
+    wait_available(ec2, image_id, say)
     say(f"image {image_id} in {recipe.aws.region}")
     return image_id
 
@@ -190,7 +190,7 @@ def _copy(image_id: str, source: str, region: str, recipe: Recipe, sha: str, say
         Name=f"orch-{recipe.name}-{sha[:12]}",
         TagSpecifications=_on_creation(tags),
     )["ImageId"]
-    _wait_available(ec2, copied, say)
+    wait_available(ec2, copied, say)
     say(f"{region}: {copied}")
     return copied
 
