@@ -20,7 +20,7 @@ import re
 import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the agent imports this module on hosts; keep pydantic out of its start-up
     pass
@@ -40,7 +40,7 @@ AUTO = "auto"  # `resources:` gpus / procs_per_node: the host decides (its GPUs)
 # --- a metrics line's values (the command writes them; every reader of them agrees on these) ---
 
 
-def finite(value: Any) -> Optional[float]:
+def finite(value: Any) -> float | None:
     """A metric's value as a float when it is a real, finite number; None for anything else (true/false,
     NaN, infinities, text, null), which no comparison, best-of or plot takes part in."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -52,13 +52,13 @@ def finite(value: Any) -> Optional[float]:
     return number if math.isfinite(number) else None
 
 
-def default_mode(metric: str) -> Optional[str]:
+def default_mode(metric: str) -> str | None:
     """Which way a metric improves when the sweep does not say: max for names ending in acc (accuracy),
     min for names ending in loss; None when neither."""
     return "max" if metric.endswith("acc") else "min" if metric.endswith("loss") else None
 
 
-def keep_best(best: Dict[str, float], metric: str, value: float) -> None:
+def keep_best(best: dict[str, float], metric: str, value: float) -> None:
     """Fold one value into `best` (the best so far of each metric that has a default mode)."""
     mode = default_mode(metric)
     if mode is not None:
@@ -74,7 +74,7 @@ _RESERVED_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
 _RESERVED_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3")
 
 
-def bucket_problem(name: str) -> Optional[str]:
+def bucket_problem(name: str) -> str | None:
     """Why S3 would refuse `name` as a bucket's, in words; None for a valid name."""
     if not 3 <= len(name) <= 63:
         return f"a bucket name has 3 to 63 characters ({len(name)} here)"
@@ -127,7 +127,7 @@ def sh_path(path: str) -> str:
     return shlex.quote(path)
 
 
-def agent_command(python: str, task_file: str, ctl_dir: str, pythonpath: Optional[str] = None) -> str:
+def agent_command(python: str, task_file: str, ctl_dir: str, pythonpath: str | None = None) -> str:
     """The shell command that runs the agent for a task; its own output goes to ctl/agent.log."""
     prefix = f"PYTHONPATH={sh_path(pythonpath)} " if pythonpath else ""
     return (
@@ -193,20 +193,20 @@ class RunTask:
     run_dir: str  # ORCH_RUN_DIR on the host
     ctl_dir: str  # the agent's private folder on the host (script, pids, exit code)
     session: str  # tmux session the agent runs in; the command gets a window "run" in it
-    env: Dict[str, str] = field(default_factory=dict)  # environment of the command
-    timeout_s: Optional[float] = None  # stop and fail the command after this long
+    env: dict[str, str] = field(default_factory=dict)  # environment of the command
+    timeout_s: float | None = None  # stop and fail the command after this long
     heartbeat_s: float = 2.0  # status.json heartbeat period
     # with it: a beat rewrites status.json only this often (or when its state or a rung changed) and otherwise just
     # touches ctl/reported, for a backend that reads that file (local) on a store that bills each request
-    record_s: Optional[float] = None
+    record_s: float | None = None
     sync_s: float = 5.0  # run folder -> store period
     host: str = "localhost"  # shown in status
     # the host-side parts its backend switches on (HOST_PARTS); host/ ships them all, the backend names its own
-    host_parts: List[str] = field(default_factory=list)
-    idle_s: Optional[float] = None  # without SELF_TERMINATE: the host ends once the run ended and idle this long
+    host_parts: list[str] = field(default_factory=list)
+    idle_s: float | None = None  # without SELF_TERMINATE: the host ends once the run ended and idle this long
     replaces: str = ""  # host of the previous attempt when that one was preempted or lost
     notice_poll_s: float = 5.0  # how often the agent looks for a spot interruption notice
-    data: List[Dict[str, str]] = field(default_factory=list)  # [{"from", "to"}]: staged before the command starts
+    data: list[dict[str, str]] = field(default_factory=list)  # [{"from", "to"}]: staged before the command starts
     nodes_here: int = 1  # local: the run's nodes all run on this host, as that many copies of the command
     node_hosts: int = 1  # hosts the attempt spans, one node each (its agents: node 0 reports, the others follow)
     node_rank: int = 0  # which of them this host is
@@ -214,7 +214,7 @@ class RunTask:
     rungs_at: str = (
         ""  # prune: the metrics key of progress (`prune.at`); a line passing one of `rungs` is reported at once,
     )
-    rungs: List[float] = field(default_factory=list)  # not at the next heartbeat (the controller decides at rungs)
+    rungs: list[float] = field(default_factory=list)  # not at the next heartbeat (the controller decides at rungs)
     rungs_metric: str = ""  # prune: the metric compared; the agent reports its value at each rung
 
     def uses(self, part: str) -> bool:
@@ -226,7 +226,7 @@ class RunTask:
         return json.dumps(asdict(self), indent=2).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> "RunTask":
+    def from_json(cls, data: bytes) -> RunTask:
         return cls(**json.loads(data))
 
     def save(self, path: Path) -> None:
@@ -235,5 +235,5 @@ class RunTask:
         path.write_bytes(self.to_json())
 
     @classmethod
-    def load(cls, path: Path) -> "RunTask":
+    def load(cls, path: Path) -> RunTask:
         return cls.from_json(Path(path).read_bytes())

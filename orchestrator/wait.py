@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -14,7 +15,7 @@ class Timeout(Exception):
 
 def retry_until(
     fn: Callable[[], T],
-    timeout: Optional[float],
+    timeout: float | None,
     interval: float,
     what: str = "condition",
     sleep: Callable[[float], None] = time.sleep,

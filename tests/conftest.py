@@ -269,7 +269,7 @@ def job(tmp_path):
     return command
 
 
-def run_states(orch: "Orch", sweep: str, every: bool = False, gap: float = STATUS_GAP_S) -> dict:
+def run_states(orch: Orch, sweep: str, every: bool = False, gap: float = STATUS_GAP_S) -> dict:
     """`orch status SWEEP --json` as {run_id: run}; {} until the controller has registered the sweep. `every`: with
     --all, every run's own record (without it, a run the summary does not count active is as the last pass wrote
     it: a controller killed mid-pass may have claimed it since). `gap`: at least this long since the test's last call

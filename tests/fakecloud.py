@@ -34,6 +34,7 @@ tests/conftest.py, or stand-alone: `python -m tests.fakecloud` prints the enviro
 from __future__ import annotations
 
 import base64
+import contextlib
 import fcntl
 import json
 import os
@@ -46,10 +47,10 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
 
 import yaml
 
@@ -140,7 +141,7 @@ def _extend_moto() -> None:
 
 
 class _Imds(BaseHTTPRequestHandler):
-    host: "FakeHost"
+    host: FakeHost
 
     def log_message(self, *args):  # quiet
         pass
@@ -150,10 +151,8 @@ class _Imds(BaseHTTPRequestHandler):
             if self.host.imds_late_s and not self.host.imds_answered:  # fault injection: a busy host's first answer
                 self.host.imds_answered = True
                 time.sleep(self.host.imds_late_s)
-            try:
+            with contextlib.suppress(BrokenPipeError):  # the SDK stopped waiting for this answer
                 self._send(200, self.host.token)
-            except BrokenPipeError:  # the SDK stopped waiting for this answer
-                pass
         else:
             self._send(404, "")
 
@@ -196,18 +195,18 @@ class FakeHost:
     root: Path
     endpoint: str  # moto
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
-    spot_notice: Optional[str] = None  # JSON served at spot/instance-action once set
-    rebalance: Optional[str] = None  # JSON served at events/recommendations/rebalance once set
-    runcmd: List = field(default_factory=list)
+    spot_notice: str | None = None  # JSON served at spot/instance-action once set
+    rebalance: str | None = None  # JSON served at events/recommendations/rebalance once set
+    runcmd: list = field(default_factory=list)
     user_data: str = ""
-    credentials: Optional[Callable[[], tuple]] = None  # () -> (role or None, IMDS credentials document)
-    image: Optional[Path] = None  # the fake AMI's bin folder (plain python3 without torch)
+    credentials: Callable[[], tuple] | None = None  # () -> (role or None, IMDS credentials document)
+    image: Path | None = None  # the fake AMI's bin folder (plain python3 without torch)
     cold_s: float = 0.0  # extra seconds of the first interpreter start (a cold EBS volume)
     wrong_key: bool = False  # fault injection: present a host key other than the pinned one
     imds_late_s: float = 0.0  # fault injection: the first IMDS token request is answered this many seconds late
     imds_answered: bool = False
-    sshd: Optional[subprocess.Popen] = None
-    imds: Optional[ThreadingHTTPServer] = None
+    sshd: subprocess.Popen | None = None
+    imds: ThreadingHTTPServer | None = None
 
     @property
     def home(self) -> Path:
@@ -280,10 +279,8 @@ class FakeHost:
             self.sshd.kill()
             self.sshd.wait(5)
         for pid in processes_of(self.instance_id):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         if self.imds:
             self.imds.shutdown()
             self.imds.server_close()
@@ -291,7 +288,7 @@ class FakeHost:
         shutil.rmtree(getattr(self, "tmux_dir", ""), ignore_errors=True)
 
 
-def processes_of(instance_id: str) -> List[int]:
+def processes_of(instance_id: str) -> list[int]:
     marker = f"ORCH_FAKE_HOST={instance_id}".encode()
     found = []
     for d in Path("/proc").iterdir():
@@ -315,7 +312,7 @@ class _GatedMotoServer:
         self.port, self.gate_args = port, gate_args
         self.ready = threading.Event()
 
-    def start(self) -> "Gate":
+    def start(self) -> Gate:
         from moto.moto_server.werkzeug_app import (
             DomainDispatcherApplication,
             MotoRequestHandler,
@@ -344,7 +341,7 @@ class FakeCloud:
         poll_s: float = 1.0,  # the watcher's DescribeInstances: about 30 ms of moto's CPU each (6% of a core at 0.5)
         boot_s: float = 0.0,
         cold_s: float = 0.0,
-        strict: Optional[Strictness] = None,
+        strict: Strictness | None = None,
         default_vpc: bool = True,
     ):
         self.root = Path(root)
@@ -353,21 +350,21 @@ class FakeCloud:
         self.cold_s = cold_s  # extra seconds of a host's first interpreter start (real: 10-30 on a cold volume)
         self.strict = strict or Strictness()
         self.default_vpc = default_vpc
-        self.hosts: Dict[str, FakeHost] = {}
-        self.gone: Dict[str, FakeHost] = {}
-        self.seen: Dict[str, float] = {}  # instance id -> when the watcher first saw it running
-        self.subnets: List[str] = []
+        self.hosts: dict[str, FakeHost] = {}
+        self.gone: dict[str, FakeHost] = {}
+        self.seen: dict[str, float] = {}  # instance id -> when the watcher first saw it running
+        self.subnets: list[str] = []
         self.wrong_host_keys = False  # set by a test: new hosts answer with a different host key
         self.no_sshd = False  # set by a test: new hosts never bring sshd up
         self.imds_late_s = 0.0  # set by a test: each new host answers its first IMDS token request this late
         self.secret = f"fake-secret-{uuid.uuid4().hex}"  # distinctive, so tests can look for leaks
         self._stop = threading.Event()
-        self._saved_env: Dict[str, Optional[str]] = {}
-        self._creds: Dict[str, tuple] = {}
+        self._saved_env: dict[str, str | None] = {}
+        self._creds: dict[str, tuple] = {}
 
     # lifecycle
 
-    def __enter__(self) -> "FakeCloud":
+    def __enter__(self) -> FakeCloud:
         self.start()
         return self
 
@@ -527,7 +524,7 @@ class FakeCloud:
             urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"), timeout=10
         ).read()
 
-    def env(self) -> Dict[str, str]:
+    def env(self) -> dict[str, str]:
         return {
             "AWS_ENDPOINT_URL": self.endpoint,
             "AWS_ACCESS_KEY_ID": CONTROLLER_KEY,
@@ -616,7 +613,7 @@ class FakeCloud:
 
     # inspection
 
-    def instances(self, sweep: Optional[str] = None, states=("pending", "running")) -> List[dict]:
+    def instances(self, sweep: str | None = None, states=("pending", "running")) -> list[dict]:
         out = []
         for res in self.client("ec2").describe_instances()["Reservations"]:
             for i in res["Instances"]:
@@ -632,7 +629,7 @@ class FakeCloud:
                     )
         return out
 
-    def leftovers(self, sweep: str) -> Dict[str, list]:
+    def leftovers(self, sweep: str) -> dict[str, list]:
         """What of the sweep still exists: anything here after `orch down` is a leak."""
         ec2, iam = self.client("ec2"), self.client("iam")
         name = f"orch-{sweep}"
@@ -656,7 +653,7 @@ class FakeCloud:
             ],
         }
 
-    def all_leftovers(self) -> Dict[str, list]:
+    def all_leftovers(self) -> dict[str, list]:
         from orchestrator.aws.teardown import orch_resources
 
         return orch_resources(self.client("ec2"), self.client("iam"))

@@ -45,8 +45,8 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
 from urllib.parse import parse_qs, parse_qsl, urlencode
 
 ACCOUNT = "123456789012"  # moto's default account
@@ -76,7 +76,7 @@ class Caller(str):
     """A role's name, as the gate knows a caller; `context` holds the keys IAM adds for where its credentials came
     from: ec2:SourceInstanceARN only for credentials the fake IMDS delivered to an instance (as EC2 does)."""
 
-    context: Dict[str, str] = {}
+    context: dict[str, str] = {}
 
 
 def on_instance(role: str, instance_id: str) -> Caller:
@@ -107,18 +107,18 @@ class Gate:
 
     app: Callable
     strict: Strictness = field(default_factory=Strictness)
-    fleet_errors: Dict[Tuple[str, str, str], str] = field(default_factory=dict)
-    roles: Dict[str, str] = field(default_factory=dict)  # access key id -> role name (or a Caller, from the IMDS)
+    fleet_errors: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    roles: dict[str, str] = field(default_factory=dict)  # access key id -> role name (or a Caller, from the IMDS)
     counts: Counter = field(default_factory=Counter)
-    young: Dict[str, float] = field(default_factory=dict)  # instance id / group id / profile name -> born at
-    groups_of: Dict[str, List[str]] = field(default_factory=dict)  # instance id -> security groups (from its template)
-    profile_of: Dict[str, str] = field(default_factory=dict)  # instance id -> instance profile (moto's fleets drop it)
-    policy_source: Optional[Callable[[str], List[dict]]] = None  # role -> policy documents
-    boundary_source: Optional[Callable[[str], Optional[dict]]] = None  # role -> its permissions boundary, if any
+    young: dict[str, float] = field(default_factory=dict)  # instance id / group id / profile name -> born at
+    groups_of: dict[str, list[str]] = field(default_factory=dict)  # instance id -> security groups (from its template)
+    profile_of: dict[str, str] = field(default_factory=dict)  # instance id -> instance profile (moto's fleets drop it)
+    policy_source: Callable[[str], list[dict]] | None = None  # role -> policy documents
+    boundary_source: Callable[[str], dict | None] | None = None  # role -> its permissions boundary, if any
     garbled: set = field(
         default_factory=set
     )  # EC2 actions answered with a body no SDK can parse (any-exception injection)
-    fleet_capacity: Dict[Tuple[str, str, str], int] = field(
+    fleet_capacity: dict[tuple[str, str, str], int] = field(
         default_factory=dict
     )  # most instances one CreateFleet gets from a pool
     spot_ids: set = field(
@@ -127,16 +127,16 @@ class Gate:
     kms_buckets: set = field(
         default_factory=set
     )  # buckets whose default encryption is SSE-KMS: their ETags are no MD5s
-    spot_quota: Optional[int] = (
+    spot_quota: int | None = (
         None  # set by a test: most live spot instances the account may run (the vCPU quota, in instances)
     )
     unoffered: set = field(default_factory=set)  # (type, AZ) pools EC2 does not offer (see the module doc)
     fail_images: bool = False  # set by a test: new images end `failed` instead of `available`
-    controller_policy: Optional[dict] = (
+    controller_policy: dict | None = (
         None  # the policy orch documents (orch aws policy): every controller call is checked
     )
-    denied: List[str] = field(default_factory=list)  # controller calls the documented policy refused
-    role_denied: List[tuple] = field(default_factory=list)  # (role, action) of instances' calls their role refused
+    denied: list[str] = field(default_factory=list)  # controller calls the documented policy refused
+    role_denied: list[tuple] = field(default_factory=list)  # (role, action) of instances' calls their role refused
     # service-linked roles the account has: none, as in an account that never launched spot (EC2 makes the spot
     # one on the first spot request, with the caller's iam:CreateServiceLinkedRole; IAM's CreateServiceLinkedRole)
     service_roles: set = field(default_factory=set)
@@ -146,7 +146,7 @@ class Gate:
         from tests.fakecloud_placement import PlacementGroups
 
         self.lock = threading.Lock()
-        self.ended: Dict[str, float] = {}  # instance id -> when TerminateInstances was asked
+        self.ended: dict[str, float] = {}  # instance id -> when TerminateInstances was asked
         self.placement = PlacementGroups(state_of=_state_of)
         self.images = Images(self)  # CreateImage ... DeregisterImage as EC2 answers them
 
@@ -189,7 +189,7 @@ class Gate:
         start_response(status, headers)
         return [data] if environ["REQUEST_METHOD"] != "HEAD" else [b""]
 
-    def forward(self, environ, body: Optional[bytes] = None):
+    def forward(self, environ, body: bytes | None = None):
         if body is not None:
             environ["wsgi.input"] = io.BytesIO(body)
             environ["CONTENT_LENGTH"] = str(len(body))
@@ -199,7 +199,7 @@ class Gate:
             got["status"], got["headers"] = status, headers
             return lambda data: chunks.append(data)
 
-        chunks: List[bytes] = []
+        chunks: list[bytes] = []
         with MOTO:
             result = self.app(environ, start)
             try:
@@ -211,7 +211,7 @@ class Gate:
 
     # --- EC2 -----------------------------------------------------------------------------------
 
-    def _ec2(self, environ, body: bytes, role: Optional[str]):
+    def _ec2(self, environ, body: bytes, role: str | None):
         form = parse_qs(body.decode(), keep_blank_values=True)
         action = form.get("Action", [""])[0]
         ids = [
@@ -274,7 +274,7 @@ class Gate:
                 self._shut_down(iid)
         return answer
 
-    def _create_fleet(self, environ, form, role: Optional[str] = None):
+    def _create_fleet(self, environ, form, role: str | None = None):
         market = form.get("TargetCapacitySpecification.DefaultTargetCapacityType", ["on-demand"])[0]
         template_id = form.get("LaunchTemplateConfigs.1.LaunchTemplateSpecification.LaunchTemplateId", [""])[0]
         version = form.get("LaunchTemplateConfigs.1.LaunchTemplateSpecification.Version", ["1"])[0]
@@ -285,9 +285,9 @@ class Gate:
             refusals = [(o, "AuthFailure.ServiceLinkedRoleCreationNotPermitted", SLR_REFUSED) for o in overrides]
             return self._fleet_errors(template_id, version, market, refusals)
         profile = (data.get("IamInstanceProfile") or {}).get("Name", "")
-        refused: List[Tuple[dict, str, str]] = []
-        kept: List[dict] = []
-        subnet_of: Dict[str, str] = {}
+        refused: list[tuple[dict, str, str]] = []
+        kept: list[dict] = []
+        subnet_of: dict[str, str] = {}
         for o in overrides:  # EC2 Fleet quotas: one request cannot span two subnets of one AZ
             az = _subnet_az(o.get("SubnetId", ""))
             if subnet_of.setdefault(az, o.get("SubnetId", "")) != o.get("SubnetId", ""):
@@ -384,9 +384,7 @@ class Gate:
         ):  # launched and made `pending` in one step: no DescribeInstances between sees a new instance `running`
             return self._launched(self.forward(environ, urlencode(new_form).encode()), data, profile, kept, market)
 
-    def _launched(
-        self, answer: tuple, data: dict, profile: Optional[str], kept: list, market: str = "on-demand"
-    ) -> tuple:
+    def _launched(self, answer: tuple, data: dict, profile: str | None, kept: list, market: str = "on-demand") -> tuple:
         if answer[0].startswith("200"):
             groups = list(
                 data.get("SecurityGroupIds")
@@ -405,7 +403,7 @@ class Gate:
                 self._pending(iid)
         return answer
 
-    def _spot_role(self, role: Optional[str]) -> bool:
+    def _spot_role(self, role: str | None) -> bool:
         """The spot service-linked role exists, or EC2 makes it now with the caller's rights (EC2 user guide,
         "Service-linked role for Spot Instance requests"); an unchecked caller (the harness) may."""
         if SPOT_SLR not in self.service_roles and (
@@ -414,7 +412,7 @@ class Gate:
             self.service_roles.add(SPOT_SLR)
         return SPOT_SLR in self.service_roles
 
-    def _injected(self, market: str, itype: str, az: str) -> Optional[str]:
+    def _injected(self, market: str, itype: str, az: str) -> str | None:
         for (m, t, a), code in self.fleet_errors.items():
             if m in ("*", market) and t in ("*", itype) and a in ("*", az):
                 return code
@@ -423,7 +421,7 @@ class Gate:
     def _offers(self, itype: str, az: str) -> bool:
         return not any(t in ("*", itype) and a in ("*", az) for t, a in self.unoffered)
 
-    def _capacity(self, market: str, itype: str, az: str) -> Optional[int]:
+    def _capacity(self, market: str, itype: str, az: str) -> int | None:
         for (m, t, a), k in self.fleet_capacity.items():
             if m in ("*", market) and t in ("*", itype) and a in ("*", az):
                 return k
@@ -547,7 +545,7 @@ class Gate:
         )
         return "200 OK", [("Content-Type", "text/xml")], xml.encode()
 
-    def _iam_refused(self, body: bytes, role: Optional[str]) -> Optional[tuple]:
+    def _iam_refused(self, body: bytes, role: str | None) -> tuple | None:
         """An instance's IAM call: only what its role allows (a remote controller's role allows none)."""
         if not role or role == CONTROLLER:
             return None
@@ -562,7 +560,7 @@ class Gate:
                 return "403 Forbidden", [("Content-Type", "text/xml")], xml.encode()
         return None
 
-    def _controller_refused(self, service: str, environ, body: bytes) -> Optional[tuple]:
+    def _controller_refused(self, service: str, environ, body: bytes) -> tuple | None:
         """Every call of the controller (but S3's, which _s3 checks) against the documented policy, with the
         resources and condition keys IAM evaluates for it (Service Authorization Reference): resource tags,
         ec2:CreateAction for tags written at creation, iam:PermissionsBoundary, iam:PassedToService. A service
@@ -601,7 +599,7 @@ class Gate:
                 return "400 Bad Request", [("Content-Type", "application/x-amz-json-1.1")], json.dumps(doc).encode()
         return None
 
-    def _ec2_checks(self, form: Dict[str, List[str]]) -> List[Tuple[str, str, Dict[str, str]]]:
+    def _ec2_checks(self, form: dict[str, list[str]]) -> list[tuple[str, str, dict[str, str]]]:
         action = form.get("Action", [""])[0]
         existing = [(_ec2_arn(rid), _resource_keys(rid, self.placement)) for rid in _ec2_targets(action, form)]
         keys = [v[0] for k, v in sorted(form.items()) if re.fullmatch(r"Tag\.\d+\.Key", k)]
@@ -621,7 +619,7 @@ class Gate:
                 checks.append(("iam:PassRole", _iam_arn("role", role), {"iam:PassedToService": "ec2.amazonaws.com"}))
         return checks
 
-    def _iam_checks(self, form: Dict[str, List[str]]) -> List[Tuple[str, str, Dict[str, str]]]:
+    def _iam_checks(self, form: dict[str, list[str]]) -> list[tuple[str, str, dict[str, str]]]:
         action = form.get("Action", [""])[0]
         role = form.get("RoleName", [""])[0]
         profile = form.get("InstanceProfileName", [""])[0]
@@ -639,7 +637,7 @@ class Gate:
             resource = form.get("PolicyArn", [_iam_arn("policy", form.get("PolicyName", [""])[0])])[0]
         else:
             resource = "*"
-        ctx: Dict[str, str] = {}
+        ctx: dict[str, str] = {}
         if action == "CreateServiceLinkedRole":
             service = form.get("AWSServiceName", [""])[0]
             return [_slr_check(service, SPOT_SLR if service == SPOT_SERVICE else "AWSServiceRole")]
@@ -662,7 +660,7 @@ class Gate:
             checks.append(("iam:PassRole", _iam_arn("role", role), {"iam:PassedToService": "ec2.amazonaws.com"}))
         return checks
 
-    def _kms_checks(self, environ, body: bytes) -> List[Tuple[str, str, Dict[str, str]]]:
+    def _kms_checks(self, environ, body: bytes) -> list[tuple[str, str, dict[str, str]]]:
         action = environ.get("HTTP_X_AMZ_TARGET", "").rpartition(".")[2]
         try:
             key = json.loads(body or b"{}").get("KeyId", "")
@@ -674,7 +672,7 @@ class Gate:
         """Credentials of `role` that the fake IMDS handed to `instance_id`: IAM sees ec2:SourceInstanceARN."""
         self.roles[access_key] = on_instance(role, instance_id)
 
-    def _allowed(self, role: str, action: str, resource: str, context: Dict[str, str]) -> bool:
+    def _allowed(self, role: str, action: str, resource: str, context: dict[str, str]) -> bool:
         """IAM's evaluation (IAM user guide, "Policy evaluation logic") for one (action, resource, context): an
         explicit Deny wins, else some Allow is needed, in the identity policies and, for a role with a
         permissions boundary, in the boundary too."""
@@ -696,7 +694,7 @@ class Gate:
             return self.forward(environ)
         query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
         bucket_arn = f"arn:aws:s3:::{bucket}"
-        checks: List[Tuple[str, str, Dict[str, str]]] = []
+        checks: list[tuple[str, str, dict[str, str]]] = []
         if not key:
             if method == "GET" and ("list-type" in query or not query or "prefix" in query):
                 ctx = {"s3:prefix": query["prefix"][0]} if "prefix" in query else {}
@@ -775,7 +773,7 @@ def _ec2_backend():
     return ec2_backends[ACCOUNT][REGION]
 
 
-def running_instances() -> Dict[str, dict]:
+def running_instances() -> dict[str, dict]:
     """{instance id: {"PrivateIpAddress", "AvailabilityZone"}} of every running instance, as moto holds them."""
     with MOTO:
         return {
@@ -794,13 +792,13 @@ def _instance(iid: str):
             return None
 
 
-def _state_of(iid: str) -> Optional[str]:
+def _state_of(iid: str) -> str | None:
     with MOTO:
         inst = _instance(iid)
         return inst._state.name if inst is not None else None
 
 
-def _instance_tags(iid: str) -> Dict[str, str]:
+def _instance_tags(iid: str) -> dict[str, str]:
     with MOTO:
         inst = _instance(iid)
         return {t["key"]: t["value"] for t in inst.get_tags()} if inst is not None else {}
@@ -822,8 +820,8 @@ def _subnet_az(subnet_id: str) -> str:
             return ""
 
 
-def _overrides(form: Dict[str, List[str]]) -> List[dict]:
-    found: Dict[int, dict] = {}
+def _overrides(form: dict[str, list[str]]) -> list[dict]:
+    found: dict[int, dict] = {}
     for k, v in form.items():
         m = re.match(r"LaunchTemplateConfigs\.1\.Overrides\.(\d+)\.(.+)$", k)
         if m:
@@ -841,7 +839,7 @@ def _xml(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def _matches(patterns, value: str, fold: bool = False, context: Optional[Dict[str, str]] = None) -> bool:
+def _matches(patterns, value: str, fold: bool = False, context: dict[str, str] | None = None) -> bool:
     if patterns is None:
         return False
     for p in patterns if isinstance(patterns, list) else [patterns]:
@@ -851,7 +849,7 @@ def _matches(patterns, value: str, fold: bool = False, context: Optional[Dict[st
     return False
 
 
-def _substitute(value: str, context: Dict[str, str]) -> str:
+def _substitute(value: str, context: dict[str, str]) -> str:
     """Policy variables (`${aws:PrincipalAccount}`): replaced with the request's value of that key (IAM user
     guide, "IAM policy elements: Variables and tags")."""
     return re.sub(r"\$\{([^}]+)\}", lambda m: context.get(m.group(1), "\x00unresolved"), value)
@@ -868,7 +866,7 @@ STRING_OPS = {
 NEGATED = {"StringNotEquals": "StringEquals", "StringNotLike": "StringLike", "ArnNotEquals": "ArnEquals"}
 
 
-def _conditions_hold(condition: dict, context: Dict[str, object]) -> bool:
+def _conditions_hold(condition: dict, context: dict[str, object]) -> bool:
     """Every operator and key must hold (AND); any of a key's values may match (OR). Null tests a key's presence;
     ...IfExists holds where the key is absent; a multivalued key (`aws:TagKeys`, a list) needs a set operator:
     ForAllValues holds when every request value matches (so also when the key is absent, as in IAM: pair it with
@@ -904,7 +902,7 @@ def _conditions_hold(condition: dict, context: Dict[str, object]) -> bool:
     return True
 
 
-def evaluate(docs: List[dict], action: str, resource: str, context: Dict[str, str]) -> bool:
+def evaluate(docs: list[dict], action: str, resource: str, context: dict[str, str]) -> bool:
     """Allowed by these policy documents: some Allow matches and no Deny does."""
     allow = False
     for doc in docs:
@@ -948,7 +946,7 @@ def _iam_arn(kind: str, name: str) -> str:
     return f"arn:aws:iam::{ACCOUNT}:{kind}/{name}"
 
 
-def _slr_check(service: str, name: str) -> Tuple[str, str, Dict[str, str]]:
+def _slr_check(service: str, name: str) -> tuple[str, str, dict[str, str]]:
     """What IAM evaluates for CreateServiceLinkedRole (Service Authorization Reference: the role, and the
     iam:AWSServiceName key)."""
     return (
@@ -958,10 +956,10 @@ def _slr_check(service: str, name: str) -> Tuple[str, str, Dict[str, str]]:
     )
 
 
-def _ec2_targets(action: str, form: Dict[str, List[str]]) -> List[str]:
+def _ec2_targets(action: str, form: dict[str, list[str]]) -> list[str]:
     """The existing resources an EC2 call acts on (ids, or `placement-group/NAME`), those a policy can name."""
 
-    def values(prefix: str) -> List[str]:
+    def values(prefix: str) -> list[str]:
         return [v[0] for k, v in sorted(form.items()) if k == prefix or k.startswith(prefix + ".")]
 
     if action in ("TerminateInstances", "CreateImage", "StopInstances", "RebootInstances"):
@@ -981,7 +979,7 @@ def _ec2_targets(action: str, form: Dict[str, List[str]]) -> List[str]:
     return []
 
 
-def _resource_keys(resource: str, placement) -> Dict[str, str]:
+def _resource_keys(resource: str, placement) -> dict[str, str]:
     """The keys IAM evaluates on an existing EC2 resource: its tags, and an instance's id (ec2:InstanceID)."""
     keys = _resource_tags(resource, placement)
     if resource.startswith("i-"):
@@ -989,7 +987,7 @@ def _resource_keys(resource: str, placement) -> Dict[str, str]:
     return keys
 
 
-def _resource_tags(resource: str, placement) -> Dict[str, str]:
+def _resource_tags(resource: str, placement) -> dict[str, str]:
     """aws:ResourceTag/KEY of an EC2 resource, as IAM sees it (moto's tags; the fake's placement groups)."""
     if resource.startswith("placement-group/"):
         group = placement.groups.get(resource.partition("/")[2]) or {}
@@ -1000,13 +998,13 @@ def _resource_tags(resource: str, placement) -> Dict[str, str]:
     return {f"aws:ResourceTag/{k}": v for k, v in tags.items()}
 
 
-def _tag_specification_types(form: Dict[str, List[str]]) -> List[str]:
+def _tag_specification_types(form: dict[str, list[str]]) -> list[str]:
     return sorted({v[0] for k, v in form.items() if re.match(r"TagSpecification\.\d+\.ResourceType$", k)})
 
 
-def _tag_specifications(form: Dict[str, List[str]]) -> Dict[str, Dict[str, str]]:
+def _tag_specifications(form: dict[str, list[str]]) -> dict[str, dict[str, str]]:
     """{resource type: {key: value}} of a query request's TagSpecification.N."""
-    out: Dict[str, Dict[str, str]] = {}
+    out: dict[str, dict[str, str]] = {}
     for k, v in form.items():
         m = re.match(r"TagSpecification\.(\d+)\.ResourceType$", k)
         if m:
@@ -1032,7 +1030,7 @@ def _iam_backend():
     return iam_backends[ACCOUNT]["global"]
 
 
-def _role_boundary(role: str) -> Optional[str]:
+def _role_boundary(role: str) -> str | None:
     with MOTO:
         try:
             return _iam_backend().get_role(role).permissions_boundary_arn
@@ -1040,7 +1038,7 @@ def _role_boundary(role: str) -> Optional[str]:
             return None
 
 
-def _role_tags(role: str) -> Dict[str, str]:
+def _role_tags(role: str) -> dict[str, str]:
     with MOTO:
         try:
             tags = _iam_backend().get_role(role).tags
@@ -1050,7 +1048,7 @@ def _role_tags(role: str) -> Dict[str, str]:
             return {}
 
 
-def _profile_roles(profile: str) -> List[str]:
+def _profile_roles(profile: str) -> list[str]:
     if not profile:
         return []
     with MOTO:
@@ -1073,7 +1071,7 @@ def _kms_key_arn(key: str) -> str:
             return f"arn:aws:kms:{REGION}:{ACCOUNT}:key/unknown"
 
 
-def policies_from_moto(endpoint: str, secret: str) -> Callable[[str], List[dict]]:
+def policies_from_moto(endpoint: str, secret: str) -> Callable[[str], list[dict]]:
     """Inline and attached policies of a role, read from moto's IAM (the controller's view)."""
     import boto3
 
@@ -1085,7 +1083,7 @@ def policies_from_moto(endpoint: str, secret: str) -> Callable[[str], List[dict]
         aws_secret_access_key=secret,
     )
 
-    def source(role: str) -> List[dict]:
+    def source(role: str) -> list[dict]:
         docs = []
         for name in iam.list_role_policies(RoleName=role)["PolicyNames"]:
             doc = iam.get_role_policy(RoleName=role, PolicyName=name)["PolicyDocument"]
@@ -1101,10 +1099,10 @@ def policies_from_moto(endpoint: str, secret: str) -> Callable[[str], List[dict]
     return source
 
 
-def boundaries_from_moto() -> Callable[[str], Optional[dict]]:
+def boundaries_from_moto() -> Callable[[str], dict | None]:
     """A role's permissions boundary document (moto keeps the ARN with the role, the policy among the managed ones)."""
 
-    def source(role: str) -> Optional[dict]:
+    def source(role: str) -> dict | None:
         arn = _role_boundary(role)
         if not arn:
             return None
@@ -1169,7 +1167,7 @@ def _drop_items(xml: bytes, keep: Callable[[str, str], bool], az_tag: bytes) -> 
     return re.sub(rb"<item>.*?</item>", one, xml, flags=re.S)
 
 
-def _epoch(value: str) -> Optional[float]:
+def _epoch(value: str) -> float | None:
     import datetime
 
     if not value:
@@ -1177,7 +1175,7 @@ def _epoch(value: str) -> Optional[float]:
     return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
-def _listed(times: List[float], start: Optional[float], end: Optional[float]) -> List[float]:
+def _listed(times: list[float], start: float | None, end: float | None) -> list[float]:
     """The change times DescribeSpotPriceHistory lists: those in [start, end]; and, only when both times are given,
     "the last price change before the start time, which is the effective price as of the start time" (API reference).
     """

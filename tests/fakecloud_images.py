@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Optional
 from urllib.parse import parse_qsl, urlencode
 
 
@@ -26,7 +25,7 @@ class Images:
     end_state: str = "available"  # set by a test: the ImageState new images end in
     deregistered_s: float = 3.0  # a deregistered image is listed (as `deregistered`) this long
 
-    def answer(self, action: str, form: Dict[str, List[str]], environ, body: bytes) -> Optional[tuple]:
+    def answer(self, action: str, form: dict[str, list[str]], environ, body: bytes) -> tuple | None:
         """The answer to an image action, or None for the gate to forward it to moto as it is."""
         if action in ("DescribeImages", "CreateTags"):
             ids = [v[0] for k, v in form.items() if re.match(r"(ImageId|ResourceId)\.\d+$", k)]
@@ -40,7 +39,7 @@ class Images:
 
     def _create(self, environ, body: bytes) -> tuple:
         pairs = parse_qsl(body.decode(), keep_blank_values=True)
-        specs: Dict[str, dict] = {}  # TagSpecification.N -> {"type", "tags"}
+        specs: dict[str, dict] = {}  # TagSpecification.N -> {"type", "tags"}
         for k, v in pairs:
             m = re.match(r"TagSpecification\.(\d+)\.(ResourceType|Tag\.(\d+)\.(Key|Value))$", k)
             if m:
@@ -57,7 +56,7 @@ class Images:
             self._made(image_id.decode(), specs)
         return answer
 
-    def _made(self, image_id: str, specs: Dict[str, dict]) -> None:
+    def _made(self, image_id: str, specs: dict[str, dict]) -> None:
         from tests.fakecloud_gate import MOTO, _ec2_backend
 
         self.gate._born(image_id)
@@ -93,7 +92,7 @@ class Images:
 
         _later(self.gate.strict.image_s, done)
 
-    def _deregister(self, environ, form: Dict[str, List[str]]) -> tuple:
+    def _deregister(self, environ, form: dict[str, list[str]]) -> tuple:
         from tests.fakecloud_gate import MOTO, _ec2_backend, _later
 
         image_id = form.get("ImageId", [""])[0]
@@ -122,6 +121,6 @@ class Images:
         return answer
 
 
-def _snapshots(image) -> List[str]:
+def _snapshots(image) -> list[str]:
     snap = getattr(image, "ebs_snapshot", None)
     return [snap.id] if snap is not None else []

@@ -15,24 +15,24 @@ from __future__ import annotations
 import re
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
 
 
 @dataclass
 class PlacementGroups:
     """The groups of the fake account, and which instance went into which."""
 
-    state_of: Callable[[str], Optional[str]]  # instance id -> its state name (None when unknown)
-    groups: Dict[str, dict] = field(default_factory=dict)  # name -> {"id", "strategy", "tags"}
-    members: Dict[str, Tuple[str, str]] = field(default_factory=dict)  # instance id -> (group, AZ)
+    state_of: Callable[[str], str | None]  # instance id -> its state name (None when unknown)
+    groups: dict[str, dict] = field(default_factory=dict)  # name -> {"id", "strategy", "tags"}
+    members: dict[str, tuple[str, str]] = field(default_factory=dict)  # instance id -> (group, AZ)
 
     def __post_init__(self):
         self.lock = threading.Lock()
 
     # --- the API ---------------------------------------------------------------------------------
 
-    def answer(self, action: str, form: Dict[str, List[str]], error: Callable[..., tuple]) -> tuple:
+    def answer(self, action: str, form: dict[str, list[str]], error: Callable[..., tuple]) -> tuple:
         name = form.get("GroupName", [""])[0]
         with self.lock:
             if action == "CreatePlacementGroup":
@@ -66,7 +66,7 @@ class PlacementGroups:
 
     # --- CreateFleet -------------------------------------------------------------------------------
 
-    def refusal(self, group: str, az: str) -> Optional[Tuple[str, str]]:
+    def refusal(self, group: str, az: str) -> tuple[str, str] | None:
         """Why a launch into `group` in `az` is refused, or None."""
         with self.lock:
             if group not in self.groups:
@@ -85,19 +85,19 @@ class PlacementGroups:
         with self.lock:
             self.members[instance_id] = (group, az)
 
-    def _live_members(self, group: str) -> List[str]:
+    def _live_members(self, group: str) -> list[str]:
         return [iid for iid, (g, _) in self.members.items() if g == group and self._live(iid)]
 
     def _live(self, instance_id: str) -> bool:
         return self.state_of(instance_id) not in (None, "terminated")
 
 
-def _tags(form: Dict[str, List[str]]) -> Dict[str, str]:
+def _tags(form: dict[str, list[str]]) -> dict[str, str]:
     keys = {m.group(1): v[0] for k, v in form.items() if (m := re.match(r"TagSpecification\.1\.Tag\.(\d+)\.Key$", k))}
     return {key: form.get(f"TagSpecification.1.Tag.{n}.Value", [""])[0] for n, key in keys.items()}
 
 
-def _filters(form: Dict[str, List[str]]) -> Callable[[Dict[str, str]], bool]:
+def _filters(form: dict[str, list[str]]) -> Callable[[dict[str, str]], bool]:
     """`tag:KEY` and `tag-key` filters (what orch asks for); any other filter name is refused loudly."""
     tests = []
     for k, v in form.items():

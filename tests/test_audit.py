@@ -51,9 +51,8 @@ def test_a_403_on_a_key_that_exists_is_an_error_not_missing():
         {"Contents": [{"Key": "p/sweep/.orch/r/status.json"}], "KeyCount": 1},
         {"Bucket": "b", "Prefix": "p/sweep/.orch/r/status.json", "MaxKeys": 1},
     )
-    with stub:
-        with pytest.raises(ClientError, match="AccessDenied"):
-            S3Store("s3://b/p", client=client).get_bytes("sweep/.orch/r/status.json")
+    with stub, pytest.raises(ClientError, match="AccessDenied"):
+        S3Store("s3://b/p", client=client).get_bytes("sweep/.orch/r/status.json")
     stub.assert_no_pending_responses()
     # the same 403 for a key the listing does not show: S3's answer to a caller without ListBucket, i.e. missing
     client, stub = _s3()

@@ -68,7 +68,7 @@ def folder(tmp_path_factory):
 def test_crops_stay_inside_the_image_and_validation_shapes():
     for draw in torch.rand(200, 4, generator=torch.Generator().manual_seed(0)):
         top, left, h, w = crop_box(50, 90, draw, 0.08)
-        assert 0 <= top and top + h <= 50 and 0 <= left and left + w <= 90 and h >= 1 and w >= 1
+        assert top >= 0 and top + h <= 50 and left >= 0 and left + w <= 90 and h >= 1 and w >= 1
     assert center_box(100, 200, 64, rect=False) == (6, 56, 88, 88)
     assert rect_shape(100, 200, 64) == (64, 96) and rect_shape(200, 100, 64) == (96, 64)  # aspect capped at 4:3
 

@@ -301,7 +301,7 @@ def _as_list(v):
     return v if isinstance(v, list) else [v]
 
 
-@functools.lru_cache(maxsize=None)  # a service model is megabytes of JSON: load each once, not once per action
+@functools.cache  # a service model is megabytes of JSON: load each once, not once per action
 def _operations(service: str) -> frozenset:
     import botocore.session
 

@@ -4,6 +4,7 @@ collect, the second launch of a running sweep, a local `--dry-run`, and an agent
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import signal
@@ -153,10 +154,8 @@ def test_an_agent_that_goes_silent_loses_its_host_and_the_run_restarts(orch, job
     try:
         retry_until(lambda: status(orch, "silent")["run"]["attempt"] == 2, 120, 1.0, "attempt 2 after the stale limit")
     finally:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(agent_pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
     # the old agent, woken up, finds its record taken over: it writes nothing (one writer per record) and exits
     retry_until(
         lambda: subprocess.run(["kill", "-0", str(agent_pid)], capture_output=True).returncode != 0,

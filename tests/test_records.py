@@ -3,11 +3,11 @@ once the controller moved on, and a controller that never claims over a record i
 
 from __future__ import annotations
 
+import builtins
 import json
 import threading
 import time
 from pathlib import Path
-from typing import List
 
 import pytest
 
@@ -88,9 +88,9 @@ class WakingAgent(BackendBase):
 
     def __init__(self, store, tmp: Path):
         self.store, self.tmp = store, tmp
-        self.started: List[RunTask] = []
+        self.started: list[RunTask] = []
 
-    def list(self) -> List[Host]:
+    def list(self) -> builtins.list[Host]:
         return [Host(run_id="run", host_id="h1", address="localhost", attempt=1)]
 
     def spend(self) -> float:  # called after the controller read the records
@@ -168,7 +168,7 @@ class CancelMidPass(WakingAgent):
     """`orch cancel` lands between the pass's read of the record and its claim (spend() is called after
     the records are read, before anything starts)."""
 
-    def list(self) -> List[Host]:
+    def list(self) -> builtins.list[Host]:
         return []
 
     def spend(self) -> float:

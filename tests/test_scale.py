@@ -3,10 +3,10 @@ from what a full read of every record says, and `orch status` reads the summary 
 
 from __future__ import annotations
 
+import builtins
 import json
 import time
 from pathlib import Path
-from typing import Dict, List
 
 import pytest
 
@@ -47,9 +47,9 @@ class Hosts(BackendBase):
 
     def __init__(self, sweep_name: str, store):
         self.sweep, self.store = sweep_name, store
-        self.hosts: Dict[str, Host] = {}
+        self.hosts: dict[str, Host] = {}
 
-    def list(self) -> List[Host]:
+    def list(self) -> builtins.list[Host]:
         return list(self.hosts.values())
 
     def new_task(self, run_id, attempt, command, params_json, replaces="") -> RunTask:
@@ -100,11 +100,11 @@ def make_sweep(tmp_path: Path, name: str, runs: int, parallel: int, store_url: s
     return load_sweep(path)
 
 
-def rows(views) -> Dict[str, tuple]:
+def rows(views) -> dict[str, tuple]:
     return {v.run_id: (v.state, v.attempt, v.failures, v.preemptions, v.final) for v in views}
 
 
-def scenario(store, tmp_path: Path, name: str, full_read: bool) -> Dict[str, tuple]:
+def scenario(store, tmp_path: Path, name: str, full_read: bool) -> dict[str, tuple]:
     """Runs finish, fail, are cancelled while queued and while running, and a second (refused) controller
     claims runs behind the first one's back. `full_read`: the first controller reads every record every
     pass (what orch did before it kept a table). Returns how every record ends."""

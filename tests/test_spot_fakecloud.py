@@ -3,6 +3,7 @@ controller gone for good, sshd never up, throttling, teardown failing halfway.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -78,10 +79,8 @@ def steps_lost(cloud, key):
 
 def signal_all(pids, sig):
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 def instance_of(cloud, sweep, run, attempt):
@@ -153,7 +152,7 @@ def test_every_run_interrupted_once_finishes_with_uninterrupted_results(orch, cl
 
     try:
         retry_until(chaos_pass, 300, 0.3, f"each run to be interrupted once (targets {target})")
-    except Exception:
+    except Exception as exc:
         snap = {
             k: (v["state"], v["attempt"], v["metrics"].get("step"), v["reason"])
             for k, v in status(orch, "spot3").items()
@@ -163,7 +162,7 @@ def test_every_run_interrupted_once_finishes_with_uninterrupted_results(orch, cl
             and [p.read_text()[-800:] for p in (cloud.root / "hosts" / iid / "home").rglob("agent.log")]
             for iid, _ in noticed.values()
         }
-        raise AssertionError(f"runs: {snap}\nnoticed: {noticed}\nagent logs: {logs}")
+        raise AssertionError(f"runs: {snap}\nnoticed: {noticed}\nagent logs: {logs}") from exc
     finally:
         for pids in held.values():
             signal_all(pids, signal.SIGCONT)

@@ -45,9 +45,8 @@ def test_s3_check_names_the_missing_bucket(tmp_path):
     from orchestrator.errors import OrchError
     from tests.fakecloud import FakeCloud
 
-    with FakeCloud(tmp_path / "cloud") as cloud:
-        with pytest.raises(OrchError, match="bucket nope does not exist"):
-            S3Store("s3://nope/x", client=cloud.client("s3")).check()
+    with FakeCloud(tmp_path / "cloud") as cloud, pytest.raises(OrchError, match="bucket nope does not exist"):
+        S3Store("s3://nope/x", client=cloud.client("s3")).check()
 
 
 def test_atomic_write_leaves_no_temp_files(tmp_path):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import List
 
 from orchestrator.store import layout
 
@@ -63,7 +62,7 @@ def _sweep_first(node: ast.JoinedStr) -> bool:
     )
 
 
-def spelled_keys(root: Path) -> List[str]:
+def spelled_keys(root: Path) -> list[str]:
     """`path:line: text` of every string outside orchestrator/store/ that spells a store key."""
     found = []
     for path in sorted((root / "orchestrator").rglob("*.py")):

@@ -83,9 +83,14 @@ def _task_changes(path: Path):
         if not isinstance(node, ast.Call):
             continue
         func = ast.unparse(node.func)
-        if isinstance(node.func, ast.Attribute) and node.func.attr in _MUTATORS and held(node.func.value):
-            yield node.lineno, func
-        elif func in ("setattr", "object.__setattr__") and node.args and "task" in ast.unparse(node.args[0]):
+        if (
+            isinstance(node.func, ast.Attribute)
+            and node.func.attr in _MUTATORS
+            and held(node.func.value)
+            or func in ("setattr", "object.__setattr__")
+            and node.args
+            and "task" in ast.unparse(node.args[0])
+        ):
             yield node.lineno, func
 
 

@@ -486,9 +486,12 @@ def test_no_host_sync_inside_the_training_step(tmp_path, monkeypatch):
 
     def counted(original, name, kind):
         def call(*a, **k):
-            if kind == "method" and (name == "cuda" or any(is_device(v) for v in a[1:]) or k.get("device") is not None):
-                moves.append(name)
-            elif kind == "factory" and k.get("device") is not None:
+            if (
+                kind == "method"
+                and (name == "cuda" or any(is_device(v) for v in a[1:]) or k.get("device") is not None)
+                or kind == "factory"
+                and k.get("device") is not None
+            ):
                 moves.append(name)
             return original(*a, **k)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import List
 
 import torch
 import torch.nn as nn
@@ -48,8 +47,8 @@ def loader_rates(data_dir: str, size: int, batch: int, repeats: int, workers: in
 
 
 def training_rates(
-    data_dir: str, model_name: str, width: float, sizes: List[int], batch: int, steps: int, workers: int
-) -> List[dict]:
+    data_dir: str, model_name: str, width: float, sizes: list[int], batch: int, steps: int, workers: int
+) -> list[dict]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     folder = scan(data_dir)
     source = ImageFolderSource(folder, device, workers=workers)
@@ -118,7 +117,7 @@ def training_rates(
     return rows
 
 
-def run(data_dir: str, model: str, width: float, sizes: List[int], batch: int, steps: int, workers: int) -> dict:
+def run(data_dir: str, model: str, width: float, sizes: list[int], batch: int, steps: int, workers: int) -> dict:
     torch.set_flush_denormal(
         True
     )  # a model trained on one fixed batch drifts into denormals, which the CPU computes slowly

@@ -23,7 +23,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
 
 import torch
 
@@ -36,7 +35,7 @@ class BenchError(Exception):
     """A reference that cannot run here; the message says why and what to do."""
 
 
-def prepare_data(data_dir: Optional[str], n_train: int = 50_000, n_test: int = 10_000) -> Path:
+def prepare_data(data_dir: str | None, n_train: int = 50_000, n_test: int = 10_000) -> Path:
     """DIR with cifar-10-batches-py; generated (CIFAR format, uint8) when no DIR is given."""
     if data_dir:
         root = Path(data_dir).expanduser()
@@ -107,7 +106,7 @@ def run_airbench94(root: Path) -> dict:
     }
 
 
-def run_ours(root: Path, preset: str, extra: Optional[list] = None) -> dict:
+def run_ours(root: Path, preset: str, extra: list | None = None) -> dict:
     """`python -m trainer --preset PRESET` end to end in a child process; its summary.json."""
     with tempfile.TemporaryDirectory(prefix="orch-bench-ours-") as out:
         argv = [
@@ -148,7 +147,7 @@ def run_ours(root: Path, preset: str, extra: Optional[list] = None) -> dict:
     }
 
 
-def side_by_side(reference: str, preset: str, data_dir: Optional[str], extra: Optional[list] = None) -> dict:
+def side_by_side(reference: str, preset: str, data_dir: str | None, extra: list | None = None) -> dict:
     """One measurement: ours and the reference (airbench94, or an earlier result of this command)."""
     if reference == "airbench94":
         root = prepare_data(data_dir)

@@ -14,7 +14,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import torch
 
@@ -39,7 +39,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def save(out_dir: Path, step: int, state: Dict[str, Any], keep: int = 2) -> Path:
+def save(out_dir: Path, step: int, state: dict[str, Any], keep: int = 2) -> Path:
     """Write state for `step`; return its folder. Older checkpoints beyond `keep` are removed."""
     root = Path(out_dir) / "ckpt"
     final = root / str(step)
@@ -71,7 +71,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def candidates(out_dir: Path) -> List[Path]:
+def candidates(out_dir: Path) -> list[Path]:
     """Checkpoint folders, newest step first."""
     root = Path(out_dir) / "ckpt"
     if not root.is_dir():
@@ -81,7 +81,7 @@ def candidates(out_dir: Path) -> List[Path]:
     )
 
 
-def verify(folder: Path) -> Tuple[bool, str]:
+def verify(folder: Path) -> tuple[bool, str]:
     """(ok, why not): the manifest exists and every file has its size and sha256."""
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
@@ -100,7 +100,7 @@ def verify(folder: Path) -> Tuple[bool, str]:
     return True, ""
 
 
-def latest(out_dir: Path) -> Optional[Path]:
+def latest(out_dir: Path) -> Path | None:
     """The newest checkpoint that verifies; broken ones are logged and skipped."""
     for folder in candidates(out_dir):
         ok, why = verify(folder)
@@ -110,10 +110,10 @@ def latest(out_dir: Path) -> Optional[Path]:
     return None
 
 
-def load(folder: Path, map_location: Any = "cpu") -> Dict[str, Any]:
+def load(folder: Path, map_location: Any = "cpu") -> dict[str, Any]:
     return torch.load(Path(folder) / "state.pt", map_location=map_location, weights_only=False)
 
 
-def to_resume(setting: str, out_dir: Path) -> Optional[Path]:
+def to_resume(setting: str, out_dir: Path) -> Path | None:
     """The checkpoint `--resume` names: `never` none, `auto` the newest that verifies in out_dir, else that folder."""
     return None if setting == "never" else (latest(out_dir) if setting == "auto" else Path(setting))

@@ -8,7 +8,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from .presets import Config
 
@@ -44,7 +44,7 @@ def _coerce(key: str, value: Any, default: Any, source: str) -> Any:
         refuse(f"{source}: {key}={value!r} is not a valid {kind.__name__}")
 
 
-def _merge(cfg: Dict[str, Any], updates: Dict[str, Any], defaults: Dict[str, Any], source: str) -> None:
+def _merge(cfg: dict[str, Any], updates: dict[str, Any], defaults: dict[str, Any], source: str) -> None:
     for key, value in updates.items():
         key = str(key).replace("-", "_")
         if key == "preset":
@@ -56,7 +56,7 @@ def _merge(cfg: Dict[str, Any], updates: Dict[str, Any], defaults: Dict[str, Any
         cfg[key] = _coerce(key, value, defaults[key], source)
 
 
-def _read_file(path: str) -> Dict[str, Any]:
+def _read_file(path: str) -> dict[str, Any]:
     try:
         text = Path(path).read_text()
     except (OSError, UnicodeDecodeError) as exc:
@@ -83,7 +83,7 @@ def _parse_json(text: str, source: str) -> Any:
         refuse(f"{source}:{exc.lineno}: not valid JSON: {exc.msg} (column {exc.colno})")
 
 
-def _mapping(data: Any, source: str) -> Dict[str, Any]:
+def _mapping(data: Any, source: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         refuse(f'{source}: expected a mapping of options (e.g. {{"lr": 0.1}}), got a {type(data).__name__}')
     return data
@@ -101,7 +101,7 @@ SIGUSR1 checkpoints at once and goes on; SIGTERM checkpoints and exits with 143.
 """
 
 
-def build_parser(defaults: Dict[str, Any], presets: Dict[str, Any]) -> argparse.ArgumentParser:
+def build_parser(defaults: dict[str, Any], presets: dict[str, Any]) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m trainer", description=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -127,7 +127,7 @@ def build_parser(defaults: Dict[str, Any], presets: Dict[str, Any]) -> argparse.
     return p
 
 
-def resolve_config(defaults: Dict[str, Any], presets: Dict[str, Any], argv: List[str]) -> Optional[Config]:
+def resolve_config(defaults: dict[str, Any], presets: dict[str, Any], argv: list[str]) -> Config | None:
     """The run's Config from every source, checked (a bad option: one line, exit 2); None after --print-config."""
     args = build_parser(defaults, presets).parse_args(argv)
     flags = {k: v for k, v in vars(args).items() if k in defaults and v is not None}

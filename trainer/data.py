@@ -10,7 +10,6 @@ from __future__ import annotations
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import torch
@@ -28,7 +27,7 @@ class Split:
     images: torch.Tensor
     labels: torch.Tensor
 
-    def to(self, device) -> "Split":
+    def to(self, device) -> Split:
         return Split(self.images.to(device, non_blocking=True), self.labels.to(device, non_blocking=True))
 
     def __len__(self) -> int:
@@ -192,11 +191,11 @@ class EpochDraws:
     from (seed, epoch) on the host and moved to the device once, so a step only indexes them."""
 
     epoch: int
-    shifts: Optional[torch.Tensor]  # n x 2: (dy, dx) in [0, 2 * pad], or None without cropping
-    mirror: Optional[torch.Tensor]  # n bool, or None without flips
+    shifts: torch.Tensor | None  # n x 2: (dy, dx) in [0, 2 * pad], or None without cropping
+    mirror: torch.Tensor | None  # n bool, or None without flips
 
     @classmethod
-    def draw(cls, n: int, pad: int, flip: bool, seed: int, epoch: int, device) -> "EpochDraws":
+    def draw(cls, n: int, pad: int, flip: bool, seed: int, epoch: int, device) -> EpochDraws:
         g = epoch_generator(seed, epoch)
         shifts = torch.randint(0, 2 * pad + 1, (n, 2), generator=g).to(device) if pad > 0 else None
         mirror = (torch.rand(n, generator=g) < 0.5).to(device) if flip else None
@@ -244,7 +243,7 @@ class TensorSource:
         self.side = tuple(x.shape[2:])  # (h, w) of an image before padding
         self.test_x = normalize(self.test.images, self.mean, self.std)
         self.eval_batch = EVAL_BATCH.get(torch.device(device).type, 1000)
-        self.draws: Optional[EpochDraws] = None
+        self.draws: EpochDraws | None = None
 
     def train_batch(
         self, idx: torch.Tensor, step: int, batch: int, share: slice, size: int, epoch: int = 0, pos: int = 0

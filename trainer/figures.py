@@ -20,7 +20,6 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 from . import bench, bench_reference
 
@@ -28,7 +27,7 @@ SMALL_ARGS = ["--epochs", "1", "--width", "0.25", "--batch-size", "100", "--thre
 GRAPHS = ["--compile", "true", "--compile-mode", "reduce-overhead"]
 
 
-def rows(data_dir: Optional[str], small: bool) -> List[dict]:
+def rows(data_dir: str | None, small: bool) -> list[dict]:
     n_train, n_test = (1000, 200) if small else (50_000, 10_000)
     root = bench_reference.prepare_data(data_dir, n_train, n_test)
     try:
@@ -38,9 +37,9 @@ def rows(data_dir: Optional[str], small: bool) -> List[dict]:
             shutil.rmtree(root, ignore_errors=True)
 
 
-def _measure(root: Path, small: bool) -> List[dict]:
+def _measure(root: Path, small: bool) -> list[dict]:
     extra = SMALL_ARGS if small else []
-    out: List[dict] = []
+    out: list[dict] = []
     try:
         out.append(dict(bench_reference.run_airbench94(root), what="airbench94 (reference, the airbench package)"))
     except bench_reference.BenchError as exc:
@@ -74,7 +73,7 @@ def _measure(root: Path, small: bool) -> List[dict]:
     return out
 
 
-def table(found: List[dict]) -> str:
+def table(found: list[dict]) -> str:
     lines = [
         "| what | epochs | training time | images/s (end to end) | steady images/s | TFLOP/s | note |",
         "|---|---|---|---|---|---|---|",

@@ -19,7 +19,6 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -40,9 +39,9 @@ class DataError(ValueError):
 @dataclass
 class Folder:
     root: Path
-    classes: List[str]
-    train: List[Tuple[str, int]]  # (path, label)
-    val: List[Tuple[str, int]]
+    classes: list[str]
+    train: list[tuple[str, int]]  # (path, label)
+    val: list[tuple[str, int]]
     ignored: int = 0  # files that are not JPEG or PNG by name
 
 
@@ -66,7 +65,7 @@ def scan(data_dir: str) -> Folder:
         )
     ignored = [0]
 
-    def files(folder: Path) -> List[str]:
+    def files(folder: Path) -> list[str]:
         if not folder.is_dir():
             return []
         names = sorted(p for p in folder.iterdir() if p.is_file())
@@ -89,7 +88,7 @@ def scan(data_dir: str) -> Folder:
     return Folder(root, classes, train, val, ignored[0])
 
 
-def decode(data: bytes) -> Optional[torch.Tensor]:
+def decode(data: bytes) -> torch.Tensor | None:
     """uint8 3 x H x W (RGB), or None for bytes that are not a readable image."""
     from torchvision.io import ImageReadMode, decode_image
 
@@ -99,7 +98,7 @@ def decode(data: bytes) -> Optional[torch.Tensor]:
         return None
 
 
-def crop_box(h: int, w: int, draw: torch.Tensor, min_scale: float) -> Tuple[int, int, int, int]:
+def crop_box(h: int, w: int, draw: torch.Tensor, min_scale: float) -> tuple[int, int, int, int]:
     """Random-resized-crop from four uniform draws: area fraction, log aspect, x and y offsets. (top, left, height,
     width)"""
     scale = min_scale + (1 - min_scale) * float(draw[0])
@@ -109,7 +108,7 @@ def crop_box(h: int, w: int, draw: torch.Tensor, min_scale: float) -> Tuple[int,
     return int(float(draw[3]) * (h - ch)), int(float(draw[2]) * (w - cw)), ch, cw
 
 
-def center_box(h: int, w: int, size: int, rect: bool) -> Tuple[int, int, int, int]:
+def center_box(h: int, w: int, size: int, rect: bool) -> tuple[int, int, int, int]:
     """Validation crop: the central square of side short/0.875 scaled to size, or (rect) the whole image's
     central region with the aspect ratio kept, up to 4:3."""
     if rect:
@@ -121,13 +120,13 @@ def center_box(h: int, w: int, size: int, rect: bool) -> Tuple[int, int, int, in
     return (h - ch) // 2, (w - cw) // 2, ch, cw
 
 
-def crop_resize(img: torch.Tensor, box: Tuple[int, int, int, int], out_hw: Tuple[int, int]) -> torch.Tensor:
+def crop_resize(img: torch.Tensor, box: tuple[int, int, int, int], out_hw: tuple[int, int]) -> torch.Tensor:
     top, left, ch, cw = box
     x = img[:, top : top + ch, left : left + cw].unsqueeze(0).float()
     return F.interpolate(x, size=out_hw, mode="bilinear", align_corners=False, antialias=True)[0]
 
 
-def rect_shape(h: int, w: int, size: int) -> Tuple[int, int]:
+def rect_shape(h: int, w: int, size: int) -> tuple[int, int]:
     """Output shape of a rectangular validation image: short side `size`, long side rounded to 32."""
     ar = min(max(w / h, 3 / 4), 4 / 3)
     long = max(size, int(round(size * max(ar, 1 / ar) / 32)) * 32)
@@ -158,7 +157,7 @@ class ImageFolderSource:
     bad: set = field(default_factory=set)  # paths of the files that did not decode, so far (each counted once)
     mean: tuple = IMAGENET_MEAN
     std: tuple = IMAGENET_STD
-    _pool: Optional[ThreadPoolExecutor] = field(default=None, repr=False)
+    _pool: ThreadPoolExecutor | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -185,7 +184,7 @@ class ImageFolderSource:
         with open(path, "rb") as f:
             return f.read()
 
-    def _decoded(self, paths: List[str]) -> List[Optional[torch.Tensor]]:
+    def _decoded(self, paths: list[str]) -> list[torch.Tensor | None]:
         """Decoded images (None where a file does not decode), on the device when decoding there."""
         blobs = list(self.pool().map(self._read, paths))
         if self.device.type == "cuda" and self.gpu_decode:
@@ -214,7 +213,7 @@ class ImageFolderSource:
         images = self._decoded([p for p, _ in items])
         self._refill(images, items, [int(i) for i in indices])
 
-        def one(k: int) -> Optional[torch.Tensor]:
+        def one(k: int) -> torch.Tensor | None:
             img = images[k]
             if img is None:
                 return None
@@ -233,7 +232,7 @@ class ImageFolderSource:
             )
         return self._batch(done, [label for _, label in items])
 
-    def _refill(self, images: List[Optional[torch.Tensor]], items: list, indices: List[int]) -> None:
+    def _refill(self, images: list[torch.Tensor | None], items: list, indices: list[int]) -> None:
         """A file that does not decode is counted and replaced by the next training file that does (same crop
         draws), so a batch keeps its size: BatchNorm never sees one image, the loss never averages nothing."""
         n = len(self.folder.train)
@@ -252,7 +251,7 @@ class ImageFolderSource:
                 with self._lock:
                     self.bad.add(self.folder.train[j][0])
 
-    def val_batches(self, size: int, rect: bool = False, batch: int = 256, shard: Tuple[int, int] = (0, 1)):
+    def val_batches(self, size: int, rect: bool = False, batch: int = 256, shard: tuple[int, int] = (0, 1)):
         """(x, y) batches of the validation set (this rank's shard) at `size`: center crop, or
         rectangular (aspect kept), grouped by shape."""
         val = self.folder.val[shard[0] :: shard[1]]
@@ -270,11 +269,11 @@ class ImageFolderSource:
                 h, w = img.shape[1:]
                 shape = rect_shape(h, w, size) if rect else (size, size)
                 groups.setdefault(shape, []).append((crop_resize(img, center_box(h, w, size, rect), shape), label))
-            for shape, pairs in groups.items():
+            for pairs in groups.values():
                 b = self._batch([p for p, _ in pairs], [lab for _, lab in pairs])
                 yield b.x, b.y
 
-    def _batch(self, images: List[Optional[torch.Tensor]], labels: List[int]) -> Batch:
+    def _batch(self, images: list[torch.Tensor | None], labels: list[int]) -> Batch:
         """The decoded images of a batch (the callers counted those that did not decode, by path)."""
         keep = [k for k, img in enumerate(images) if img is not None]
         skipped = len(images) - len(keep)
@@ -291,11 +290,11 @@ class ImageFolderSource:
         return Batch((x - m) / s, y, skipped)
 
 
-def _decode_on_gpu(blobs: List[bytes], device: torch.device) -> List[Optional[torch.Tensor]]:
+def _decode_on_gpu(blobs: list[bytes], device: torch.device) -> list[torch.Tensor | None]:
     """JPEGs decoded on the GPU in one batched call; PNGs and files nvJPEG refuses decoded on the CPU."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    out: List[Optional[torch.Tensor]] = [None] * len(blobs)
+    out: list[torch.Tensor | None] = [None] * len(blobs)
     jpegs = [k for k, b in enumerate(blobs) if b[:3] == b"\xff\xd8\xff"]
     is_jpeg = set(jpegs)
     if jpegs:

@@ -9,7 +9,7 @@ import signal
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 import torch
 
@@ -31,8 +31,8 @@ class Progress:
     step: int = 0  # optimizer steps taken
     train_time: float = 0.0  # seconds of training steps, over every attempt (not evaluation, checkpoints, compiling)
     best_acc: float = 0.0  # the best test accuracy so far
-    acc: Optional[float] = None  # the last test accuracy (None: none yet)
-    time_to_target: Optional[float] = None  # train_time when the test accuracy first reached --target-acc
+    acc: float | None = None  # the last test accuracy (None: none yet)
+    time_to_target: float | None = None  # train_time when the test accuracy first reached --target-acc
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -85,13 +85,13 @@ class Checkpoints:
     goes on) and at SIGTERM (then the run exits 143); a run starts from the one --resume names. Under DDP rank 0 writes
     and every rank waits for it."""
 
-    def __init__(self, cfg: Config, proc: Process, parts: Dict[str, Any], progress: Progress, rng: bool = False):
+    def __init__(self, cfg: Config, proc: Process, parts: dict[str, Any], progress: Progress, rng: bool = False):
         self.cfg, self.out, self.device, self.parts, self.progress = cfg, proc.out, proc.device, parts, progress
         self.rng, self.is_main, self.world = rng, proc.is_main, proc.world
         self.signals = Signals()  # from here on, compilation included: a SIGTERM is a checkpoint and exit 143
         self.last = time.time()
 
-    def resume(self, total: int, optional=("ema",)) -> Optional[dict]:
+    def resume(self, total: int, optional=("ema",)) -> dict | None:
         """Load the checkpoint --resume names into the parts and the progress; return it (None: a fresh start). A part
         named in `optional` that the checkpoint holds nothing for keeps its fresh state (e.g. --ema added on resume)."""
         found = checkpoint.to_resume(self.cfg.resume, self.out)
@@ -112,7 +112,7 @@ class Checkpoints:
         """Training starts now: --ckpt-every-s counts from here, not from before compilation."""
         self.last = time.time()
 
-    def due(self, end_of_epoch: bool, epochs_done: int, agree: bool = True) -> Tuple[bool, bool]:
+    def due(self, end_of_epoch: bool, epochs_done: int, agree: bool = True) -> tuple[bool, bool]:
         """(checkpoint now, then exit). Under DDP, signals and clocks are each rank's own: the ranks decide together,
         at the steps where `agree` (the epoch cadence they share already)."""
         every = self.cfg.ckpt_every_epochs

@@ -31,7 +31,6 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -124,7 +123,7 @@ class Recipe:
     sgd: torch.optim.Optimizer
     muon: Muon
     scaler: torch.amp.GradScaler
-    amp: Optional[torch.dtype]
+    amp: torch.dtype | None
     per_epoch: int
     total: int  # the schedule's steps (max_steps ends the run earlier, not the schedule)
     bias_steps: int  # the whitening bias trains for these first steps

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import math
-from typing import List, Tuple
 
 
-def parse_points(text: str) -> List[Tuple[float, float]]:
+def parse_points(text: str) -> list[tuple[float, float]]:
     """'24@0,32@0.5' -> [(0.0, 24.0), (0.5, 32.0)]: value@progress pairs, progress in [0, 1]."""
     points = []
     for part in str(text).split(","):
@@ -18,7 +17,7 @@ def parse_points(text: str) -> List[Tuple[float, float]]:
     return points
 
 
-def piecewise_linear(points: List[Tuple[float, float]], t: float) -> float:
+def piecewise_linear(points: list[tuple[float, float]], t: float) -> float:
     """Linear between (progress, value) points, flat outside them."""
     if t <= points[0][0]:
         return points[0][1]
@@ -28,7 +27,7 @@ def piecewise_linear(points: List[Tuple[float, float]], t: float) -> float:
     return points[-1][1]
 
 
-def step_value(points: List[Tuple[float, float]], t: float) -> float:
+def step_value(points: list[tuple[float, float]], t: float) -> float:
     """The value of the last point whose progress is <= t (for image sizes: no in-between sizes)."""
     value = points[0][1]
     for at, v in points:
@@ -43,8 +42,8 @@ def one_cycle(
     warmup: float = 0.25,
     div: float = 25.0,
     final_div: float = 1e3,
-    momentum: Tuple[float, float] = (0.95, 0.85),
-) -> Tuple[float, float]:
+    momentum: tuple[float, float] = (0.95, 0.85),
+) -> tuple[float, float]:
     """Smith's one-cycle at progress t: (lr, momentum). LR rises then anneals (cosine); momentum does the inverse."""
     hi_m, lo_m = momentum
     if t < warmup:
@@ -62,13 +61,13 @@ def one_cycle(
 class LRSchedule:
     """lr (and momentum) at a given progress, from a config: kind one_cycle or piecewise."""
 
-    def __init__(self, kind: str, peak: float, warmup: float, momentum: Tuple[float, float], points: str = ""):
+    def __init__(self, kind: str, peak: float, warmup: float, momentum: tuple[float, float], points: str = ""):
         if kind not in ("one_cycle", "piecewise"):
             raise ValueError(f"schedule {kind!r}: use one_cycle or piecewise")
         self.kind, self.peak, self.warmup, self.momentum = kind, peak, warmup, momentum
         self.points = parse_points(points) if kind == "piecewise" else []
 
-    def __call__(self, t: float) -> Tuple[float, float]:
+    def __call__(self, t: float) -> tuple[float, float]:
         if self.kind == "one_cycle":
             return one_cycle(t, self.peak, self.warmup, momentum=self.momentum)
         return self.peak * piecewise_linear(self.points, t), self.momentum[1]
@@ -79,7 +78,7 @@ class Cursor:
     `batch_points` (a step schedule over progress in images, like image sizes); a batch never
     crosses the end of an epoch (the remainder of the epoch's order is dropped, as before)."""
 
-    def __init__(self, n: int, epochs: int, batch_points: List[Tuple[float, float]]):
+    def __init__(self, n: int, epochs: int, batch_points: list[tuple[float, float]]):
         if any(b < 1 for _, b in batch_points):  # a step of 0 images never advances: total_steps would never end
             raise ValueError(f"batch sizes must be at least 1, got {[int(b) for _, b in batch_points]}")
         self.n, self.epochs, self.points = n, epochs, batch_points

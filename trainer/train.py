@@ -15,7 +15,7 @@ import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Optional, Tuple
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -100,12 +100,12 @@ class Net:
     DDP-wrapped)."""
 
     model: nn.Module
-    ema: Optional[nn.Module]
+    ema: nn.Module | None
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
-    net: Optional[nn.Module]
+    net: nn.Module | None
     fused: bool
-    amp_dtype: Optional[torch.dtype]
+    amp_dtype: torch.dtype | None
     device: torch.device
     ema_decay: float
     ema_pairs: list = field(default_factory=list)
@@ -113,7 +113,7 @@ class Net:
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None)
 
-    def step(self, x: torch.Tensor, y: torch.Tensor, loss_fn) -> Tuple[torch.Tensor, torch.Tensor]:
+    def step(self, x: torch.Tensor, y: torch.Tensor, loss_fn) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step on (x, y): (logits, loss), neither read on the host."""
         if self.device.type == "cuda":
             x = x.contiguous(memory_format=torch.channels_last)
@@ -338,7 +338,7 @@ def train(cfg: Config) -> dict:
     return finish(run, compute_dtype, dict(compile_s=compile_s, cuda_graphs=graphs, late_compiles=late))
 
 
-def warm_up_before_clock(run: Run, place) -> Tuple[float, bool]:
+def warm_up_before_clock(run: Run, place) -> tuple[float, bool]:
     """Compiled, a step of each shape before the clock starts; under DDP one step, for the gradient buckets' layout.
     Returns (seconds compiling, whether steps replay CUDA graphs)."""
     cfg, m, plan = run.cfg, run.m, run.plan

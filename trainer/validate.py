@@ -6,7 +6,8 @@ The choices here are also what `python -m trainer --help` shows."""
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from collections.abc import Iterable
+from typing import Any
 
 CHOICES = {
     "dataset": ("cifar10", "synthetic", "digits", "imagefolder"),
@@ -56,7 +57,7 @@ CIFAR_SIDE = 32  # cifar10 is loaded as it is, whatever --image-size (which then
 MAX_PROGRESS_POINTS = 64
 
 
-def check_config(cfg: Dict[str, Any], explicit: Iterable[str] = ()) -> None:
+def check_config(cfg: dict[str, Any], explicit: Iterable[str] = ()) -> None:
     """Raise SystemExit(2) with every problem of a resolved config, one per line."""
     problems = problems_of(cfg, set(explicit))
     if problems:
@@ -66,8 +67,8 @@ def check_config(cfg: Dict[str, Any], explicit: Iterable[str] = ()) -> None:
         raise SystemExit(2)
 
 
-def problems_of(cfg: Dict[str, Any], explicit: set) -> List[str]:
-    out: List[str] = []
+def problems_of(cfg: dict[str, Any], explicit: set) -> list[str]:
+    out: list[str] = []
     for key, allowed in CHOICES.items():
         if key in cfg and cfg[key] not in allowed:
             shown = ", ".join(a for a in allowed if a) or "''"
@@ -111,7 +112,7 @@ def problems_of(cfg: Dict[str, Any], explicit: set) -> List[str]:
     return out
 
 
-def _sides(cfg: Dict[str, Any], sizes: Optional[List[Tuple[float, float]]]) -> List[Tuple[str, int]]:
+def _sides(cfg: dict[str, Any], sizes: list[tuple[float, float]] | None) -> list[tuple[str, int]]:
     """(option, side) for every image side the net is given, as train.py and recipe_muon.py pick them."""
     if cfg.get("recipe"):  # the recipe trains and evaluates at the loaded side
         return [("image-size", CIFAR_SIDE if cfg["dataset"] == "cifar10" else cfg["image_size"])]
@@ -121,7 +122,7 @@ def _sides(cfg: Dict[str, Any], sizes: Optional[List[Tuple[float, float]]]) -> L
     return train if cfg.get("dataset") == "imagefolder" else [*train, ("image-size", cfg["image_size"])]
 
 
-def _check_sides(cfg: Dict[str, Any], sizes, out: List[str]) -> None:
+def _check_sides(cfg: dict[str, Any], sizes, out: list[str]) -> None:
     """A side a net cannot take, or padding not smaller than the image, fails at the first step or at the first
     evaluation (after an epoch of GPU time): refused before the run starts instead."""
     model = "airbench_muon" if cfg.get("recipe") else cfg.get("model", "")  # the recipe builds its own net
@@ -152,8 +153,8 @@ def _flag(key: str) -> str:
 
 
 def _points(
-    text: str, name: str, out: List[str], whole: bool, lo: float, hi: float
-) -> Optional[List[Tuple[float, float]]]:
+    text: str, name: str, out: list[str], whole: bool, lo: float, hi: float
+) -> list[tuple[float, float]] | None:
     """'value@progress,...' as written: progress from 0, rising, within [0, 1]; values finite, in [lo, hi]."""
     if not text:
         return None
@@ -194,7 +195,7 @@ def _points(
     return points
 
 
-def option_help(source: str) -> Dict[str, str]:
+def option_help(source: str) -> dict[str, str]:
     """Each option's trailing comment in presets.py's `class Config` block: the one text both read."""
     import re
 

@@ -8,8 +8,6 @@ a run's host: it carries no `orch:run`).
 
 from __future__ import annotations
 
-from typing import List, Optional
-
 from orchestrator.aws.ec2 import sweep_instances, sweep_tags
 
 ROLE_TAG, CONTROLLER_ROLE = "orch:role", "controller"
@@ -18,7 +16,7 @@ DEFAULT_IMAGE = "al2023-ami-2023.*-kernel-*-{arch}"
 DEFAULT_USER = "ec2-user"  # the login user of Amazon Linux images
 
 
-def controller_tags(sweep: str, host_key: str) -> List[dict]:
+def controller_tags(sweep: str, host_key: str) -> list[dict]:
     return sweep_tags(sweep, role=CONTROLLER_ROLE, hostkey=host_key) + [
         {"Key": "Name", "Value": f"orch {sweep} controller"}
     ]
@@ -40,6 +38,6 @@ def default_image(ec2, instance_type: str) -> str:
     return DEFAULT_IMAGE.format(arch=architecture(ec2, instance_type))
 
 
-def controllers(ec2, sweep: str, states: Optional[List[str]] = None) -> List[dict]:
+def controllers(ec2, sweep: str, states: list[str] | None = None) -> list[dict]:
     """The sweep's controller instances (normally none or one): id, state, type, addresses, pinned host key."""
     return sweep_instances(ec2, sweep, states, tags={ROLE_TAG: CONTROLLER_ROLE})

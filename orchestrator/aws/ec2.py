@@ -10,7 +10,7 @@ NotFound as "not yet". Code that runs on the instance itself is in host/imds.py.
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 from orchestrator.errors import OrchError
 
@@ -121,7 +121,7 @@ def explain(exc, what: str, market: str = "spot", instance_type: str = "") -> Or
 # --- resolving what the sweep names ---------------------------------------------------------------
 
 
-def resolve_subnets(ec2, subnet_ids: List[str], region: str) -> List[dict]:
+def resolve_subnets(ec2, subnet_ids: list[str], region: str) -> list[dict]:
     """[{SubnetId, AvailabilityZone, VpcId}] of the configured subnets, or the default VPC's."""
     from botocore.exceptions import ClientError
 
@@ -171,7 +171,7 @@ def caller_cidr() -> str:
 # --- per-sweep resources --------------------------------------------------------------------------
 
 
-def sweep_tags(sweep: str, **extra: str) -> List[dict]:
+def sweep_tags(sweep: str, **extra: str) -> list[dict]:
     tags = {"orch:sweep": sweep, **{f"orch:{k}": v for k, v in extra.items()}}
     return [{"Key": k, "Value": v} for k, v in tags.items()]
 
@@ -259,7 +259,7 @@ def allow_ssh_from(ec2, group_id: str, cidr: str, instance_id: str = "", live: S
             raise
 
 
-def controller_rules(ec2, group_id: str) -> List[dict]:
+def controller_rules(ec2, group_id: str) -> list[dict]:
     """The group's port-22 ranges that remote controllers were given: [{CidrIp, Description}]."""
     groups = ec2.describe_security_groups(GroupIds=[group_id])["SecurityGroups"]
     return [
@@ -272,7 +272,7 @@ def controller_rules(ec2, group_id: str) -> List[dict]:
     ]
 
 
-def launch_template_data(image: dict, sg_id: str, volume_gb: int, profile: Optional[str], public_ip: bool) -> dict:
+def launch_template_data(image: dict, sg_id: str, volume_gb: int, profile: str | None, public_ip: bool) -> dict:
     """What every instance of the sweep gets; the root volume as the image names it, never smaller than its snapshot."""
     data = {
         "ImageId": image["ImageId"],
@@ -337,9 +337,7 @@ def template_data(ec2, template_id: str) -> dict:
 # --- watching and releasing ------------------------------------------------------------------------
 
 
-def sweep_instances(
-    ec2, sweep: str, states: Optional[List[str]] = None, tags: Optional[Dict[str, str]] = None
-) -> List[dict]:
+def sweep_instances(ec2, sweep: str, states: list[str] | None = None, tags: dict[str, str] | None = None) -> list[dict]:
     """Instances tagged with the sweep (and with `tags`, if given), in one paginated DescribeInstances, as plain
     dicts."""
     out = []
@@ -377,7 +375,7 @@ def sweep_instances(
     return out
 
 
-def rungs_left(tags: Dict[str, str]) -> Optional[str]:
+def rungs_left(tags: dict[str, str]) -> str | None:
     """A `prune:` instance's rungs not yet reported, as its tags say (contract.RUNGS_TAG); None: it does not say."""
     from orchestrator.contract import RUNG_TAG, RUNGS_TAG
 
@@ -397,7 +395,7 @@ def wait_running(ec2, instance_id: str, address: str, timeout_s: float) -> str:
     return retry_until(ready, timeout_s, 1.0, f"{instance_id} to run")
 
 
-def describe(ec2, instance_id: str) -> Optional[dict]:
+def describe(ec2, instance_id: str) -> dict | None:
     """State and addresses of one instance; None while EC2 does not know the new id yet."""
     from botocore.exceptions import ClientError
 
@@ -419,13 +417,13 @@ def describe(ec2, instance_id: str) -> Optional[dict]:
     }
 
 
-def instance_placement(ec2, instance_id: str) -> Optional[Tuple[str, str]]:
+def instance_placement(ec2, instance_id: str) -> tuple[str, str] | None:
     """(instance type, subnet id) of an instance, terminated ones included (while EC2 still lists them)."""
     found = describe(ec2, instance_id)
     return (found["type"], found["subnet_id"]) if found else None
 
 
-def terminate(ec2, instance_ids: List[str], patience_s: float = NOT_FOUND_S) -> None:
+def terminate(ec2, instance_ids: list[str], patience_s: float = NOT_FOUND_S) -> None:
     """Terminate; an id EC2 does not know yet (it just came from CreateFleet) is asked again until it does."""
     from botocore.exceptions import ClientError
 
@@ -452,7 +450,7 @@ def terminate(ec2, instance_ids: List[str], patience_s: float = NOT_FOUND_S) -> 
         ) from None
 
 
-def gpu_counts(ec2, instance_types: List[str]) -> Dict[str, int]:
+def gpu_counts(ec2, instance_types: list[str]) -> dict[str, int]:
     """GPUs per instance type: DescribeInstanceTypes' GpuInfo, else orch's table (gpus.GPUS_OF_TYPE), else 0."""
     from orchestrator.aws.gpus import GPUS_OF_TYPE
 
@@ -469,7 +467,7 @@ def gpu_counts(ec2, instance_types: List[str]) -> Dict[str, int]:
     return counts
 
 
-def offered_pools(ec2, instance_types: List[str], azs: List[str]) -> Optional[set]:
+def offered_pools(ec2, instance_types: list[str], azs: list[str]) -> set | None:
     """The (type, AZ) pairs EC2 offers among these (DescribeInstanceTypeOfferings, LocationType=availability-zone):
     not every type is in every AZ, and CreateFleet refuses a pool that is not offered. None when EC2 would not say
     (then every pool is asked, and CreateFleet's own refusal blocks it)."""
@@ -489,7 +487,7 @@ def offered_pools(ec2, instance_types: List[str], azs: List[str]) -> Optional[se
     return found
 
 
-def spot_prices(ec2, instance_types: List[str], azs: List[str]) -> Dict[Tuple[str, str], float]:
+def spot_prices(ec2, instance_types: list[str], azs: list[str]) -> dict[tuple[str, str], float]:
     """The spot price in effect now per (type, AZ) for Linux.
 
     StartTime and EndTime both: only then does EC2 promise "the last price change before the start time, which
@@ -498,7 +496,7 @@ def spot_prices(ec2, instance_types: List[str], azs: List[str]) -> Dict[Tuple[st
     import datetime
 
     now = datetime.datetime.now(datetime.timezone.utc)
-    prices: Dict[Tuple[str, str], Tuple[float, float]] = {}
+    prices: dict[tuple[str, str], tuple[float, float]] = {}
     where = [{"Name": "availability-zone", "Values": list(azs)}] if azs else []
     pages = ec2.get_paginator("describe_spot_price_history").paginate(
         InstanceTypes=instance_types, ProductDescriptions=["Linux/UNIX"], StartTime=now, EndTime=now, Filters=where

@@ -14,8 +14,8 @@ import base64
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
 
 from orchestrator.aws.ec2 import (
     QUOTA_ERRORS,
@@ -93,17 +93,17 @@ class Choice:
     az: str
 
 
-def choices(instance_types: List[str], subnets: List[dict]) -> List[Choice]:
+def choices(instance_types: list[str], subnets: list[dict]) -> list[Choice]:
     """Every (type, subnet) pair, the types in the order given (first choice first)."""
     return [Choice(t, s["SubnetId"], s["AvailabilityZone"]) for t in instance_types for s in subnets]
 
 
-def offered(choices: List[Choice], pools: Optional[set]) -> List[Choice]:
+def offered(choices: list[Choice], pools: set | None) -> list[Choice]:
     """The choices whose (type, AZ) EC2 offers (`pools` from ec2.offered_pools; None: all of them)."""
     return list(choices) if pools is None else [c for c in choices if (c.instance_type, c.az) in pools]
 
 
-def offered_choices(ec2, instance_types: List[str], subnets: List[dict], region: str) -> List[Choice]:
+def offered_choices(ec2, instance_types: list[str], subnets: list[dict], region: str) -> list[Choice]:
     """Every (type, subnet) pair whose AZ offers the type (one DescribeInstanceTypeOfferings); none is fatal."""
     from orchestrator.aws.ec2 import offered_pools
 
@@ -118,7 +118,7 @@ def offered_choices(ec2, instance_types: List[str], subnets: List[dict], region:
     return kept
 
 
-def markets(market: str) -> List[str]:
+def markets(market: str) -> list[str]:
     """The markets `aws.market` tries, in order."""
     return {"spot": ["spot"], "on-demand": ["on-demand"], "spot-then-on-demand": ["spot", "on-demand"]}[market]
 
@@ -140,19 +140,19 @@ class Blocklist:
     pool is tight, so other choices go first, but it is still tried when nothing else is left.
     """
 
-    until: Dict[Tuple[str, str, str], float] = field(default_factory=dict)
-    soft_until: Dict[Tuple[str, str], float] = field(default_factory=dict)
-    quota: Dict[str, Tuple[float, str]] = field(
+    until: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    soft_until: dict[tuple[str, str], float] = field(default_factory=dict)
+    quota: dict[str, tuple[float, str]] = field(
         default_factory=dict
     )  # market -> (until, what AWS said): asked again sooner
-    unsupported: Dict[Tuple[str, str], str] = field(default_factory=dict)  # pool -> what AWS said (CONFIG_ERRORS)
+    unsupported: dict[tuple[str, str], str] = field(default_factory=dict)  # pool -> what AWS said (CONFIG_ERRORS)
 
     def refuse(self, instance_type: str, subnet_id: str, said: str) -> None:
         """A pool whose configuration EC2 does not support: never asked again, and why is kept."""
         self.never(instance_type, subnet_id)
         self.unsupported[(instance_type, subnet_id)] = said
 
-    def all_unsupported(self, choices: List[Choice]) -> Optional[str]:
+    def all_unsupported(self, choices: list[Choice]) -> str | None:
         """What AWS said, when every choice was refused as unsupported (nothing to wait for)."""
         said = [self.unsupported.get((c.instance_type, c.subnet_id)) for c in choices]
         return "; ".join(dict.fromkeys(said)) if said and all(said) else None
@@ -168,7 +168,7 @@ class Blocklist:
     def avoid(self, instance_type: str, subnet_id: str, seconds: float = BLOCK_S) -> None:
         self.soft_until[(instance_type, subnet_id)] = time.time() + seconds
 
-    def allowed(self, choices: List[Choice], market: str) -> List[Choice]:
+    def allowed(self, choices: list[Choice], market: str) -> list[Choice]:
         now = time.time()
         open_ = [c for c in choices if self.until.get((market, c.instance_type, c.subnet_id), 0) <= now]
         preferred = [c for c in open_ if self.soft_until.get((c.instance_type, c.subnet_id), 0) <= now]
@@ -179,9 +179,9 @@ def _fleet(
     ec2,
     template_id: str,
     version: str,
-    choices: List[Choice],
+    choices: list[Choice],
     market: str,
-    tags: List[dict],
+    tags: list[dict],
     count: int = 1,
     group: str = "",
 ) -> dict:
@@ -193,7 +193,7 @@ def _fleet(
     )
     # "An EC2 Fleet request can't span different subnets from the same Availability Zone" (EC2 Fleet quotas):
     # per AZ, the first subnet the choices name (the user's order); the others are asked once it is blocked
-    subnet_of: Dict[str, str] = {}
+    subnet_of: dict[str, str] = {}
     choices = [c for c in choices if subnet_of.setdefault(c.az, c.subnet_id) == c.subnet_id]
     return ec2.create_fleet(
         Type="instant",
@@ -211,7 +211,7 @@ def _fleet(
     )
 
 
-def _quota(blocklist: Blocklist, choices: List[Choice], market: str, error: OrchError) -> OrchError:
+def _quota(blocklist: Blocklist, choices: list[Choice], market: str, error: OrchError) -> OrchError:
     """A quota covers the whole market: none of its pools is asked again for a while."""
     log.info("%s: %s", market, error)
     for c in choices:
@@ -235,9 +235,9 @@ def acquire(
     template_id: str,
     base: dict,
     user_data: str,
-    choices: List[Choice],
-    markets: List[str],
-    tags: List[dict],
+    choices: list[Choice],
+    markets: list[str],
+    tags: list[dict],
     blocklist: Blocklist,
     sleep: Callable[[float], None] = time.sleep,
     propagation_s: float = PROPAGATION_S,
@@ -256,16 +256,16 @@ def acquire_nodes(
     template_id: str,
     base: dict,
     user_data: str,
-    choices: List[Choice],
-    markets: List[str],
-    tags: List[dict],
+    choices: list[Choice],
+    markets: list[str],
+    tags: list[dict],
     blocklist: Blocklist,
     count: int,
     group_of: Callable[[str], str],
-    release: Callable[[List[str]], None],
+    release: Callable[[list[str]], None],
     sleep: Callable[[float], None] = time.sleep,
     propagation_s: float = PROPAGATION_S,
-) -> List[Acquired]:
+) -> list[Acquired]:
     """`count` instances of one type in one AZ, in that AZ's placement group (`group_of(az)`), or none:
     one CreateFleet per pool; a pool that gives fewer has what it gave released (`release`) and is
     blocked like a capacity error, and the next pool is asked."""
@@ -291,16 +291,16 @@ def _acquire(
     template_id: str,
     base: dict,
     user_data: str,
-    choices: List[Choice],
-    markets: List[str],
-    tags: List[dict],
+    choices: list[Choice],
+    markets: list[str],
+    tags: list[dict],
     blocklist: Blocklist,
     sleep: Callable[[float], None],
     propagation_s: float,
     count: int = 1,
-    group_of: Optional[Callable[[str], str]] = None,
-    release: Optional[Callable[[List[str]], None]] = None,
-) -> List[Acquired]:
+    group_of: Callable[[str], str] | None = None,
+    release: Callable[[list[str]], None] | None = None,
+) -> list[Acquired]:
     from botocore.exceptions import ClientError
 
     if not any(blocklist.allowed(choices, m) for m in markets):  # everything just refused: wait without calling the API
@@ -347,9 +347,9 @@ class _Ask:
         self.blocklist, self.sleep, self.propagation_s, self.count = blocklist, sleep, propagation_s, count
         self.group_of, self.release = group_of, release
         self.waited = 0.0  # seconds spent waiting for what orch made to become visible to EC2
-        self.quota: Optional[OrchError] = None  # a market refused for its quota: the next market is still asked
+        self.quota: OrchError | None = None  # a market refused for its quota: the next market is still asked
 
-    def every_market(self, markets: List[str]) -> List[Acquired]:
+    def every_market(self, markets: list[str]) -> list[Acquired]:
         for market in markets:
             while True:
                 allowed = self.blocklist.allowed(self.choices, market)
@@ -375,7 +375,7 @@ class _Ask:
             f"{', '.join(sorted({c.az for c in self.choices}))} ({' or '.join(markets)}) right now; will retry"
         )
 
-    def _once(self, market: str, allowed: List[Choice]):
+    def _once(self, market: str, allowed: list[Choice]):
         from botocore.exceptions import ClientError
 
         try:
@@ -403,7 +403,7 @@ class _Ask:
             raise CapacityUnavailable("CreateFleet answered with neither instances nor errors; will retry")
         return self._errors(errors, market, allowed)
 
-    def _refusal(self, exc, market: str, allowed: List[Choice]):
+    def _refusal(self, exc, market: str, allowed: list[Choice]):
         """The whole request was refused (an exception, not a 200 with Errors)."""
         code, message = error_code(exc), error_message(exc)
         first = allowed[0]
@@ -429,7 +429,7 @@ class _Ask:
             return _MARKET_DONE
         raise _refused(code, message, market, first.instance_type) from None
 
-    def _errors(self, errors: List[dict], market: str, allowed: List[Choice]):
+    def _errors(self, errors: list[dict], market: str, allowed: list[Choice]):
         """A 200 answer with Errors and no instances."""
         # A new instance profile not yet visible to EC2 comes with a capacity error beside it
         # (karpenter-provider-aws issue 3051: InvalidParameterValue + UnfulfillableCapacity): that
@@ -479,7 +479,7 @@ class _Ask:
         return _NEXT
 
 
-def _release_quietly(release: Optional[Callable[[List[str]], None]], ids: List[str]) -> None:
+def _release_quietly(release: Callable[[list[str]], None] | None, ids: list[str]) -> None:
     try:
         if release is not None:
             release(ids)
@@ -487,7 +487,7 @@ def _release_quietly(release: Optional[Callable[[List[str]], None]], ids: List[s
         log.error("could not release %s: %s", ", ".join(ids), exc)
 
 
-def _instances(answer: dict, allowed: List[Choice], market: str) -> List[Acquired]:
+def _instances(answer: dict, allowed: list[Choice], market: str) -> list[Acquired]:
     out = []
     for inst in answer.get("Instances", []):
         o = inst.get("LaunchTemplateAndOverrides", {}).get("Overrides", {})

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from typing import List, Sequence
+from collections.abc import Sequence
 
 from orchestrator.aws.ec2 import AwsFatal, error_code, error_message, explain
 from orchestrator.aws.policy import INSTANCES, ITSELF, boundary_arn, pass_role_statement, remote_controller_statements
@@ -41,7 +41,7 @@ def controller_iam_name(sweep: str) -> str:
     return iam_name(sweep, CONTROLLER_SUFFIX)
 
 
-def bucket_kms_keys(s3, buckets: Sequence[str], kms=None) -> List[str]:
+def bucket_kms_keys(s3, buckets: Sequence[str], kms=None) -> list[str]:
     """The customer-managed KMS keys the buckets encrypt new objects with by default (GetBucketEncryption;
     IAM action s3:GetEncryptionConfiguration), as key ARNs: an instance must be allowed to use them to read
     (kms:Decrypt) and write (kms:GenerateDataKey) there. A bucket without SSE-KMS, or with the AWS managed key
@@ -54,7 +54,7 @@ def bucket_kms_keys(s3, buckets: Sequence[str], kms=None) -> List[str]:
 
     from orchestrator.aws.ec2 import client
 
-    keys: List[str] = []
+    keys: list[str] = []
     for b in dict.fromkeys(buckets):
         try:
             rules = s3.get_bucket_encryption(Bucket=b)["ServerSideEncryptionConfiguration"]["Rules"]
@@ -102,7 +102,7 @@ def key_arn(kms, key: str) -> str:
         return key
 
 
-def kms_statements(keys: Sequence[str]) -> List[dict]:
+def kms_statements(keys: Sequence[str]) -> list[dict]:
     """kms:Decrypt and kms:GenerateDataKey on the keys, by key ARN; a key known only by id or alias (which
     cannot be a policy resource) is allowed on any key, only when S3 calls KMS."""
     actions = ["kms:Decrypt", "kms:GenerateDataKey"]
@@ -167,7 +167,7 @@ def instance_profile_policy(
     return policy
 
 
-def store_statements(bucket: str, prefix: str, sweep: str) -> List[dict]:
+def store_statements(bucket: str, prefix: str, sweep: str) -> list[dict]:
     """Objects under the sweep's prefix, and listing only there."""
     base = f"{prefix}/{sweep}" if prefix else sweep
     return [

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Dict, List, Optional
+from collections.abc import Callable
+from typing import Any
 
 from orchestrator.aws.ec2 import NOT_FOUND_S, error_code, explain
 from orchestrator.errors import OrchError
@@ -27,7 +28,7 @@ def builder_name(recipe: Any) -> str:  # a backends.aws.recipe.Recipe (a layer a
     return f"ami-{recipe.name}"
 
 
-def images(ec2, recipe: Optional[str] = None, sha: Optional[str] = None) -> List[dict]:
+def images(ec2, recipe: str | None = None, sha: str | None = None) -> list[dict]:
     """orch's images in a region, newest first (owned by this account, tagged with a recipe)."""
     filters = [{"Name": "tag-key", "Values": [RECIPE_TAG]}]
     if recipe:
@@ -39,7 +40,7 @@ def images(ec2, recipe: Optional[str] = None, sha: Optional[str] = None) -> List
     return sorted(found, key=lambda i: i.get("CreationDate", ""), reverse=True)
 
 
-def tags_of(image: dict) -> Dict[str, str]:
+def tags_of(image: dict) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in image.get("Tags", [])}
 
 
@@ -85,7 +86,7 @@ def wait_available(
         ) from None
 
 
-def _describe(ec2, image_id: str) -> Optional[dict]:
+def _describe(ec2, image_id: str) -> dict | None:
     """The image, or None where EC2 does not (or no longer) know the id."""
     from botocore.exceptions import ClientError
 
@@ -98,7 +99,7 @@ def _describe(ec2, image_id: str) -> Optional[dict]:
     return found[0] if found else None
 
 
-def remove(ec2, image_id: str) -> List[str]:
+def remove(ec2, image_id: str) -> list[str]:
     """Deregister an image of orch's and delete its snapshots; refuses one that live instances run. An image
     deregistered a moment ago (DescribeImages lists those "for a short interval") is already gone: []."""
     found = _describe(ec2, image_id)
@@ -128,7 +129,7 @@ def remove(ec2, image_id: str) -> List[str]:
     return [image_id, *snapshots] if _deregister(ec2, image_id, snapshots) else []
 
 
-def _deregister(ec2, image_id: str, snapshots: List[str]) -> bool:
+def _deregister(ec2, image_id: str, snapshots: list[str]) -> bool:
     """DeregisterImage, with its snapshots in the same call where the service model has DeleteAssociatedSnapshots
     (else one DeleteSnapshot each); False when someone removed it first."""
     from botocore.exceptions import ClientError

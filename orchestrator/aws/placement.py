@@ -8,7 +8,6 @@ made on first use, tagged with the sweep, and removed by `orch down`.
 from __future__ import annotations
 
 import threading
-from typing import Dict, List
 
 from orchestrator.aws.ec2 import error_code, sweep_tags
 
@@ -19,7 +18,7 @@ def group_name(sweep: str, az: str) -> str:
     return f"orch-{sweep}-{az}"
 
 
-def ensure_group(ec2, sweep: str, az: str, made: Dict[str, str]) -> str:
+def ensure_group(ec2, sweep: str, az: str, made: dict[str, str]) -> str:
     """The sweep's cluster group in `az`, created when missing; `made` remembers it for the controller's life."""
     from botocore.exceptions import ClientError
 
@@ -40,7 +39,7 @@ def ensure_group(ec2, sweep: str, az: str, made: Dict[str, str]) -> str:
         return name
 
 
-def sweep_groups(ec2, sweep: str) -> List[str]:
+def sweep_groups(ec2, sweep: str) -> list[str]:
     """Names of the sweep's placement groups (by tag)."""
     found = ec2.describe_placement_groups(Filters=[{"Name": "tag:orch:sweep", "Values": [sweep]}])["PlacementGroups"]
     return [g["GroupName"] for g in found]

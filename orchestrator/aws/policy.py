@@ -20,7 +20,7 @@ by a second copy.
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from collections.abc import Sequence
 
 SWEEP_TAG, RECIPE_TAG = "orch:sweep", "orch:recipe"
 BOUNDARY_NAME = "orch-boundary"
@@ -119,7 +119,7 @@ def _tagged(key: str) -> dict:
     return {"Null": {f"aws:ResourceTag/{key}": "false"}}  # the resource carries the tag (any value)
 
 
-def ec2_statements() -> List[dict]:
+def ec2_statements() -> list[dict]:
     return [
         {"Sid": "Ec2Read", "Effect": "Allow", "Resource": "*", "Action": list(READ_ACTIONS)},
         {"Sid": "Ec2Create", "Effect": "Allow", "Resource": "*", "Action": list(CREATE_ACTIONS)},
@@ -167,7 +167,7 @@ def ec2_statements() -> List[dict]:
     ]
 
 
-def iam_statements(boundary: str) -> List[dict]:
+def iam_statements(boundary: str) -> list[dict]:
     return [
         {
             "Sid": "IamRolesOnlyWithTheBoundary",
@@ -208,7 +208,7 @@ def iam_statements(boundary: str) -> List[dict]:
     ]
 
 
-def guardrail_statements(boundary: str) -> List[dict]:
+def guardrail_statements(boundary: str) -> list[dict]:
     """The explicit Denies of AWS's delegation example: the boundary policy stays as the admin made it, and no role
     loses or swaps orch's boundary (a Put with another boundary, a Delete of this one)."""
     return [
@@ -235,7 +235,7 @@ def guardrail_statements(boundary: str) -> List[dict]:
     ]
 
 
-def kms_statements() -> List[dict]:
+def kms_statements() -> list[dict]:
     """A bucket whose default key is customer-managed: S3 calls KMS for the caller (kms:GenerateDataKey to write,
     kms:Decrypt to read and to finish a multipart upload), and only S3 may do so on its behalf; DescribeKey
     resolves an alias or key id that a bucket names to the key's ARN (an IAM policy names keys only by ARN)."""
@@ -251,7 +251,7 @@ def kms_statements() -> List[dict]:
     ]
 
 
-def s3_statements(bucket: str, data_buckets: Sequence[str] = ()) -> List[dict]:
+def s3_statements(bucket: str, data_buckets: Sequence[str] = ()) -> list[dict]:
     data = [b for b in dict.fromkeys(data_buckets) if b != bucket]
     out = [
         {
@@ -279,7 +279,7 @@ def s3_statements(bucket: str, data_buckets: Sequence[str] = ()) -> List[dict]:
     return out
 
 
-def controller_policy(bucket: Optional[str] = None, data_buckets: Sequence[str] = ()) -> dict:
+def controller_policy(bucket: str | None = None, data_buckets: Sequence[str] = ()) -> dict:
     """The policy document of the credentials that run orch, with the store's bucket (or YOUR-BUCKET) and the
     buckets `data:` entries read from (and `orch data push` writes to)."""
     b = bucket or PLACEHOLDER
@@ -293,7 +293,7 @@ def controller_policy(bucket: Optional[str] = None, data_buckets: Sequence[str] 
     }
 
 
-def instance_statements(bucket: str, data_buckets: Sequence[str] = ()) -> List[dict]:
+def instance_statements(bucket: str, data_buckets: Sequence[str] = ()) -> list[dict]:
     """What any instance of any sweep may need (the cap; each sweep's own role narrows it to its prefix): the
     store's objects, reading `data:` buckets, KMS through S3, and terminating or untagging instances of orch's."""
     data = [b for b in dict.fromkeys(data_buckets) if b != bucket]
@@ -354,7 +354,7 @@ CONTROLLER_ON_SWEEP = [
 ]
 
 
-def remote_controller_statements(tag_value: str = "") -> List[dict]:
+def remote_controller_statements(tag_value: str = "") -> list[dict]:
     """EC2 for a sweep's remote controller, on resources tagged with its sweep (`tag_value`), or, empty, with any
     sweep (the boundary's cap: each controller role narrows it to its own sweep)."""
     on_sweep = {"StringEquals": {f"aws:ResourceTag/{SWEEP_TAG}": tag_value}} if tag_value else _tagged(SWEEP_TAG)
@@ -391,7 +391,7 @@ def pass_role_statement(role_arns: Sequence[str]) -> dict:
     }
 
 
-def boundary_policy(bucket: Optional[str] = None, data_buckets: Sequence[str] = (), extra: Sequence[dict] = ()) -> dict:
+def boundary_policy(bucket: str | None = None, data_buckets: Sequence[str] = (), extra: Sequence[dict] = ()) -> dict:
     """The permissions boundary `orch-boundary`: the most any role orch creates may do, whatever its own policy
     says: a host's, and a remote controller's (no more than the user policy already allows its holder, so no
     escalation; no IAM write at all), and only with credentials EC2 delivered to an instance (FROM_AN_INSTANCE).

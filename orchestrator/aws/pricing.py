@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
 
 from orchestrator.store import layout
 
@@ -50,7 +49,7 @@ ON_DEMAND_USD_PER_H = {
 }
 
 
-def on_demand_price(instance_type: str, spot_price: Optional[float]) -> Optional[float]:
+def on_demand_price(instance_type: str, spot_price: float | None) -> float | None:
     """An on-demand hour of the type: the published price when known, else ON_DEMAND_FACTOR x its spot price."""
     if instance_type in ON_DEMAND_USD_PER_H:
         return ON_DEMAND_USD_PER_H[instance_type]
@@ -60,11 +59,11 @@ def on_demand_price(instance_type: str, spot_price: Optional[float]) -> Optional
 CACHE_S = 3600.0
 
 
-def per_run(ledger: Dict[str, dict], now: Optional[float] = None) -> Dict[str, Tuple[float, float]]:
+def per_run(ledger: dict[str, dict], now: float | None = None) -> dict[str, tuple[float, float]]:
     """(dollars, GPU-hours) per run: every instance of every attempt of the run counts; a shared
     (packed) instance counts for each run by the time it held a slot (its share: 1/slots of the
     instance), so slots nobody used are in the sweep's spend but in no run's."""
-    out: Dict[str, Tuple[float, float]] = {}
+    out: dict[str, tuple[float, float]] = {}
 
     def add(run: str, hours: float, price: float, gpus: float) -> None:
         usd, gpu_h = out.get(run, (0.0, 0.0))
@@ -88,12 +87,12 @@ def per_run(ledger: Dict[str, dict], now: Optional[float] = None) -> Dict[str, T
 CONTROLLER_ROLE = "controller"  # a ledger entry's `role` for the instance a remote controller runs on
 
 
-def controller_cost(ledger: Dict[str, dict], now: Optional[float] = None) -> float:
+def controller_cost(ledger: dict[str, dict], now: float | None = None) -> float:
     """Dollars of the sweep's remote controller instances (part of ledger_cost; no run's)."""
     return ledger_cost({k: e for k, e in ledger.items() if e.get("role") == CONTROLLER_ROLE}, now)
 
 
-def ledger_cost(ledger: Dict[str, dict], now: Optional[float] = None) -> float:
+def ledger_cost(ledger: dict[str, dict], now: float | None = None) -> float:
     """Dollars spent by the instances in a ledger (open entries count up to `now`)."""
     total = 0.0
     for entry in ledger.values():
@@ -108,10 +107,10 @@ class PriceBook:
 
     def __init__(self, fetch):
         self.fetch = fetch  # (types, azs) -> {(type, az): spot price}
-        self.prices: Dict[Tuple[str, str], float] = {}
+        self.prices: dict[tuple[str, str], float] = {}
         self.fetched_at = 0.0
 
-    def price(self, instance_type: str, az: str, market: str) -> Optional[float]:
+    def price(self, instance_type: str, az: str, market: str) -> float | None:
         if (instance_type, az) not in self.prices or time.time() - self.fetched_at > CACHE_S:
             self.prices.update(self.fetch([instance_type], [az]))
             self.fetched_at = time.time()
@@ -130,12 +129,12 @@ class CostLedger:
     def __init__(self, store, sweep: str, prices: PriceBook):
         self.store, self.key, self.prices = store, layout.cost_key(sweep), prices
         self.lock = threading.Lock()
-        self._entries: Optional[Dict[str, dict]] = None
+        self._entries: dict[str, dict] | None = None
         self._live: set = set()  # instances seen running in the last pass
         self._saved_at = 0.0
 
     @property
-    def entries(self) -> Dict[str, dict]:
+    def entries(self) -> dict[str, dict]:
         if self._entries is None:
             from orchestrator.store.base import get_json
 
@@ -176,7 +175,7 @@ class CostLedger:
             }
             self._save()
 
-    def observe(self, live_ids: List[str], occupants: Optional[Dict[str, List[str]]] = None) -> None:
+    def observe(self, live_ids: list[str], occupants: dict[str, list[str]] | None = None) -> None:
         """Instances seen running now; `occupants`: the runs on each shared instance (their slot time grows)."""
         now = time.time()
         with self.lock:

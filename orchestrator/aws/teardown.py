@@ -5,8 +5,6 @@ Part of the control plane with ec2.py, whose helpers it uses; nothing here runs 
 
 from __future__ import annotations
 
-from typing import Dict, List
-
 from orchestrator.aws.ec2 import (
     LIVE_STATES,
     NOT_GONE,
@@ -22,7 +20,7 @@ from orchestrator.errors import OrchError
 TEARDOWN_WAIT_S = 900.0  # GPU instances can stay in shutting-down for minutes
 
 
-def teardown(ec2, iam, sweep: str, wait_s: float = TEARDOWN_WAIT_S) -> List[str]:
+def teardown(ec2, iam, sweep: str, wait_s: float = TEARDOWN_WAIT_S) -> list[str]:
     """Remove everything tagged with or named after the sweep, in dependency order; safe to repeat.
 
     An instance in `shutting-down` still holds its network interface, and so the security group:
@@ -71,7 +69,7 @@ def teardown(ec2, iam, sweep: str, wait_s: float = TEARDOWN_WAIT_S) -> List[str]
     return removed
 
 
-def _delete_instance_profile(iam, name: str) -> List[str]:
+def _delete_instance_profile(iam, name: str) -> list[str]:
     from botocore.exceptions import ClientError
 
     removed = []
@@ -98,9 +96,9 @@ def _delete_instance_profile(iam, name: str) -> List[str]:
     return removed
 
 
-def orch_resources(ec2, iam) -> Dict[str, List[str]]:
+def orch_resources(ec2, iam) -> dict[str, list[str]]:
     """Everything orch made in this region, by sweep: what `orch gc` lists and `orch down --all` removes."""
-    found: Dict[str, List[str]] = {}
+    found: dict[str, list[str]] = {}
     for page in ec2.get_paginator("describe_instances").paginate(
         Filters=[{"Name": "tag-key", "Values": ["orch:sweep"]}, {"Name": "instance-state-name", "Values": LIVE_STATES}]
     ):
@@ -127,7 +125,7 @@ def orch_resources(ec2, iam) -> Dict[str, List[str]]:
     return found
 
 
-def _all(ec2, call: str, key: str, filters: List[tuple]) -> List[dict]:
+def _all(ec2, call: str, key: str, filters: list[tuple]) -> list[dict]:
     """Every page of a Describe call (EC2 pages them: a template or group past the first page is still orch's;
     DescribePlacementGroups alone is not paged)."""
     pages = ec2.get_paginator(call).paginate(Filters=[{"Name": k, "Values": [v]} for k, v in filters])

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Optional, Sequence, Union
+from collections.abc import Sequence
 
 log = logging.getLogger("orch.aws")
 
@@ -32,7 +32,7 @@ shutdown -h "+$left"
 """
 
 
-def safety_net(max_minutes: int, now: Optional[float] = None) -> str:
+def safety_net(max_minutes: int, now: float | None = None) -> str:
     """The per-boot script: `shutdown -h` at `max_minutes` after now (at least a minute from each boot)."""
     deadline = int((time.time() if now is None else now) + max_minutes * 60)
     return SAFETY_NET_SCRIPT.format(deadline=deadline, owner=SAFETY_NET_OWNER)
@@ -41,9 +41,9 @@ def safety_net(max_minutes: int, now: Optional[float] = None) -> str:
 def cloud_config(
     host_private: str,
     host_public: str,
-    user_public: Union[str, Sequence[str]],
+    user_public: str | Sequence[str],
     max_minutes: int,
-    now: Optional[float] = None,
+    now: float | None = None,
 ) -> str:
     """User data: the pinned host key, the user's key(s) (a remote controller's hosts accept its own key and the
     laptop's), and the safety-net shutdown (written for this instance: an empty owner file, claimed at its first

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass
-from typing import List, Optional, Protocol
+from typing import Protocol
 
 from orchestrator.contract import RunTask
 from orchestrator.store.lifecycle import RunState, StopReason
@@ -18,9 +19,9 @@ class Host:
     run_id: str  # the run it serves
     host_id: str  # tmux session name (local), instance id (aws), or ACQUIRING
     address: str  # where to reach it ("localhost" or an IP)
-    attempt: Optional[int] = None  # the attempt it was started for, when the backend knows
+    attempt: int | None = None  # the attempt it was started for, when the backend knows
     provisioning: bool = False  # this controller is still setting it up (acquire, boot, ssh, agent)
-    start_deadline: Optional[float] = None  # its agent must have reported by then, or the host is replaced
+    start_deadline: float | None = None  # its agent must have reported by then, or the host is replaced
     node: int = 0  # its node rank in a run that spans several hosts
     nodes: int = 1  # hosts the attempt spans
     missing: int = 0  # (set by the controller's survey) nodes of this attempt that are gone
@@ -28,9 +29,9 @@ class Host:
         -1
     )  # packing: the run's slot on an instance shared with other runs (-1: the instance is the run's alone)
     # Seen without a store request, where the backend can (local: a file the agent keeps in its control folder):
-    seen: Optional[float] = None  # when its agent last showed it is alive (counts as a heartbeat)
+    seen: float | None = None  # when its agent last showed it is alive (counts as a heartbeat)
     # changes whenever its agent writes what a pass must read (local: every record; aws: a rung's value, by tag)
-    mark: Optional[str] = None
+    mark: str | None = None
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class Backend(Protocol):
     releases_interrupted_host: bool  # after a chaos notice, take the host away (a local agent ends its own session)
     hosts_outlive_runs: bool  # a host may stay after its run ended (aws.keep_alive): its end shows only in the record
 
-    def list(self) -> List[Host]:
+    def list(self) -> builtins.list[Host]:
         """Live hosts of this sweep (one call, whatever the number of runs)."""
 
     def new_task(self, run_id: str, attempt: int, command: str, params_json: str, replaces: str = "") -> RunTask:
@@ -85,22 +86,22 @@ class Backend(Protocol):
     def preflight(self) -> None:
         """Fail early, with the next step, on what would make every start fail."""
 
-    def plan(self) -> Optional[dict]:
+    def plan(self) -> dict | None:
         """What a launch would ask for and cost (`--dry-run`); None when there is nothing to price."""
 
     def spend(self) -> float:
         """Dollars spent so far by the sweep."""
 
-    def run_of_instance(self, host_id: str) -> Optional[str]:
+    def run_of_instance(self, host_id: str) -> str | None:
         """The run a host id (e.g. an instance id) serves, if any."""
 
-    def teardown(self) -> List[str]:
+    def teardown(self) -> builtins.list[str]:
         """Remove the sweep's per-sweep resources (after its runs stopped); returns what went."""
 
     def flush(self) -> None:
         """Write to the store what the backend keeps in memory between writes (the cost ledger's newest times)."""
 
-    def drain_outcomes(self) -> List[Outcome]:
+    def drain_outcomes(self) -> builtins.list[Outcome]:
         """Outcomes of attempts that ended before their agent ran, since the last call (the controller records them)."""
 
 
@@ -113,23 +114,23 @@ class BackendBase:
     releases_interrupted_host = True
     hosts_outlive_runs = False
 
-    def plan(self) -> Optional[dict]:
+    def plan(self) -> dict | None:
         return None
 
     def spend(self) -> float:
         return 0.0
 
-    def run_of_instance(self, host_id: str) -> Optional[str]:
+    def run_of_instance(self, host_id: str) -> str | None:
         return None
 
     def preflight(self) -> None:
         pass
 
-    def teardown(self) -> List[str]:
+    def teardown(self) -> list[str]:
         return []
 
     def flush(self) -> None:
         pass
 
-    def drain_outcomes(self) -> List[Outcome]:
+    def drain_outcomes(self) -> list[Outcome]:
         return []

@@ -6,10 +6,10 @@ tmux refuses a second session of the same name, so a run can never run twice at 
 
 from __future__ import annotations
 
+import builtins
 import os
 import sys
 from pathlib import Path
-from typing import List
 
 from orchestrator import contract
 from orchestrator.backends import tmux_server
@@ -53,7 +53,7 @@ class LocalBackend(BackendBase):
     def ctl_dir(self, run_id: str) -> str:
         return contract.ctl_dir(str(self.workdir), self.sweep.spec.name, run_id)
 
-    def list(self) -> List[Host]:
+    def list(self) -> builtins.list[Host]:
         by_session = {self.session(r.run_id): r.run_id for r in self.sweep.runs}
         return [
             Host(run_id=by_session[s], host_id=s, address="localhost", **self.reported(by_session[s]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import Field
 
@@ -19,8 +19,8 @@ PROCS_PER_CORE = 4  # locally, nodes x procs_per_node may not exceed this many p
 class LocalSection(Strict):
     """Settings of the local backend (`backend: local`)."""
 
-    workdir: Optional[str] = Field(None, description="Folder for the runs' working copies (default: $ORCH_HOME/work).")
-    threads_per_run: Optional[Count] = Field(
+    workdir: str | None = Field(None, description="Folder for the runs' working copies (default: $ORCH_HOME/work).")
+    threads_per_run: Count | None = Field(
         None, ge=1, description="OMP/torch threads per run (default: CPU cores / max_parallel)."
     )
 

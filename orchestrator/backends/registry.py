@@ -18,9 +18,10 @@ Adding a backend: docs/backends.md.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Tuple, Union
+from typing import Any
 
 from orchestrator.backends.aws import checks as aws_checks
 from orchestrator.backends.aws.settings import AwsSection
@@ -37,17 +38,17 @@ from orchestrator.sweep.spec import Sweep
 class Costs:
     """Dollars out of a backend's cost ledger (one entry per instance: type, market, price, start, end, run...)."""
 
-    total: Callable[[Dict[str, dict]], float]  # the whole sweep
-    per_run: Callable[[Dict[str, dict]], Dict[str, Tuple[float, float]]]  # run -> (dollars, GPU-hours)
-    controller: Callable[[Dict[str, dict]], float]  # the remote controller's part of total
-    on_demand: Callable[[str, Optional[float]], Optional[float]]  # an on-demand hour of a type (given its spot price)
+    total: Callable[[dict[str, dict]], float]  # the whole sweep
+    per_run: Callable[[dict[str, dict]], dict[str, tuple[float, float]]]  # run -> (dollars, GPU-hours)
+    controller: Callable[[dict[str, dict]], float]  # the remote controller's part of total
+    on_demand: Callable[[str, float | None], float | None]  # an on-demand hour of a type (given its spot price)
 
 
 @dataclass(frozen=True)
 class Entry:
     schema: BackendSchema
     make: Callable[[Sweep], Backend]
-    costs: Optional[Callable[[], Costs]] = None  # called when needed: pricing imports stay out of `orch --help`
+    costs: Callable[[], Costs] | None = None  # called when needed: pricing imports stay out of `orch --help`
 
     @property
     def name(self) -> str:
@@ -72,12 +73,12 @@ def _aws_costs() -> Costs:
     return Costs(pricing.ledger_cost, pricing.per_run, pricing.controller_cost, pricing.on_demand_price)
 
 
-def _aws_python(spec: Any) -> Optional[str]:
+def _aws_python(spec: Any) -> str | None:
     aws = spec.section("aws")
     return aws.python if aws is not None else None
 
 
-BACKENDS: Tuple[Entry, ...] = (
+BACKENDS: tuple[Entry, ...] = (
     Entry(BackendSchema("local", LocalSection, checks=local_checks), _local),
     Entry(
         BackendSchema(
@@ -89,7 +90,7 @@ BACKENDS: Tuple[Entry, ...] = (
 )
 
 
-def schemas() -> Dict[str, BackendSchema]:
+def schemas() -> dict[str, BackendSchema]:
     return {e.name: e.schema for e in BACKENDS}
 
 
@@ -105,17 +106,17 @@ def backend_for(sweep: Sweep) -> Backend:
     return entry(sweep.spec.backend).make(sweep)
 
 
-def costs_of(sweep: Sweep) -> Optional[Costs]:
+def costs_of(sweep: Sweep) -> Costs | None:
     """How the sweep's cost ledger reads in dollars; None when its backend counts none."""
     make = entry(sweep.spec.backend).costs
     return make() if make is not None else None
 
 
-def load_sweep(path: Union[str, Path]) -> Sweep:
+def load_sweep(path: str | Path) -> Sweep:
     """Read, validate and expand a sweep file against the known backends (sweep/load.py)."""
     return load.load_sweep(path, schemas())
 
 
-def sweep_from_record(record: Dict[str, Any], path: str) -> Sweep:
+def sweep_from_record(record: dict[str, Any], path: str) -> Sweep:
     """Rebuild a Sweep from its record in the store against the known backends (sweep/load.py)."""
     return load.sweep_from_record(record, path, schemas())

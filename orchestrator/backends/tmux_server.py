@@ -7,7 +7,6 @@ One Server per process on orch's own socket (`orch`, or $ORCH_TMUX_SOCKET); the 
 from __future__ import annotations
 
 import shutil
-from typing import Dict, List, Optional
 
 from orchestrator.errors import OrchError
 from orchestrator.host.tmux import socket_name
@@ -21,7 +20,7 @@ def _server():
     return libtmux.Server(socket_name=socket_name())
 
 
-def sessions(prefix: str = "") -> List[str]:
+def sessions(prefix: str = "") -> list[str]:
     """Names of live sessions starting with prefix; none when no server runs."""
     from libtmux.exc import LibTmuxException
 
@@ -35,7 +34,7 @@ def has_session(name: str) -> bool:
     return _server().has_session(name, exact=True)
 
 
-def new_session(name: str, command: str, window: str, cwd: str, env: Optional[Dict[str, str]] = None) -> None:
+def new_session(name: str, command: str, window: str, cwd: str, env: dict[str, str] | None = None) -> None:
     """Start a detached session whose first window runs `command`; fails if the name is taken."""
     from libtmux.exc import LibTmuxException
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Optional, Tuple
 
 import click
 
@@ -27,7 +26,7 @@ def ami():
 @click.option("--dry-run", is_flag=True, help="Validate the recipe and say what would be built; launch nothing.")
 @click.option("--force", is_flag=True, help="Build even when an image of this exact recipe (same hash) exists.")
 @expected_errors
-def ami_build(recipe: Path, regions: Tuple[str, ...], dry_run: bool, force: bool):
+def ami_build(recipe: Path, regions: tuple[str, ...], dry_run: bool, force: bool):
     """Build an image from RECIPE: launch a builder, run the recipe's steps and smoke command over SSH,
     take the image, tag it and remove the builder (also when a step fails).
 
@@ -99,7 +98,7 @@ def ami_build(recipe: Path, regions: Tuple[str, ...], dry_run: bool, force: bool
 )
 @click.option("--wide", is_flag=True, help="One line per image however narrow the terminal.")
 @expected_errors
-def ami_list(regions: Tuple[str, ...], wide: bool):
+def ami_list(regions: tuple[str, ...], wide: bool):
     """List the images orch built: id, region, recipe, state, size, created; then name, hash and base
     (on a line of their own in a narrow terminal).
 
@@ -137,7 +136,7 @@ def ami_list(regions: Tuple[str, ...], wide: bool):
 @click.argument("image")
 @click.option("--region", default=None, help="The image's region (default: the default recipe's, else us-east-1).")
 @expected_errors
-def ami_rm(image: str, region: Optional[str]):
+def ami_rm(image: str, region: str | None):
     """Deregister IMAGE and delete its snapshots (refused while instances run it).
 
     \b

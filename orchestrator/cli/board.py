@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -11,7 +12,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
 
 import click
 
@@ -44,7 +44,7 @@ PASS_S = 2.0  # seconds between conversions
     help="Where the event files go (default: results/<sweep>/tensorboard).",
 )
 @expected_errors
-def tensorboard(sweep: str, port: int, host: str, logdir: Optional[str]):
+def tensorboard(sweep: str, port: int, host: str, logdir: str | None):
     """Show SWEEP in TensorBoard, live: every run's metrics as scalars, its params and final/best metrics as HParams.
 
     The store (local folder or S3) is turned into a TensorBoard log directory, then TensorBoard
@@ -81,10 +81,8 @@ def tensorboard(sweep: str, port: int, host: str, logdir: Optional[str]):
             time.sleep(PASS_S)
             board.update()
     except KeyboardInterrupt:
-        try:
+        with contextlib.suppress(OSError):  # after SIGHUP there may be no terminal left
             click.echo("stopped.")
-        except OSError:  # after SIGHUP there may be no terminal left
-            pass
     finally:
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # a second signal does not cut the cleanup short
             signal.signal(sig, signal.SIG_IGN)

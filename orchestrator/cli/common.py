@@ -7,7 +7,6 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Optional, Tuple
 
 import click
 
@@ -39,7 +38,7 @@ def expected_errors(fn):
     return wrapper
 
 
-def explained(exc: BaseException) -> Optional[OrchError]:
+def explained(exc: BaseException) -> OrchError | None:
     """An expected failure in words: an OrchError as it is, an AWS answer nobody turned into words yet
     (no credentials, say) explained; None for anything else (a bug, which keeps its traceback)."""
     if isinstance(exc, OrchError):
@@ -70,7 +69,7 @@ def load_sweep_arg(arg: str):
     return sweep_from_record(data, rec.spec_path)
 
 
-def resolve_run(arg: str) -> Tuple[object, str]:
+def resolve_run(arg: str) -> tuple[object, str]:
     """RUN or SWEEP/RUN -> (sweep, run id), searching the sweeps launched from here."""
     from orchestrator.control.state import State
 

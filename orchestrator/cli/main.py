@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -10,7 +11,6 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Optional
 
 import click
 
@@ -188,19 +188,15 @@ def _stopped_by_down(con, sweep) -> None:
 
     _say(con, f"\nstopped by `orch down {sweep.spec.name}`: no controller continues this sweep.")
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError):
             stream.flush()
-        except OSError:
-            pass
     os._exit(143)
 
 
 def _say(con, text: str) -> None:
     """Print if there is still a terminal to print to (after SIGHUP there may be none)."""
-    try:
+    with contextlib.suppress(OSError):
         con.print(text, markup=False)
-    except OSError:
-        pass
 
 
 def _check_like_launch(sweep) -> None:
@@ -276,10 +272,8 @@ def _spawn_controller(sweep) -> int:
         start_new_session=True,
     )
     lock = SweepLock(orch_home(), sweep.spec.name)
-    try:
+    with contextlib.suppress(Timeout):
         retry_until(lambda: lock.holder() == proc.pid or proc.poll() is not None, 15, 0.05, "the background controller")
-    except Timeout:
-        pass
     if proc.poll() is not None:
         if lock.stop_asked():
             raise OrchError(f"stopped by `orch down {sweep.spec.name}`: no controller continues this sweep.", 143)
@@ -291,7 +285,7 @@ def _spawn_controller(sweep) -> int:
 @click.argument("sweep_file")
 @click.option("--remote-settings", type=click.Path(dir_okay=False), help="On a remote controller's instance.")
 @expected_errors
-def controller_cmd(sweep_file: str, remote_settings: Optional[str]):
+def controller_cmd(sweep_file: str, remote_settings: str | None):
     """The background controller (used by --detach and Ctrl-C, and on a remote controller's instance)."""
     import logging
 
@@ -386,7 +380,7 @@ def _status_of_every_sweep(con, as_json: bool) -> None:
     "active runs, and a table of active and newest finished runs with counts per state).",
 )
 @expected_errors
-def status(sweep: Optional[str], as_json: bool, watch: bool, every: bool):
+def status(sweep: str | None, as_json: bool, watch: bool, every: bool):
     """Show the runs of SWEEP (a name or a sweep file), or every sweep launched from here.
 
     It reads the sweep's summary record and the records of its active runs: a
@@ -485,7 +479,7 @@ def _controller_line(sw, store) -> str:
     "`orch tensorboard SWEEP` keeps them current and serves them.",
 )
 @expected_errors
-def collect(sweep: str, out: Optional[str], wide: bool, tb_dir: Optional[str]):
+def collect(sweep: str, out: str | None, wide: bool, tb_dir: str | None):
     """Gather SWEEP's results: a table here, runs.csv, runs.json and curves.png in --out.
 
     \b

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
-from typing import List, Optional
 
 import click
 
@@ -54,7 +53,7 @@ def chaos_interrupt_cmd(run: str, grace: float):
     "--all", "everything", is_flag=True, help="Every sweep launched from here, and anything orch made in their regions."
 )
 @expected_errors
-def down(sweep: Optional[str], everything: bool):
+def down(sweep: str | None, everything: bool):
     """Stop everything of SWEEP: its controller, every run, and (aws) its instances,
     launch template, security group and instance profile. Safe to repeat, and to rerun
     after a failure halfway.
@@ -104,13 +103,13 @@ def down(sweep: Optional[str], everything: bool):
         click.echo("no sweeps launched from here.")
 
 
-def _down_unknown(names: set) -> List[str]:
+def _down_unknown(names: set) -> list[str]:
     """`orch down --all`: what orch tagged in the regions of the sweeps launched from here, of sweeps not known
     here. Returns the regions that could not be searched (each said why)."""
     from orchestrator.aws.ec2 import client
     from orchestrator.aws.teardown import teardown
 
-    problems: List[str] = []
+    problems: list[str] = []
     for region, by_sweep in _scan_regions(problems).items():
         for name in sorted(set(by_sweep) - names):
             removed = teardown(client("ec2", region), client("iam", region), name)
@@ -177,7 +176,7 @@ def _stop_controller(name: str) -> None:
         click.echo(f"stopped controller pid {pid}")
 
 
-def _stop_elsewhere(sw, store) -> List[str]:
+def _stop_elsewhere(sw, store) -> list[str]:
     """A controller of another machine or ORCH_HOME (its lease in the store is live): asked to stop through
     the lease, and waited for, so that it does not start again what this command stops."""
     import socket
@@ -195,7 +194,7 @@ def _stop_elsewhere(sw, store) -> List[str]:
     ]
 
 
-def _scan_regions(problems: Optional[List[str]] = None):
+def _scan_regions(problems: list[str] | None = None):
     """{region: {sweep: [resource, ...]}} over the regions of every aws sweep launched from here. A region that
     cannot be searched raises, or with `problems` given adds a line saying why to it and is left out."""
     from orchestrator.aws import ec2 as api
@@ -282,7 +281,7 @@ def aws_group():
     """AWS setup: what the credentials that run orch need."""
 
 
-def _bucket_names(*names: Optional[str]) -> None:
+def _bucket_names(*names: str | None) -> None:
     from orchestrator.contract import bucket_problem
 
     for name in names:
@@ -302,7 +301,7 @@ _DATA_HELP = "A bucket that `data:` entries read from or `orch data push` writes
 @click.option("--bucket", help=_BUCKET_HELP)
 @click.option("--data-bucket", "data_buckets", multiple=True, help=_DATA_HELP)
 @expected_errors
-def aws_policy(bucket: Optional[str], data_buckets: tuple):
+def aws_policy(bucket: str | None, data_buckets: tuple):
     """Print the IAM policy the credentials that run orch need, as JSON, for `aws iam create-policy`.
 
     It covers sweeps (EC2 Fleet, launch templates, security and placement groups, the instance profile
@@ -330,7 +329,7 @@ def aws_policy(bucket: Optional[str], data_buckets: tuple):
 @click.option("--bucket", help=_BUCKET_HELP)
 @click.option("--data-bucket", "data_buckets", multiple=True, help=_DATA_HELP)
 @expected_errors
-def aws_boundary(bucket: Optional[str], data_buckets: tuple):
+def aws_boundary(bucket: str | None, data_buckets: tuple):
     """Print the permissions boundary every role orch creates carries, for an admin to create once.
 
     It caps any role orch makes, whatever the role's own policy says, at what a sweep's instances need: a

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any
 
 from rich.table import Table
 from rich.text import Text
@@ -38,7 +38,7 @@ def fmt_value(v: Any) -> str:
     return str(v)
 
 
-def metrics_text(m: Dict[str, Any]) -> str:
+def metrics_text(m: dict[str, Any]) -> str:
     keys = ranked([k for k, v in m.items() if isinstance(v, (int, float, str))])
     return "  ".join(f"{k}={fmt_value(m[k])}" for k in keys[:SHOWN_METRICS])
 
@@ -82,7 +82,7 @@ def runs_table(p: Progress, every: bool = False) -> Table:
     return table
 
 
-def failure_report(views: List[RunView]) -> List[str]:
+def failure_report(views: list[RunView]) -> list[str]:
     out = []
     for r in views:
         out.append(f"run {r.run_id} failed after {r.attempt} attempt(s): {r.reason}")
@@ -90,7 +90,7 @@ def failure_report(views: List[RunView]) -> List[str]:
     return out
 
 
-def _trial_cells(res: Results, r) -> Dict[str, str]:
+def _trial_cells(res: Results, r) -> dict[str, str]:
     """A search's columns: the value its trial told the sampler, then the params it was given."""
     if res.search is None:
         return {}
@@ -164,7 +164,7 @@ def results_table(res: Results, width: int = 200, wide: bool = False) -> Table:
     return table
 
 
-def results_notes(res: Results) -> List[str]:
+def results_notes(res: Results) -> list[str]:
     """Under the results table: why runs were pruned, and with `target:` the sweep's time and dollars to it."""
     out = [f"{r.run_id}: {r.reason}" for r in res.runs if r.state == "pruned" and r.reason]
     if res.controller_usd is not None:
@@ -209,7 +209,7 @@ def _dimension(dim) -> str:
     return f"{dim.low:g} .. {dim.high:g}" + (f" ({kind})" if kind else "")
 
 
-def search_lines(spec) -> List[str]:
+def search_lines(spec) -> list[str]:
     """A search's dry run: the sampler, the space and, for `random`, the first trials it will ask."""
     from orchestrator.control.study import first_random_trials
     from orchestrator.sweep.search import resolved_metric
@@ -257,7 +257,7 @@ def controller_line(sweep, plan) -> str:
     )
 
 
-def dry_run_lines(sweep, plan, every: bool = False, remote: bool = False) -> List[str]:
+def dry_run_lines(sweep, plan, every: bool = False, remote: bool = False) -> list[str]:
     """What `orch launch --dry-run` prints: the runs and their commands, each run's shape, and on
     AWS the (type, AZ) choices with their spot prices and GPUs, and a cost bound."""
     from orchestrator.sweep.shapes import describe
@@ -305,7 +305,7 @@ def dry_run_lines(sweep, plan, every: bool = False, remote: bool = False) -> Lis
     return lines
 
 
-def goal_lines(spec) -> List[str]:
+def goal_lines(spec) -> list[str]:
     """What `target:` and `prune:` will do, one line each when set (the dry run shows them)."""
     out = []
     t = spec.target

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from typing import Optional
 
 import click
 
@@ -58,7 +57,7 @@ def attach(run: str, node: int):
     help="RUN names a sweep: print its remote controller's own log (`orch launch --remote`) from the store.",
 )
 @expected_errors
-def logs(run: str, follow: bool, attempt: Optional[int], node: int, controller: bool):
+def logs(run: str, follow: bool, attempt: int | None, node: int, controller: bool):
     """Print RUN's log (the command's stdout and stderr) from the store.
 
     \b

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import List, Optional
 
 from orchestrator.backends.base import Backend
 from orchestrator.backends.registry import costs_of
@@ -68,7 +67,7 @@ def cancel_run(sweep: Sweep, backend: Backend, store: Store, run_id: str) -> str
             return f"{sweep.spec.name}/{run_id} already {status.state}; nothing to cancel."
     was_running = backend.stop(run_id, StopReason.CANCELLED)
 
-    def cancelled(status: RunStatus) -> Optional[RunStatus]:
+    def cancelled(status: RunStatus) -> RunStatus | None:
         if status.state == CANCELLED:
             return None
         return life.cancel(status, StopReason.CANCELLED.words())
@@ -78,7 +77,7 @@ def cancel_run(sweep: Sweep, backend: Backend, store: Store, run_id: str) -> str
     return f"cancelled {sweep.spec.name}/{run_id}" + ("" if was_running else " (it was not running)")
 
 
-def stop_sweep(sweep: Sweep, backend: Backend, store: Store) -> List[str]:
+def stop_sweep(sweep: Sweep, backend: Backend, store: Store) -> list[str]:
     """Stop every live run of the sweep (resumable by the next launch); idempotent. Returns what was stopped.
 
     Touches only what is active: the runs with a host, and the claims the summary shows as live (every
@@ -92,7 +91,7 @@ def stop_sweep(sweep: Sweep, backend: Backend, store: Store) -> List[str]:
         if backend.stop(host.run_id, StopReason.STOPPED):
             stopped.append(host.run_id)
 
-    def stopped_claim(status: RunStatus) -> Optional[RunStatus]:
+    def stopped_claim(status: RunStatus) -> RunStatus | None:
         if status.state not in ACTIVE:
             return None
         return life.stop(status, StopReason.STOPPED.words())

@@ -14,12 +14,13 @@ that are live, or not yet converted since they ended, are read: a pass costs O(a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from orchestrator.backends.registry import costs_of
 from orchestrator.contract import finite, keep_best
@@ -48,11 +49,11 @@ def need_tensorboard() -> None:
 @dataclass
 class RunBoard:
     offset: int = 0  # bytes of metrics.jsonl converted
-    step: Optional[float] = None  # last step written
+    step: float | None = None  # last step written
     index: int = 0  # lines converted (the step of lines without step/epoch)
     done: bool = False  # converted after the run ended: never read again
-    best: Dict[str, float] = field(default_factory=dict)
-    last: Dict[str, float] = field(default_factory=dict)
+    best: dict[str, float] = field(default_factory=dict)
+    last: dict[str, float] = field(default_factory=dict)
 
 
 class Board:
@@ -69,16 +70,14 @@ class Board:
                 f"{option}.",
                 exit_code=2,
             ) from None
-        self.runs: Dict[str, RunBoard] = {}
+        self.runs: dict[str, RunBoard] = {}
         self._runs = list(sweep.runs)  # with `search:`, bound to their trials' params at each pass
         saved = self._load()
         for rid, data in saved.get("runs", {}).items():
-            try:
+            with contextlib.suppress(TypeError):
                 self.runs[rid] = RunBoard(**data)
-            except TypeError:
-                pass
-        self.writers: Dict[str, Any] = {}
-        self.metric_tags: List[str] = list(saved.get("metric_tags", []))
+        self.writers: dict[str, Any] = {}
+        self.metric_tags: list[str] = list(saved.get("metric_tags", []))
         self.passes = 0
 
     # --- one pass ----------------------------------------------------------------------------
@@ -88,7 +87,7 @@ class Board:
         from orchestrator.control.summary import read as read_summary
 
         self.passes += 1
-        self._costs: Optional[Dict[str, tuple]] = None  # the ledger, read when the first run of this pass needs it
+        self._costs: dict[str, tuple] | None = None  # the ledger, read when the first run of this pass needs it
         from orchestrator.control.trials import search_results
 
         self._runs = search_results(self.sweep, self.store)[0]  # a search's trials with the params they were given
@@ -160,7 +159,7 @@ class Board:
             rb.done = True  # ended and converted: never read again
         return wrote
 
-    def _cost(self, run_id: str) -> Optional[float]:
+    def _cost(self, run_id: str) -> float | None:
         """The run's dollars from the sweep's cost ledger, read once per pass (backends that count dollars)."""
         reader = costs_of(self.sweep)
         if reader is None:
@@ -180,7 +179,7 @@ class Board:
             self.writers[run_id] = EventFileWriter(str(self.logdir / run_id))
         return self.writers[run_id]
 
-    def _scalars(self, writer, values: Dict[str, float], step: float, wall: float) -> None:
+    def _scalars(self, writer, values: dict[str, float], step: float, wall: float) -> None:
         from tensorboard.compat.proto import event_pb2, summary_pb2
 
         if not values:
@@ -207,7 +206,7 @@ class Board:
         if getattr(self, "_experiment_key", None) == key:
             return
         self._experiment_key = key
-        values: Dict[str, list] = {}
+        values: dict[str, list] = {}
         space = set(self.sweep.spec.search.space) if self.sweep.spec.search is not None else set()
         for run in self._runs:
             for k, v in run.params.items():

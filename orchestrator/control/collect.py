@@ -7,7 +7,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from orchestrator.backends.registry import costs_of
 from orchestrator.contract import default_mode, finite, keep_best
@@ -28,7 +28,7 @@ METRIC_PREFIX = "metric."  # a metric named like a param or one of collect's own
 OWN_COLUMNS = ("run_id", "state", "attempts", "reason")
 
 
-def ranked(names) -> List[str]:
+def ranked(names) -> list[str]:
     """Metric names worth a column, the familiar ones first."""
     names = [n for n in names if n.removeprefix(METRIC_PREFIX) not in NOISE]
     return sorted(names, key=lambda n: (PREFERRED.index(n) if n in PREFERRED else len(PREFERRED), names.index(n)))
@@ -41,38 +41,38 @@ class RunResult:
     run_id: str
     state: str
     attempts: int
-    params: Dict[str, Any]
-    final: Dict[str, Any]  # last metrics line
-    best: Dict[str, float]  # max of each metric whose name ends in "acc", min of each "loss"
+    params: dict[str, Any]
+    final: dict[str, Any]  # last metrics line
+    best: dict[str, float]  # max of each metric whose name ends in "acc", min of each "loss"
     elapsed_s: float | None
-    curves: List[dict] = field(default_factory=list, repr=False)  # every metrics line
+    curves: list[dict] = field(default_factory=list, repr=False)  # every metrics line
     cost_usd: float | None = None  # aws: every instance of every attempt (the sweep's cost ledger)
     gpu_hours: float | None = None  # aws: instance hours x GPUs of the type, summed the same way
     to_target: ToTarget = field(default_factory=ToTarget)  # with `target:`
     reason: str = ""  # why it ended so (pruned: the rung, its value and the cutoff)
-    trial_value: Optional[float] = None  # with `search:`: the value its trial told the sampler
+    trial_value: float | None = None  # with `search:`: the value its trial told the sampler
 
 
 @dataclass(frozen=True)
 class SearchInfo:
     metric: str  # what the trials' values are values of
     mode: str  # max | min
-    space: List[str]  # the params the sampler chooses
+    space: list[str]  # the params the sampler chooses
 
 
 @dataclass
 class Results:
     sweep: str
-    runs: List[RunResult]
+    runs: list[RunResult]
     spend_usd: float | None = None  # the whole sweep (aws), wasted attempts and set-up included
     controller_usd: float | None = None  # of spend_usd: the remote controller's instances (`orch launch --remote`)
     target: bool = False  # the sweep has `target:` (the to-target columns are shown)
-    economics: Optional[Economics] = None  # with `target:`: the summary line
-    search: Optional[SearchInfo] = None  # with `search:`
-    left_out: List[str] = field(default_factory=list)  # metrics curves.png does not draw (runs.csv has them all)
+    economics: Economics | None = None  # with `target:`: the summary line
+    search: SearchInfo | None = None  # with `search:`
+    left_out: list[str] = field(default_factory=list)  # metrics curves.png does not draw (runs.csv has them all)
 
-    def metric_names(self) -> List[str]:
-        names: Dict[str, None] = {}
+    def metric_names(self) -> list[str]:
+        names: dict[str, None] = {}
         for r in self.runs:
             for k, v in r.final.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -80,8 +80,8 @@ class Results:
         return list(names)
 
 
-def _best(lines: List[dict]) -> Dict[str, float]:
-    best: Dict[str, float] = {}
+def _best(lines: list[dict]) -> dict[str, float]:
+    best: dict[str, float] = {}
     for line in lines:
         for k, v in line.items():
             if finite(v) is not None:
@@ -89,7 +89,7 @@ def _best(lines: List[dict]) -> Dict[str, float]:
     return best
 
 
-def _own_names(lines: List[dict], taken: set) -> List[dict]:
+def _own_names(lines: list[dict], taken: set) -> list[dict]:
     """A metric named like a param (the trainer's logged `lr` in a sweep over `lr`) is renamed `metric.<name>`:
     the swept value keeps its column in the table, runs.csv and runs.json, and the metric is kept too."""
     if not any(k in taken for line in lines for k in line):
@@ -169,17 +169,17 @@ def collect(sweep: Sweep, store: Store) -> Results:
     )
 
 
-def by_trial_value(runs: List[RunResult], mode: str) -> List[RunResult]:
+def by_trial_value(runs: list[RunResult], mode: str) -> list[RunResult]:
     """Best trial first (then the order of the sweep); runs whose trial has no value last."""
     sign = -1.0 if mode == "max" else 1.0
     return sorted(runs, key=lambda r: (r.trial_value is None, sign * (r.trial_value or 0.0)))
 
 
-def best_trial(res: Results) -> Optional[RunResult]:
+def best_trial(res: Results) -> RunResult | None:
     return next((r for r in res.runs if r.trial_value is not None), None) if res.search else None
 
 
-def write_outputs(results: Results, out_dir: Path) -> List[Path]:
+def write_outputs(results: Results, out_dir: Path) -> list[Path]:
     """runs.csv, runs.json and (when there are metrics) curves.png in out_dir; returns their paths."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -191,12 +191,12 @@ def write_outputs(results: Results, out_dir: Path) -> List[Path]:
         ) from None
 
 
-def _write(results: Results, out_dir: Path) -> List[Path]:
+def _write(results: Results, out_dir: Path) -> list[Path]:
     metrics = results.metric_names()
     param_keys = list(dict.fromkeys(k for r in results.runs for k in r.params))
     rows = []
     for r in results.runs:
-        row: Dict[str, Any] = {"run_id": r.run_id, "state": r.state, "attempts": r.attempts}
+        row: dict[str, Any] = {"run_id": r.run_id, "state": r.state, "attempts": r.attempts}
         row.update({k: r.params.get(k) for k in param_keys})
         row.update({k: r.final.get(k) for k in metrics})
         row.update({f"best_{k}": v for k, v in r.best.items()})
@@ -264,7 +264,7 @@ def _score(r: RunResult, metric: str) -> float:
     return -v if default_mode(metric) == "min" else v
 
 
-def plot(results: Results, metrics: List[str], path: Path) -> Path:
+def plot(results: Results, metrics: list[str], path: Path) -> Path:
     """One panel per metric. Up to LINES runs (the best by the first metric) are lines with a legend;
     every other run is one faint line in a single collection, so a sweep of thousands stays readable
     and fast to draw."""

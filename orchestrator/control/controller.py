@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Callable, Dict, List, Optional, Tuple
 
 from orchestrator.backends.base import Backend, Host
 from orchestrator.control import notify, summary
@@ -68,7 +68,7 @@ SWEEP_CHECK_S = 60.0  # the sweep's own record (gone: the store was emptied unde
 
 
 def decide(
-    status: RunStatus, host: Optional[Host], max_restarts: int, now: float, stale_s: float, start_timeout_s: float
+    status: RunStatus, host: Host | None, max_restarts: int, now: float, stale_s: float, start_timeout_s: float
 ) -> Action:
     """What a run needs now: wait (it runs, or must not run again yet), start, replace its host, or done.
 
@@ -118,13 +118,13 @@ class Controller:
         self.rungs = Rungs(store, self.name, sweep.spec) if sweep.spec.prune is not None else None
         self._warned: set = set()  # runs warned of a `prune:` metric that no line of theirs carries
         self.reached: set = set()  # runs a metrics line of which met `target:` (sticky: a later line may fall back)
-        self._published: Tuple[Optional[float], float] = (None, 0.0)  # (spend, when) of the last summary written
-        self.trials: Optional[Trials] = None  # `search:`: the study, read at the first pass (after prepare's checks)
+        self._published: tuple[float | None, float] = (None, 0.0)  # (spend, when) of the last summary written
+        self.trials: Trials | None = None  # `search:`: the study, read at the first pass (after prepare's checks)
         self.lease = None  # control/lease.py's Lease when the caller holds the sweep's lease: renewed each pass
         self.metered = store.metered  # each request is billed: a pass reads what changed, not every live record
-        self._hosts_seen: Dict[str, tuple] = {}  # run -> its host as the last pass listed it (see _due)
-        self._checked: Dict[str, float] = {}  # what was last read when, of the sweep's own records
-        self.notifier: Optional[notify.Notifier] = None  # `notify:`: started by run()
+        self._hosts_seen: dict[str, tuple] = {}  # run -> its host as the last pass listed it (see _due)
+        self._checked: dict[str, float] = {}  # what was last read when, of the sweep's own records
+        self.notifier: notify.Notifier | None = None  # `notify:`: started by run()
         self.notify_patience_s = notify.PATIENCE_S  # at the loop's end; a remote controller waits longer
         self.notify_hand_off = True  # what is still pending then goes to a background sender (not on a remote one)
 
@@ -142,7 +142,7 @@ class Controller:
         self.state.remember(self.name, str(self.sweep.path), self.sweep.store_url, self.sweep.spec.backend)
         return existing is None
 
-    def step(self, now: Optional[float] = None) -> Progress:
+    def step(self, now: float | None = None) -> Progress:
         """One pass. It reads the records of live runs only (see table.py): O(active runs), not O(runs)."""
         now = time.time() if now is None else now
         if self._due_every(layout.sweep_key(self.name), SWEEP_CHECK_S, now) and not self.store.exists(
@@ -181,7 +181,7 @@ class Controller:
         self._release_unclaimed(every, table.status)
         self._tell_trials()  # before any start asks: each ask knows every outcome so far (README: Search)
         free = self.sweep.spec.max_parallel - len(hosts)
-        started: List[str] = []
+        started: list[str] = []
         if budget is not None and spend >= budget:
             self._stop_for_budget(rows, spend, budget)
         else:
@@ -235,7 +235,7 @@ class Controller:
         self._checked[what] = now
         return True
 
-    def _due(self, rid: str, host: Optional[Host], now: float) -> bool:
+    def _due(self, rid: str, host: Host | None, now: float) -> bool:
         """Whether this pass reads a followed run's record (on a metered store): when something may have
         changed it — its host came, went or changed, its agent wrote (the host's mark: local, its agent's every
         record; aws, a rung's value, by the instance's rung tags), or the host cannot say (`aws.keep_alive`, a
@@ -253,7 +253,7 @@ class Controller:
         spec = self.sweep.spec
         return decide(status, host, spec.max_restarts, now, self.backend.stale_s, self.backend.start_timeout_s) != WAIT
 
-    def _recount_reached(self, rows: Optional[Dict[str, RunView]]) -> None:
+    def _recount_reached(self, rows: dict[str, RunView] | None) -> None:
         """Rows whose marks were of another target (a relaunch changed it): from their metrics files, once."""
         target = self.sweep.spec.target
         if target is None or rows is None:
@@ -265,7 +265,7 @@ class Controller:
                 self.table.views[rid].reached = rid in self.reached
         self.table.changed = self.table.changed or bool(stale)
 
-    def _row(self, run_id: str, host: Optional[Host], now: Optional[float] = None) -> Row:
+    def _row(self, run_id: str, host: Host | None, now: float | None = None) -> Row:
         """Decide one run from the record just read; its view goes into the table."""
         status = self.table.status[run_id]
         now = time.time() if now is None else now
@@ -366,14 +366,14 @@ class Controller:
         self.table.changed = False
         self._published = (round(progress.spend_usd, 4), now)
 
-    def _record_outcomes(self) -> List[str]:
+    def _record_outcomes(self) -> list[str]:
         """Attempts that ended before their agent ran: the controller, the writer of claims, records them.
         Returns their runs (a pass reads them again)."""
         runs = []
         for outcome in self.backend.drain_outcomes():
             runs.append(outcome.run_id)
 
-            def change(status: RunStatus, outcome=outcome) -> Optional[RunStatus]:
+            def change(status: RunStatus, outcome=outcome) -> RunStatus | None:
                 if status.attempt != outcome.attempt or status.state not in ACTIVE:
                     return None  # the run moved on meanwhile
                 if outcome.state == QUEUED:  # not an attempt after all: back to how it was before the claim
@@ -406,7 +406,7 @@ class Controller:
             if row.action == START:
                 cancel(row)
 
-    def _write(self, status: RunStatus, version: Optional[str]) -> bool:
+    def _write(self, status: RunStatus, version: str | None) -> bool:
         """A verdict or a claim, written only over the record this pass read: if the agent wrote
         since (it is alive after all, or ended), the run is decided again on the next pass."""
         new = write_if(self.store, self.name, status, version)
@@ -417,7 +417,7 @@ class Controller:
         log.info("%s: its record changed since this pass read it; deciding again next pass", status.run_id)
         return False
 
-    def _replace(self, row: Row, host: Host, all_hosts: List[Host]) -> None:
+    def _replace(self, row: Row, host: Host, all_hosts: list[Host]) -> None:
         status, version = row.status, self.table.versions[row.run.run_id]
         never = not status.heartbeat
         if host.missing and not never:
@@ -456,7 +456,7 @@ class Controller:
         if self.trials is not None:
             self.trials.tell_finished(self.table.views, self.rungs.values if self.rungs else None)
 
-    def _release_unclaimed(self, hosts: List[Host], statuses: Dict[str, RunStatus]) -> None:
+    def _release_unclaimed(self, hosts: list[Host], statuses: dict[str, RunStatus]) -> None:
         """Hosts of an older attempt than the run's current one serve nobody: release them."""
         for host in hosts:
             status = statuses.get(host.run_id)
@@ -517,7 +517,7 @@ class Controller:
         self.state.journal(self.name, "unreadable-record", rid, message)
         return life.recover(corrupt, attempt)
 
-    def _give_up(self, row: Row, previous: RunStatus, version: Optional[str]) -> bool:
+    def _give_up(self, row: Row, previous: RunStatus, version: str | None) -> bool:
         reason = (
             f"failed for good: {life.MAX_QUICK_LOSSES} attempts in a row were lost within "
             f"{life.QUICK_LOSS_S / 60:.0f} min of their start (the agent or its host keeps dying; a spot reclaim "
@@ -538,12 +538,10 @@ class Controller:
         except Exception as exc:  # the store may be why the loop ended; the ledger's last write stands
             log.warning("could not save the cost ledger at the end: %s", exc)
 
-    def run(
-        self, on_progress: Callable[[Progress], None] = lambda p: None, interval: Optional[float] = None
-    ) -> Progress:
+    def run(self, on_progress: Callable[[Progress], None] = lambda p: None, interval: float | None = None) -> Progress:
         """Pass after pass until every run is final."""
         interval = interval or self.backend.poll_s
-        last: List[Progress] = []
+        last: list[Progress] = []
 
         def one_pass() -> bool:
             if self.lease is not None:
@@ -597,7 +595,7 @@ def ended_summary(sweep: Sweep, store: Store) -> str:
     return "\n".join(lines)
 
 
-def check_recorded(sweep: Sweep, store: Store, state: State) -> Optional[dict]:
+def check_recorded(sweep: Sweep, store: Store, state: State) -> dict | None:
     """What launch checks before it acts (a dry run checks the same): the sweep's record in the store, which this
     orch must be able to continue (sweep/record.py) and which must give the runs what this file gives them; and the
     name, which must not move to another store. Read-only."""
@@ -618,9 +616,9 @@ def check_recorded(sweep: Sweep, store: Store, state: State) -> Optional[dict]:
     return existing
 
 
-def live_hosts(backend: Backend) -> Tuple[Dict[str, Host], List[Host]]:
+def live_hosts(backend: Backend) -> tuple[dict[str, Host], list[Host]]:
     """Live hosts: the newest attempt's node 0 (or its lowest node left) per run, and all of them (one backend call)."""
-    hosts: Dict[str, Host] = {}
+    hosts: dict[str, Host] = {}
     every = backend.list()
     for h in sorted(every, key=lambda h: h.node):
         if h.run_id not in hosts or (h.attempt or 0) > (hosts[h.run_id].attempt or 0):

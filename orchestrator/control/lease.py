@@ -11,6 +11,7 @@ the holder's next renewal fails, it reads why, and it ends.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -18,7 +19,6 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Optional, Tuple
 
 from orchestrator.errors import OrchError
 from orchestrator.store import layout
@@ -50,7 +50,7 @@ class Holder:
     region: str = ""
 
     @classmethod
-    def here(cls, home: Path) -> "Holder":
+    def here(cls, home: Path) -> Holder:
         iid, itype, region = (os.environ.get(k, "") for k in INSTANCE_ENV)
         return cls(
             host=socket.gethostname(),
@@ -77,15 +77,15 @@ class LeaseRecord:
     started: float = 0.0  # when this holder took the lease
     heartbeat: float = 0.0  # its last renewal
     stale_after_s: float = STALE_S  # the holder's own promise: it renews well within this
-    ended: Optional[float] = None  # released: the sweep finished, the loop was handed on, or it was stopped
+    ended: float | None = None  # released: the sweep finished, the loop was handed on, or it was stopped
     end_reason: str = ""
-    stop_requested: Optional[float] = None  # `orch down` asks the holder to stop
+    stop_requested: float | None = None  # `orch down` asks the holder to stop
     stop_by: str = ""  # who asked
 
-    def age(self, now: Optional[float] = None) -> float:
+    def age(self, now: float | None = None) -> float:
         return max(0.0, (now or time.time()) - self.heartbeat)
 
-    def alive(self, now: Optional[float] = None) -> bool:
+    def alive(self, now: float | None = None) -> bool:
         """Held by a controller that still renews it."""
         if self.ended is not None or self.age(now) > self.stale_after_s:
             return False
@@ -95,7 +95,7 @@ class LeaseRecord:
         return asdict(self)
 
 
-def read_lease(store: Store, sweep: str) -> Tuple[Optional[LeaseRecord], Optional[str]]:
+def read_lease(store: Store, sweep: str) -> tuple[LeaseRecord | None, str | None]:
     """The lease and its version; (None, version) for no record or one that cannot be read (taken over)."""
     data, version = store.get_versioned(lease_key(sweep))
     if data is None:
@@ -117,12 +117,12 @@ class Lease:
     def __init__(self, store: Store, sweep: str, home: Path, spec_path: str = ""):
         self.store, self.sweep, self.spec_path = store, sweep, spec_path
         self.holder = Holder.here(home)
-        self.version: Optional[str] = None
-        self.record: Optional[LeaseRecord] = None
-        self.took_over: Optional[LeaseRecord] = None  # the stale lease this one replaced, for the log
+        self.version: str | None = None
+        self.record: LeaseRecord | None = None
+        self.took_over: LeaseRecord | None = None  # the stale lease this one replaced, for the log
         self._renewed = 0.0
 
-    def acquire(self, tries: int = 5) -> "Lease":
+    def acquire(self, tries: int = 5) -> Lease:
         """Take the sweep, or refuse (OrchError, exit 2) when a live controller holds it."""
         for _ in range(tries):
             current, version = read_lease(self.store, self.sweep)
@@ -141,7 +141,7 @@ class Lease:
             exit_code=2,
         )
 
-    def renew(self, force: bool = False, now: Optional[float] = None) -> None:
+    def renew(self, force: bool = False, now: float | None = None) -> None:
         """The heartbeat, from the pass loop: written when due. Raises LeaseLost when the record moved on
         (another controller took it over, or `orch down` asked this one to stop)."""
         now = time.time() if now is None else now
@@ -157,10 +157,8 @@ class Lease:
         lost = LeaseLost(self.sweep, current, self.holder)
         if lost.stopped:  # say so at once: `orch down` on another machine waits for it (a pid there tells nothing)
             current.ended, current.end_reason = now, f"stopped by `orch down` ({current.stop_by or 'another machine'})"
-            try:
+            with contextlib.suppress(OSError):
                 self.store.put_if(lease_key(self.sweep), json_bytes(current.to_json()), version)
-            except OSError:
-                pass
         raise lost
 
     def release(self, reason: str) -> None:
@@ -168,17 +166,15 @@ class Lease:
         if self.record is None:
             return
         self.record.ended, self.record.end_reason = time.time(), reason
-        try:
+        with contextlib.suppress(OSError):  # the store went away (the error that ended the loop says so): it lapses
             self.store.put_if(lease_key(self.sweep), json_bytes(self.record.to_json()), self.version)
-        except OSError:  # the store went away (the error that ended the loop says so): the lease lapses by itself
-            pass
         self.record = None
 
 
 class LeaseLost(OrchError):
     """The lease moved on under a running controller: it must stop acting on the sweep."""
 
-    def __init__(self, sweep: str, current: Optional[LeaseRecord], me: Holder):
+    def __init__(self, sweep: str, current: LeaseRecord | None, me: Holder):
         if current is not None and current.stop_requested is not None and current.holder.token == me.token:
             self.stopped = True
             text = (
@@ -194,7 +190,7 @@ class LeaseLost(OrchError):
         super().__init__(text, exit_code=1)
 
 
-def request_stop(store: Store, sweep: str, by: str, tries: int = 10) -> Optional[LeaseRecord]:
+def request_stop(store: Store, sweep: str, by: str, tries: int = 10) -> LeaseRecord | None:
     """`orch down`: ask the live holder to stop (it ends at its next renewal). Returns the live lease, or None."""
     for _ in range(tries):
         current, version = read_lease(store, sweep)

@@ -26,7 +26,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
 from urllib.parse import urlsplit
 
 from orchestrator.control.views import Progress, RunView, usd
@@ -53,7 +52,7 @@ class Sink:
     """A resolved sink: where (the URL, kept in memory only), what it wants, and how it is named."""
 
     url: str
-    events: Tuple[Event, ...]
+    events: tuple[Event, ...]
     label: str  # redacted: safe for output, logs and the store
 
     @property
@@ -85,8 +84,8 @@ class SinkState:
 class Outbox:
     """notify.json: every message queued and, per sink, when it was delivered (None: pending)."""
 
-    messages: Dict[str, dict] = field(default_factory=dict)  # key -> {event, title, body, to: {sink id: sent_at}}
-    sinks: Dict[str, SinkState] = field(default_factory=dict)
+    messages: dict[str, dict] = field(default_factory=dict)  # key -> {event, title, body, to: {sink id: sent_at}}
+    sinks: dict[str, SinkState] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         sinks = {k: {"label": s.label, "tries_failed": s.tries_failed, "last_error": s.last_error,
@@ -94,7 +93,7 @@ class Outbox:
         return {"version": VERSION, "messages": self.messages, "sinks": sinks}
 
     @classmethod
-    def parse(cls, data: Optional[bytes]) -> "Outbox":
+    def parse(cls, data: bytes | None) -> Outbox:
         """The record as stored; an unreadable one is started afresh (at worst a message is sent again)."""
         if data is None:
             return cls()
@@ -107,7 +106,7 @@ class Outbox:
             log.warning("notify: the outbox record cannot be read (%s); starting a new one", exc)
             return cls()
 
-    def pending(self) -> List[Tuple[str, str]]:
+    def pending(self) -> list[tuple[str, str]]:
         return [(k, s) for k, m in self.messages.items() for s, at in m["to"].items() if at is None]
 
 
@@ -115,7 +114,7 @@ def read_outbox(store: Store, sweep: str) -> Outbox:
     return Outbox.parse(store.get_bytes(notify_key(sweep)))
 
 
-def resolve(sinks: List[NotifySink], env: Optional[dict] = None) -> List[Sink]:
+def resolve(sinks: list[NotifySink], env: dict | None = None) -> list[Sink]:
     """The sinks with their URLs (a variable is read now); raises ValueError naming the sink that cannot be."""
     out = []
     for i, s in enumerate(sinks):
@@ -133,12 +132,12 @@ def resolve(sinks: List[NotifySink], env: Optional[dict] = None) -> List[Sink]:
 class Facts:
     """What the events are found in besides the runs: the search's best so far, and the end's summary."""
 
-    best: Optional[Tuple[int, float, dict]] = None  # (trial number, value told, params) with `search:`
+    best: tuple[int, float, dict] | None = None  # (trial number, value told, params) with `search:`
     metric: str = ""  # the search's metric
     ended: str = ""  # the end's summary lines (best run, time and $ to the target), made by the caller
 
 
-def messages_of(progress: Progress, facts: Facts) -> List[Message]:
+def messages_of(progress: Progress, facts: Facts) -> list[Message]:
     """Every event this progress shows (the outbox drops those already queued)."""
     sweep, out = progress.sweep, []
     for r in progress.runs:
@@ -182,7 +181,7 @@ def _failed(sweep: str, r: RunView) -> Message:
     return Message(f"failed:{r.run_id}", Event.FAILED, _title(sweep, f"run {r.run_id} failed"), _cut(text))
 
 
-def _budget(progress: Progress) -> List[Message]:
+def _budget(progress: Progress) -> list[Message]:
     budget, spend = progress.budget_usd, progress.spend_usd
     if not budget:
         return []
@@ -211,7 +210,7 @@ def _cut(text: str) -> str:
 # --- sending ---------------------------------------------------------------------------------------
 
 
-def deliver(url: str, title: str, body: str) -> Tuple[bool, str]:
+def deliver(url: str, title: str, body: str) -> tuple[bool, str]:
     """One try through Apprise: (delivered, what went wrong — without the URL's secrets)."""
     import apprise
 
@@ -234,18 +233,18 @@ def _scrub(text: str, url: str) -> str:
 class Notifier:
     """Queues messages as passes show events; one thread sends them (see the module doc)."""
 
-    def __init__(self, store: Store, sweep: str, sinks: List[Sink]):
+    def __init__(self, store: Store, sweep: str, sinks: list[Sink]):
         self.store, self.sweep, self.sinks = store, sweep, {s.id: s for s in sinks}
         self.outbox = read_outbox(store, sweep)
         for s in sinks:
             self.outbox.sinks.setdefault(s.id, SinkState(label=s.label)).label = s.label
         self._cv = threading.Condition()
-        self._next_try: Dict[str, float] = {}  # sink id -> when it is tried again (after a failure)
+        self._next_try: dict[str, float] = {}  # sink id -> when it is tried again (after a failure)
         self._closing = False  # the loop ended: send what is pending, then stop
         self._done = False  # stop now
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
-    def start(self) -> "Notifier":
+    def start(self) -> Notifier:
         self._thread = threading.Thread(target=self._run, name="orch-notify", daemon=True)
         self._thread.start()
         with self._cv:
@@ -256,7 +255,7 @@ class Notifier:
         """Queue what this pass shows that was never queued (cheap: no request, no send)."""
         self.queue(messages_of(progress, facts))
 
-    def queue(self, messages: List[Message]) -> None:
+    def queue(self, messages: list[Message]) -> None:
         new = [m for m in messages if m.key not in self.outbox.messages]
         if not new:
             return
@@ -285,7 +284,7 @@ class Notifier:
             self._cv.notify()
         return self.pending()
 
-    def _due(self, now: float) -> Tuple[Optional[Tuple[str, str]], float]:
+    def _due(self, now: float) -> tuple[tuple[str, str] | None, float]:
         wait = 3600.0
         for pair in self.outbox.pending():
             if pair[1] not in self.sinks:
@@ -312,7 +311,7 @@ class Notifier:
                 snapshot = json.dumps(self.outbox.to_json(), sort_keys=True).encode()
             self._save(snapshot)
 
-    def _record(self, pair: Tuple[str, str], sink: Sink, ok: bool, why: str) -> None:
+    def _record(self, pair: tuple[str, str], sink: Sink, ok: bool, why: str) -> None:
         state = self.outbox.sinks[sink.id]
         if ok:
             self.outbox.messages[pair[0]]["to"][sink.id] = time.time()
@@ -335,7 +334,7 @@ class Notifier:
             log.warning("notify: the outbox record could not be written: %s", exc)
 
 
-def for_sweep(store: Store, sweep, env: Optional[dict] = None) -> Optional[Notifier]:
+def for_sweep(store: Store, sweep, env: dict | None = None) -> Notifier | None:
     """The sweep's notifier (started), or None without `notify:`."""
     sinks = sweep.spec.notify
     if not sinks:
@@ -363,7 +362,7 @@ class Delivery:
     error: str = ""
 
 
-def send_test(sweep) -> List[Delivery]:
+def send_test(sweep) -> list[Delivery]:
     """One message to every sink of the sweep, now, one try each (`orch notify test`). Records nothing."""
     sinks = resolve(sweep.spec.notify or [])
     title = _title(sweep.spec.name, "test")
@@ -392,7 +391,7 @@ def check(sweep) -> None:
         raise OrchError(f"{sweep.path}: {exc}", exit_code=2) from None
 
 
-def status_lines(store: Store, sweep) -> List[str]:
+def status_lines(store: Store, sweep) -> list[str]:
     """What `orch status` says of the notifications: sinks that keep failing, messages still pending."""
     box = read_outbox(store, sweep.spec.name)  # (a sweep read back by name has no `notify:`: URLs are not kept)
     out = []

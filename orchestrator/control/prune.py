@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional
 
 from orchestrator.contract import default_mode, finite
 from orchestrator.store import layout
@@ -32,7 +31,7 @@ class Verdict:
     run_id: str
     rung: float
     value: float
-    cutoff: Optional[float]  # None: too few runs had reported there to decide
+    cutoff: float | None  # None: too few runs had reported there to decide
     reported: int  # runs with a value at this rung, this one included
     kept: bool
     best_k: int = 0  # how many of them the rung keeps
@@ -63,15 +62,15 @@ class Rungs:
         self.p: PruneSection = spec.prune
         self.metric, self.mode = rule(spec)
         doc = get_json(store, self.key) or {}
-        self.values: Dict[str, Dict[str, float]] = {}  # rung (as text) -> {run: value}
+        self.values: dict[str, dict[str, float]] = {}  # rung (as text) -> {run: value}
         for rung, runs in (doc.get("values") or {}).items() if isinstance(doc, dict) else []:
             if isinstance(runs, dict):
                 self.values[str(rung)] = {r: float(v) for r, v in runs.items() if finite(v) is not None}
-        self.pruned: Dict[str, dict] = (
+        self.pruned: dict[str, dict] = (
             {r: v for r, v in (doc.get("pruned") or {}).items()} if isinstance(doc, dict) else {}
         )
 
-    def next_rung(self, run_id: str) -> Optional[float]:
+    def next_rung(self, run_id: str) -> float | None:
         """The first rung this run has not reported at yet (None: it has passed them all)."""
         for rung in self.p.rungs:
             if run_id not in self.values.get(_k(rung), {}):
@@ -83,21 +82,21 @@ class Rungs:
         rung, progress = self.next_rung(run_id), finite(last_metrics.get(self.p.at))
         return rung is not None and progress is not None and progress >= rung and run_id not in self.pruned
 
-    def observe(self, run_id: str, lines: List[dict], judge: bool = True) -> Optional[Verdict]:
+    def observe(self, run_id: str, lines: list[dict], judge: bool = True) -> Verdict | None:
         """Record the run's value at each rung its lines passed; the first rung that prunes it, or None.
         `judge=False` (a run that already ended): its values count for later runs, no verdict on it."""
         return self._observe(run_id, lambda rung: _value_at(lines, self.p.at, self.metric, rung), judge)
 
-    def observe_reported(self, run_id: str, at_rungs: Dict[str, float], judge: bool = True) -> Optional[Verdict]:
+    def observe_reported(self, run_id: str, at_rungs: dict[str, float], judge: bool = True) -> Verdict | None:
         """The same, from the values the agent reported at each rung (the record's `at_rungs`)."""
         return self._observe(run_id, lambda rung: finite(at_rungs.get(_k(rung))), judge)
 
-    def due_reported(self, run_id: str, at_rungs: Dict[str, float]) -> bool:
+    def due_reported(self, run_id: str, at_rungs: dict[str, float]) -> bool:
         """Whether the agent reported a value at a rung this run has not been compared at yet."""
         rung = self.next_rung(run_id)
         return rung is not None and _k(rung) in at_rungs and run_id not in self.pruned
 
-    def _observe(self, run_id: str, value_at, judge: bool) -> Optional[Verdict]:
+    def _observe(self, run_id: str, value_at, judge: bool) -> Verdict | None:
         for rung in self.p.rungs:
             seen = self.values.setdefault(_k(rung), {})
             if run_id in seen:
@@ -122,7 +121,7 @@ class Rungs:
             self.save()
         return None
 
-    def _decide(self, run_id: str, rung: float, value: float, seen: Dict[str, float]) -> Verdict:
+    def _decide(self, run_id: str, rung: float, value: float, seen: dict[str, float]) -> Verdict:
         n = len(seen)
         if n < self.p.min_runs:
             return Verdict(run_id, rung, value, None, n, True)
@@ -132,7 +131,7 @@ class Rungs:
         kept = value >= cutoff if self.mode == "max" else value <= cutoff
         return Verdict(run_id, rung, value, cutoff, n, kept, k)
 
-    def verdict_of(self, run_id: str) -> Optional[Verdict]:
+    def verdict_of(self, run_id: str) -> Verdict | None:
         """The pruning verdict a run got earlier (a resumed attempt keeps it)."""
         v = self.pruned.get(run_id)
         if not isinstance(v, dict) or finite(v.get("value")) is None or finite(v.get("cutoff")) is None:
@@ -166,7 +165,7 @@ def _k(rung: float) -> str:
     return f"{rung:g}"
 
 
-def _value_at(lines: List[dict], at: str, metric: str, rung: float) -> Optional[float]:
+def _value_at(lines: list[dict], at: str, metric: str, rung: float) -> float | None:
     """The metric on the first line at or past the rung that carries it."""
     for line in lines:
         progress = finite(line.get(at))

@@ -12,7 +12,6 @@ import time
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
 
 from orchestrator.errors import NotFound, OrchError
 from orchestrator.store.folder import usable_folder
@@ -39,7 +38,7 @@ class SweepRecord:
 
 
 class State:
-    def __init__(self, home: Optional[Path] = None):
+    def __init__(self, home: Path | None = None):
         self.home = home or orch_home()
         usable_folder(self.home, "ORCH_HOME", "Set ORCH_HOME to a folder you can write, or unset it (default ~/.orch).")
         self.path = self.home / "state.db"
@@ -68,7 +67,7 @@ class State:
                     exit_code=2,
                 )
 
-    def sweeps(self) -> List[SweepRecord]:
+    def sweeps(self) -> list[SweepRecord]:
         with closing(self._db()) as db:
             return [SweepRecord(*row) for row in db.execute("SELECT * FROM sweeps ORDER BY launched_at")]
 
@@ -79,11 +78,11 @@ class State:
         known = ", ".join(r.name for r in self.sweeps()) or "none yet"
         raise NotFound(f"no sweep named {name!r} was launched from here (known: {known}). Pass the sweep file instead.")
 
-    def journal(self, sweep: str, event: str, run: Optional[str] = None, detail: str = "") -> None:
+    def journal(self, sweep: str, event: str, run: str | None = None, detail: str = "") -> None:
         with closing(self._db()) as db, db:
             db.execute("INSERT INTO events VALUES (?,?,?,?,?)", (time.time(), sweep, run, event, detail))
 
-    def events(self, sweep: str) -> List[tuple]:
+    def events(self, sweep: str) -> list[tuple]:
         with closing(self._db()) as db:
             return list(db.execute("SELECT ts, run, event, detail FROM events WHERE sweep=? ORDER BY ts", (sweep,)))
 
@@ -94,9 +93,9 @@ class SweepLock:
     def __init__(self, home: Path, sweep: str):
         self.path = home / "locks" / f"{sweep}.lock"
         self.sweep = sweep
-        self.fd: Optional[int] = None
+        self.fd: int | None = None
 
-    def holder(self) -> Optional[int]:
+    def holder(self) -> int | None:
         """pid of the controller holding the lock, or None."""
         if not self.path.exists():
             return None

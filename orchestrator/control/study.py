@@ -21,7 +21,7 @@ import enum
 import json
 import logging
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from orchestrator.contract import finite
 from orchestrator.errors import OrchError
@@ -46,18 +46,18 @@ class Outcome(str, enum.Enum):
 @dataclass
 class Trial:
     number: int
-    params: Dict[str, Any]
+    params: dict[str, Any]
     outcome: Outcome = Outcome.ASKED
-    value: Optional[float] = None  # COMPLETE: the value told
-    intermediate: Dict[str, float] = field(default_factory=dict)  # PRUNED: rung (as text) -> value there
+    value: float | None = None  # COMPLETE: the value told
+    intermediate: dict[str, float] = field(default_factory=dict)  # PRUNED: rung (as text) -> value there
 
 
 @dataclass
 class StudyRecord:
     sampler: str
     seed: int
-    trials: List[Trial] = field(default_factory=list)
-    rng: List[Any] = field(default_factory=list)  # each sampler RNG's state after the last ask (numpy MT19937)
+    trials: list[Trial] = field(default_factory=list)
+    rng: list[Any] = field(default_factory=list)  # each sampler RNG's state after the last ask (numpy MT19937)
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -97,7 +97,7 @@ def parse_record(data: bytes, key: str, search: SearchSection) -> StudyRecord:
     return out
 
 
-def _trial(t: Any, number: int, key: str, space: Dict[str, Dimension]) -> Trial:
+def _trial(t: Any, number: int, key: str, space: dict[str, Dimension]) -> Trial:
     if not isinstance(t, dict) or t.get("number") != number:
         raise _bad(key, f"trial {number} is missing or out of order")
     params = t.get("params")
@@ -120,14 +120,14 @@ def _trial(t: Any, number: int, key: str, space: Dict[str, Dimension]) -> Trial:
     return Trial(number, params, outcome, value, {k: float(v) for k, v in inter.items()})
 
 
-def _float(text: Any) -> Optional[float]:
+def _float(text: Any) -> float | None:
     try:
         return float(text)
     except (TypeError, ValueError):
         return None
 
 
-def _rng_states(raw: Any, key: str) -> List[Any]:
+def _rng_states(raw: Any, key: str) -> list[Any]:
     if raw in (None, []):
         return []
     ok = isinstance(raw, list) and all(
@@ -157,7 +157,7 @@ def _optuna():
     return optuna
 
 
-def distributions(space: Dict[str, Dimension]) -> dict:
+def distributions(space: dict[str, Dimension]) -> dict:
     optuna = _optuna()
     d = optuna.distributions
     out = {}
@@ -189,7 +189,7 @@ def _generators(sampler) -> list:
     return out
 
 
-def _get_states(sampler) -> List[Any]:
+def _get_states(sampler) -> list[Any]:
     states = []
     for g in _generators(sampler):
         name, keys, pos, has_gauss, cached = g.get_state()
@@ -197,7 +197,7 @@ def _get_states(sampler) -> List[Any]:
     return states
 
 
-def _set_states(sampler, states: List[Any]) -> None:
+def _set_states(sampler, states: list[Any]) -> None:
     import numpy as np
 
     gens = _generators(sampler)
@@ -259,7 +259,7 @@ class Study:
             else StudyRecord(sampler=search.sampler, seed=search.seed)
         )
 
-    def params_for(self, number: int) -> Dict[str, Any]:
+    def params_for(self, number: int) -> dict[str, Any]:
         """Trial `number`'s params: asked now (with every earlier trial first) unless the record has them."""
         while len(self.record.trials) <= number:
             trial = ask_next(self.record, self.search, self.mode, self.parallel)
@@ -273,8 +273,8 @@ class Study:
         self,
         number: int,
         outcome: Outcome,
-        value: Optional[float] = None,
-        intermediate: Optional[Dict[str, float]] = None,
+        value: float | None = None,
+        intermediate: dict[str, float] | None = None,
     ) -> None:
         trial = self.record.trials[number]
         trial.outcome, trial.value, trial.intermediate = outcome, value, dict(intermediate or {})
@@ -292,7 +292,7 @@ class Study:
         log.info("%s", what)
 
 
-def first_random_trials(search: SearchSection, count: int) -> List[Dict[str, Any]]:
+def first_random_trials(search: SearchSection, count: int) -> list[dict[str, Any]]:
     """What a random search asks first (it ignores the outcomes): for `--dry-run`."""
     record = StudyRecord(sampler=search.sampler, seed=search.seed)
     return [ask_next(record, search, "max", 1).params for _ in range(min(count, search.trials))]

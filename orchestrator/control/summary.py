@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, fields
-from typing import Dict, Iterable, List, Optional
 
 from orchestrator.contract import finite
 from orchestrator.control.views import Progress, RunView
@@ -25,7 +25,7 @@ REFRESH_S = 30.0  # an unchanged summary is still rewritten this often while run
 _FIELDS = {f.name for f in fields(RunView)}
 
 
-def target_of(target) -> Optional[dict]:
+def target_of(target) -> dict | None:
     """The `target:` the rows' `reached` marks were computed against (None: no target)."""
     return None if target is None else {"metric": target.metric, "value": target.value, "mode": target.resolved_mode()}
 
@@ -49,7 +49,7 @@ def write(store: Store, progress: Progress) -> None:
     store.put_bytes(summary_key(progress.sweep), data.encode() + b"\n")
 
 
-def read(store: Store, sweep: str, run_ids: List[str], target=None) -> Optional[Dict[str, RunView]]:
+def read(store: Store, sweep: str, run_ids: list[str], target=None) -> dict[str, RunView] | None:
     """The rows of the summary, one per run of the sweep (runs it lacks show as queued), or None when
     there is none or it cannot be trusted (another version, another sweep, wrong types). Marks of a
     target other than `target` (a relaunch may change it) are dropped: `reached` is None there."""
@@ -61,7 +61,7 @@ def read(store: Store, sweep: str, run_ids: List[str], target=None) -> Optional[
         or not isinstance(doc.get("runs"), list)
     ):
         return None
-    rows: Dict[str, RunView] = {}
+    rows: dict[str, RunView] = {}
     try:
         for row in doc["runs"]:
             view = RunView(**{k: v for k, v in row.items() if k in _FIELDS})
@@ -109,7 +109,7 @@ def touch(store: Store, sweep: str, run_id: str) -> None:
     store.put_bytes(touched_key(sweep, run_id), f"{time.time()}\n".encode())
 
 
-def touched(store: Store, sweep: str) -> List[str]:
+def touched(store: Store, sweep: str) -> list[str]:
     """Run ids with a marker (one LIST)."""
     return touched_runs(sweep, store.list(touched_prefix(sweep)))
 

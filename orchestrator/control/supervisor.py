@@ -16,9 +16,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
 
 from orchestrator.backends.aws.remote import RemoteSettings, ensure_own_key
 from orchestrator.backends.registry import load_sweep
@@ -72,7 +72,7 @@ class Supervisor:
         self.terminate(self.s.instance_id)
         return ending
 
-    def _one_life(self) -> Optional[Ending]:
+    def _one_life(self) -> Ending | None:
         """One run of the controller; an Ending when the supervisor should stop, None to start it again."""
         if self.now() >= self.s.deadline:
             return Ending("max_hours reached before the sweep ended", self.restarts)
@@ -105,7 +105,7 @@ class Supervisor:
         finally:
             out.close()
 
-    def _wait(self, proc: subprocess.Popen) -> Optional[int]:
+    def _wait(self, proc: subprocess.Popen) -> int | None:
         """The child's exit code; None when the deadline came first. The log goes to the store meanwhile."""
 
         def ended():

@@ -14,8 +14,8 @@ those, in parallel: a new sweep of 10,000 runs starts after one LIST, not 10,000
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Deque, Dict, Iterable, List, Optional, Set
 
 from orchestrator.control.views import RunView
 from orchestrator.store.base import Store
@@ -26,7 +26,7 @@ READERS = 10  # parallel record reads (S3 answers each in tens of milliseconds);
 SEQUENTIAL = 64  # fewer records than this are read one after the other
 
 
-def read_many(store: Store, sweep: str, run_ids: List[str]) -> Dict[str, tuple]:
+def read_many(store: Store, sweep: str, run_ids: list[str]) -> dict[str, tuple]:
     """{run_id: (status, version)}, read in parallel when there are several."""
     if len(run_ids) <= SEQUENTIAL:  # a pass's few live runs: one kept-alive connection costs less CPU than threads
         return {rid: read_versioned(store, sweep, rid) for rid in run_ids}
@@ -40,19 +40,19 @@ class RunTable:
         self.runs = {run.run_id: run for run in sweep.runs}
         self.order = [run.run_id for run in sweep.runs]
         self.index = {rid: i for i, rid in enumerate(self.order)}
-        self.status: Dict[str, RunStatus] = {}  # the records read (or written) by this controller
-        self.versions: Dict[str, Optional[str]] = {}
-        self.views: Dict[str, RunView] = {rid: _queued(rid) for rid in self.order}
-        self.final: Set[str] = set()
-        self.watch: Set[str] = set()  # read every pass
-        self.fresh: Set[str] = set()  # read by load() in this very pass
-        self.queue: Deque[str] = deque()  # presumed queued: read only when about to be claimed, in this order
+        self.status: dict[str, RunStatus] = {}  # the records read (or written) by this controller
+        self.versions: dict[str, str | None] = {}
+        self.views: dict[str, RunView] = {rid: _queued(rid) for rid in self.order}
+        self.final: set[str] = set()
+        self.watch: set[str] = set()  # read every pass
+        self.fresh: set[str] = set()  # read by load() in this very pass
+        self.queue: deque[str] = deque()  # presumed queued: read only when about to be claimed, in this order
         self.loaded = False
         self.changed = True  # a view changed since the summary was last written
         self.reads = 0  # records read, in all (the scale benchmark reports it)
-        self.read_at: Dict[str, float] = {}  # when a pass last read each followed run's record
+        self.read_at: dict[str, float] = {}  # when a pass last read each followed run's record
 
-    def load(self, summary: Optional[Dict[str, RunView]]) -> None:
+    def load(self, summary: dict[str, RunView] | None) -> None:
         """Before the first pass: trust a summary's final and queued rows and read the rest this pass;
         without a summary, read every record now."""
         self.loaded = True
@@ -78,7 +78,7 @@ class RunTable:
             else:
                 self.watch.add(rid)
 
-    def update(self, records: Dict[str, tuple]) -> None:
+    def update(self, records: dict[str, tuple]) -> None:
         self.reads += len(records)
         for rid, (status, version) in records.items():
             self.status[rid], self.versions[rid] = status, version
@@ -90,7 +90,7 @@ class RunTable:
                 self.final.discard(rid)
                 self.watch.add(rid)
 
-    def read_tracked(self, due: Optional[Callable[[str], bool]] = None, now: float = 0.0) -> List[str]:
+    def read_tracked(self, due: Callable[[str], bool] | None = None, now: float = 0.0) -> list[str]:
         """Read the runs followed every pass (of them, with `due`, only those it names; the others keep the
         record read before); returns them all in grid order."""
         tracked = sorted(self.watch, key=self.index.__getitem__)
@@ -100,7 +100,7 @@ class RunTable:
         self.fresh = set()
         return tracked
 
-    def take_queued(self) -> Optional[str]:
+    def take_queued(self) -> str | None:
         """The next run waiting in the queue, read now (it is about to be claimed), or None."""
         while self.queue:
             rid = self.queue.popleft()
@@ -120,7 +120,7 @@ class RunTable:
             self.final.add(run_id)
             self.watch.discard(run_id)
 
-    def all_views(self) -> List[RunView]:
+    def all_views(self) -> list[RunView]:
         return [self.views[rid] for rid in self.order]
 
 

@@ -16,7 +16,6 @@ A command that writes neither `elapsed_s` nor `time` gets `reached` without the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional
 
 from orchestrator.backends.registry import Costs
 from orchestrator.contract import finite
@@ -27,16 +26,16 @@ from orchestrator.sweep.spec import TargetSection
 @dataclass
 class ToTarget:
     reached: bool = False
-    time_to_target_s: Optional[float] = None
-    wall_to_target_s: Optional[float] = None
-    usd_to_target: Optional[float] = None
+    time_to_target_s: float | None = None
+    wall_to_target_s: float | None = None
+    usd_to_target: float | None = None
 
 
-def entries_of(ledger: Dict[str, dict], run_id: str) -> List[dict]:
+def entries_of(ledger: dict[str, dict], run_id: str) -> list[dict]:
     return [e for e in ledger.values() if e.get("run") == run_id or run_id in (e.get("run_s") or {})]
 
 
-def usd_until(entries: List[dict], run_id: str, until: Optional[float] = None) -> float:
+def usd_until(entries: list[dict], run_id: str, until: float | None = None) -> float:
     """Dollars of a run's instances up to `until` (None: all). A shared instance counts the run's slot
     time at its share, spread evenly over the instance's life."""
     total = 0.0
@@ -57,7 +56,7 @@ MAX_SECONDS = 366 * 86400.0  # a time to target beyond a year is no run's: a com
 CLOCK_SKEW_S = 60.0  # a line's `time` may be a little before the claim (the host's clock against the controller's)
 
 
-def seconds(v) -> Optional[float]:
+def seconds(v) -> float | None:
     """A duration from a metrics line: finite, not negative, at most a year; else None (it counts as none)."""
     s = finite(v)
     return s if s is not None and 0.0 <= s <= MAX_SECONDS else None
@@ -65,9 +64,9 @@ def seconds(v) -> Optional[float]:
 
 def to_target(
     target: TargetSection,
-    lines: List[dict],
-    first_started_at: Optional[float],
-    entries: Optional[List[dict]],
+    lines: list[dict],
+    first_started_at: float | None,
+    entries: list[dict] | None,
     run_id: str,
 ) -> ToTarget:
     """From the first line that meets the target (a later line may fall back, or flatter)."""
@@ -86,7 +85,7 @@ def to_target(
     return ToTarget()
 
 
-def reached_in_files(store, sweep: str, target: TargetSection, run_ids: List[str]) -> set:
+def reached_in_files(store, sweep: str, target: TargetSection, run_ids: list[str]) -> set:
     """The runs a line of whose metrics file meets the target (read in parallel)."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -108,16 +107,16 @@ class Economics:
 
     runs: int
     reached: int
-    fastest: Optional[tuple] = None  # (run_id, time_to_target_s or wall_to_target_s)
-    cheapest: Optional[tuple] = None  # (run_id, usd_to_target)
-    total_usd: Optional[float] = None
-    unfinished_attempts_usd: Optional[float] = (
+    fastest: tuple | None = None  # (run_id, time_to_target_s or wall_to_target_s)
+    cheapest: tuple | None = None  # (run_id, usd_to_target)
+    total_usd: float | None = None
+    unfinished_attempts_usd: float | None = (
         None  # instances of attempts that did not finish (interrupted, lost, failed)
     )
-    pruned_usd: Optional[float] = None  # everything pruned runs cost
-    on_demand_usd: Optional[float] = None  # the same instance hours at on-demand prices
+    pruned_usd: float | None = None  # everything pruned runs cost
+    on_demand_usd: float | None = None  # the same instance hours at on-demand prices
 
-    def words(self) -> List[str]:
+    def words(self) -> list[str]:
         out = [f"target: {self.reached} of {self.runs} runs reached it"]
         if self.fastest:
             out.append(f"fastest {self.fastest[0]} in {self.fastest[1]:.1f} s")
@@ -139,9 +138,7 @@ class Economics:
         return [line + "."]
 
 
-def economics(
-    rows, ledger: Optional[Dict[str, dict]], attempts: Dict[str, int], costs: Optional[Costs] = None
-) -> Economics:
+def economics(rows, ledger: dict[str, dict] | None, attempts: dict[str, int], costs: Costs | None = None) -> Economics:
     """`rows`: RunResults with their ToTarget filled; `attempts`: each run's last attempt; `costs`: how the backend's
     ledger reads in dollars (None: it keeps none)."""
     reached = [r for r in rows if r.to_target.reached]

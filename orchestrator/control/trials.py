@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
 
 from orchestrator.contract import finite
 from orchestrator.control.study import Outcome, Study, parse_record
@@ -24,7 +23,7 @@ from orchestrator.sweep.spec import RunSpec, Sweep, bind
 log = logging.getLogger("orch.trials")
 
 
-def trial_value(lines: List[dict], metric: str, mode: str, how: str) -> Optional[float]:
+def trial_value(lines: list[dict], metric: str, mode: str, how: str) -> float | None:
     """The metric of one run: on its last line that has it (`last`), or its best (`best`); None without a finite
     one. `last` never looks past that line: a run whose last value is NaN diverged, and its trial is told FAIL."""
     if how == "last":
@@ -42,7 +41,7 @@ class Trials:
         self.search = sweep.spec.search
         self.metric, self.mode = resolved_metric(sweep.spec)
         self.study = Study(store, self.name, self.search, self.mode, sweep.spec.max_parallel)
-        self.runs_of: Dict[int, List[str]] = {}
+        self.runs_of: dict[int, list[str]] = {}
         for run in sweep.runs:
             self.runs_of.setdefault(trial_of(run.run_id), []).append(run.run_id)
 
@@ -50,7 +49,7 @@ class Trials:
         """The run with its trial's params (asked now if this is the trial's first start)."""
         return bind(self.sweep.spec, run, self.study.params_for(trial_of(run.run_id)))
 
-    def tell_finished(self, views: Dict[str, RunView], rung_values: Optional[Dict[str, Dict[str, float]]]) -> None:
+    def tell_finished(self, views: dict[str, RunView], rung_values: dict[str, dict[str, float]] | None) -> None:
         """Tell the sampler of every asked trial whose runs are all final (once each)."""
         for trial in self.study.record.trials:
             if self.study.told(trial.number):
@@ -60,7 +59,7 @@ class Trials:
                 continue
             self._tell(trial.number, runs, rung_values or {})
 
-    def _tell(self, number: int, runs: List[RunView], rung_values: Dict[str, Dict[str, float]]) -> None:
+    def _tell(self, number: int, runs: list[RunView], rung_values: dict[str, dict[str, float]]) -> None:
         pruned = [v for v in runs if v.state == RunState.PRUNED]
         if pruned:
             inter = {rung: vals[pruned[0].run_id] for rung, vals in rung_values.items() if pruned[0].run_id in vals}
@@ -86,7 +85,7 @@ class Trials:
             self.study.tell(number, Outcome.FAIL)
 
 
-def search_results(sweep: Sweep, store: Store) -> Tuple[List[RunSpec], Dict[str, Optional[float]]]:
+def search_results(sweep: Sweep, store: Store) -> tuple[list[RunSpec], dict[str, float | None]]:
     """A search's runs with the params its study gave them (asked trials; the rest as they are), and each
     run's trial value as told to the sampler (None: not told, or no value). One read; asks nothing."""
     if sweep.spec.search is None:
@@ -113,9 +112,9 @@ class SearchProgress:
     told: int
     metric: str
     mode: str
-    best: Optional[int] = None  # the best trial's number
-    best_value: Optional[float] = None
-    best_params: Dict[str, object] = field(default_factory=dict)
+    best: int | None = None  # the best trial's number
+    best_value: float | None = None
+    best_params: dict[str, object] = field(default_factory=dict)
 
 
 def search_progress(sweep: Sweep, store: Store) -> SearchProgress:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
 
 from orchestrator.store.status import ACTIVE, FAILED, LOST, QUEUED, RunState, RunStatus
 
@@ -25,14 +24,14 @@ class RunView:
     attempt: int
     failures: int
     preemptions: int
-    elapsed: Optional[float]  # seconds in the current/last attempt
-    metrics: Dict[str, object]  # newest metrics line
+    elapsed: float | None  # seconds in the current/last attempt
+    metrics: dict[str, object]  # newest metrics line
     reason: str = ""  # why it failed or stopped
-    exit_code: Optional[int] = None
+    exit_code: int | None = None
     log_tail: str = ""
     final: bool = False  # no further attempt will be made
-    finished_at: Optional[float] = None  # when its last attempt ended (orders the newest finished runs)
-    reached: Optional[bool] = None  # with `target:`: whether a metrics line met it (None: no target)
+    finished_at: float | None = None  # when its last attempt ended (orders the newest finished runs)
+    reached: bool | None = None  # with `target:`: whether a metrics line met it (None: no target)
 
     def __post_init__(self) -> None:
         self.state = RunState(self.state)  # a summary's row, read back, holds the string
@@ -48,11 +47,11 @@ class Progress:
     """What one pass saw and did."""
 
     sweep: str
-    runs: List[RunView] = field(default_factory=list)
-    started: List[str] = field(default_factory=list)  # run ids started in this pass
+    runs: list[RunView] = field(default_factory=list)
+    started: list[str] = field(default_factory=list)  # run ids started in this pass
     spend_usd: float = 0.0  # realized cost so far (aws)
-    budget_usd: Optional[float] = None  # the sweep's budget, if any
-    target: Optional[dict] = None  # the `target:` the runs' `reached` marks were computed against (summary.target_of)
+    budget_usd: float | None = None  # the sweep's budget, if any
+    target: dict | None = None  # the `target:` the runs' `reached` marks were computed against (summary.target_of)
 
     @property
     def done(self) -> bool:
@@ -61,17 +60,17 @@ class Progress:
     def count(self, state: str) -> int:
         return sum(1 for r in self.runs if r.state == state)
 
-    def counts(self) -> Dict[str, int]:
-        out: Dict[str, int] = {}
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
         for r in self.runs:
             out[r.state] = out.get(r.state, 0) + 1
         return out
 
     @property
-    def failed(self) -> List[RunView]:
+    def failed(self) -> list[RunView]:
         return [r for r in self.runs if r.final and r.state == FAILED]
 
-    def shown(self, every: bool = False) -> List[RunView]:
+    def shown(self, every: bool = False) -> list[RunView]:
         """The rows a live table shows: every active run and the newest finished ones (all rows with `every`)."""
         if every or len(self.runs) <= 2 * LIVE_ROWS_FINISHED + 20:
             return list(self.runs)

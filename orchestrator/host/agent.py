@@ -20,7 +20,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional
 
 from orchestrator.contract import (
     AGENT_PID_FILE,
@@ -77,9 +76,9 @@ KEPT_ON_STOP = (StopReason.STOPPED, StopReason.CANCELLED, StopReason.PRUNED)
 
 
 class Agent:
-    def __init__(self, task: RunTask, store: Optional[Store] = None):
+    def __init__(self, task: RunTask, store: Store | None = None):
         self.here = HostFacts.of(task)  # "~/..." on hosts
-        self.stage_error: Optional[str] = None  # data staging failed: the attempt fails with this reason
+        self.stage_error: str | None = None  # data staging failed: the attempt fails with this reason
         self.sync_error = ""  # why the final sync did not land
         self.task = task
         self.store = store or open_store(task.store_url)
@@ -87,13 +86,13 @@ class Agent:
         self.prefix = layout.run_prefix(task.sweep, task.run_id)
         self.exit_file = self.ctl / f"exit.{task.attempt}"
         self.log_file = self.ctl / "logs" / f"{task.attempt}.log"  # orch's, beside the run folder (never in it)
-        self.cmd_group: Optional[int] = None  # the command's process group, to stop what it leaves behind
-        self.stop_requested: Optional[StopReason] = None
+        self.cmd_group: int | None = None  # the command's process group, to stop what it leaves behind
+        self.stop_requested: StopReason | None = None
         self.stopped_by_orch = False  # the stop file said `stopped` (orch down): a checkpoint made on it is kept
-        self.node_failed: Optional[tuple] = None  # (node, exit code) of a follower whose command failed
-        self.stop_sent_at: Optional[float] = None
-        self.notice_at: Optional[float] = None
-        self.ckpt_at_notice: Optional[int] = None
+        self.node_failed: tuple | None = None  # (node, exit code) of a follower whose command failed
+        self.stop_sent_at: float | None = None
+        self.notice_at: float | None = None
+        self.ckpt_at_notice: int | None = None
         # A run spanning several hosts: node 0 reports; the others follow its record (host/nodes.py).
         self.follower = task.node_rank > 0
         self.relay = Relay(self.store, layout.relay_key(task.sweep, task.run_id, task.attempt))
@@ -123,8 +122,8 @@ class Agent:
         self.host_policy = HostPolicy(
             task.session, task.uses(SELF_TERMINATE), task.idle_s or 0, task.slot, slot_value(task.run_id, task.attempt)
         )
-        self.rebalance_at: Optional[float] = None  # when the rebalance recommendation was seen; -1 once handled
-        self.ckpt_at_rebalance: Optional[int] = None
+        self.rebalance_at: float | None = None  # when the rebalance recommendation was seen; -1 once handled
+        self.ckpt_at_rebalance: int | None = None
 
     # --- signals ---------------------------------------------------------------------------
 
@@ -185,7 +184,7 @@ class Agent:
         log.info("%s", status.reason)
         self.stop_requested = StopReason.INTERRUPTED
 
-    def _cmd_pid(self) -> Optional[int]:
+    def _cmd_pid(self) -> int | None:
         try:
             return int((self.ctl / pid_file("cmd", self.task.attempt)).read_text())
         except (FileNotFoundError, ValueError):
@@ -237,7 +236,7 @@ class Agent:
             landed = self._final_sync(status)
         return self._finish(status, code, landed)
 
-    def _attempt(self, status) -> Optional[int]:
+    def _attempt(self, status) -> int | None:
         """Restore, run the command in its window, watch it until it exits; its exit code (None if it vanished)."""
         t = self.task
         # A new attempt continues from what earlier attempts left in the store (checkpoints).
@@ -336,7 +335,7 @@ class Agent:
                 STOP_SYNC_S,
             )
 
-    def _finish(self, status, code: Optional[int], landed: bool = True) -> int:
+    def _finish(self, status, code: int | None, landed: bool = True) -> int:
         """Record how the attempt ended, then leave the host as its policy says."""
         t = self.task
         self.rungs.report(status)  # the newest line, and the values at rungs the last lines passed
@@ -471,7 +470,7 @@ class Agent:
             log.warning("store write failed (%s: %s); will try again", type(exc).__name__, exc)
             return False
 
-    def _group_of_command(self) -> Optional[int]:
+    def _group_of_command(self) -> int | None:
         """The wrapper leads the process group of its tmux pane: the command, the log's tee, and whatever they start."""
         try:
             return int((self.ctl / pid_file("wrapper", self.task.attempt)).read_text())

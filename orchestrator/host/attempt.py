@@ -10,7 +10,6 @@ import json
 import os
 import shlex
 from pathlib import Path
-from typing import Dict, List, Optional
 
 from orchestrator.contract import RunTask, finite
 from orchestrator.host.env import HostFacts
@@ -26,7 +25,7 @@ def pid_file(what: str, attempt: int) -> str:
     return f"{what}.{attempt}.pid"
 
 
-def wrapper_script(task: RunTask, here: HostFacts, env: Dict[str, str], log_file: Path) -> str:
+def wrapper_script(task: RunTask, here: HostFacts, env: dict[str, str], log_file: Path) -> str:
     """The script the "run" window executes: `env`, the command (in the host's run folder), its exit code.
 
     No user text is ever spliced into shell syntax: values and the command are single
@@ -74,9 +73,7 @@ NODES_LAUNCHER = (
 )
 
 
-def final_status(
-    stop_requested: Optional[StopReason], noticed: bool, code: Optional[int], timeout_s: Optional[float]
-) -> Ending:
+def final_status(stop_requested: StopReason | None, noticed: bool, code: int | None, timeout_s: float | None) -> Ending:
     """How an attempt ended: (state, reason, counts as a failure). Pure; tested like decide().
 
     An exit caused by a spot notice is a preemption whatever its code (a command without a
@@ -123,7 +120,7 @@ def tail(path: Path, lines: int = TAIL_LINES, max_bytes: int = 16384) -> str:
     return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
 
 
-def newest_checkpoint(run_dir: Path) -> Optional[int]:
+def newest_checkpoint(run_dir: Path) -> int | None:
     """Step of the newest checkpoint that has its manifest (ckpt/<step>/MANIFEST.json), if any."""
     steps = [
         int(p.parent.name) for p in run_dir.glob(f"{CHECKPOINTS_DIR}/*/{MANIFEST_FILE}") if p.parent.name.isdigit()
@@ -163,14 +160,14 @@ class RungWatch:
 
     CHUNK = 64 << 20  # bytes read at most per call (a longer line than this is skipped)
 
-    def __init__(self, path: Path, at: str = "", rungs: List[float] = (), metric: str = ""):
+    def __init__(self, path: Path, at: str = "", rungs: list[float] = (), metric: str = ""):
         import threading
 
         self.path, self.at, self.metric = path, at, metric
         self.pending = sorted(rungs)  # rungs without a value yet
         self.offset = 0  # bytes of the file read
         self.newest: dict = {}
-        self.at_rungs: Dict[str, float] = {}
+        self.at_rungs: dict[str, float] = {}
         self.metric_seen = False  # a line carried the metric (a `prune:` metric no line has is warned about)
         self.lock = threading.Lock()
 
@@ -247,14 +244,14 @@ def checkpoint_ok(folder: Path) -> bool:
         return False
 
 
-def usr1_targets(root: int) -> List[int]:
+def usr1_targets(root: int) -> list[int]:
     """The processes of a command's tree that catch SIGUSR1, or the command itself when none does.
 
     Read from /proc (SigCgt); where there is no /proc, just the command.
     """
     import signal
 
-    children: Dict[int, List[int]] = {}
+    children: dict[int, list[int]] = {}
     proc = Path("/proc")
     if not proc.is_dir():
         return [root]

@@ -9,7 +9,6 @@ import socket
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List
 
 from orchestrator.contract import AUTO, RunTask
 
@@ -31,7 +30,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def complete_on_host(env: Dict[str, str]) -> Dict[str, str]:
+def complete_on_host(env: dict[str, str]) -> dict[str, str]:
     """What only the host knows, filled in by the agent at the start of an attempt: its GPUs (for
     `auto`) and a free rendezvous port on node 0."""
     done = dict(env)
@@ -54,11 +53,11 @@ class HostFacts:
 
     run_dir: Path  # the task's run_dir, `~` expanded
     ctl_dir: Path  # the task's ctl_dir, `~` expanded
-    data: List[Dict[str, str]]  # the task's `data:` entries, their `to` expanded
-    env: Dict[str, str] = field(default_factory=dict)  # laid over the task's env for the command
+    data: list[dict[str, str]]  # the task's `data:` entries, their `to` expanded
+    env: dict[str, str] = field(default_factory=dict)  # laid over the task's env for the command
 
     @classmethod
-    def of(cls, task: RunTask) -> "HostFacts":
+    def of(cls, task: RunTask) -> HostFacts:
         run_dir, ctl_dir = (Path(p).expanduser() for p in (task.run_dir, task.ctl_dir))
         env = {"ORCH_RUN_DIR": str(run_dir)}
         if "ORCH_DATA_DIR" in task.env:
@@ -66,7 +65,7 @@ class HostFacts:
         data = [{"from": e["from"], "to": os.path.expanduser(e["to"])} for e in task.data]
         return cls(run_dir, ctl_dir, data, env)
 
-    def command_env(self, task: RunTask) -> Dict[str, str]:
+    def command_env(self, task: RunTask) -> dict[str, str]:
         """The command's environment at its start: the task's, this host's facts over it, the shape completed
         (a port is picked then, so it is still free when the command binds it)."""
         return complete_on_host({**task.env, **self.env})

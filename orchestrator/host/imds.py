@@ -7,7 +7,6 @@ none of the control plane (orchestrator/aws/).
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 # An orch process on an instance (the agent, a remote controller's supervisor) takes its credentials from the instance
 # metadata service, which botocore asks once with 1 s to answer by default: a busy instance's late first answer left
@@ -22,7 +21,7 @@ def ask_imds_patiently(environ) -> None:
         environ.setdefault(name, value)
 
 
-def imds_get(path: str, timeout: float = 2.0) -> Optional[str]:
+def imds_get(path: str, timeout: float = 2.0) -> str | None:
     """IMDSv2 GET (token first), honouring AWS_EC2_METADATA_SERVICE_ENDPOINT; None on 404."""
     import urllib.error
     import urllib.request

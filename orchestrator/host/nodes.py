@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Optional
 
 from orchestrator.store.base import Store
 from orchestrator.store.layout import node_exit_key
@@ -32,7 +31,7 @@ from orchestrator.store.status import (
 log = logging.getLogger("orch.agent")
 
 
-def failed_node(store: Store, sweep: str, run_id: str, attempt: int, nodes: int) -> Optional[tuple]:
+def failed_node(store: Store, sweep: str, run_id: str, attempt: int, nodes: int) -> tuple | None:
     """(node, exit code) of the first follower of this attempt whose command failed, or None."""
     for node in range(1, nodes):
         try:
@@ -83,7 +82,7 @@ class FollowerReporter:
     def record(self, status: RunStatus, tries: int = 20) -> bool:
         return self.still_running()
 
-    def beat(self, status: RunStatus, now: Optional[float] = None) -> None:
+    def beat(self, status: RunStatus, now: float | None = None) -> None:
         self._look()
 
     def heartbeats(self, status: RunStatus, period: float):
@@ -97,7 +96,7 @@ class Relay:
 
     def __init__(self, store: Store, key: str):
         self.store, self.key = store, key
-        self.sent_at: Optional[float] = None
+        self.sent_at: float | None = None
 
     def send(self, node: int) -> None:
         if self.sent_at is None:

@@ -9,8 +9,8 @@ a run that spans several hosts, also from a notice another node relayed (nodes.R
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 from orchestrator.contract import NOTICE_FILE
 
@@ -18,7 +18,7 @@ log = logging.getLogger("orch.agent")
 
 
 class NoticeSource:
-    def __init__(self, ctl_dir: Path, imds: bool, relayed: Optional[Callable[[], bool]] = None):
+    def __init__(self, ctl_dir: Path, imds: bool, relayed: Callable[[], bool] | None = None):
         self.ctl, self.imds, self.relayed = Path(ctl_dir), imds, relayed
 
     def notice(self) -> bool:

@@ -13,9 +13,9 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Dict, Optional
 
 from orchestrator.host.attempt import RungWatch
 from orchestrator.store.base import Store
@@ -39,17 +39,17 @@ class Reporter:
         run_id: str,
         attempt: int,
         metrics_file: Path,
-        watch: Optional[RungWatch] = None,
-        reported: Optional[Path] = None,
-        record_s: Optional[float] = None,
-        rungs_recorded: Optional[Callable[[Dict[str, float]], None]] = None,
+        watch: RungWatch | None = None,
+        reported: Path | None = None,
+        record_s: float | None = None,
+        rungs_recorded: Callable[[dict[str, float]], None] | None = None,
     ):
         self.store, self.sweep, self.run_id, self.attempt = store, sweep, run_id, attempt
         self.metrics_file = metrics_file
         self.watch = watch or RungWatch(metrics_file)  # reads only what the file gained since the last beat
         self.lock = threading.RLock()  # the record is shared by the attempt and the heartbeat thread
         self.superseded = False
-        self.version: Optional[str] = None  # of this reporter's last write: while nobody else wrote, no read is needed
+        self.version: str | None = None  # of this reporter's last write: while nobody else wrote, no read is needed
         self.reported = reported  # ctl/reported: the sign of life a local backend reads (contract.REPORTED_FILE)
         self.record_s = record_s  # set: a beat writes the record only this often, unless something in it moved on
         self._sent: tuple = ()  # (state, rungs reported) of the last record written
@@ -93,7 +93,7 @@ class Reporter:
                     return True
             raise OSError(f"status record of {self.sweep}/{self.run_id} kept changing under {tries} writes in a row")
 
-    def beat(self, status: RunStatus, now: Optional[float] = None) -> None:
+    def beat(self, status: RunStatus, now: float | None = None) -> None:
         """Alive, and the newest metrics line. With `record_s`, the record is rewritten only when it is due or
         what the controller acts on changed (a rung reported); else only ctl/reported is touched."""
         now = time.time() if now is None else now
@@ -108,7 +108,7 @@ class Reporter:
             status.heartbeat = now
             self.record(status)
 
-    def _sign(self, now: float, version: Optional[str] = None) -> None:
+    def _sign(self, now: float, version: str | None = None) -> None:
         """ctl/reported: touched at `now` (alive), and given the record's new version when there is one."""
         if self.reported is None:
             return
@@ -123,7 +123,7 @@ class Reporter:
                 )
             self.record_s = None
 
-    def heartbeats(self, status: RunStatus, period: float) -> "Heartbeats":
+    def heartbeats(self, status: RunStatus, period: float) -> Heartbeats:
         return Heartbeats(lambda: self.beat(status), period)
 
 

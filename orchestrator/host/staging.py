@@ -23,7 +23,6 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Tuple
 
 from orchestrator.contract import bucket_problem
 from orchestrator.store.base import sha256_file
@@ -59,10 +58,10 @@ def _same(path: Path, size: int, etag: str) -> bool:
     return sha256_file(path, "md5") == etag
 
 
-def _listing_s3(client, url: str) -> Dict[str, Tuple[int, str]]:
+def _listing_s3(client, url: str) -> dict[str, tuple[int, str]]:
     where = parse_s3(url)
     bucket, prefix = where.bucket, where.folder
-    out: Dict[str, Tuple[int, str]] = {}
+    out: dict[str, tuple[int, str]] = {}
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for obj in page.get("Contents", []):
             rel = obj["Key"][len(prefix) :]
@@ -74,7 +73,7 @@ def _listing_s3(client, url: str) -> Dict[str, Tuple[int, str]]:
 LARGE = 8 * 1024 * 1024  # above this, downloads are ranged GETs and botocore checks no checksum
 
 
-def _recorded_sha256(client, url: str) -> Dict[str, str]:
+def _recorded_sha256(client, url: str) -> dict[str, str]:
     """{relative path: sha256} from the sync index `orch data push` keeps under the prefix; {} without one."""
     where = parse_s3(url)
     bucket, prefix = where.bucket, where.folder
@@ -94,7 +93,7 @@ def _object_sha256(client, url: str, rel: str):
         return None
 
 
-def _listing_local(folder: Path) -> Dict[str, Tuple[int, str]]:
+def _listing_local(folder: Path) -> dict[str, tuple[int, str]]:
     out = {}
     for p in sorted(folder.rglob("*")):
         if p.is_file():
@@ -185,7 +184,7 @@ def _stage_locked(source: str, dest: Path, client, workers: int) -> StageResult:
     return result
 
 
-def stage_all(entries: List[Dict[str, str]], client=None) -> List[StageResult]:
+def stage_all(entries: list[dict[str, str]], client=None) -> list[StageResult]:
     """Every `data:` entry of a task, in order; raises with the entry named when one cannot be staged."""
     results = []
     for entry in entries:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from typing import Dict, Optional, Tuple
 
 from orchestrator.contract import RUNG_TAG
 
@@ -18,7 +17,7 @@ CALL_TIMEOUT_S = 10.0  # a slow EC2 must not hold an ending agent (and its insta
 
 
 @functools.lru_cache(maxsize=1)
-def _instance() -> Tuple[str, str]:
+def _instance() -> tuple[str, str]:
     """(instance id, region) of this host, from its metadata service (asked once)."""
     from orchestrator.host.imds import imds_get
 
@@ -26,7 +25,7 @@ def _instance() -> Tuple[str, str]:
     return imds_get("instance-id"), region
 
 
-def remove_own(tags: Dict[str, Optional[str]]) -> None:
+def remove_own(tags: dict[str, str | None]) -> None:
     """Remove these tags from this instance; a tag with a value only while it still has that value."""
     from orchestrator.store.clients import client
 
@@ -49,7 +48,7 @@ class RungTags:
         self.removed: set = set()
         self.busy = threading.Lock()  # held while a removal is under way
 
-    def recorded(self, at_rungs: Dict[str, float]) -> None:
+    def recorded(self, at_rungs: dict[str, float]) -> None:
         import threading
 
         self.wanted.update(at_rungs)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-from typing import List
 
 from orchestrator.errors import OrchError
 
@@ -46,6 +45,6 @@ def clients(session: str) -> int:
     return len(p.stdout.splitlines()) if p.returncode == 0 else 0
 
 
-def attach_argv(session: str, window: str) -> List[str]:
+def attach_argv(session: str, window: str) -> list[str]:
     """argv for an interactive attach (the CLI execs it in the user's terminal)."""
     return ["tmux", "-L", socket_name(), "attach-session", "-t", f"={session}:{window}"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from typing import Any, List, Optional
+from typing import Any
 
 from orchestrator.host import tmux
 from orchestrator.host.attempt import newest_checkpoint
@@ -57,7 +57,7 @@ class Check:
             log.warning("%s failed (%s: %s); trying again later", self.name, type(exc).__name__, exc)
             return False
 
-    def run(self, now: float) -> Optional[bool]:
+    def run(self, now: float) -> bool | None:
         raise NotImplementedError
 
 
@@ -197,10 +197,10 @@ def request_stop(agent: Any, reason: StopReason) -> None:
     agent.stop_requested = agent.stop_requested or reason
 
 
-def checks_for(agent: Any, status: Any, now: float) -> List[Check]:
+def checks_for(agent: Any, status: Any, now: float) -> list[Check]:
     """The watch of one attempt whose command started at `now`, in the order its checks run."""
     t = agent.task
-    checks: List[Check] = [
+    checks: list[Check] = [
         CommandExited(agent),
         FindGroup(agent),
         WindowGone(agent, WINDOW_LOOK_S, first=now + WINDOW_LOOK_S),
@@ -219,6 +219,6 @@ def checks_for(agent: Any, status: Any, now: float) -> List[Check]:
     ]
 
 
-def watch(checks: List[Check], poll_s: float = POLL_S) -> None:
+def watch(checks: list[Check], poll_s: float = POLL_S) -> None:
     """Poll the checks until one says the attempt is over."""
     retry_until(lambda: any(c.tick(time.time()) for c in checks), timeout=None, interval=poll_s)

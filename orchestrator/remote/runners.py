@@ -10,7 +10,6 @@ import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from orchestrator.errors import OrchError
 
@@ -25,13 +24,13 @@ class Result:
 class Runner:
     """What every host runner offers; subclasses supply run() and put_bytes()."""
 
-    def run(self, command: str, timeout: float = 120, stdin: Optional[bytes] = None) -> Result:
+    def run(self, command: str, timeout: float = 120, stdin: bytes | None = None) -> Result:
         raise NotImplementedError
 
     def put_bytes(self, data: bytes, path: str, mode: int = 0o600) -> None:
         raise NotImplementedError
 
-    def check(self, command: str, timeout: float = 120, stdin: Optional[bytes] = None) -> str:
+    def check(self, command: str, timeout: float = 120, stdin: bytes | None = None) -> str:
         """run(), and an OrchError with the command's stderr when it fails."""
         r = self.run(command, timeout, stdin)
         if r.code != 0:
@@ -45,7 +44,7 @@ class Runner:
 class LocalRunner(Runner):
     """This machine, through bash."""
 
-    def run(self, command: str, timeout: float = 120, stdin: Optional[bytes] = None) -> Result:
+    def run(self, command: str, timeout: float = 120, stdin: bytes | None = None) -> Result:
         try:
             p = subprocess.run(["bash", "-c", command], input=stdin, capture_output=True, timeout=timeout)
         except subprocess.TimeoutExpired:

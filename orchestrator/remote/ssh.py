@@ -9,10 +9,8 @@ from __future__ import annotations
 import logging
 import os
 import shlex
-import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Tuple
 
 from orchestrator.errors import OrchError
 from orchestrator.remote.runners import Result, Runner
@@ -36,7 +34,7 @@ class Target:
     host_key: str  # pinned public host key, OpenSSH format ("ssh-ed25519 AAAA...")
 
 
-def new_host_key() -> Tuple[str, str]:
+def new_host_key() -> tuple[str, str]:
     """(private key in OpenSSH PEM, public key line) of a fresh ed25519 host key."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -62,7 +60,7 @@ def public_key_of(identity: str) -> str:
 ALSO_SUFFIX = ".also.pub"  # beside a key: public keys (one a line) the instances accept besides the key's own
 
 
-def authorized_keys(identity: str) -> List[str]:
+def authorized_keys(identity: str) -> list[str]:
     """The public keys an instance accepts: the identity's own, and those of `<identity>.also.pub` when it exists
     (a remote controller's key has the laptop's there, so `orch attach` from the laptop reaches its hosts)."""
     path = Path(os.path.expanduser(identity))
@@ -81,7 +79,7 @@ class Connection(Runner):
     def __init__(self, client):
         self.client = client
 
-    def run(self, command: str, timeout: float = 120, stdin: Optional[bytes] = None) -> Result:
+    def run(self, command: str, timeout: float = 120, stdin: bytes | None = None) -> Result:
         stdin_f, stdout, stderr = self.client.exec_command(command, timeout=timeout)
         if stdin is not None:
             stdin_f.write(stdin)
@@ -131,7 +129,7 @@ def connect(target: Target, timeout: float, interval: float = 2.0) -> Connection
 
     hostkey = paramiko.Ed25519Key(data=_key_blob(target.host_key))
     pkey = _load_identity(target.identity)
-    last: List[str] = [""]
+    last: list[str] = [""]
 
     def attempt():
         client = paramiko.SSHClient()
@@ -157,7 +155,7 @@ def connect(target: Target, timeout: float, interval: float = 2.0) -> Connection
                 "pinned. "
                 "Refusing to connect (a different machine answered); the instance is terminated."
             ) from None
-        except (OSError, socket.timeout, paramiko.SSHException, EOFError) as exc:
+        except (TimeoutError, OSError, paramiko.SSHException, EOFError) as exc:
             client.close()
             last[0] = f"{type(exc).__name__}: {exc}"
             return None
@@ -203,7 +201,7 @@ def known_hosts_file(target: Target, folder: Path) -> Path:
     return path
 
 
-def attach_argv(target: Target, remote_command: str, known_hosts: Path) -> List[str]:
+def attach_argv(target: Target, remote_command: str, known_hosts: Path) -> list[str]:
     """A system `ssh -t` that trusts exactly the pinned key."""
     return [
         "ssh",

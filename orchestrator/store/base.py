@@ -6,13 +6,15 @@ Local writes are temp file + fsync + rename, so a reader never sees half a file.
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, List, Optional, Protocol, Tuple
+from typing import Any, Protocol
 
 from orchestrator.contract import finite
 
@@ -27,7 +29,7 @@ class SyncResult:
     skipped: int = 0  # files already identical there
     bytes: int = 0  # bytes written
     deleted: int = 0  # files pruned from the destination
-    stale: List[str] = field(default_factory=list)  # kept although their index's digest was another (stale_ok)
+    stale: list[str] = field(default_factory=list)  # kept although their index's digest was another (stale_ok)
 
 
 class Store(Protocol):
@@ -36,20 +38,20 @@ class Store(Protocol):
 
     def put_bytes(self, key: str, data: bytes) -> None: ...
 
-    def get_bytes(self, key: str) -> Optional[bytes]: ...
+    def get_bytes(self, key: str) -> bytes | None: ...
 
-    def list(self, prefix: str) -> List[str]: ...
+    def list(self, prefix: str) -> builtins.list[str]: ...
 
     def exists(self, key: str) -> bool:
         """Whether the key exists, in one small request (S3: a LIST of its own name; no body is read)."""
 
-    def sync_up(self, local_dir: Path, prefix: str, prune: Optional[Select] = None, indexed: bool = True) -> SyncResult:
+    def sync_up(self, local_dir: Path, prefix: str, prune: Select | None = None, indexed: bool = True) -> SyncResult:
         """Copy what changed; then delete from the store the files `prune` selects that are gone locally.
         `indexed=False`: a folder nobody syncs down (the logs, read key by key): S3 keeps no index of it, and what
         was uploaded is remembered by this process only (a new process uploads the folder's files once)."""
 
     def sync_down(
-        self, prefix: str, local_dir: Path, only: Optional[Select] = None, stale_ok: Optional[Select] = None
+        self, prefix: str, local_dir: Path, only: Select | None = None, stale_ok: Select | None = None
     ) -> SyncResult:
         """Copy what differs from the store; with `only`, just the files it selects. A file that does not match
         the digest its index recorded is refused (OrchError), unless `stale_ok` selects it: then the index is
@@ -58,10 +60,10 @@ class Store(Protocol):
 
     def delete_prefix(self, prefix: str) -> int: ...
 
-    def get_versioned(self, key: str) -> Tuple[Optional[bytes], Optional[str]]:
+    def get_versioned(self, key: str) -> tuple[bytes | None, str | None]:
         """The object and its version (None, None when missing): what put_if compares against."""
 
-    def put_if(self, key: str, data: bytes, version: Optional[str]) -> Optional[str]:
+    def put_if(self, key: str, data: bytes, version: str | None) -> str | None:
         """Write only if the key still holds `version` (None: only if it does not exist); the new
         version, or None (nothing written) when it changed."""
 
@@ -117,7 +119,7 @@ class HashCache:
         return value
 
 
-def get_json(store: Store, key: str) -> Optional[Any]:
+def get_json(store: Store, key: str) -> Any | None:
     data = store.get_bytes(key)
     if data is None:
         return None
@@ -147,7 +149,7 @@ def plain_json(obj: Any) -> Any:
     return obj
 
 
-def read_jsonl(data: Optional[bytes]) -> List[dict]:
+def read_jsonl(data: bytes | None) -> list[dict]:
     """Parse JSON lines, ignoring a torn last line (a writer may be mid-line)."""
     out = []
     for line in (data or b"").splitlines():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 _ENV = (
     "AWS_ENDPOINT_URL",
@@ -23,12 +23,12 @@ _ENV = (
     "AWS_CONFIG_FILE",
     "AWS_SHARED_CREDENTIALS_FILE",
 )
-_made: Dict[Tuple, Any] = {}
+_made: dict[tuple, Any] = {}
 _lock = threading.Lock()
 
 
 def client(
-    service: str, region: Optional[str] = None, max_attempts: Optional[int] = None, read_timeout: Optional[float] = None
+    service: str, region: str | None = None, max_attempts: int | None = None, read_timeout: float | None = None
 ) -> Any:
     """boto3's client for `service` (in `region`, or boto3's default), made once per process and environment.
     `max_attempts`: botocore's standard retry mode with that many retries (after the first try). `read_timeout`:
@@ -40,7 +40,7 @@ def client(
             import boto3
             from botocore.config import Config
 
-            options: Dict[str, Any] = {}
+            options: dict[str, Any] = {}
             if max_attempts:
                 options["retries"] = {"mode": "standard", "max_attempts": max_attempts}
             if read_timeout:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import fcntl
 import hashlib
 import os
@@ -9,14 +10,13 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import List, Optional, Tuple
 
 from orchestrator.errors import OrchError
 from orchestrator.store.base import HashCache, Select, SyncResult, atomic_write, files_under
 
 
 def _copy_tree(
-    src_root: Path, dst_root: Path, hashes: HashCache, only: Optional[Select] = None, prune: Optional[Select] = None
+    src_root: Path, dst_root: Path, hashes: HashCache, only: Select | None = None, prune: Select | None = None
 ) -> SyncResult:
     result = SyncResult()
     for src in files_under(src_root):
@@ -77,7 +77,7 @@ class LocalStore:
     def put_bytes(self, key: str, data: bytes) -> None:
         atomic_write(self._path(key), data)
 
-    def get_bytes(self, key: str) -> Optional[bytes]:
+    def get_bytes(self, key: str) -> bytes | None:
         try:
             return self._path(key).read_bytes()
         except (FileNotFoundError, NotADirectoryError):
@@ -86,11 +86,11 @@ class LocalStore:
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
-    def get_versioned(self, key: str) -> Tuple[Optional[bytes], Optional[str]]:
+    def get_versioned(self, key: str) -> tuple[bytes | None, str | None]:
         data = self.get_bytes(key)
         return data, None if data is None else hashlib.sha256(data).hexdigest()
 
-    def put_if(self, key: str, data: bytes, version: Optional[str]) -> Optional[str]:
+    def put_if(self, key: str, data: bytes, version: str | None) -> str | None:
         """Writers of a folder's records take turns (flock on the folder). The new file is written and
         fsynced before the lock is taken, so the lock is held for a compare and a rename only: a writer
         stopped or stalled (SIGSTOP, a slow disk) while holding it blocks the others for microseconds, not
@@ -116,15 +116,15 @@ class LocalStore:
         finally:
             Path(tmp).unlink(missing_ok=True)
 
-    def list(self, prefix: str) -> List[str]:
+    def list(self, prefix: str) -> builtins.list[str]:
         base = self._path(prefix)
         return [str(p.relative_to(self.root)) for p in files_under(base)]
 
-    def sync_up(self, local_dir: Path, prefix: str, prune: Optional[Select] = None, indexed: bool = True) -> SyncResult:
+    def sync_up(self, local_dir: Path, prefix: str, prune: Select | None = None, indexed: bool = True) -> SyncResult:
         return _copy_tree(Path(local_dir), self._path(prefix), self.hashes, prune=prune)
 
     def sync_down(
-        self, prefix: str, local_dir: Path, only: Optional[Select] = None, stale_ok: Optional[Select] = None
+        self, prefix: str, local_dir: Path, only: Select | None = None, stale_ok: Select | None = None
     ) -> SyncResult:
         return _copy_tree(self._path(prefix), Path(local_dir), self.hashes, only=only)
 

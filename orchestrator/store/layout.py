@@ -27,7 +27,7 @@ to hosts).
 
 from __future__ import annotations
 
-from typing import Iterable, Set
+from collections.abc import Iterable
 
 RECORDS_DIR = ".orch"  # orch's records of every run of a sweep
 TOUCHED_DIR = ".orch-touched"
@@ -97,7 +97,7 @@ def status_key(sweep: str, run_id: str) -> str:
     return f"{records_prefix(sweep, run_id)}/{STATUS_FILE}"
 
 
-def recorded(sweep: str, keys: Iterable[str]) -> Set[str]:
+def recorded(sweep: str, keys: Iterable[str]) -> set[str]:
     """The run ids that have a status record among `keys` (a listing of records_prefix(sweep, ""))."""
     base, tail = records_prefix(sweep, ""), f"/{STATUS_FILE}"
     return {key[len(base) : -len(tail)] for key in keys if key.startswith(base) and key.endswith(tail)}
@@ -118,7 +118,7 @@ def log_key(sweep: str, run_id: str, attempt: int, node: int = 0) -> str:
     return f"{folder}/{attempt}.log"
 
 
-def logged_attempts(sweep: str, run_id: str, keys: Iterable[str]) -> Set[int]:
+def logged_attempts(sweep: str, run_id: str, keys: Iterable[str]) -> set[int]:
     """The attempts, of any node, whose log is among `keys` (a listing of records_prefix(sweep, run_id))."""
     base = records_prefix(sweep, run_id) + "/"
     found = set()
@@ -165,7 +165,7 @@ def is_checkpoint(rel: str) -> bool:
     return rel.startswith(f"{CHECKPOINTS_DIR}/")
 
 
-def manifested_steps(sweep: str, run_id: str, keys: Iterable[str]) -> Set[int]:
+def manifested_steps(sweep: str, run_id: str, keys: Iterable[str]) -> set[int]:
     """The steps whose checkpoint has its manifest among `keys` (a listing of checkpoints_prefix)."""
     base = checkpoints_prefix(sweep, run_id) + "/"
     steps = set()

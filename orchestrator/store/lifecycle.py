@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Dict, FrozenSet, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 
 class _Word(str, Enum):
@@ -51,8 +51,8 @@ class RunState(_Word):
         return self in ACTIVE
 
 
-ACTIVE: FrozenSet[RunState] = frozenset({RunState.STARTING, RunState.RUNNING})
-FINAL: FrozenSet[RunState] = frozenset({RunState.SUCCEEDED, RunState.CANCELLED, RunState.PRUNED})  # and FAILED, spent
+ACTIVE: frozenset[RunState] = frozenset({RunState.STARTING, RunState.RUNNING})
+FINAL: frozenset[RunState] = frozenset({RunState.SUCCEEDED, RunState.CANCELLED, RunState.PRUNED})  # and FAILED, spent
 RECORDED = tuple(s for s in RunState if s is not RunState.CORRUPT)  # what a record may say
 
 
@@ -68,26 +68,26 @@ class RunStatus:
     no_shows: int = 0  # attempts whose host never reported (its agent did not start); a few end the run
     quick_losses: int = 0  # attempts in a row whose agent reported, then was lost within QUICK_LOSS_S; a few end it
     host: str = ""  # where the current attempt runs
-    started_at: Optional[float] = None  # of the current attempt, unix seconds
-    heartbeat: Optional[float] = None  # last sign of life from the agent (None until it first reported)
-    finished_at: Optional[float] = None
-    exit_code: Optional[int] = None
+    started_at: float | None = None  # of the current attempt, unix seconds
+    heartbeat: float | None = None  # last sign of life from the agent (None until it first reported)
+    finished_at: float | None = None
+    exit_code: int | None = None
     reason: str = ""  # why it ended, in words
     log_tail: str = ""  # last lines of the log, for failures
-    last_metrics: Dict[str, Any] = field(default_factory=dict)  # newest metrics.jsonl line
-    first_started_at: Optional[float] = None  # the first claim of the run (wall time to a target counts from it)
-    pruned: Dict[str, Any] = field(
+    last_metrics: dict[str, Any] = field(default_factory=dict)  # newest metrics.jsonl line
+    first_started_at: float | None = None  # the first claim of the run (wall time to a target counts from it)
+    pruned: dict[str, Any] = field(
         default_factory=dict
     )  # `prune:`: the rung, the run's value, the cutoff (state pruned)
-    at_rungs: Dict[str, float] = field(default_factory=dict)  # `prune:`, from the agent: {rung: the metric on the
+    at_rungs: dict[str, float] = field(default_factory=dict)  # `prune:`, from the agent: {rung: the metric on the
     # first line at or past it that carries it}, read from the run's own file (so never from a later line)
-    metric_seen: Optional[bool] = None  # `prune:`: whether any line carried the metric (None: not reported)
+    metric_seen: bool | None = None  # `prune:`: whether any line carried the metric (None: not reported)
 
     def __post_init__(self) -> None:
         self.state = RunState(self.state)  # a record read back (or written by an older orch) holds the string
 
     @property
-    def elapsed(self) -> Optional[float]:
+    def elapsed(self) -> float | None:
         if self.started_at is None:
             return None
         end = self.finished_at or self.heartbeat or time.time()
@@ -136,7 +136,7 @@ class StopReason(_Word):
         return _WORDS[self]
 
     @classmethod
-    def parse(cls, text: str) -> "StopReason":
+    def parse(cls, text: str) -> StopReason:
         """A stop file's contents; ValueError naming what it said when it is none of the reasons."""
         try:
             return cls(text.strip())
@@ -180,7 +180,7 @@ class Impossible(ValueError):
     """A transition from a state the life of a run does not leave that way."""
 
 
-def _move(status: RunStatus, name: str, allowed: FrozenSet[RunState], to: RunState, reason: Optional[str]) -> None:
+def _move(status: RunStatus, name: str, allowed: frozenset[RunState], to: RunState, reason: str | None) -> None:
     if status.state not in allowed:
         raise Impossible(f"{status.run_id}: cannot {name} a run that is {status.state} (to {to})")
     status.state = to
@@ -196,7 +196,7 @@ _AGENT_ENDS = frozenset({RunState.STARTING, RunState.RUNNING, RunState.INTERRUPT
 # --- the controller's transitions ------------------------------------------------------------
 
 
-def claim(previous: RunStatus, now: Optional[float] = None) -> RunStatus:
+def claim(previous: RunStatus, now: float | None = None) -> RunStatus:
     """A new attempt, claimed before any host exists: a fresh record that carries the run's counts.
     An attempt that was lost or interrupted (or active with its host gone) counts as a preemption."""
     if previous.state not in _LIVE:
@@ -243,7 +243,7 @@ def requeue(status: RunStatus, reason: str) -> RunStatus:
     return status
 
 
-def fail(status: RunStatus, reason: str, failure: bool = True, now: Optional[float] = None) -> RunStatus:
+def fail(status: RunStatus, reason: str, failure: bool = True, now: float | None = None) -> RunStatus:
     """The controller's verdict that the attempt failed (provisioning failed; hosts that never reported)."""
     _move(status, "fail", ACTIVE, RunState.FAILED, reason)
     status.failures += 1 if failure else 0
@@ -251,7 +251,7 @@ def fail(status: RunStatus, reason: str, failure: bool = True, now: Optional[flo
     return status
 
 
-def give_up(status: RunStatus, reason: str, now: Optional[float] = None) -> RunStatus:
+def give_up(status: RunStatus, reason: str, now: float | None = None) -> RunStatus:
     """Instead of a new attempt: MAX_QUICK_LOSSES attempts in a row were lost soon after their start (failed for
     good; not a failure of the command, so max_restarts is not what ended it)."""
     _move(status, "give up", ACTIVE | {RunState.LOST}, RunState.FAILED, reason)
@@ -260,28 +260,28 @@ def give_up(status: RunStatus, reason: str, now: Optional[float] = None) -> RunS
     return status
 
 
-def lose(status: RunStatus, reason: str, now: Optional[float] = None) -> RunStatus:
+def lose(status: RunStatus, reason: str, now: float | None = None) -> RunStatus:
     """Its host vanished or went silent: the attempt is over; a new one resumes the run."""
     _move(status, "lose", ACTIVE, RunState.LOST, reason)
     status.finished_at = time.time() if now is None else now
     return status
 
 
-def prune(status: RunStatus, reason: str, pruned: Dict[str, Any], now: Optional[float] = None) -> RunStatus:
+def prune(status: RunStatus, reason: str, pruned: dict[str, Any], now: float | None = None) -> RunStatus:
     _move(status, "prune", _LIVE, RunState.PRUNED, reason)
     status.pruned = pruned
     status.finished_at = time.time() if now is None else now
     return status
 
 
-def cancel(status: RunStatus, reason: str, now: Optional[float] = None) -> RunStatus:
+def cancel(status: RunStatus, reason: str, now: float | None = None) -> RunStatus:
     """For good: `orch cancel` (whatever the run did), or a budget reached before it started."""
     _move(status, "cancel", _ANY - {RunState.CANCELLED}, RunState.CANCELLED, reason)
     status.finished_at = time.time() if now is None else now
     return status
 
 
-def stop(status: RunStatus, reason: str, now: Optional[float] = None) -> RunStatus:
+def stop(status: RunStatus, reason: str, now: float | None = None) -> RunStatus:
     """`orch down` on a claim: resumable by the next launch."""
     _move(status, "stop", ACTIVE, RunState.STOPPED, reason)
     status.finished_at = time.time() if now is None else now
@@ -291,7 +291,7 @@ def stop(status: RunStatus, reason: str, now: Optional[float] = None) -> RunStat
 # --- the agent's transitions ---------------------------------------------------------------------
 
 
-def start(status: RunStatus, attempt: int, host: str, reason: str, now: Optional[float] = None) -> RunStatus:
+def start(status: RunStatus, attempt: int, host: str, reason: str, now: float | None = None) -> RunStatus:
     """The agent's first report on its host: alive, restoring (before any slow work)."""
     _move(status, "start", _LIVE, RunState.STARTING, reason)
     status.attempt, status.host, status.no_shows = attempt, host, 0
@@ -299,7 +299,7 @@ def start(status: RunStatus, attempt: int, host: str, reason: str, now: Optional
     return status
 
 
-def run(status: RunStatus, attempt: int, host: str, now: Optional[float] = None) -> RunStatus:
+def run(status: RunStatus, attempt: int, host: str, now: float | None = None) -> RunStatus:
     """The command starts: the attempt's clock starts over, nothing of an earlier ending stays."""
     _move(status, "run", frozenset({RunState.STARTING}), RunState.RUNNING, "")
     now = time.time() if now is None else now
@@ -309,7 +309,7 @@ def run(status: RunStatus, attempt: int, host: str, now: Optional[float] = None)
     return status
 
 
-def interrupt(status: RunStatus, reason: str, now: Optional[float] = None) -> RunStatus:
+def interrupt(status: RunStatus, reason: str, now: float | None = None) -> RunStatus:
     """A spot notice handled: the checkpoint is in the store; the command is being stopped."""
     _move(status, "interrupt", ACTIVE, RunState.INTERRUPTED, reason)
     status.heartbeat = time.time() if now is None else now
@@ -317,7 +317,7 @@ def interrupt(status: RunStatus, reason: str, now: Optional[float] = None) -> Ru
 
 
 def finish(
-    status: RunStatus, ending: Ending, exit_code: Optional[int], log_tail: str, now: Optional[float] = None
+    status: RunStatus, ending: Ending, exit_code: int | None, log_tail: str, now: float | None = None
 ) -> RunStatus:
     """How the attempt ended, as its agent saw it (an interrupted attempt keeps the notice's words)."""
     reason = ending.reason or (status.reason if ending.state == RunState.INTERRUPTED else "")

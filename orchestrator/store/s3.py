@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
 
 from orchestrator.errors import OrchError
 from orchestrator.store.base import HashCache, Select, SyncResult, files_under, sha256_file
@@ -44,7 +44,7 @@ class S3Store:
         self.hashes = HashCache()
         # {prefix: the index this store last wrote there}: a run folder has one writer (its attempt's agent), so
         # once it has written an index it knows what the store holds without a GET per sync
-        self._written: Dict[str, dict] = {}
+        self._written: dict[str, dict] = {}
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
@@ -77,10 +77,10 @@ class S3Store:
         digest = hashlib.sha256(data).hexdigest()
         self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, Metadata={"sha256": digest})
 
-    def get_bytes(self, key: str) -> Optional[bytes]:
+    def get_bytes(self, key: str) -> bytes | None:
         return self.get_versioned(key)[0]
 
-    def get_versioned(self, key: str) -> Tuple[Optional[bytes], Optional[str]]:
+    def get_versioned(self, key: str) -> tuple[bytes | None, str | None]:
         from botocore.exceptions import ClientError
 
         for again in (True, False):
@@ -107,7 +107,7 @@ class S3Store:
                 # it is listed now: written between the GET and the LIST (another node's notice, say); read it
         return None, None
 
-    def put_if(self, key: str, data: bytes, version: Optional[str]) -> Optional[str]:
+    def put_if(self, key: str, data: bytes, version: str | None) -> str | None:
         """S3 conditional writes: If-Match the ETag read, or If-None-Match * for a new key; the new ETag, or None."""
         from botocore.exceptions import ClientError
 
@@ -137,7 +137,7 @@ class S3Store:
         answer = self.client.list_objects_v2(Bucket=self.bucket, Prefix=full, MaxKeys=1)
         return any(o["Key"] == full for o in answer.get("Contents", []))
 
-    def list(self, prefix: str) -> List[str]:
+    def list(self, prefix: str) -> builtins.list[str]:
         base = self._key(prefix).rstrip("/") + "/"
         out = []
         for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
@@ -167,8 +167,8 @@ class S3Store:
         self,
         local_dir: Path,
         prefix: str,
-        prune: Optional[Select] = None,
-        there: Optional[Dict[str, int]] = None,
+        prune: Select | None = None,
+        there: dict[str, int] | None = None,
         indexed: bool = True,
     ) -> SyncResult:
         """`there` ({key under prefix: size}, from a listing): index entries it contradicts (an object deleted
@@ -201,7 +201,7 @@ class S3Store:
                 sizes = list(
                     pool.map(lambda t: (self._upload(t[0], f"{prefix}/{t[1]}", t[2]), t[0].stat().st_size)[1], todo)
                 )
-            for (path, rel, digest), size in zip(todo, sizes):
+            for (_path, rel, digest), size in zip(todo, sizes):
                 index[rel] = {"size": size, "sha256": digest}
             result.copied, result.bytes = len(todo), sum(sizes)
         for i in range(0, len(gone), 1000):  # what the command deleted (old checkpoints) goes from the store too
@@ -218,7 +218,7 @@ class S3Store:
         return result
 
     def sync_down(
-        self, prefix: str, local_dir: Path, only: Optional[Select] = None, stale_ok: Optional[Select] = None
+        self, prefix: str, local_dir: Path, only: Select | None = None, stale_ok: Select | None = None
     ) -> SyncResult:
 
         local_dir = Path(local_dir)

@@ -14,8 +14,9 @@ A record that cannot be read (truncated, wrong types) is reported as `corrupt`, 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, fields
-from typing import Any, Callable, Optional, Set, Tuple
+from typing import Any
 
 from orchestrator.store import layout
 from orchestrator.store.base import Store, json_bytes, put_json
@@ -36,7 +37,7 @@ PRUNED, CORRUPT = RunState.PRUNED, RunState.CORRUPT
 STATES = RECORDED
 
 
-def recorded_runs(store: Store, sweep: str) -> Set[str]:
+def recorded_runs(store: Store, sweep: str) -> set[str]:
     """The runs that have a record, from one listing of the sweep's records folder (one LIST per 1,000 keys)."""
     return layout.recorded(sweep, store.list(records_prefix(sweep, "")))
 
@@ -66,7 +67,7 @@ def read_status(store: Store, sweep: str, run_id: str) -> RunStatus:
     return read_versioned(store, sweep, run_id)[0]
 
 
-def read_versioned(store: Store, sweep: str, run_id: str) -> Tuple[RunStatus, Optional[str]]:
+def read_versioned(store: Store, sweep: str, run_id: str) -> tuple[RunStatus, str | None]:
     """The record and the version it was read at (for write_if)."""
     data, version = store.get_versioned(status_key(sweep, run_id))
     if data is None:
@@ -97,15 +98,15 @@ def _problem(record: Any) -> str:
     return ""
 
 
-def write_if(store: Store, sweep: str, status: RunStatus, version: Optional[str]) -> Optional[str]:
+def write_if(store: Store, sweep: str, status: RunStatus, version: str | None) -> str | None:
     """Write the record only if it is still as it was read (at `version`): the new version, or None
     (nothing written) when someone wrote since."""
     return store.put_if(status_key(sweep, status.run_id), json_bytes(asdict(status)), version)
 
 
 def update_status(
-    store: Store, sweep: str, run_id: str, change: Callable[[RunStatus], Optional[RunStatus]], tries: int = 20
-) -> Optional[RunStatus]:
+    store: Store, sweep: str, run_id: str, change: Callable[[RunStatus], RunStatus | None], tries: int = 20
+) -> RunStatus | None:
     """Read, change, write conditionally; on a conflicting write read again and re-apply the change.
 
     `change` gets the current record and returns the record to write, or None to write nothing

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, List, Optional, Tuple
+from typing import Any
 
 from orchestrator.contract import bucket_problem, default_mode, session_name
 from orchestrator.sweep.search import problems as search_problems
@@ -22,7 +22,7 @@ from orchestrator.sweep.spec import (
     seeds_of,
 )
 
-Problems = List[Tuple[Tuple[Any, ...], str]]
+Problems = list[tuple[tuple[Any, ...], str]]
 
 
 def check(spec: SweepSpec, base: Path) -> Problems:
@@ -45,7 +45,7 @@ def _key_problems(spec: SweepSpec) -> Problems:
     for section, keys in ((("params",), spec.params), (("grid",), spec.grid), (("search", "space"), space_keys(spec))):
         for key in keys:
             if not KEY_RE.match(key) and section != ("search", "space"):  # (search.py says it for the space)
-                out.append(((*section, key), "not a valid name; use letters, digits and '_' (it becomes {%s})" % key))
+                out.append(((*section, key), f"not a valid name; use letters, digits and '_' (it becomes {{{key}}})"))
             if key in BUILTINS:
                 out.append(
                     (
@@ -197,7 +197,7 @@ def _backend_problems(spec: SweepSpec) -> Problems:
     return out
 
 
-def _bucket_of(url: str) -> Optional[str]:
+def _bucket_of(url: str) -> str | None:
     """Why the bucket of an s3:// URL cannot be one (S3's naming rules), or None."""
     return bucket_problem(url[len("s3://") :].split("/", 1)[0])
 
@@ -237,8 +237,8 @@ def _values(spec: SweepSpec, run) -> str:
     return ", ".join(f"{k}: {json.dumps(run.params[k])}" for k in spec.grid) or "no grid"
 
 
-def _prune_problems(spec: SweepSpec) -> List[Tuple[Tuple[Any, ...], str]]:
-    out: List[Tuple[Tuple[Any, ...], str]] = []
+def _prune_problems(spec: SweepSpec) -> list[tuple[tuple[Any, ...], str]]:
+    out: list[tuple[tuple[Any, ...], str]] = []
     if spec.target is not None and spec.target.mode is None and default_mode(spec.target.metric) is None:
         out.append(
             (

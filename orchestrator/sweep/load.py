@@ -6,7 +6,7 @@ Every error names file:line, the field and a fix, and is raised before anything 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, Union
+from typing import Any
 
 import yaml
 from pydantic import ValidationError
@@ -18,7 +18,7 @@ from orchestrator.sweep.spec import Sweep, SweepSpec, expand, host_python, resol
 from orchestrator.sweep.yaml_errors import Loader, dotted, format_errors, line_of
 
 
-def load_sweep(path: Union[str, Path], backends: Backends) -> Sweep:
+def load_sweep(path: str | Path, backends: Backends) -> Sweep:
     """Read, validate and expand a sweep file; raise SpecError naming file:line, field and fix.
 
     `backends`: the known ones (backends/registry.py passes them; this layer names none)."""
@@ -63,7 +63,7 @@ def load_sweep(path: Union[str, Path], backends: Backends) -> Sweep:
     return Sweep(spec=spec, path=path.resolve(), store_url=store_url, runs=runs)
 
 
-def sweep_from_record(record: Dict[str, Any], path: str, backends: Backends) -> Sweep:
+def sweep_from_record(record: dict[str, Any], path: str, backends: Backends) -> Sweep:
     """Rebuild a Sweep from the resolved spec kept in the store's sweep.json.
 
     Records are written with sorted keys, so the grid's order (which orders every run id's parts)

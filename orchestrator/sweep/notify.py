@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 from enum import Enum
-from typing import List, Optional
 
 from pydantic import Field, model_validator
 
@@ -57,25 +56,25 @@ def redacted(url: str) -> str:
 class NotifySink(Strict):
     """One place notifications go: an Apprise URL, or the environment variable that holds one."""
 
-    url: Optional[str] = Field(
+    url: str | None = Field(
         None,
         min_length=1,
         description="An Apprise URL, e.g. json://hooks.example.com/orch, mailto://user:pass@example.com, "
         "slack://TokenA/TokenB/TokenC/#channel. Shown redacted; never written to the store.",
     )
-    url_env: Optional[str] = Field(
+    url_env: str | None = Field(
         None,
         min_length=1,
         description="The name of an environment variable that holds the URL (read where the controller starts).",
     )
-    events: List[Event] = Field(
+    events: list[Event] = Field(
         default_factory=lambda: list(DEFAULT_EVENTS),
         min_length=1,
         description=f"Which events this sink gets, of {', '.join(CHOOSABLE)} (default: all but interrupted).",
     )
 
     @model_validator(mode="after")
-    def _one_source(self) -> "NotifySink":
+    def _one_source(self) -> NotifySink:
         if (self.url is None) == (self.url_env is None):
             raise ValueError("give exactly one of `url:` (an Apprise URL) or `url_env:` (a variable that holds one)")
         if self.url_env is not None and not KEY_RE.match(self.url_env):
@@ -86,7 +85,7 @@ class NotifySink(Strict):
             raise ValueError("`test` is sent by `orch notify test` only; choose from " + ", ".join(CHOOSABLE))
         return self
 
-    def resolve(self, env: Optional[dict] = None) -> str:
+    def resolve(self, env: dict | None = None) -> str:
         """The URL itself: from the file, or from the variable (this process's environment by default)."""
         if self.url is not None:
             return self.url

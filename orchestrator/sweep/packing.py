@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional
 
 SLOTS_TAG = "orch:slots"  # slots of a packed instance
 SLOT_TAG = "orch:slot:"  # + k: "<run>#<attempt>" while that run holds slot k
@@ -25,17 +24,17 @@ class PackChoice:
     instance_type: str
     slots: int  # runs one instance holds
     instances: int  # instances max_parallel runs need
-    usd_per_h: Optional[float]  # for those instances together (the type's cheapest spot price), None when unknown
+    usd_per_h: float | None  # for those instances together (the type's cheapest spot price), None when unknown
 
 
-def packs(resources, gpus_of_type: Dict[str, int]) -> bool:
+def packs(resources, gpus_of_type: dict[str, int]) -> bool:
     gpus = resources.gpus if resources else None
     return bool(resources and resources.nodes == 1 and gpus and any(n >= 2 * gpus for n in gpus_of_type.values()))
 
 
 def rank(
-    types: List[str], gpus_of_type: Dict[str, int], price_of_type: Dict[str, Optional[float]], gpus: int, parallel: int
-) -> List[PackChoice]:
+    types: list[str], gpus_of_type: dict[str, int], price_of_type: dict[str, float | None], gpus: int, parallel: int
+) -> list[PackChoice]:
     """The listed types that can hold a run, best home first: least money per hour for `parallel`
     runs, then fewest instances, then the order the sweep lists them in."""
     out = []
@@ -56,7 +55,7 @@ def visible_devices(slot: int, gpus: int) -> str:
     return ",".join(str(slot * gpus + i) for i in range(gpus))
 
 
-def describe(choices: List[PackChoice], gpus: int, parallel: int) -> List[str]:
+def describe(choices: list[PackChoice], gpus: int, parallel: int) -> list[str]:
     """The packing plan in words, for --dry-run."""
     if not choices:
         return []

@@ -13,7 +13,7 @@ this orch reads them nowhere, so such a sweep cannot be continued (it would run 
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -28,7 +28,7 @@ FREE = ("description", "max_parallel", "max_runs")
 REPORT_ONLY = ("target",)
 
 
-def schema_of(record: Dict[str, Any]) -> int:
+def schema_of(record: dict[str, Any]) -> int:
     """The record's schema; a record without one is 1, or 0 when it predates `max_runs` (the same commit that moved
     run records under `.orch/`)."""
     if "schema" in record:
@@ -37,7 +37,7 @@ def schema_of(record: Dict[str, Any]) -> int:
     return 1 if "max_runs" in (record.get("spec") or {}) else 0
 
 
-def check_schema(record: Dict[str, Any], where: str, continuing: bool = True) -> None:
+def check_schema(record: dict[str, Any], where: str, continuing: bool = True) -> None:
     """Refuse a record this orch cannot read: one from a newer orch; and, to continue it, one from before run records
     moved (reading it by name, for `orch status` or `orch down`, is harmless)."""
     schema = schema_of(record)
@@ -57,7 +57,7 @@ def check_schema(record: Dict[str, Any], where: str, continuing: bool = True) ->
         )
 
 
-def new_record(sweep: Sweep, launched_at: float) -> Dict[str, Any]:
+def new_record(sweep: Sweep, launched_at: float) -> dict[str, Any]:
     return {
         "schema": SWEEP_SCHEMA,
         "spec": sweep.resolved(),
@@ -66,7 +66,7 @@ def new_record(sweep: Sweep, launched_at: float) -> Dict[str, Any]:
     }
 
 
-def as_today(spec: Dict[str, Any], backends: Backends) -> Dict[str, Any]:
+def as_today(spec: dict[str, Any], backends: Backends) -> dict[str, Any]:
     """A recorded spec as this orch would record it: each field it lacks at its default, at every level.
     A record that no longer validates is compared as it is (a change of it is then named, as before)."""
     try:
@@ -77,7 +77,7 @@ def as_today(spec: Dict[str, Any], backends: Backends) -> Dict[str, Any]:
     return {**spec, **model.recorded()}
 
 
-def changes(record: Dict[str, Any], sweep: Sweep) -> List[str]:
+def changes(record: dict[str, Any], sweep: Sweep) -> list[str]:
     """The fields of `sweep` that differ from its record in a way that changes what the runs get."""
     before, after = as_today(record.get("spec") or {}, sweep.spec.backends()), sweep.resolved()
     pruned = before.get("prune") is not None or after.get("prune") is not None
@@ -91,7 +91,7 @@ def changes(record: Dict[str, Any], sweep: Sweep) -> List[str]:
     )
 
 
-def updated(record: Dict[str, Any], sweep: Sweep) -> Optional[Dict[str, Any]]:
+def updated(record: dict[str, Any], sweep: Sweep) -> dict[str, Any] | None:
     """The record with the free and report-only fields as the file now says, or None when they are as recorded."""
     after = sweep.resolved()
     spec = record.get("spec") or {}

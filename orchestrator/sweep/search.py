@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Dict, List, Literal, Optional, Tuple, Union
+from typing import Any, Literal, Union
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr, model_validator
 
 from orchestrator.contract import default_mode
 from orchestrator.sweep.spec_types import KEY_RE, Amount, Count, Strict
 
-Choice = Union[StrictBool, StrictInt, Amount, StrictStr]
+Choice = Union[StrictBool, StrictInt, Amount, StrictStr]  # noqa: UP007 (a runtime alias of Annotated types)
 TRIAL = "trial"  # the run id's key: trial=N
 SEED_MAX = 2**32 - 1  # the samplers seed numpy's RandomState: 0 .. 2**32 - 1
 INT_BOUND = 2**53
@@ -27,16 +27,16 @@ INT_BOUND = 2**53
 class Dimension(Strict):
     """One axis of the space: a range (`low`, `high`, `log`, `int`) or a list of `choices`."""
 
-    low: Optional[Amount] = Field(None, description="Lower bound (inclusive).")
-    high: Optional[Amount] = Field(None, description="Upper bound (inclusive).")
+    low: Amount | None = Field(None, description="Lower bound (inclusive).")
+    high: Amount | None = Field(None, description="Upper bound (inclusive).")
     log: StrictBool = Field(False, description="Sample on a log scale (low > 0).")
     int_: StrictBool = Field(False, alias="int", description="Whole numbers only (bounds must be whole).")
-    choices: Optional[List[Choice]] = Field(None, description="Categorical: one of these values.")
+    choices: list[Choice] | None = Field(None, description="Categorical: one of these values.")
 
     model_config = {"extra": "forbid", "populate_by_name": True}
 
     @model_validator(mode="after")
-    def _shape(self) -> "Dimension":
+    def _shape(self) -> Dimension:
         ranged = self.low is not None or self.high is not None
         if self.choices is not None and (ranged or self.log or self.int_):
             raise ValueError("give either `choices:` or `low:`/`high:` (with `log:`/`int:`), not both")
@@ -85,31 +85,31 @@ class SearchSection(Strict):
     sampler: Literal["tpe", "random"] = Field("tpe", description="tpe (default) or random.")
     trials: Count = Field(..., ge=1, description="Trials in all.")
     seed: StrictInt = Field(0, description="The sampler's seed: the same seed gives the same random trials.")
-    metric: Optional[str] = Field(None, min_length=1, description="What the sampler optimizes (default: target's).")
-    mode: Optional[Literal["max", "min"]] = Field(None, description="max or min (default as for target:/prune:).")
+    metric: str | None = Field(None, min_length=1, description="What the sampler optimizes (default: target's).")
+    mode: Literal["max", "min"] | None = Field(None, description="max or min (default as for target:/prune:).")
     value: Literal["last", "best"] = Field(
         "last", description="last: the metric on the run's last line that has it; best: its best over the run."
     )
-    space: Dict[str, Dimension] = Field(..., description="The params the sampler chooses, each a Dimension.")
+    space: dict[str, Dimension] = Field(..., description="The params the sampler chooses, each a Dimension.")
 
 
 def _num(value: float) -> str:
     return f"{value:g}"
 
 
-def resolved_metric(spec) -> Tuple[Optional[str], str]:
+def resolved_metric(spec) -> tuple[str | None, str]:
     """(metric, mode) the sampler optimizes: search's own, else target's, else prune's; mode likewise (a sweep
     whose mode cannot be told was refused at load: see problems)."""
     metric = _metric(spec)
     return metric, _mode(spec, metric) or "max"
 
 
-def _metric(spec) -> Optional[str]:
+def _metric(spec) -> str | None:
     s = spec.search
     return s.metric or (spec.target.metric if spec.target else None) or (spec.prune.metric if spec.prune else None)
 
 
-def _mode(spec, metric: Optional[str]) -> Optional[str]:
+def _mode(spec, metric: str | None) -> str | None:
     """The search's mode as the sweep says it (search's, target's or prune's on the same metric, or the metric's
     name); None when nothing says it."""
     if metric is None:
@@ -122,13 +122,13 @@ def _mode(spec, metric: Optional[str]) -> Optional[str]:
     return mode or default_mode(metric)
 
 
-def _prune_metric(spec) -> Optional[str]:
+def _prune_metric(spec) -> str | None:
     if spec.prune is None:
         return None
     return spec.prune.metric or (spec.target.metric if spec.target else None)
 
 
-def _mode_problems(spec) -> List[Tuple[Tuple[Any, ...], str]]:
+def _mode_problems(spec) -> list[tuple[tuple[Any, ...], str]]:
     """A mode nothing says (orch does not guess, as for target: and prune:), or one that contradicts target's or
     prune's on the same metric (runs would be pruned, or stopped, for what the search calls worse)."""
     metric = _metric(spec)
@@ -137,7 +137,7 @@ def _mode_problems(spec) -> List[Tuple[Tuple[Any, ...], str]]:
     mode = _mode(spec, metric)
     if mode is None:
         return [(("search", "mode"), f"say `mode: max` or `mode: min`: '{metric}' ends neither in acc nor in loss")]
-    out: List[Tuple[Tuple[Any, ...], str]] = []
+    out: list[tuple[tuple[Any, ...], str]] = []
     t = spec.target
     if t is not None and t.metric == metric and t.resolved_mode() != mode:
         out.append(
@@ -161,10 +161,10 @@ def _mode_problems(spec) -> List[Tuple[Tuple[Any, ...], str]]:
     return out
 
 
-def problems(spec) -> List[Tuple[Tuple[Any, ...], str]]:
+def problems(spec) -> list[tuple[tuple[Any, ...], str]]:
     """Cross-field rules of `search:` (see checks.py for the format of a problem)."""
     s = spec.search
-    out: List[Tuple[Tuple[Any, ...], str]] = []
+    out: list[tuple[tuple[Any, ...], str]] = []
     if spec.grid:
         out.append(
             (
@@ -183,7 +183,7 @@ def problems(spec) -> List[Tuple[Tuple[Any, ...], str]]:
             out.append((("search", "space", name), f"'{name}' is also in params; keep it in one of the two"))
         if not KEY_RE.match(name):
             out.append(
-                (("search", "space", name), "not a valid name; use letters, digits and '_' (it becomes {%s})" % name)
+                (("search", "space", name), f"not a valid name; use letters, digits and '_' (it becomes {{{name}}})")
             )
         if name == TRIAL:
             out.append((("search", "space", name), "'trial' is reserved by orch (it numbers the trials); rename it"))
@@ -204,16 +204,16 @@ def problems(spec) -> List[Tuple[Tuple[Any, ...], str]]:
     return out + _mode_problems(spec)
 
 
-def trial_id(number: int, seed: Optional[int]) -> str:
+def trial_id(number: int, seed: int | None) -> str:
     return f"{TRIAL}={number}" + (f",seed={seed}" if seed is not None else "")
 
 
-def trial_of(run_id: str) -> Optional[int]:
+def trial_of(run_id: str) -> int | None:
     """The trial number a run id names (`trial=3` or `trial=3,seed=1`), or None."""
     head = run_id.split(",", 1)[0]
     key, _, number = head.partition("=")
     return int(number) if key == TRIAL and number.isdigit() else None
 
 
-def space_keys(spec) -> List[str]:
+def space_keys(spec) -> list[str]:
     return list(spec.search.space) if spec.search is not None else []

@@ -11,14 +11,15 @@ A spec validated without backends knows none: it refuses every `backend:` and ev
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Type
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticCustomError
 
-Problems = List[Tuple[Tuple[Any, ...], str]]
+Problems = list[tuple[tuple[Any, ...], str]]
 CONTEXT_KEY = "backends"
 
 
@@ -26,7 +27,7 @@ def _no_problems(spec: Any, base: Path) -> Problems:
     return []
 
 
-def _no_python(spec: Any) -> Optional[str]:
+def _no_python(spec: Any) -> str | None:
     return None
 
 
@@ -35,16 +36,16 @@ class BackendSchema:
     """A backend as the sweep layer sees it: its name, its section of sweep.yaml and its checks."""
 
     name: str  # `backend: NAME`; also the key of its section
-    settings: Type[BaseModel]  # the model of its section; absent, the section is its defaults (None if it has none)
+    settings: type[BaseModel]  # the model of its section; absent, the section is its defaults (None if it has none)
     # cross-field rules of a sweep on this backend (location, message with fix); `base`: the sweep file's folder
     checks: Callable[[Any, Path], Problems] = _no_problems
-    python: Callable[[Any], Optional[str]] = _no_python  # the interpreter `{python}` means on its hosts (None: ours)
+    python: Callable[[Any], str | None] = _no_python  # the interpreter `{python}` means on its hosts (None: ours)
     counts_dollars: bool = False  # it keeps a cost ledger: `budget_usd:` is allowed
-    unrecorded: Tuple[
+    unrecorded: tuple[
         str, ...
     ] = ()  # fields of its section that are no part of what the runs do (a relaunch may change)
 
-    def default(self) -> Optional[BaseModel]:
+    def default(self) -> BaseModel | None:
         """The section when the file leaves it out: its defaults, or None when it has a required field."""
         try:
             return self.settings()
@@ -59,10 +60,10 @@ def backends_of(context: Any) -> Backends:
     return (context or {}).get(CONTEXT_KEY) or {}
 
 
-def section_errors(data: Dict[str, Any], known: Backends, context: Any) -> Tuple[Dict[str, Any], List[dict]]:
+def section_errors(data: dict[str, Any], known: Backends, context: Any) -> tuple[dict[str, Any], list[dict]]:
     """Each known backend's section validated (or defaulted), and the errors, located under the section's name."""
-    sections: Dict[str, Any] = {}
-    errors: List[dict] = []
+    sections: dict[str, Any] = {}
+    errors: list[dict] = []
     for name, schema in known.items():
         if data.get(name) is None:  # left out, or `aws: null` (a record of a sweep on another backend)
             sections[name] = schema.default()
@@ -74,10 +75,10 @@ def section_errors(data: Dict[str, Any], known: Backends, context: Any) -> Tuple
     return sections, errors
 
 
-def raise_errors(title: str, errors: List[dict]) -> None:
+def raise_errors(title: str, errors: list[dict]) -> None:
     """One ValidationError of errors gathered from several models, each kept as it was (type, place, message)."""
     if errors:
-        details: List[Any] = [
+        details: list[Any] = [
             {"type": PydanticCustomError(e["type"], e["msg"]), "loc": e["loc"], "input": e.get("input")} for e in errors
         ]
         raise ValidationError.from_exception_data(title, details)

@@ -11,7 +11,7 @@ without GPUs.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any
 
 from orchestrator.contract import AUTO
 
@@ -26,7 +26,7 @@ def torchrun_text(python: str) -> str:
     return TORCHRUN.format(python=python)
 
 
-def shape_env(resources: Any) -> Dict[str, str]:
+def shape_env(resources: Any) -> dict[str, str]:
     """The shape's part of the run contract, as the backend knows it (the agent completes `auto`)."""
     nodes = resources.nodes if resources else 1
     gpus = resources.gpus if resources and resources.gpus is not None else None
@@ -43,7 +43,7 @@ def shape_env(resources: Any) -> Dict[str, str]:
     return env
 
 
-def describe(resources: Any, gpus_of_type: Optional[int] = None) -> str:
+def describe(resources: Any, gpus_of_type: int | None = None) -> str:
     """The shape in words, for --dry-run."""
     env = shape_env(resources)
     gpus = int(env["ORCH_GPUS"]) if env["ORCH_GPUS"] != AUTO else gpus_of_type

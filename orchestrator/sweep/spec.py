@@ -14,7 +14,7 @@ import string
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Literal, Optional, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     ConfigDict,
@@ -27,7 +27,6 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import PydanticCustomError
-from typing_extensions import Annotated
 
 from orchestrator.contract import default_mode, finite
 from orchestrator.sweep.notify import NotifySink
@@ -53,13 +52,13 @@ class ResourcesSection(Strict):
     """The shape of each run (README: Run shapes)."""
 
     nodes: Count = Field(1, ge=1, le=MAX_NODES, description=f"Instances (hosts) per run (at most {MAX_NODES}).")
-    gpus: Optional[Count] = Field(
+    gpus: Count | None = Field(
         None,
         ge=0,
         le=MAX_GPUS,
         description=f"GPUs per node the run uses (default: every GPU of the host; at most {MAX_GPUS}).",
     )
-    procs_per_node: Optional[Count] = Field(
+    procs_per_node: Count | None = Field(
         None,
         ge=1,
         le=MAX_PROCS,
@@ -84,14 +83,14 @@ class TargetSection(Strict):
 
     metric: str = Field(..., min_length=1, description="A key of the run's metrics lines, e.g. test_acc.")
     value: Amount = Field(..., description="The value to reach, e.g. 0.94.")
-    mode: Optional[Literal["max", "min"]] = Field(
+    mode: Literal["max", "min"] | None = Field(
         None, description="max: reached at >= value; min: at <= value. Default: max for *acc, min for *loss."
     )
 
     def resolved_mode(self) -> str:
         return self.mode or default_mode(self.metric) or "max"
 
-    def met(self, line: Dict[str, Any]) -> bool:
+    def met(self, line: dict[str, Any]) -> bool:
         v = finite(line.get(self.metric))
         if v is None:
             return False
@@ -101,16 +100,16 @@ class TargetSection(Strict):
 class PruneSection(Strict):
     """Asynchronous successive halving across the sweep (README: Pruning losing runs)."""
 
-    metric: Optional[str] = Field(
+    metric: str | None = Field(
         None, min_length=1, description="The metric compared at each rung (default: target's metric)."
     )
-    mode: Optional[Literal["max", "min"]] = Field(
+    mode: Literal["max", "min"] | None = Field(
         None, description="max or min (default: from target, or the metric's name)."
     )
     at: str = Field(
         "epoch", min_length=1, description="The metrics key that measures progress (a rung is a value of it)."
     )
-    rungs: List[Annotated[Amount, Field(gt=0)]] = Field(
+    rungs: list[Annotated[Amount, Field(gt=0)]] = Field(
         ..., min_length=1, description="Progress values where runs are compared, increasing (each above 0)."
     )
     keep: Amount = Field(0.34, gt=0, lt=1, description="The fraction of runs kept at each rung (the best ones).")
@@ -127,7 +126,7 @@ class SweepSpec(Strict):
     # Each backend's section (`local:`, `aws:` ...) is no field here: `_backend_sections` validates it with the model
     # its backend declares, which the caller passes in the validation context (sweep/sections.py).
     model_config = ConfigDict(extra="allow")
-    _backends: Dict[str, BackendSchema] = PrivateAttr(default_factory=dict)
+    _backends: dict[str, BackendSchema] = PrivateAttr(default_factory=dict)
 
     backend: str = Field(
         "local", description="Where runs execute: a backend's name (local, aws; docs/backends.md lists them)."
@@ -137,19 +136,19 @@ class SweepSpec(Strict):
         min_length=1,
         description="Shell command of one run; {name} placeholders take params, grid values and builtins.",
     )
-    params: Dict[str, Scalar] = Field(default_factory=dict, description="Fixed values shared by every run.")
-    grid: Dict[str, List[Scalar]] = Field(
+    params: dict[str, Scalar] = Field(default_factory=dict, description="Fixed values shared by every run.")
+    grid: dict[str, list[Scalar]] = Field(
         default_factory=dict, description="Lists of values; the sweep runs their cartesian product."
     )
-    seeds: Union[StrictInt, List[StrictInt]] = Field(
+    seeds: StrictInt | list[StrictInt] = Field(
         1, description="A count N (seeds 0..N-1) or an explicit list of seeds; each point runs once per seed."
     )
     max_parallel: Count = Field(2, ge=1, description="How many runs execute at the same time.")
     max_restarts: Count = Field(1, ge=0, description="Restarts of a run whose command fails (preemptions are free).")
-    timeout_minutes: Optional[Amount] = Field(
+    timeout_minutes: Amount | None = Field(
         None, gt=0, description="A run still going after this is stopped and failed."
     )
-    budget_usd: Optional[Amount] = Field(
+    budget_usd: Amount | None = Field(
         None,
         gt=0,
         description="Backends that count dollars: once the realized cost reaches this, no new run or attempt starts.",
@@ -160,7 +159,7 @@ class SweepSpec(Strict):
             "Where results go: a folder (relative to this file) or s3://bucket/prefix. Default $ORCH_HOME/store."
         ),
     )
-    env: Dict[str, str] = Field(default_factory=dict, description="Extra environment variables for every run.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for every run.")
     max_runs: Count = Field(
         MAX_RUNS,
         ge=1,
@@ -170,22 +169,18 @@ class SweepSpec(Strict):
             f"{MAX_RUNS_CEILING:,}."
         ),
     )
-    data: Optional[List[DataEntry]] = Field(
-        None, description="Data sets staged to each host before the command starts."
-    )
-    resources: Optional[ResourcesSection] = Field(
+    data: list[DataEntry] | None = Field(None, description="Data sets staged to each host before the command starts.")
+    resources: ResourcesSection | None = Field(
         None, description="The shape of each run: nodes, GPUs, processes per node."
     )
-    target: Optional[TargetSection] = Field(
+    target: TargetSection | None = Field(
         None, description="When a run is good enough: collect reports time and dollars to it."
     )
-    prune: Optional[PruneSection] = Field(
-        None, description="Successive halving: stop runs that fall behind at each rung."
-    )
-    search: Optional[SearchSection] = Field(
+    prune: PruneSection | None = Field(None, description="Successive halving: stop runs that fall behind at each rung.")
+    search: SearchSection | None = Field(
         None, description="Random or Bayesian search instead of a grid: trials a sampler proposes."
     )
-    notify: Optional[List[NotifySink]] = Field(
+    notify: list[NotifySink] | None = Field(
         None, description="Where the sweep tells what matters (failed, ended, target, best, budget, …): Apprise URLs."
     )
 
@@ -230,10 +225,10 @@ class SweepSpec(Strict):
         """The backends this spec was validated against."""
         return self._backends
 
-    def recorded(self) -> Dict[str, Any]:
+    def recorded(self) -> dict[str, Any]:
         """The spec as its record keeps it: every field and section, less what its backends leave out (e.g. where the
         controller runs is no part of what the runs do: a relaunch may change it)."""
-        unrecorded: Dict[str, Any] = {
+        unrecorded: dict[str, Any] = {
             n: {f: True for f in b.unrecorded} for n, b in self._backends.items() if b.unrecorded
         }
         unrecorded["notify"] = True  # nor where it tells its user (`notify:` URLs are secrets: never in the store)
@@ -245,7 +240,7 @@ class RunSpec:
     """One run of a sweep, fully resolved."""
 
     run_id: str  # readable and stable: grid values (and seed) joined, e.g. "lr=0.1,seed=0"
-    params: Dict[str, Any]  # params + this point's grid values + seed
+    params: dict[str, Any]  # params + this point's grid values + seed
     command: str  # the shell command with placeholders substituted
 
 
@@ -256,9 +251,9 @@ class Sweep:
     spec: SweepSpec
     path: Path  # the sweep file
     store_url: str  # resolved: absolute folder or s3:// URL
-    runs: List[RunSpec] = field(default_factory=list)
+    runs: list[RunSpec] = field(default_factory=list)
 
-    def resolved(self) -> Dict[str, Any]:
+    def resolved(self) -> dict[str, Any]:
         """What is recorded as sweep.json; a relaunch must match it."""
         data = self.spec.recorded()
         data["store"] = self.store_url
@@ -274,7 +269,7 @@ class Sweep:
 # --- loading ----------------------------------------------------------------------------------
 
 
-def host_python(spec: SweepSpec) -> Optional[str]:
+def host_python(spec: SweepSpec) -> str | None:
     """The interpreter `{python}` means: the one its backend's hosts name (None: this one's)."""
     schema = spec.backends().get(spec.backend)
     return schema.python(spec) if schema else None
@@ -293,11 +288,11 @@ def resolve_store(store: str, base: Path) -> str:
     return str((p if p.is_absolute() else base / p).resolve())
 
 
-def seeds_of(spec: SweepSpec) -> List[int]:
+def seeds_of(spec: SweepSpec) -> list[int]:
     return list(range(spec.seeds)) if isinstance(spec.seeds, int) else list(spec.seeds)
 
 
-def placeholders(command: str) -> List[str]:
+def placeholders(command: str) -> list[str]:
     """Field names used in a command template; raises ValueError on malformed braces."""
     names = []
     for _, name, spec, conversion in string.Formatter().parse(command):
@@ -352,7 +347,7 @@ def _shell_value(value: Any) -> str:
     return str(value)
 
 
-def expand(spec: SweepSpec, python: Optional[str] = None) -> List[RunSpec]:
+def expand(spec: SweepSpec, python: str | None = None) -> list[RunSpec]:
     """grid x seeds -> runs, in a deterministic order with stable, readable ids.
 
     A search's runs are its trials (x seeds); their commands are bound when the sampler has chosen
@@ -379,7 +374,7 @@ def expand(spec: SweepSpec, python: Optional[str] = None) -> List[RunSpec]:
     return runs
 
 
-def command_of(spec: SweepSpec, run_id: str, params: Dict[str, Any], python: Optional[str]) -> str:
+def command_of(spec: SweepSpec, run_id: str, params: dict[str, Any], python: str | None) -> str:
     """The run's shell command: every placeholder filled, every value shell-quoted data."""
     from orchestrator.sweep.shapes import torchrun_text
 
@@ -390,7 +385,7 @@ def command_of(spec: SweepSpec, run_id: str, params: Dict[str, Any], python: Opt
     return spec.command.format(**values)
 
 
-def bind(spec: SweepSpec, run: RunSpec, chosen: Dict[str, Any]) -> RunSpec:
+def bind(spec: SweepSpec, run: RunSpec, chosen: dict[str, Any]) -> RunSpec:
     """A trial's run with the values its sampler chose: params and command."""
     params = {**run.params, **chosen}
     return RunSpec(run_id=run.run_id, params=params, command=command_of(spec, run.run_id, params, host_python(spec)))

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Union
+from typing import Annotated, Any, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
-from typing_extensions import Annotated
 
-Scalar = Union[StrictBool, StrictInt, StrictFloat, StrictStr]
+Scalar = Union[StrictBool, StrictInt, StrictFloat, StrictStr]  # noqa: UP007 (a runtime alias of Annotated types)
 
 
 def _no_bool(value: Any) -> Any:

@@ -8,7 +8,7 @@ the task.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Dict, Optional
+from typing import TYPE_CHECKING
 
 from orchestrator.contract import RunTask, ctl_dir, run_root, session_name
 
@@ -17,12 +17,11 @@ if TYPE_CHECKING:  # the agent imports this module on hosts; keep pydantic out o
 import logging
 import os
 from pathlib import Path
-from typing import List
 
 log = logging.getLogger("orch.agent")
 
 
-def run_env(sweep: "Sweep", run_id: str, attempt: int, run_dir: str, params_json: str) -> Dict[str, str]:
+def run_env(sweep: Sweep, run_id: str, attempt: int, run_dir: str, params_json: str) -> dict[str, str]:
     """The ORCH_* environment of one attempt (README: the run contract), over the sweep's `env:`."""
     from orchestrator.sweep.shapes import shape_env
 
@@ -41,13 +40,13 @@ def run_env(sweep: "Sweep", run_id: str, attempt: int, run_dir: str, params_json
 
 
 def new_task(
-    sweep: "Sweep",
+    sweep: Sweep,
     run_id: str,
     attempt: int,
     command: str,
     params_json: str,
     base: str,
-    env: Optional[Dict[str, str]] = None,
+    env: dict[str, str] | None = None,
     **periods,
 ) -> RunTask:
     """The task of one attempt; `env` is laid under the contract's variables, `periods` are RunTask fields (with
@@ -79,7 +78,7 @@ def new_task(
 
 
 def on_host(
-    task: RunTask, host: str, rank: int = 0, hosts: int = 1, env: Optional[Dict[str, str]] = None, slot: int = -1
+    task: RunTask, host: str, rank: int = 0, hosts: int = 1, env: dict[str, str] | None = None, slot: int = -1
 ) -> RunTask:
     """This attempt's task as one host runs it: node `rank` of the `hosts` it spans, on instance `host`, in `slot`
     of a shared instance; `env` (what the host decided: interpreter, rendezvous, GPUs) over the task's own."""
@@ -87,7 +86,7 @@ def on_host(
     return replace(task, env=env, host=host, node_hosts=hosts, node_rank=rank, slot=slot)
 
 
-def resolve(entries: Optional[list], source_base: Path, to_base: str) -> List[Dict[str, str]]:
+def resolve(entries: list | None, source_base: Path, to_base: str) -> list[dict[str, str]]:
     """`data:` of a spec as the agent needs it: local sources absolute (relative to the sweep file),
     relative `to:` under `to_base` (the host's data folder)."""
     out = []

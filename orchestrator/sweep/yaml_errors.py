@@ -7,7 +7,7 @@ import json
 import math
 import typing
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import yaml
 from pydantic import ValidationError
@@ -17,8 +17,8 @@ class Loader(yaml.SafeLoader):
     """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently)."""
 
 
-def _construct_mapping(loader: Loader, node: yaml.MappingNode, deep: bool = False) -> Dict[Any, Any]:
-    seen: Dict[Any, int] = {}
+def _construct_mapping(loader: Loader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: dict[Any, int] = {}
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
@@ -39,7 +39,7 @@ Loader.add_implicit_resolver(
 )
 
 
-def line_of(root: Optional[yaml.Node], loc: Tuple[Any, ...]) -> int:
+def line_of(root: yaml.Node | None, loc: tuple[Any, ...]) -> int:
     """1-based line of the deepest node along `loc` (a pydantic error location)."""
     node, line = root, 1
     if node is not None:
@@ -59,7 +59,7 @@ def line_of(root: Optional[yaml.Node], loc: Tuple[Any, ...]) -> int:
     return line
 
 
-def dotted(loc: Tuple[Any, ...]) -> str:
+def dotted(loc: tuple[Any, ...]) -> str:
     parts = [str(p) for p in loc if not (isinstance(p, str) and p in _TYPE_TAGS)]
     out = ""
     for p in parts:
@@ -105,7 +105,7 @@ def _model_of(annotation: Any) -> Any:
     return None
 
 
-def _allowed_fields(loc: Tuple[Any, ...], root_model: Any, sections: Optional[Dict[str, Any]] = None) -> str:
+def _allowed_fields(loc: tuple[Any, ...], root_model: Any, sections: dict[str, Any] | None = None) -> str:
     """The fields of the section the location is in (`resources.gpu` -> nodes, gpus, procs_per_node); `sections`:
     the top-level sections validated by models of their own (a backend's, by its name)."""
     sections = sections or {}
@@ -123,11 +123,11 @@ def _allowed_fields(loc: Tuple[Any, ...], root_model: Any, sections: Optional[Di
 
 
 def format_errors(
-    exc: ValidationError, path: Path, root: Optional[yaml.Node], model: Any, sections: Optional[Dict[str, Any]] = None
-) -> List[str]:
+    exc: ValidationError, path: Path, root: yaml.Node | None, model: Any, sections: dict[str, Any] | None = None
+) -> list[str]:
     """One line per field: file:line: field: message. Fix: ...; union alternatives merged. `sections`: top-level
     sections with models of their own (_allowed_fields)."""
-    merged: Dict[Tuple[Any, ...], List[dict]] = {}
+    merged: dict[tuple[Any, ...], list[dict]] = {}
     for err in exc.errors():
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p in _TYPE_TAGS))
         merged.setdefault(loc, []).append(err)

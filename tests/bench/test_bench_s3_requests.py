@@ -24,6 +24,7 @@ Two parts per backend:
 
 from __future__ import annotations
 
+import builtins
 import collections
 import inspect
 import json
@@ -32,7 +33,6 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Dict, List, Optional
 
 import pytest
 
@@ -81,8 +81,8 @@ class Counting:
 
     def __init__(self, app):
         self.app, self.lock = app, threading.Lock()
-        self.ops: Dict[str, int] = collections.Counter()
-        self.keys: Dict[str, int] = collections.Counter()
+        self.ops: dict[str, int] = collections.Counter()
+        self.keys: dict[str, int] = collections.Counter()
 
     def __call__(self, environ, start_response):
         op = operation(environ)
@@ -106,7 +106,7 @@ def what(path: str) -> str:
 
 
 class S3Server:
-    def __enter__(self) -> "S3Server":
+    def __enter__(self) -> S3Server:
         import logging
         import socket
 
@@ -160,7 +160,7 @@ class SimRun:
     """One attempt of one run: orch's Agent, its checks and beats on the simulated clock; the command is a
     line writer."""
 
-    def __init__(self, sim: "Sim", task, offset: float):
+    def __init__(self, sim: Sim, task, offset: float):
         self.sim, self.task, self.rid = sim, task, task.run_id
         agent = self.agent = Agent(task, sim.store)
         agent.ctl.mkdir(parents=True, exist_ok=True)
@@ -183,7 +183,7 @@ class SimRun:
             self.tags = {RUNGS_TAG: str(len(task.rungs)), **{rung_tag(r): "" for r in task.rungs}}
             agent.reporter.rungs_recorded = self.untag
 
-    def untag(self, at_rungs: Dict[str, float]) -> None:
+    def untag(self, at_rungs: dict[str, float]) -> None:
         """The agent's DeleteTags of the rungs its record now has (RungTags.recorded), on the played instance."""
         for rung in at_rungs:
             self.tags.pop(RUNG_TAG + rung, None)
@@ -194,7 +194,7 @@ class SimRun:
         else:
             self.agent.reporter.beat(self.status)
 
-    def tick(self, now: float) -> Optional[str]:
+    def tick(self, now: float) -> str | None:
         """Advance to `now`; 'end' when the command ended (its last record written)."""
         if self.agent.reporter.superseded:
             return "gone"
@@ -223,7 +223,7 @@ class SimRun:
             self.sim.rung_at.setdefault(self.rid, self.sim.passes)
         return None
 
-    def finish(self, ending: Ending, code: Optional[int]) -> None:
+    def finish(self, ending: Ending, code: int | None) -> None:
         """As the agent ends an attempt: the final sync, then the record of how it ended."""
         self.agent._sync_up()
         self.agent.rungs.report(self.status)
@@ -243,12 +243,12 @@ class SimHosts(BackendBase):
 
     name = "sim"
 
-    def __init__(self, sim: "Sim", real):
+    def __init__(self, sim: Sim, real):
         self.sim, self.real = sim, real
         self.poll_s, self.stale_s, self.start_timeout_s = real.poll_s, real.stale_s, real.start_timeout_s
         self.releases_interrupted_host = real.releases_interrupted_host
 
-    def list(self) -> List[Host]:
+    def list(self) -> builtins.list[Host]:
         """The live hosts, with what the real backend sees of their agents without a request (local: the file
         each agent touches, LocalBackend.reported; aws: a `prune:` instance's rung tags, listing.hosts)."""
         seen = getattr(self.real, "reported", lambda rid: {})
@@ -290,7 +290,7 @@ class Sim:
         backend: str,
         name: str,
         runs: int,
-        prune: Optional[int],
+        prune: int | None,
         epochs: int,
         epoch_s: float,
     ):
@@ -302,15 +302,15 @@ class Sim:
         self.runs = runs
         self.store = S3Store(f"s3://{BUCKET}/{backend}", client=server.client)
         self.sweep = make_sweep(tmp, name, backend, runs, prune)
-        self.live: Dict[str, SimRun] = {}
-        self.starts: List[tuple] = []
-        self.stopped: List[tuple] = []
+        self.live: dict[str, SimRun] = {}
+        self.starts: list[tuple] = []
+        self.stopped: list[tuple] = []
         self.passes = 0
-        self.ended: List[tuple] = []  # (passes done, run) when a run's last record reached the store
-        self.final_at: Dict[str, int] = {}  # run -> the pass that saw it final
-        self.restarted_at: Dict[str, int] = {}  # run -> the pass that claimed its attempt 2
-        self.pruned_at: Dict[str, int] = {}  # run -> the pass that pruned it
-        self.rung_at: Dict[str, int] = {}  # run -> passes done when its line at the rung reached the store
+        self.ended: list[tuple] = []  # (passes done, run) when a run's last record reached the store
+        self.final_at: dict[str, int] = {}  # run -> the pass that saw it final
+        self.restarted_at: dict[str, int] = {}  # run -> the pass that claimed its attempt 2
+        self.pruned_at: dict[str, int] = {}  # run -> the pass that pruned it
+        self.rung_at: dict[str, int] = {}  # run -> passes done when its line at the rung reached the store
         real = real_backend(self.sweep)
         self.hosts = SimHosts(self, real)
         self.controller = Controller(self.sweep, self.hosts, self.store, State(tmp / "home"))
@@ -360,7 +360,7 @@ class Sim:
                 self.one_pass()
 
 
-def make_sweep(tmp: Path, name: str, backend: str, runs: int, prune: Optional[int]):
+def make_sweep(tmp: Path, name: str, backend: str, runs: int, prune: int | None):
     path = tmp / f"{name}.yaml"
     text = (
         f"name: {name}\nbackend: {backend}\ncommand: 'true'\ngrid:\n  q: {list(range(runs))}\n"
@@ -385,7 +385,7 @@ def real_backend(sweep):
     return LocalBackend(sweep)
 
 
-def dollars(ops: Dict[str, int], span: float) -> float:
+def dollars(ops: dict[str, int], span: float) -> float:
     return sum(PRICE.get(op, 0.0) * n for op, n in ops.items()) * SECONDS_A_DAY / span
 
 
@@ -417,7 +417,7 @@ def reaction(tmp: Path, server: S3Server, backend: str) -> dict:
     """A prune sweep of RUNS + 4 runs (4 wait in the queue), 5 epochs each: for each end, notice and rung,
     the passes from its record reaching the store to the controller's act (1: the very next pass)."""
     sim = Sim(tmp, server, backend, f"react-{backend}", RUNS + 4, prune=3, epochs=5, epoch_s=REACT_EPOCH_S)
-    noticed: Dict[str, int] = {}
+    noticed: dict[str, int] = {}
 
     def inject(s: Sim, now: float) -> None:
         run = s.live.get("q=23")  # the best run: never pruned
@@ -475,6 +475,6 @@ def test_s3_request_bill_of_twenty_active_runs(tmp_path, monkeypatch, backend):
     assert max(re["end"] + re["notice"] + re["rung"]) == 1, re
 
 
-def summary(values: List[int]) -> str:
+def summary(values: list[int]) -> str:
     values = sorted(values)
     return f"median {values[len(values) // 2]}, max {values[-1]} (of {len(values)})"

@@ -13,11 +13,12 @@ resources, once, and the dry run's plan), Provisioner (provision.py), Packer (pa
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import logging
 import os
 import shlex
 from concurrent.futures import ThreadPoolExecutor
-from typing import List, Optional
 
 from orchestrator import contract
 from orchestrator.aws import ec2 as api
@@ -84,7 +85,7 @@ class AwsBackend(BackendBase):
 
     # --- the Backend interface ------------------------------------------------------------------
 
-    def list(self) -> List[Host]:
+    def list(self) -> builtins.list[Host]:
         if self.state.fatal is not None:
             raise self.state.fatal
         from botocore.exceptions import BotoCoreError, ClientError
@@ -154,10 +155,8 @@ class AwsBackend(BackendBase):
         return Host(run_id=task.run_id, host_id="(acquiring)", address="")
 
     def _dispatch(self, task: RunTask) -> None:
-        try:
-            self.bootstrap()  # decides packing; a failure is reported by the provisioning itself
-        except Exception:
-            pass
+        with contextlib.suppress(Exception):  # a failure is reported by the provisioning itself
+            self.bootstrap()  # decides packing
         (self.packer.provision if self.state.packing else self.provisioner.provision)(task)
 
     def stop(self, run_id: str, reason: StopReason) -> bool:
@@ -214,14 +213,14 @@ class AwsBackend(BackendBase):
         os.execvp(argv[0], argv)
         return 0
 
-    def teardown(self) -> List[str]:
+    def teardown(self) -> builtins.list[str]:
         from orchestrator.aws.teardown import teardown
 
         return teardown(self.ec2, api.client("iam", self.cfg.region), self.name_)
 
-    def drain_outcomes(self) -> List[Outcome]:
+    def drain_outcomes(self) -> builtins.list[Outcome]:
         return self.state.drain()
 
-    def run_of_instance(self, instance_id: str) -> Optional[str]:
+    def run_of_instance(self, instance_id: str) -> str | None:
         inst = listing.instance_of(self.state, instance_id)
         return inst["run"] if inst else None

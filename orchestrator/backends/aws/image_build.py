@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Dict, List
 
 from orchestrator.aws import ec2 as api
 from orchestrator.aws import fleet
@@ -37,8 +37,8 @@ STEP_TIMEOUT_S = 3600.0
 
 
 def build(
-    recipe: Recipe, sha: str, recipe_dir: Path, regions: List[str], force: bool, say: Callable[[str], None]
-) -> Dict[str, str]:
+    recipe: Recipe, sha: str, recipe_dir: Path, regions: list[str], force: bool, say: Callable[[str], None]
+) -> dict[str, str]:
     """Build (or find) the image; returns {region: image id}."""
     cfg = recipe.aws
     ec2 = api.client("ec2", cfg.region)
@@ -65,7 +65,7 @@ def _build_once(ec2, recipe: Recipe, sha: str, recipe_dir: Path, say: Callable[[
 
     cfg = recipe.aws
     name = builder_name(recipe)
-    launched: List[str] = []  # the builder, as soon as it exists: terminated on every way out
+    launched: list[str] = []  # the builder, as soon as it exists: terminated on every way out
     try:
         base, got, host_public = _launch_builder(ec2, recipe, name, launched)
         say(
@@ -94,7 +94,7 @@ def _build_once(ec2, recipe: Recipe, sha: str, recipe_dir: Path, say: Callable[[
         teardown(ec2, api.client("iam", cfg.region), name)
 
 
-def _launch_builder(ec2, recipe: Recipe, name: str, launched: List[str]):
+def _launch_builder(ec2, recipe: Recipe, name: str, launched: list[str]):
     """(base image, the acquired builder, its pinned host key); the builder's id goes into `launched` at once."""
     from orchestrator.aws.userdata import cloud_config
     from orchestrator.remote.ssh import new_host_key, public_key_of

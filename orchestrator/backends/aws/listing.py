@@ -5,8 +5,6 @@ waiting for CreateFleet; and a run's instances found by its id.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
-
 from orchestrator.backends.aws.state import ProvisioningState
 from orchestrator.backends.base import ACQUIRING, Host
 from orchestrator.host.slots import slot_run
@@ -16,11 +14,11 @@ ADOPTED_REPORT_S = 60.0  # the boot allowance's margin for an instance this cont
 
 def hosts(
     state: ProvisioningState,
-    instances: List[dict],
-    pending: Dict[str, int],
-    ready: Dict[str, tuple],
+    instances: list[dict],
+    pending: dict[str, int],
+    ready: dict[str, tuple],
     start_timeout_s: float,
-) -> List[Host]:
+) -> list[Host]:
     """The Hosts of the sweep's listed (pending and running) instances and of the attempts being provisioned
     (`pending` and `ready`: ProvisioningState.in_flight() as of just after the listing)."""
     out = []
@@ -57,8 +55,8 @@ def hosts(
 
 
 def _packed_hosts(
-    state: ProvisioningState, inst: dict, pending: Dict[str, int], ready: Dict[str, tuple], start_timeout_s: float
-) -> List[Host]:
+    state: ProvisioningState, inst: dict, pending: dict[str, int], ready: dict[str, tuple], start_timeout_s: float
+) -> list[Host]:
     """One Host per run on a packed instance (its slot tags)."""
     out = []
     for slot, value in sorted(inst["slots"].items()):
@@ -79,8 +77,8 @@ def _packed_hosts(
 
 
 def _deadline(
-    state: ProvisioningState, inst: dict, attempt: Optional[int], ready: Dict[str, tuple], start_timeout_s: float
-) -> Optional[float]:
+    state: ProvisioningState, inst: dict, attempt: int | None, ready: dict[str, tuple], start_timeout_s: float
+) -> float | None:
     """When the agent on this instance must have reported: counted from when this controller
     started it, or, for an instance it did not provision (a controller restarted after a
     crash), from its launch plus the whole boot allowance."""
@@ -92,7 +90,7 @@ def _deadline(
     return None
 
 
-def instances_of(state: ProvisioningState, run_id: str) -> List[dict]:
+def instances_of(state: ProvisioningState, run_id: str) -> list[dict]:
     """The instances of the run's newest attempt that still live, in node order (or the instance of that id)."""
     found = [
         i
@@ -103,12 +101,12 @@ def instances_of(state: ProvisioningState, run_id: str) -> List[dict]:
     return sorted((i for i in found if newest is None or i["attempt"] == str(newest)), key=lambda i: i["instance_id"])
 
 
-def instance_of(state: ProvisioningState, run_id: str) -> Optional[dict]:
+def instance_of(state: ProvisioningState, run_id: str) -> dict | None:
     """Node 0 of the run's newest attempt (or the instance of that id)."""
     nodes = instances_of(state, run_id)
     return nodes[0] if nodes else None
 
 
-def live_instance(state: ProvisioningState, iid: str) -> Optional[dict]:
+def live_instance(state: ProvisioningState, iid: str) -> dict | None:
     """The instance of that id, when it is pending or running."""
     return next((i for i in state.live() if i["instance_id"] == iid), None)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import shlex
 import time
-from typing import List, Optional, Tuple
 
 from orchestrator import contract
 from orchestrator.aws import ec2 as api
@@ -39,7 +38,7 @@ log = logging.getLogger("orch.aws")
 FRESH_S = 60.0  # how long an instance this controller just acquired counts even before a filtered describe lists it
 
 
-def lives_long_enough(max_minutes: int, timeout_minutes: Optional[int], launched_at: float, now: float) -> bool:
+def lives_long_enough(max_minutes: int, timeout_minutes: int | None, launched_at: float, now: float) -> bool:
     """Every instance powers itself off `aws.max_minutes` after boot. A new run goes only where that leaves it
     its `timeout_minutes` (+5 min to sync), or, without one, at least half of an instance's life."""
     left = launched_at + max_minutes * 60 - now
@@ -57,8 +56,8 @@ class Packer:
     def provision(self, task: RunTask) -> None:
         """Claim a free slot on a live shared instance (or acquire a new one) and start the run's agent there."""
         st = self.state
-        new_ids: List[str] = []
-        claimed: Optional[Tuple[str, int]] = None
+        new_ids: list[str] = []
+        claimed: tuple[str, int] | None = None
         reported = True
         value = slot_value(task.run_id, task.attempt)
         try:
@@ -127,7 +126,7 @@ class Packer:
         finally:
             conn.close()
 
-    def _free_slot(self) -> Optional[Tuple[str, int, str]]:
+    def _free_slot(self) -> tuple[str, int, str] | None:
         """(instance, slot, host key) of a free slot on the fullest live packed instance, or None (under pack_lock)."""
         st = self.state
         live = {i["instance_id"]: i for i in st.live() if i["slot_count"]}
@@ -148,12 +147,12 @@ class Packer:
                 best = (iid, free[0], key, len(taken))
         return best[:3] if best else None
 
-    def _acquire(self, task: RunTask, setup: dict, value: str) -> Tuple[str, int, str]:
+    def _acquire(self, task: RunTask, setup: dict, value: str) -> tuple[str, int, str]:
         """A new instance of the best type that has capacity, with this run in slot 0 (under pack_lock)."""
         st, cfg = self.state, self.state.cfg
         host_private, host_public = new_host_key()
         user_data = cloud_config(host_private, host_public, authorized_keys(cfg.ssh.identity), cfg.max_minutes)
-        last: Optional[Exception] = None
+        last: Exception | None = None
         for choice in st.pack_order:
             pools = [c for c in setup["choices"] if c.instance_type == choice.instance_type]
             tags = api.sweep_tags(st.name, hostkey=host_public) + [
@@ -217,7 +216,7 @@ class Packer:
             self.state.reserved.get(iid, set()).discard(slot)
 
     def free_claim(
-        self, iid: str, slot: int, value: str, reason: StopReason = StopReason.LOST, inst: Optional[dict] = None
+        self, iid: str, slot: int, value: str, reason: StopReason = StopReason.LOST, inst: dict | None = None
     ) -> None:
         """Give a run's slot back from here: stop its session, remove its tag and its claim on the host (best effort).
         `inst`: the instance as just listed, when the caller has it (else it is looked up)."""

@@ -15,7 +15,6 @@ import logging
 import shlex
 import time
 from dataclasses import replace
-from typing import Dict, List, Optional
 
 from orchestrator import contract
 from orchestrator.aws import ec2 as api
@@ -51,7 +50,7 @@ class Provisioner:
     def provision(self, task: RunTask) -> None:
         """Acquire, boot, check and start one attempt on its node(s)."""
         st, cfg = self.state, self.state.cfg
-        ids: List[str] = []
+        ids: list[str] = []
         reported = True
         try:
             if st.fatal is not None:
@@ -116,7 +115,7 @@ class Provisioner:
             if not reported:  # else it stays pending until the controller took the outcome (never looks hostless)
                 st.provisioned(task.run_id)
 
-    def settle(self, task: RunTask, exc: Exception, ids: List[str]) -> None:
+    def settle(self, task: RunTask, exc: Exception, ids: list[str]) -> None:
         """The one answer to every way an attempt's provisioning fails (CreateFleet's outcomes first), for single
         and packed runs alike; `ids`: the instances this attempt acquired (released here)."""
         if isinstance(exc, fleet.CapacityUnavailable):  # no pool now: the run waits for the next pass
@@ -132,7 +131,7 @@ class Provisioner:
             log.error("provisioning %s failed", task.run_id, exc_info=exc)
             self._fail(task, f"provisioning failed: {type(exc).__name__}: {exc}", ids)
 
-    def _quota_reached(self, task: RunTask, exc: OrchError, ids: List[str]) -> None:
+    def _quota_reached(self, task: RunTask, exc: OrchError, ids: list[str]) -> None:
         """The run waits while the sweep's own instances may free the quota; else the sweep stops (nothing of its
         own will ever free it). One shutting down still holds it, and a terminated one goes on counting toward the
         limit for a while (EC2 Developer Guide, "Eventual consistency": InstanceLimitExceeded)."""
@@ -157,7 +156,7 @@ class Provisioner:
                     st.gpus[instance_type] = 0
             return st.gpus.get(instance_type, 0)
 
-    def _with_rung_tags(self, task: RunTask, tags: List[dict]) -> RunTask:
+    def _with_rung_tags(self, task: RunTask, tags: list[dict]) -> RunTask:
         """A `prune:` run alone on its instance signals its rungs by tags (contract.RUNGS_TAG): adds them to `tags`.
         Not on several nodes, nor with `keep_alive` (an instance there outlives its run, so its record is read at
         every pass anyway)."""
@@ -173,7 +172,7 @@ class Provisioner:
         return replace(task, host_parts=[*task.host_parts, contract.RUNG_TAGS])
 
     def start_agents(
-        self, conns: list, task: RunTask, ids: List[str], slot: int = -1, env: Optional[Dict[str, str]] = None
+        self, conns: list, task: RunTask, ids: list[str], slot: int = -1, env: dict[str, str] | None = None
     ) -> None:
         """The bundle on every node, then one agent per node; node 0 is the rendezvous. `slot` and `env`: the
         run's place on a shared instance (packing)."""
@@ -252,7 +251,7 @@ class Provisioner:
             self.state.blocklist.avoid(*prev)
             log.info("avoiding %s in %s for a while: it just reclaimed %s", prev[0], prev[1], instance_id)
 
-    def _release_acquired(self, ids: List[str]) -> str:
+    def _release_acquired(self, ids: list[str]) -> str:
         """Terminate instances this attempt will not use; say so when even that failed."""
         if not ids:
             return ""
@@ -263,10 +262,10 @@ class Provisioner:
             log.error("could not terminate %s: %s", ", ".join(ids), exc)
             return f" (could not terminate {', '.join(ids)}: {exc}; `orch down {self.state.name}` removes them)"
 
-    def _requeue(self, task: RunTask, reason: str, ids: Optional[List[str]] = None) -> None:
+    def _requeue(self, task: RunTask, reason: str, ids: list[str] | None = None) -> None:
         """No host for this attempt (no capacity, or the sweep must stop): the run waits as it was before the claim."""
         self.state.outcomes.put(Outcome(task.run_id, task.attempt, QUEUED, reason + self._release_acquired(ids or [])))
 
-    def _fail(self, task: RunTask, reason: str, ids: List[str]) -> None:
+    def _fail(self, task: RunTask, reason: str, ids: list[str]) -> None:
         log.warning("%s: %s", task.run_id, reason)
         self.state.outcomes.put(Outcome(task.run_id, task.attempt, FAILED, reason + self._release_acquired(ids)))

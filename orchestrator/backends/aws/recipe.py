@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import logging
 from pathlib import Path
-from typing import Dict, List
 
 import yaml
 from pydantic import Field
@@ -25,10 +24,10 @@ class Recipe(Strict):
         ..., pattern=NAME_RE, description="Recipe name; `image: recipe:NAME` in a sweep finds its newest image."
     )
     aws: AwsSection = Field(..., description="Where and from what to build: the same fields as a sweep's `aws:`.")
-    steps: List[str] = Field(
+    steps: list[str] = Field(
         ..., min_length=1, description="Shell commands run in order on the builder (sudo available)."
     )
-    files: Dict[str, str] = Field(
+    files: dict[str, str] = Field(
         default_factory=dict, description="Local file (relative to the recipe) -> path on the builder."
     )
     smoke: str = Field("", description="A command that must exit 0 on the builder before the image is taken.")

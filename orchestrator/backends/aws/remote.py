@@ -23,7 +23,6 @@ import shlex
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Dict
 
 from orchestrator.aws import ec2 as api
 from orchestrator.aws import fleet, iam
@@ -74,10 +73,10 @@ class RemoteSettings:
     deadline: float = 0.0  # epoch seconds: `max_hours` after the launch, the supervisor terminates the instance
     # `notify:` sinks given as `url_env:` — the variables' values as the laptop had them (remote.json is 0600 in a
     # 0700 folder of the controller's instance: the hosts' role cannot read it, and it never goes to the store)
-    notify_env: Dict[str, str] = field(default_factory=dict)
+    notify_env: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def read(cls, path: Path) -> "RemoteSettings":
+    def read(cls, path: Path) -> RemoteSettings:
         raw = json.loads(Path(path).read_text())
         return cls(**{k: v for k, v in raw.items() if k in {f.name for f in fields(cls)}})
 

@@ -6,7 +6,7 @@ the loader; nothing below `backends/` names it.
 
 from __future__ import annotations
 
-from typing import List, Literal, Optional
+from typing import Literal
 
 from pydantic import Field
 
@@ -33,7 +33,7 @@ class ControllerSection(Strict):
     instance_type: str = Field(
         "t3.micro", pattern=r"^[a-z0-9-]+\.[a-z0-9-]+$", description="EC2 type of the controller's instance."
     )
-    image: Optional[str] = Field(
+    image: str | None = Field(
         None,
         min_length=1,
         description=(
@@ -65,7 +65,7 @@ class AwsSection(Strict):
     """Settings of the aws backend (`backend: aws`)."""
 
     region: str = Field("us-east-1", description="AWS region.")
-    instance_types: List[str] = Field(
+    instance_types: list[str] = Field(
         ["g5.xlarge", "g6.xlarge"],
         min_length=1,
         description=(
@@ -73,7 +73,7 @@ class AwsSection(Strict):
             "docs/aws.md)."
         ),
     )
-    subnet_ids: List[str] = Field(
+    subnet_ids: list[str] = Field(
         default_factory=list, description="Subnets to launch into (one per AZ); default: the default VPC's."
     )
     image: str = Field(
@@ -82,11 +82,11 @@ class AwsSection(Strict):
     image_owner: str = Field("amazon", description="Owner of `image` when it is a name pattern.")
     market: Literal["spot", "on-demand", "spot-then-on-demand"] = Field("spot", description="Capacity market.")
     max_minutes: Count = Field(240, ge=5, description="Safety net: every instance powers off (terminates) after this.")
-    security_group: Optional[str] = Field(None, description="Use this security group instead of creating one.")
-    ssh_cidr: Optional[str] = Field(
+    security_group: str | None = Field(None, description="Use this security group instead of creating one.")
+    ssh_cidr: str | None = Field(
         None, description="Who may reach port 22 (default: this machine's public address /32)."
     )
-    instance_profile: Optional[str] = Field(
+    instance_profile: str | None = Field(
         "create",
         description=(
             "'create' (default): a profile limited to this sweep's S3 prefix and to terminating its own instances; or "
@@ -105,7 +105,7 @@ class AwsSection(Strict):
     keep_alive: bool = Field(
         False, description="Keep an instance after its run ends (debugging); `orch down` removes it."
     )
-    idle_minutes: Optional[Amount] = Field(
+    idle_minutes: Amount | None = Field(
         None,
         gt=0,
         description=(

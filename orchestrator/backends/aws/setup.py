@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import logging
-from typing import Dict, List
 
 from orchestrator.aws import ec2 as api
 from orchestrator.aws import fleet, iam
@@ -65,7 +64,7 @@ def _resources(state: ProvisioningState) -> dict:
     return {"template": template, "base": data, "choices": choices, "image": image, "sg": sg}
 
 
-def _plan_packing(state: ProvisioningState, azs: List[str]) -> None:
+def _plan_packing(state: ProvisioningState, azs: list[str]) -> None:
     cfg = state.cfg
     state.gpus.update(api.gpu_counts(state.ec2, cfg.instance_types))
     state.packing = packs(state.sweep.spec.resources, {t: state.gpus.get(t, 0) for t in cfg.instance_types})
@@ -78,7 +77,7 @@ def _parallel(sweep: Sweep) -> int:
     return min(sweep.spec.max_parallel, len(sweep.runs))
 
 
-def pack_order(sweep: Sweep, gpus: Dict[str, int], prices: Dict[tuple, float]) -> list:
+def pack_order(sweep: Sweep, gpus: dict[str, int], prices: dict[tuple, float]) -> list:
     """Homes for packed runs, best first, from GPU counts and spot prices per (type, AZ) (its cheapest AZ)."""
     types = sweep.spec.aws.instance_types
     by_type = {t: min((p for (tt, _), p in prices.items() if tt == t), default=None) for t in types}
@@ -107,7 +106,7 @@ def plan(state: ProvisioningState) -> dict:
     hours = (sweep.spec.timeout_minutes or cfg.max_minutes) / 60
     dearest = max(known) if known else None  # a bound over whichever choice the fleet takes
     instances = len(sweep.runs) * state.nodes  # every node of a run is an instance billed (packing only lowers it)
-    packing: List[str] = []
+    packing: list[str] = []
     if packs(sweep.spec.resources, gpus):
         packing = describe_packing(pack_order(sweep, gpus, prices), sweep.spec.resources.gpus, _parallel(sweep))
     return {

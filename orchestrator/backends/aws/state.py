@@ -11,7 +11,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from orchestrator import contract
 from orchestrator.aws import ec2 as api
@@ -32,32 +32,32 @@ class ProvisioningState:
     ec2: Any  # the sweep's EC2 client (boto3 clients are thread-safe)
     ledger: CostLedger  # what the sweep's instances cost (thread-safe)
     blocklist: fleet.Blocklist = field(default_factory=fleet.Blocklist)  # pools to avoid (one dict item a write)
-    fatal: Optional[OrchError] = None  # set by a provisioning thread (one assignment); the next list() raises it
-    outcomes: "queue.Queue[Outcome]" = field(default_factory=queue.Queue)  # provisioning threads report here
-    groups: Dict[str, str] = field(default_factory=dict)  # AZ -> the sweep's placement group (placement.ensure_group)
+    fatal: OrchError | None = None  # set by a provisioning thread (one assignment); the next list() raises it
+    outcomes: queue.Queue[Outcome] = field(default_factory=queue.Queue)  # provisioning threads report here
+    groups: dict[str, str] = field(default_factory=dict)  # AZ -> the sweep's placement group (placement.ensure_group)
 
     # Guarded by `lock`: the attempts of this controller between start() and their agent's first report.
     lock: threading.Lock = field(default_factory=threading.Lock)
-    pending: Dict[str, int] = field(default_factory=dict)  # run -> attempt being provisioned (no instance listed yet)
-    ready: Dict[str, tuple] = field(default_factory=dict)  # run -> (attempt, when this controller started its agent)
+    pending: dict[str, int] = field(default_factory=dict)  # run -> attempt being provisioned (no instance listed yet)
+    ready: dict[str, tuple] = field(default_factory=dict)  # run -> (attempt, when this controller started its agent)
 
     # Written under `setup_lock`: found once per controller, by the first provisioning thread that needs it.
     setup_lock: threading.Lock = field(default_factory=threading.Lock)
-    setup: Optional[dict] = None  # subnets' choices, image, security group, launch template (setup.bootstrap)
-    bundle: Optional[code_bundle.Bundle] = None  # the code shipped to hosts, built once
-    python: Optional[str] = None  # the instance interpreter, checked on the first host
-    gpus: Dict[str, int] = field(default_factory=dict)  # instance type -> GPUs (GPU-hours in the cost ledger)
+    setup: dict | None = None  # subnets' choices, image, security group, launch template (setup.bootstrap)
+    bundle: code_bundle.Bundle | None = None  # the code shipped to hosts, built once
+    python: str | None = None  # the instance interpreter, checked on the first host
+    gpus: dict[str, int] = field(default_factory=dict)  # instance type -> GPUs (GPU-hours in the cost ledger)
     packing: bool = False  # runs share multi-GPU instances (decided at bootstrap: orchestrator/sweep/packing.py)
     pack_order: list = field(default_factory=list)  # packing.PackChoice, the best home for new shared instances first
 
     # Guarded by `pack_lock`: one placement on a shared instance at a time (pack.py).
     pack_lock: threading.Lock = field(default_factory=threading.Lock)
-    reserved: Dict[str, set] = field(default_factory=dict)  # instance -> slots being claimed here (not tagged yet)
-    fresh: Dict[str, tuple] = field(default_factory=dict)  # instance -> (slots, host key, acquired at), maybe unlisted
+    reserved: dict[str, set] = field(default_factory=dict)  # instance -> slots being claimed here (not tagged yet)
+    fresh: dict[str, tuple] = field(default_factory=dict)  # instance -> (slots, host key, acquired at), maybe unlisted
     dead: set = field(default_factory=set)  # shared instances found terminating
 
     @classmethod
-    def of(cls, sweep: Sweep) -> "ProvisioningState":
+    def of(cls, sweep: Sweep) -> ProvisioningState:
         ec2 = api.client("ec2", sweep.spec.aws.region)
         prices = PriceBook(lambda types, azs: api.spot_prices(ec2, types, azs))
         return cls(sweep, ec2, CostLedger(open_store(sweep.store_url), sweep.spec.name, prices))
@@ -99,7 +99,7 @@ class ProvisioningState:
         with self.lock:
             self.pending.pop(run_id, None)
 
-    def drain(self) -> List[Outcome]:
+    def drain(self) -> list[Outcome]:
         """Outcomes since the last call; each one ends its attempt's pending entry."""
         out = []
         while not self.outcomes.empty():
@@ -127,6 +127,6 @@ class ProvisioningState:
         """The run's agent folder on an instance."""
         return contract.ctl_dir(contract.REMOTE_BASE, self.name, run_id)
 
-    def live(self) -> List[dict]:
+    def live(self) -> list[dict]:
         """The sweep's pending and running instances (one DescribeInstances)."""
         return api.sweep_instances(self.ec2, self.name, ["pending", "running"])
