@@ -3,6 +3,7 @@ host's side, and an `orch --help` that imports nothing heavy."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -198,3 +199,27 @@ def test_no_module_imports_another_modules_private_name(tmp_path):
         "orchestrator/a.py:1: orchestrator.b._x",
         "orchestrator/a.py:5: orchestrator.c._y",
     ]
+
+
+# Issue 43 asks for none; these are what pyright (basic mode, pinned in the dev extra) still finds in orchestrator/.
+# The number may only go down: lower it when you fix some.
+PYRIGHT_ERRORS_LEFT = 107
+
+
+def test_pyright_finds_no_more_type_errors_in_orchestrator_than_are_left():
+    pyright = Path(sys.executable).with_name("pyright")
+    r = subprocess.run(
+        [str(pyright), "--outputjson", "--pythonpath", sys.executable],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    report = json.loads(r.stdout)
+    errors = [
+        f"{d['file']}:{d['range']['start']['line'] + 1}: {d['message']}"
+        for d in report["generalDiagnostics"]
+        if d["severity"] == "error"
+    ]
+    assert report["summary"]["filesAnalyzed"] > 50, r.stdout[-2000:]
+    assert len(errors) <= PYRIGHT_ERRORS_LEFT, f"{len(errors)} type errors:\n" + "\n".join(errors)

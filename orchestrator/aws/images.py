@@ -67,7 +67,7 @@ def wait_available(
             )
         current = found["State"] if found else "not listed yet"
         if current in BAD_STATES:
-            reason = found.get("StateReason") or {}
+            reason = (found or {}).get("StateReason") or {}
             raise OrchError(
                 f"image {image_id} is {current}: {reason.get('Code', '')} {reason.get('Message', 'no reason given')}"
                 f". `orch ami rm {image_id}` removes it; build again."

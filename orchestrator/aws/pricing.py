@@ -135,11 +135,12 @@ class CostLedger:
 
     @property
     def entries(self) -> dict[str, dict]:
-        if self._entries is None:
+        entries = self._entries
+        if entries is None:
             from orchestrator.store.base import get_json
 
-            self._entries = get_json(self.store, self.key) or {}
-        return self._entries
+            entries = self._entries = get_json(self.store, self.key) or {}
+        return entries
 
     def acquired(
         self,

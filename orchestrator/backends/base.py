@@ -62,47 +62,61 @@ class Backend(Protocol):
 
     def list(self) -> builtins.list[Host]:
         """Live hosts of this sweep (one call, whatever the number of runs)."""
+        ...
 
     def new_task(self, run_id: str, attempt: int, command: str, params_json: str, replaces: str = "") -> RunTask:
         """The task for one attempt of a run on this backend (paths, environment, periods), whole: nothing changes
         it after; `replaces`: the host of the previous attempt when that one was preempted or lost."""
+        ...
 
     def start(self, task: RunTask) -> Host:
         """Start the agent for task; raises OrchError when the run already has a live host."""
+        ...
 
     def release(self, host: Host) -> None:
         """Get rid of a host at once (lost, or serving no current attempt); no grace."""
+        ...
 
     def stop(self, run_id: str, reason: StopReason) -> bool:
         """Ask the run's agent to stop its command (it records the state `reason` ends in) and wait; False if none
         ran."""
+        ...
 
     def notify_interruption(self, run_id: str) -> bool:
         """Deliver a spot notice the way the agent looks for one; False when the run has no live host."""
+        ...
 
     def attach(self, run_id: str, node: int = 0) -> int:
         """Give this terminal to the run's tmux window on its node `node` (exec or bridge); returns an exit code."""
+        ...
 
     def preflight(self) -> None:
         """Fail early, with the next step, on what would make every start fail."""
+        ...
 
     def plan(self) -> dict | None:
         """What a launch would ask for and cost (`--dry-run`); None when there is nothing to price."""
+        ...
 
     def spend(self) -> float:
         """Dollars spent so far by the sweep."""
+        ...
 
     def run_of_instance(self, host_id: str) -> str | None:
         """The run a host id (e.g. an instance id) serves, if any."""
+        ...
 
     def teardown(self) -> builtins.list[str]:
         """Remove the sweep's per-sweep resources (after its runs stopped); returns what went."""
+        ...
 
     def flush(self) -> None:
         """Write to the store what the backend keeps in memory between writes (the cost ledger's newest times)."""
+        ...
 
     def drain_outcomes(self) -> builtins.list[Outcome]:
         """Outcomes of attempts that ended before their agent ran, since the last call (the controller records them)."""
+        ...
 
 
 class BackendBase:

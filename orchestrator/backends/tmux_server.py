@@ -25,7 +25,7 @@ def sessions(prefix: str = "") -> list[str]:
     from libtmux.exc import LibTmuxException
 
     try:
-        return [s.session_name for s in _server().sessions if (s.session_name or "").startswith(prefix)]
+        return [name for s in _server().sessions if (name := s.session_name or "").startswith(prefix)]
     except LibTmuxException:  # "no server running" / "error connecting"
         return []
 

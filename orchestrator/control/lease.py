@@ -105,7 +105,7 @@ def read_lease(store: Store, sweep: str) -> tuple[LeaseRecord | None, str | None
         holder = Holder(**{k: v for k, v in raw.get("holder", {}).items() if k in _names(Holder)})
         rec = LeaseRecord(**{k: v for k, v in raw.items() if k in _names(LeaseRecord) and k != "holder"})
         rec.holder = holder
-        float(rec.heartbeat), float(rec.stale_after_s)
+        _numbers = float(rec.heartbeat), float(rec.stale_after_s)  # a record whose times are no numbers is corrupt
     except (ValueError, TypeError, AttributeError):
         return None, version
     return rec, version
@@ -155,7 +155,8 @@ class Lease:
         current, version = read_lease(self.store, self.sweep)
         self.record = None
         lost = LeaseLost(self.sweep, current, self.holder)
-        if lost.stopped:  # say so at once: `orch down` on another machine waits for it (a pid there tells nothing)
+        # say so at once: `orch down` on another machine waits for it (a pid there tells nothing)
+        if lost.stopped and current is not None:
             current.ended, current.end_reason = now, f"stopped by `orch down` ({current.stop_by or 'another machine'})"
             with contextlib.suppress(OSError):
                 self.store.put_if(lease_key(self.sweep), json_bytes(current.to_json()), version)

@@ -165,9 +165,11 @@ def distributions(space: dict[str, Dimension]) -> dict:
         if dim.choices is not None:
             out[name] = d.CategoricalDistribution(list(dim.choices))
         elif dim.int_:
-            out[name] = d.IntDistribution(int(dim.low), int(dim.high), log=dim.log)
+            low, high = dim.bounds()
+            out[name] = d.IntDistribution(int(low), int(high), log=dim.log)
         else:
-            out[name] = d.FloatDistribution(dim.low, dim.high, log=dim.log)
+            low, high = dim.bounds()
+            out[name] = d.FloatDistribution(low, high, log=dim.log)
     return out
 
 

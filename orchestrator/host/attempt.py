@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator.contract import RunTask, finite
@@ -80,7 +81,8 @@ def final_status(stop_requested: StopReason | None, noticed: bool, code: int | N
     SIGUSR1 handler dies of it); a timeout is a failure; a stop by orch ends as its reason says.
     """
     stop = None if stop_requested is None else StopReason(stop_requested)
-    if stop in (StopReason.SUPERSEDED, StopReason.LOST):  # the controller's verdict: whatever the exit, not ours
+    # the controller's verdict: whatever the exit, not ours
+    if stop is not None and stop in (StopReason.SUPERSEDED, StopReason.LOST):
         return Ending(stop.to_state(), stop.words(), False)
     if stop is StopReason.TIMEOUT:
         return Ending(RunState.FAILED, f"timed out after {duration(timeout_s or 0)}", True)
@@ -160,7 +162,7 @@ class RungWatch:
 
     CHUNK = 64 << 20  # bytes read at most per call (a longer line than this is skipped)
 
-    def __init__(self, path: Path, at: str = "", rungs: list[float] = (), metric: str = ""):
+    def __init__(self, path: Path, at: str = "", rungs: Sequence[float] = (), metric: str = ""):
         import threading
 
         self.path, self.at, self.metric = path, at, metric

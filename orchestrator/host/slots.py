@@ -34,7 +34,7 @@ def slot_run(value: str) -> str:
     return value.rpartition("#")[0]
 
 
-def leave(slot: int, value: str, home: Path = None) -> bool:
+def leave(slot: int, value: str, home: Path | None = None) -> bool:
     """This run gives up its slot; True when it was the host's last run (the host is then marked terminating)."""
     d = (home or Path.home()) / SLOTS_DIR
     d.mkdir(parents=True, exist_ok=True)
@@ -49,7 +49,7 @@ def leave(slot: int, value: str, home: Path = None) -> bool:
         return True
 
 
-def doom(home: Path = None) -> None:
+def doom(home: Path | None = None) -> None:
     """A spot notice: no new run may come to this host (its runs checkpoint and leave)."""
     d = (home or Path.home()) / SLOTS_DIR
     d.mkdir(parents=True, exist_ok=True)

@@ -44,11 +44,13 @@ class Store(Protocol):
 
     def exists(self, key: str) -> bool:
         """Whether the key exists, in one small request (S3: a LIST of its own name; no body is read)."""
+        ...
 
     def sync_up(self, local_dir: Path, prefix: str, prune: Select | None = None, indexed: bool = True) -> SyncResult:
         """Copy what changed; then delete from the store the files `prune` selects that are gone locally.
         `indexed=False`: a folder nobody syncs down (the logs, read key by key): S3 keeps no index of it, and what
         was uploaded is remembered by this process only (a new process uploads the folder's files once)."""
+        ...
 
     def sync_down(
         self, prefix: str, local_dir: Path, only: Select | None = None, stale_ok: Select | None = None
@@ -57,15 +59,18 @@ class Store(Protocol):
         the digest its index recorded is refused (OrchError), unless `stale_ok` selects it: then the index is
         taken to be older than the file (its uploader was lost between the upload and the index) and the store's
         bytes are kept (listed in `stale`)."""
+        ...
 
     def delete_prefix(self, prefix: str) -> int: ...
 
     def get_versioned(self, key: str) -> tuple[bytes | None, str | None]:
         """The object and its version (None, None when missing): what put_if compares against."""
+        ...
 
     def put_if(self, key: str, data: bytes, version: str | None) -> str | None:
         """Write only if the key still holds `version` (None: only if it does not exist); the new
         version, or None (nothing written) when it changed."""
+        ...
 
 
 def atomic_write(path: Path, data: bytes) -> None:

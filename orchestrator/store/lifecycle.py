@@ -106,7 +106,9 @@ MAX_QUICK_LOSSES = 5
 def quick_loss(status: RunStatus) -> bool:
     """The attempt's agent reported, then the attempt ended lost (or is active with its host gone), its last sign
     of life within QUICK_LOSS_S of its start (the command's, once it ran; else the claim's)."""
-    if not (status.state in ACTIVE or status.state == RunState.LOST) or None in (status.started_at, status.heartbeat):
+    if not (status.state in ACTIVE or status.state == RunState.LOST):
+        return False
+    if status.started_at is None or status.heartbeat is None:
         return False
     return status.heartbeat - status.started_at < QUICK_LOSS_S
 

@@ -44,6 +44,12 @@ class Dimension(Strict):
             raise ValueError("a dimension needs `low:` and `high:` (a range) or `choices:` (a list)")
         return self
 
+    def bounds(self) -> tuple[float, float]:
+        """A range's (low, high); `_shape` has made sure both are there when `choices:` is not."""
+        if self.low is None or self.high is None:
+            raise ValueError("a range needs `low:` and `high:`")
+        return self.low, self.high
+
     def problem(self) -> str:
         """What is wrong with this dimension's values, with the fix ('' when nothing)."""
         if self.choices is not None:
@@ -52,18 +58,19 @@ class Dimension(Strict):
             if len({json.dumps(c) for c in self.choices}) != len(self.choices):
                 return "`choices:` repeats a value; every choice must differ"
             return ""
-        if self.low >= self.high:
-            return f"low ({_num(self.low)}) must be below high ({_num(self.high)})"
-        if self.log and self.low <= 0:
-            return f"`log: true` needs low > 0 (got {_num(self.low)}); use a positive lower bound"
-        if self.int_ and (self.low != int(self.low) or self.high != int(self.high)):
-            return f"`int: true` needs whole bounds (got {_num(self.low)} .. {_num(self.high)})"
-        if self.int_ and max(abs(self.low), abs(self.high)) > INT_BOUND:
+        low, high = self.bounds()
+        if low >= high:
+            return f"low ({_num(low)}) must be below high ({_num(high)})"
+        if self.log and low <= 0:
+            return f"`log: true` needs low > 0 (got {_num(low)}); use a positive lower bound"
+        if self.int_ and (low != int(low) or high != int(high)):
+            return f"`int: true` needs whole bounds (got {_num(low)} .. {_num(high)})"
+        if self.int_ and max(abs(low), abs(high)) > INT_BOUND:
             return f"`int: true` bounds must lie within ±{INT_BOUND} (2**53: whole numbers a float holds exactly)"
-        if not self.log and not math.isfinite(float(self.high) - float(self.low)):
+        if not self.log and not math.isfinite(float(high) - float(low)):
             # the samplers draw low + (high - low) * u: a width past the largest float overflows there
             return (
-                f"the range {_num(self.low)} .. {_num(self.high)} is wider than a float holds; narrow it "
+                f"the range {_num(low)} .. {_num(high)} is wider than a float holds; narrow it "
                 "(e.g. ±1e300), or use `log: true` with a positive low"
             )
         return ""
@@ -76,7 +83,8 @@ class Dimension(Strict):
             return False
         if self.int_ and value != int(value):
             return False
-        return self.low <= value <= self.high
+        low, high = self.bounds()
+        return low <= value <= high
 
 
 class SearchSection(Strict):
