@@ -20,6 +20,7 @@ Nothing here replaces a function of orch's. The fakes stand where the real world
 
 from __future__ import annotations
 
+import builtins
 import json
 import math
 import shlex
@@ -27,7 +28,6 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
 
 from orchestrator.aws.pricing import CostLedger, PriceBook
 from orchestrator.backends.base import BackendBase, Host
@@ -58,12 +58,12 @@ class GuardedStore:
     def __init__(self, root: Path):
         self.inner = LocalStore(str(root))
         self.refusing = False
-        self.writes: List[Tuple[str, bytes]] = []  # (key, data) of study and status writes, in order
+        self.writes: list[tuple[str, bytes]] = []  # (key, data) of study and status writes, in order
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def _guard(self, key: str = "", data: Optional[bytes] = None) -> None:
+    def _guard(self, key: str = "", data: bytes | None = None) -> None:
         if self.refusing:
             raise StoreRefused(30, "Read-only file system (the harness refuses writes)")
         if data is not None and (key.endswith("study.json") or key.endswith("status.json")):
@@ -73,7 +73,7 @@ class GuardedStore:
         self._guard(key, data)
         self.inner.put_bytes(key, data)
 
-    def put_if(self, key: str, data: bytes, version: Optional[str]) -> Optional[str]:
+    def put_if(self, key: str, data: bytes, version: str | None) -> str | None:
         self._guard()
         new = self.inner.put_if(key, data, version)
         if new is not None:
@@ -94,10 +94,10 @@ class Instance:
     iid: str
     itype: str
     slots: int  # runs it can hold at once (packing); 1: a run's alone
-    acquired: Tuple[float, float]  # wall time just before and just after the ledger was told
-    ended: Optional[float] = None  # wall time it was terminated
-    occupants: List[str] = field(default_factory=list)  # host ids on it
-    seen: List[float] = field(default_factory=list)  # wall times a controller's list() saw it running
+    acquired: tuple[float, float]  # wall time just before and just after the ledger was told
+    ended: float | None = None  # wall time it was terminated
+    occupants: list[str] = field(default_factory=list)  # host ids on it
+    seen: list[float] = field(default_factory=list)  # wall times a controller's list() saw it running
 
 
 @dataclass
@@ -109,7 +109,7 @@ class SimHost:
     nodes: int
     instance: str
     slot: int
-    agent: Optional["SimAgent"] = None  # node 0's; the other nodes follow it and hold no record
+    agent: SimAgent | None = None  # node 0's; the other nodes follow it and hold no record
 
 
 @dataclass
@@ -118,8 +118,8 @@ class Received:
 
     run_id: str
     attempt: int
-    params_json: Dict[str, object]  # ORCH_PARAMS_JSON
-    words: Dict[str, str]  # `name=value` words of its command line
+    params_json: dict[str, object]  # ORCH_PARAMS_JSON
+    words: dict[str, str]  # `name=value` words of its command line
 
 
 class Cloud:
@@ -127,21 +127,21 @@ class Cloud:
 
     def __init__(self, workdir: Path, pack: int, itype: str):
         self.workdir, self.pack, self.itype = workdir, pack, itype
-        self.instances: Dict[str, Instance] = {}
-        self.hosts: Dict[str, SimHost] = {}
-        self.received: List[Received] = []
+        self.instances: dict[str, Instance] = {}
+        self.hosts: dict[str, SimHost] = {}
+        self.received: list[Received] = []
         self.now = time.time()  # the harness's clock (the watch's checks are due by it, not by the wall clock)
-        self.plans: Dict[Tuple[str, int], "Plan"] = {}  # what each attempt's command will do (the harness sets it)
+        self.plans: dict[tuple[str, int], Plan] = {}  # what each attempt's command will do (the harness sets it)
         self._n = 0
 
     def next_id(self, prefix: str) -> str:
         self._n += 1
         return f"{prefix}-{self._n:05d}"
 
-    def live_instances(self) -> List[Instance]:
+    def live_instances(self) -> list[Instance]:
         return [i for i in self.instances.values() if i.ended is None]
 
-    def hosts_of(self, run_id: str) -> List[SimHost]:
+    def hosts_of(self, run_id: str) -> list[SimHost]:
         return [h for h in self.hosts.values() if h.run_id == run_id]
 
     def remove_host(self, host_id: str) -> None:
@@ -153,7 +153,7 @@ class Cloud:
         if not inst.occupants:
             inst.ended = time.time()  # the agent of its last run terminates it (or the controller released it)
 
-    def live_commands(self, run_id: str) -> List[int]:
+    def live_commands(self, run_id: str) -> list[int]:
         """Attempts of the run whose command runs now."""
         return [h.attempt for h in self.hosts_of(run_id) if h.agent is not None and h.agent.phase == SimAgent.RUNNING]
 
@@ -162,7 +162,7 @@ class Cloud:
 class Plan:
     """What an attempt's command does: the metric per line (None: NaN), then its exit code."""
 
-    values: List[Optional[float]]
+    values: list[float | None]
     exit_code: int = 0
 
 
@@ -186,9 +186,9 @@ class SimBackend(BackendBase):
         book = PriceBook(lambda types, azs: {(t, a): PRICES[t] for t in types for a in azs})
         self.ledger = CostLedger(store, sweep.spec.name, book)
         self.nodes = sweep.spec.resources.nodes if sweep.spec.resources else 1
-        self.seen: Dict[str, float] = {}  # instance -> wall time this backend's list() last saw it running
+        self.seen: dict[str, float] = {}  # instance -> wall time this backend's list() last saw it running
 
-    def list(self) -> List[Host]:
+    def list(self) -> builtins.list[Host]:
         now = time.time()
         live = self.cloud.live_instances()
         for inst in live:
@@ -226,7 +226,7 @@ class SimBackend(BackendBase):
     def start(self, task: RunTask) -> Host:
         if self.cloud.hosts_of(task.run_id):
             raise OrchError(f"run {task.run_id} already has a live host; not starting it twice.")
-        first: Optional[SimHost] = None
+        first: SimHost | None = None
         for node in range(self.nodes):
             inst, slot = self._place()
             host = SimHost(self.cloud.next_id("h"), task.run_id, task.attempt, node, self.nodes, inst.iid, slot)
@@ -241,7 +241,7 @@ class SimBackend(BackendBase):
                 host.agent = SimAgent(node_task, self.store, plan, self.cloud)
         return Host(run_id=task.run_id, host_id=first.host_id, address="sim", attempt=task.attempt, nodes=self.nodes)
 
-    def _place(self) -> Tuple[Instance, int]:
+    def _place(self) -> tuple[Instance, int]:
         """A free slot of a shared instance (packing), else a new instance; the ledger is told as AWS's is."""
         if self.cloud.pack > 1 and self.nodes == 1:
             for inst in self.cloud.live_instances():
@@ -307,7 +307,7 @@ class SimAgent:
         self.agent.ctl.mkdir(parents=True, exist_ok=True)  # the backend put the task file there
         self.phase = self.BOOTING
         self.status = None
-        self.checks: List[watch.Check] = []
+        self.checks: list[watch.Check] = []
         self.written = 0  # metrics lines the command wrote
         self.ran = False  # its command started
 
@@ -380,7 +380,7 @@ class SimAgent:
         if self.phase != self.RUNNING:
             return
         self._command_step(stopping)
-        try:
+        try:  # noqa: SIM105 (the comment on the except says why it passes)
             self.agent.reporter.beat(self.status, now)
         except Exception:  # the heartbeat thread logs and tries again next period
             pass
