@@ -487,6 +487,17 @@ def test_the_value_at_a_rung_is_the_first_line_at_or_past_it_however_the_lines_c
     assert cut.passed() and cut.at_rungs == {"2": 0.6}
 
 
+def test_a_line_past_several_rungs_at_once_gives_each_of_them_its_value(tmp_path):
+    """A run that logs every few epochs (or an attempt resumed past its rungs) passes several rungs on one line: it
+    is the first line at or past each of them, so each gets its value and the controller compares the run at all."""
+    from orchestrator.host.attempt import RungWatch
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"epoch": 5, "acc": 0.7}) + "\n")
+    watch = RungWatch(path, "epoch", [1.0, 2.0, 4.0, 8.0], "acc")
+    assert watch.passed() and watch.at_rungs == {"1": 0.7, "2": 0.7, "4": 0.7} and watch.pending == [8.0]
+
+
 @pytest.mark.timeout(300)
 def test_a_burst_of_lines_is_compared_at_the_rung_with_the_rungs_line(orch, tmp_path):
     """Epochs 1-5 at once, rungs [2]: the run is recorded at rung 2 with epoch 2's value, not with the
