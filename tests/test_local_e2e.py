@@ -263,3 +263,47 @@ def test_help_has_examples(orch):
     for cmd in ("launch", "status", "attach", "logs", "collect", "cancel", "down"):
         r = orch(cmd, "--help")
         assert r.code == 0 and "Example:" in r.out and "orch " in r.out, cmd
+
+
+COLLECT_COLUMNS = (  # every column `orch collect` writes besides params and metrics (run_id is refused as a name)
+    "state",
+    "attempts",
+    "reason",
+    "elapsed_s",
+    "cost_usd",
+    "gpu_hours",
+    "reached",
+    "time_to_target_s",
+    "wall_to_target_s",
+    "usd_to_target",
+    "trial_value",
+    "best_test_acc",
+)
+
+
+def test_a_param_named_like_one_of_collects_columns_never_overwrites_it(orch, tmp_path):
+    """README (orch collect): a param named like one of collect's own columns is kept as `param.<name>`, as a metric
+    is kept as `metric.<name>`: `state` says the run's state, `attempts` its attempts, whatever the params are named."""
+    import sys
+
+    script = tmp_path / "job.py"
+    script.write_text(
+        'import os\nopen(os.environ["ORCH_RUN_DIR"] + "/metrics.jsonl", "a").write(\'{"test_acc": 0.75}\\n\')\n'
+    )
+    space = "\n".join(f"    {name}: {{choices: [p_{name}]}}" for name in COLLECT_COLUMNS)
+    path = orch.sweep(
+        f"name: columns\ncommand: {sys.executable} {script}\nstore: store\ntarget: {{metric: test_acc, value: 0.5}}\n"
+        f"search:\n  sampler: random\n  trials: 1\n  space:\n{space}\n"
+    )
+    r = orch("launch", str(path))
+    assert r.code == 0, r.out + r.err
+    c = orch("collect", "columns", "--out", str(tmp_path / "res"), "--wide")
+    assert c.code == 0, c.out + c.err
+    (row,) = list(csv.DictReader(open(tmp_path / "res" / "runs.csv")))
+    (js,) = json.loads((tmp_path / "res" / "runs.json").read_text())["runs"]
+    for name in COLLECT_COLUMNS:
+        assert row[f"param.{name}"] == f"p_{name}" and js[f"param.{name}"] == f"p_{name}", (name, row)
+        assert js.get(name) != f"p_{name}" and row.get(name) != f"p_{name}", (name, row)
+    assert js["state"] == "succeeded" and js["attempts"] == 1 and js["reason"] == "" and js["reached"] is True
+    assert js["trial_value"] == 0.75 and js["best_test_acc"] == 0.75 and isinstance(js["elapsed_s"], float)
+    assert "succeeded" in c.out and "p_state" in c.out  # the table too: the run's state, and the param beside it

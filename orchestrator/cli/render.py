@@ -95,7 +95,9 @@ def _trial_cells(res: Results, r) -> dict[str, str]:
     if res.search is None:
         return {}
     cells = {"value": fmt_value(r.trial_value) if r.trial_value is not None else "-"}
-    cells.update({k: fmt_value(r.params.get(k, "-")) for k in res.search.space})
+    # a param named like one of the table's columns keeps its own (`param.state`), as in runs.csv
+    own = ("run", "state", "time", "value")
+    cells.update({(f"param.{k}" if k in own else k): fmt_value(r.params.get(k, "-")) for k in res.search.space})
     return cells
 
 

@@ -26,6 +26,24 @@ NOISE = ("lr", "images_per_s", "image_size", "step", "elapsed_s", "elapsed", "ti
 
 METRIC_PREFIX = "metric."  # a metric named like a param or one of collect's own columns is kept under this prefix
 OWN_COLUMNS = ("run_id", "state", "attempts", "reason")
+PARAM_PREFIX = "param."  # likewise a param named like one of collect's own columns (any of COLUMNS, or best_*)
+COLUMNS = (
+    *OWN_COLUMNS,
+    "elapsed_s",
+    "cost_usd",
+    "gpu_hours",
+    "reached",
+    "time_to_target_s",
+    "wall_to_target_s",
+    "usd_to_target",
+    "trial_value",
+)
+
+
+def param_column(name: str) -> str:
+    """The column of a param in runs.csv/runs.json: its name, unless collect has a column of that name (`state`,
+    `best_test_acc`, …), which must keep saying what it says."""
+    return PARAM_PREFIX + name if name in COLUMNS or name.startswith("best_") else name
 
 
 def ranked(names) -> list[str]:
@@ -197,7 +215,7 @@ def _write(results: Results, out_dir: Path) -> list[Path]:
     rows = []
     for r in results.runs:
         row: dict[str, Any] = {"run_id": r.run_id, "state": r.state, "attempts": r.attempts}
-        row.update({k: r.params.get(k) for k in param_keys})
+        row.update({param_column(k): r.params.get(k) for k in param_keys})
         row.update({k: r.final.get(k) for k in metrics})
         row.update({f"best_{k}": v for k, v in r.best.items()})
         row["elapsed_s"] = None if r.elapsed_s is None else round(r.elapsed_s, 2)
