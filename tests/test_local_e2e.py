@@ -307,3 +307,25 @@ def test_a_param_named_like_one_of_collects_columns_never_overwrites_it(orch, tm
     assert js["state"] == "succeeded" and js["attempts"] == 1 and js["reason"] == "" and js["reached"] is True
     assert js["trial_value"] == 0.75 and js["best_test_acc"] == 0.75 and isinstance(js["elapsed_s"], float)
     assert "succeeded" in c.out and "p_state" in c.out  # the table too: the run's state, and the param beside it
+
+
+def test_megabytes_of_text_in_a_metrics_line_are_cut_for_display_in_launch_status_and_collect(orch, tmp_path):
+    """A 3 MB string once made `orch status` print 115,391 lines (the table folds a cell to its width): tables and
+    lines show names and values cut to one short line; runs.csv keeps names whole."""
+    import sys
+
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import json, os\n"
+        'with open(os.environ["ORCH_RUN_DIR"] + "/metrics.jsonl", "a") as f:\n'
+        '    f.write(json.dumps({"epoch": 1, "note": "x\\n" * 1_500_000, "loss": 0.5}) + "\\n")\n'
+        '    f.write(json.dumps({"epoch": 2, "note": "y" * 3_000_000, "z" * 100_000: 1.0, "loss": 0.4}) + "\\n")\n'
+    )
+    path = orch.sweep(f"name: big\ncommand: {sys.executable} {script}\nstore: store\n")
+    shown = [orch("launch", str(path)), orch("status", "big"), orch("collect", "big", "--out", str(tmp_path / "res"))]
+    for r in shown:
+        assert r.code == 0, r.err
+        assert len(r.out.splitlines()) < 30 and len(r.out) < 5000, r.out[:3000]
+    assert "loss=0.4" in shown[1].out and "yyyy…" in shown[1].out
+    (row,) = list(csv.DictReader(open(tmp_path / "res" / "runs.csv")))
+    assert row["z" * 100_000] == "1.0"  # the results keep the name whole

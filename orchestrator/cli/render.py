@@ -32,15 +32,27 @@ def fmt_seconds(s: Any) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
+CUT = 60  # characters of a text (a metric's name, a string value) shown; runs.csv and the store keep them whole
+
+
+def cut(text: str, limit: int = CUT) -> str:
+    """Text as shown in a table or a line: one line, at most `limit` characters (a metrics line may hold megabytes
+    of text, which folded into a table cell would print a hundred thousand lines)."""
+    text = text[: limit + 1].replace("\r", "↵").replace("\n", "↵")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def fmt_value(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
-    return str(v)
+    if isinstance(v, int):  # numbers are never cut
+        return str(v)
+    return cut(str(v))
 
 
 def metrics_text(m: dict[str, Any]) -> str:
     keys = ranked([k for k, v in m.items() if isinstance(v, (int, float, str))])
-    return "  ".join(f"{k}={fmt_value(m[k])}" for k in keys[:SHOWN_METRICS])
+    return "  ".join(f"{cut(k)}={fmt_value(m[k])}" for k in keys[:SHOWN_METRICS])
 
 
 def summary_line(p: Progress) -> str:
@@ -148,20 +160,20 @@ def results_table(res: Results, width: int = 200, wide: bool = False) -> Table:
     ]
 
     def need(cols) -> int:  # every column at its widest cell, plus borders and padding
-        return sum(max([len(c), *(len(str(row[c])) for row in rows)]) for c in cols) + 3 * len(cols) + 1
+        return sum(max([len(cut(c)), *(len(str(row[c])) for row in rows)]) for c in cols) + 3 * len(cols) + 1
 
     shown = list(columns)
     while not wide and optional and need(shown) > width:
         shown.remove(optional.pop(0))
     table = Table(title=title, title_justify="left")
     for col in shown:
-        table.add_column(col, overflow="fold") if col == "run" else table.add_column(col, no_wrap=True)
+        table.add_column(col, overflow="fold") if col == "run" else table.add_column(cut(col), no_wrap=True)
     for cells in rows:
         table.add_row(*[Text(cells[c], style=STYLE.get(cells[c], "")) if c == "state" else cells[c] for c in shown])
     table.needed_width = need(shown)  # printed at least this wide: ids, states and numbers are never cut
     if len(shown) < len(columns):
         table.caption = (
-            f"not shown (narrow terminal; --wide shows all): {', '.join(c for c in columns if c not in shown)}"
+            f"not shown (narrow terminal; --wide shows all): {', '.join(cut(c) for c in columns if c not in shown)}"
         )
     return table
 
