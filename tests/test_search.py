@@ -217,6 +217,29 @@ def test_values_the_sampler_cannot_take_are_refused_by_launch_before_anything_is
     assert not orch.store().exists()  # nothing recorded, nothing launched
 
 
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        (
+            BASE.replace("log: true}", "log: true, chioces: [1]}"),
+            "did you mean `choices`? Allowed here: low, high, log",
+        ),
+        (BASE.replace("log: true}", "log: true, stpe: 2}"), "allowed here: low, high, log, int, choices."),
+        (BASE.replace("{low: 0.001, high: 1.0, log: true}", "{choices: [null, 1]}"), "(null is not a value)"),
+    ],
+)
+def test_a_mistake_inside_a_space_entry_is_named_with_the_fix_of_that_entry(tmp_path, text, words):
+    from orchestrator.errors import SpecError
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as err:
+        load_sweep(path)
+    message = str(err.value)
+    assert words in message and f"{path}:" in message
+    assert "`store`" not in message and "write true or false" not in message and "function-after" not in message
+
+
 def test_a_search_has_one_run_per_trial_and_seed(tmp_path):
     path = tmp_path / "sweep.yaml"
     path.write_text(BASE + "seeds: 2\n")

@@ -60,7 +60,7 @@ def line_of(root: yaml.Node | None, loc: tuple[Any, ...]) -> int:
 
 
 def dotted(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if not (isinstance(p, str) and p in _TYPE_TAGS)]
+    parts = [str(p) for p in loc if not _is_tag(p)]
     out = ""
     for p in parts:
         out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)
@@ -69,6 +69,12 @@ def dotted(loc: tuple[Any, ...]) -> str:
 
 # Union members pydantic appends to error locations; they mean nothing to a user.
 _TYPE_TAGS = {"bool", "int", "float", "str", "list[int]", "function-after[_check(), str]"}
+
+
+def _is_tag(part: Any) -> bool:
+    """A union member's tag in an error location (`function-after[forbid_inf_nan_check(), …]` too)."""
+    return isinstance(part, str) and (part in _TYPE_TAGS or part.startswith(("function-after[", "function-before[")))
+
 
 _FIXES = {
     "extra_forbidden": "remove it or fix its spelling; allowed here: {allowed}",
@@ -105,19 +111,26 @@ def _model_of(annotation: Any) -> Any:
     return None
 
 
+def _is_mapping(annotation: Any) -> bool:
+    return typing.get_origin(annotation) is dict or any(_is_mapping(a) for a in typing.get_args(annotation))
+
+
 def _allowed_fields(loc: tuple[Any, ...], root_model: Any, sections: dict[str, Any] | None = None) -> str:
     """The fields of the section the location is in (`resources.gpu` -> nodes, gpus, procs_per_node); `sections`:
     the top-level sections validated by models of their own (a backend's, by its name)."""
     sections = sections or {}
     model: Any = root_model
+    key_next = False  # the part after a mapping of models (search.space) is a key the user chose
     for part in loc[:-1]:
-        if isinstance(part, int) or (isinstance(part, str) and part.isdigit()):
-            continue  # a list index: the same model
+        if key_next or isinstance(part, int) or (isinstance(part, str) and part.isdigit()):
+            key_next = False
+            continue  # a list index or a mapping's key: the same model
         f = getattr(model, "model_fields", {}).get(part)
         model = _model_of(f.annotation) if f else (sections.get(part) if model is root_model else None)
         if model is None:
             model = root_model
             break
+        key_next = f is not None and _is_mapping(f.annotation)
     names = [f.alias or name for name, f in model.model_fields.items()]
     return ", ".join(names + (list(sections) if model is root_model else []))
 
@@ -129,7 +142,7 @@ def format_errors(
     sections with models of their own (_allowed_fields)."""
     merged: dict[tuple[Any, ...], list[dict]] = {}
     for err in exc.errors():
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p in _TYPE_TAGS))
+        loc = tuple(p for p in err["loc"] if not _is_tag(p))
         merged.setdefault(loc, []).append(err)
     lines = []
     for loc, errs in list(merged.items())[:5]:
@@ -156,6 +169,8 @@ def format_errors(
         fix = _FIXES.get(err["type"], "").format(allowed=_allowed_fields(loc, model, sections))
         if err["type"] in ("float_type", "int_type") and _number_text(err.get("input")):
             fix = f"write the number without quotes: {err['input'].strip()}"
+        if len(errs) > 1 and err["type"] in _SCALAR_ERRORS:  # none of a union's types: not one of them in particular
+            fix = "write a number, text or true/false" + (" (null is not a value)" if err.get("input") is None else "")
         if err["type"] == "extra_forbidden":
             close = difflib.get_close_matches(str(loc[-1]), _allowed_fields(loc, model, sections).split(", "), n=1)
             if close:
