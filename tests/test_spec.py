@@ -265,6 +265,16 @@ def test_a_collision_of_ids_or_of_tmux_sessions_names_both_runs(tmp_path):
     assert 'the same id \'v=a_b\' (from v: "a b" and v: "a_b")' in str(info.value), info.value
 
 
+@pytest.mark.parametrize("store", ["S3://Bucket/x", "gs://bucket/x", "https://bucket.s3.amazonaws.com/x"])
+def test_a_store_url_orch_does_not_know_is_refused_not_made_a_local_folder(orch, store):
+    path = orch.sweep(f"name: x\nstore: {store}\ncommand: 'true'\n")
+    for args in (("--dry-run",), ()):
+        r = orch("launch", str(path), *args)
+        assert r.code == 2 and "sweep.yaml:2: store: " in r.err and "is not a store orch knows" in r.err, r.err
+        assert "write s3://bucket/prefix" in r.err and "Traceback" not in r.err
+    assert not any(p.name.lower().startswith(("s3:", "gs:", "https:")) for p in orch.tmp.rglob("*"))  # no folder
+
+
 @pytest.mark.parametrize(
     "bucket, why",
     [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +195,15 @@ def _backend_problems(spec: SweepSpec) -> Problems:
     problem = _bucket_of(spec.store) if spec.store.startswith("s3://") else None
     if problem:
         out.append((("store",), f"not a valid s3://bucket/prefix URL: {problem}"))
+    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", spec.store)
+    if scheme and scheme.group(1) != "s3":  # else it would silently become a local folder named `S3:`
+        out.append(
+            (
+                ("store",),
+                f"{scheme.group(1)}:// is not a store orch knows: write s3://bucket/prefix (in lower case, as S3's "
+                "bucket names are) or a folder",
+            )
+        )
     return out
 
 
