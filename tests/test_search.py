@@ -503,3 +503,48 @@ def test_a_trial_whose_last_value_is_nan_is_told_fail_and_is_never_the_best(orch
     assert c.code == 0, c.out + c.err
     assert "best trial: trial=1" in c.out
     assert json.loads((tmp_path / "out" / "runs.json").read_text())["best_trial"]["run_id"] == "trial=1"
+
+
+@pytest.mark.slow
+def test_a_relaunch_may_raise_trials_to_extend_the_study_and_nothing_else_of_search_may_change(orch, tmp_path):
+    """README: raising `trials` continues the study where it stopped (the trials asked keep their params); a change
+    of space, sampler, seed, metric, mode or value, or fewer trials, is refused like any change of the runs."""
+    script = tmp_path / "objective.py"
+    script.write_text(SCRIPT)
+    text = f"""
+        name: extend
+        command: "{sys.executable} {script}"
+        store: store
+        max_parallel: 1
+        search:
+          sampler: tpe
+          trials: 2
+          seed: 0
+          metric: score
+          mode: max
+          space:
+            lr: {{low: 0.0001, high: 1.0, log: true}}
+            depth: {{low: 2, high: 8, int: true}}
+    """
+    path = orch.sweep(text)
+    assert orch("launch", str(path)).code == 0
+    before = json.loads(orch.store(study_key("extend")).read_text())["trials"]
+    orch.sweep(text.replace("trials: 2", "trials: 3"))
+    r = orch("launch", str(path))
+    assert r.code == 0, r.out + r.err
+    after = json.loads(orch.store(study_key("extend")).read_text())["trials"]
+    assert after[:2] == before and len(after) == 3 and after[2]["outcome"] == "complete"
+    s = orch("status", "extend")
+    assert "3 succeeded" in s.out and "3 of 3 trials asked, 3 told" in s.out, s.out
+    for old, new in [
+        ("trials: 3", "trials: 2"),
+        ("seed: 0", "seed: 1"),
+        ("sampler: tpe", "sampler: random"),
+        ("metric: score", "metric: score2"),
+        ("mode: max", "mode: min"),
+        ("mode: max", "mode: max\n          value: best"),
+        ("high: 8", "high: 9"),
+    ]:
+        orch.sweep(text.replace("trials: 2", "trials: 3").replace(old, new))
+        again = orch("launch", str(path))
+        assert again.code == 2 and "changed: " in again.err and "search" in again.err, (old, new, again.err)

@@ -3,7 +3,8 @@
 A user who upgrades orch mid-sweep must be able to continue it. So the record carries a schema version;
 a record from an older orch is read with every field it lacks at today's default (a field added later
 is no change), and a relaunch is refused only where the runs would get something else: their commands,
-params, environment, data, shape, backend settings, store, pruning. A record from a newer orch than this
+params, environment, data, shape, backend settings, store, pruning, a search's study (raising its `trials` only
+adds trials: allowed). A record from a newer orch than this
 one is refused: its fields may mean what this orch cannot know.
 
 Schemas: 0 — before 2026-11-30, a run's records lay in its own folder (`<sweep>/<run>/status.json`);
@@ -81,19 +82,35 @@ def changes(record: dict[str, Any], sweep: Sweep) -> list[str]:
     """The fields of `sweep` that differ from its record in a way that changes what the runs get."""
     before, after = as_today(record.get("spec") or {}, sweep.spec.backends()), sweep.resolved()
     pruned = before.get("prune") is not None or after.get("prune") is not None
+    extended = _extended(before, after)
     return sorted(
         k
         for k in set(before) | set(after)
         if before.get(k) != after.get(k)
         and k not in FREE
+        and k not in extended
         and not (k in ("grid_order", "space_order") and k not in before)  # not recorded by an older orch: no change
         and not (k in REPORT_ONLY and not pruned)
     )
+
+
+def _extended(before: dict[str, Any], after: dict[str, Any]) -> tuple:
+    """("search", "runs") when `after` only raises a search's `trials` (README: extending a study): the runs asked
+    so far keep their ids and params, and new trials follow them. () otherwise."""
+    b, a = before.get("search"), after.get("search")
+    if not isinstance(b, dict) or not isinstance(a, dict) or {**b, "trials": 0} != {**a, "trials": 0}:
+        return ()
+    if not isinstance(b.get("trials"), int) or not isinstance(a.get("trials"), int) or a["trials"] < b["trials"]:
+        return ()
+    runs_before, runs_after = before.get("runs"), after.get("runs")
+    if not isinstance(runs_before, list) or not isinstance(runs_after, list):
+        return ()
+    return ("search", "runs") if runs_after[: len(runs_before)] == runs_before else ()
 
 
 def updated(record: dict[str, Any], sweep: Sweep) -> dict[str, Any] | None:
     """The record with the free and report-only fields as the file now says, or None when they are as recorded."""
     after = sweep.resolved()
     spec = record.get("spec") or {}
-    news = {k: after.get(k) for k in FREE + REPORT_ONLY if spec.get(k) != after.get(k)}
+    news = {k: after.get(k) for k in FREE + REPORT_ONLY + _extended(spec, after) if spec.get(k) != after.get(k)}
     return {**record, "spec": {**spec, **news}} if news else None
