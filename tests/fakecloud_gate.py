@@ -30,6 +30,10 @@ What it imitates (each switchable through `Strictness`, all on by default):
 - `garbled`: EC2 actions whose answer cannot be parsed, so the SDK raises something that is not a
   ClientError (what a dropped connection or a proxy's error page does).
 
+- `hold`: EC2 actions whose requests wait until a test sets the action's event, and then fail as a request
+  lost in transit does (`RequestExpired`): a test reaches a command while it waits on that call (`held` lists the
+  actions that arrived).
+
 `counts` tallies every refusal the gate gave, by code, so tests can assert orch waited instead of
 hammering.
 """
@@ -118,6 +122,8 @@ class Gate:
     garbled: set = field(
         default_factory=set
     )  # EC2 actions answered with a body no SDK can parse (any-exception injection)
+    hold: dict[str, threading.Event] = field(default_factory=dict)  # EC2 action -> its requests wait for this
+    held: list[str] = field(default_factory=list)  # the held actions whose requests arrived
     fleet_capacity: dict[tuple[str, str, str], int] = field(
         default_factory=dict
     )  # most instances one CreateFleet gets from a pool
@@ -246,6 +252,10 @@ class Gate:
                     "with a one-time Spot Instance request. You can only stop Spot Instances associated with "
                     "persistent Spot Instance requests.",
                 )
+        if action in self.hold:
+            self.held.append(action)
+            self.hold[action].wait(300)  # (a test that forgets to set it still ends)
+            return self._ec2_error("RequestExpired", f"{action}: the request was lost in transit (held by a test)")
         if action in self.garbled:
             self.counts[f"garbled:{action}"] += 1
             return "200 OK", [("Content-Type", "text/xml")], b"<garbled"

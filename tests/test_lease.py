@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from orchestrator.control.lease import Holder, Lease, LeaseLost, LeaseRecord, le
 from orchestrator.errors import OrchError
 from orchestrator.store.base import json_bytes
 from orchestrator.wait import retry_until
-from tests.conftest import Orch, starts
+from tests.conftest import ROOT, Orch, starts
 from tests.conftest import run_states as status
 
 
@@ -89,6 +90,45 @@ def test_a_released_lease_is_free_at_once_and_a_stop_request_ends_the_holder(sto
     with pytest.raises(LeaseLost) as stopped:
         second.renew(force=True)
     assert stopped.value.stopped and "orch down on the laptop" in str(stopped.value)
+
+
+def test_a_stop_request_reaches_the_holder_at_its_next_pass_not_its_next_renewal(store, tmp_path):
+    holder = Lease(store, "sw", tmp_path / "a").acquire()
+    holder.renew()  # a pass right after taking it: no write due, nothing changed
+    assert request_stop(store, "sw", by="orch down elsewhere") is not None
+    with pytest.raises(LeaseLost) as stopped:
+        holder.renew()  # the next pass, seconds before its next heartbeat write is due
+    assert stopped.value.stopped and "orch down elsewhere" in str(stopped.value)
+
+
+def test_a_restart_by_the_holders_own_supervisor_takes_the_lease_at_once_and_no_one_else_does(tmp_path):
+    """On a remote controller's instance the lease is judged by heartbeat alone; the supervisor starts one controller
+    at a time, so a fresh lease under its id belongs to a controller that has exited."""
+    from orchestrator.store.folder import LocalStore
+
+    store = LocalStore(str(tmp_path / "store"))
+    env = dict(os.environ, ORCH_CONTROLLER_INSTANCE_ID="i-0abc", PYTHONPATH=str(ROOT))
+    code = (
+        "import sys; from pathlib import Path; from orchestrator.control.lease import Lease; "
+        "from orchestrator.store.folder import LocalStore; "
+        "Lease(LocalStore(sys.argv[1]), 'sw', Path(sys.argv[2])).acquire(); print('HELD')"
+    )
+
+    def controller(supervisor: str, home: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-c", code, store.url, str(tmp_path / home)],
+            env=dict(env, ORCH_SUPERVISOR=supervisor),
+            capture_output=True,
+            text=True,
+        )
+
+    assert controller("sup-1", "a").stdout.strip() == "HELD"  # it exits holding a fresh lease (a crash)
+    assert read_lease(store, "sw")[0].alive()
+    other = controller("sup-2", "b")  # another launch's supervisor: refused while the heartbeat is fresh
+    assert "already run by a controller on instance i-0abc" in other.stderr, other.stderr
+    again = controller("sup-1", "c")  # its own supervisor's restart
+    assert again.stdout.strip() == "HELD", again.stderr
+    assert read_lease(store, "sw")[0].holder.home == str(tmp_path / "c")
 
 
 def test_an_unreadable_lease_is_taken_over(store, tmp_path):
@@ -220,3 +260,45 @@ def test_an_aws_sweep_held_from_another_home_is_refused_before_anything_is_made(
     assert "IAM" not in r.err and "quota" not in r.err, r.err
     assert not cloud.all_leftovers()  # no security group, template, profile or instance was made
     assert read_lease(store, "held")[0].holder.token == holder.holder.token
+
+
+def test_the_refusal_names_a_down_command_that_works_from_the_refused_home(orch, job, tmp_path):
+    path = orch.sweep(f"""
+        name: refused
+        command: "{job(steps=2, release=True)}"
+        store: {orch.store()}
+        local:
+          workdir: {tmp_path / "work"}
+    """)
+    assert orch("launch", str(path), "--detach").code == 0
+    retry_until(lambda: status(orch, "refused").get("run", {}).get("state") == "running", 60, 0.3, "the run")
+    other = other_home(orch, tmp_path)
+    try:
+        r = other("launch", str(path))
+        assert r.code == 2 and "already run by a controller on" in r.err, r.err
+        told = re.search(r"stop it with `(orch down [^`]+)`", r.err)
+        assert told, r.err
+        d = other(*shlex.split(told.group(1))[1:])  # as the user types what the message says, in that home
+        assert d.code == 0 and "stopped the controller on" in d.out and "stopped 1 run(s)" in d.out, d.out + d.err
+    finally:
+        other.close()
+
+
+def test_a_controller_silent_for_a_minute_still_holds_its_sweep_against_a_second_launch(orch, job, tmp_path):
+    """Between heartbeat writes (every 15 s), a slow pass or a clock a minute apart: the lease lapses only after
+    120 s without one, so a live controller's sweep is never taken from it by a second launch."""
+    path = orch.sweep(f"""
+        name: slowpass
+        command: "{job(steps=2)}"
+        store: {orch.store()}
+    """)
+    from orchestrator.store.folder import LocalStore
+
+    store = LocalStore(str(orch.store()))
+    holder = Lease(store, "slowpass", tmp_path / "laptop-home", str(path)).acquire()  # a live controller elsewhere
+    record, version = read_lease(store, "slowpass")
+    record.heartbeat -= 60  # its last heartbeat a minute ago
+    assert store.put_if(lease_key("slowpass"), json_bytes(record.to_json()), version)
+    r = orch("launch", str(path))
+    assert r.code == 2 and "already run by a controller on" in r.err and "last heartbeat 60 s ago" in r.err, r.err
+    assert read_lease(store, "slowpass")[0].holder.token == holder.holder.token

@@ -224,6 +224,46 @@ def test_a_lost_controller_instance_is_reported_and_a_second_remote_adopts_the_r
     assert not any(cloud.leftovers("lost").values()), cloud.leftovers("lost")
 
 
+@pytest.mark.timeout(1200)
+def test_a_crashed_remote_controller_is_restarted_by_its_supervisor_and_takes_its_own_lease_at_once(
+    orch, cloud, identity, job
+):
+    path = remote_sweep(orch, cloud, identity, job, "phoenix")
+    assert orch("launch", str(path), "--remote", timeout=600).code == 0
+    [ctl] = controller_ids(cloud, "phoenix")
+    retry_until(lambda: status(orch, "phoenix").get("run", {}).get("state") == "running", 180, 0.5, "the run to start")
+
+    def controller_pid() -> int:
+        for pid in processes_of(ctl):
+            try:
+                if b"_controller" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return pid
+            except OSError:
+                continue
+        return 0
+
+    first = controller_pid()
+    assert first
+    os.kill(first, 9)  # an out-of-memory kill: its lease stays fresh in the store, held by a process now gone
+    retry_until(lambda: controller_pid() not in (0, first), 120, 0.5, "the supervisor to start the controller again")
+
+    def taken() -> str:
+        out = orch("logs", "--controller", "phoenix").out  # (the supervisor uploads it every 10 s)
+        return out if "took the sweep over" in out else ""
+
+    log = retry_until(taken, 120, 2.0, "the restarted controller to take the sweep")
+    assert "already run by a controller" not in log and "restart 1 of" in log, log[-3000:]
+    assert controller_ids(cloud, "phoenix") == [ctl]  # the same instance goes on
+    job.release.touch()
+    retry_until(
+        lambda: status(orch, "phoenix", gap=ENDED_GAP_S)["run"]["state"] == "succeeded", 300, 0.5, "the run to finish"
+    )
+    retry_until(lambda: not controller_ids(cloud, "phoenix"), 180, 0.5, "the controller to terminate itself")
+    assert [s[1] for s in starts(job.marks)] == ["1"]  # adopted by the restarted controller, never run twice
+    assert orch("down", "phoenix").code == 0
+    assert not any(cloud.leftovers("phoenix").values()), cloud.leftovers("phoenix")
+
+
 @pytest.mark.timeout(900)
 def test_the_controller_terminates_its_own_instance_at_max_hours(orch, cloud, identity, job):
     path = orch.sweep(

@@ -4,13 +4,22 @@ work)."""
 from __future__ import annotations
 
 import logging
+import os
+import re
+import shutil
+import signal
 import sys
 from pathlib import Path
 
 import click
 
+from orchestrator.aws import ec2 as api
+from orchestrator.aws import images
+from orchestrator.backends.aws import image_build
+from orchestrator.backends.aws.recipe import load_recipe
 from orchestrator.cli.common import expected_errors
 from orchestrator.errors import OrchError
+from orchestrator.sweep.spec import orch_home
 
 log = logging.getLogger("orch.ami")
 
@@ -34,10 +43,6 @@ def ami_build(recipe: Path, regions: tuple[str, ...], dry_run: bool, force: bool
     Example:
       orch ami build ami/recipe.yaml --region eu-west-1
     """
-    from orchestrator.aws import ec2 as api
-    from orchestrator.aws import images
-    from orchestrator.backends.aws import image_build
-    from orchestrator.backends.aws.recipe import load_recipe
 
     spec, sha = load_recipe(recipe)
     say = lambda text: click.echo(text)  # noqa: E731
@@ -61,7 +66,6 @@ def ami_build(recipe: Path, regions: tuple[str, ...], dry_run: bool, force: bool
         say("dry run: nothing launched.")
         return
     _remember_region(spec.aws.region)
-    import signal
 
     signalled: list = []
 
@@ -106,10 +110,6 @@ def ami_list(regions: tuple[str, ...], wide: bool):
     Example:
       orch ami list --region us-east-1
     """
-    import shutil
-
-    from orchestrator.aws import ec2 as api
-    from orchestrator.aws import images
 
     width = shutil.get_terminal_size((100, 24)).columns
     rows = 0
@@ -143,10 +143,6 @@ def ami_rm(image: str, region: str | None):
     Example:
       orch ami rm ami-0123456789abcdef0
     """
-    import re
-
-    from orchestrator.aws import ec2 as api
-    from orchestrator.aws import images
 
     if not re.match(r"^ami-[0-9a-f]{8,17}$", image):
         raise OrchError(
@@ -159,7 +155,6 @@ def ami_rm(image: str, region: str | None):
 
 def _remember_region(region: str) -> None:
     """`orch gc` and `orch down --all` scan the regions of sweeps launched from here, and these."""
-    from orchestrator.sweep.spec import orch_home
 
     path = orch_home() / "ami-regions"
     known = set(path.read_text().split()) if path.exists() else set()
@@ -169,9 +164,6 @@ def _remember_region(region: str) -> None:
 
 
 def _default_region() -> str:
-    import os
-
-    from orchestrator.backends.aws.recipe import load_recipe
 
     try:
         return load_recipe(Path("ami/recipe.yaml"))[0].aws.region

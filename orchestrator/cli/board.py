@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 import signal
@@ -16,6 +17,7 @@ from pathlib import Path
 import click
 
 from orchestrator.cli.common import expected_errors, load_sweep_arg, sweep_parts
+from orchestrator.control.board import Board, need_tensorboard
 from orchestrator.errors import OrchError
 from orchestrator.host.attempt import group_runs
 from orchestrator.wait import Timeout, retry_until
@@ -56,7 +58,6 @@ def tensorboard(sweep: str, port: int, host: str, logdir: str | None):
     Example:
       orch tensorboard local-smoke --port 6006
     """
-    from orchestrator.control.board import Board, need_tensorboard
 
     need_tensorboard()
     sw = load_sweep_arg(sweep)
@@ -164,12 +165,8 @@ def _as_interrupt(_signum, _frame):
 
 def _die_with_parent() -> None:
     """In the child: a SIGTERM when orch itself dies, even of SIGKILL (Linux; elsewhere the handlers above serve)."""
-    try:
-        import ctypes
-
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _stop_group(proc: subprocess.Popen) -> None:

@@ -9,14 +9,17 @@ import sys
 from pathlib import Path
 
 import click
+from rich.console import Console
 
+from orchestrator.aws.ec2 import explain
+from orchestrator.backends.registry import backend_for, load_sweep, sweep_from_record
+from orchestrator.control.state import State
 from orchestrator.errors import NotFound, OrchError
+from orchestrator.store import layout, open_store
+from orchestrator.store.base import get_json
 
-EPILOG = "Docs: README.md. Runs keep going when orch exits; `orch down SWEEP` stops everything."
 
-
-def make_console():
-    from rich.console import Console
+def _console():
 
     return Console(highlight=False, soft_wrap=True)
 
@@ -44,8 +47,6 @@ def explained(exc: BaseException) -> OrchError | None:
     if isinstance(exc, OrchError):
         return exc
     if type(exc).__module__.startswith("botocore"):
-        from orchestrator.aws.ec2 import explain
-
         return explain(exc, "an AWS call")
     return None
 
@@ -55,15 +56,13 @@ def explained(exc: BaseException) -> OrchError | None:
 
 def load_sweep_arg(arg: str):
     """A sweep file path, or the name of a sweep launched from this machine."""
-    from orchestrator.backends.registry import load_sweep, sweep_from_record
-    from orchestrator.control.state import State
-    from orchestrator.store import layout, open_store
-    from orchestrator.store.base import get_json
 
     if arg.endswith((".yaml", ".yml")) or os.sep in arg or Path(arg).is_file():
         return load_sweep(arg)
     rec = State().sweep(arg)
     data = get_json(open_store(rec.store_url), layout.sweep_key(rec.name))
+    if data is None and Path(rec.spec_path).is_file():  # a launch still in its preflight: not recorded yet
+        return load_sweep(rec.spec_path)
     if data is None:
         raise NotFound(f"sweep {arg!r}: its store {rec.store_url} has no sweep.json any more. Launch its file again.")
     return sweep_from_record(data, rec.spec_path)
@@ -71,7 +70,6 @@ def load_sweep_arg(arg: str):
 
 def resolve_run(arg: str) -> tuple[object, str]:
     """RUN or SWEEP/RUN -> (sweep, run id), searching the sweeps launched from here."""
-    from orchestrator.control.state import State
 
     if re.match(r"^i-[0-9a-f]{8,17}$", arg):  # an instance id, as users of the seed tooling type it
         for rec in State().sweeps():
@@ -87,17 +85,20 @@ def resolve_run(arg: str) -> tuple[object, str]:
         candidates = [load_sweep_arg(name)]
     else:
         run_id = arg
-        candidates = []
+        candidates, unreadable = [], []
         for rec in State().sweeps():
             try:
                 candidates.append(load_sweep_arg(rec.name))
-            except OrchError:
-                continue
+            except Exception as exc:  # a sweep out of reach (its cloud's credentials, say) hides no other's runs
+                err = explained(exc)
+                if err is None:
+                    raise
+                unreadable.append(f"{rec.name}: {err}")
     hits = [s for s in candidates if any(r.run_id == run_id for r in s.runs)]
     if not hits:
         raise NotFound(
             f"no run {run_id!r} in {'that sweep' if '/' in arg else 'any sweep launched from here'}. List runs with "
-            "`orch status SWEEP`."
+            "`orch status SWEEP`." + (f" Not searched (out of reach): {'; '.join(unreadable)}." if unreadable else "")
         )
     if len(hits) > 1:
         names = ", ".join(f"{s.spec.name}/{run_id}" for s in hits)
@@ -106,8 +107,5 @@ def resolve_run(arg: str) -> tuple[object, str]:
 
 
 def sweep_parts(sweep):
-    from orchestrator.backends.registry import backend_for
-    from orchestrator.control.state import State
-    from orchestrator.store import open_store
 
     return backend_for(sweep), open_store(sweep.store_url), State()

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 from pathlib import Path
 
 import click
 
+from orchestrator.aws import ec2 as api
+from orchestrator.aws.ec2 import client
+from orchestrator.aws.policy import boundary_policy, controller_policy
+from orchestrator.aws.teardown import orch_resources, teardown
 from orchestrator.cli.common import expected_errors, explained, load_sweep_arg, resolve_run, sweep_parts
+from orchestrator.contract import bucket_problem
+from orchestrator.control.actions import chaos_interrupt, stop_sweep
+from orchestrator.control.lease import RENEW_S, request_stop, wait_released
+from orchestrator.control.state import State, SweepLock
 from orchestrator.errors import OrchError
+from orchestrator.host.staging import push
+from orchestrator.sweep.spec import orch_home
+from orchestrator.wait import Timeout, retry_until
 
 
 @click.group()
@@ -39,7 +52,6 @@ def chaos_interrupt_cmd(run: str, grace: float):
     Example:
       orch chaos interrupt 'lr=0.1,seed=0'
     """
-    from orchestrator.control.actions import chaos_interrupt
 
     sweep, run_id = resolve_run(run)
     backend, store, _ = sweep_parts(sweep)
@@ -65,7 +77,6 @@ def down(sweep: str | None, everything: bool):
       orch down local-smoke
       orch down --all
     """
-    from orchestrator.control.state import State
 
     if everything and sweep:
         raise OrchError("name one SWEEP or pass --all, not both.", exit_code=2)
@@ -106,8 +117,6 @@ def down(sweep: str | None, everything: bool):
 def _down_unknown(names: set) -> list[str]:
     """`orch down --all`: what orch tagged in the regions of the sweeps launched from here, of sweeps not known
     here. Returns the regions that could not be searched (each said why)."""
-    from orchestrator.aws.ec2 import client
-    from orchestrator.aws.teardown import teardown
 
     problems: list[str] = []
     for region, by_sweep in _scan_regions(problems).items():
@@ -121,8 +130,6 @@ def _down_unknown(names: set) -> list[str]:
 
 def _down_leftovers(name: str) -> None:
     """`orch down ami-RECIPE`: what an interrupted `orch ami build` left, in every region orch knows of."""
-    from orchestrator.aws.ec2 import client
-    from orchestrator.aws.teardown import teardown
 
     found = False
     for region, by_sweep in _scan_regions().items():
@@ -137,7 +144,6 @@ def _down_leftovers(name: str) -> None:
 def _down_one(arg: str, known: set) -> None:
     """Stop one sweep, printing as it goes. Its controller first, by name, when the sweep is known here: the
     lock is on this machine, so that much works even when the sweep's store or cloud cannot be reached."""
-    from orchestrator.control.actions import stop_sweep
 
     if arg in known:
         _stop_controller(arg)
@@ -159,8 +165,6 @@ def _down_one(arg: str, known: set) -> None:
 
 
 def _stop_controller(name: str) -> None:
-    from orchestrator.control.state import State, SweepLock
-    from orchestrator.wait import Timeout, retry_until
 
     lock = SweepLock(State().home, name)
     lock.ask_stop()  # before the holder is read: whoever holds the lock next sees it and hands nothing on
@@ -179,9 +183,6 @@ def _stop_controller(name: str) -> None:
 def _stop_elsewhere(sw, store) -> list[str]:
     """A controller of another machine or ORCH_HOME (its lease in the store is live): asked to stop through
     the lease, and waited for, so that it does not start again what this command stops."""
-    import socket
-
-    from orchestrator.control.lease import RENEW_S, request_stop, wait_released
 
     lease = request_stop(store, sw.spec.name, by=f"orch down on {socket.gethostname()} pid {os.getpid()}")
     if lease is None:
@@ -197,8 +198,6 @@ def _stop_elsewhere(sw, store) -> list[str]:
 def _scan_regions(problems: list[str] | None = None):
     """{region: {sweep: [resource, ...]}} over the regions of every aws sweep launched from here. A region that
     cannot be searched raises, or with `problems` given adds a line saying why to it and is left out."""
-    from orchestrator.aws import ec2 as api
-    from orchestrator.control.state import State
 
     regions = set()
     for rec in State().sweeps():
@@ -209,15 +208,12 @@ def _scan_regions(problems: list[str] | None = None):
                 if explained(exc) is None:
                     raise
                 continue
-    from orchestrator.sweep.spec import orch_home
 
     built = orch_home() / "ami-regions"  # where `orch ami build` ran: its builders are found there too
     regions |= set(built.read_text().split()) if built.exists() else set()
     out = {}
     for region in sorted(regions):
         try:
-            from orchestrator.aws.teardown import orch_resources
-
             out[region] = orch_resources(api.client("ec2", region), api.client("iam", region))
         except Exception as exc:  # botocore errors: say which region
             if problems is None:
@@ -238,7 +234,6 @@ def gc():
     Example:
       orch gc
     """
-    from orchestrator.control.state import State
 
     known = {rec.name for rec in State().sweeps()}
     found = False
@@ -270,7 +265,6 @@ def data_push(local_dir: Path, url: str):
     Example:
       orch data push ~/data/imagenette2 s3://my-bucket/datasets/imagenette2/
     """
-    from orchestrator.host.staging import push
 
     r = push(local_dir, url)
     click.echo(f"{url}: {r.files} files, {r.fetched} uploaded ({r.bytes / 1e6:.1f} MB), every file verified in S3")
@@ -282,7 +276,6 @@ def aws_group():
 
 
 def _bucket_names(*names: str | None) -> None:
-    from orchestrator.contract import bucket_problem
 
     for name in names:
         problem = bucket_problem(name) if name is not None else None
@@ -317,9 +310,6 @@ def aws_policy(bucket: str | None, data_buckets: tuple):
       aws iam create-policy --policy-name orch --policy-document file://orch-policy.json
       aws iam attach-user-policy --user-name me --policy-arn arn:aws:iam::ACCOUNT-ID:policy/orch
     """
-    import json
-
-    from orchestrator.aws.policy import controller_policy
 
     _bucket_names(bucket, *data_buckets)
     click.echo(json.dumps(controller_policy(bucket, data_buckets), indent=2))
@@ -345,9 +335,6 @@ def aws_boundary(bucket: str | None, data_buckets: tuple):
       orch aws boundary --bucket my-bucket --data-bucket my-datasets > orch-boundary.json
       aws iam create-policy --policy-name orch-boundary --policy-document file://orch-boundary.json
     """
-    import json
-
-    from orchestrator.aws.policy import boundary_policy
 
     _bucket_names(bucket, *data_buckets)
     click.echo(json.dumps(boundary_policy(bucket, data_buckets), indent=2))

@@ -9,8 +9,18 @@ from pathlib import Path
 
 import click
 
+from orchestrator.aws import ec2 as api
+from orchestrator.aws.ec2 import terminate
+from orchestrator.backends.aws.remote import RemoteSettings, check_remote, launch_controller, live_controllers
+from orchestrator.backends.registry import load_sweep
 from orchestrator.cli.common import expected_errors, sweep_parts
+from orchestrator.control.controller import Controller
+from orchestrator.control.lease import read_lease, refusal
+from orchestrator.control.supervisor import Supervisor
 from orchestrator.errors import OrchError
+from orchestrator.host.imds import ask_imds_patiently
+from orchestrator.store import layout, open_store
+from orchestrator.wait import Timeout, retry_until
 
 STARTING_S = 900.0  # a controller instance younger than this may still be installing and taking the sweep
 FIRST_PASS_S = 300.0  # after the install: the supervisor starts, the controller takes the lease (its first pass)
@@ -19,9 +29,6 @@ FIRST_PASS_S = 300.0  # after the install: the supervisor starts, the controller
 def launch_remote(con, sweep) -> None:
     """Validate and prepare here as a launch does, start the controller on its instance, return once its lease is
     in the store (or adopt the one that already runs)."""
-    from orchestrator.backends.aws.remote import check_remote, launch_controller, live_controllers
-    from orchestrator.control.controller import Controller
-    from orchestrator.control.lease import read_lease, refusal
 
     check_remote(sweep)
     backend, store, state = sweep_parts(sweep)
@@ -56,8 +63,6 @@ def launch_remote(con, sweep) -> None:
             markup=False,
         )
     else:  # another launch raced this one and its controller took the sweep first: ours serves nobody
-        from orchestrator.aws.ec2 import terminate
-
         terminate(backend.ec2, [ctl.instance_id])
         con.print(
             f"another launch's controller on {holder} took the sweep first; this launch's instance "
@@ -71,9 +76,6 @@ def _adopt_or_clear(con, backend, store, sweep, found: list) -> bool:
     """Controller instances of the sweep that exist although no live lease did when this launch began. One that is
     young may be another launch's, still starting: wait for it to take the sweep and adopt it (True). One that never
     took it, or whose lease lapsed, serves nobody: terminate it."""
-    from orchestrator.aws.ec2 import terminate
-    from orchestrator.control.lease import read_lease
-    from orchestrator.wait import Timeout, retry_until
 
     name = sweep.spec.name
     for old in found:
@@ -102,10 +104,6 @@ def _adopt_or_clear(con, backend, store, sweep, found: list) -> bool:
 
 def _wait_first_pass(store, name: str, ctl) -> str:
     """The instance whose controller took the sweep: this launch's, or a racing launch's."""
-    from orchestrator.aws import ec2 as api
-    from orchestrator.control.lease import read_lease
-    from orchestrator.store import layout
-    from orchestrator.wait import Timeout, retry_until
 
     def taken() -> str:
         lease, _ = read_lease(store, name)
@@ -138,12 +136,6 @@ def _follow(con, name: str) -> None:
 @expected_errors
 def supervise_cmd(settings_file: str):
     """On the controller's instance: run the sweep's controller, restarting it, until the sweep is done."""
-    from orchestrator.aws import ec2 as api
-    from orchestrator.backends.aws.remote import RemoteSettings
-    from orchestrator.backends.registry import load_sweep
-    from orchestrator.control.supervisor import Supervisor
-    from orchestrator.host.imds import ask_imds_patiently
-    from orchestrator.store import open_store
 
     ask_imds_patiently(os.environ)  # its credentials (and its controller's) come from the instance metadata service
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import math
+import time
 from typing import Any
 
+from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.control.collect import Results, ranked
+from orchestrator.aws.pricing import on_demand_price
+from orchestrator.control.collect import Results, best_trial, ranked
+from orchestrator.control.prune import rule
+from orchestrator.control.study import first_random_trials
 from orchestrator.control.views import Progress, RunView, usd
+from orchestrator.sweep.search import resolved_metric
+from orchestrator.sweep.shapes import describe
 
 STYLE = {
     "succeeded": "green",
@@ -202,7 +210,6 @@ def search_status_line(p) -> str:
 
 
 def best_trial_words(res: Results) -> str:
-    from orchestrator.control.collect import best_trial
 
     best = best_trial(res)
     metric, mode = res.search.metric, res.search.mode
@@ -225,8 +232,6 @@ def _dimension(dim) -> str:
 
 def search_lines(spec) -> list[str]:
     """A search's dry run: the sampler, the space and, for `random`, the first trials it will ask."""
-    from orchestrator.control.study import first_random_trials
-    from orchestrator.sweep.search import resolved_metric
 
     s = spec.search
     metric, mode = resolved_metric(spec)
@@ -253,9 +258,6 @@ def search_lines(spec) -> list[str]:
 
 def controller_line(sweep, plan) -> str:
     """--remote's part of the bound: the controller's on-demand hours while the runs can last."""
-    import math
-
-    from orchestrator.aws.pricing import on_demand_price
 
     ctl, spec = sweep.spec.aws.controller, sweep.spec
     waves = math.ceil(len(sweep.runs) / max(1, min(spec.max_parallel, len(sweep.runs) or 1)))
@@ -274,7 +276,6 @@ def controller_line(sweep, plan) -> str:
 def dry_run_lines(sweep, plan, every: bool = False, remote: bool = False) -> list[str]:
     """What `orch launch --dry-run` prints: the runs and their commands, each run's shape, and on
     AWS the (type, AZ) choices with their spot prices and GPUs, and a cost bound."""
-    from orchestrator.sweep.shapes import describe
 
     spec = sweep.spec
     lines = [
@@ -327,8 +328,6 @@ def goal_lines(spec) -> list[str]:
         sign = ">=" if t.resolved_mode() == "max" else "<="
         out.append(f"target: {t.metric} {sign} {t.value:g}; collect reports each run's time and dollars to it")
     if spec.prune is not None:
-        from orchestrator.control.prune import rule
-
         p = spec.prune
         metric, mode = rule(spec)
         rungs = ", ".join(f"{r:g}" for r in p.rungs)
@@ -337,3 +336,25 @@ def goal_lines(spec) -> list[str]:
             f"outside the best {p.keep:.0%} there is stopped, once {p.min_runs} runs have reported there"
         )
     return out
+
+
+def watch_progress(con, run_fn):
+    """Drive run_fn(on_progress) with a live table on a terminal, one line per change otherwise."""
+    if con.is_terminal:
+        with Live(console=con, refresh_per_second=4, transient=False) as live:
+            return run_fn(lambda p: live.update(runs_table(p)))
+    seen = {}
+
+    def on_progress(p):
+        for r in p.runs:
+            key = (r.state, r.attempt)
+            if seen.get(r.run_id) != key:
+                seen[r.run_id] = key
+                extra = f" ({r.reason})" if r.reason and r.state not in ("running", "starting") else ""
+                con.print(
+                    f"{time.strftime('%H:%M:%S')} {r.run_id}: {r.state} (attempt {r.attempt}){extra}", markup=False
+                )
+
+    progress = run_fn(on_progress)
+    con.print(runs_table(progress))
+    return progress

@@ -1,4 +1,4 @@
-"""`orch attach` and `orch logs`: one run, live in its tmux window or from the store."""
+"""`orch attach`, `orch logs` and `orch cancel`: one run, live in its tmux window, from the store, or stopped."""
 
 from __future__ import annotations
 
@@ -6,8 +6,13 @@ import sys
 
 import click
 
-from orchestrator.cli.common import expected_errors, resolve_run, sweep_parts
+from orchestrator.cli.common import expected_errors, load_sweep_arg, resolve_run, sweep_parts
+from orchestrator.control.actions import cancel_run
+from orchestrator.control.lease import read_lease
 from orchestrator.errors import NotFound, OrchError
+from orchestrator.store import layout
+from orchestrator.store.status import ACTIVE, read_status
+from orchestrator.wait import retry_until
 
 
 @click.command()
@@ -65,9 +70,6 @@ def logs(run: str, follow: bool, attempt: int | None, node: int, controller: boo
       orch logs 'lr=0.1,seed=0' -f
       orch logs --controller my-sweep
     """
-    from orchestrator.store import layout
-    from orchestrator.store.status import ACTIVE, read_status
-    from orchestrator.wait import retry_until
 
     if controller:
         _controller_log(run, follow)
@@ -106,10 +108,6 @@ def logs(run: str, follow: bool, attempt: int | None, node: int, controller: boo
 
 def _controller_log(sweep_arg: str, follow: bool) -> None:
     """The remote controller's log (its supervisor copies it into the store every few seconds)."""
-    from orchestrator.cli.common import load_sweep_arg
-    from orchestrator.control.lease import read_lease
-    from orchestrator.store import layout
-    from orchestrator.wait import retry_until
 
     sweep = load_sweep_arg(sweep_arg)
     _, store, _ = sweep_parts(sweep)
@@ -135,3 +133,18 @@ def _controller_log(sweep_arg: str, follow: bool) -> None:
         return not follow or lease is None or not lease.alive()
 
     retry_until(pump, None, 1.0)
+
+
+@click.command()
+@click.argument("run")
+@expected_errors
+def cancel(run: str):
+    """Stop RUN for good: its command is terminated and it is not retried.
+
+    \b
+    Example:
+      orch cancel 'lr=0.1,seed=0'
+    """
+    sweep, run_id = resolve_run(run)
+    backend, store, _ = sweep_parts(sweep)
+    click.echo(cancel_run(sweep, backend, store, run_id))

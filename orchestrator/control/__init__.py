@@ -1,5 +1,6 @@
 """The user's machine: the reconcile loop (a pure `decide()` over observed runs), the local state cache
-and lock, and `collect` (results, CSVs, plots, cost).
+and lock, `collect` (results, CSVs, plots, cost), and `orch launch` as process control (launch.py: the lock,
+the lease, signals, the hand-off, the background controller; it tells the CLI what happens through events).
 
 May import `backends`, `aws`, `store`, `sweep`, `contract`, `errors`, `wait`; never `cli`; nothing
 here prints (the CLI renders what these return).

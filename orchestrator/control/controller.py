@@ -544,9 +544,9 @@ class Controller:
         last: list[Progress] = []
 
         def one_pass() -> bool:
-            if self.lease is not None:
-                self.lease.renew()  # raises LeaseLost (and the loop ends) when another controller took the sweep
             try:
+                if self.lease is not None:
+                    self.lease.renew()  # raises LeaseLost (the loop ends) when another controller took the sweep
                 progress = self.step()
             except OSError as exc:  # the store (a folder) went away or became read-only under us
                 raise OrchError(

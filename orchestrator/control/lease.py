@@ -5,8 +5,10 @@ laptop and a remote controller, a container beside the host) share nothing but t
 there. Every write is conditional (put_if on the version read), so of two controllers racing for a sweep
 exactly one holds it. The holder renews its heartbeat from its pass loop; a lease whose heartbeat is older
 than `stale_after_s` (or whose holder's process is gone, when it ran on this very machine) is taken over, again
-conditionally. `orch down` from anywhere asks the holder to stop by writing `stop_requested` into the record:
-the holder's next renewal fails, it reads why, and it ends.
+conditionally. A remote controller restarted by its own supervisor takes its dead predecessor's lease at once: the
+supervisor starts one controller at a time, so a lease held under its id is held by a controller that has exited.
+`orch down` from anywhere asks the holder to stop by writing `stop_requested` into the record: the holder reads
+its record every pass (a GET; it writes only every RENEW_S), sees the record moved, reads why, and ends.
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ from orchestrator.errors import OrchError
 from orchestrator.store import layout
 from orchestrator.store.base import Store, json_bytes
 
-RENEW_S = 15.0  # a heartbeat write at most this often: one PUT per 15 s is 5,760 a day (under $0.03 on S3)
+RENEW_S = 15.0  # a heartbeat write at most this often: one PUT per 15 s is 5,760 a day (under $0.03 on S3); between
+# writes a GET per pass (43,200 a day at 2 s passes: under $0.02) sees a stop request within a pass
 STALE_S = 120.0  # eight renewals missed: the holder is gone (generous, for clock skew and a slow pass)
 
 # Where the controller runs, when it runs on an instance orch started for it (the remote controller's unit
 # file sets them): the lease then names the instance, and `orch status` says where to look.
 INSTANCE_ENV = ("ORCH_CONTROLLER_INSTANCE_ID", "ORCH_CONTROLLER_INSTANCE_TYPE", "ORCH_CONTROLLER_REGION")
+SUPERVISOR_ENV = "ORCH_SUPERVISOR"  # the id of the supervisor (control/supervisor.py) that started this controller
 
 
 def lease_key(sweep: str) -> str:
@@ -48,6 +52,7 @@ class Holder:
     instance_id: str = ""  # the EC2 instance, for a remote controller
     instance_type: str = ""
     region: str = ""
+    supervisor: str = ""  # the supervisor that started it, on a remote controller's instance
 
     @classmethod
     def here(cls, home: Path) -> Holder:
@@ -61,6 +66,7 @@ class Holder:
             instance_id=iid,
             instance_type=itype,
             region=region,
+            supervisor=os.environ.get(SUPERVISOR_ENV, ""),
         )
 
     def where(self) -> str:
@@ -126,7 +132,7 @@ class Lease:
         """Take the sweep, or refuse (OrchError, exit 2) when a live controller holds it."""
         for _ in range(tries):
             current, version = read_lease(self.store, self.sweep)
-            if current is not None and current.alive():
+            if current is not None and current.alive() and not self._restart_of(current.holder):
                 raise OrchError(refusal(self.sweep, current, self.spec_path), exit_code=2)
             now = time.time()
             record = LeaseRecord(holder=self.holder, started=now, heartbeat=now)
@@ -141,12 +147,19 @@ class Lease:
             exit_code=2,
         )
 
+    def _restart_of(self, holder: Holder) -> bool:
+        """The holder was started by this controller's own supervisor, which starts the next only once it exited."""
+        return bool(self.holder.supervisor) and holder.supervisor == self.holder.supervisor
+
     def renew(self, force: bool = False, now: float | None = None) -> None:
-        """The heartbeat, from the pass loop: written when due. Raises LeaseLost when the record moved on
-        (another controller took it over, or `orch down` asked this one to stop)."""
+        """The heartbeat, from the pass loop: written when due, the record read otherwise. Raises LeaseLost when
+        the record moved on (another controller took it over, or `orch down` asked this one to stop)."""
         now = time.time() if now is None else now
-        if self.record is None or (not force and now - self._renewed < RENEW_S):
+        if self.record is None:
             return
+        if not force and now - self._renewed < RENEW_S:
+            if self.store.get_versioned(lease_key(self.sweep))[1] == self.version:
+                return  # (a stop request changes the record: the write below then fails and says why)
         self.record.heartbeat = now
         new = self.store.put_if(lease_key(self.sweep), json_bytes(self.record.to_json()), self.version)
         if new:
@@ -221,10 +234,12 @@ def wait_released(store: Store, sweep: str, timeout: float) -> bool:
 
 def refusal(sweep: str, lease: LeaseRecord, spec_path: str = "") -> str:
     again = f"`orch launch {spec_path}`" if spec_path else "`orch launch` of its file"
+    down = f"`orch down {spec_path}`" if spec_path else "`orch down` of its file"
     return (
         f"sweep {sweep!r} is already run by a controller on {lease.holder.where()}, last heartbeat "
         f"{lease.age():.0f} s ago (store record {lease_key(sweep)}). One controller per sweep: watch it with "
-        f"`orch status {sweep} --watch`, or stop it with `orch down {sweep}` (from any machine with the store). "
+        f"`orch status {sweep} --watch`, or stop it with {down} (from any machine with the store; `orch down "
+        f"{sweep}` from the ORCH_HOME that launched it). "
         f"If that controller is gone, its lease lapses {lease.stale_after_s:.0f} s after its last heartbeat; "
         f"then {again} takes the sweep over."
     )

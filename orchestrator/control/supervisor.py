@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from pathlib import Path
 from orchestrator.backends.aws.remote import RemoteSettings, ensure_own_key
 from orchestrator.backends.registry import load_sweep
 from orchestrator.control import notify
-from orchestrator.control.lease import INSTANCE_ENV
+from orchestrator.control.lease import INSTANCE_ENV, SUPERVISOR_ENV
 from orchestrator.store import layout
 from orchestrator.store.base import Store
 from orchestrator.wait import retry_until
@@ -57,6 +58,7 @@ class Supervisor:
         self.terminate, self.now = terminate, now
         self.restarts = 0
         self._uploaded = 0.0
+        self.token = uuid.uuid4().hex  # its controllers' leases name it: a restart takes the dead one's over at once
 
     def run(self) -> Ending:
         """Supervise until the sweep no longer needs this instance, then terminate it."""
@@ -97,6 +99,7 @@ class Supervisor:
     def _start(self) -> subprocess.Popen:
         env = dict(os.environ, PYTHONPATH=self.s.code_dir)
         env.update(zip(INSTANCE_ENV, (self.s.instance_id, self.s.instance_type, self.s.region)))
+        env[SUPERVISOR_ENV] = self.token
         argv = [sys.executable, "-m", "orchestrator.cli", "_controller", self.s.sweep_file, "--remote-settings"]
         argv.append(str(Path(self.s.sweep_file).with_name("remote.json")))
         out = open(self.log_path, "ab")

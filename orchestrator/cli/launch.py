@@ -1,0 +1,137 @@
+"""`orch launch` and `orch _controller` (the background controller): parse, call control/launch.py, print."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from orchestrator.backends.aws.remote import RemoteSettings, check_remote, remote_view
+from orchestrator.backends.registry import backend_for, load_sweep
+from orchestrator.cli.common import _console, expected_errors, sweep_parts
+from orchestrator.cli.remote import launch_remote
+from orchestrator.cli.render import dry_run_lines, failure_report, spend_text, watch_progress
+from orchestrator.control import launch as control
+
+
+@click.command()
+@click.argument("sweep_file", type=click.Path(dir_okay=False))
+@click.option("--dry-run", is_flag=True, help="Validate and print the runs and their commands; launch nothing.")
+@click.option("--detach", is_flag=True, help="Run the controller in the background and return at once.")
+@click.option("--all", "every", is_flag=True, help="With --dry-run: print every run (without it, the first 50).")
+@click.option(
+    "--remote",
+    is_flag=True,
+    help="aws: run the controller on an on-demand instance of the sweep's region (`aws.controller`), so this "
+    "machine may sleep; returns once it runs.",
+)
+@expected_errors
+def launch(sweep_file: str, dry_run: bool, detach: bool, every: bool, remote: bool):
+    """Launch (or continue) the sweep in SWEEP_FILE and watch it.
+
+    A second launch of the same sweep adopts what runs, skips what finished and
+    retries failures up to max_restarts. Ctrl-C hands the loop to a background
+    controller; runs keep going.
+
+    \b
+    Example:
+      orch launch experiments/local-smoke.yaml --dry-run
+    """
+    sweep = load_sweep(sweep_file)
+    con = _console()
+    if remote:
+        check_remote(sweep)
+    if dry_run:
+        control.check_like_launch(sweep)
+        for line in dry_run_lines(sweep, backend_for(sweep).plan(), every, remote):
+            con.print(line, markup=False)
+        return
+    if remote:
+        launch_remote(con, sweep)
+        return
+    this = control.Launch(sweep, *sweep_parts(sweep), on_event=lambda event: _tell(con, sweep, event))
+    progress = this.run(detach, lambda run_fn: watch_progress(con, run_fn))
+    if progress is not None:
+        _finish(con, progress)
+
+
+def _tell(con, sweep, event: control.Event) -> None:
+    """What the launch says as it goes."""
+    name = sweep.spec.name
+    if isinstance(event, control.TookOver):
+        _say(con, f"took the sweep over from a controller on {event.where} (silent for {event.silent_s:.0f} s)")
+    elif isinstance(event, control.Started):
+        con.print(
+            f"{'launching' if event.new else 'continuing'} sweep [bold]{name}[/]: {len(sweep.runs)} runs, "
+            f"max_parallel {sweep.spec.max_parallel}, store {sweep.store_url}"
+        )
+    elif isinstance(event, control.Detached):
+        con.print(f"controller running in the background (pid {event.pid}). Watch: `orch status {name} --watch`.")
+    elif isinstance(event, control.HandedOff):
+        _say(
+            con,
+            f"\ndetached: runs keep going, the controller continues in the background (pid {event.pid}).\n"
+            f"Watch: `orch status {name} --watch`. Stop everything: `orch down {name}`.",
+        )
+    elif isinstance(event, control.Stopped):
+        _say(con, f"\n{event.text}")
+        _flush()  # the process ends at once after this event (os._exit)
+
+
+def _say(con, text: str) -> None:
+    """Print if there is still a terminal to print to (after SIGHUP there may be none)."""
+    with contextlib.suppress(OSError):
+        con.print(text, markup=False)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError):
+            stream.flush()
+
+
+def _finish(con, progress):
+    failed = progress.failed
+    for line in failure_report(failed):
+        con.print(line, markup=False)
+    ok = sum(1 for r in progress.runs if r.state == "succeeded")
+    spend = spend_text(progress)
+    con.print(
+        f"sweep {progress.sweep} done: {ok} of {len(progress.runs)} runs succeeded"
+        + (f", {spend}" if spend else "")
+        + f". Results: `orch collect {progress.sweep}`."
+    )
+    if failed:
+        sys.exit(1)
+
+
+@click.command("_controller", hidden=True)
+@click.argument("sweep_file")
+@click.option("--remote-settings", type=click.Path(dir_okay=False), help="On a remote controller's instance.")
+@expected_errors
+def controller_cmd(sweep_file: str, remote_settings: str | None):
+    """The background controller (used by --detach and Ctrl-C, and on a remote controller's instance)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    sweep = load_sweep(sweep_file)
+    backend, store, state = sweep_parts(sweep)
+    if remote_settings:  # its backend sees the sweep with the controller's own key, group and profile
+        settings = RemoteSettings.read(Path(remote_settings))
+        os.environ.update(settings.notify_env)  # `notify:`'s url_env sinks, as the laptop had them
+        backend = backend_for(remote_view(sweep, settings))
+    con = _console()
+
+    def tell(event: control.Event) -> None:
+        if isinstance(event, control.TookOver):
+            _say(con, f"took the sweep over from a controller on {event.where} (silent for {event.silent_s:.0f} s)")
+        elif isinstance(event, control.NotStarting):
+            click.echo(f"sweep {sweep.spec.name}: stopped by `orch down`; not starting.")
+        elif isinstance(event, control.Stopped):
+            click.echo(event.text)
+
+    progress = control.serve(sweep, backend, store, state, tell, remote=bool(remote_settings))
+    if progress is not None:
+        click.echo(f"sweep {sweep.spec.name} done: {len(progress.failed)} failed")

@@ -1,0 +1,252 @@
+"""`orch launch` as process control: the lock, the lease, preflight, Ctrl-C and its teardown, the hand-off to a
+background controller, and that background controller itself (`orch _controller`).
+
+The CLI parses, calls and prints; this module decides what the process does and tells the CLI through events
+(dataclasses, handed to a callback): it prints nothing. Closing the terminal (SIGHUP) or a plain `kill` (SIGTERM)
+is treated like Ctrl-C: the loop is handed to a background controller, so queued runs still start. `orch down`
+(a stop mark beside the lock, then SIGTERM; or a stop request through the lease from another ORCH_HOME) wins over
+a hand-off whichever process it reaches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.backends.base import Backend
+from orchestrator.control.controller import Controller, check_recorded
+from orchestrator.control.lease import Lease, LeaseLost
+from orchestrator.control.notify import REMOTE_PATIENCE_S
+from orchestrator.control.state import State, SweepLock
+from orchestrator.control.views import Progress
+from orchestrator.errors import OrchError
+from orchestrator.store import layout, open_store
+from orchestrator.store.base import Store, get_json
+from orchestrator.sweep.spec import Sweep, orch_home
+from orchestrator.wait import Timeout, retry_until
+
+STOPPED_CODE = 143  # a launch stopped by `orch down`: the exit code of a process ended by SIGTERM
+HAND_OFF_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+# --- what the CLI is told -----------------------------------------------------------------------
+
+
+@dataclass
+class TookOver:
+    """The lease was taken from a controller that had gone silent."""
+
+    where: str
+    silent_s: float
+
+
+@dataclass
+class Started:
+    """Preflight and the sweep's record are done: the sweep starts (new) or continues."""
+
+    new: bool
+
+
+@dataclass
+class Detached:
+    """`--detach`: the loop runs in a background controller from the start."""
+
+    pid: int
+
+
+@dataclass
+class HandedOff:
+    """Ctrl-C, SIGTERM or SIGHUP: the loop continues in a background controller."""
+
+    pid: int
+
+
+@dataclass
+class Stopped:
+    """`orch down` stopped this launch (here, or through the lease from elsewhere): no controller continues."""
+
+    text: str
+
+
+@dataclass
+class NotStarting:
+    """The background controller found the sweep stopped by `orch down` while the loop was handed to it."""
+
+
+Event = TookOver | Started | Detached | HandedOff | Stopped | NotStarting
+OnEvent = Callable[[Event], None]
+RunFn = Callable[[Callable[[Progress], None]], Progress]
+Watch = Callable[[RunFn], Progress]  # drives the loop's run function with a table (the CLI's)
+
+
+# --- the launch in the foreground ---------------------------------------------------------------
+
+
+class Launch:
+    """One `orch launch` of a sweep on this machine."""
+
+    def __init__(self, sweep: Sweep, backend: Backend, store: Store, state: State, on_event: OnEvent):
+        self.sweep, self.backend, self.store, self.state = sweep, backend, store, state
+        self.on_event = on_event
+        self.lock = SweepLock(state.home, sweep.spec.name)
+        self.lease: Lease | None = None
+
+    def run(self, detach: bool, watch: Watch) -> Progress | None:
+        """Launch: the sweep's progress when the loop ran here to its end; None when it went to the background.
+        A stop by `orch down` ends the process (exit 143) once its event is out."""
+        self.lock.acquire()
+        self.lock.clear_stop()  # a launch after `orch down` runs the sweep again
+        self.lease = take_lease(self.sweep, self.store, self.state, self.on_event)  # before preflight: a sweep
+        # run elsewhere buys nothing here
+        spec = self.sweep.spec
+        self.state.check_same_store(spec.name, str(self.sweep.path), self.sweep.store_url)
+        self.state.remember(spec.name, str(self.sweep.path), self.sweep.store_url, spec.backend)  # `orch down NAME`
+        # finds the sweep while preflight runs (seconds on AWS), before the store has its record
+        # SIGTERM or a closed terminal in the first seconds (preflight makes the security group, template and
+        # profile on AWS) is treated like Ctrl-C there: whatever preflight made is removed before orch exits.
+        for sig in HAND_OFF_SIGNALS:
+            signal.signal(sig, _hand_off)
+        controller = Controller(self.sweep, self.backend, self.store, self.state)
+        controller.lease = self.lease
+        new = self._prepare(controller)
+        try:
+            self.on_event(Started(new))
+            progress = None if detach else self._loop(controller, watch)
+        except KeyboardInterrupt:  # Ctrl-C (or SIGTERM, SIGHUP) whenever it came after preflight
+            self._hand_over()
+            return None
+        finally:
+            self.lock.release()
+        if detach:
+            self.lease.release("handed to a background controller")
+            self.on_event(Detached(spawn_controller(self.sweep)))
+        return progress
+
+    def _prepare(self, controller: Controller) -> bool:
+        """Preflight and the sweep's record; Ctrl-C here removes what this launch made (a new sweep's)."""
+        assert self.lease is not None
+        fresh = get_json(self.store, layout.sweep_key(self.sweep.spec.name)) is None  # a sweep seen before keeps
+        # what it has (its runs use it)
+        try:
+            self.backend.preflight()
+            return controller.prepare()
+        except KeyboardInterrupt:
+            removed = self.backend.teardown() if fresh else []
+            self.lease.release("interrupted before the sweep started")
+            self.lock.release()
+            raise OrchError(
+                f"interrupted before the sweep started; removed what this launch had made ({len(removed)} "
+                f"resource(s)). Nothing new runs.",
+                exit_code=130,
+            ) from None
+        except BaseException:
+            self.lease.release("the launch failed before the sweep started")
+            raise
+
+    def _loop(self, controller: Controller, watch: Watch) -> Progress:
+        try:
+            return watch(controller.run)
+        except LeaseLost as exc:
+            if not exc.stopped:
+                raise
+            self._stopped(str(exc))
+            raise  # (not reached: _stopped ends the process)
+
+    def _hand_over(self) -> None:
+        """The loop goes to a background controller, unless `orch down` asked for a stop."""
+        for sig in (signal.SIGINT, *HAND_OFF_SIGNALS):  # the hand-off itself is not interrupted
+            signal.signal(sig, signal.SIG_IGN)
+        if self.lock.stop_asked():
+            self._stopped(f"stopped by `orch down {self.sweep.spec.name}`: no controller continues this sweep.")
+        assert self.lease is not None  # the loop released it on its way out; a signal before the loop began did not
+        self.lease.release("handed to a background controller")
+        self.lock.release()
+        self.on_event(HandedOff(spawn_controller(self.sweep)))
+
+    def _stopped(self, text: str) -> None:
+        """A stop, not a hand-off. The process ends at once, lock held to the end, so `orch down` (waiting for
+        the lock) stops the runs only once nothing of this launch can start more: provisioning threads still in
+        flight would otherwise start an agent, or buy an instance, after it."""
+        self.on_event(Stopped(text))
+        os._exit(STOPPED_CODE)
+
+
+def _hand_off(signum, _frame):
+    raise KeyboardInterrupt  # the same path as Ctrl-C
+
+
+def take_lease(sweep: Sweep, store: Store, state: State, on_event: OnEvent) -> Lease:
+    """The sweep's lease in the store: one controller per sweep, whatever machine or ORCH_HOME runs it."""
+    lease = Lease(store, sweep.spec.name, state.home, str(sweep.path)).acquire()
+    if lease.took_over is not None:
+        on_event(TookOver(lease.took_over.holder.where(), lease.took_over.age()))
+    return lease
+
+
+def spawn_controller(sweep: Sweep) -> int:
+    """Start the background controller (`orch _controller`) and return its pid once it holds the sweep's lock."""
+    log_dir = orch_home() / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / f"{sweep.spec.name}-controller.log", "ab") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.cli", "_controller", str(sweep.path)],
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    lock = SweepLock(orch_home(), sweep.spec.name)
+    with contextlib.suppress(Timeout):
+        retry_until(lambda: lock.holder() == proc.pid or proc.poll() is not None, 15, 0.05, "the background controller")
+    if proc.poll() is not None:
+        if lock.stop_asked():
+            raise OrchError(
+                f"stopped by `orch down {sweep.spec.name}`: no controller continues this sweep.", STOPPED_CODE
+            )
+        raise OrchError(f"the background controller exited at once (code {proc.returncode}); see {log_file.name}")
+    return proc.pid
+
+
+# --- the background controller ------------------------------------------------------------------
+
+
+def serve(
+    sweep: Sweep, backend: Backend, store: Store, state: State, on_event: OnEvent, remote: bool = False
+) -> Progress | None:
+    """`orch _controller`: the loop without a terminal (after --detach or a hand-off, and on a remote controller's
+    instance), to its end; None when `orch down` stopped it (an event says so). SIGTERM ends it (exit 0)."""
+    lock = SweepLock(state.home, sweep.spec.name)
+    lock.acquire()
+    lease = take_lease(sweep, store, state, on_event)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    if lock.stop_asked():  # `orch down` came while a launch handed the loop over: the stop wins
+        lease.release("stopped by `orch down` before it started")
+        on_event(NotStarting())
+        return None
+    controller = Controller(sweep, backend, store, state)
+    controller.lease = lease
+    if remote:  # nobody waits on this instance: it keeps trying to deliver before it ends
+        controller.notify_patience_s, controller.notify_hand_off = REMOTE_PATIENCE_S, False
+    controller.prepare()
+    try:
+        progress = controller.run()
+    except LeaseLost as exc:
+        if not exc.stopped:
+            raise
+        on_event(Stopped(str(exc)))
+        return None
+    return progress
+
+
+def check_like_launch(sweep: Sweep) -> None:
+    """A dry run refuses what the launch would refuse, without creating anything."""
+    if sweep.store_url.startswith("s3://") or Path(sweep.store_url).is_dir():
+        check_recorded(sweep, open_store(sweep.store_url), State())
+    else:
+        State().check_same_store(sweep.spec.name, str(sweep.path), sweep.store_url)

@@ -1,0 +1,73 @@
+"""The `orch` group (cli/main.py): its commands load lazily, its help lists them, RUN arguments resolve."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import click
+
+from orchestrator.cli.main import COMMANDS, main
+from orchestrator.control.state import State
+from orchestrator.wait import retry_until
+from tests.conftest import run_states as status
+
+
+def test_each_command_loads_from_its_module_and_the_help_line_shown_for_it_is_its_own():
+    for name, (where, line) in COMMANDS.items():
+        module, attr = where.split(":")
+        cmd = getattr(importlib.import_module(module), attr)
+        assert isinstance(cmd, click.Command) and cmd.name == name, where
+        if cmd.hidden:
+            assert line is None, name
+        else:
+            assert line is not None, name
+            assert click.Command(name, help=line).get_short_help_str(1000) == cmd.get_short_help_str(1000), name
+    ctx = click.Context(main)
+    assert main.list_commands(ctx) == sorted(COMMANDS)
+    assert main.get_command(ctx, "launch").name == "launch" and main.get_command(ctx, "nope") is None
+
+
+def test_orch_help_lists_every_visible_command(orch):
+    r = orch("--help")
+    assert r.code == 0, r.err
+    section = r.out.split("Commands:\n", 1)[1].split("\n\n", 1)[0]
+    listed = {line.split()[0] for line in section.splitlines()}
+    assert listed == {name for name, (_, line) in COMMANDS.items() if line is not None}, r.out
+    assert "Launch (or continue) the sweep" in r.out and "_controller" not in r.out
+
+
+def test_bare_run_ids_reach_a_local_sweep_when_a_sweep_of_an_s3_store_is_out_of_reach(orch, job):
+    path = orch.sweep(f"""
+        name: b-local
+        command: "{job(steps=2, release=True)}"
+        grid:
+          lr: [0.2]
+        seeds: 2
+        max_parallel: 2
+        store: store
+    """)
+    assert orch("launch", str(path), "--detach").code == 0
+    retry_until(
+        lambda: all(r["state"] == "running" for r in status(orch, "b-local").values()), 60, 0.3, "the runs to start"
+    )
+    # a sweep launched on AWS from here earlier, and a shell without AWS credentials
+    State(orch.home).remember("a-aws", str(orch.tmp / "gone.yaml"), "s3://some-bucket/sweeps", "aws")
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        orch.env.pop(key, None)
+    orch.env.update(
+        AWS_CONFIG_FILE=os.devnull,
+        AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+        AWS_EC2_METADATA_DISABLED="true",
+        AWS_ENDPOINT_URL="http://127.0.0.1:9",
+    )
+    logs = orch("logs", "lr=0.2,seed=1")
+    assert logs.code == 0 and "tick 0 of lr=0.2,seed=1" in logs.out, logs.out + logs.err
+    cancel = orch("cancel", "lr=0.2,seed=1")
+    assert cancel.code == 0 and "Traceback" not in cancel.err, cancel.out + cancel.err
+    retry_until(lambda: status(orch, "b-local")["lr=0.2,seed=1"]["state"] == "cancelled", 60, 0.5, "the cancel")
+    missing = orch("logs", "lr=9,seed=9")
+    assert missing.code != 0 and "no run 'lr=9,seed=9'" in missing.err, missing.err
+    assert "a-aws: No AWS credentials found" in missing.err, missing.err  # which sweep was not searched, and why
+    job.release.touch()
+    orch("down", "b-local")
