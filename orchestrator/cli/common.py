@@ -19,7 +19,7 @@ from orchestrator.store import layout, open_store
 from orchestrator.store.base import get_json
 
 
-def _console():
+def make_console():
 
     return Console(highlight=False, soft_wrap=True)
 

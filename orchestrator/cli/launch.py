@@ -12,7 +12,7 @@ import click
 
 from orchestrator.backends.aws.remote import RemoteSettings, check_remote, remote_view
 from orchestrator.backends.registry import backend_for, load_sweep
-from orchestrator.cli.common import _console, expected_errors, sweep_parts
+from orchestrator.cli.common import expected_errors, make_console, sweep_parts
 from orchestrator.cli.remote import launch_remote
 from orchestrator.cli.render import dry_run_lines, failure_report, spend_text, watch_progress
 from orchestrator.control import launch as control
@@ -42,7 +42,7 @@ def launch(sweep_file: str, dry_run: bool, detach: bool, every: bool, remote: bo
       orch launch experiments/local-smoke.yaml --dry-run
     """
     sweep = load_sweep(sweep_file)
-    con = _console()
+    con = make_console()
     if remote:
         check_remote(sweep)
     if dry_run:
@@ -122,7 +122,7 @@ def controller_cmd(sweep_file: str, remote_settings: str | None):
         settings = RemoteSettings.read(Path(remote_settings))
         os.environ.update(settings.notify_env)  # `notify:`'s url_env sinks, as the laptop had them
         backend = backend_for(remote_view(sweep, settings))
-    con = _console()
+    con = make_console()
 
     def tell(event: control.Event) -> None:
         if isinstance(event, control.TookOver):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from orchestrator.cli.common import _console, expected_errors, explained, load_sweep_arg, sweep_parts
+from orchestrator.cli.common import expected_errors, explained, load_sweep_arg, make_console, sweep_parts
 from orchestrator.cli.render import (
     results_notes,
     results_table,
@@ -87,7 +87,7 @@ def status(sweep: str | None, as_json: bool, watch: bool, every: bool):
       orch status local-smoke --json
     """
 
-    con = _console()
+    con = make_console()
     if sweep is None:
         _status_of_every_sweep(con, as_json)
         return
@@ -177,7 +177,7 @@ def collect(sweep: str, out: str | None, wide: bool, tb_dir: str | None):
     results = gather(sw, store)
     out_dir = Path(out or Path("results") / sw.spec.name)
     paths = write_outputs(results, out_dir)
-    con = _console()
+    con = make_console()
     table = results_table(results, width=con.width, wide=wide)
     con.width = max(con.width, table.needed_width)  # longer lines rather than cut ids, states, times
     con.print(table)
