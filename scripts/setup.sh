@@ -18,14 +18,19 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
-# The browser test of `orch tensorboard` renders the page in Debian's chromium; where it cannot be
-# installed, that one test skips and says why.
-if [[ ",$extras," == *",dev,"* ]] && ! command -v chromium >/dev/null 2>&1; then
-  echo "setup: installing chromium with apt-get (for the TensorBoard browser test)"
+# The browser tests (`orch tensorboard`, the docs site's search box) use Debian's chromium, and chromium-driver
+# for the one that types into a page; where they cannot be installed, those tests skip and say why.
+browser=()
+if [[ ",$extras," == *",dev,"* ]]; then
+  command -v chromium >/dev/null 2>&1 || browser+=(chromium)
+  command -v chromedriver >/dev/null 2>&1 || browser+=(chromium-driver)
+fi
+if [ ${#browser[@]} -gt 0 ]; then
+  echo "setup: installing ${browser[*]} with apt-get (for the browser tests)"
   sudo_cmd=""
   [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
-  { $sudo_cmd apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq chromium >/dev/null; } \
-    || echo "setup: chromium could not be installed; the TensorBoard browser test will skip" >&2
+  { $sudo_cmd apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${browser[@]}" >/dev/null; } \
+    || echo "setup: ${browser[*]} could not be installed; the browser tests will skip" >&2
 fi
 
 python="${PYTHON:-python3}"

@@ -1,5 +1,6 @@
-"""The README's fake-cloud walk-through, run as written: `python -m tests.fakecloud` in one process (it used to
-crash at start), its exports pasted into another, then the block's commands one by one."""
+"""The fake-cloud walk-through of docs/getting-started/first-aws-sweep.md (once in the README), run as written:
+`python -m tests.fakecloud` in one process (it used to crash at start), its exports pasted into another, then the
+block's commands one by one."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ pytestmark = pytest.mark.slow
 
 
 def walkthrough_commands() -> list:
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split("**Try it without AWS.**", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    page = (ROOT / "docs" / "getting-started" / "first-aws-sweep.md").read_text()
+    block = page.split("**Try it without AWS.**", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
     lines = [line.split("  #")[0].strip() for line in block.splitlines()]
     cloud = [line for line in lines if "-m tests.fakecloud" in line]
     rest = [line for line in lines if line and not line.startswith("#") and "-m tests.fakecloud" not in line]
@@ -29,7 +30,7 @@ def walkthrough_commands() -> list:
 
 
 @pytest.mark.timeout(900)
-def test_the_readme_fake_cloud_walkthrough_runs_as_written(tmp_path):
+def test_the_fake_cloud_walkthrough_of_the_docs_runs_as_written(tmp_path):
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir(), work.mkdir()
     (work / "experiments").symlink_to(ROOT / "experiments")  # the commands name experiments/...; results/ lands here
