@@ -128,7 +128,31 @@ def sweep_file_page() -> str:
 # --- the CLI, from click ----------------------------------------------------------------------------------
 
 
+def shown_commands(group, ctx) -> Dict[str, Any]:
+    """The subcommands `--help` lists (a LazyGroup's with help text; click's own, not hidden), imported."""
+    lazy = getattr(group, "lazy", {})
+    names = [n for n in group.list_commands(ctx) if n not in lazy or lazy[n][1] is not None]
+    found = {n: group.get_command(ctx, n) for n in names}
+    return {n: c for n, c in found.items() if c is not None and not c.hidden}
+
+
+def _load_lazy_commands() -> None:
+    # mkdocs-click walks `group.commands`; orch's LazyGroup fills it only when a command runs
+    import click
+
+    from orchestrator.cli.main import main
+
+    def fill(group, ctx):
+        for name, cmd in shown_commands(group, ctx).items():
+            group.commands[name] = cmd
+            if isinstance(cmd, click.Group):
+                fill(cmd, click.Context(cmd, info_name=name, parent=ctx))
+
+    fill(main, click.Context(main, info_name="orch"))
+
+
 def cli_page() -> str:
+    _load_lazy_commands()
     return (
         "# The CLI (generated)\n\nGenerated at every build from orch's click commands "
         "(`orchestrator/cli/`) by mkdocs-click: every command, argument and option with its help.\n\n"

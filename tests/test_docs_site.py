@@ -82,22 +82,22 @@ def test_a_broken_link_fails_the_strict_build(tmp_path):
 # --- the sweep file's reference: every field of the models, and no other -----------------------------------------
 
 
-def _models_in(annotation) -> typing.Iterator[typing.Tuple[str, type]]:
+def _models_in(annotation) -> typing.Iterator[tuple[str, type]]:
     """(how the field holds it: "" / "[]" / ".NAME", model) for each pydantic model inside an annotation."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         yield "", annotation
         return
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin in (list, tuple, typing.List, typing.Sequence) and args:
+    if origin in (list, tuple, typing.Sequence) and args:
         yield from (("[]", m) for _, m in _models_in(args[0]))
-    elif origin in (dict, typing.Dict, typing.Mapping) and len(args) == 2:
+    elif origin in (dict, typing.Mapping) and len(args) == 2:
         yield from ((".NAME", m) for _, m in _models_in(args[1]))
     else:
         for arg in args:
             yield from _models_in(arg)
 
 
-def field_paths(model: type, prefix: str = "") -> typing.Set[str]:
+def field_paths(model: type, prefix: str = "") -> set[str]:
     found = set()
     for name, info in model.model_fields.items():
         path = prefix + (info.alias or name)
@@ -131,14 +131,19 @@ def test_every_field_of_the_sweep_file_has_a_description_in_the_reference(site):
 # --- the CLI's reference: every command and option, and no other ----------------------------------------------
 
 
-def commands(group: click.Command, path: str = "orch") -> typing.Iterator[typing.Tuple[str, click.Command]]:
-    yield path, group
-    for name, sub in sorted(getattr(group, "commands", {}).items()):
-        if not sub.hidden:
-            yield from commands(sub, f"{path} {name}")
+def commands(cmd: click.Command, path: str = "orch", parent=None) -> typing.Iterator[tuple[str, click.Command]]:
+    """Every command `--help` shows, found through click (a LazyGroup imports each; one it hides is left out)."""
+    ctx = click.Context(cmd, info_name=path.rsplit(" ", 1)[-1], parent=parent)
+    yield path, cmd
+    if isinstance(cmd, click.Group):
+        lazy = getattr(cmd, "lazy", {})
+        for name in dict.fromkeys(cmd.list_commands(ctx)):
+            sub = cmd.get_command(ctx, name)
+            if sub is not None and not sub.hidden and (name not in lazy or lazy[name][1] is not None):
+                yield from commands(sub, f"{path} {name}", ctx)
 
 
-def sections(text: str) -> typing.Dict[str, str]:
+def sections(text: str) -> dict[str, str]:
     """The CLI page cut at each command's heading (id orch-ami-build), keyed by the command's id."""
     parts = re.split(r'<h\d id="(orch[a-z0-9-]*)"', text)
     return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
@@ -197,7 +202,7 @@ MARK = re.compile(
 ORCH_LINE = re.compile(r"^\s*(\$ )?(orch|\.venv/bin/orch|\.venv/bin/python -m orchestrator\.cli) ", re.M)
 
 
-def shell_blocks(text: str) -> typing.Iterator[typing.Tuple[int, str, str]]:
+def shell_blocks(text: str) -> typing.Iterator[tuple[int, str, str]]:
     """(line, the line before the fence, the block) for each fenced block of a shell language or none."""
     lines = text.splitlines()
     i = 0
@@ -212,7 +217,7 @@ def shell_blocks(text: str) -> typing.Iterator[typing.Tuple[int, str, str]]:
         i = end + 1
 
 
-def doc_files() -> typing.List[Path]:
+def doc_files() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
@@ -257,7 +262,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def answers(url: str) -> typing.Optional[str]:
+def answers(url: str) -> str | None:
     try:
         return urllib.request.urlopen(url, timeout=5).read().decode()
     except OSError:
@@ -285,7 +290,7 @@ class _Quiet(SimpleHTTPRequestHandler):
         pass
 
 
-def webdriver(base: str, method: str, path: str, body: typing.Optional[dict] = None) -> typing.Any:
+def webdriver(base: str, method: str, path: str, body: dict | None = None) -> typing.Any:
     """One call of the W3C WebDriver protocol (JSON over HTTP) to chromedriver."""
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(
