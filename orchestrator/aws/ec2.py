@@ -105,8 +105,8 @@ def explain(exc, what: str, market: str = "spot", instance_type: str = "") -> Or
         return AwsFatal(f"{what}: permission denied ({code}: {msg}). {SLR_FIX}")
     if is_permission(code):
         return AwsFatal(
-            f"{what}: permission denied ({code}: {msg}). Grant the caller EC2/IAM/S3 rights for orch (see README) or "
-            "use another AWS_PROFILE."
+            f"{what}: permission denied ({code}: {msg}). Grant the caller EC2/IAM/S3 rights for orch "
+            "(orch aws policy; see docs/getting-started/admin.md) or use another AWS_PROFILE."
         )
     if code in QUOTA_ERRORS:
         market = "spot" if code.startswith("MaxSpot") else market

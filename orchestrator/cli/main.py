@@ -9,7 +9,10 @@ import importlib
 
 import click
 
-EPILOG = "Docs: README.md. Runs keep going when orch exits; `orch down SWEEP` stops everything."
+EPILOG = (
+    "Docs: README.md and the site in docs/ (scripts/docs.sh serves it). "
+    "Runs keep going when orch exits; `orch down SWEEP` stops everything."
+)
 
 # name -> ("module:attribute", the first line of its help, shown by `orch --help` without importing the module;
 # a test checks it against the command's own). Hidden commands have no help line.
@@ -60,7 +63,7 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
     "_supervise": ("orchestrator.cli.remote:supervise_cmd", None),
     "notify": (
         "orchestrator.cli.notify:notify_group",
-        "Notifications of a sweep (`notify:` in the sweep file; README: Notifications).",
+        "Notifications of a sweep (`notify:` in the sweep file; docs/guides/notifications.md).",
     ),
     "_notify": ("orchestrator.cli.notify:notify_drain_cmd", None),
 }

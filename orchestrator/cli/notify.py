@@ -11,7 +11,7 @@ from orchestrator.cli.common import expected_errors, load_sweep_arg
 
 @click.group("notify")
 def notify_group():
-    """Notifications of a sweep (`notify:` in the sweep file; README: Notifications)."""
+    """Notifications of a sweep (`notify:` in the sweep file; docs/guides/notifications.md)."""
 
 
 @notify_group.command("test")
@@ -30,7 +30,7 @@ def notify_test_cmd(sweep_file: str):
 
     sweep = load_sweep_arg(sweep_file)
     if not sweep.spec.notify:
-        raise click.UsageError(f"{sweep_file} has no `notify:` section: add one (README: Notifications)")
+        raise click.UsageError(f"{sweep_file} has no `notify:` section: add one (docs/guides/notifications.md)")
     notify_api.check(sweep)
     failed = 0
     for d in notify_api.send_test(sweep):
