@@ -343,3 +343,13 @@ def test_a_real_browser_finds_the_admin_page_through_the_built_sites_search_box(
         chromedriver.terminate()
         chromedriver.wait(30)
         server.shutdown()
+
+
+# --- the README: short, and pointing into the site ---------------------------------------------------------------
+
+
+def test_the_readme_stays_under_200_lines_and_each_of_its_links_reaches_a_page():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200, "README.md is for the two commands and the way in: move the rest to docs/"
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme)
+    assert links and not [link for link in links if not link.startswith("http") and not (ROOT / link).exists()]
