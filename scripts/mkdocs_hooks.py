@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,7 +26,7 @@ GENERATED = {
 # --- sweep.yaml, from the models' JSON schema -------------------------------------------------------------
 
 
-def _type_of(schema: Dict[str, Any], defs: Dict[str, Any]) -> str:
+def _type_of(schema: dict[str, Any], defs: dict[str, Any]) -> str:
     if "$ref" in schema:
         return "section: " + schema["$ref"].rsplit("/", 1)[1]
     if "anyOf" in schema:
@@ -42,11 +43,24 @@ def _type_of(schema: Dict[str, Any], defs: Dict[str, Any]) -> str:
     return str(kind)
 
 
-CONSTRAINTS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "gt", "ge", "lt", "le", "minLength",
-               "maxLength", "pattern", "minItems", "maxItems")
+CONSTRAINTS = (
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "gt",
+    "ge",
+    "lt",
+    "le",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "minItems",
+    "maxItems",
+)
 
 
-def _constraints(schema: Dict[str, Any]) -> List[str]:
+def _constraints(schema: dict[str, Any]) -> list[str]:
     found = [f"{k}: `{schema[k]}`" for k in CONSTRAINTS if k in schema]
     for sub in schema.get("anyOf", []):
         found += _constraints(sub)
@@ -55,7 +69,7 @@ def _constraints(schema: Dict[str, Any]) -> List[str]:
     return found
 
 
-def _refs(schema: Dict[str, Any]) -> Iterator[str]:
+def _refs(schema: dict[str, Any]) -> Iterator[str]:
     if "$ref" in schema:
         yield schema["$ref"].rsplit("/", 1)[1]
     for sub in schema.get("anyOf", []):
@@ -65,7 +79,7 @@ def _refs(schema: Dict[str, Any]) -> Iterator[str]:
             yield from _refs(schema[key])
 
 
-def field_rows(schema: Dict[str, Any], prefix: str = "") -> Iterator[Tuple[str, Dict[str, Any], bool]]:
+def field_rows(schema: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, dict[str, Any], bool]]:
     """(dotted path, the field's schema, required) for every field, nested sections after their parent's row."""
     defs = schema.get("$defs", {})
     required = set(schema.get("required", []))
@@ -83,13 +97,13 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _table(schema: Dict[str, Any], prefix: str) -> List[str]:
+def _table(schema: dict[str, Any], prefix: str) -> list[str]:
     defs = schema.get("$defs", {})
     out = ["| field | type | default | constraints | description |", "|---|---|---|---|---|"]
     for path, prop, required in field_rows(schema, prefix):
         default = "*required*" if required else (f"`{json.dumps(prop['default'])}`" if "default" in prop else "")
         out.append(
-            f"| <code id=\"field-{path}\">{path}</code> | {_cell(_type_of(prop, defs))} | {_cell(default)} | "
+            f'| <code id="field-{path}">{path}</code> | {_cell(_type_of(prop, defs))} | {_cell(default)} | '
             f"{_cell(', '.join(_constraints(prop)))} | {_cell(prop.get('description', ''))} |"
         )
     return out
@@ -128,7 +142,7 @@ def sweep_file_page() -> str:
 # --- the CLI, from click ----------------------------------------------------------------------------------
 
 
-def shown_commands(group, ctx) -> Dict[str, Any]:
+def shown_commands(group, ctx) -> dict[str, Any]:
     """The subcommands `--help` lists (a LazyGroup's with help text; click's own, not hidden), imported."""
     lazy = getattr(group, "lazy", {})
     names = [n for n in group.list_commands(ctx) if n not in lazy or lazy[n][1] is not None]
@@ -207,7 +221,7 @@ def aws_calls_page() -> str:
 # --- a run's life, from store/lifecycle.py -------------------------------------------------------------------
 
 
-def transitions() -> List[Tuple[str, str, str]]:
+def transitions() -> list[tuple[str, str, str]]:
     """(from, to, transition) for every move the lifecycle allows, found by trying each transition on a record in
     each state (the functions refuse the others with Impossible)."""
     from orchestrator.store import lifecycle as lc
@@ -244,7 +258,7 @@ def transitions() -> List[Tuple[str, str, str]]:
 
 
 def lifecycle_page() -> str:
-    edges: Dict[Tuple[str, str], List[str]] = {}
+    edges: dict[tuple[str, str], list[str]] = {}
     for src, dst, name in transitions():
         edges.setdefault((src, dst), []).append(name)
     lines = [

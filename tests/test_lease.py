@@ -300,5 +300,6 @@ def test_a_controller_silent_for_a_minute_still_holds_its_sweep_against_a_second
     record.heartbeat -= 60  # its last heartbeat a minute ago
     assert store.put_if(lease_key("slowpass"), json_bytes(record.to_json()), version)
     r = orch("launch", str(path))
-    assert r.code == 2 and "already run by a controller on" in r.err and "last heartbeat 60 s ago" in r.err, r.err
+    ago = re.search(r"last heartbeat (\d+) s ago", r.err)  # 60 s, or a little more on a loaded machine
+    assert r.code == 2 and "already run by a controller on" in r.err and ago and 60 <= int(ago[1]) < 120, r.err
     assert read_lease(store, "slowpass")[0].holder.token == holder.holder.token
