@@ -328,3 +328,38 @@ def test_on_the_fake_cloud_the_budget_is_told_at_80_percent_and_when_reached(orc
     assert orch("down", "money", timeout=300).code == 0
     assert titles.count("orch: sweep money: budget reached") == 1
     assert not any(cloud.leftovers("money").values()), cloud.leftovers("money")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_a_remote_controller_restarted_by_its_supervisor_is_told_once(orch, cloud, identity, job, hook):
+    from tests.conftest import run_states
+    from tests.fakecloud import processes_of
+    from tests.test_remote_launch import controller_ids, remote_sweep
+
+    extra = f"max_restarts: 0\nnotify:\n  - url: {hook.url}\n    events: [controller, ended]\n"
+    path = remote_sweep(orch, cloud, identity, job, "phoenix", extra=extra)
+    assert orch("launch", str(path), "--remote", timeout=600).code == 0
+    [ctl] = controller_ids(cloud, "phoenix")
+    retry_until(lambda: run_states(orch, "phoenix").get("run", {}).get("state") == "running", 180, 0.5, "the run")
+
+    def controller_pid() -> int:
+        for pid in processes_of(ctl):
+            try:  # the argument itself: this test's folder name holds "_controller" too
+                if b"\0_controller\0" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return pid
+            except OSError:
+                continue
+        return 0
+
+    first = controller_pid()
+    os.kill(first, signal.SIGKILL)  # an out-of-memory kill
+    retry_until(lambda: "orch: sweep phoenix: controller" in hook.titles(), 180, 0.5, "the restart's news")
+    said = hook.message("controller")["message"]
+    assert "exited with code -9" in said and "restarted by its supervisor (1 of 5)" in said, said
+    job.release.touch()
+    retry_until(lambda: "orch: sweep phoenix: ended" in hook.titles(), 400, 1.0, "the end's news")
+    assert hook.titles().count("orch: sweep phoenix: controller") == 1
+    retry_until(lambda: not controller_ids(cloud, "phoenix"), 180, 0.5, "the controller to terminate itself")
+    assert orch("down", "phoenix").code == 0
+    assert not any(cloud.leftovers("phoenix").values()), cloud.leftovers("phoenix")
