@@ -14,7 +14,7 @@ class Timeout(Exception):
 
 
 def retry_until(
-    fn: Callable[[], T],
+    fn: Callable[[], T | None],
     timeout: float | None,
     interval: float,
     what: str = "condition",

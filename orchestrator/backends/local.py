@@ -14,6 +14,7 @@ from pathlib import Path
 from orchestrator import contract
 from orchestrator.backends import tmux_server
 from orchestrator.backends.base import BackendBase, Host
+from orchestrator.backends.local_settings import LocalSection
 from orchestrator.contract import RunTask
 from orchestrator.errors import OrchError
 from orchestrator.host import tmux
@@ -40,7 +41,7 @@ class LocalBackend(BackendBase):
 
     def __init__(self, sweep: Sweep):
         self.sweep = sweep
-        local = sweep.spec.local
+        self.settings = local = sweep.spec.section_as("local", LocalSection)
         self.workdir = Path(os.path.expanduser(local.workdir)) if local.workdir else orch_home() / "work"
         cores = os.cpu_count() or 1
         self.threads = local.threads_per_run or max(1, cores // min(sweep.spec.max_parallel, cores))
@@ -71,7 +72,7 @@ class LocalBackend(BackendBase):
 
     def new_task(self, run_id: str, attempt: int, command: str, params_json: str, replaces: str = "") -> RunTask:
         env = dict(os.environ)
-        if self.sweep.spec.local.threads_per_run:  # the sweep's own setting wins over the shell's
+        if self.settings.threads_per_run:  # the sweep's own setting wins over the shell's
             env["OMP_NUM_THREADS"] = str(self.threads)
         else:
             env.setdefault("OMP_NUM_THREADS", str(self.threads))

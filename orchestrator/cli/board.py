@@ -12,7 +12,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import click
 
@@ -66,19 +68,19 @@ def tensorboard(sweep: str, port: int, host: str, logdir: str | None):
     folder = Path(logdir or Path("results") / sw.spec.name / "tensorboard")
     board = Board(sw, store, folder)
     lines = board.update()
-    proc = None
+    server = None
     for sig in (signal.SIGTERM, signal.SIGHUP):  # `kill` or a closed terminal: the same clean stop as Ctrl-C
         signal.signal(sig, _as_interrupt)
     try:
-        proc = _start(folder, host, port)
-        _await_answer(proc, host, port)
+        server = _start(folder, host, port)
+        _await_answer(server, host, port)
         click.echo(
             f"TensorBoard for sweep {sw.spec.name}: http://{host}:{port}/  (event files in {folder}; {lines} metrics "
             "lines so far)"
         )
         click.echo("Kept current every 2 s. Ctrl-C stops it.")
         while True:
-            _check_alive(proc, port)
+            _check_alive(server, port)
             time.sleep(PASS_S)
             board.update()
     except KeyboardInterrupt:
@@ -87,8 +89,8 @@ def tensorboard(sweep: str, port: int, host: str, logdir: str | None):
     finally:
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # a second signal does not cut the cleanup short
             signal.signal(sig, signal.SIG_IGN)
-        if proc is not None:
-            _stop_group(proc)
+        if server is not None:
+            _stop_group(server.proc)
         board.close()
 
 
@@ -118,7 +120,13 @@ def _free_port(host: str, port: int) -> int:
         ) from None
 
 
-def _start(folder: Path, host: str, port: int) -> subprocess.Popen:
+@dataclass(frozen=True)
+class _Server:
+    proc: subprocess.Popen
+    stderr: IO[str]  # what it writes there says why it exited
+
+
+def _start(folder: Path, host: str, port: int) -> _Server:
     args = ["--logdir", str(folder), "--port", str(port), "--host", host, "--reload_interval", "2"]
     err = tempfile.TemporaryFile("w+")  # a file, not a pipe: a pipe nobody reads fills up and blocks TensorBoard
     proc = subprocess.Popen(
@@ -128,16 +136,15 @@ def _start(folder: Path, host: str, port: int) -> subprocess.Popen:
         start_new_session=True,  # its own process group: stopped whole (it starts a data server of its own)
         preexec_fn=_die_with_parent,
     )
-    proc.stderr_file = err
-    return proc
+    return _Server(proc, err)
 
 
-def _await_answer(proc: subprocess.Popen, host: str, port: int) -> None:
+def _await_answer(server: _Server, host: str, port: int) -> None:
     """Until TensorBoard answers on its port (its URL is printed only then), or exits."""
     target = "127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host
 
     def answers() -> bool:
-        _check_alive(proc, port)
+        _check_alive(server, port)
         try:
             with socket.create_connection((target, port), timeout=1):
                 return True
@@ -147,16 +154,17 @@ def _await_answer(proc: subprocess.Popen, host: str, port: int) -> None:
     retry_until(answers, None, 0.2, "TensorBoard to answer")
 
 
-def _check_alive(proc: subprocess.Popen, port: int) -> None:
-    if proc.poll() is not None:
-        err = _stderr_tail(proc)
-        raise OrchError(f"TensorBoard exited (code {proc.returncode}) on port {port}: {' | '.join(err)}", exit_code=1)
+def _check_alive(server: _Server, port: int) -> None:
+    code = server.proc.poll()
+    if code is not None:
+        err = _stderr_tail(server)
+        raise OrchError(f"TensorBoard exited (code {code}) on port {port}: {' | '.join(err)}", exit_code=1)
 
 
-def _stderr_tail(proc: subprocess.Popen) -> list:
+def _stderr_tail(server: _Server) -> list[str]:
     """The last lines TensorBoard wrote to its stderr file: why it exited."""
-    proc.stderr_file.seek(0)
-    return proc.stderr_file.read().strip().splitlines()[-3:]
+    server.stderr.seek(0)
+    return server.stderr.read().strip().splitlines()[-3:]
 
 
 def _as_interrupt(_signum, _frame):

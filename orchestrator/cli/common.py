@@ -12,11 +12,13 @@ import click
 from rich.console import Console
 
 from orchestrator.aws.ec2 import explain
+from orchestrator.backends.base import Backend
 from orchestrator.backends.registry import backend_for, load_sweep, sweep_from_record
 from orchestrator.control.state import State
 from orchestrator.errors import NotFound, OrchError
 from orchestrator.store import layout, open_store
-from orchestrator.store.base import get_json
+from orchestrator.store.base import Store, get_json
+from orchestrator.sweep.spec import Sweep
 
 
 def make_console():
@@ -54,7 +56,7 @@ def explained(exc: BaseException) -> OrchError | None:
 # --- resolving arguments ------------------------------------------------------------------------
 
 
-def load_sweep_arg(arg: str):
+def load_sweep_arg(arg: str) -> Sweep:
     """A sweep file path, or the name of a sweep launched from this machine."""
 
     if arg.endswith((".yaml", ".yml")) or os.sep in arg or Path(arg).is_file():
@@ -68,7 +70,7 @@ def load_sweep_arg(arg: str):
     return sweep_from_record(data, rec.spec_path)
 
 
-def resolve_run(arg: str) -> tuple[object, str]:
+def resolve_run(arg: str) -> tuple[Sweep, str]:
     """RUN or SWEEP/RUN -> (sweep, run id), searching the sweeps launched from here."""
 
     if re.match(r"^i-[0-9a-f]{8,17}$", arg):  # an instance id, as users of the seed tooling type it
@@ -106,6 +108,6 @@ def resolve_run(arg: str) -> tuple[object, str]:
     return hits[0], run_id
 
 
-def sweep_parts(sweep):
+def sweep_parts(sweep: Sweep) -> tuple[Backend, Store, State]:
 
     return backend_for(sweep), open_store(sweep.store_url), State()

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.aws.pricing import on_demand_price
-from orchestrator.control.collect import Results, best_trial, ranked
+from orchestrator.control.collect import Results, SearchInfo, best_trial, ranked
 from orchestrator.control.prune import rule
 from orchestrator.control.study import first_random_trials
 from orchestrator.control.views import Progress, RunView, usd
@@ -121,7 +121,13 @@ def _trial_cells(res: Results, r) -> dict[str, str]:
     return cells
 
 
-def results_table(res: Results, width: int = 200, wide: bool = False) -> Table:
+class SizedTable(Table):
+    """A table that knows how wide its cells need it printed (ids, states and numbers are never cut)."""
+
+    needed_width: int = 0
+
+
+def results_table(res: Results, width: int = 200, wide: bool = False) -> SizedTable:
     """The results as a table that fits `width` columns: run ids and states are never cut (an id wraps);
     in a narrow terminal the optional columns go first (best-of, time, GPU-h, then metrics beyond two)
     unless `wide` (`orch collect --wide`)."""
@@ -173,7 +179,7 @@ def results_table(res: Results, width: int = 200, wide: bool = False) -> Table:
     shown = list(columns)
     while not wide and optional and need(shown) > width:
         shown.remove(optional.pop(0))
-    table = Table(title=title, title_justify="left")
+    table = SizedTable(title=title, title_justify="left")
     for col in shown:
         table.add_column(col, overflow="fold") if col == "run" else table.add_column(cut(col), no_wrap=True)
     for cells in rows:
@@ -196,7 +202,7 @@ def results_notes(res: Results) -> list[str]:
     if res.economics is not None:
         out += res.economics.words()
     if res.search is not None:
-        out.append(best_trial_words(res))
+        out.append(best_trial_words(res, res.search))
     return out
 
 
@@ -209,13 +215,13 @@ def search_status_line(p) -> str:
     return line + f"; best so far trial={p.best} ({params}): {p.metric} {fmt_value(p.best_value)} ({p.mode})"
 
 
-def best_trial_words(res: Results) -> str:
+def best_trial_words(res: Results, search: SearchInfo) -> str:
 
     best = best_trial(res)
-    metric, mode = res.search.metric, res.search.mode
+    metric, mode = search.metric, search.mode
     if best is None:
         return f"no trial has a value of {metric} yet"
-    params = ", ".join(f"{k}={fmt_value(best.params[k])}" for k in res.search.space if k in best.params)
+    params = ", ".join(f"{k}={fmt_value(best.params[k])}" for k in search.space if k in best.params)
     return f"best trial: {best.run_id} ({params}): {metric} {fmt_value(best.trial_value)} ({mode})"
 
 

@@ -180,26 +180,22 @@ class Board:
         return self.writers[run_id]
 
     def _scalars(self, writer, values: dict[str, float], step: float, wall: float) -> None:
-        from tensorboard.compat.proto import event_pb2, summary_pb2
-
         if not values:
             return
-        summary = summary_pb2.Summary(
-            value=[summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in values.items()]
-        )
+        event, summary = _protos()
+        scalars = summary(value=[summary.Value(tag=k, simple_value=v) for k, v in values.items()])
         step = min(max(step, -(2**63)), 2**63 - 1)  # an event's step is an int64: a "step": 1e30 is drawn at its end
-        writer.add_event(event_pb2.Event(wall_time=wall, step=int(step), summary=summary))
+        writer.add_event(event(wall_time=wall, step=int(step), summary=scalars))
 
     def _session(self, run, writer) -> None:
-        from tensorboard.compat.proto import event_pb2
         from tensorboard.plugins.hparams import summary_v2 as hp
 
         params = {k: v for k, v in run.params.items() if isinstance(v, (bool, int, float, str))}
-        writer.add_event(event_pb2.Event(wall_time=time.time(), summary=hp.hparams_pb(params, trial_id=run.run_id)))
+        event, _ = _protos()
+        writer.add_event(event(wall_time=time.time(), summary=hp.hparams_pb(params, trial_id=run.run_id)))
 
     def _experiment(self) -> None:
         """The HParams dashboard's columns: every param of the sweep, every metric written so far."""
-        from tensorboard.compat.proto import event_pb2
         from tensorboard.plugins.hparams import summary_v2 as hp
 
         key = json.dumps(self.metric_tags)
@@ -219,8 +215,9 @@ class Board:
             hparams.append(hp.HParam(k, hp.Discrete(vs)) if same and k not in space else hp.HParam(k))
         pb = hp.hparams_config_pb(hparams=hparams, metrics=[hp.Metric(t) for t in self.metric_tags])
         self._experiment_pb = pb
+        event, _ = _protos()
         for run_id in list(self.runs):  # in each run's own folder (a folder of its own would show as one more run)
-            self._writer(run_id).add_event(event_pb2.Event(wall_time=time.time(), summary=pb))
+            self._writer(run_id).add_event(event(wall_time=time.time(), summary=pb))
 
     # --- state -------------------------------------------------------------------------------
 
@@ -246,3 +243,11 @@ class Board:
     def close(self) -> None:
         for w in self.writers.values():
             w.close()
+
+
+def _protos() -> tuple[Any, Any]:
+    """TensorBoard's Event and Summary messages (imported when a board is written: tensorboard is heavy)."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+
+    # protobuf builds these classes when the module loads, and tensorboard ships no stubs that declare them
+    return event_pb2.Event, summary_pb2.Summary  # pyright: ignore[reportAttributeAccessIssue]

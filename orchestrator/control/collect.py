@@ -168,9 +168,10 @@ def collect(sweep: Sweep, store: Store) -> Results:
         runs = list(pool.map(one, specs))
     search = None
     if sweep.spec.search is not None:
-        from orchestrator.sweep.search import resolved_metric
+        from orchestrator.sweep.search import objective
 
-        search = SearchInfo(*resolved_metric(sweep.spec), space=list(sweep.spec.search.space))
+        goal = objective(sweep.spec)
+        search = SearchInfo(goal.metric, goal.mode, space=list(goal.search.space))
         for r in runs:
             r.trial_value = trial_values.get(r.run_id)
         runs = by_trial_value(runs, search.mode)
@@ -247,7 +248,7 @@ def _write(results: Results, out_dir: Path) -> list[Path]:
     if results.economics is not None:
         doc["summary"] = {**asdict(results.economics), "words": results.economics.words()}
     best = best_trial(results)
-    if best is not None:
+    if best is not None and results.search is not None:
         doc["best_trial"] = {
             "run_id": best.run_id,
             "params": best.params,
@@ -300,12 +301,13 @@ def plot(results: Results, metrics: list[str], path: Path) -> Path:
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
     for ax, metric in zip(axes.flat, metrics):
 
-        def points(r: RunResult):
-            return [
-                (finite(line.get("step")) if finite(line.get("step")) is not None else i, finite(line[metric]))
-                for i, line in enumerate(r.curves)
-                if finite(line.get(metric)) is not None
-            ]
+        def points(r: RunResult) -> list[tuple[float, float]]:
+            out = []
+            for i, line in enumerate(r.curves):
+                y, x = finite(line.get(metric)), finite(line.get("step"))
+                if y is not None:
+                    out.append((x if x is not None else i, y))
+            return out
 
         faint = [p for p in (points(r) for r in rest) if p]
         if faint:

@@ -218,7 +218,8 @@ def deliver(url: str, title: str, body: str) -> tuple[bool, str]:
     hub.add(url)
     with apprise.LogCapture(level=logging.WARNING, fmt="%(message)s") as captured:
         ok = bool(hub.notify(title=title, body=body))
-        said = captured.getvalue().strip().splitlines()
+        # without a path LogCapture yields a StringIO; its __enter__ is unannotated (pyright infers its file branch too)
+        said = captured.getvalue().strip().splitlines()  # pyright: ignore[reportAttributeAccessIssue]
     return ok, "" if ok else _scrub(said[-1] if said else "not delivered", url)
 
 

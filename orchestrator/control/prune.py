@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 from orchestrator.contract import default_mode, finite
+from orchestrator.errors import OrchError
 from orchestrator.store import layout
 from orchestrator.store.base import Store, get_json, put_json
 from orchestrator.sweep.spec import PruneSection, SweepSpec
@@ -43,23 +44,32 @@ class Verdict:
         )
 
 
-def rule(spec: SweepSpec) -> tuple:
-    """(metric, mode) that `prune:` compares: its own, else target's, else from the metric's name."""
-    p: PruneSection = spec.prune
-    metric = p.metric or spec.target.metric
+def rule(spec: SweepSpec) -> tuple[str, str]:
+    """(metric, mode) that `prune:` compares: its own, else target's, else from the metric's name (load refuses a
+    `prune:` whose metric cannot be told)."""
+    p, target = _prune_of(spec), spec.target
+    metric = p.metric or (target.metric if target else None)
+    if metric is None:
+        raise OrchError(f"sweep {spec.name!r}: `prune:` compares no metric; give `prune.metric:` or a `target:`")
     mode = (
         p.mode
-        or (spec.target.resolved_mode() if spec.target and spec.target.metric == metric else None)
+        or (target.resolved_mode() if target and target.metric == metric else None)
         or default_mode(metric)
         or "max"
     )
     return metric, mode
 
 
+def _prune_of(spec: SweepSpec) -> PruneSection:
+    if spec.prune is None:
+        raise OrchError(f"sweep {spec.name!r} has no `prune:`")
+    return spec.prune
+
+
 class Rungs:
     def __init__(self, store: Store, sweep: str, spec: SweepSpec):
         self.store, self.key = store, layout.rungs_key(sweep)
-        self.p: PruneSection = spec.prune
+        self.p = _prune_of(spec)
         self.metric, self.mode = rule(spec)
         doc = get_json(store, self.key) or {}
         self.values: dict[str, dict[str, float]] = {}  # rung (as text) -> {run: value}

@@ -17,7 +17,7 @@ from orchestrator.control.views import RunView
 from orchestrator.store.base import Store, read_jsonl
 from orchestrator.store.layout import metrics_key, study_key
 from orchestrator.store.lifecycle import RunState
-from orchestrator.sweep.search import resolved_metric, trial_of
+from orchestrator.sweep.search import objective, trial_number, trial_of
 from orchestrator.sweep.spec import RunSpec, Sweep, bind
 
 log = logging.getLogger("orch.trials")
@@ -38,24 +38,25 @@ def trial_value(lines: list[dict], metric: str, mode: str, how: str) -> float | 
 class Trials:
     def __init__(self, sweep: Sweep, store: Store):
         self.sweep, self.store, self.name = sweep, store, sweep.spec.name
-        self.search = sweep.spec.search
-        self.metric, self.mode = resolved_metric(sweep.spec)
+        goal = objective(sweep.spec)
+        self.search, self.metric, self.mode = goal.search, goal.metric, goal.mode
         self.study = Study(store, self.name, self.search, self.mode, sweep.spec.max_parallel)
         self.runs_of: dict[int, list[str]] = {}
         for run in sweep.runs:
-            self.runs_of.setdefault(trial_of(run.run_id), []).append(run.run_id)
+            self.runs_of.setdefault(trial_number(run.run_id), []).append(run.run_id)
 
     def bound(self, run: RunSpec) -> RunSpec:
         """The run with its trial's params (asked now if this is the trial's first start)."""
-        return bind(self.sweep.spec, run, self.study.params_for(trial_of(run.run_id)))
+        return bind(self.sweep.spec, run, self.study.params_for(trial_number(run.run_id)))
 
     def tell_finished(self, views: dict[str, RunView], rung_values: dict[str, dict[str, float]] | None) -> None:
         """Tell the sampler of every asked trial whose runs are all final (once each)."""
         for trial in self.study.record.trials:
             if self.study.told(trial.number):
                 continue
-            runs = [views.get(rid) for rid in self.runs_of.get(trial.number, [])]
-            if not runs or any(v is None or not v.final for v in runs):
+            ids = self.runs_of.get(trial.number, [])
+            runs = [v for v in (views.get(rid) for rid in ids) if v is not None]
+            if not ids or len(runs) < len(ids) or any(not v.final for v in runs):
                 continue
             self._tell(trial.number, runs, rung_values or {})
 
@@ -96,9 +97,9 @@ def search_results(sweep: Sweep, store: Store) -> tuple[list[RunSpec], dict[str,
     runs, values = [], {}
     for run in sweep.runs:
         n = trial_of(run.run_id)
-        asked = n is not None and n < len(trials)
-        runs.append(bind(sweep.spec, run, trials[n].params) if asked else run)
-        values[run.run_id] = trials[n].value if asked else None
+        asked = trials[n] if n is not None and n < len(trials) else None
+        runs.append(bind(sweep.spec, run, asked.params) if asked is not None else run)
+        values[run.run_id] = asked.value if asked is not None else None
     return runs, values
 
 
@@ -119,20 +120,20 @@ class SearchProgress:
 
 def search_progress(sweep: Sweep, store: Store) -> SearchProgress:
     """One read of the study record."""
-    s = sweep.spec.search
-    metric, mode = resolved_metric(sweep.spec)
+    goal = objective(sweep.spec)
+    s = goal.search
     key = study_key(sweep.spec.name)
     data = store.get_bytes(key)
     trials = parse_record(data, key, s).trials if data is not None else []
-    valued = [t for t in trials if t.value is not None]
-    best = (max if mode == "max" else min)(valued, key=lambda t: t.value) if valued else None
+    valued = [(t.value, t) for t in trials if t.value is not None]
+    best = (max if goal.mode == "max" else min)(valued, key=lambda vt: vt[0])[1] if valued else None
     return SearchProgress(
         sampler=s.sampler,
         trials=s.trials,
         asked=len(trials),
         told=sum(1 for t in trials if t.outcome is not Outcome.ASKED),
-        metric=metric,
-        mode=mode,
+        metric=goal.metric,
+        mode=goal.mode,
         best=best.number if best else None,
         best_value=best.value if best else None,
         best_params=dict(best.params) if best else {},

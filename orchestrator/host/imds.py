@@ -40,6 +40,14 @@ def imds_get(path: str, timeout: float = 2.0) -> str | None:
         raise
 
 
+def own_instance_id() -> str:
+    """This instance's id; an error where the metadata service has none (no instance to speak of)."""
+    found = imds_get("instance-id")
+    if found is None:
+        raise OSError("the instance metadata service has no instance-id")
+    return found
+
+
 def terminate_self() -> str:
     """Terminate the instance this runs on (the agent's last act); returns its id.
 
@@ -48,7 +56,7 @@ def terminate_self() -> str:
     """
     import boto3
 
-    instance_id = imds_get("instance-id")
+    instance_id = own_instance_id()
     region = imds_get("placement/region") or os.environ.get("AWS_DEFAULT_REGION", "us-east-1")
     boto3.client("ec2", region_name=region).terminate_instances(InstanceIds=[instance_id])
     return instance_id

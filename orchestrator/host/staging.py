@@ -81,7 +81,7 @@ def _recorded_sha256(client, url: str) -> dict[str, str]:
         index = json.loads(client.get_object(Bucket=bucket, Key=prefix + SKIP[0])["Body"].read())
     except Exception:  # none (not pushed by orch), unreadable or not JSON: each object's metadata, else size only
         return {}
-    return {rel: meta.get("sha256") for rel, meta in index.items() if isinstance(meta, dict) and meta.get("sha256")}
+    return {rel: str(meta["sha256"]) for rel, meta in index.items() if isinstance(meta, dict) and meta.get("sha256")}
 
 
 def _object_sha256(client, url: str, rel: str):

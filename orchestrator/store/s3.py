@@ -168,8 +168,9 @@ class S3Store:
         local_dir: Path,
         prefix: str,
         prune: Select | None = None,
-        there: dict[str, int] | None = None,
         indexed: bool = True,
+        *,
+        there: dict[str, int] | None = None,
     ) -> SyncResult:
         """`there` ({key under prefix: size}, from a listing): index entries it contradicts (an object deleted
         or replaced behind orch's back) are uploaded again instead of trusted."""

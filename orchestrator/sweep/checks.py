@@ -160,14 +160,15 @@ def _data_problems(spec: SweepSpec) -> Problems:
                 )
             )
     first: dict = {}  # a folder however written (`x`, `./x`, `x/`) -> the entry that stages to it first
-    for i, entry in enumerate(spec.data or []):
+    data = spec.data or []
+    for i, entry in enumerate(data):
         folder = os.path.normpath(os.path.expanduser(entry.to) if spec.backend == "local" else entry.to)
         if folder in first:
             j = first[folder]
             out.append(
                 (
                     ("data", i, "to"),
-                    f"{entry.to!r} is the folder data[{j}] stages to ({spec.data[j].to!r}); give each entry its own",
+                    f"{entry.to!r} is the folder data[{j}] stages to ({data[j].to!r}); give each entry its own",
                 )
             )
         first.setdefault(folder, i)

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from typing import Any, Literal, Union
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr, model_validator
 
 from orchestrator.contract import default_mode
+from orchestrator.errors import OrchError
 from orchestrator.sweep.spec_types import KEY_RE, Amount, Count, Strict
 
 Choice = Union[StrictBool, StrictInt, Amount, StrictStr]  # noqa: UP007 (a runtime alias of Annotated types)
@@ -110,6 +112,24 @@ def resolved_metric(spec) -> tuple[str | None, str]:
     whose mode cannot be told was refused at load: see problems)."""
     metric = _metric(spec)
     return metric, _mode(spec, metric) or "max"
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What a loaded search sweep optimizes: its section, and the metric and mode resolved (load refuses a search
+    whose metric cannot be told: see problems)."""
+
+    search: SearchSection
+    metric: str
+    mode: str  # max | min
+
+
+def objective(spec) -> Objective:
+    """The objective of a search sweep; an error for a sweep without `search:` or a metric (never loaded)."""
+    metric, mode = resolved_metric(spec)
+    if spec.search is None or metric is None:
+        raise OrchError(f"sweep {spec.name!r} has no search metric: give `search.metric:` (e.g. test_acc)")
+    return Objective(spec.search, metric, mode)
 
 
 def _metric(spec) -> str | None:
@@ -221,6 +241,14 @@ def trial_of(run_id: str) -> int | None:
     head = run_id.split(",", 1)[0]
     key, _, number = head.partition("=")
     return int(number) if key == TRIAL and number.isdigit() else None
+
+
+def trial_number(run_id: str) -> int:
+    """The trial number of a search sweep's run (every run of one is `trial=N`); an error for any other id."""
+    number = trial_of(run_id)
+    if number is None:
+        raise OrchError(f"run {run_id!r} is not a trial of a search (trial=N or trial=N,seed=S)")
+    return number
 
 
 def space_keys(spec) -> list[str]:

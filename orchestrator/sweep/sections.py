@@ -11,13 +11,13 @@ A spec validated without backends knows none: it refuses every `backend:` and ev
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from pydantic import BaseModel, ValidationError
-from pydantic_core import PydanticCustomError
+from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
 Problems = list[tuple[tuple[Any, ...], str]]
 CONTEXT_KEY = "backends"
@@ -60,10 +60,10 @@ def backends_of(context: Any) -> Backends:
     return (context or {}).get(CONTEXT_KEY) or {}
 
 
-def section_errors(data: dict[str, Any], known: Backends, context: Any) -> tuple[dict[str, Any], list[dict]]:
+def section_errors(data: dict[str, Any], known: Backends, context: Any) -> tuple[dict[str, Any], list[ErrorDetails]]:
     """Each known backend's section validated (or defaulted), and the errors, located under the section's name."""
     sections: dict[str, Any] = {}
-    errors: list[dict] = []
+    errors: list[ErrorDetails] = []
     for name, schema in known.items():
         if data.get(name) is None:  # left out, or `aws: null` (a record of a sweep on another backend)
             sections[name] = schema.default()
@@ -71,14 +71,16 @@ def section_errors(data: dict[str, Any], known: Backends, context: Any) -> tuple
         try:
             sections[name] = schema.settings.model_validate(data[name], context=context)
         except ValidationError as exc:
-            errors += [{**e, "loc": (name, *e["loc"])} for e in exc.errors()]
+            errors.extend({**e, "loc": (name, *e["loc"])} for e in exc.errors())
     return sections, errors
 
 
-def raise_errors(title: str, errors: list[dict]) -> None:
+def raise_errors(title: str, errors: Sequence[ErrorDetails]) -> NoReturn:
     """One ValidationError of errors gathered from several models, each kept as it was (type, place, message)."""
-    if errors:
-        details: list[Any] = [
-            {"type": PydanticCustomError(e["type"], e["msg"]), "loc": e["loc"], "input": e.get("input")} for e in errors
-        ]
-        raise ValidationError.from_exception_data(title, details)
+    # pydantic types PydanticCustomError's type and template as LiteralString (its guard against formatting user text);
+    # these are types and messages pydantic or our validators already wrote, re-raised as they were
+    details: list[InitErrorDetails] = [
+        {"type": PydanticCustomError(e["type"], e["msg"]), "loc": e["loc"], "input": e.get("input")}  # pyright: ignore[reportArgumentType]
+        for e in errors
+    ]
+    raise ValidationError.from_exception_data(title, details)

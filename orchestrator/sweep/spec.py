@@ -14,9 +14,10 @@ import string
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
+    BaseModel,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -26,9 +27,10 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from orchestrator.contract import default_mode, finite
+from orchestrator.errors import OrchError
 from orchestrator.sweep.notify import NotifySink
 from orchestrator.sweep.search import SearchSection, trial_id
 from orchestrator.sweep.sections import Backends, BackendSchema, backends_of, raise_errors, section_errors
@@ -114,6 +116,9 @@ class PruneSection(Strict):
     )
     keep: Amount = Field(0.34, gt=0, lt=1, description="The fraction of runs kept at each rung (the best ones).")
     min_runs: Count = Field(3, ge=1, description="No decision at a rung before this many runs have reported there.")
+
+
+Section = TypeVar("Section", bound=BaseModel)  # a backend's section of sweep.yaml, as its own model
 
 
 class SweepSpec(Strict):
@@ -205,14 +210,15 @@ class SweepSpec(Strict):
             return handler(data)
         fields = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
         unknown = [k for k in data if k not in fields and k not in known]
-        spec, errors = None, []
+        spec, errors = None, list[ErrorDetails]()
         try:
             spec = handler({k: v for k, v in data.items() if k in fields})
         except ValidationError as exc:
             errors = exc.errors()
         sections, more = section_errors(data, known, info.context)
         errors += more + [{"type": "extra_forbidden", "loc": (k,), "input": data[k], "msg": EXTRA} for k in unknown]
-        raise_errors(cls.__name__, errors)
+        if errors or spec is None:  # spec is None only when the handler raised, with errors
+            raise_errors(cls.__name__, errors)
         spec.__pydantic_extra__ = sections
         spec._backends = dict(known)
         return spec
@@ -220,6 +226,14 @@ class SweepSpec(Strict):
     def section(self, name: str) -> Any:
         """The section of backend `name` (validated by its model), or None."""
         return (self.__pydantic_extra__ or {}).get(name)
+
+    def section_as(self, name: str, model: type[Section]) -> Section:
+        """The section of backend `name` as its model (a backend reads its own section so); refused when the spec has
+        none (validated without that backend, or on another backend and the section has a required field)."""
+        section = self.section(name)
+        if not isinstance(section, model):
+            raise OrchError(f"sweep {self.name!r} has no {name}: section (its backend is {self.backend})")
+        return section
 
     def backends(self) -> Backends:
         """The backends this spec was validated against."""

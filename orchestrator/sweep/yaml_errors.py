@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 
 class Loader(yaml.SafeLoader):
@@ -140,7 +141,7 @@ def format_errors(
 ) -> list[str]:
     """One line per field: file:line: field: message. Fix: ...; union alternatives merged. `sections`: top-level
     sections with models of their own (_allowed_fields)."""
-    merged: dict[tuple[Any, ...], list[dict]] = {}
+    merged: dict[tuple[Any, ...], list[ErrorDetails]] = {}
     for err in exc.errors():
         loc = tuple(p for p in err["loc"] if not _is_tag(p))
         merged.setdefault(loc, []).append(err)
