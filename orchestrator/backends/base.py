@@ -58,7 +58,12 @@ class Backend(Protocol):
     stale_s: float  # a running agent silent this long has lost its host
     start_timeout_s: float  # a started agent must report within this (unless its Host says when)
     releases_interrupted_host: bool  # after a chaos notice, take the host away (a local agent ends its own session)
-    hosts_outlive_runs: bool  # a host may stay after its run ended (aws.keep_alive): its end shows only in the record
+
+    @property
+    def hosts_outlive_runs(self) -> bool:
+        """A host may stay after its run ended (aws.keep_alive): its end shows only in the record. Read-only: a
+        backend may answer it from its settings."""
+        ...
 
     def list(self) -> builtins.list[Host]:
         """Live hosts of this sweep (one call, whatever the number of runs)."""
