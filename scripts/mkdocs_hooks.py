@@ -1,7 +1,7 @@
 """MkDocs hooks (mkdocs.yml `hooks:`): the reference pages generated from the code at every build, so they cannot
 drift. Each page is built from what orch itself uses: the pydantic models of sweep.yaml (the generic one and each
 backend's settings model from backends/registry.py), click's command tree (rendered by mkdocs-click), the
-transitions of store/lifecycle.py (driven, not parsed) and the policies orch prints. tests/test_docs_site.py checks
+transitions of store/lifecycle.py (driven, not parsed) and the policies orch prints. tests/repo/test_docs_site.py checks
 the built pages against the code a second, independent way."""
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ def aws_calls_page() -> str:
             "# AWS calls and permissions (generated)",
             "",
             "Every AWS call orch makes (the table of [orch on AWS](../aws.md), kept complete against the code by "
-            "`tests/test_call_table.py`), and the policy and boundary exactly as `orch aws policy` and "
+            "`tests/unit/aws/test_call_table.py`), and the policy and boundary exactly as `orch aws policy` and "
             "`orch aws boundary` print them (`orchestrator/aws/policy.py`). How to create them: "
             "[the admin's part](../getting-started/admin.md).",
             "",

@@ -28,7 +28,7 @@ set -- "${args[@]}"
 # Four workers (pytest-xdist) on the two cores: many tests wait on fake boots, leases and passes; with three the
 # cores were idle 17% of the suite (2,696 CPU s in 1,620 s), so a fourth worker fills them. Tests go out one at a time (--maxschedchunk 1), longest first (tests/conftest.py):
 # xdist's default hands each worker a block of consecutive tests, which gave the first worker every long test.
-# Each fake cloud takes a loopback /16 of its own (tests/fakecloud.py), so two at once never share an address.
+# Each fake cloud takes a loopback /16 of its own (tests/fakecloud/cloud.py), so two at once never share an address.
 # ORCH_TEST_WORKERS=0 runs everything in this process; benchmarks always do (a measurement must not share the
 # machine).
 workers="${ORCH_TEST_WORKERS:-4}"

@@ -53,7 +53,8 @@ def skip_dynamo_import() -> None:
     call of its state_dict, zero_grad and friends (to wrap them in dynamo's `disable`) buys nothing and costs 1.8 s of
     CPU at every start. torch caches that wrapper on the wrapped function (torch/_compile.py): handing it the function
     itself skips the import and leaves every call as it was. One this misses costs the import again, nothing else
-    (tests/test_trainer.py checks that a run and its resume import none). DDP imports it in its constructor anyway."""
+    (tests/unit/trainer/test_train.py checks that a run and its resume import none). DDP imports it in its
+    constructor anyway."""
     import sys
 
     if "torch._dynamo" in sys.modules:

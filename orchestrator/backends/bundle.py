@@ -1,6 +1,6 @@
 """The code a host needs, as a content-hashed tarball built in memory: the agent's side of orchestrator
 (`host/`, `store/`, `contract.py`, `errors.py`, `wait.py`) and the trainer — nothing the controller alone
-uses (tests/test_layers.py checks that what is shipped imports only what is shipped)."""
+uses (tests/repo/test_layers.py checks that what is shipped imports only what is shipped)."""
 
 from __future__ import annotations
 

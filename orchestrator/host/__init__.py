@@ -5,5 +5,5 @@ shared instance, nodes of a multi-node run, data staging, tmux and IMDS helpers.
 
 The code bundle ships this package with `store/`, `contract.py`, `errors.py` and `wait.py`, and
 nothing else of orchestrator: it imports nothing from `control`, `cli`, `aws`, `backends`,
-`remote` or `sweep` (import-linter checks it; tests/test_layers.py checks the bundle).
+`remote` or `sweep` (import-linter checks it; tests/repo/test_layers.py checks the bundle).
 """

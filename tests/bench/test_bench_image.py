@@ -64,7 +64,7 @@ def test_bench_stock_image_and_downloads_vs_baked_image_and_staged_data(orch, ec
     s3 = cloud.client("s3")
     for i in range(200):
         s3.put_object(Bucket=BUCKET, Key=f"datasets/bench/f{i:03d}.bin", Body=os.urandom(100_000))
-    from tests.test_ami import recipe
+    from tests.e2e.aws.test_ami import recipe
 
     assert orch("ami", "build", str(recipe(orch, identity, "bench", ["true"])), timeout=900).code == 0
 

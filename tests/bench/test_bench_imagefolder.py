@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.test_trainer import trainer_env
+from tests.unit.trainer.test_train import trainer_env
 from trainer.imagefolder import write_imagefolder_like
 
 pytestmark = [pytest.mark.bench, pytest.mark.slow]

@@ -24,7 +24,7 @@ import time
 import pytest
 
 from orchestrator.wait import retry_until
-from tests.test_spot_fakecloud import instance_of, status
+from tests.e2e.aws.test_spot import instance_of, status
 
 pytestmark = [pytest.mark.bench, pytest.mark.slow]
 

@@ -25,7 +25,7 @@ import pytest
 from orchestrator.backends.aws.settings import ControllerSection
 from orchestrator.store.base import json_bytes
 from orchestrator.store.status import RunStatus, status_key
-from tests.test_scale import make_sweep
+from tests.unit.control.test_scale import make_sweep
 
 pytestmark = pytest.mark.bench
 
@@ -44,7 +44,7 @@ from orchestrator.control.state import State
 from orchestrator.store.s3 import S3Store
 from orchestrator.backends.registry import load_sweep
 from orchestrator.backends.base import Host
-from tests.test_scale import Hosts
+from tests.unit.control.test_scale import Hosts
 
 path, url, home, active = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 sweep = load_sweep(path)

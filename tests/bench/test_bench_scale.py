@@ -35,7 +35,7 @@ from orchestrator.control.controller import Controller
 from orchestrator.control.state import State
 from orchestrator.store.base import json_bytes
 from orchestrator.store.status import RunStatus, status_key
-from tests.test_scale import Hosts, make_sweep
+from tests.unit.control.test_scale import Hosts, make_sweep
 
 pytestmark = pytest.mark.bench
 

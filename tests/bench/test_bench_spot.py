@@ -16,8 +16,8 @@ import time
 import pytest
 
 from orchestrator.wait import retry_until
-from tests.test_spot_fakecloud import instance_of, status, steps_lost
-from tests.test_trainer import SMALL
+from tests.e2e.aws.test_spot import instance_of, status, steps_lost
+from tests.unit.trainer.test_train import SMALL
 
 pytestmark = [pytest.mark.bench, pytest.mark.slow]
 

@@ -1,4 +1,5 @@
-"""Record a sweep with an older orch as a user who upgrades mid-sweep leaves it (tests/test_records.py relaunches it).
+"""Record a sweep with an older orch as a user who upgrades mid-sweep leaves it
+(tests/unit/store/test_records.py relaunches it).
 
     python tests/records/make_sweep_records.py COMMIT [COMMIT ...]    (`.`: this checkout, as it is)
 

@@ -1,0 +1,498 @@
+"""The policy orch documents, held by someone hostile: what it must refuse (the fake's IAM gate evaluates it for
+the controller's credentials as IAM does), and its grammar (what IAM's policy validation accepts)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+
+import pytest
+
+from tests.fakecloud import BUCKET
+
+ADMIN = "arn:aws:iam::aws:policy/AdministratorAccess"
+TRUST = json.dumps(
+    {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}],
+    }
+)
+EVERYTHING = json.dumps({"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]})
+
+
+def _refused(call, code: str = ""):
+    from botocore.exceptions import ClientError
+
+    with pytest.raises(ClientError) as got:
+        call()
+    err = got.value.response["Error"]["Code"]
+    assert err in ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation"), got.value
+    assert not code or err == code, got.value
+
+
+def _as_role(cloud, role: str, service: str, instance: str = ""):
+    """A client with credentials of `role`: delivered by EC2 to `instance` (as the IMDS hands them out), or, without
+    one, assumed through STS by whoever the role's trust policy names."""
+    import boto3
+
+    c = cloud.client("sts").assume_role(RoleArn=f"arn:aws:iam::123456789012:role/{role}", RoleSessionName="hostile")
+    c = c["Credentials"]
+    if instance:
+        cloud.gate.delivered(c["AccessKeyId"], role, instance)
+    else:
+        cloud.gate.roles[c["AccessKeyId"]] = role
+    return boto3.client(
+        service,
+        region_name="us-east-1",
+        endpoint_url=cloud.endpoint,
+        aws_access_key_id=c["AccessKeyId"],
+        aws_secret_access_key=c["SecretAccessKey"],
+        aws_session_token=c["SessionToken"],
+    )
+
+
+def test_a_hostile_holder_of_the_documented_policy_cannot_escalate_or_touch_what_orch_did_not_make(cloud):
+    """Every way the old policy made its holder an administrator, or let it destroy or open up someone else's
+    resources, is refused; what orch itself does (a role under the boundary, tagging at creation, terminating its
+    own instance) is allowed."""
+    from orchestrator.aws import ec2 as api
+    from orchestrator.aws.iam import account_boundary
+    from orchestrator.aws.policy import boundary_arn
+
+    iam, ec2 = api.client("iam", "us-east-1"), api.client("ec2", "us-east-1")  # the controller's credentials
+    admin_iam, admin_ec2 = cloud.client("iam"), cloud.client("ec2")  # someone else in the account
+    boundary = account_boundary(iam)
+    assert boundary == boundary_arn("123456789012")
+
+    # roles: only with orch's boundary, and only roles that carry it can be changed
+    _refused(lambda: iam.create_role(RoleName="orch-evil", AssumeRolePolicyDocument=TRUST))
+    _refused(lambda: iam.create_role(RoleName="orch-evil", AssumeRolePolicyDocument=TRUST, PermissionsBoundary=ADMIN))
+    iam.create_role(RoleName="orch-capped", AssumeRolePolicyDocument=TRUST, PermissionsBoundary=boundary)
+    iam.put_role_policy(RoleName="orch-capped", PolicyName="all", PolicyDocument=EVERYTHING)  # capped, see below
+    _refused(lambda: iam.attach_role_policy(RoleName="orch-capped", PolicyArn=ADMIN))
+    _refused(lambda: iam.delete_role_permissions_boundary(RoleName="orch-capped"))
+    _refused(lambda: iam.put_role_permissions_boundary(RoleName="orch-capped", PermissionsBoundary=ADMIN))
+    admin_iam.create_role(RoleName="orch-legacy", AssumeRolePolicyDocument=TRUST)  # named orch-*, no boundary
+    _refused(lambda: iam.put_role_policy(RoleName="orch-legacy", PolicyName="all", PolicyDocument=EVERYTHING))
+    _refused(lambda: iam.delete_role(RoleName="orch-legacy"))
+    _refused(lambda: iam.create_policy(PolicyName="orch-boundary-2", PolicyDocument=EVERYTHING))
+
+    # the `*` inline policy gives the role no more than the boundary: another bucket stays closed to it
+    admin_s3 = cloud.client("s3")
+    admin_s3.create_bucket(Bucket="someone-elses")
+    foreign = admin_ec2.run_instances(ImageId=cloud.image, MinCount=1, MaxCount=1, SubnetId=cloud.subnets[0])
+    foreign = foreign["Instances"][0]
+    on_an_instance = _as_role(cloud, "orch-capped", "s3", instance=foreign["InstanceId"])
+    on_an_instance.put_object(Bucket=BUCKET, Key="pre/x", Body=b"1")  # within the boundary
+    _refused(lambda: on_an_instance.put_object(Bucket="someone-elses", Key="x", Body=b"1"))
+    # the same role assumed any other way than through an instance profile gets nothing, even inside the boundary
+    _refused(lambda: _as_role(cloud, "orch-capped", "s3").put_object(Bucket=BUCKET, Key="pre/x", Body=b"1"))
+
+    # passing roles: orch's, to EC2 only
+    admin_iam.create_role(RoleName="admin-role", AssumeRolePolicyDocument=TRUST)
+    iam.create_instance_profile(InstanceProfileName="orch-p")
+    _refused(lambda: iam.add_role_to_instance_profile(InstanceProfileName="orch-p", RoleName="admin-role"))
+    iam.add_role_to_instance_profile(InstanceProfileName="orch-p", RoleName="orch-capped")
+    from tests.fakecloud.gate import CONTROLLER
+
+    role = "arn:aws:iam::123456789012:role/orch-capped"
+    assert cloud.gate._allowed(CONTROLLER, "iam:PassRole", role, {"iam:PassedToService": "ec2.amazonaws.com"})
+    for other in ("lambda.amazonaws.com", "ecs-tasks.amazonaws.com", "cloudformation.amazonaws.com"):
+        assert not cloud.gate._allowed(CONTROLLER, "iam:PassRole", role, {"iam:PassedToService": other})
+    lam = api.client("lambda", "us-east-1")
+    _refused(
+        lambda: lam.create_function(
+            FunctionName="f", Role=role, Runtime="python3.12", Handler="h.h", Code={"ZipFile": b"x"}
+        )
+    )
+
+    # EC2: only what carries orch's tags; tags only at creation or onto what carries them
+    fid = foreign["InstanceId"]
+    _refused(lambda: ec2.terminate_instances(InstanceIds=[fid]), "UnauthorizedOperation")
+    _refused(lambda: ec2.create_tags(Resources=[fid], Tags=[{"Key": "orch:sweep", "Value": "x"}]))
+    _refused(lambda: ec2.create_image(InstanceId=fid, Name="stolen"))
+    sg = admin_ec2.create_security_group(GroupName="theirs", Description="x", VpcId=cloud.vpc)["GroupId"]
+    open22 = [{"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}]
+    _refused(lambda: ec2.authorize_security_group_ingress(GroupId=sg, IpPermissions=open22))
+    _refused(lambda: ec2.delete_security_group(GroupId=sg))
+    image = cloud.register_image("someone's image")  # no orch:recipe tag
+    _refused(lambda: ec2.deregister_image(ImageId=image))
+    theirs = admin_ec2.create_launch_template(LaunchTemplateName="theirs", LaunchTemplateData={"ImageId": image})
+    _refused(lambda: ec2.delete_launch_template(LaunchTemplateId=theirs["LaunchTemplate"]["LaunchTemplateId"]))
+
+    tags = [{"ResourceType": "instance", "Tags": [{"Key": "orch:sweep", "Value": "mine"}]}]
+    mine = ec2.run_instances(
+        ImageId=cloud.image, MinCount=1, MaxCount=1, SubnetId=cloud.subnets[0], TagSpecifications=tags
+    )["Instances"][0]["InstanceId"]
+    ec2.create_tags(Resources=[mine], Tags=[{"Key": "orch:slot:0", "Value": "r"}])  # it carries orch:sweep already
+    api.terminate(ec2, [mine])
+
+    assert {"iam:CreateRole", "ec2:TerminateInstances", "ec2:CreateTags", "iam:PassRole"} <= set(cloud.gate.denied)
+    cloud.gate.denied.clear()
+    admin_ec2.terminate_instances(InstanceIds=[fid])
+    admin_ec2.delete_launch_template(LaunchTemplateName="theirs")
+    admin_iam.remove_role_from_instance_profile(InstanceProfileName="orch-p", RoleName="orch-capped")
+    admin_iam.delete_instance_profile(InstanceProfileName="orch-p")
+    for r in ("orch-capped", "orch-legacy", "admin-role"):
+        for p in admin_iam.list_role_policies(RoleName=r)["PolicyNames"]:
+            admin_iam.delete_role_policy(RoleName=r, PolicyName=p)
+        admin_iam.delete_role(RoleName=r)
+
+
+def _instance(cloud, **tags) -> str:
+    spec = [{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}] if tags else []
+    return cloud.client("ec2").run_instances(
+        ImageId=cloud.image, MinCount=1, MaxCount=1, SubnetId=cloud.subnets[0], TagSpecifications=spec
+    )["Instances"][0]["InstanceId"]
+
+
+def _capped_role(name: str, trust: str = TRUST) -> None:
+    """A role the holder of the documented policy makes: orch's boundary (the only kind it may make), a `*` policy."""
+    from orchestrator.aws import ec2 as api
+    from orchestrator.aws.iam import account_boundary
+
+    iam = api.client("iam", "us-east-1")
+    iam.create_role(
+        RoleName=name,
+        AssumeRolePolicyDocument=trust,
+        PermissionsBoundary=account_boundary(iam),
+        Tags=[{"Key": "orch:sweep", "Value": "hostile"}],
+    )
+    iam.put_role_policy(RoleName=name, PolicyName="all", PolicyDocument=EVERYTHING)
+
+
+def _remove_role(cloud, name: str) -> None:
+    admin_iam = cloud.client("iam")
+    for p in admin_iam.list_role_policies(RoleName=name)["PolicyNames"]:
+        admin_iam.delete_role_policy(RoleName=name, PolicyName=p)
+    admin_iam.delete_role(RoleName=name)
+
+
+def test_a_role_the_holder_makes_that_trusts_another_account_gets_nothing(cloud):
+    """The boundary holds only for credentials EC2 delivers to an instance (ec2:SourceInstanceARN): a role whose trust
+    policy names an outside account, assumed from there, can do nothing, though its own policy says `*`."""
+    outside = {"Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::999999999999:root"}, "Action": "sts:AssumeRole"}
+    _capped_role("orch-outside", json.dumps({"Version": "2012-10-17", "Statement": [outside]}))
+    ours = _instance(cloud, **{"orch:sweep": "mine"})
+    _refused(lambda: _as_role(cloud, "orch-outside", "s3").put_object(Bucket=BUCKET, Key="pre/x", Body=b"1"))
+    _refused(lambda: _as_role(cloud, "orch-outside", "s3").get_object(Bucket=BUCKET, Key="pre/x"))
+    _refused(lambda: _as_role(cloud, "orch-outside", "ec2").describe_instances())
+    _refused(lambda: _as_role(cloud, "orch-outside", "ec2").terminate_instances(InstanceIds=[ours]))
+    cloud.client("ec2").terminate_instances(InstanceIds=[ours])
+    _remove_role(cloud, "orch-outside")
+
+
+def test_a_role_under_the_boundary_terminates_and_untags_only_instances_orch_tagged(cloud):
+    """The boundary's own cap on terminating and untagging (not only the role's policy): a `*` role under it, on an
+    instance, cannot end or untag an instance without `orch:sweep`; with the tag it can (a remote controller's need)."""
+    _capped_role("orch-capped")
+    theirs, ours = _instance(cloud), _instance(cloud, **{"orch:sweep": "mine", "orch:slot:0": "r"})
+    ec2 = _as_role(cloud, "orch-capped", "ec2", instance=ours)
+    _refused(lambda: ec2.terminate_instances(InstanceIds=[theirs]), "UnauthorizedOperation")
+    _refused(lambda: ec2.delete_tags(Resources=[theirs], Tags=[{"Key": "Name"}]), "UnauthorizedOperation")
+    ec2.delete_tags(Resources=[ours], Tags=[{"Key": "orch:slot:0"}])
+    ec2.terminate_instances(InstanceIds=[ours])
+    cloud.client("ec2").terminate_instances(InstanceIds=[theirs])
+    _remove_role(cloud, "orch-capped")
+
+
+def test_a_hosts_role_terminates_and_untags_only_its_own_instance(cloud):
+    """Code on a run's host (it holds the host role's credentials) may end its own instance, never another run's host
+    of the sweep nor the sweep's remote controller, which carry the same `orch:sweep` tag."""
+    from orchestrator.aws import ec2 as api
+    from orchestrator.aws.iam import ensure_instance_profile
+    from orchestrator.aws.teardown import teardown
+
+    iam = api.client("iam", "us-east-1")
+    ensure_instance_profile(iam, "mine", BUCKET, "sweeps")
+    me = _instance(cloud, **{"orch:sweep": "mine", "orch:run": "a", "orch:slot:0": "a"})
+    other = _instance(cloud, **{"orch:sweep": "mine", "orch:run": "b", "orch:slot:0": "b"})
+    controller = _instance(cloud, **{"orch:sweep": "mine", "orch:role": "controller"})
+    ec2 = _as_role(cloud, "orch-mine", "ec2", instance=me)
+    for victim in (other, controller):
+        _refused(lambda: ec2.terminate_instances(InstanceIds=[victim]), "UnauthorizedOperation")
+    _refused(lambda: ec2.delete_tags(Resources=[other], Tags=[{"Key": "orch:slot:0"}]), "UnauthorizedOperation")
+    ec2.delete_tags(Resources=[me], Tags=[{"Key": "orch:slot:0"}])
+    ec2.terminate_instances(InstanceIds=[me])
+    cloud.client("ec2").terminate_instances(InstanceIds=[other, controller])
+    teardown(api.client("ec2", "us-east-1"), iam, "mine")
+
+
+def test_the_boundary_stays_as_the_admin_made_it_even_for_a_holder_with_more_iam_rights(cloud):
+    """AWS's delegation example: explicit Denies, so a holder who also has `*` (another policy of theirs) still
+    cannot change or delete the boundary policy, nor remove or swap a role's boundary."""
+    from orchestrator.aws import ec2 as api
+    from orchestrator.aws.iam import account_boundary
+
+    documented = cloud.gate.controller_policy
+    cloud.gate.controller_policy = {
+        **documented,
+        "Statement": documented["Statement"] + json.loads(EVERYTHING)["Statement"],
+    }
+    try:
+        iam = api.client("iam", "us-east-1")
+        boundary = account_boundary(iam)
+        _refused(lambda: iam.create_policy_version(PolicyArn=boundary, PolicyDocument=EVERYTHING, SetAsDefault=True))
+        _refused(lambda: iam.set_default_policy_version(PolicyArn=boundary, VersionId="v1"))
+        _refused(lambda: iam.delete_policy_version(PolicyArn=boundary, VersionId="v1"))
+        _refused(lambda: iam.delete_policy(PolicyArn=boundary))
+        _capped_role("orch-guarded")
+        _refused(lambda: iam.delete_role_permissions_boundary(RoleName="orch-guarded"))
+        _refused(lambda: iam.put_role_permissions_boundary(RoleName="orch-guarded", PermissionsBoundary=ADMIN))
+        iam.put_role_permissions_boundary(RoleName="orch-guarded", PermissionsBoundary=boundary)  # the same one
+        other = iam.create_policy(PolicyName="not-the-boundary", PolicyDocument=EVERYTHING)["Policy"]["Arn"]
+        iam.delete_policy(PolicyArn=other)  # the `*` is in force: only the Denies hold
+    finally:
+        cloud.gate.controller_policy = documented
+        cloud.gate.denied.clear()
+    _remove_role(cloud, "orch-guarded")
+
+
+# --- the grammar IAM accepts ------------------------------------------------------------------------
+# IAM user guide, "Grammar of the IAM JSON policy language" and "IAM JSON policy elements: Condition operators";
+# the condition keys each action takes: Service Authorization Reference (EC2, IAM, S3, KMS pages).
+
+OPERATORS = {
+    "StringEquals",
+    "StringNotEquals",
+    "StringEqualsIgnoreCase",
+    "StringNotEqualsIgnoreCase",
+    "StringLike",
+    "StringNotLike",
+    "ArnEquals",
+    "ArnLike",
+    "ArnNotEquals",
+    "ArnNotLike",
+    "Null",
+    "Bool",
+}
+KEYS = {  # key -> (type, the actions of orch's policy that take it)
+    "ec2:CreateAction": ("String", {"ec2:CreateTags"}),
+    "iam:PermissionsBoundary": (
+        "ARN",
+        {
+            "iam:CreateRole",
+            "iam:PutRolePolicy",
+            "iam:DeleteRolePolicy",
+            "iam:DeleteRolePermissionsBoundary",
+            "iam:PutRolePermissionsBoundary",
+        },
+    ),
+    "ec2:SourceInstanceARN": ("ARN", None),  # a global key: any action, when credentials came from an instance
+    "iam:PassedToService": ("String", {"iam:PassRole"}),
+    "iam:AWSServiceName": ("String", {"iam:CreateServiceLinkedRole"}),
+    "kms:ViaService": ("String", {"kms:Decrypt", "kms:GenerateDataKey"}),
+    "aws:ResourceTag/": ("String", None),  # every EC2 action of the policy that has a tagged resource
+    "aws:TagKeys": ("String", {"ec2:CreateTags", "ec2:DeleteTags"}),
+    "s3:prefix": ("String", {"s3:ListBucket"}),
+}
+VARIABLES = {"aws:PrincipalAccount", "ec2:InstanceID"}  # keys usable as policy variables
+SERVICE_ARN = {
+    "ec2": r"arn:aws:ec2:[a-z0-9*-]*:[0-9*]*:[a-z-]+/.+",
+    "iam": r"arn:aws:iam::[0-9*]+:(role|instance-profile|policy)/.+",
+    "s3": r"arn:aws:s3:::[a-z0-9.-]+(/.*)?",
+    "kms": r"arn:aws:kms:[a-z0-9*-]*:[0-9*]*:key/.+",
+}
+PERMISSION_ONLY = {"iam:PassRole", "s3:ListBucket", "s3:GetEncryptionConfiguration"}
+
+
+def _as_list(v):
+    return v if isinstance(v, list) else [v]
+
+
+@functools.cache  # a service model is megabytes of JSON: load each once, not once per action
+def _operations(service: str) -> frozenset:
+    import botocore.session
+
+    return frozenset(botocore.session.get_session().get_service_model(service).operation_names)
+
+
+def check_grammar(doc: dict) -> None:
+    assert doc["Version"] == "2012-10-17" and set(doc) == {"Version", "Statement"}
+    sids = [st["Sid"] for st in doc["Statement"] if "Sid" in st]
+    assert len(sids) == len(set(sids)) and all(re.fullmatch(r"[A-Za-z0-9]+", s) for s in sids), sids
+    for st in doc["Statement"]:
+        assert set(st) <= {"Sid", "Effect", "Action", "Resource", "Condition"} and st["Effect"] in ("Allow", "Deny")
+        actions = _as_list(st["Action"])
+        for a in actions:
+            service, _, name = a.partition(":")
+            assert a in PERMISSION_ONLY or name in _operations({"s3": "s3", "kms": "kms"}.get(service, service)), a
+        for r in _as_list(st["Resource"]):
+            r = r.replace("${aws:PrincipalAccount}", "123456789012").replace("YOUR-BUCKET", "your-bucket")
+            assert r == "*" or any(re.fullmatch(SERVICE_ARN[a.partition(":")[0]], r) for a in actions), (st, r)
+            assert "alias/" not in r, r  # KMS: an alias is no policy resource
+        for op, pairs in (st.get("Condition") or {}).items():
+            qualifier, _, op = op.rpartition(":")
+            assert qualifier in ("", "ForAllValues", "ForAnyValue"), qualifier
+            assert not qualifier or set(pairs) == {"aws:TagKeys"}, pairs  # a set operator needs a multivalued key
+            base = op.removesuffix("IfExists")
+            assert base in OPERATORS, op
+            for key, values in pairs.items():
+                entry = KEYS.get(key) or KEYS.get(key.split("/")[0] + "/")
+                assert entry, key
+                kind, takes = entry
+                assert takes is None or set(actions) <= takes, (key, actions)
+                if base == "Null":
+                    assert all(v in ("true", "false") for v in _as_list(values)), values
+                else:
+                    assert base.startswith("String") or (kind == "ARN" and base.startswith("Arn")), (op, key)
+                for v in _as_list(values):
+                    for var in re.findall(r"\$\{([^}]+)\}", v):
+                        assert var in VARIABLES, var
+    size = len(re.sub(r"\s", "", json.dumps(doc)))
+    assert size <= 6144, size  # a managed policy's limit, white space not counted (IAM and STS quotas)
+
+
+def test_the_documented_policy_and_boundary_are_valid_iam_grammar():
+    from orchestrator.aws.iam import instance_profile_policy
+    from orchestrator.aws.policy import boundary_policy, controller_policy
+
+    for doc in (
+        controller_policy(),
+        controller_policy("my-bucket", ["my-data", "more-data"]),
+        boundary_policy("my-bucket", ["my-data"]),
+        instance_profile_policy("my-bucket", "sweeps", "mine", ["s3://my-data/x"], ["alias/k"]),
+    ):
+        check_grammar(doc)
+    with pytest.raises(AssertionError):  # the check can fail: an alias ARN as a resource
+        check_grammar(
+            {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {"Effect": "Allow", "Action": "kms:Decrypt", "Resource": "arn:aws:kms:us-east-1:1:alias/a"}
+                ],
+            }
+        )
+    with pytest.raises(AssertionError):  # an operator IAM does not have
+        check_grammar(
+            {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {"Effect": "Allow", "Action": "iam:PassRole", "Resource": "*", "Condition": {"Equals": {"a": "b"}}}
+                ],
+            }
+        )
+
+
+def test_a_remote_controllers_role_reaches_only_its_own_sweep(cloud):
+    """The role `orch launch --remote` gives a sweep's controller, evaluated with orch's boundary as IAM would:
+    its sweep's prefix and tagged resources, passing only its sweep's host role, no IAM write."""
+    from orchestrator.aws import ec2 as api
+    from orchestrator.aws.iam import controller_iam_name, ensure_controller_profile, ensure_instance_profile
+
+    iam = api.client("iam", "us-east-1")  # the laptop's credentials make both roles, under the boundary
+    ensure_instance_profile(iam, "mine", BUCKET, "sweeps")
+    ensure_controller_profile(iam, "mine", BUCKET, "sweeps", "orch-mine")
+    from tests.fakecloud.gate import on_instance
+
+    role, acct = on_instance(controller_iam_name("mine"), "i-c"), "arn:aws:iam::123456789012"
+    allowed = cloud.gate._allowed
+
+    def instance(tags):
+        return "arn:aws:ec2:us-east-1:123456789012:instance/i-1", {f"aws:ResourceTag/{k}": v for k, v in tags.items()}
+
+    ec2_service = {"iam:PassedToService": "ec2.amazonaws.com"}
+    assert allowed(role, "s3:PutObject", f"arn:aws:s3:::{BUCKET}/sweeps/mine/x", {})
+    assert not allowed(role, "s3:PutObject", f"arn:aws:s3:::{BUCKET}/sweeps/other/x", {})
+    assert not allowed(role, "s3:GetObject", f"arn:aws:s3:::{BUCKET}/sweeps/other/status.json", {})
+    assert allowed(role, "ec2:TerminateInstances", *instance({"orch:sweep": "mine"}))
+    assert not allowed(role, "ec2:TerminateInstances", *instance({"orch:sweep": "other"}))
+    assert not allowed(role, "ec2:TerminateInstances", *instance({}))
+    assert allowed(role, "ec2:CreateFleet", "*", {})
+    assert not allowed(role, "ec2:CreateTags", *instance({}))  # tags only at creation or on its sweep's
+    assert allowed(role, "iam:PassRole", f"{acct}:role/orch-mine", ec2_service)
+    assert not allowed(role, "iam:PassRole", f"{acct}:role/orch-other", ec2_service)
+    assert not allowed(role, "iam:PassRole", f"{acct}:role/orch-mine", {"iam:PassedToService": "lambda.amazonaws.com"})
+    for action in ("iam:CreateRole", "iam:PutRolePolicy", "iam:AttachRolePolicy", "iam:DeleteRole"):
+        assert not allowed(role, action, f"{acct}:role/orch-mine", {})
+    for action in ("ec2:AuthorizeSecurityGroupIngress", "ec2:CreateSecurityGroup", "ec2:DeleteSecurityGroup"):
+        assert not allowed(role, action, "*", {"aws:ResourceTag/orch:sweep": "mine"})
+    from orchestrator.aws.teardown import teardown
+
+    teardown(api.client("ec2", "us-east-1"), iam, "mine")
+
+
+def test_a_hosts_role_removes_only_the_slot_and_rung_tags_of_its_sweeps_instances(cloud):
+    """What code on a host (the user's command has its role's credentials) may untag: its sweep's instances' slot
+    and rung tags, named. Not `orch:sweep` or `orch:run` (the instance would vanish from the controller's listing
+    and bill until its safety net), not a DeleteTags without tags (which removes every tag), not another sweep's."""
+    from orchestrator.aws import ec2 as api
+    from orchestrator.aws.iam import ensure_instance_profile
+    from tests.fakecloud.gate import on_instance
+
+    iam = api.client("iam", "us-east-1")
+    ensure_instance_profile(iam, "mine", BUCKET, "sweeps")
+    allowed, ARN = cloud.gate._allowed, "arn:aws:ec2:us-east-1:123456789012:instance"
+
+    def untag(keys, sweep="mine", target="i-1"):
+        ctx = {"aws:ResourceTag/orch:sweep": sweep, "ec2:InstanceID": target, **({"aws:TagKeys": keys} if keys else {})}
+        return allowed(on_instance("orch-mine", "i-1"), "ec2:DeleteTags", f"{ARN}/{target}", ctx)
+
+    assert untag(["orch:rung:2"]) and untag(["orch:slot:0"]) and untag(["orch:rung:1", "orch:rung:0.5"])
+    assert not untag(["orch:sweep"]) and not untag(["orch:run"]) and not untag(["orch:rung:1", "orch:sweep"])
+    assert not untag([])  # no Tag.N: every tag would go
+    assert not untag(["orch:rung:2"], sweep="other")
+    assert not untag(["orch:slot:0"], target="i-2")  # another instance of the sweep: only its own host gives it back
+    from orchestrator.aws.teardown import teardown
+
+    teardown(api.client("ec2", "us-east-1"), iam, "mine")
+
+
+def test_the_policy_and_boundary_help_say_how_to_create_them_as_they_are_now(orch):
+    """The printed policy is longer than a user's inline policies may be (2,048 characters): the help says to create
+    a managed policy and attach it, as README and docs/aws.md do; the boundary's help covers the remote controller."""
+    from orchestrator.aws.policy import controller_policy
+
+    assert len(re.sub(r"\s", "", json.dumps(controller_policy()))) > 2048
+    policy = orch("aws", "policy", "--help")
+    assert policy.code == 0 and "put-user-policy" not in policy.out, policy.out
+    assert "aws iam create-policy" in policy.out and "attach-user-policy" in policy.out, policy.out
+    boundary = orch("aws", "boundary", "--help")
+    assert boundary.code == 0 and "--remote" in boundary.out and "ec2:SourceInstanceARN" in boundary.out, boundary.out
+
+
+# --- an IAM linter no one here wrote -----------------------------------------------------------------
+# parliament (duo-labs, pinned in the dev extra) checks actions, resources and condition keys against AWS's Service
+# Authorization Reference. Every finding it has on what orch prints is explained in docs/aws.md ("What parliament
+# says"), in a row that names the finding and each action it names; a new finding fails here.
+
+
+def _parliament(doc: dict) -> list:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # parliament imports pkg_resources, which warns of its own removal
+        from parliament import analyze_policy_string
+
+    return analyze_policy_string(json.dumps(doc)).findings
+
+
+def _named(finding) -> list:
+    """The actions (and condition keys) a finding names, each to be named in its explanation."""
+    detail = finding.detail
+    if isinstance(detail, list):
+        return [d["action"] if isinstance(d, dict) else d for d in detail]
+    return re.findall(r"(?:condition|action) ([\w:/-]+)", str(detail))
+
+
+def _unexplained(doc: dict, page: str) -> list:
+    section = page.split("### What parliament says", 1)[1].split("\n#", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    return [
+        (f.issue, f.detail)
+        for f in _parliament(doc)
+        if not any(f"`{f.issue}`" in row and all(f"`{n}`" in row for n in _named(f)) for row in rows)
+    ]
+
+
+def test_parliament_finds_nothing_in_the_policy_and_boundary_that_docs_aws_md_does_not_explain():
+    from pathlib import Path
+
+    from orchestrator.aws.policy import boundary_policy, controller_policy
+
+    page = (Path(__file__).resolve().parents[3] / "docs" / "aws.md").read_text()
+    for doc in (controller_policy(), controller_policy("my-bucket", ["my-data"]), boundary_policy("my-bucket")):
+        assert not _unexplained(doc, page)
+    wild = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:GetObject", "Resource": "*"}]}
+    assert _unexplained(wild, page)  # the check can fail: a finding no row explains
