@@ -121,6 +121,26 @@ def explain(exc, what: str, market: str = "spot", instance_type: str = "") -> Or
 # --- resolving what the sweep names ---------------------------------------------------------------
 
 
+def unusable_regions(ec2, regions: list[str]) -> list[str]:
+    """Each of `regions` the account cannot launch in, with why and how to enable it (DescribeRegions with
+    AllRegions: an opt-in region not enabled reads `not-opted-in`)."""
+    status = {
+        r["RegionName"]: r.get("OptInStatus", "opt-in-not-required")
+        for r in ec2.describe_regions(AllRegions=True)["Regions"]
+    }
+    out = []
+    for region in regions:
+        if region not in status:
+            out.append(f"{region} is not an AWS region this account has (it has: {', '.join(sorted(status))})")
+        elif status[region] == "not-opted-in":
+            out.append(
+                f"{region} is an opt-in region not enabled for this account. Enable it: `aws account enable-region "
+                f"--region-name {region}` (or the console: Account > AWS Regions), wait until `aws account "
+                f"get-region-opt-status --region-name {region}` reads ENABLED, then launch again"
+            )
+    return out
+
+
 def resolve_subnets(ec2, subnet_ids: list[str], region: str) -> list[dict]:
     """[{SubnetId, AvailabilityZone, VpcId}] of the configured subnets, or the default VPC's."""
     from botocore.exceptions import ClientError

@@ -42,6 +42,7 @@ READ_ACTIONS = [
     "ec2:DescribeLaunchTemplates",
     "ec2:DescribeLaunchTemplateVersions",
     "ec2:DescribePlacementGroups",
+    "ec2:DescribeRegions",  # which of the sweep's regions the account may use (opt-in regions)
 ]
 # New resources (a launch, a group, a template, a copied image): nothing of anyone else's is touched.
 CREATE_ACTIONS = [
@@ -257,7 +258,7 @@ def s3_statements(bucket: str, data_buckets: Sequence[str] = ()) -> list[dict]:
         {
             "Sid": "Store",
             "Effect": "Allow",
-            "Action": ["s3:ListBucket", "s3:GetEncryptionConfiguration"],
+            "Action": ["s3:ListBucket", "s3:GetEncryptionConfiguration", "s3:GetBucketLocation"],
             "Resource": [f"arn:aws:s3:::{b}" for b in [bucket, *data]],
         },
         {

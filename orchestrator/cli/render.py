@@ -298,6 +298,7 @@ def dry_run_lines(sweep, plan, every: bool = False, remote: bool = False) -> lis
     if not plan:
         lines.append(f"each run: {describe(spec.resources)}")
     else:
+        lines.append(region_line(plan))
         lines.append(f"image {plan['image_asked']}: {plan['image']}")
         for row in plan["choices"]:
             price = f"${row['spot_usd_per_h']:.4f}/h" if row["spot_usd_per_h"] is not None else "no spot price"
@@ -324,6 +325,13 @@ def dry_run_lines(sweep, plan, every: bool = False, remote: bool = False) -> lis
     lines += goal_lines(spec)
     lines.append("dry run: nothing launched.")
     return lines
+
+
+def region_line(plan) -> str:
+    """Where the sweep may run, and its home (docs/guides/regions.md)."""
+    regions, home = plan.get("regions") or [], plan.get("home_region")
+    which = f"regions {', '.join(regions)} (asked in this order)" if len(regions) > 1 else f"region {regions[0]}"
+    return f"{which}; home region {home} (the store's bucket: results and a --remote controller live there)"
 
 
 def goal_lines(spec) -> list[str]:

@@ -73,6 +73,17 @@ class S3Store:
                 ) from None
             raise
 
+    def region(self) -> str:
+        """The bucket's region (GetBucketLocation): a sweep's home region (docs/guides/regions.md)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            where = self.client.get_bucket_location(Bucket=self.bucket).get("LocationConstraint")
+        except (ClientError, BotoCoreError) as exc:
+            raise OrchError(f"cannot find the region of bucket {self.bucket} (GetBucketLocation): {exc}") from None
+        # S3 answers no constraint for us-east-1 and the legacy `EU` for eu-west-1 (S3 API reference)
+        return {"EU": "eu-west-1"}.get(where or "", where or "us-east-1")
+
     def put_bytes(self, key: str, data: bytes) -> None:
         digest = hashlib.sha256(data).hexdigest()
         self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, Metadata={"sha256": digest})

@@ -63,6 +63,15 @@ def load_sweep(path: str | Path, backends: Backends) -> Sweep:
     return Sweep(spec=spec, path=path.resolve(), store_url=store_url, runs=runs)
 
 
+def located(path: str | Path, loc: tuple) -> str:
+    """`file:line: field` of a field of a sweep file, for an error found after loading (e.g. by asking AWS)."""
+    try:
+        line = line_of(yaml.compose(Path(path).read_text(), Loader=Loader), loc)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        line = 1
+    return f"{path}:{line}: {dotted(loc)}"
+
+
 def sweep_from_record(record: dict[str, Any], path: str, backends: Backends) -> Sweep:
     """Rebuild a Sweep from the resolved spec kept in the store's sweep.json.
 

@@ -25,6 +25,7 @@ from orchestrator.aws import ec2 as api
 from orchestrator.backends.aws import listing
 from orchestrator.backends.aws.pack import Packer
 from orchestrator.backends.aws.provision import Provisioner
+from orchestrator.backends.aws.regions import check_regions, home_region
 from orchestrator.backends.aws.settings import LOST_AFTER_S
 from orchestrator.backends.aws.setup import bootstrap, plan
 from orchestrator.backends.aws.state import ProvisioningState
@@ -76,6 +77,7 @@ class AwsBackend(BackendBase):
         """Everything that can fail before a launch: credentials, bucket, AMI, subnets."""
         store = open_store(self.sweep.store_url)
         store.check()
+        check_regions(self.sweep, home_region(self.sweep))
         public_key_of(self.cfg.ssh.identity)
         self.bootstrap()
 

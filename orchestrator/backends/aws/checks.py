@@ -37,7 +37,7 @@ def check(spec: Any, base: Path) -> Problems:
 
 
 def _section_problems(spec: Any, aws: Any) -> Problems:
-    out: Problems = []
+    out: Problems = _region_problems(aws)
     if aws.ssh.address == "private_ip" and not aws.ssh_cidr and not aws.security_group:
         # the default rule admits this machine's *public* address, which never reaches a private IP
         out.append(
@@ -76,4 +76,49 @@ def _section_problems(spec: Any, aws: Any) -> Problems:
                     f"has is {max(known)}; lower `gpus:` or list a larger type (e.g. p4d.24xlarge: 8)",
                 )
             )
+    return out
+
+
+def _region_problems(aws: Any) -> Problems:
+    """`region:` or `regions:` (docs/guides/regions.md), and what belongs to one region only."""
+    out: Problems = []
+    if aws.both_forms:
+        out.append(
+            (
+                ("aws", "regions"),
+                f"`region: {aws.region}` and `regions:` both given; keep one. Fix: `regions: "
+                f"[{', '.join(dict.fromkeys([aws.region, *aws.regions]))}]` (in order of preference) and remove "
+                "`region:`, or keep `region:` alone for one region",
+            )
+        )
+        return out
+    twice = sorted({r for r in aws.regions if aws.regions.count(r) > 1})
+    if twice:
+        out.append((("aws", "regions"), f"{', '.join(twice)} listed twice; list each region once"))
+    if len(aws.regions) > 1 and aws.image.startswith("ami-"):
+        out.append(
+            (
+                ("aws", "image"),
+                f"{aws.image} is an image id of one region, but the sweep may run in {len(aws.regions)} "
+                f"({', '.join(aws.regions)}): each region has its own ids. Use a name pattern (each region's newest "
+                "match, e.g. `Deep Learning OSS Nvidia Driver AMI GPU PyTorch * (Ubuntu 22.04) *`) or `recipe:NAME` "
+                "(`orch ami build --region R` puts it in each region)",
+            )
+        )
+    if len(aws.regions) > 1 and aws.subnet_ids:
+        out.append(
+            (
+                ("aws", "subnet_ids"),
+                f"subnets belong to one region, but the sweep may run in {', '.join(aws.regions)}. A sweep over "
+                "several regions launches into each region's default VPC: remove `subnet_ids`, or list one region",
+            )
+        )
+    if len(aws.regions) > 1 and aws.security_group:
+        out.append(
+            (
+                ("aws", "security_group"),
+                f"a security group belongs to one region, but the sweep may run in {', '.join(aws.regions)}: remove "
+                "`security_group` (orch makes one per region, port 22 from `ssh_cidr`), or list one region",
+            )
+        )
     return out

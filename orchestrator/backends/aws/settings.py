@@ -6,9 +6,9 @@ the loader; nothing below `backends/` names it.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, PrivateAttr, model_serializer, model_validator
 
 from orchestrator.sweep.spec_types import Amount, Count, Strict
 
@@ -55,6 +55,9 @@ class ControllerSection(Strict):
     )
 
 
+# An AWS region's name (us-east-1, ap-southeast-2, us-gov-west-1, eu-central-2): refused early when misspelt.
+REGION_RE = r"^[a-z]{2}(-[a-z]+)+-[0-9]+$"
+
 # A host whose agent wrote no heartbeat for this long is lost (backend.py's stale_s): aws.heartbeat_s must let three
 # beats fit in it (checks.py), so one late or refused write never gets a healthy host replaced (and paid twice).
 LOST_AFTER_S = 180.0
@@ -64,7 +67,15 @@ BEATS_IN_SILENCE = 3
 class AwsSection(Strict):
     """Settings of the aws backend (`backend: aws`)."""
 
-    region: str = Field("us-east-1", description="AWS region.")
+    region: str = Field("us-east-1", pattern=REGION_RE, description="AWS region (the one-region form of `regions`).")
+    regions: list[Annotated[str, Field(pattern=REGION_RE)]] = Field(
+        default_factory=list,
+        min_length=1,
+        description=(
+            "The regions the sweep may use, in order of preference (docs/guides/regions.md); instead of `region`. "
+            "Read back, it always holds the sweep's regions, first the preferred one."
+        ),
+    )
     instance_types: list[str] = Field(
         ["g5.xlarge", "g6.xlarge"],
         min_length=1,
@@ -134,3 +145,31 @@ class AwsSection(Strict):
     controller: ControllerSection = Field(
         default_factory=ControllerSection, description="The controller's own instance, for `orch launch --remote`."
     )
+    # Both `region:` and `regions:` written: checks.py refuses it with the fix (file:line), once the model stands.
+    _both_forms: bool = PrivateAttr(False)
+
+    @model_validator(mode="after")
+    def _one_list_of_regions(self) -> AwsSection:
+        """`regions` holds the sweep's regions whichever form the file used, `region` the first of them."""
+        given = self.model_fields_set
+        self._both_forms = "region" in given and "regions" in given
+        if self.regions and not self._both_forms:
+            self.region = self.regions[0]
+        elif not self.regions:
+            self.regions = [self.region]
+        return self
+
+    @model_serializer(mode="wrap")
+    def _as_written(self, handler):
+        """Recorded in the form a file may hold: one region as `region`, several as `regions` (never both, which
+        the loader refuses)."""
+        data = handler(self)
+        if len(self.regions) > 1:
+            data.pop("region", None)
+        else:
+            data.pop("regions", None)
+        return data
+
+    @property
+    def both_forms(self) -> bool:
+        return self._both_forms

@@ -10,6 +10,7 @@ import logging
 from orchestrator.aws import ec2 as api
 from orchestrator.aws import fleet, iam
 from orchestrator.aws.images import resolve_image
+from orchestrator.backends.aws.regions import check_regions, home_region
 from orchestrator.backends.aws.state import ProvisioningState
 from orchestrator.store.s3url import is_s3, parse_s3
 from orchestrator.sweep.packing import describe as describe_packing
@@ -89,6 +90,8 @@ def plan(state: ProvisioningState) -> dict:
     from botocore.exceptions import BotoCoreError, ClientError
 
     cfg, sweep, ec2 = state.cfg, state.sweep, state.ec2
+    home = home_region(sweep)
+    check_regions(sweep, home)
     try:
         subnets = api.resolve_subnets(ec2, cfg.subnet_ids, cfg.region)
         azs = sorted({s["AvailabilityZone"] for s in subnets})
@@ -110,6 +113,8 @@ def plan(state: ProvisioningState) -> dict:
     if packs(sweep.spec.resources, gpus):
         packing = describe_packing(pack_order(sweep, gpus, prices), sweep.spec.resources.gpus, _parallel(sweep))
     return {
+        "regions": list(cfg.regions),
+        "home_region": home,
         "choices": rows,
         "runs": len(sweep.runs),
         "hours_per_run_max": hours,
