@@ -12,7 +12,7 @@ from orchestrator.sweep.spec import Sweep
 
 
 def settings(sweep: Sweep) -> AwsSection:
-    return sweep.spec.section("aws")
+    return sweep.spec.section_as("aws", AwsSection)
 
 
 def home_region(sweep: Sweep) -> str:
