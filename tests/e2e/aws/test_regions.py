@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from tests.fakecloud import BUCKET, DATA_BUCKETS, REGION
+from tests.fakecloud import BUCKET, REGION
+from tests.fakecloud.cloud import DATA_BUCKETS
 
 pytestmark = pytest.mark.slow
 
