@@ -263,19 +263,30 @@ def search_lines(spec) -> list[str]:
 
 
 def controller_line(sweep, plan) -> str:
-    """--remote's part of the bound: the controller's on-demand hours while the runs can last."""
+    """--remote's part of the bound: the controller's on-demand hours while the runs can last, and max_hours (the
+    controller's instance ends then, whatever the runs do)."""
 
     ctl, spec = sweep.spec.aws.controller, sweep.spec
     waves = math.ceil(len(sweep.runs) / max(1, min(spec.max_parallel, len(sweep.runs) or 1)))
-    hours = min(float(ctl.max_hours), waves * plan["hours_per_run_max"])
+    cap = float(ctl.max_hours)
+    hours = min(cap, waves * plan["hours_per_run_max"])
+    # runs of a few minutes showed as "0.0 h": minutes below an hour
+    while_runs = f"at most {_duration(hours)} while the runs last ({waves} wave(s) of max_parallel x each run's limit)"
+    ends = f"aws.controller.max_hours ({_duration(cap)}) ends it"
     price = on_demand_price(ctl.instance_type, None)
     if price is None:
-        return f"controller: {ctl.instance_type} on demand for at most {hours:.1f} h (its price is unknown to orch)"
+        return f"controller: {ctl.instance_type} on demand for {while_runs}; {ends} (its price is unknown to orch)"
     est = plan["estimate_usd_max"]
     total = f"; with the runs at most {usd(est + price * hours)}" if est is not None else ""
     return (
-        f"controller: {ctl.instance_type} on demand at ${price:.4f}/h x at most {hours:.1f} h (the runs in "
-        f"{waves} wave(s) of max_parallel, capped by aws.controller.max_hours) = {usd(price * hours)}{total}"
+        f"controller: {ctl.instance_type} on demand at ${price:.4f}/h x {while_runs} = {usd(price * hours)}{total}; "
+        f"{ends}: {usd(price * cap)} at the most"
+    )
+
+
+def _duration(hours: float) -> str:
+    return (
+        f"{max(1, round(hours * 60))} min" if hours < 1 else f"{hours:g} h" if hours == int(hours) else f"{hours:.1f} h"
     )
 
 
