@@ -285,6 +285,9 @@ class Study:
     def _save(self, what: str) -> None:
         new = self.store.put_if(self.key, json_bytes(self.record.to_json()), self.version)
         if new is None:
+            data = self.store.get_bytes(self.key)  # a record that cannot be read was not written by a controller
+            if data is not None:
+                parse_record(data, self.key, self.search)  # raises: corrupt, named with its fix
             raise OrchError(
                 f"the study record {self.key} was changed by someone else (another controller of this sweep?). "
                 "One controller per sweep: stop the other (`orch down`), then launch again.",

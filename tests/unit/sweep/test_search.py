@@ -406,6 +406,38 @@ def test_a_controller_killed_mid_search_is_continued_by_the_next_launch_with_no_
     assert not (job.marks / "DUPLICATE").exists()
 
 
+@pytest.mark.slow
+def test_a_study_record_corrupted_while_the_controller_runs_is_called_corrupt_with_its_file_and_fix(orch, job):
+    """It was reported as "changed by someone else (another controller of this sweep?)"."""
+    from orchestrator.wait import retry_until
+
+    path = orch.sweep(f"""
+        name: spoiled
+        command: "{job(steps=2, release=True)}"
+        store: store
+        max_parallel: 1
+        search:
+          trials: 2
+          metric: acc
+          space:
+            lr: {{low: 0.001, high: 1.0, log: true}}
+    """)
+    launch = orch.popen("launch", str(path))
+    record = orch.store(study_key("spoiled"))
+    try:
+        retry_until(lambda: len(starts(job.marks)) >= 1, 120, 0.2, "the first trial to start")
+        record.write_text('{"version": 1, "trials": [')  # a half-written file: no JSON
+        job.release.write_text("")
+        out = launch.communicate(timeout=300)[0]  # (stderr goes to stdout)
+    finally:
+        launch.kill()
+        launch.wait()
+    assert launch.returncode == 2, out
+    assert f"the study record {study_key('spoiled')} is corrupt (not JSON)" in out, out
+    assert "restore it from a backup, or relaunch the sweep under a new `name:`" in out, out
+    assert "someone else" not in out and "Traceback" not in out, out
+
+
 def _views(**states) -> dict:
     from orchestrator.control.views import RunView
 
