@@ -11,6 +11,8 @@ import click
 
 from orchestrator.aws import ec2 as api
 from orchestrator.aws.ec2 import terminate
+from orchestrator.backends.aws.backend import AwsBackend
+from orchestrator.backends.aws.regions import settings as aws_settings
 from orchestrator.backends.aws.remote import RemoteSettings, check_remote, launch_controller, live_controllers
 from orchestrator.backends.registry import load_sweep
 from orchestrator.cli.common import expected_errors, sweep_parts
@@ -20,18 +22,22 @@ from orchestrator.control.supervisor import Supervisor
 from orchestrator.errors import OrchError
 from orchestrator.host.imds import ask_imds_patiently
 from orchestrator.store import layout, open_store
+from orchestrator.store.base import Store
+from orchestrator.sweep.spec import Sweep
 from orchestrator.wait import Timeout, retry_until
 
 STARTING_S = 900.0  # a controller instance younger than this may still be installing and taking the sweep
 FIRST_PASS_S = 300.0  # after the install: the supervisor starts, the controller takes the lease (its first pass)
 
 
-def launch_remote(con, sweep) -> None:
+def launch_remote(con, sweep: Sweep) -> None:
     """Validate and prepare here as a launch does, start the controller on its instance, return once its lease is
     in the store (or adopt the one that already runs)."""
 
     check_remote(sweep)
     backend, store, state = sweep_parts(sweep)
+    if not isinstance(backend, AwsBackend):  # check_remote refused every other backend
+        raise OrchError(f"{sweep.path}: --remote needs `backend: aws`", exit_code=2)
     name = sweep.spec.name
     lease, _ = read_lease(store, name)
     if lease is not None and lease.alive():
@@ -52,7 +58,7 @@ def launch_remote(con, sweep) -> None:
     con.print(
         f"{'launching' if new else 'continuing'} sweep [bold]{name}[/]: {len(sweep.runs)} runs, max_parallel "
         f"{sweep.spec.max_parallel}, store {sweep.store_url}; its controller on a "
-        f"{sweep.spec.aws.controller.instance_type}"
+        f"{aws_settings(sweep).controller.instance_type}"
     )
     ctl = launch_controller(backend.state, backend.bootstrap(), say=lambda text: con.print(text, markup=False))
     holder = _wait_first_pass(store, name, ctl)
@@ -72,7 +78,7 @@ def launch_remote(con, sweep) -> None:
     _follow(con, name)
 
 
-def _adopt_or_clear(con, backend, store, sweep, found: list) -> bool:
+def _adopt_or_clear(con, backend: AwsBackend, store: Store, sweep: Sweep, found: list) -> bool:
     """Controller instances of the sweep that exist although no live lease did when this launch began. One that is
     young may be another launch's, still starting: wait for it to take the sweep and adopt it (True). One that never
     took it, or whose lease lapsed, serves nobody: terminate it."""

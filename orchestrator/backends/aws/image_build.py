@@ -158,7 +158,8 @@ def _provision(conn, recipe: Recipe, recipe_dir: Path, say: Callable[[str], None
         data = (recipe_dir / local).expanduser().read_bytes()
         conn.put_bytes(data, remote, mode=0o755 if local.endswith(".sh") else 0o644)
     env = f'export PYTHONPATH="{b.remote_dir.replace("~/", "$HOME/")}${{PYTHONPATH:+:$PYTHONPATH}}"; cd "$HOME"; '
-    for i, step in enumerate([*recipe.steps, *([recipe.smoke] if recipe.smoke else [])], start=1):
+    steps: list[str] = [*recipe.steps, *([recipe.smoke] if recipe.smoke else [])]
+    for i, step in enumerate(steps, start=1):
         what = "smoke" if recipe.smoke and i == len(recipe.steps) + 1 else f"step {i}/{len(recipe.steps)}"
         say(f"{what}: {step}")
         t0 = time.time()

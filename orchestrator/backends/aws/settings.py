@@ -13,14 +13,18 @@ from pydantic import Field, PrivateAttr, model_serializer, model_validator
 from orchestrator.sweep.spec_types import Amount, Count, Strict
 
 
+# These two sections are built by default_factory, so their defaults are given as `default=`: type checkers read a
+# positional one as no default (PEP 681's field specifiers take it by keyword).
 class SshSection(Strict):
     """How the controller reaches instances over SSH."""
 
-    user: str = Field("ubuntu", description="Login user on the image.")
-    port: Count = Field(22, ge=1, le=65535, description="sshd port.")
-    address: Literal["public_ip", "private_ip"] = Field("public_ip", description="Which instance address to dial.")
+    user: str = Field(default="ubuntu", description="Login user on the image.")
+    port: Count = Field(default=22, ge=1, le=65535, description="sshd port.")
+    address: Literal["public_ip", "private_ip"] = Field(
+        default="public_ip", description="Which instance address to dial."
+    )
     identity: str = Field(
-        "~/.ssh/id_ed25519", description="Private key file; its .pub goes into the instance's authorized keys."
+        default="~/.ssh/id_ed25519", description="Private key file; its .pub goes into the instance's authorized keys."
     )
 
 
@@ -31,19 +35,19 @@ class ControllerSection(Strict):
     fraction of a CPU second, so the smallest burstable type serves (README: Sweeps that run unattended)."""
 
     instance_type: str = Field(
-        "t3.micro", pattern=r"^[a-z0-9-]+\.[a-z0-9-]+$", description="EC2 type of the controller's instance."
+        default="t3.micro", pattern=r"^[a-z0-9-]+\.[a-z0-9-]+$", description="EC2 type of the controller's instance."
     )
     image: str | None = Field(
-        None,
+        default=None,
         min_length=1,
         description=(
             "AMI id or name pattern (owner `image_owner`); default: the newest Amazon Linux 2023 image of the type's "
             "architecture."
         ),
     )
-    image_owner: str = Field("amazon", description="Owner of `image` when it is a name pattern.")
+    image_owner: str = Field(default="amazon", description="Owner of `image` when it is a name pattern.")
     python: str = Field(
-        "python3.11",
+        default="python3.11",
         pattern=r"^[A-Za-z0-9_./+-]+$",  # a command name or path: it is run over SSH, however quoted
         description=(
             "Interpreter on the image (3.10 or newer) to run orch; installed with dnf and pip when missing (Amazon "
@@ -51,7 +55,7 @@ class ControllerSection(Strict):
         ),
     )
     max_hours: Amount = Field(
-        48, gt=0, le=24 * 30, description="Safety net: the controller's instance terminates itself after this."
+        default=48, gt=0, le=24 * 30, description="Safety net: the controller's instance terminates itself after this."
     )
 
 
