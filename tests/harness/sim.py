@@ -120,6 +120,8 @@ class Received:
     attempt: int
     params_json: dict[str, object]  # ORCH_PARAMS_JSON
     words: dict[str, str]  # `name=value` words of its command line
+    lines: int = 0  # metrics lines it wrote (a command stopped before its first line wrote none)
+    ended_by: StopReason | str | None = None  # orch's stop that ended it, "vanished" (its host went), None: itself
 
 
 class Cloud:
@@ -148,6 +150,9 @@ class Cloud:
         host = self.hosts.pop(host_id, None)
         if host is None:
             return
+        agent = host.agent
+        if agent is not None and agent.phase == SimAgent.RUNNING and agent.received and not agent.received.ended_by:
+            agent.received.ended_by = "vanished"
         inst = self.instances[host.instance]
         inst.occupants.remove(host_id)
         if not inst.occupants:
@@ -268,6 +273,8 @@ class SimBackend(BackendBase):
         if not hosts:
             return False
         for agent in agents:
+            if agent.received is not None and agent.received.ended_by is None:
+                agent.received.ended_by = reason
             (agent.agent.ctl / STOP_REASON_FILE).write_text(str(reason))
             agent.agent._on_signal(signal.SIGTERM, None)
             for _ in range(50):
@@ -309,6 +316,7 @@ class SimAgent:
         self.status = None
         self.checks: list[watch.Check] = []
         self.written = 0  # metrics lines the command wrote
+        self.received: Received | None = None  # what its command was given, once it started
         self.ran = False  # its command started
 
     def boot(self, now: float) -> None:
@@ -342,7 +350,8 @@ class SimAgent:
             f.write(f"[orch] attempt {t.attempt} of {t.run_id}: {t.command}\n")
         a.exit_file.unlink(missing_ok=True)
         words = dict(w.split("=", 1) for w in shlex.split(t.command) if "=" in w)
-        self.cloud.received.append(Received(t.run_id, t.attempt, json.loads(t.env["ORCH_PARAMS_JSON"]), words))
+        self.received = Received(t.run_id, t.attempt, json.loads(t.env["ORCH_PARAMS_JSON"]), words)
+        self.cloud.received.append(self.received)
         self.checks = [c for c in watch.checks_for(a, self.status, now) if not isinstance(c, UNWATCHABLE)]
         self.phase, self.ran = self.RUNNING, True
 
@@ -364,6 +373,8 @@ class SimAgent:
         if self.written < len(self.plan.values):
             value = self.plan.values[self.written]
             self.written += 1
+            if self.received is not None:
+                self.received.lines = self.written
             line = {"epoch": self.written, "step": self.written * 10, "loss": math.nan if value is None else value}
             with open(a.run_dir / layout.METRICS_FILE, "a") as f:
                 f.write(json.dumps(line) + "\n")  # NaN as json.dumps writes it, as Python trainers do

@@ -86,6 +86,11 @@ def test_a_pruned_run_keeps_its_folder_and_log_in_the_store():
     scripted(grid(prune=True), ["ok"] * 12, PASS_AND_TICK * 8, checked={10})
 
 
+def test_a_run_cancelled_while_its_host_boots_keeps_the_log_of_its_command():
+    # found by the random machine (its stored failure): the command started as the stop came, wrote no line
+    scripted(grid(points=1, max_parallel=1), ["ok"] * 12, ["controller_pass", ("cancel_one", {"run": "lr=0.1"})], {10})
+
+
 def test_a_trial_whose_last_value_is_nan_is_told_fail():
     scripted(
         grid(search="random", points=1, max_parallel=1),
