@@ -349,7 +349,10 @@ class Controller:
             "metric": metric,
             "at": at,
         }
-        status = life.prune(row.status, verdict.words(metric, at), detail)
+        base = row.status
+        if base.state == CORRUPT:  # a verdict taken before stands over a record no one can read (no host runs it)
+            base = life.recover(base, self._logged_attempt(base.run_id))
+        status = life.prune(base, verdict.words(metric, at), detail)
         if not self._write(status, self.table.versions[status.run_id]):
             return  # decided again next pass, with the same verdict
         self._show(row, True)
@@ -474,7 +477,7 @@ class Controller:
     def _start(self, row: Row) -> bool:
         run, previous, version = row.run, row.status, self.table.versions[row.run.run_id]
         if self.trials is not None:  # a trial's params: asked of the sampler at its first start, then as recorded
-            run = self.table.runs[run.run_id] = self.trials.bound(run)
+            run = self.table.runs[run.run_id] = self.trials.bound(run, self.table.views)
         if previous.state == CORRUPT:
             previous = self._unreadable(previous)
         was_lost = life.preempted(previous)
@@ -507,8 +510,7 @@ class Controller:
         log is in the store, so the new attempt resumes from the run's newest checkpoint under a number of its own.
         Its counts of failures and preemptions are in the unreadable record: they start again from 0."""
         rid = corrupt.run_id
-        keys = self.store.list(layout.records_prefix(self.name, rid) + "/")
-        attempt = max(layout.logged_attempts(self.name, rid, keys), default=0)
+        attempt = self._logged_attempt(rid)
         message = (
             f"{corrupt.reason}; no host runs it, so it gets a new attempt ({attempt + 1}), resumed from its newest "
             "checkpoint (its counts of failures and preemptions start again)"
@@ -516,6 +518,11 @@ class Controller:
         log.warning("%s: %s", rid, message)
         self.state.journal(self.name, "unreadable-record", rid, message)
         return life.recover(corrupt, attempt)
+
+    def _logged_attempt(self, rid: str) -> int:
+        """The newest attempt of the run whose log is in the store (0: none)."""
+        keys = self.store.list(layout.records_prefix(self.name, rid) + "/")
+        return max(layout.logged_attempts(self.name, rid, keys), default=0)
 
     def _give_up(self, row: Row, previous: RunStatus, version: str | None) -> bool:
         reason = (
