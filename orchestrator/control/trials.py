@@ -45,9 +45,16 @@ class Trials:
         for run in sweep.runs:
             self.runs_of.setdefault(trial_number(run.run_id), []).append(run.run_id)
 
-    def bound(self, run: RunSpec) -> RunSpec:
-        """The run with its trial's params (asked now if this is the trial's first start)."""
-        return bind(self.sweep.spec, run, self.study.params_for(trial_number(run.run_id)))
+    def bound(self, run: RunSpec, views: dict[str, RunView] | None = None) -> RunSpec:
+        """The run with its trial's params (asked now if this is the trial's first start). An earlier trial not yet
+        asked (its runs were cancelled while queued) is asked first and, its runs all final, told before the next
+        ask: each ask knows every trial that ended before it."""
+        number = trial_number(run.run_id)
+        for earlier in range(len(self.study.record.trials), number):
+            self.study.params_for(earlier)
+            if views is not None:
+                self.tell_finished(views, None)
+        return bind(self.sweep.spec, run, self.study.params_for(number))
 
     def tell_finished(self, views: dict[str, RunView], rung_values: dict[str, dict[str, float]] | None) -> None:
         """Tell the sampler of every asked trial whose runs are all final (once each)."""

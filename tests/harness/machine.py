@@ -43,12 +43,12 @@ from orchestrator.control.actions import cancel_run, stop_sweep
 from orchestrator.control.collect import collect
 from orchestrator.control.controller import DONE, Controller, decide
 from orchestrator.control.state import State
-from orchestrator.control.study import Outcome, parse_record
+from orchestrator.control.study import Outcome, parse_record, rebuild
 from orchestrator.host.agent import KEPT_ON_STOP
 from orchestrator.store import layout
 from orchestrator.store.base import get_json, read_jsonl
-from orchestrator.store.status import CANCELLED, FAILED, PRUNED, SUCCEEDED, read_status
-from orchestrator.sweep.search import trial_of
+from orchestrator.store.status import CANCELLED, CORRUPT, FAILED, PRUNED, SUCCEEDED, read_status
+from orchestrator.sweep.search import resolved_metric, trial_of
 from tests.harness.sim import PRICES, Cloud, Plan, SimAgent, SimBackend, default_plan
 
 KNOWN: dict[int, str] = {}
@@ -158,6 +158,7 @@ class Harness(RuleBasedStateMachine):
         self.study_writes = 0  # of store.writes, those already checked
         self.latest: dict[str, dict] = {}  # run -> its newest status record written (from the store's writes)
         self.corrupted: set[str] = set()
+        self.sampler_checked: bytes | None = None  # the study record last checked against what its sampler sees
 
     # --- the scenario -----------------------------------------------------------------------------
 
@@ -397,6 +398,9 @@ class Harness(RuleBasedStateMachine):
         if data is None:
             return
         record = parse_record(data, layout.study_key("h"), self.sweep.spec.search)
+        if data != self.sampler_checked:
+            self._check_sampler_sees_the_record(record)
+            self.sampler_checked = data
         for trial in record.trials:
             if trial.outcome is Outcome.ASKED:
                 assert trial.number not in self.told, f"trial {trial.number} was told, and is now asked again"
@@ -417,6 +421,8 @@ class Harness(RuleBasedStateMachine):
         `prune:` stopped it; told once all its runs are final."""
         runs = [r.run_id for r in self.sweep.runs if trial_of(r.run_id) == trial.number]
         statuses = [read_status(self.store, "h", rid) for rid in runs]
+        if any(s.state == CORRUPT for s in statuses):
+            return  # (the harness corrupted one: what its run ended as cannot be read now)
         spec = self.sweep.spec
         for s in statuses:
             final = decide(s, None, spec.max_restarts, self.clock, 1e9, 1e9) == DONE
@@ -447,6 +453,34 @@ class Harness(RuleBasedStateMachine):
             assert trial.outcome is Outcome.FAIL, (
                 f"trial {trial.number}: told {trial.outcome.value}, the rule says FAIL"
             )
+
+    def _check_sampler_sees_the_record(self, record) -> None:
+        """README "Search": what the sampler is told of each trial is what the record says (a pruned trial PRUNED with
+        its values at the rungs, never COMPLETE), and TPE with several trials at once lies about the running ones."""
+        import optuna
+
+        spec = self.sweep.spec
+        study, sampler = rebuild(record, spec.search, resolved_metric(spec)[1], spec.max_parallel)
+        if spec.search.sampler == "tpe":
+            assert sampler._constant_liar == (spec.max_parallel > 1), (
+                f"TPE with max_parallel {spec.max_parallel}: constant_liar {sampler._constant_liar}"
+            )
+        states = {
+            Outcome.ASKED: optuna.trial.TrialState.RUNNING,
+            Outcome.COMPLETE: optuna.trial.TrialState.COMPLETE,
+            Outcome.FAIL: optuna.trial.TrialState.FAIL,
+            Outcome.PRUNED: optuna.trial.TrialState.PRUNED,
+        }
+        for trial, seen in zip(record.trials, study.trials, strict=True):
+            assert seen.state == states[trial.outcome], (
+                f"trial {trial.number} is {trial.outcome.value} in the record, the sampler was told {seen.state.name}"
+            )
+            if trial.outcome is Outcome.COMPLETE:
+                assert seen.value == trial.value, f"trial {trial.number}: told {seen.value}, recorded {trial.value}"
+            if trial.outcome is Outcome.PRUNED:
+                assert sorted(seen.intermediate_values.values()) == sorted(trial.intermediate.values()), (
+                    f"trial {trial.number}: the sampler has {seen.intermediate_values}, the record {trial.intermediate}"
+                )
 
     def _check_study_writes(self) -> None:
         """Told once, and told before asked: each write of the study record changes it, and a write that asks a

@@ -580,3 +580,59 @@ def test_a_relaunch_may_raise_trials_to_extend_the_study_and_nothing_else_of_sea
         orch.sweep(text.replace("trials: 2", "trials: 3").replace(old, new))
         again = orch("launch", str(path))
         assert again.code == 2 and "changed: " in again.err and "search" in again.err, (old, new, again.err)
+
+
+@pytest.mark.slow
+def test_orch_launch_with_two_trials_at_a_time_asks_what_optunas_ask_and_tell_asks_lying_about_running_ones(
+    orch, tmp_path
+):
+    """README (Search): TPE with several running trials uses Optuna's `constant_liar`, so free slots are not all
+    sent to one region. Through `orch launch` with `max_parallel: 2`: replayed in the order the controller asked
+    and told (its log), Optuna's own ask-and-tell with `TPESampler(constant_liar=True)` asks every trial orch
+    asked (past TPE's 10 random start-up trials each ask sees the trial still running beside it)."""
+    import re
+
+    script = tmp_path / "objective.py"
+    script.write_text(OBJECTIVE)
+    path = orch.sweep(f"""
+        name: liar
+        command: "{sys.executable} {script}"
+        store: store
+        max_parallel: 2
+        search:
+          sampler: tpe
+          seed: 5
+          trials: 15
+          metric: score
+          mode: max
+          space:
+            lr: {{low: 0.0001, high: 1.0, log: true}}
+            depth: {{low: 2, high: 8, int: true}}
+            opt: {{choices: [sgd, adam]}}
+    """)
+    r = orch("launch", str(path))
+    assert r.code == 0, r.out + r.err
+    trials = json.loads(orch.store(study_key("liar")).read_text())["trials"]
+    events = re.findall(r"orch\.study (asked|told) trial (\d+)", r.err)
+    assert len(events) == 2 * len(trials) == 30, r.err
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    reference = optuna.create_study(
+        direction="maximize", sampler=optuna.samplers.TPESampler(seed=5, constant_liar=True)
+    )
+    space = {
+        "lr": optuna.distributions.FloatDistribution(0.0001, 1.0, log=True),
+        "depth": optuna.distributions.IntDistribution(2, 8),
+        "opt": optuna.distributions.CategoricalDistribution(["sgd", "adam"]),
+    }
+    asked, overlapping = {}, 0
+    for what, number in ((w, int(n)) for w, n in events):
+        if what == "asked":
+            overlapping += len(asked) > len([t for t in reference.trials if t.state.is_finished()])
+            asked[number] = reference.ask(space)
+            assert asked[number].params == trials[number]["params"], (number, trials[number], asked[number].params)
+        else:
+            t = trials[number]
+            assert t["outcome"] == "complete", t
+            reference.tell(asked[number], t["value"])
+    assert overlapping >= 10  # most asks were made with another trial running
