@@ -144,4 +144,3 @@ def test_a_relaunch_gives_a_run_whose_record_cannot_be_read_a_new_attempt_never_
     final = run_states(orch, "torn", every=True)["run"]
     assert (final["state"], final["attempt"]) == ("succeeded", 2), final
     assert starts(job.marks) == [["run", "1"], ["run", "2"]]
-
