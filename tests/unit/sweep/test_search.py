@@ -407,6 +407,7 @@ def test_a_controller_killed_mid_search_is_continued_by_the_next_launch_with_no_
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_a_study_record_corrupted_while_the_controller_runs_is_called_corrupt_with_its_file_and_fix(orch, job):
     """It was reported as "changed by someone else (another controller of this sweep?)"."""
     from orchestrator.wait import retry_until
