@@ -207,8 +207,17 @@ def _fleet(
                 "Overrides": [{"InstanceType": c.instance_type, "SubnetId": c.subnet_id, **placement} for c in choices],
             }
         ],
-        TagSpecifications=[{"ResourceType": "instance", "Tags": tags}, {"ResourceType": "volume", "Tags": tags}],
+        # what the fleet creates carries the sweep's tags from the request: the policy allows a launch only so
+        # (docs/aws.md); the network interfaces and spot requests get them from the template version (launched_tags)
+        TagSpecifications=[{"ResourceType": kind, "Tags": tags} for kind in ("instance", "volume", "fleet")],
     )
+
+
+def launched_tags(tags: list[dict]) -> list[dict]:
+    """The launch template's tags for what a launch creates that CreateFleet's own TagSpecifications cannot name
+    (a launch template may tag instance, volume, network-interface and spot-instances-request: EC2 API reference,
+    LaunchTemplateTagSpecificationRequest)."""
+    return [{"ResourceType": kind, "Tags": tags} for kind in ("network-interface", "spot-instances-request")]
 
 
 def _quota(blocklist: Blocklist, choices: list[Choice], market: str, error: OrchError) -> OrchError:
@@ -315,7 +324,11 @@ def _acquire(
         version = str(
             ec2.create_launch_template_version(
                 LaunchTemplateId=template_id,
-                LaunchTemplateData={**base, "UserData": base64.b64encode(user_data.encode()).decode()},
+                LaunchTemplateData={
+                    **base,
+                    "UserData": base64.b64encode(user_data.encode()).decode(),
+                    "TagSpecifications": launched_tags(tags),
+                },
             )["LaunchTemplateVersion"]["VersionNumber"]
         )
     except ClientError as exc:

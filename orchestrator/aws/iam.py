@@ -10,9 +10,17 @@ import hashlib
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from orchestrator.aws.ec2 import AwsFatal, error_code, error_message, explain
-from orchestrator.aws.policy import INSTANCES, ITSELF, boundary_arn, pass_role_statement, remote_controller_statements
+from orchestrator.aws.policy import (
+    INSTANCES,
+    ITSELF,
+    boundary_arn,
+    in_regions,
+    pass_role_statement,
+    remote_controller_statements,
+)
 from orchestrator.contract import RUNG_TAG
 from orchestrator.store.s3url import parse_s3
 from orchestrator.sweep.packing import SLOT_TAG
@@ -121,11 +129,16 @@ def kms_statements(keys: Sequence[str]) -> list[dict]:
 
 
 def instance_profile_policy(
-    bucket: str, prefix: str, sweep: str, data: Sequence[str] = (), kms_keys: Sequence[str] = ()
+    bucket: str,
+    prefix: str,
+    sweep: str,
+    data: Sequence[str] = (),
+    kms_keys: Sequence[str] = (),
+    regions: Sequence[str] = (),
 ) -> dict:
     """What an instance of the sweep may do: its own S3 prefix, read its `data:` prefixes (and use the
     KMS keys those buckets encrypt with), and terminate itself and remove its own slot and rung tags (a packed
-    run gives its slot back; a `prune:` run says it reported a rung)."""
+    run gives its slot back; a `prune:` run says it reported a rung); EC2 only in the sweep's `regions`."""
     reads = []
     for url in data:
         where = parse_s3(url)
@@ -163,8 +176,12 @@ def instance_profile_policy(
             },
         ],
     }
-    policy["Statement"] += reads + kms_statements(kms_keys)
+    policy["Statement"] += reads + kms_statements(kms_keys) + _unnamed(in_regions(regions))
     return policy
+
+
+def _unnamed(statements: list[dict]) -> list[dict]:
+    return [{k: v for k, v in st.items() if k != "Sid"} for st in statements]
 
 
 def store_statements(bucket: str, prefix: str, sweep: str) -> list[dict]:
@@ -186,16 +203,34 @@ def store_statements(bucket: str, prefix: str, sweep: str) -> list[dict]:
 
 
 def controller_role_policy(
-    bucket: str, prefix: str, sweep: str, host_role_arn: str, kms_keys: Sequence[str] = ()
+    bucket: str,
+    prefix: str,
+    sweep: str,
+    host_role_arn: str,
+    kms_keys: Sequence[str] = (),
+    scope: LaunchScope | None = None,
 ) -> dict:
     """What the sweep's remote controller may do: its sweep's S3 prefix; read EC2, launch hosts through the sweep's
-    launch template and change or remove only what carries its sweep's tag; pass exactly its sweep's host role, to
-    EC2. No other IAM call: the laptop made every role and profile before it started the controller."""
-    statements = store_statements(bucket, prefix, sweep) + [
-        {k: v for k, v in st.items() if k != "Sid"} for st in remote_controller_statements(sweep)
-    ]
+    launch template (only its instance types, images of its owners, subnets of its VPCs, in its regions: `scope`)
+    and change or remove only what carries its sweep's tag; pass exactly its sweep's host role, to EC2. No other IAM
+    call: the laptop made every role and profile before it started the controller."""
+    scope = scope or LaunchScope()
+    launch = remote_controller_statements(sweep, scope.instance_types, scope.owners, scope.vpcs)
+    statements = store_statements(bucket, prefix, sweep) + _unnamed(launch)
     statements.append({k: v for k, v in pass_role_statement([host_role_arn]).items() if k != "Sid"})
-    return {"Version": "2012-10-17", "Statement": statements + kms_statements(kms_keys)}
+    statements += kms_statements(kms_keys) + _unnamed(in_regions(scope.regions))
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+@dataclass(frozen=True)
+class LaunchScope:
+    """What a sweep's remote controller may launch: its instance types, images of these owners (ec2:Owner values),
+    subnets of these VPCs (ids), in these regions; empty: any."""
+
+    instance_types: tuple[str, ...] = ()
+    owners: tuple[str, ...] = ("amazon",)
+    vpcs: tuple[str, ...] = ()
+    regions: tuple[str, ...] = ()
 
 
 SPOT_SERVICE = "spot.amazonaws.com"
@@ -228,20 +263,32 @@ def _account(iam) -> str:
 
 
 def ensure_instance_profile(
-    iam, sweep: str, bucket: str, prefix: str, data: Sequence[str] = (), kms_keys: Sequence[str] = ()
+    iam,
+    sweep: str,
+    bucket: str,
+    prefix: str,
+    data: Sequence[str] = (),
+    kms_keys: Sequence[str] = (),
+    regions: Sequence[str] = (),
 ) -> str:
     """The sweep's role + instance profile (created or updated), found by name; returns the profile name. The
     role carries orch's permissions boundary (`orch aws boundary`): the documented policy allows no other."""
-    policy = instance_profile_policy(bucket, prefix, sweep, data, kms_keys)
+    policy = instance_profile_policy(bucket, prefix, sweep, data, kms_keys, regions)
     return ensure_role_profile(iam, iam_name(sweep), sweep, policy, "the sweep's instance profile")
 
 
 def ensure_controller_profile(
-    iam, sweep: str, bucket: str, prefix: str, host_role: str, kms_keys: Sequence[str] = ()
+    iam,
+    sweep: str,
+    bucket: str,
+    prefix: str,
+    host_role: str,
+    kms_keys: Sequence[str] = (),
+    scope: LaunchScope | None = None,
 ) -> str:
     """The remote controller's role + instance profile, under the same boundary; returns the profile name."""
     role_arn = f"arn:aws:iam::{_account(iam)}:role/{host_role}"
-    policy = controller_role_policy(bucket, prefix, sweep, role_arn, kms_keys)
+    policy = controller_role_policy(bucket, prefix, sweep, role_arn, kms_keys, scope)
     return ensure_role_profile(iam, controller_iam_name(sweep), sweep, policy, "the sweep's controller profile")
 
 

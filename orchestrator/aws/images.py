@@ -195,4 +195,6 @@ def resolve_image(ec2, image: str, owner: str, region: str) -> dict:
         "RootDeviceName": root,
         "SnapshotGb": max(sizes or [0]),
         "Name": newest.get("Name", ""),
+        # ec2:Owner in a policy: Amazon's own images by their alias, the others by account id
+        "Owners": [o for o in (newest.get("ImageOwnerAlias"), newest.get("OwnerId")) if o],
     }

@@ -49,8 +49,6 @@ CREATE_ACTIONS = [
     "ec2:CreateSecurityGroup",
     "ec2:CreateLaunchTemplate",
     "ec2:CreatePlacementGroup",
-    "ec2:CreateFleet",
-    "ec2:RunInstances",
     "ec2:CopyImage",
 ]
 # The API names whose TagSpecifications orch uses: tags written by them are written at creation.
@@ -63,8 +61,12 @@ TAGGING_CREATE_ACTIONS = [
     "CreateImage",
     "CopyImage",
 ]
-# Changes and removals: only on resources tagged orch:sweep (instances, groups, templates, placement groups).
+# Changes and removals: only on resources tagged orch:sweep (instances, groups, templates, placement groups); and a
+# launch uses only groups, templates and placement groups of orch's (LAUNCH_ACTIONS, below).
 ON_SWEEP_RESOURCES = [
+    "ec2:RunInstances",
+    "ec2:CreateFleet",
+    "ec2:CreateImage",  # of an instance (the builder): its new image and snapshots are Ec2NewImages'
     "ec2:TerminateInstances",
     "ec2:AuthorizeSecurityGroupIngress",
     "ec2:RevokeSecurityGroupIngress",
@@ -111,6 +113,106 @@ KMS_VIA_S3 = {"StringLike": {"kms:ViaService": "s3.*.amazonaws.com"}}
 KMS_KEYS = "arn:aws:kms:*:*:key/*"
 
 
+# Launching (RunInstances, and CreateFleet, whose instant fleets launch with the caller's rights), per resource type
+# as the Service Authorization Reference lists them for these actions, as Karpenter's controller policy scopes them:
+# what the launch creates carries orch:sweep from the request (tagged at creation; only orch's tag keys); what it
+# uses is orch's (the sweep's group, template, placement group: the statements on orch:sweep resources); an image of
+# the allowed owners; a snapshot only as an image's own (another owner's, or one of the account's that orch tagged
+# orch:recipe); subnets of the given VPCs.
+LAUNCH_ACTIONS = ["ec2:RunInstances", "ec2:CreateFleet"]
+LAUNCHED = ["fleet", "volume", "network-interface", "spot-instances-request"]  # and "instance", with its own keys
+TAG_KEYS = ["orch:*", "Name"]  # the keys orch writes at launch (sweep_tags, and the builder's Name)
+# ec2:Owner of an image: an account id, or "amazon" for Amazon's own public images (the Deep Learning AMIs).
+DEFAULT_IMAGE_OWNERS = ("amazon",)
+
+
+def ec2_arns(kinds: Sequence[str]) -> list[str]:
+    return [f"arn:aws:ec2:*:*:{kind}/*" for kind in kinds]
+
+
+def image_owners(owners: Sequence[str] = DEFAULT_IMAGE_OWNERS) -> list[str]:
+    """ec2:Owner values of the images a launch may use: the account's own (`self`) and `owners`."""
+    named = [ACCOUNT_VARIABLE if o == "self" else o for o in owners]
+    return list(dict.fromkeys([ACCOUNT_VARIABLE, *named]))
+
+
+def launch_statements(
+    prefix: str,
+    sweep: str = "",
+    instance_types: Sequence[str] = (),
+    owners: Sequence[str] = DEFAULT_IMAGE_OWNERS,
+    vpcs: Sequence[str] = (),
+) -> list[dict]:
+    """RunInstances/CreateFleet per resource type. `sweep` narrows the request's orch:sweep to one sweep's (a remote
+    controller's role), `instance_types` the instances' types, `vpcs` (ids) the subnets' VPC; empty: any."""
+    sweep_tag = (
+        {"StringEquals": {f"aws:RequestTag/{SWEEP_TAG}": sweep}}
+        if sweep
+        else {"Null": {f"aws:RequestTag/{SWEEP_TAG}": "false"}}
+    )
+    tagged_request = {**sweep_tag, "ForAllValues:StringLike": {"aws:TagKeys": TAG_KEYS}}
+    instance = dict(tagged_request)
+    if instance_types:
+        instance["StringEquals"] = {**instance.get("StringEquals", {}), "ec2:InstanceType": list(instance_types)}
+    others = [o for o in image_owners(owners) if o != ACCOUNT_VARIABLE]
+    new = [
+        {"Sid": f"{prefix}New", "Effect": "Allow", "Resource": ec2_arns(LAUNCHED), "Condition": tagged_request},
+        {"Sid": f"{prefix}Instances", "Effect": "Allow", "Resource": INSTANCES, "Condition": instance},
+    ]
+    if not instance_types:  # one statement (the printed policy's size is IAM's to limit)
+        new = [{**new[0], "Resource": [*ec2_arns(LAUNCHED), INSTANCES]}]
+    out = [
+        *new,
+        {
+            "Sid": f"{prefix}Images",
+            "Effect": "Allow",
+            "Resource": "arn:aws:ec2:*::image/*",
+            "Condition": {"StringEquals": {"ec2:Owner": image_owners(owners)}},
+        },
+        {
+            "Sid": f"{prefix}OrchSnapshots",
+            "Effect": "Allow",
+            "Resource": "arn:aws:ec2:*::snapshot/*",
+            "Condition": _tagged(RECIPE_TAG),
+        },
+        {
+            "Sid": f"{prefix}Subnets",
+            "Effect": "Allow",
+            "Resource": "arn:aws:ec2:*:*:subnet/*",
+            **({"Condition": {"ArnLike": {"ec2:Vpc": [f"arn:aws:ec2:*:*:vpc/{v}" for v in vpcs]}}} if vpcs else {}),
+        },
+    ]
+    if others:  # the snapshots behind another owner's images (none of them the account's own data)
+        out.insert(
+            len(out) - 1,
+            {
+                "Sid": f"{prefix}OwnersSnapshots",
+                "Effect": "Allow",
+                "Resource": "arn:aws:ec2:*::snapshot/*",
+                "Condition": {"StringEquals": {"ec2:Owner": others}},
+            },
+        )
+    # CreateFleet takes no snapshot (Service Authorization Reference): its instant fleet's RunInstances does
+    return [{**st, "Action": "ec2:RunInstances" if "Snapshots" in st["Sid"] else list(LAUNCH_ACTIONS)} for st in out]
+
+
+def in_regions(regions: Sequence[str]) -> list[dict]:
+    """An explicit Deny of EC2 outside `regions` (aws:RequestedRegion; AWS's "Restrict access to a specific Region"
+    example): none without regions. Only EC2: IAM is global (its requests name us-east-1), and the store's
+    bucket lives in a region of its own."""
+    if not regions:
+        return []
+    return [
+        {
+            "Sid": "OnlyTheseRegions",
+            "Effect": "Deny",
+            "Resource": "*",
+            "Action": "ec2:*",
+            "Condition": {"StringNotEquals": {"aws:RequestedRegion": list(regions)}},
+        }
+    ]
+
+
 def boundary_arn(account: str = ACCOUNT_VARIABLE) -> str:
     """The boundary's ARN in `account` (by default the policy variable that IAM resolves to the caller's account)."""
     return f"arn:aws:iam::{account}:policy/{BOUNDARY_NAME}"
@@ -120,10 +222,11 @@ def _tagged(key: str) -> dict:
     return {"Null": {f"aws:ResourceTag/{key}": "false"}}  # the resource carries the tag (any value)
 
 
-def ec2_statements() -> list[dict]:
+def ec2_statements(owners: Sequence[str] = DEFAULT_IMAGE_OWNERS, vpcs: Sequence[str] = ()) -> list[dict]:
     return [
         {"Sid": "Ec2Read", "Effect": "Allow", "Resource": "*", "Action": list(READ_ACTIONS)},
         {"Sid": "Ec2Create", "Effect": "Allow", "Resource": "*", "Action": list(CREATE_ACTIONS)},
+        *launch_statements("Ec2Launch", owners=owners, vpcs=vpcs),
         {
             "Sid": "Ec2TagAtCreation",
             "Effect": "Allow",
@@ -144,13 +247,6 @@ def ec2_statements() -> list[dict]:
             "Effect": "Allow",
             "Resource": "arn:aws:ec2:*:*:security-group-rule/*",
             "Action": ["ec2:AuthorizeSecurityGroupIngress", "ec2:RevokeSecurityGroupIngress"],
-        },
-        {
-            "Sid": "Ec2ImageOfOrchInstances",
-            "Effect": "Allow",
-            "Resource": "arn:aws:ec2:*:*:instance/*",
-            "Action": "ec2:CreateImage",
-            "Condition": _tagged(SWEEP_TAG),
         },
         {
             "Sid": "Ec2NewImages",
@@ -280,17 +376,25 @@ def s3_statements(bucket: str, data_buckets: Sequence[str] = ()) -> list[dict]:
     return out
 
 
-def controller_policy(bucket: str | None = None, data_buckets: Sequence[str] = ()) -> dict:
+def controller_policy(
+    bucket: str | None = None,
+    data_buckets: Sequence[str] = (),
+    regions: Sequence[str] = (),
+    owners: Sequence[str] = DEFAULT_IMAGE_OWNERS,
+    vpcs: Sequence[str] = (),
+) -> dict:
     """The policy document of the credentials that run orch, with the store's bucket (or YOUR-BUCKET) and the
-    buckets `data:` entries read from (and `orch data push` writes to)."""
+    buckets `data:` entries read from (and `orch data push` writes to); EC2 only in `regions` (empty: any), images
+    of `owners` (and the account's own), subnets of `vpcs` (empty: any)."""
     b = bucket or PLACEHOLDER
     return {
         "Version": "2012-10-17",
-        "Statement": ec2_statements()
+        "Statement": ec2_statements(owners, vpcs)
         + iam_statements(boundary_arn())
         + s3_statements(b, data_buckets)
         + kms_statements()
-        + guardrail_statements(boundary_arn()),
+        + guardrail_statements(boundary_arn())
+        + in_regions(regions),
     }
 
 
@@ -344,8 +448,10 @@ def instance_statements(bucket: str, data_buckets: Sequence[str] = ()) -> list[d
 # What a remote controller (`orch launch --remote`) does on EC2 beyond a host: read, launch its sweep's hosts
 # (CreateFleet through a launch template version of the sweep's template) and tag them at creation, and change or
 # remove only what carries its sweep's tag. No IAM call but PassRole: the laptop made every role beforehand.
-CONTROLLER_EC2_CREATE = ["ec2:CreateFleet", "ec2:RunInstances", "ec2:CreatePlacementGroup"]
+CONTROLLER_EC2_CREATE = ["ec2:CreatePlacementGroup"]
 CONTROLLER_ON_SWEEP = [
+    "ec2:RunInstances",
+    "ec2:CreateFleet",
     "ec2:TerminateInstances",
     "ec2:CreateLaunchTemplateVersion",
     "ec2:DeleteLaunchTemplateVersions",
@@ -355,13 +461,19 @@ CONTROLLER_ON_SWEEP = [
 ]
 
 
-def remote_controller_statements(tag_value: str = "") -> list[dict]:
+def remote_controller_statements(
+    tag_value: str = "",
+    instance_types: Sequence[str] = (),
+    owners: Sequence[str] = DEFAULT_IMAGE_OWNERS,
+    vpcs: Sequence[str] = (),
+) -> list[dict]:
     """EC2 for a sweep's remote controller, on resources tagged with its sweep (`tag_value`), or, empty, with any
-    sweep (the boundary's cap: each controller role narrows it to its own sweep)."""
+    sweep (the boundary's cap: each controller role narrows it to its own sweep, its instance types and VPCs)."""
     on_sweep = {"StringEquals": {f"aws:ResourceTag/{SWEEP_TAG}": tag_value}} if tag_value else _tagged(SWEEP_TAG)
     return [
         {"Sid": "ControllerEc2Read", "Effect": "Allow", "Resource": "*", "Action": list(READ_ACTIONS)},
         {"Sid": "ControllerEc2Create", "Effect": "Allow", "Resource": "*", "Action": list(CONTROLLER_EC2_CREATE)},
+        *launch_statements("ControllerLaunch", tag_value, instance_types, owners, vpcs),
         {
             "Sid": "ControllerEc2TagAtCreation",
             "Effect": "Allow",
@@ -392,16 +504,25 @@ def pass_role_statement(role_arns: Sequence[str]) -> dict:
     }
 
 
-def boundary_policy(bucket: str | None = None, data_buckets: Sequence[str] = (), extra: Sequence[dict] = ()) -> dict:
+def boundary_policy(
+    bucket: str | None = None,
+    data_buckets: Sequence[str] = (),
+    extra: Sequence[dict] = (),
+    regions: Sequence[str] = (),
+    owners: Sequence[str] = DEFAULT_IMAGE_OWNERS,
+    vpcs: Sequence[str] = (),
+) -> dict:
     """The permissions boundary `orch-boundary`: the most any role orch creates may do, whatever its own policy
     says: a host's, and a remote controller's (no more than the user policy already allows its holder, so no
     escalation; no IAM write at all), and only with credentials EC2 delivered to an instance (FROM_AN_INSTANCE).
-    `extra` adds statements for roles of other kinds (each with its own Sid)."""
+    `extra` adds statements for roles of other kinds (each with its own Sid); `regions`, `owners` and `vpcs` as in
+    controller_policy."""
     statements = (
         instance_statements(bucket or PLACEHOLDER, data_buckets)
-        + remote_controller_statements()
+        + remote_controller_statements(owners=owners, vpcs=vpcs)
         + [{**pass_role_statement(["arn:aws:iam::*:role/orch-*"]), "Sid": "ControllerPassRole"}]
         + list(extra)
+        + in_regions(regions)
     )
     return {"Version": "2012-10-17", "Statement": [from_an_instance(st) for st in statements]}
 

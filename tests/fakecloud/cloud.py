@@ -420,9 +420,14 @@ class FakeCloud:
         self._watcher = threading.Thread(target=self._watch, name="fakecloud-watcher", daemon=True)
         self._watcher.start()
 
-    def register_image(self, name: str, root_device: str = "/dev/sda1", snapshot_gb: int = IMAGE_SNAPSHOT_GB) -> str:
-        """An image shaped like the DLAMI in DescribeImages: its root device name and snapshot size."""
-        from tests.fakecloud.gate import _ec2_backend
+    def register_image(
+        self, name: str, root_device: str = "/dev/sda1", snapshot_gb: int = IMAGE_SNAPSHOT_GB, orch_tagged: bool = True
+    ) -> str:
+        """An image shaped like the DLAMI in DescribeImages: its root device name and snapshot size. The account
+        registered it, so its snapshot is the account's: `orch_tagged` tags that snapshot `orch:recipe`, as docs/aws.md
+        asks of an image of one's own that `orch ami` did not build (the policy launches no other of the account's
+        snapshots)."""
+        from tests.fakecloud.gate import MOTO, _ec2_backend
 
         image_id = self.client("ec2").register_image(
             Name=name, Description="fake Deep Learning AMI (OSS PyTorch, Ubuntu)"
@@ -446,6 +451,9 @@ class FakeCloud:
                 ]
 
         ami.__class__ = _Dlami
+        if orch_tagged:
+            with MOTO:
+                _ec2_backend().create_tags([ami.ebs_snapshot.id], {"orch:recipe": "registered-by-hand"})
         return image_id
 
     def _install_image(self) -> Path:

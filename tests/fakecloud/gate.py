@@ -152,6 +152,7 @@ class Gate:
         from tests.fakecloud.placement import PlacementGroups
 
         self.lock = threading.Lock()
+        self.local = threading.local()  # the region the request being answered was signed for (aws:RequestedRegion)
         self.ended: dict[str, float] = {}  # instance id -> when TerminateInstances was asked
         self.placement = PlacementGroups(state_of=_state_of)
         self.images = Images(self)  # CreateImage ... DeregisterImage as EC2 answers them
@@ -164,6 +165,7 @@ class Gate:
         environ["wsgi.input"] = io.BytesIO(body)
         m = AUTH_RE.search(environ.get("HTTP_AUTHORIZATION", ""))
         akid, service = (m.group(1), m.group(3)) if m else ("", "")
+        self.local.region = m.group(2) if m else REGION
         role = self.roles.get(akid) if self.strict.iam else None
         if not role and akid == CONTROLLER_KEY and self.controller_policy is not None and self.strict.iam:
             role = CONTROLLER  # the controller runs under exactly the policy orch documents
@@ -618,15 +620,10 @@ class Gate:
         checks = [(f"ec2:{action}", arn, tags) for arn, tags in existing] or [(f"ec2:{action}", "*", {})]
         if action == "CreateImage":  # the image and its snapshots are resources of the call too
             checks += [("ec2:CreateImage", _ec2_arn("ami-new"), {}), ("ec2:CreateImage", _ec2_arn("snap-new"), {})]
+        if action in ("RunInstances", "CreateFleet"):
+            return _launch_checks(action, form, self.placement)
         for kind in _tag_specification_types(form):  # tags written at creation: CreateTags, with the creating API
             checks.append(("ec2:CreateTags", _ec2_arn(f"{kind}/new"), {"ec2:CreateAction": action}))
-        if action == "CreateFleet":  # an instant fleet launches with the caller's rights, passing the profile's role
-            template_id = form.get("LaunchTemplateConfigs.1.LaunchTemplateSpecification.LaunchTemplateId", [""])[0]
-            version = form.get("LaunchTemplateConfigs.1.LaunchTemplateSpecification.Version", ["1"])[0]
-            profile = (_template_data(template_id, version).get("IamInstanceProfile") or {}).get("Name", "")
-            checks.append(("ec2:RunInstances", "*", {}))
-            for role in _profile_roles(profile):
-                checks.append(("iam:PassRole", _iam_arn("role", role), {"iam:PassedToService": "ec2.amazonaws.com"}))
         return checks
 
     def _iam_checks(self, form: dict[str, list[str]]) -> list[tuple[str, str, dict[str, str]]]:
@@ -686,7 +683,13 @@ class Gate:
         """IAM's evaluation (IAM user guide, "Policy evaluation logic") for one (action, resource, context): an
         explicit Deny wins, else some Allow is needed, in the identity policies and, for a role with a
         permissions boundary, in the boundary too."""
-        context = {"aws:PrincipalAccount": ACCOUNT, **getattr(role, "context", {}), **context}
+        region = getattr(self.local, "region", None) or REGION  # a test's direct question: the fake's region
+        context = {
+            "aws:PrincipalAccount": ACCOUNT,
+            "aws:RequestedRegion": region,
+            **getattr(role, "context", {}),
+            **context,
+        }
         if role == CONTROLLER:
             return evaluate([self.controller_policy], action, resource, context)
         if not evaluate(self.policy_source(role) if self.policy_source else [], action, resource, context):
@@ -940,6 +943,8 @@ EC2_KINDS = {
     "snap": "snapshot",
     "vol": "volume",
     "fleet": "fleet",
+    "subnet": "subnet",
+    "vpc": "vpc",
 }
 
 
@@ -964,6 +969,187 @@ def _slr_check(service: str, name: str) -> tuple[str, str, dict[str, str]]:
         _iam_arn("role", f"aws-service-role/{service}/{name}"),
         {"iam:AWSServiceName": service},
     )
+
+
+# --- what IAM evaluates a launch on (RunInstances, CreateFleet) --------------------------------------------------
+# Service Authorization Reference, "Actions, resources, and condition keys for Amazon EC2": the resource types each
+# action authorizes, each with its own keys. CreateFleet authorizes its own list, and its instant fleet launches with
+# the caller's rights (RunInstances on everything RunInstances takes) and passes the profile's role.
+FLEET_TYPES = {"fleet", "instance", "image", "launch-template", "placement-group", "subnet", "volume"}
+AMAZON_ACCOUNT = "801119661308"  # the owner of moto's Amazon images and their snapshots: ec2:Owner "amazon"
+
+
+@dataclass
+class Launch:
+    """What one RunInstances or CreateFleet asks for, the launch template's data filled in as EC2 does."""
+
+    template: str  # launch-template id, or ""
+    data: dict  # the template version's data
+    tags: dict[str, dict[str, str]]  # resource type -> tags of the request (the template's, the request's over them)
+    types: list[str]
+    image: str
+    subnets: list[str]
+    groups: list[str]
+    snapshots: list[str]
+    placement: list[str]
+    spot: bool
+
+
+def _launch(action: str, form: dict[str, list[str]]) -> Launch:
+    def one(key: str, default: str = "") -> str:
+        return form.get(key, [default])[0]
+
+    def many(pattern: str) -> list[str]:
+        return [v[0] for k, v in sorted(form.items()) if re.fullmatch(pattern, k) and v[0]]
+
+    lt = "LaunchTemplateConfigs.1.LaunchTemplateSpecification." if action == "CreateFleet" else "LaunchTemplate."
+    template = one(lt + "LaunchTemplateId") or (
+        _template_id(one(lt + "LaunchTemplateName")) if one(lt + "LaunchTemplateName") else ""
+    )
+    data = _template_data(template, one(lt + "Version", "1")) if template else {}
+    tags = {
+        spec["ResourceType"]: {t["Key"]: t.get("Value", "") for t in spec.get("Tags", [])}
+        for spec in data.get("TagSpecifications") or []
+    }
+    for kind, request in _tag_specifications(form).items():
+        tags[kind] = {**tags.get(kind, {}), **request}
+    nics = data.get("NetworkInterfaces") or []
+    over = _overrides(form) if action == "CreateFleet" else []
+    market = one("TargetCapacitySpecification.DefaultTargetCapacityType") or one("InstanceMarketOptions.MarketType")
+    market = market or (data.get("InstanceMarketOptions") or {}).get("MarketType", "")
+    image = one("ImageId") or data.get("ImageId", "")
+    subnets = [o["SubnetId"] for o in over if o.get("SubnetId")] or many(r"SubnetId|NetworkInterface\.\d+\.SubnetId")
+    subnets = subnets or [n["SubnetId"] for n in nics if n.get("SubnetId")] or [_default_subnet()]
+    groups = many(r"SecurityGroupId\.\d+|NetworkInterface\.\d+\.SecurityGroupId\.\d+") or list(
+        data.get("SecurityGroupIds") or []
+    )
+    groups = groups or [g for n in nics for g in n.get("Groups") or []] or [_default_group(subnets[0])]
+    mapped = many(r"BlockDeviceMapping\.\d+\.Ebs\.SnapshotId") + [
+        (b.get("Ebs") or {}).get("SnapshotId", "") for b in data.get("BlockDeviceMappings") or []
+    ]
+    placement = [o["Placement.GroupName"] for o in over if o.get("Placement.GroupName")] + many(r"Placement\.GroupName")
+    placement += [data["Placement"]["GroupName"]] if (data.get("Placement") or {}).get("GroupName") else []
+    return Launch(
+        template=template,
+        data=data,
+        tags=tags,
+        types=[o["InstanceType"] for o in over if o.get("InstanceType")]
+        or [one("InstanceType") or data.get("InstanceType", "m1.small")],
+        image=image,
+        subnets=list(dict.fromkeys(subnets)),
+        groups=list(dict.fromkeys(groups)),
+        snapshots=list(dict.fromkeys([s for s in [*_image_snapshots(image), *mapped] if s])),
+        placement=list(dict.fromkeys(placement)),
+        spot=market == "spot",
+    )
+
+
+def _launch_checks(action: str, form: dict[str, list[str]], placement) -> list[tuple[str, str, dict]]:
+    """Every (action, resource, keys) IAM evaluates for a launch: what it creates with the request's tags for that
+    type (aws:RequestTag/…, aws:TagKeys), what it uses with its own keys (tags, ec2:Owner, ec2:Vpc,
+    ec2:InstanceType)."""
+    launch = _launch(action, form)
+
+    def requested(kind: str, **keys: object) -> tuple[str, dict]:
+        tags = launch.tags.get(kind, {})
+        ctx = {f"aws:RequestTag/{k}": v for k, v in tags.items()}
+        return _ec2_arn(f"{kind}/new"), {**ctx, **({"aws:TagKeys": list(tags)} if tags else {}), **keys}
+
+    resources = [requested("instance", **{"ec2:InstanceType": t}) for t in launch.types]
+    resources += [requested("volume"), requested("fleet")]
+    vpc_of = {s: _subnet_vpc(s) for s in launch.subnets}
+    resources += [
+        requested("network-interface", **{"ec2:Subnet": _ec2_arn(s), "ec2:Vpc": vpc_of[s]}) for s in launch.subnets
+    ]
+    if launch.spot:
+        resources.append(requested("spot-instances-request"))
+    resources.append(
+        (
+            _ec2_arn(launch.image or "ami-none"),
+            {**_resource_tags(launch.image, placement), "ec2:Owner": _owner(launch.image)},
+        )
+    )
+    resources += [(_ec2_arn(s), {**_resource_tags(s, placement), "ec2:Vpc": vpc_of[s]}) for s in launch.subnets]
+    resources += [(_ec2_arn(g), {**_resource_tags(g, placement), "ec2:Vpc": _group_vpc(g)}) for g in launch.groups]
+    resources += [(_ec2_arn(s), {**_resource_tags(s, placement), "ec2:Owner": _owner(s)}) for s in launch.snapshots]
+    resources += [(_ec2_arn(launch.template), _resource_tags(launch.template, placement))] if launch.template else []
+    resources += [
+        (_ec2_arn(f"placement-group/{g}"), _resource_tags(f"placement-group/{g}", placement)) for g in launch.placement
+    ]
+
+    def kind(arn: str) -> str:
+        return arn.rsplit(":", 1)[1].split("/", 1)[0]
+
+    checks = [("ec2:RunInstances", arn, ctx) for arn, ctx in resources if kind(arn) != "fleet"]
+    if action == "CreateFleet":
+        checks = [("ec2:CreateFleet", arn, ctx) for arn, ctx in resources if kind(arn) in FLEET_TYPES] + checks
+        profile = (launch.data.get("IamInstanceProfile") or {}).get("Name", "")
+        for role in _profile_roles(profile):
+            checks.append(("iam:PassRole", _iam_arn("role", role), {"iam:PassedToService": "ec2.amazonaws.com"}))
+    for k in sorted(launch.tags):  # tags written at creation: CreateTags, with the creating API
+        checks.append(("ec2:CreateTags", _ec2_arn(f"{k}/new"), {"ec2:CreateAction": action}))
+    return checks
+
+
+def _default_subnet() -> str:
+    with MOTO:
+        backend = _ec2_backend()
+        vpc = backend.get_default_vpc()
+        subnets = [s for s in backend.describe_subnets() if vpc is not None and s.vpc_id == vpc.id]
+        return sorted(subnets, key=lambda s: s.availability_zone)[0].id if subnets else "subnet-none"
+
+
+def _default_group(subnet: str) -> str:
+    """The VPC's default group: EC2 uses it when a launch names none."""
+    with MOTO:
+        try:
+            vpc = _ec2_backend().get_subnet(subnet).vpc_id
+            group = _ec2_backend().get_default_security_group(vpc)
+            return group.id if group is not None else "sg-none"
+        except Exception:
+            return "sg-none"
+
+
+def _subnet_vpc(subnet: str) -> str:
+    with MOTO:
+        try:
+            return _ec2_arn(f"vpc/{_ec2_backend().get_subnet(subnet).vpc_id}")
+        except Exception:
+            return ""
+
+
+def _group_vpc(group: str) -> str:
+    with MOTO:
+        found = _ec2_backend().get_security_group_from_id(group)
+        return _ec2_arn(f"vpc/{found.vpc_id}") if found is not None else ""
+
+
+def _image_snapshots(image: str) -> list[str]:
+    """The snapshots behind an image's block devices (a launch reads them)."""
+    with MOTO:
+        ami = _ec2_backend().amis.get(image)
+        if ami is None:
+            return []
+        try:
+            mappings = ami.block_device_mappings or []
+        except Exception:
+            mappings = []
+        found = [(m.get("Ebs") or {}).get("SnapshotId", "") for m in mappings if isinstance(m, dict)]
+        snap = getattr(ami, "ebs_snapshot", None)
+        return [s for s in found if s] or ([snap.id] if snap is not None else [])
+
+
+def _owner(resource: str) -> str:
+    """ec2:Owner of an image or snapshot: "amazon" for Amazon's own, else the owning account's id."""
+    with MOTO:
+        backend = _ec2_backend()
+        try:
+            found = backend.amis.get(resource) if resource.startswith("ami-") else backend.get_snapshot(resource)
+        except Exception:
+            found = None
+        owner = getattr(found, "owner_id", "") if found is not None else ""
+        amazon = {a.owner_id for a in backend.amis.values() if getattr(a, "owner_alias", None) == "amazon"}
+        return "amazon" if owner in amazon | {AMAZON_ACCOUNT} and owner != ACCOUNT else owner
 
 
 def _ec2_targets(action: str, form: dict[str, list[str]]) -> list[str]:

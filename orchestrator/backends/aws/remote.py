@@ -31,6 +31,7 @@ from orchestrator.aws.images import resolve_image
 from orchestrator.aws.pricing import CONTROLLER_ROLE
 from orchestrator.aws.userdata import cloud_config
 from orchestrator.backends import bundle as code_bundle
+from orchestrator.backends.aws.setup import regions_of
 from orchestrator.errors import OrchError
 from orchestrator.remote.ssh import ALSO_SUFFIX, Target, connect, new_host_key, public_key_of
 from orchestrator.store.s3url import is_s3, parse_s3
@@ -125,9 +126,9 @@ def launch_controller(state, setup: dict, say=lambda _: None) -> RemoteControlle
     try:
         if cfg.market != "on-demand":  # EC2 would make it with the controller's rights, which lack IAM writes
             iam.ensure_spot_service_role(api.client("iam", cfg.region))
-        profile = _controller_profile(sweep, cfg)
-        image = resolve_image(ec2, ctl.image or default_image(ec2, ctl.instance_type), ctl.image_owner, cfg.region)
         subnets = api.resolve_subnets(ec2, cfg.subnet_ids, cfg.region)
+        profile = _controller_profile(sweep, cfg, setup["image"], subnets)
+        image = resolve_image(ec2, ctl.image or default_image(ec2, ctl.instance_type), ctl.image_owner, cfg.region)
         public_ip = cfg.ssh.address == "public_ip" and not all(s["MapPublicIpOnLaunch"] for s in subnets)
         data = api.launch_template_data(image, setup["sg"], CONTROLLER_VOLUME_GB, profile, public_ip)
         choices = fleet.offered_choices(ec2, [ctl.instance_type], subnets, cfg.region)
@@ -167,12 +168,21 @@ def launch_controller(state, setup: dict, say=lambda _: None) -> RemoteControlle
     return RemoteController(got.instance_id, got.instance_type, cfg.region, address)
 
 
-def _controller_profile(sweep, cfg) -> str:
+def _controller_profile(sweep, cfg, image: dict, subnets: list[dict]) -> str:
+    """The controller's role launches only what its sweep would: its instance types, the sweep's image's owner (and
+    the account's own images: `orch ami build` may replace a recipe's image mid-sweep), its subnets' VPCs, its
+    regions."""
     store = parse_s3(sweep.store_url)
     client = api.client("iam", cfg.region)
     keys = iam.bucket_kms_keys(api.client("s3", cfg.region), [store.bucket])
+    scope = iam.LaunchScope(
+        instance_types=tuple(cfg.instance_types),
+        owners=tuple(dict.fromkeys([*image.get("Owners", []), cfg.image_owner])),
+        vpcs=tuple(sorted({s["VpcId"] for s in subnets})),
+        regions=regions_of(cfg),
+    )
     return iam.ensure_controller_profile(
-        client, sweep.spec.name, store.bucket, store.prefix, iam.iam_name(sweep.spec.name), keys
+        client, sweep.spec.name, store.bucket, store.prefix, iam.iam_name(sweep.spec.name), keys, scope
     )
 
 

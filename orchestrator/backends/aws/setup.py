@@ -50,6 +50,7 @@ def _resources(state: ProvisioningState) -> dict:
                 store.prefix,
                 sources,
                 iam.bucket_kms_keys(api.client("s3", cfg.region), buckets),
+                regions_of(cfg),
             )
         public_ip = cfg.ssh.address == "public_ip" and not all(s["MapPublicIpOnLaunch"] for s in subnets)
         data = api.launch_template_data(image, sg, cfg.volume_gb, profile, public_ip)
@@ -63,6 +64,12 @@ def _resources(state: ProvisioningState) -> dict:
     # image after `orch ami build --force` / `orch ami rm`, and no DescribeLaunchTemplateVersions answer
     # (response fields such as MetadataOptions.State) is ever posted back as a request.
     return {"template": template, "base": data, "choices": choices, "image": image, "sg": sg}
+
+
+def regions_of(cfg) -> tuple[str, ...]:
+    """The regions a sweep may use (`aws.regions` where the settings have it, else `aws.region`): its roles' EC2
+    calls are refused anywhere else."""
+    return tuple(getattr(cfg, "regions", None) or [cfg.region])
 
 
 def _plan_packing(state: ProvisioningState, azs: list[str]) -> None:

@@ -31,7 +31,7 @@ def _refused(call, code: str = ""):
     assert not code or err == code, got.value
 
 
-def _as_role(cloud, role: str, service: str, instance: str = ""):
+def _as_role(cloud, role: str, service: str, instance: str = "", region: str = "us-east-1"):
     """A client with credentials of `role`: delivered by EC2 to `instance` (as the IMDS hands them out), or, without
     one, assumed through STS by whoever the role's trust policy names."""
     import boto3
@@ -44,7 +44,7 @@ def _as_role(cloud, role: str, service: str, instance: str = ""):
         cloud.gate.roles[c["AccessKeyId"]] = role
     return boto3.client(
         service,
-        region_name="us-east-1",
+        region_name=region,
         endpoint_url=cloud.endpoint,
         aws_access_key_id=c["AccessKeyId"],
         aws_secret_access_key=c["SecretAccessKey"],
@@ -121,9 +121,14 @@ def test_a_hostile_holder_of_the_documented_policy_cannot_escalate_or_touch_what
     theirs = admin_ec2.create_launch_template(LaunchTemplateName="theirs", LaunchTemplateData={"ImageId": image})
     _refused(lambda: ec2.delete_launch_template(LaunchTemplateId=theirs["LaunchTemplate"]["LaunchTemplateId"]))
 
-    tags = [{"ResourceType": "instance", "Tags": [{"Key": "orch:sweep", "Value": "mine"}]}]
+    group, tags = _orch_group(ec2, cloud, "mine"), _launch_tags("mine")
     mine = ec2.run_instances(
-        ImageId=cloud.image, MinCount=1, MaxCount=1, SubnetId=cloud.subnets[0], TagSpecifications=tags
+        ImageId=cloud.image,
+        MinCount=1,
+        MaxCount=1,
+        SubnetId=cloud.subnets[0],
+        SecurityGroupIds=[group],
+        TagSpecifications=tags,
     )["Instances"][0]["InstanceId"]
     ec2.create_tags(Resources=[mine], Tags=[{"Key": "orch:slot:0", "Value": "r"}])  # it carries orch:sweep already
     api.terminate(ec2, [mine])
@@ -131,6 +136,7 @@ def test_a_hostile_holder_of_the_documented_policy_cannot_escalate_or_touch_what
     assert {"iam:CreateRole", "ec2:TerminateInstances", "ec2:CreateTags", "iam:PassRole"} <= set(cloud.gate.denied)
     cloud.gate.denied.clear()
     admin_ec2.terminate_instances(InstanceIds=[fid])
+    _delete_group_when_free(cloud, group)
     admin_ec2.delete_launch_template(LaunchTemplateName="theirs")
     admin_iam.remove_role_from_instance_profile(InstanceProfileName="orch-p", RoleName="orch-capped")
     admin_iam.delete_instance_profile(InstanceProfileName="orch-p")
@@ -138,6 +144,36 @@ def test_a_hostile_holder_of_the_documented_policy_cannot_escalate_or_touch_what
         for p in admin_iam.list_role_policies(RoleName=r)["PolicyNames"]:
             admin_iam.delete_role_policy(RoleName=r, PolicyName=p)
         admin_iam.delete_role(RoleName=r)
+
+
+def _launch_tags(sweep: str, **extra: str) -> list[dict]:
+    tags = [{"Key": k, "Value": v} for k, v in {"orch:sweep": sweep, **extra}.items()]
+    return [{"ResourceType": kind, "Tags": tags} for kind in ("instance", "volume", "network-interface")]
+
+
+def _orch_group(ec2, cloud, sweep: str) -> str:
+    spec = [{"ResourceType": "security-group", "Tags": [{"Key": "orch:sweep", "Value": sweep}]}]
+    return ec2.create_security_group(
+        GroupName=f"orch-{sweep}", Description="x", VpcId=cloud.vpc, TagSpecifications=spec
+    )["GroupId"]
+
+
+def _delete_group_when_free(cloud, group: str) -> None:
+    """A group is deleted once no instance uses it (EC2's DependencyViolation until its instances are terminated)."""
+    from botocore.exceptions import ClientError
+
+    from orchestrator.wait import retry_until
+
+    def gone() -> bool:
+        try:
+            cloud.client("ec2").delete_security_group(GroupId=group)
+            return True
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] not in ("DependencyViolation", "InvalidGroup.NotFound"):
+                raise
+            return False
+
+    retry_until(gone, 30, 0.2, f"security group {group} to be free")
 
 
 def _instance(cloud, **tags) -> str:
@@ -284,7 +320,12 @@ KEYS = {  # key -> (type, the actions of orch's policy that take it)
     "iam:AWSServiceName": ("String", {"iam:CreateServiceLinkedRole"}),
     "kms:ViaService": ("String", {"kms:Decrypt", "kms:GenerateDataKey"}),
     "aws:ResourceTag/": ("String", None),  # every EC2 action of the policy that has a tagged resource
-    "aws:TagKeys": ("String", {"ec2:CreateTags", "ec2:DeleteTags"}),
+    "aws:TagKeys": ("String", {"ec2:CreateTags", "ec2:DeleteTags", "ec2:RunInstances", "ec2:CreateFleet"}),
+    "aws:RequestTag/": ("String", {"ec2:RunInstances", "ec2:CreateFleet"}),  # instance, volume, fleet, … of a launch
+    "ec2:Owner": ("String", {"ec2:RunInstances", "ec2:CreateFleet"}),  # an image's, a snapshot's
+    "ec2:InstanceType": ("String", {"ec2:RunInstances", "ec2:CreateFleet"}),
+    "ec2:Vpc": ("ARN", {"ec2:RunInstances", "ec2:CreateFleet"}),  # a subnet's
+    "aws:RequestedRegion": ("String", None),  # a global key: every request
     "s3:prefix": ("String", {"s3:ListBucket"}),
 }
 VARIABLES = {"aws:PrincipalAccount", "ec2:InstanceID"}  # keys usable as policy variables
@@ -317,6 +358,9 @@ def check_grammar(doc: dict) -> None:
         actions = _as_list(st["Action"])
         for a in actions:
             service, _, name = a.partition(":")
+            if name == "*":  # a whole service: only ever denied (the regions' guardrail), never allowed
+                assert st["Effect"] == "Deny", st
+                continue
             assert a in PERMISSION_ONLY or name in _operations({"s3": "s3", "kms": "kms"}.get(service, service)), a
         for r in _as_list(st["Resource"]):
             r = r.replace("${aws:PrincipalAccount}", "123456789012").replace("YOUR-BUCKET", "your-bucket")
@@ -399,7 +443,11 @@ def test_a_remote_controllers_role_reaches_only_its_own_sweep(cloud):
     assert allowed(role, "ec2:TerminateInstances", *instance({"orch:sweep": "mine"}))
     assert not allowed(role, "ec2:TerminateInstances", *instance({"orch:sweep": "other"}))
     assert not allowed(role, "ec2:TerminateInstances", *instance({}))
-    assert allowed(role, "ec2:CreateFleet", "*", {})
+    # launches: only its sweep's, scoped per resource type (what each refuses: the launch tests below)
+    fleet = "arn:aws:ec2:us-east-1:123456789012:fleet/new"
+    assert allowed(role, "ec2:CreateFleet", fleet, {"aws:RequestTag/orch:sweep": "mine", "aws:TagKeys": ["orch:sweep"]})
+    assert not allowed(role, "ec2:CreateFleet", fleet, {"aws:RequestTag/orch:sweep": "other"})
+    assert not allowed(role, "ec2:CreateFleet", "*", {})
     assert not allowed(role, "ec2:CreateTags", *instance({}))  # tags only at creation or on its sweep's
     assert allowed(role, "iam:PassRole", f"{acct}:role/orch-mine", ec2_service)
     assert not allowed(role, "iam:PassRole", f"{acct}:role/orch-other", ec2_service)
@@ -496,3 +544,197 @@ def test_parliament_finds_nothing_in_the_policy_and_boundary_that_docs_aws_md_do
         assert not _unexplained(doc, page)
     wild = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:GetObject", "Resource": "*"}]}
     assert _unexplained(wild, page)  # the check can fail: a finding no row explains
+
+
+# --- launches, scoped per resource type (RunInstances, CreateFleet) --------------------------------------------------
+
+
+def _az(cloud, subnet: str) -> str:
+    return cloud.client("ec2").describe_subnets(SubnetIds=[subnet])["Subnets"][0]["AvailabilityZone"]
+
+
+def test_a_holder_launches_only_tagged_instances_with_orchs_groups_images_and_snapshots(cloud):
+    """What a holder of the documented policy may launch: everything it creates tagged orch:sweep (and only orch's
+    tag keys), with a security group and launch template orch tagged, from an image of an allowed owner whose
+    snapshots are not the account's untagged data. Each other way is refused, through RunInstances and CreateFleet."""
+    from orchestrator.aws import ec2 as api
+
+    ec2, admin = api.client("ec2", "us-east-1"), cloud.client("ec2")
+    group = _orch_group(ec2, cloud, "mine")
+    theirs = admin.create_security_group(GroupName="db-clients", Description="x", VpcId=cloud.vpc)["GroupId"]
+    volume = admin.create_volume(AvailabilityZone=_az(cloud, cloud.subnets[0]), Size=1)["VolumeId"]
+    backup = admin.create_snapshot(VolumeId=volume)["SnapshotId"]  # the account's data, e.g. a database's backup
+    by_hand = cloud.register_image("a server's image", orch_tagged=False)  # the account's, its snapshot untagged
+
+    def launch(**changes):
+        args = {
+            "ImageId": cloud.image,
+            "MinCount": 1,
+            "MaxCount": 1,
+            "SubnetId": cloud.subnets[0],
+            "SecurityGroupIds": [group],
+            "TagSpecifications": _launch_tags("mine"),
+            **changes,
+        }
+        return ec2.run_instances(**{k: v for k, v in args.items() if v is not None})["Instances"][0]["InstanceId"]
+
+    no = "UnauthorizedOperation"
+    _refused(lambda: launch(SecurityGroupIds=[theirs]), no)  # a group someone else's database trusts
+    _refused(lambda: launch(SecurityGroupIds=None), no)  # none named: the VPC's default group
+    _refused(lambda: launch(TagSpecifications=None), no)  # an untagged launch
+    _refused(lambda: launch(TagSpecifications=_launch_tags("mine")[:1]), no)  # its volume untagged
+    _refused(lambda: launch(TagSpecifications=_launch_tags("mine", team="payments")), no)  # a tag key not orch's
+    attach = [{"DeviceName": "/dev/sdf", "Ebs": {"SnapshotId": backup}}]
+    _refused(lambda: launch(BlockDeviceMappings=attach), no)  # read the account's snapshot on a new volume
+    _refused(lambda: launch(ImageId=by_hand), no)  # an image whose snapshot is the account's untagged data
+
+    # CreateFleet through a template of the holder's own (tagged at creation) that names their group
+    spec = [{"ResourceType": "launch-template", "Tags": [{"Key": "orch:sweep", "Value": "mine"}]}]
+    template = ec2.create_launch_template(
+        LaunchTemplateName="orch-mine",
+        LaunchTemplateData={"ImageId": cloud.image, "SecurityGroupIds": [theirs]},
+        TagSpecifications=spec,
+    )["LaunchTemplate"]["LaunchTemplateId"]
+    fleet = {
+        "Type": "instant",
+        "TargetCapacitySpecification": {"TotalTargetCapacity": 1, "DefaultTargetCapacityType": "on-demand"},
+        "LaunchTemplateConfigs": [
+            {
+                "LaunchTemplateSpecification": {"LaunchTemplateId": template, "Version": "1"},
+                "Overrides": [{"InstanceType": "g5.xlarge", "SubnetId": cloud.subnets[0]}],
+            }
+        ],
+        "TagSpecifications": [
+            {"ResourceType": kind, "Tags": [{"Key": "orch:sweep", "Value": "mine"}]}
+            for kind in ("instance", "volume", "fleet")
+        ],
+    }
+    _refused(lambda: ec2.create_fleet(**fleet), no)
+    assert {"ec2:RunInstances", "ec2:CreateFleet"} <= set(cloud.gate.denied), cloud.gate.denied
+
+    mine = launch()  # what orch does: all of it tagged, its own group, an allowed image
+    api.terminate(ec2, [mine])
+    cloud.gate.denied.clear()
+    admin.delete_launch_template(LaunchTemplateId=template)
+    for g in (group, theirs):
+        _delete_group_when_free(cloud, g)
+    admin.delete_snapshot(SnapshotId=backup)
+    admin.delete_volume(VolumeId=volume)
+
+
+def test_a_remote_controllers_role_launches_only_its_sweeps_types_with_its_tag_in_its_vpc(cloud):
+    """The role `--remote` gives a sweep's controller, on its instance, evaluated with orch's boundary: a launch of
+    another instance type, for another sweep, or into a subnet of another VPC is refused; its own is not."""
+    from orchestrator.aws import ec2 as api
+    from orchestrator.aws.iam import (
+        LaunchScope,
+        controller_iam_name,
+        ensure_controller_profile,
+        ensure_instance_profile,
+    )
+    from orchestrator.aws.teardown import teardown
+
+    iam, admin = api.client("iam", "us-east-1"), cloud.client("ec2")
+    ensure_instance_profile(iam, "mine", BUCKET, "sweeps")
+    scope = LaunchScope(instance_types=("g5.xlarge",), owners=("self",), vpcs=(cloud.vpc,), regions=("us-east-1",))
+    ensure_controller_profile(iam, "mine", BUCKET, "sweeps", "orch-mine", scope=scope)
+    group = _orch_group(admin, cloud, "mine")
+    other_vpc = admin.create_vpc(CidrBlock="10.99.0.0/16")["Vpc"]["VpcId"]
+    elsewhere = admin.create_subnet(VpcId=other_vpc, CidrBlock="10.99.1.0/24")["Subnet"]["SubnetId"]
+    spec = [{"ResourceType": "security-group", "Tags": [{"Key": "orch:sweep", "Value": "mine"}]}]
+    group_elsewhere = admin.create_security_group(
+        GroupName="orch-mine-2", Description="x", VpcId=other_vpc, TagSpecifications=spec
+    )["GroupId"]
+    ctl = _instance(cloud, **{"orch:sweep": "mine", "orch:role": "controller"})
+    ec2 = _as_role(cloud, controller_iam_name("mine"), "ec2", instance=ctl)
+
+    def launch(instance_type="g5.xlarge", sweep="mine", subnet=cloud.subnets[0], sg=group):
+        return ec2.run_instances(
+            ImageId=cloud.image,
+            MinCount=1,
+            MaxCount=1,
+            InstanceType=instance_type,
+            SubnetId=subnet,
+            SecurityGroupIds=[sg],
+            TagSpecifications=_launch_tags(sweep),
+        )["Instances"][0]["InstanceId"]
+
+    no = "UnauthorizedOperation"
+    _refused(lambda: launch(instance_type="p5.48xlarge"), no)  # a type outside the sweep's
+    _refused(lambda: launch(sweep="other"), no)  # another sweep's
+    _refused(lambda: launch(subnet=elsewhere, sg=group_elsewhere), no)  # a subnet of another VPC
+    assert ("orch-mine.controller", "ec2:RunInstances") in cloud.gate.role_denied
+    host = launch()
+    admin.terminate_instances(InstanceIds=[host, ctl])
+    for g in (group, group_elsewhere):
+        _delete_group_when_free(cloud, g)
+    admin.delete_subnet(SubnetId=elsewhere)
+    admin.delete_vpc(VpcId=other_vpc)
+    teardown(api.client("ec2", "us-east-1"), iam, "mine")
+
+
+def test_ec2_outside_the_regions_given_is_refused_to_the_holder_and_to_every_role_orch_makes(cloud, orch):
+    """`orch aws policy --region` / `orch aws boundary --region`, and the roles orch makes for a sweep (its region):
+    EC2 in a region not listed is refused (aws:RequestedRegion); the listed ones and IAM (global) still answer."""
+    from orchestrator.aws import ec2 as api
+    from orchestrator.aws.iam import (
+        LaunchScope,
+        controller_iam_name,
+        ensure_controller_profile,
+        ensure_instance_profile,
+    )
+    from orchestrator.aws.policy import boundary_policy, controller_policy
+    from tests.fakecloud.cloud import DATA_BUCKETS
+    from tests.fakecloud.gate import evaluate
+
+    printed = orch("aws", "policy", "--bucket", BUCKET, "--region", "us-east-1", "--region", "eu-west-1")
+    assert printed.code == 0 and json.loads(printed.out) == controller_policy(BUCKET, (), ["us-east-1", "eu-west-1"])
+    boundary = orch("aws", "boundary", "--bucket", BUCKET, "--region", "us-east-1")
+    assert boundary.code == 0 and json.loads(boundary.out) == boundary_policy(BUCKET, regions=["us-east-1"])
+    documented = cloud.gate.controller_policy
+    cloud.gate.controller_policy = controller_policy(BUCKET, DATA_BUCKETS, ["us-east-1", "eu-west-1"])
+    try:
+        api.client("ec2", "us-east-1").describe_instances()
+        api.client("ec2", "eu-west-1").describe_instances()
+        _refused(lambda: api.client("ec2", "us-west-2").describe_instances(), "UnauthorizedOperation")
+        api.client("iam", "us-east-1").list_instance_profiles()
+    finally:
+        cloud.gate.controller_policy = documented
+        cloud.gate.denied.clear()
+
+    ctx = {"ec2:SourceInstanceARN": "arn:aws:ec2:us-east-1:123456789012:instance/i-1"}
+    capped = boundary_policy(BUCKET, regions=["us-east-1"])
+    for region, allowed in (("us-east-1", True), ("us-west-2", False)):
+        assert evaluate([capped], "ec2:DescribeInstances", "*", {**ctx, "aws:RequestedRegion": region}) is allowed
+
+    iam = api.client("iam", "us-east-1")
+    ensure_instance_profile(iam, "mine", BUCKET, "sweeps", regions=("us-east-1",))
+    ensure_controller_profile(iam, "mine", BUCKET, "sweeps", "orch-mine", scope=LaunchScope(regions=("us-east-1",)))
+    host = _instance(cloud, **{"orch:sweep": "mine"})
+    ctl = _instance(cloud, **{"orch:sweep": "mine", "orch:role": "controller"})
+    controller = _as_role(cloud, controller_iam_name("mine"), "ec2", instance=ctl, region="us-west-2")
+    _refused(lambda: controller.describe_instances(), "UnauthorizedOperation")
+    _as_role(cloud, controller_iam_name("mine"), "ec2", instance=ctl).describe_instances()
+    on_host = _as_role(cloud, "orch-mine", "ec2", instance=host, region="us-west-2")
+    _refused(lambda: on_host.terminate_instances(InstanceIds=[host]), "UnauthorizedOperation")
+    _as_role(cloud, "orch-mine", "ec2", instance=host).terminate_instances(InstanceIds=[host])
+    cloud.client("ec2").terminate_instances(InstanceIds=[ctl])
+    from orchestrator.aws.teardown import teardown
+
+    teardown(api.client("ec2", "us-east-1"), iam, "mine")
+
+
+def test_the_printed_policy_fits_a_managed_policy_and_a_longer_one_is_refused_with_the_fix(orch):
+    """IAM refuses a managed policy over 6,144 characters (white space not counted): a policy with a bucket and a data
+    bucket of 63 characters, three regions, two image owners and a VPC fits; one that would not is an error."""
+    bucket, data = "b" * 63, "d" * 63
+    regions = ["--region", "us-east-1", "--region", "us-west-2", "--region", "eu-west-1"]
+    scope = ["--image-owner", "amazon", "--image-owner", "099720109477", "--vpc", "vpc-0123456789abcdef0"]
+    for command in ("policy", "boundary"):
+        r = orch("aws", command, "--bucket", bucket, "--data-bucket", data, *regions, *scope)
+        assert r.code == 0, r.out + r.err
+        assert len(re.sub(r"\s", "", r.out)) <= 6144
+    many = [x for region in ("ap-south-1", "ca-central-1", "sa-east-1", "eu-north-1") for x in ("--region", region)]
+    more = ["--data-bucket", "e" * 63, "--data-bucket", "f" * 63]
+    r = orch("aws", "policy", "--bucket", bucket, "--data-bucket", data, *regions, *many, *more, *scope)
+    assert r.code == 2 and "6,144" in r.err and "--region" in r.err and "Traceback" not in r.err, r.out + r.err
