@@ -142,9 +142,11 @@ def launch_statements(
     instance_types: Sequence[str] = (),
     owners: Sequence[str] = DEFAULT_IMAGE_OWNERS,
     vpcs: Sequence[str] = (),
+    orch_snapshots: bool = True,
 ) -> list[dict]:
     """RunInstances/CreateFleet per resource type. `sweep` narrows the request's orch:sweep to one sweep's (a remote
-    controller's role), `instance_types` the instances' types, `vpcs` (ids) the subnets' VPC; empty: any."""
+    controller's role), `instance_types` the instances' types, `vpcs` (ids) the subnets' VPC; empty: any.
+    `orch_snapshots`: a statement for the snapshots orch tagged (the user policy has Ec2OnOrchImages instead)."""
     sweep_tag = (
         {"StringEquals": {f"aws:RequestTag/{SWEEP_TAG}": sweep}}
         if sweep
@@ -170,19 +172,15 @@ def launch_statements(
             "Condition": {"StringEquals": {"ec2:Owner": image_owners(owners)}},
         },
         {
-            "Sid": f"{prefix}OrchSnapshots",
-            "Effect": "Allow",
-            "Resource": "arn:aws:ec2:*::snapshot/*",
-            "Condition": _tagged(RECIPE_TAG),
-        },
-        {
             "Sid": f"{prefix}Subnets",
             "Effect": "Allow",
             "Resource": "arn:aws:ec2:*:*:subnet/*",
             **({"Condition": {"ArnLike": {"ec2:Vpc": [f"arn:aws:ec2:*:*:vpc/{v}" for v in vpcs]}}} if vpcs else {}),
         },
     ]
-    if others:  # the snapshots behind another owner's images (none of them the account's own data)
+    # the snapshots behind another owner's images (none of them the account's own data); the account's own only
+    # when orch tagged them orch:recipe (its images' snapshots): Ec2OnOrchImages, and for a role OrchImageSnapshots
+    if others:
         out.insert(
             len(out) - 1,
             {
@@ -193,6 +191,14 @@ def launch_statements(
             },
         )
     # CreateFleet takes no snapshot (Service Authorization Reference): its instant fleet's RunInstances does
+    out += [
+        {
+            "Sid": f"{prefix}OrchImageSnapshots",
+            "Effect": "Allow",
+            "Resource": "arn:aws:ec2:*::snapshot/*",
+            "Condition": _tagged(RECIPE_TAG),
+        }
+    ][: 1 if orch_snapshots else 0]
     return [{**st, "Action": "ec2:RunInstances" if "Snapshots" in st["Sid"] else list(LAUNCH_ACTIONS)} for st in out]
 
 
@@ -226,7 +232,7 @@ def ec2_statements(owners: Sequence[str] = DEFAULT_IMAGE_OWNERS, vpcs: Sequence[
     return [
         {"Sid": "Ec2Read", "Effect": "Allow", "Resource": "*", "Action": list(READ_ACTIONS)},
         {"Sid": "Ec2Create", "Effect": "Allow", "Resource": "*", "Action": list(CREATE_ACTIONS)},
-        *launch_statements("Ec2Launch", owners=owners, vpcs=vpcs),
+        *launch_statements("Ec2Launch", owners=owners, vpcs=vpcs, orch_snapshots=False),
         {
             "Sid": "Ec2TagAtCreation",
             "Effect": "Allow",
@@ -254,11 +260,11 @@ def ec2_statements(owners: Sequence[str] = DEFAULT_IMAGE_OWNERS, vpcs: Sequence[
             "Resource": ["arn:aws:ec2:*::image/*", "arn:aws:ec2:*::snapshot/*"],
             "Action": "ec2:CreateImage",
         },
-        {
+        {  # and launch from them: the snapshots a launch reads, when they are the account's (launch_statements)
             "Sid": "Ec2OnOrchImages",
             "Effect": "Allow",
-            "Resource": "*",
-            "Action": list(ON_RECIPE_RESOURCES),
+            "Resource": ["arn:aws:ec2:*::image/*", "arn:aws:ec2:*::snapshot/*"],
+            "Action": [*ON_RECIPE_RESOURCES, "ec2:RunInstances"],
             "Condition": _tagged(RECIPE_TAG),
         },
     ]

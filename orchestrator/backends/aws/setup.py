@@ -67,9 +67,9 @@ def _resources(state: ProvisioningState) -> dict:
 
 
 def regions_of(cfg) -> tuple[str, ...]:
-    """The regions a sweep may use (`aws.regions` where the settings have it, else `aws.region`): its roles' EC2
+    """The regions a sweep may use (`aws.regions`, which holds `aws.region` in the one-region form): its roles' EC2
     calls are refused anywhere else."""
-    return tuple(getattr(cfg, "regions", None) or [cfg.region])
+    return tuple(cfg.regions or [cfg.region])
 
 
 def _plan_packing(state: ProvisioningState, azs: list[str]) -> None:
