@@ -3,14 +3,23 @@
 The spend of a sweep is kept as a ledger in the store (<sweep>/cost.json): one entry per instance
 with its type, AZ, market, hourly price at acquisition, run, GPUs, and first/last time it was seen running,
 so wasted attempts (interrupted, failed) count too, and `orch status` can show it without AWS calls.
-On-demand prices are not in the EC2 API: orch uses the published Linux on-demand prices of us-east-1
-for the GPU types it knows (ON_DEMAND_USD_PER_H) and, for any other type, ON_DEMAND_FACTOR times the
-spot price of the same (type, AZ) — approximations, said so wherever they are shown.
+Every entry carries the region its instance ran in (from its AZ) and the sweep's home region (the store's).
+
+Prices are per region. Spot prices come from each region's own DescribeSpotPriceHistory (an AZ belongs to one
+region). On-demand prices are not in the EC2 API: orch keeps the published Linux on-demand prices of the regions in
+ON_DEMAND_BY_REGION for the types it knows; a region not in that table is priced at REGION_UPLIFT times us-east-1's
+published price (an upper estimate, named in `--dry-run`); a type not in it at ON_DEMAND_FACTOR times the spot price
+of the same (type, AZ) — approximations, said so wherever they are shown.
+
+Data moved between a host outside the home region and the store is inter-region data transfer, billed by the region
+the bytes leave (transfer_rate): the agent counts the bytes of each attempt (status.json's `moved`), and
+transfer_usd prices them.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 
@@ -49,11 +58,111 @@ ON_DEMAND_USD_PER_H = {
 }
 
 
-def on_demand_price(instance_type: str, spot_price: float | None) -> float | None:
-    """An on-demand hour of the type: the published price when known, else ON_DEMAND_FACTOR x its spot price."""
-    if instance_type in ON_DEMAND_USD_PER_H:
-        return ON_DEMAND_USD_PER_H[instance_type]
-    return None if spot_price is None else spot_price * ON_DEMAND_FACTOR
+# us-east-2 (Ohio) and us-west-2 (Oregon) publish the same Linux on-demand price as us-east-1 for every type above
+# (aws.amazon.com/ec2/pricing/on-demand, the page's region selector; not read from the live page from this sandbox:
+# check there). A region added here needs its own figures from that page.
+ON_DEMAND_BY_REGION: dict[str, dict[str, float]] = {
+    "us-east-1": ON_DEMAND_USD_PER_H,
+    "us-east-2": ON_DEMAND_USD_PER_H,
+    "us-west-2": ON_DEMAND_USD_PER_H,
+}
+# A region not in ON_DEMAND_BY_REGION: us-east-1's published price x REGION_UPLIFT. An assumption, not a published
+# figure: the same type costs more per hour in most other regions (Europe, Asia Pacific, South America) than in
+# us-east-1; erring high makes `budget_usd` stop a sweep early rather than late, and `--dry-run` names every region
+# priced so. Spot hours are never priced so: each region's spot history is its own.
+REGION_UPLIFT = 1.5
+HOME_REGION = "us-east-1"  # the region whose table prices a region missing from ON_DEMAND_BY_REGION
+
+
+def region_of_az(az: str) -> str:
+    """The region an AZ (or a Local/Wavelength Zone) belongs to: `us-west-2b` -> `us-west-2`,
+    `us-west-2-lax-1a` -> `us-west-2`, `us-gov-west-1a` -> `us-gov-west-1`; "" for a name of no region."""
+    m = re.match(r"[a-z]{2}(?:-[a-z]+)+-\d+", az or "")
+    return m.group(0) if m else ""
+
+
+def on_demand_quote(
+    instance_type: str, spot_price: float | None, region: str = HOME_REGION
+) -> tuple[float | None, str]:
+    """An on-demand hour of the type in `region`, and how orch got it: `published` (the region's table),
+    `uplift` (us-east-1's x REGION_UPLIFT), `spot` (ON_DEMAND_FACTOR x the spot price) or `unknown`."""
+    table = ON_DEMAND_BY_REGION.get(region)
+    if table is not None and instance_type in table:
+        return table[instance_type], "published"
+    if table is None and instance_type in ON_DEMAND_BY_REGION[HOME_REGION]:
+        return round(ON_DEMAND_BY_REGION[HOME_REGION][instance_type] * REGION_UPLIFT, 6), "uplift"
+    if spot_price is not None:
+        return spot_price * ON_DEMAND_FACTOR, "spot"
+    return None, "unknown"
+
+
+def on_demand_price(instance_type: str, spot_price: float | None, region: str = HOME_REGION) -> float | None:
+    """An on-demand hour of the type in `region` (on_demand_quote says how it was got)."""
+    return on_demand_quote(instance_type, spot_price, region)[0]
+
+
+# --- inter-region data transfer ---------------------------------------------------------------------
+# AWS bills bytes that leave a region for another one ("Data Transfer OUT From Amazon EC2 To ... another AWS
+# Region", aws.amazon.com/ec2/pricing/on-demand, section "Data Transfer"; S3's page, aws.amazon.com/s3/pricing,
+# "Data Transfer", has the same rates for bytes leaving a bucket). The rate is the source region's: $0.02/GB out of
+# the US and EU regions below, $0.01/GB between us-east-1 and us-east-2 (the page lists that pair apart). Not read
+# from the live pages from this sandbox: check them there. Transfer within a region (EC2 <-> S3) is free.
+TRANSFER_USD_PER_GB = {
+    "us-east-1": 0.02,
+    "us-east-2": 0.02,
+    "us-west-1": 0.02,
+    "us-west-2": 0.02,
+    "ca-central-1": 0.02,
+    "eu-west-1": 0.02,
+    "eu-west-2": 0.02,
+    "eu-central-1": 0.02,
+}
+TRANSFER_PAIR_USD_PER_GB = {("us-east-1", "us-east-2"): 0.01, ("us-east-2", "us-east-1"): 0.01}
+# A source region not in the table: an assumption that errs high for most (Asia Pacific regions publish rates
+# around this; São Paulo more), said by `--dry-run`.
+TRANSFER_FALLBACK_USD_PER_GB = 0.09
+GB = 1024**3  # AWS's pricing GB (2^30 bytes)
+
+
+def transfer_rate(source: str, dest: str) -> float:
+    """Dollars per GB that leave region `source` for region `dest` (0 within one region)."""
+    if not source or not dest or source == dest:
+        return 0.0
+    if (source, dest) in TRANSFER_PAIR_USD_PER_GB:
+        return TRANSFER_PAIR_USD_PER_GB[(source, dest)]
+    return TRANSFER_USD_PER_GB.get(source, TRANSFER_FALLBACK_USD_PER_GB)
+
+
+def entry_region(entry: dict) -> str:
+    """The region a ledger entry's instance ran in (an older ledger names only its AZ)."""
+    return entry.get("region") or region_of_az(entry.get("az", ""))
+
+
+def attempt_regions(ledger: dict[str, dict]) -> dict[str, dict[int, str]]:
+    """run -> {attempt: region}: where each attempt of each run ran (packed instances: every run on them)."""
+    out: dict[str, dict[int, str]] = {}
+    for e in ledger.values():
+        runs = [e["run"]] if e.get("run") else list(e.get("run_s") or {})
+        for run in runs:
+            out.setdefault(run, {})[int(e.get("attempt") or 0)] = entry_region(e)
+    return out
+
+
+def transfer_usd(ledger: dict[str, dict], run_id: str, moved: dict[str, list[int]]) -> tuple[float, int]:
+    """(dollars, bytes) of the run's inter-region transfer: per attempt, the bytes its agent counted (`moved`:
+    attempt -> [bytes up to the store, bytes down from it]) when the attempt ran outside the home region; up at
+    the host region's rate, down at the home region's."""
+    where = {}
+    for e in ledger.values():
+        if e.get("run") == run_id or run_id in (e.get("run_s") or {}):
+            where[str(e.get("attempt") or 0)] = (entry_region(e), e.get("home") or entry_region(e))
+    usd, crossed = 0.0, 0
+    for attempt, (up, down) in moved.items():
+        region, home = where.get(attempt, ("", ""))
+        if region and home and region != home:
+            usd += up / GB * transfer_rate(region, home) + down / GB * transfer_rate(home, region)
+            crossed += up + down
+    return usd, crossed
 
 
 CACHE_S = 3600.0
@@ -111,12 +220,13 @@ class PriceBook:
         self.fetched_at = 0.0
 
     def price(self, instance_type: str, az: str, market: str) -> float | None:
+        """The hour of (type, AZ) in `market`: the spot price of the AZ, or the on-demand price of its region."""
         if (instance_type, az) not in self.prices or time.time() - self.fetched_at > CACHE_S:
             self.prices.update(self.fetch([instance_type], [az]))
             self.fetched_at = time.time()
         spot = self.prices.get((instance_type, az))
         # an on-demand hour has its published price even where the pool has no spot history
-        return spot if market == "spot" else on_demand_price(instance_type, spot)
+        return spot if market == "spot" else on_demand_price(instance_type, spot, region_of_az(az) or HOME_REGION)
 
 
 class CostLedger:
@@ -126,8 +236,9 @@ class CostLedger:
     and every 30 s while any runs. Running instances bill until the last time they were seen.
     """
 
-    def __init__(self, store, sweep: str, prices: PriceBook):
+    def __init__(self, store, sweep: str, prices: PriceBook, home: str = ""):
         self.store, self.key, self.prices = store, layout.cost_key(sweep), prices
+        self.home = home  # the store's region: an instance elsewhere pays for what it moves to and from it
         self.lock = threading.Lock()
         self._entries: dict[str, dict] | None = None
         self._live: set = set()  # instances seen running in the last pass
@@ -164,6 +275,8 @@ class CostLedger:
             self.entries[instance_id] = {
                 "type": instance_type,
                 "az": az,
+                "region": region_of_az(az),
+                **({"home": self.home} if self.home else {}),
                 "market": market,
                 "price_per_h": price,
                 "start": now,

@@ -41,7 +41,11 @@ class Costs:
     total: Callable[[dict[str, dict]], float]  # the whole sweep
     per_run: Callable[[dict[str, dict]], dict[str, tuple[float, float]]]  # run -> (dollars, GPU-hours)
     controller: Callable[[dict[str, dict]], float]  # the remote controller's part of total
-    on_demand: Callable[[str, float | None], float | None]  # an on-demand hour of a type (given its spot price)
+    on_demand: Callable[..., float | None]  # an on-demand hour of a type (given its spot price, and its region)
+    # run -> {attempt: where it ran} (aws: the region), for `orch status` and `orch collect`
+    places: Callable[[dict[str, dict]], dict[str, dict[int, str]]]
+    # (dollars, bytes) of a run's data moved across regions, from its record's `moved` (attempt -> [up, down])
+    transfer: Callable[[dict[str, dict], str, dict[str, list[int]]], tuple[float, int]]
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,14 @@ def _aws(sweep: Sweep) -> Backend:
 def _aws_costs() -> Costs:
     from orchestrator.aws import pricing
 
-    return Costs(pricing.ledger_cost, pricing.per_run, pricing.controller_cost, pricing.on_demand_price)
+    return Costs(
+        pricing.ledger_cost,
+        pricing.per_run,
+        pricing.controller_cost,
+        pricing.on_demand_price,
+        pricing.attempt_regions,
+        pricing.transfer_usd,
+    )
 
 
 def _aws_python(spec: Any) -> str | None:

@@ -10,7 +10,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.aws.pricing import on_demand_price
+from orchestrator.aws.pricing import GB, REGION_UPLIFT, on_demand_price
 from orchestrator.control.collect import Results, SearchInfo, best_trial, ranked
 from orchestrator.control.prune import rule
 from orchestrator.control.study import first_random_trials
@@ -89,7 +89,8 @@ def runs_table(p: Progress, every: bool = False) -> Table:
         caption=caption,
         caption_justify="left",
     )
-    for col in ("run", "state", "attempt", "elapsed", "last metrics"):
+    regions = any(r.region for r in p.runs)  # aws: the region each attempt runs in
+    for col in ("run", "state", "attempt", *(["region"] if regions else []), "elapsed", "last metrics"):
         table.add_column(col, overflow="fold")
     for r in rows:
         state = Text(r.state, style=STYLE.get(r.state, ""))
@@ -98,7 +99,8 @@ def runs_table(p: Progress, every: bool = False) -> Table:
         if r.reached:
             state.append(" ✓ target", style="bold green")
         note = (r.reason if r.state == "pruned" else "") or metrics_text(r.metrics) or (r.reason or "")
-        table.add_row(r.run_id, state, str(r.attempt or "-"), fmt_seconds(r.elapsed), note)
+        where = [r.region or "-"] if regions else []
+        table.add_row(r.run_id, state, str(r.attempt or "-"), *where, fmt_seconds(r.elapsed), note)
     return table
 
 
@@ -133,6 +135,7 @@ def results_table(res: Results, width: int = 200, wide: bool = False) -> SizedTa
     unless `wide` (`orch collect --wide`)."""
     metrics = ranked(res.metric_names())[:4]
     costs = any(r.cost_usd is not None for r in res.runs)
+    moved = any(r.transfer_bytes for r in res.runs)  # some attempt ran outside the store's region
     title = f"results of sweep {res.sweep}" + (
         f" (spent {usd(res.spend_usd)} in all)" if res.spend_usd is not None else ""
     )
@@ -144,6 +147,9 @@ def results_table(res: Results, width: int = 200, wide: bool = False) -> SizedTa
         cells.update({f"best {m}": fmt_value(r.best.get(m, "-")) for m in metrics if m.endswith("acc")})
         if costs:
             cells.update({"GPU-h": f"{r.gpu_hours or 0.0:.2f}", "$": usd(r.cost_usd or 0.0)[1:]})
+            cells["region"] = ",".join(dict.fromkeys(r.regions)) or "-"
+            if moved:
+                cells["transfer $"] = f"{r.transfer_usd or 0.0:.4f}"
         if res.target:
             t = r.to_target
             cells["target"] = "yes" if t.reached else "no"
@@ -164,12 +170,13 @@ def results_table(res: Results, width: int = 200, wide: bool = False) -> SizedTa
         *[f"best {m}" for m in metrics if m.endswith("acc")],
         *to_target,
         "time",
-        *(["GPU-h", "$"] if costs else []),
+        *(["region", "GPU-h", "$"] if costs else []),
+        *(["transfer $"] if moved else []),
     ]
     optional = [
         *[f"best {m}" for m in metrics if m.endswith("acc")],
         "time",
-        *(["GPU-h"] if costs else []),
+        *(["GPU-h", "region"] if costs else []),
         *metrics[2:][::-1],
     ]
 
@@ -198,6 +205,12 @@ def results_notes(res: Results) -> list[str]:
     if res.controller_usd is not None:
         out.append(
             f"controller: {usd(res.controller_usd)} of the spend (its on-demand instance, `orch launch --remote`)"
+        )
+    if res.transfer_usd:
+        crossed = sum(r.transfer_bytes for r in res.runs) / 1024**3
+        out.append(
+            f"inter-region transfer: {usd(res.transfer_usd)} for {crossed:.3f} GB moved between the store's region and "
+            "runs outside it (AWS's published rate per GB; not in the instance spend above): docs/guides/costs.md"
         )
     if res.economics is not None:
         out += res.economics.words()
@@ -273,7 +286,8 @@ def controller_line(sweep, plan) -> str:
     # runs of a few minutes showed as "0.0 h": minutes below an hour
     while_runs = f"at most {_duration(hours)} while the runs last ({waves} wave(s) of max_parallel x each run's limit)"
     ends = f"aws.controller.max_hours ({_duration(cap)}) ends it"
-    price = on_demand_price(ctl.instance_type, None)
+    home = (plan.get("transfer") or {}).get("home") or sweep.spec.aws.region  # the controller runs in the home region
+    price = on_demand_price(ctl.instance_type, None, home)
     if price is None:
         return f"controller: {ctl.instance_type} on demand for {while_runs}; {ends} (its price is unknown to orch)"
     est = plan["estimate_usd_max"]
@@ -288,6 +302,58 @@ def _duration(hours: float) -> str:
     return (
         f"{max(1, round(hours * 60))} min" if hours < 1 else f"{hours:g} h" if hours == int(hours) else f"{hours:.1f} h"
     )
+
+
+def _choice_price(row: dict) -> str:
+    price = f"${row['spot_usd_per_h']:.4f}/h" if row["spot_usd_per_h"] is not None else "no spot price"
+    if row.get("on_demand_priced") and row.get("usd_per_h") is not None:
+        price += f", at most ${row['usd_per_h']:.4f}/h on demand ({row['on_demand_priced']})"
+    return price
+
+
+def bound_lines(plan: dict) -> list[str]:
+    """The cost bound (the dearest hour of any choice, in any allowed region) and the inter-region transfer."""
+    est = plan["estimate_usd_max"]
+    per = f" x {plan['nodes_per_run']} instances" if plan.get("nodes_per_run", 1) > 1 else ""
+    h = plan["hours_per_run_max"]
+    each = f"{h * 60:.0f} min" if h < 1 else f"{h:.1f} h"
+    unpriced = plan.get("unpriced_choices") or 0
+    regions = sorted({row.get("region", "") for row in plan["choices"]} - {""})
+    where = f" in {', '.join(regions)}" if len(regions) > 1 else ""
+    hour = "spot price" if plan.get("market", "spot") == "spot" else f"{plan['market']} price"
+    lines = [
+        f"estimated cost at most {usd(est)} ({plan['runs']} runs{per} x {each} at the dearest {hour} of the "
+        f"choices{where}, each region at its own prices; runs that end sooner cost less"
+        + (f"; {unpriced} choice(s) without a price are not in this bound" if unpriced else "")
+        + ")"
+        if est is not None
+        else "estimated cost unknown: no spot price history"
+    ]
+    for region in plan.get("uplifted") or []:
+        lines.append(
+            f"  {region}: no published on-demand prices in orch's table; priced at us-east-1's x {REGION_UPLIFT} "
+            "(an upper estimate: orchestrator/aws/pricing.py ON_DEMAND_BY_REGION takes the region's own figures)"
+        )
+    return lines + transfer_lines(plan.get("transfer"))
+
+
+def transfer_lines(t: dict | None) -> list[str]:
+    """What data moved between the store's region and runs elsewhere would cost (AWS's inter-region rates)."""
+    if not t:
+        return []
+    if not t["rates"]:
+        return [f"transfer: none across regions (the store and every run are in {t['home']})"]
+    size = t.get("data_bytes")
+    data = f"`data:` is {size / GB:.3f} GB per host" if size is not None else "`data:` size unknown to orch"
+    out = [f"transfer: the store is in {t['home']} (home); a run in another region pays AWS's inter-region rate:"]
+    for region, rate in t["rates"].items():
+        staged = f", its `data:` ~{usd(size / GB * rate['down'])} per host" if size else ""
+        out.append(
+            f"  {region}: ${rate['up']:.2f}/GB up (checkpoints, metrics, logs), ${rate['down']:.2f}/GB down "
+            f"(restores, `data:` staging){staged}"
+        )
+    out.append(f"  ({data}; checkpoints are priced per GB: their size is not known before the runs write them)")
+    return out
 
 
 def dry_run_lines(sweep, plan, every: bool = False, remote: bool = False) -> list[str]:
@@ -312,25 +378,12 @@ def dry_run_lines(sweep, plan, every: bool = False, remote: bool = False) -> lis
         lines.append(region_line(plan))
         lines.append(f"image {plan['image_asked']}: {plan['image']}")
         for row in plan["choices"]:
-            price = f"${row['spot_usd_per_h']:.4f}/h" if row["spot_usd_per_h"] is not None else "no spot price"
             lines.append(
-                f"  choice {row['type']} in {row['az']}: {price}; each run there: "
+                f"  choice {row['type']} in {row['az']}: {_choice_price(row)}; each run there: "
                 f"{describe(spec.resources, row['gpus'])}"
             )
         lines += plan.get("packing") or []
-        est = plan["estimate_usd_max"]
-        per = f" x {plan['nodes_per_run']} instances" if plan.get("nodes_per_run", 1) > 1 else ""
-        h = plan["hours_per_run_max"]
-        each = f"{h * 60:.0f} min" if h < 1 else f"{h:.1f} h"
-        unpriced = plan.get("unpriced_choices") or 0
-        lines.append(
-            f"estimated cost at most {usd(est)} ({plan['runs']} runs{per} x {each} at the dearest spot price of the "
-            "choices; runs that end sooner cost less"
-            + (f"; {unpriced} choice(s) without a spot price are not in this bound" if unpriced else "")
-            + ")"
-            if est is not None
-            else "estimated cost unknown: no spot price history"
-        )
+        lines += bound_lines(plan)
         if remote:
             lines.append(controller_line(sweep, plan))
     lines += goal_lines(spec)

@@ -55,7 +55,12 @@ def observe(sweep: Sweep, backend: Backend, store: Store, every: bool = False) -
         if sweep.spec.target is not None:
             views[rid].reached = bool((before and before.reached) or sweep.spec.target.met(status.last_metrics))
     costs = costs_of(sweep)
-    spend = costs.total(get_json(store, layout.cost_key(name)) or {}) if costs is not None else 0.0
+    ledger = (get_json(store, layout.cost_key(name)) or {}) if costs is not None else {}
+    spend = costs.total(ledger) if costs is not None else 0.0
+    for rid, attempts in costs.places(ledger).items() if costs is not None else ():
+        view = views.get(rid)
+        if view is not None and attempts:
+            view.region = attempts.get(view.attempt) or attempts[max(attempts)]
     return Progress(sweep=name, runs=[views[rid] for rid in order], spend_usd=spend, budget_usd=sweep.spec.budget_usd)
 
 

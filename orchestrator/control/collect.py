@@ -18,6 +18,7 @@ from orchestrator.store.base import Store, plain_json, read_jsonl
 from orchestrator.store.status import read_status
 from orchestrator.sweep.spec import Sweep
 
+GB = 1024**3  # the GB of AWS's transfer prices (runs.csv's transfer_gb)
 X_KEYS = ("step", "epoch", "elapsed_s", "elapsed")  # axes, not curves
 
 PREFERRED = ("epoch", "test_acc", "val_acc", "acc", "train_loss", "val_loss", "loss")
@@ -37,6 +38,9 @@ COLUMNS = (
     "wall_to_target_s",
     "usd_to_target",
     "trial_value",
+    "region",
+    "transfer_usd",
+    "transfer_gb",
 )
 
 
@@ -69,6 +73,9 @@ class RunResult:
     to_target: ToTarget = field(default_factory=ToTarget)  # with `target:`
     reason: str = ""  # why it ended so (pruned: the rung, its value and the cutoff)
     trial_value: float | None = None  # with `search:`: the value its trial told the sampler
+    regions: list[str] = field(default_factory=list)  # aws: where its attempts ran, in attempt order (the ledger)
+    transfer_usd: float | None = None  # aws: its attempts' data moved across regions, at AWS's inter-region rate
+    transfer_bytes: int = 0  # the bytes those dollars are for
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,7 @@ class Results:
     runs: list[RunResult]
     spend_usd: float | None = None  # the whole sweep (aws), wasted attempts and set-up included
     controller_usd: float | None = None  # of spend_usd: the remote controller's instances (`orch launch --remote`)
+    transfer_usd: float | None = None  # aws: data moved between the store's region and runs elsewhere (not in spend)
     target: bool = False  # the sweep has `target:` (the to-target columns are shown)
     economics: Economics | None = None  # with `target:`: the summary line
     search: SearchInfo | None = None  # with `search:`
@@ -126,6 +134,7 @@ def collect(sweep: Sweep, store: Store) -> Results:
     reader = costs_of(sweep)
     ledger = get_json(store, layout.cost_key(sweep.spec.name)) if reader is not None else None
     costs = reader.per_run(ledger) if reader is not None and ledger is not None else {}
+    places = reader.places(ledger) if reader is not None and ledger is not None else {}
 
     target = sweep.spec.target
     statuses = {}
@@ -146,6 +155,7 @@ def collect(sweep: Sweep, store: Store) -> Results:
             else ToTarget()
         )
         lines = _own_names(lines, taken)
+        moved = reader.transfer(ledger, run.run_id, status.moved) if reader is not None and ledger is not None else None
         return RunResult(
             run_id=run.run_id,
             state=status.state,
@@ -159,6 +169,9 @@ def collect(sweep: Sweep, store: Store) -> Results:
             gpu_hours=costs.get(run.run_id, (0.0, 0.0))[1] if ledger is not None else None,
             to_target=reached,
             reason=status.reason if status.state in ("pruned", "failed", "cancelled") else "",
+            regions=[r for _, r in sorted(places.get(run.run_id, {}).items()) if r],
+            transfer_usd=moved[0] if moved is not None else None,
+            transfer_bytes=moved[1] if moved is not None else 0,
         )
 
     from orchestrator.control.trials import search_results
@@ -182,6 +195,7 @@ def collect(sweep: Sweep, store: Store) -> Results:
         runs=runs,
         spend_usd=reader.total(ledger) if reader is not None and ledger is not None else None,
         controller_usd=(reader.controller(ledger) or None) if reader is not None and ledger is not None else None,
+        transfer_usd=sum(r.transfer_usd or 0.0 for r in runs) if reader is not None and ledger is not None else None,
         target=target is not None,
         economics=eco,
         search=search,
@@ -222,6 +236,9 @@ def _write(results: Results, out_dir: Path) -> list[Path]:
         row["elapsed_s"] = None if r.elapsed_s is None else round(r.elapsed_s, 2)
         if r.cost_usd is not None:
             row["cost_usd"], row["gpu_hours"] = round(r.cost_usd, 4), round(r.gpu_hours or 0.0, 4)
+            row["region"] = ",".join(dict.fromkeys(r.regions))  # each region once, in the order its attempts ran
+        if r.transfer_usd is not None:
+            row["transfer_usd"], row["transfer_gb"] = round(r.transfer_usd, 4), round(r.transfer_bytes / GB, 4)
         if results.target:
             t = r.to_target
             row["reached"] = t.reached
@@ -244,6 +261,7 @@ def _write(results: Results, out_dir: Path) -> list[Path]:
         "runs": rows,
         **({"spend_usd": round(results.spend_usd, 4)} if results.spend_usd is not None else {}),
         **({"controller_usd": round(results.controller_usd, 4)} if results.controller_usd is not None else {}),
+        **({"transfer_usd": round(results.transfer_usd, 4)} if results.transfer_usd is not None else {}),
     }
     if results.economics is not None:
         doc["summary"] = {**asdict(results.economics), "words": results.economics.words()}

@@ -172,7 +172,7 @@ def economics(rows, ledger: dict[str, dict] | None, attempts: dict[str, int], co
         hours = max(0.0, float(e.get("end") or 0) - float(e.get("start") or 0)) / 3600
         price = float(e.get("price_per_h") or 0.0)
         od = (
-            costs.on_demand(e.get("type", ""), price if e.get("market") == "spot" else None)
+            costs.on_demand(e.get("type", ""), price, *([e["region"]] if e.get("region") else []))
             if e.get("market") == "spot"
             else price
         )

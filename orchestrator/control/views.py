@@ -32,6 +32,7 @@ class RunView:
     final: bool = False  # no further attempt will be made
     finished_at: float | None = None  # when its last attempt ended (orders the newest finished runs)
     reached: bool | None = None  # with `target:`: whether a metrics line met it (None: no target)
+    region: str = ""  # aws: where its current (or last) attempt runs, from the cost ledger ("" elsewhere)
 
     def __post_init__(self) -> None:
         self.state = RunState(self.state)  # a summary's row, read back, holds the string

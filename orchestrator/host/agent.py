@@ -411,6 +411,7 @@ class Agent:
             self.reporter.record(status)
         try:
             for r in stage_all(self.here.data, getattr(self.store, "client", None)):
+                self.reporter.count(down=r.bytes)
                 log.info(
                     "data %s -> %s: %d files, %d fetched (%.1f MB)", r.source, r.to, r.files, r.fetched, r.bytes / 1e6
                 )
@@ -431,6 +432,7 @@ class Agent:
         that does not match is that checkpoint failing to verify, and an older one is tried."""
         files = lambda rel: not layout.is_checkpoint(rel)  # noqa: E731
         got = self.store.sync_down(self.prefix, self.run_dir, only=files, stale_ok=files)
+        self.reporter.count(down=got.bytes)
         if got.stale:
             log.warning(
                 "the store's index of the run folder is older than %s (the last host was lost while it "
@@ -442,7 +444,10 @@ class Agent:
         for step in sorted(layout.manifested_steps(t.sweep, t.run_id, keys), reverse=True):
             folder = layout.checkpoint_rel(step)
             try:
-                self.store.sync_down(self.prefix, self.run_dir, only=lambda rel, folder=folder: rel.startswith(folder))
+                got = self.store.sync_down(
+                    self.prefix, self.run_dir, only=lambda rel, folder=folder: rel.startswith(folder)
+                )
+                self.reporter.count(down=got.bytes)
             except OrchError as exc:  # a file of it that does not match what was uploaded
                 log.warning("%s", exc)
             if checkpoint_ok(self.run_dir / folder):
@@ -458,8 +463,9 @@ class Agent:
                 indexed=False,
             )
             return
-        self.store.sync_up(self.run_dir, self.prefix, prune=layout.is_checkpoint)
-        self.store.sync_up(self.log_file.parent, layout.logs_prefix(self.task.sweep, self.task.run_id), indexed=False)
+        up = self.store.sync_up(self.run_dir, self.prefix, prune=layout.is_checkpoint).bytes
+        logs = layout.logs_prefix(self.task.sweep, self.task.run_id)
+        self.reporter.count(up=up + self.store.sync_up(self.log_file.parent, logs, indexed=False).bytes)
 
     def _quietly(self, fn, *args) -> bool:
         """A store write that fails (read-only folder, network) is logged and tried again later, never fatal."""

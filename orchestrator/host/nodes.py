@@ -59,6 +59,9 @@ class FollowerReporter:
         self.lock = threading.RLock()
         self.superseded = False
 
+    def count(self, up: int = 0, down: int = 0) -> None:
+        """A follower writes no record: the bytes it moves (its log, its `data:` staging) are not counted."""
+
     def _look(self) -> bool:
         current = read_status(self.store, self.sweep, self.run_id)
         if current.state == CORRUPT:  # no verdict can be read in it: node 0's agent writes it over at its next beat

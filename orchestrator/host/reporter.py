@@ -55,6 +55,13 @@ class Reporter:
         self._sent: tuple = ()  # (state, rungs reported) of the last record written
         self._sent_at = float("-inf")
         self.rungs_recorded = rungs_recorded  # told the values at rungs each record written has (aws: RungTags)
+        self.moved = [0, 0]  # bytes this attempt moved up to and down from the store: stamped on every record
+
+    def count(self, up: int = 0, down: int = 0) -> None:
+        """Bytes moved to (up) and from (down) the store; the next record carries them (inter-region transfer)."""
+        with self.lock:
+            self.moved[0] += up
+            self.moved[1] += down
 
     def record(self, status: RunStatus, tries: int = 20) -> bool:
         """Write the record; False (and nothing written, ever again) once it is no longer this attempt's.
@@ -84,7 +91,8 @@ class Reporter:
                         return False
                 else:
                     version = self.version
-                self.version = write_if(self.store, self.sweep, replace(status), version)
+                moved = {**status.moved, str(self.attempt): list(self.moved)} if any(self.moved) else status.moved
+                self.version = write_if(self.store, self.sweep, replace(status, moved=moved), version)
                 if self.version is not None:
                     self._sent, self._sent_at = _what_moves(status), status.heartbeat or time.time()
                     self._sign(self._sent_at, self.version)

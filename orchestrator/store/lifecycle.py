@@ -82,6 +82,9 @@ class RunStatus:
     at_rungs: dict[str, float] = field(default_factory=dict)  # `prune:`, from the agent: {rung: the metric on the
     # first line at or past it that carries it}, read from the run's own file (so never from a later line)
     metric_seen: bool | None = None  # `prune:`: whether any line carried the metric (None: not reported)
+    # bytes each attempt's agent moved to and from the store: {attempt: [up, down]} (checkpoints, metrics, logs, `data:`
+    # staging); carried from attempt to attempt, it prices inter-region transfer (aws/pricing.py transfer_usd)
+    moved: dict[str, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.state = RunState(self.state)  # a record read back (or written by an older orch) holds the string
@@ -215,6 +218,7 @@ def claim(previous: RunStatus, now: float | None = None) -> RunStatus:
         started_at=now,
         first_started_at=previous.first_started_at or now,
         pruned=previous.pruned,
+        moved=previous.moved,
     )
 
 

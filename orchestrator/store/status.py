@@ -60,6 +60,7 @@ _TYPES = {
     "pruned": dict,
     "at_rungs": dict,
     "metric_seen": (bool, type(None)),
+    "moved": dict,
 }
 
 

@@ -77,7 +77,9 @@ class AwsBackend(BackendBase):
         """Everything that can fail before a launch: credentials, bucket, AMI, subnets."""
         store = open_store(self.sweep.store_url)
         store.check()
-        check_regions(self.sweep, home_region(self.sweep))
+        home = home_region(self.sweep)
+        check_regions(self.sweep, home)
+        self.state.ledger.home = home  # the store's region: what hosts elsewhere move to and from it is transfer
         public_key_of(self.cfg.ssh.identity)
         self.bootstrap()
 

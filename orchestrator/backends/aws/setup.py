@@ -10,6 +10,7 @@ import logging
 from orchestrator.aws import ec2 as api
 from orchestrator.aws import fleet, iam
 from orchestrator.aws.images import resolve_image
+from orchestrator.aws.pricing import on_demand_quote, transfer_rate
 from orchestrator.backends.aws.regions import check_regions, home_region
 from orchestrator.backends.aws.state import ProvisioningState
 from orchestrator.store.s3url import is_s3, parse_s3
@@ -92,32 +93,57 @@ def pack_order(sweep: Sweep, gpus: dict[str, int], prices: dict[tuple, float]) -
     return rank(types, gpus, by_type, sweep.spec.resources.gpus, _parallel(sweep))
 
 
+def _hour(market: str, instance_type: str, spot: float | None, region: str) -> tuple[float | None, str]:
+    """What an hour of a choice costs at most in `market` (spot-then-on-demand: the dearer of the two), and how the
+    on-demand part was priced (pricing.on_demand_quote; "" for spot)."""
+    if market == "spot":
+        return spot, ""
+    demand, how = on_demand_quote(instance_type, spot, region)
+    if market == "on-demand" or demand is None or spot is None:
+        return demand, how
+    return max(spot, demand), how
+
+
+def _region_rows(state: ProvisioningState, region: str) -> list[dict]:
+    """The (type, AZ) choices of one region with its own spot prices and on-demand prices."""
+    cfg = state.cfg
+    ec2 = state.ec2 if region == cfg.region else api.client("ec2", region)
+    subnets = api.resolve_subnets(ec2, cfg.subnet_ids if region == cfg.region else [], region)
+    azs = sorted({s["AvailabilityZone"] for s in subnets})
+    prices = api.spot_prices(ec2, cfg.instance_types, azs)
+    gpus = api.gpu_counts(ec2, cfg.instance_types)
+    rows = []
+    for t in cfg.instance_types:
+        for az in azs:
+            hour, how = _hour(cfg.market, t, prices.get((t, az)), region)
+            rows.append(
+                {"type": t, "az": az, "region": region, "spot_usd_per_h": prices.get((t, az)), "gpus": gpus.get(t)}
+                | {"usd_per_h": hour, "on_demand_priced": how}
+            )
+    return rows
+
+
 def plan(state: ProvisioningState) -> dict:
-    """What a launch would ask for: (type, AZ) choices with their current spot price, and a cost bound."""
+    """What a launch would ask for: (type, AZ) choices per region with their prices, a cost bound over every allowed
+    region (the dearest hour of any choice: the fleet may take any), and what moving data across regions costs."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    cfg, sweep, ec2 = state.cfg, state.sweep, state.ec2
+    cfg, sweep = state.cfg, state.sweep
     home = home_region(sweep)
     check_regions(sweep, home)
     try:
-        subnets = api.resolve_subnets(ec2, cfg.subnet_ids, cfg.region)
-        azs = sorted({s["AvailabilityZone"] for s in subnets})
-        prices = api.spot_prices(ec2, cfg.instance_types, azs)
-        gpus = api.gpu_counts(ec2, cfg.instance_types)
-        image = resolve_image(ec2, cfg.image, cfg.image_owner, cfg.region)
+        rows = [row for region in cfg.regions for row in _region_rows(state, region)]
+        image = resolve_image(state.ec2, cfg.image, cfg.image_owner, cfg.region)
     except (ClientError, BotoCoreError) as exc:
         raise api.explain(exc, "reading spot prices and instance types") from None
-    rows = [
-        {"type": t, "az": az, "spot_usd_per_h": prices.get((t, az)), "gpus": gpus.get(t)}
-        for t in cfg.instance_types
-        for az in azs
-    ]
-    known = [r["spot_usd_per_h"] for r in rows if r["spot_usd_per_h"] is not None]
+    gpus = {r["type"]: r["gpus"] for r in rows if r["gpus"] is not None}
+    known = [r["usd_per_h"] for r in rows if r["usd_per_h"] is not None]
     hours = (sweep.spec.timeout_minutes or cfg.max_minutes) / 60
-    dearest = max(known) if known else None  # a bound over whichever choice the fleet takes
+    dearest = max(known) if known else None  # a bound over whichever choice the fleet takes, in whichever region
     instances = len(sweep.runs) * state.nodes  # every node of a run is an instance billed (packing only lowers it)
     packing: list[str] = []
     if packs(sweep.spec.resources, gpus):
+        prices = {(r["type"], r["az"]): r["spot_usd_per_h"] for r in rows if r["spot_usd_per_h"] is not None}
         packing = describe_packing(pack_order(sweep, gpus, prices), sweep.spec.resources.gpus, _parallel(sweep))
     return {
         "regions": list(cfg.regions),
@@ -129,6 +155,49 @@ def plan(state: ProvisioningState) -> dict:
         "image_asked": cfg.image,  # as the sweep names it (an id, a name pattern, recipe:NAME)
         "nodes_per_run": state.nodes,
         "packing": packing,
+        "market": cfg.market,
         "estimate_usd_max": round(dearest * hours * instances, 2) if dearest is not None else None,
         "unpriced_choices": len(rows) - len(known),
+        "uplifted": sorted({r["region"] for r in rows if r["on_demand_priced"] == "uplift"}),
+        "transfer": transfer_plan(state, home),
     }
+
+
+def transfer_plan(state: ProvisioningState, home: str) -> dict:
+    """Inter-region transfer a launch may pay: the home region, each other allowed region's rates per GB (up: a
+    host's uploads to the store; down: its restores and `data:` staging) and the `data:` bytes a host there stages
+    (None where orch cannot know them before the launch)."""
+    away = [r for r in state.cfg.regions if r != home]
+    return {
+        "home": home,
+        "rates": {r: {"up": transfer_rate(r, home), "down": transfer_rate(home, r)} for r in away},
+        "data_bytes": data_bytes(state.sweep) if away else 0,
+    }
+
+
+def data_bytes(sweep: Sweep) -> int | None:
+    """The bytes of the sweep's `data:` a host stages: S3 sources pushed with `orch data push` from their index (one
+    GET each), local folders from their files; None when any is unknown."""
+    import json
+    from pathlib import Path
+
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from orchestrator.store.base import files_under
+    from orchestrator.store.s3 import SYNC_INDEX
+
+    total = 0
+    for e in sweep.spec.data or []:
+        if is_s3(e.source):
+            where = parse_s3(e.source)
+            s3 = api.client("s3", sweep.spec.aws.region)
+            try:
+                body = s3.get_object(Bucket=where.bucket, Key=where.folder + SYNC_INDEX)["Body"].read()
+                total += sum(int(v.get("size", 0)) for v in json.loads(body).values())
+            except (ClientError, BotoCoreError, ValueError, AttributeError, TypeError):
+                return None  # not pushed by orch (no index), or not readable: its size is not known here
+        else:
+            folder = Path(e.source).expanduser()
+            folder = folder if folder.is_absolute() else sweep.path.parent / folder
+            total += sum(f.stat().st_size for f in files_under(folder)) if folder.is_dir() else 0
+    return total

@@ -16,7 +16,7 @@ from typing import Any
 from orchestrator import contract
 from orchestrator.aws import ec2 as api
 from orchestrator.aws import fleet
-from orchestrator.aws.pricing import CostLedger, PriceBook
+from orchestrator.aws.pricing import CostLedger, PriceBook, region_of_az
 from orchestrator.backends import bundle as code_bundle
 from orchestrator.backends.aws.settings import AwsSection
 from orchestrator.backends.base import Outcome
@@ -24,6 +24,17 @@ from orchestrator.errors import OrchError
 from orchestrator.remote.ssh import Target
 from orchestrator.store import open_store
 from orchestrator.sweep.spec import Sweep
+
+
+def spot_prices_by_region(types: list[str], azs: list[str], default: str) -> dict[tuple[str, str], float]:
+    """Spot prices per (type, AZ) from each AZ's own region (a region's history names only its own AZs)."""
+    by_region: dict[str, list[str]] = {}
+    for az in azs:
+        by_region.setdefault(region_of_az(az) or default, []).append(az)
+    out: dict[tuple[str, str], float] = {}
+    for region, these in by_region.items():
+        out.update(api.spot_prices(api.client("ec2", region), types, these))
+    return out
 
 
 @dataclass
@@ -58,9 +69,10 @@ class ProvisioningState:
 
     @classmethod
     def of(cls, sweep: Sweep) -> ProvisioningState:
-        ec2 = api.client("ec2", sweep.spec.aws.region)
-        prices = PriceBook(lambda types, azs: api.spot_prices(ec2, types, azs))
-        return cls(sweep, ec2, CostLedger(open_store(sweep.store_url), sweep.spec.name, prices))
+        region = sweep.spec.aws.region
+        ec2 = api.client("ec2", region)
+        prices = PriceBook(lambda types, azs: spot_prices_by_region(types, azs, region))
+        return cls(sweep, ec2, CostLedger(open_store(sweep.store_url), sweep.spec.name, prices, home=region))
 
     @property
     def cfg(self) -> AwsSection:
