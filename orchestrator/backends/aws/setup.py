@@ -171,33 +171,28 @@ def transfer_plan(state: ProvisioningState, home: str) -> dict:
     return {
         "home": home,
         "rates": {r: {"up": transfer_rate(r, home), "down": transfer_rate(home, r)} for r in away},
-        "data_bytes": data_bytes(state.sweep) if away else 0,
+        "data_bytes": data_bytes(state.sweep, home) if away else 0,
     }
 
 
-def data_bytes(sweep: Sweep) -> int | None:
-    """The bytes of the sweep's `data:` a host stages: S3 sources pushed with `orch data push` from their index (one
-    GET each), local folders from their files; None when any is unknown."""
+def data_bytes(sweep: Sweep, region: str) -> int | None:
+    """The bytes of the sweep's `data:` a host stages (S3 sources, as on aws), from the index `orch data push` leaves
+    in the prefix (one GET each); None when any is unknown (not pushed by orch, or not readable)."""
     import json
-    from pathlib import Path
 
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from orchestrator.store.base import files_under
     from orchestrator.store.s3 import SYNC_INDEX
 
     total = 0
     for e in sweep.spec.data or []:
-        if is_s3(e.source):
-            where = parse_s3(e.source)
-            s3 = api.client("s3", sweep.spec.aws.region)
-            try:
-                body = s3.get_object(Bucket=where.bucket, Key=where.folder + SYNC_INDEX)["Body"].read()
-                total += sum(int(v.get("size", 0)) for v in json.loads(body).values())
-            except (ClientError, BotoCoreError, ValueError, AttributeError, TypeError):
-                return None  # not pushed by orch (no index), or not readable: its size is not known here
-        else:
-            folder = Path(e.source).expanduser()
-            folder = folder if folder.is_absolute() else sweep.path.parent / folder
-            total += sum(f.stat().st_size for f in files_under(folder)) if folder.is_dir() else 0
+        if not is_s3(e.source):
+            return None
+        where = parse_s3(e.source)
+        try:
+            s3 = api.client("s3", region)
+            body = s3.get_object(Bucket=where.bucket, Key=where.folder + SYNC_INDEX)["Body"].read()
+            total += sum(int(v.get("size", 0)) for v in json.loads(body).values())
+        except (ClientError, BotoCoreError, ValueError, AttributeError, TypeError):
+            return None
     return total
