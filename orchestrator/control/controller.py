@@ -19,6 +19,7 @@ from enum import Enum
 from orchestrator.backends.base import Backend, Host
 from orchestrator.control import notify, summary
 from orchestrator.control.collect import best_trial, collect
+from orchestrator.control.lease import Lease
 from orchestrator.control.prune import Rungs, Verdict
 from orchestrator.control.state import State
 from orchestrator.control.table import RunTable
@@ -120,7 +121,7 @@ class Controller:
         self.reached: set = set()  # runs a metrics line of which met `target:` (sticky: a later line may fall back)
         self._published: tuple[float | None, float] = (None, 0.0)  # (spend, when) of the last summary written
         self.trials: Trials | None = None  # `search:`: the study, read at the first pass (after prepare's checks)
-        self.lease = None  # control/lease.py's Lease when the caller holds the sweep's lease: renewed each pass
+        self.lease: Lease | None = None  # set when the caller holds the sweep's lease: renewed each pass
         self.metered = store.metered  # each request is billed: a pass reads what changed, not every live record
         self._hosts_seen: dict[str, tuple] = {}  # run -> its host as the last pass listed it (see _due)
         self._checked: dict[str, float] = {}  # what was last read when, of the sweep's own records
@@ -177,7 +178,7 @@ class Controller:
                 rid = row.run.run_id
                 self._replace(row, hosts[rid], [h for h in every if h.run_id == rid])
             elif self.rungs is not None:
-                self._rung(row)
+                self._rung(row, self.rungs)
         self._release_unclaimed(every, table.status)
         self._tell_trials()  # before any start asks: each ask knows every outcome so far (README: Search)
         free = self.sweep.spec.max_parallel - len(hosts)
@@ -218,10 +219,10 @@ class Controller:
         """What notifications need besides the runs: the search's best trial so far, and at the end a summary."""
         facts = notify.Facts()
         if self.trials is not None:
-            valued = [t for t in self.trials.study.record.trials if t.value is not None]
+            valued = [(t.value, t) for t in self.trials.study.record.trials if t.value is not None]
             if valued:
-                best = (max if self.trials.mode == "max" else min)(valued, key=lambda t: t.value)
-                facts.best, facts.metric = (best.number, best.value, dict(best.params)), self.trials.metric
+                value, best = (max if self.trials.mode == "max" else min)(valued, key=lambda vt: vt[0])
+                facts.best, facts.metric = (best.number, value, dict(best.params)), self.trials.metric
         if progress.done:
             facts.ended = ended_summary(self.sweep, self.store)
         return facts
@@ -299,47 +300,47 @@ class Controller:
         row.view = self._view(row.status, row.hosted, final)
         self.table.settle(row.run.run_id, row.view, final)
 
-    def _rung(self, row: Row) -> None:
+    def _rung(self, row: Row, rungs: Rungs) -> None:
         """`prune:` — a run whose newest line passed a rung it has not reported at: read its lines, record
         its value there, and prune it if the rung says so. A run that already ended only adds its values."""
         rid, status = row.run.run_id, row.status
-        earlier = self.rungs.verdict_of(rid)
+        earlier = rungs.verdict_of(rid)
         if earlier is not None:  # decided before (a pass whose write lost a race, or a resumed attempt): it stands
             if status.state in ACTIVE or row.action == START:
-                self._prune(row, earlier)
+                self._prune(row, earlier, rungs)
             return
         live = status.state in ACTIVE
         if status.metric_seen is not None:  # the agent read the run's own file: its values at the rungs
-            self._warn_unseen(rid, status)
-            if not self.rungs.due_reported(rid, status.at_rungs):
+            self._warn_unseen(rid, status, rungs)
+            if not rungs.due_reported(rid, status.at_rungs):
                 return
-            verdict = self.rungs.observe_reported(rid, status.at_rungs, judge=live)
+            verdict = rungs.observe_reported(rid, status.at_rungs, judge=live)
         else:  # a record without them (an agent of an older orch): the store's copy, never a line past it
-            if not self.rungs.due(rid, status.last_metrics):
+            if not rungs.due(rid, status.last_metrics):
                 return
             lines = read_jsonl(self.store.get_bytes(layout.metrics_key(self.name, rid)))
-            verdict = self.rungs.observe(rid, lines, judge=live)
+            verdict = rungs.observe(rid, lines, judge=live)
         if verdict is not None:
-            self._prune(row, verdict)
+            self._prune(row, verdict, rungs)
 
-    def _warn_unseen(self, rid: str, status: RunStatus) -> None:
+    def _warn_unseen(self, rid: str, status: RunStatus, rungs: Rungs) -> None:
         """A `prune:` metric that no line of a run past the first rung carries: no rung can compare it."""
-        if status.metric_seen or rid in self._warned or not self.rungs.due(rid, status.last_metrics):
+        if status.metric_seen or rid in self._warned or not rungs.due(rid, status.last_metrics):
             return
         self._warned.add(rid)
         keys = ", ".join(sorted(status.last_metrics)[:12])
         message = (
-            f"{rid}: prune compares {self.rungs.metric!r}, but no metrics line of this run carries it so far "
-            f"(its newest line has: {keys}); it is past {self.rungs.p.at} {self.rungs.next_rung(rid):g} and cannot "
+            f"{rid}: prune compares {rungs.metric!r}, but no metrics line of this run carries it so far "
+            f"(its newest line has: {keys}); it is past {rungs.p.at} {rungs.next_rung(rid):g} and cannot "
             "be compared. Set `prune.metric` to a key the command writes."
         )
         log.warning("%s", message)
         self.state.journal(self.name, "prune-metric-missing", rid, message)
 
-    def _prune(self, row: Row, verdict: Verdict) -> None:
+    def _prune(self, row: Row, verdict: Verdict, rungs: Rungs) -> None:
         """The verdict first (the agent, seeing its record moved on, writes nothing more), then the stop:
         the command ends, and on AWS the instance goes; the slot is free for the next queued run."""
-        metric, at = self.rungs.metric, self.rungs.p.at
+        metric, at = rungs.metric, rungs.p.at
         detail = {
             "rung": verdict.rung,
             "value": verdict.value,
