@@ -155,7 +155,8 @@ class Blocklist:
     def all_unsupported(self, choices: list[Choice]) -> str | None:
         """What AWS said, when every choice was refused as unsupported (nothing to wait for)."""
         said = [self.unsupported.get((c.instance_type, c.subnet_id)) for c in choices]
-        return "; ".join(dict.fromkeys(said)) if said and all(said) else None
+        known = [s for s in said if s]
+        return "; ".join(dict.fromkeys(known)) if said and len(known) == len(said) else None
 
     def block(self, market: str, instance_type: str, subnet_id: str, seconds: float = BLOCK_S) -> None:
         self.until[(market, instance_type, subnet_id)] = time.time() + seconds

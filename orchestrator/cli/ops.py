@@ -15,6 +15,7 @@ from orchestrator.aws import ec2 as api
 from orchestrator.aws.ec2 import client
 from orchestrator.aws.policy import DEFAULT_IMAGE_OWNERS, boundary_policy, controller_policy
 from orchestrator.aws.teardown import orch_resources, teardown
+from orchestrator.backends.aws.regions import settings as aws_settings
 from orchestrator.cli.common import expected_errors, explained, load_sweep_arg, resolve_run, sweep_parts
 from orchestrator.contract import bucket_problem
 from orchestrator.control.actions import chaos_interrupt, stop_sweep
@@ -204,7 +205,7 @@ def _scan_regions(problems: list[str] | None = None):
     for rec in State().sweeps():
         if rec.backend == "aws":
             try:
-                regions.add(load_sweep_arg(rec.name).spec.aws.region)
+                regions.add(aws_settings(load_sweep_arg(rec.name)).region)
             except Exception as exc:
                 if explained(exc) is None:
                     raise

@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from orchestrator.errors import OrchError
+
 SLOTS_TAG = "orch:slots"  # slots of a packed instance
 SLOT_TAG = "orch:slot:"  # + k: "<run>#<attempt>" while that run holds slot k
 
@@ -30,6 +32,14 @@ class PackChoice:
 def packs(resources, gpus_of_type: dict[str, int]) -> bool:
     gpus = resources.gpus if resources else None
     return bool(resources and resources.nodes == 1 and gpus and any(n >= 2 * gpus for n in gpus_of_type.values()))
+
+
+def packed_gpus(resources) -> int:
+    """The GPUs of each packed run: a sweep packs only when its runs name `resources.gpus` (packs)."""
+    gpus = resources.gpus if resources else None
+    if not gpus:
+        raise OrchError("runs share an instance only when they name `resources.gpus`")
+    return gpus
 
 
 def rank(

@@ -25,7 +25,7 @@ from orchestrator.aws import ec2 as api
 from orchestrator.backends.aws import listing
 from orchestrator.backends.aws.pack import Packer
 from orchestrator.backends.aws.provision import Provisioner
-from orchestrator.backends.aws.regions import check_regions, home_region
+from orchestrator.backends.aws.regions import check_regions, home_region, settings
 from orchestrator.backends.aws.settings import LOST_AFTER_S
 from orchestrator.backends.aws.setup import bootstrap, plan
 from orchestrator.backends.aws.state import ProvisioningState
@@ -34,8 +34,8 @@ from orchestrator.contract import RunTask
 from orchestrator.errors import OrchError
 from orchestrator.host.slots import slot_run
 from orchestrator.remote.ssh import attach_argv, connect, interactive, known_hosts_file, public_key_of
-from orchestrator.store import open_store
 from orchestrator.store.lifecycle import StopReason
+from orchestrator.store.s3 import S3Store
 from orchestrator.sweep.spec import Sweep, orch_home
 from orchestrator.sweep.tasks import new_task
 
@@ -55,7 +55,7 @@ class AwsBackend(BackendBase):
 
     def __init__(self, sweep: Sweep):
         self.sweep = sweep
-        self.cfg = sweep.spec.aws
+        self.cfg = settings(sweep)
         self.name_ = sweep.spec.name
         self.state = ProvisioningState.of(sweep)
         self.provisioner = Provisioner(self.state)
@@ -75,8 +75,7 @@ class AwsBackend(BackendBase):
 
     def preflight(self) -> None:
         """Everything that can fail before a launch: credentials, bucket, AMI, subnets."""
-        store = open_store(self.sweep.store_url)
-        store.check()
+        S3Store(self.sweep.store_url).check()  # an aws sweep's store is a bucket (checks.py)
         home = home_region(self.sweep)
         check_regions(self.sweep, home)
         self.state.ledger.home = home  # the store's region: what hosts elsewhere move to and from it is transfer
@@ -225,6 +224,6 @@ class AwsBackend(BackendBase):
     def drain_outcomes(self) -> builtins.list[Outcome]:
         return self.state.drain()
 
-    def run_of_instance(self, instance_id: str) -> str | None:
-        inst = listing.instance_of(self.state, instance_id)
+    def run_of_instance(self, host_id: str) -> str | None:
+        inst = listing.instance_of(self.state, host_id)
         return inst["run"] if inst else None

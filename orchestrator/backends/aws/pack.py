@@ -32,13 +32,13 @@ from orchestrator.errors import OrchError
 from orchestrator.host.slots import CLAIM, slot_run, slot_value
 from orchestrator.remote.ssh import Target, authorized_keys, connect, new_host_key
 from orchestrator.store.lifecycle import StopReason
-from orchestrator.sweep.packing import SLOT_TAG, SLOTS_TAG, visible_devices
+from orchestrator.sweep.packing import SLOT_TAG, SLOTS_TAG, packed_gpus, visible_devices
 
 log = logging.getLogger("orch.aws")
 FRESH_S = 60.0  # how long an instance this controller just acquired counts even before a filtered describe lists it
 
 
-def lives_long_enough(max_minutes: int, timeout_minutes: int | None, launched_at: float, now: float) -> bool:
+def lives_long_enough(max_minutes: int, timeout_minutes: float | None, launched_at: float, now: float) -> bool:
     """Every instance powers itself off `aws.max_minutes` after boot. A new run goes only where that leaves it
     its `timeout_minutes` (+5 min to sync), or, without one, at least half of an instance's life."""
     left = launched_at + max_minutes * 60 - now
@@ -119,7 +119,7 @@ class Packer:
                 raise OrchError(f"claiming slot {slot} on {iid} failed (exit {code})")
             if tag:
                 self._tag_slot(iid, slot, value)
-            devices = visible_devices(slot, self.state.sweep.spec.resources.gpus)
+            devices = visible_devices(slot, packed_gpus(self.state.sweep.spec.resources))
             self.provisioner.start_agents([conn], task, [iid], slot, {"CUDA_VISIBLE_DEVICES": devices})
             log.info("%s: slot %s of %s (CUDA_VISIBLE_DEVICES=%s)", task.run_id, slot, iid, devices)
             return True

@@ -235,9 +235,9 @@ class Provisioner:
                     "/opt/pytorch/bin/python), "
                     f"or `auto`; or use an image that has them."
                 )
-            st.python = found[0]
-            log.info("instance interpreter: %s", st.python)
-            return st.python
+            st.python = python = found[0]
+            log.info("instance interpreter: %s", python)
+            return python
 
     def block_reclaimed(self, instance_id: str) -> None:
         """The (type, AZ) of the previous attempt's instance just took it back: avoid it for a while."""

@@ -11,11 +11,11 @@ from orchestrator.aws import ec2 as api
 from orchestrator.aws import fleet, iam
 from orchestrator.aws.images import resolve_image
 from orchestrator.aws.pricing import on_demand_quote, transfer_rate
-from orchestrator.backends.aws.regions import check_regions, home_region
+from orchestrator.backends.aws.regions import check_regions, home_region, settings
 from orchestrator.backends.aws.state import ProvisioningState
 from orchestrator.store.s3url import is_s3, parse_s3
 from orchestrator.sweep.packing import describe as describe_packing
-from orchestrator.sweep.packing import packs, rank
+from orchestrator.sweep.packing import packed_gpus, packs, rank
 from orchestrator.sweep.spec import Sweep
 
 log = logging.getLogger("orch.aws")
@@ -88,9 +88,9 @@ def _parallel(sweep: Sweep) -> int:
 
 def pack_order(sweep: Sweep, gpus: dict[str, int], prices: dict[tuple, float]) -> list:
     """Homes for packed runs, best first, from GPU counts and spot prices per (type, AZ) (its cheapest AZ)."""
-    types = sweep.spec.aws.instance_types
+    types = settings(sweep).instance_types
     by_type = {t: min((p for (tt, _), p in prices.items() if tt == t), default=None) for t in types}
-    return rank(types, gpus, by_type, sweep.spec.resources.gpus, _parallel(sweep))
+    return rank(types, gpus, by_type, packed_gpus(sweep.spec.resources), _parallel(sweep))
 
 
 def _hour(market: str, instance_type: str, spot: float | None, region: str) -> tuple[float | None, str]:
@@ -144,7 +144,7 @@ def plan(state: ProvisioningState) -> dict:
     packing: list[str] = []
     if packs(sweep.spec.resources, gpus):
         prices = {(r["type"], r["az"]): r["spot_usd_per_h"] for r in rows if r["spot_usd_per_h"] is not None}
-        packing = describe_packing(pack_order(sweep, gpus, prices), sweep.spec.resources.gpus, _parallel(sweep))
+        packing = describe_packing(pack_order(sweep, gpus, prices), packed_gpus(sweep.spec.resources), _parallel(sweep))
     return {
         "regions": list(cfg.regions),
         "home_region": home,

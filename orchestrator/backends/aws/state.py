@@ -18,6 +18,7 @@ from orchestrator.aws import ec2 as api
 from orchestrator.aws import fleet
 from orchestrator.aws.pricing import CostLedger, PriceBook, region_of_az
 from orchestrator.backends import bundle as code_bundle
+from orchestrator.backends.aws.regions import settings
 from orchestrator.backends.aws.settings import AwsSection
 from orchestrator.backends.base import Outcome
 from orchestrator.errors import OrchError
@@ -69,14 +70,14 @@ class ProvisioningState:
 
     @classmethod
     def of(cls, sweep: Sweep) -> ProvisioningState:
-        region = sweep.spec.aws.region
+        region = settings(sweep).region
         ec2 = api.client("ec2", region)
         prices = PriceBook(lambda types, azs: spot_prices_by_region(types, azs, region))
         return cls(sweep, ec2, CostLedger(open_store(sweep.store_url), sweep.spec.name, prices, home=region))
 
     @property
     def cfg(self) -> AwsSection:
-        return self.sweep.spec.aws
+        return settings(self.sweep)
 
     @property
     def name(self) -> str:
