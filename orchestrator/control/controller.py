@@ -423,21 +423,22 @@ class Controller:
 
     def _replace(self, row: Row, host: Host, all_hosts: list[Host]) -> None:
         status, version = row.status, self.table.versions[row.run.run_id]
-        never = not status.heartbeat
-        if host.missing and not never:
-            reason = (
-                f"{host.missing} of the attempt's {host.nodes} nodes lost (instance gone); the attempt ends on every "
-                "node "
-                "and the run resumes on a fresh set"
-            )
-        elif never:
+        beat = status.heartbeat
+        never = not beat
+        if not beat:
             status.no_shows += 1
             reason = (
                 f"host {host.host_id} never reported: its agent did not start ({status.no_shows} of {MAX_NO_SHOWS} "
                 "such attempts)"
             )
+        elif host.missing:
+            reason = (
+                f"{host.missing} of the attempt's {host.nodes} nodes lost (instance gone); the attempt ends on every "
+                "node "
+                "and the run resumes on a fresh set"
+            )
         else:
-            reason = f"host {host.host_id} lost: no sign of life for {time.time() - status.heartbeat:.0f} s"
+            reason = f"host {host.host_id} lost: no sign of life for {time.time() - beat:.0f} s"
         spent = never and status.no_shows >= MAX_NO_SHOWS  # a replacement loop would pay for instance after instance
         if spent:
             life.fail(
