@@ -388,9 +388,12 @@ class Agent:
         """A follower whose command ended stays until node 0 has recorded how the attempt ended: a
         node gone first would make the controller call the attempt lost (and try again) where node 0
         is about to record a failure."""
+        reporter = self.reporter
+        if not isinstance(reporter, FollowerReporter):  # node 0: it records the end itself
+            return
         try:
             retry_until(
-                lambda: not self.reporter.still_running(),
+                lambda: not reporter.still_running(),
                 FOLLOWER_WAIT_S,
                 2.0,
                 "node 0 to record the end of the attempt",
