@@ -201,12 +201,7 @@ def test_no_module_imports_another_modules_private_name(tmp_path):
     ]
 
 
-# Issue 43 asks for none; these are what pyright (basic mode, pinned in the dev extra) still finds in orchestrator/.
-# The number may only go down: lower it when you fix some.
-PYRIGHT_ERRORS_LEFT = 36
-
-
-def test_pyright_finds_no_more_type_errors_in_orchestrator_than_are_left():
+def test_pyright_finds_no_type_errors_in_orchestrator():
     pyright = Path(sys.executable).with_name("pyright")
     r = subprocess.run(
         [str(pyright), "--outputjson", "--pythonpath", sys.executable],
@@ -222,4 +217,4 @@ def test_pyright_finds_no_more_type_errors_in_orchestrator_than_are_left():
         if d["severity"] == "error"
     ]
     assert report["summary"]["filesAnalyzed"] > 50, r.stdout[-2000:]
-    assert len(errors) <= PYRIGHT_ERRORS_LEFT, f"{len(errors)} type errors:\n" + "\n".join(errors)
+    assert errors == [], f"{len(errors)} type errors:\n" + "\n".join(errors)
