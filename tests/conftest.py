@@ -339,3 +339,13 @@ def store(request, tmp_path):
         s = S3Store(f"s3://{BUCKET}/pre", client=cloud.client("s3"))
         s.check()
         yield s
+
+
+def no_traceback(r):
+    assert "Traceback" not in r.out + r.err, r.out + r.err
+
+
+def finish(orch, path, timeout=120):
+    r = orch("launch", str(path), timeout=timeout)
+    no_traceback(r)
+    return r

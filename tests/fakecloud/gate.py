@@ -94,7 +94,7 @@ class Strictness:
     """How much slower and stricter than moto the fake cloud is (seconds)."""
 
     # Defaults: long enough that every path meets each refusal at least once, short enough for a
-    # suite of many sweeps; tests/test_aws_strict.py uses EC2-like values.
+    # suite of many sweeps; tests/e2e/aws/test_aws_backend.py uses EC2-like values.
     instance_s: float = 1.0  # new instance ids are NotFound by id this long
     group_s: float = 0.5  # new security groups are NotFound this long
     profile_s: float = 1.0  # a new instance profile is refused by CreateFleet this long

@@ -18,7 +18,7 @@ Controller and backend over the same store and cloud), records corrupted, the st
 `orch cancel`, `orch down`, and the controller's loop ending as `orch launch` ends it.
 
 KNOWN holds defects being fixed elsewhere (issue 44's items): their checks are off in the random
-machine and each has a strict xfail test in test_invariants.py that flips when its fix lands (then
+machine and each has a strict xfail test in tests/harness/test_invariants.py that flips when its fix lands (then
 remove the item here and the mark there).
 """
 

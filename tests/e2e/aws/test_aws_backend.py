@@ -1,4 +1,6 @@
-"""The aws backend end to end through the CLI, on the fake cloud (moto + sshd hosts on loopback)."""
+"""The aws backend end to end through the CLI, on the fake cloud (moto + sshd hosts on loopback): a sweep with EC2's
+boot times uses one instance per run, attach over ssh, host keys, bad settings, an interpreter without torch, and
+`orch down` that waits for instances shutting down."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ import yaml
 from orchestrator.wait import retry_until
 from tests.conftest import ENDED_GAP_S, ROOT, starts
 from tests.conftest import run_states as status
-from tests.fakecloud import BUCKET
+from tests.fakecloud import BUCKET, FakeCloud, Strictness
+from tests.fakecloud.sweeps import smoke
 
 pytestmark = pytest.mark.slow
 SPENT = r"spent (\$[0-9]+\.[0-9]+)"  # a dollar figure as launch and collect print it
@@ -221,3 +224,63 @@ def test_the_dry_runs_cost_bound_bounds_the_dearest_choice(orch, cloud, identity
     bound = float(re.search(r"estimated cost at most \$([0-9.]+)", r.out).group(1))
     assert bound >= 3 * 0.25 * max(prices) - 0.005, r.out  # 3 runs of at most 15 minutes each
     assert "15 min at the dearest spot price" in r.out, r.out
+
+
+@pytest.fixture
+def slow_cloud(tmp_path, orch):
+    """EC2-like timing: sshd 75 s after `running`, 15 s more for the first interpreter start."""
+    with FakeCloud(
+        tmp_path / "cloud",
+        boot_s=75,
+        cold_s=15,
+        strict=Strictness(instance_s=5, profile_s=10, group_s=3, pending_s=5, terminate_s=10),
+    ) as c:
+        orch.env.update(c.env())
+        yield c
+        assert not c.all_leftovers()
+
+
+@pytest.mark.timeout(900)
+def test_acceptance_three_runs_with_realistic_boot_use_exactly_three_instances(orch, slow_cloud, identity):
+    """(a) start timeout from the agent's start, (b) instance profile on attempt 1, (e) NotFound, (g) interpreter."""
+    path = smoke(orch, identity, "real", max_parallel=3)
+    r = orch("launch", str(path), timeout=800)
+    assert r.code == 0, r.out[-3000:] + r.err[-3000:]
+    final = status(orch, "real")
+    assert all(v["state"] == "succeeded" and v["attempt"] == 1 and v["preemptions"] == 0 for v in final.values()), final
+    used = slow_cloud.instances("real", states=("pending", "running", "shutting-down", "terminated"))
+    assert len(used) == 3, used  # one per run: no replacement loop
+    assert slow_cloud.gate.counts["InvalidParameterValue"] > 0  # the new profile was refused at first, as on AWS
+    assert slow_cloud.gate.counts["AccessDenied"] > 0  # hosts met S3's 403 for keys that do not exist yet
+    d = orch("down", "real", timeout=600)
+    assert d.code == 0, d.err
+    assert not any(slow_cloud.leftovers("real").values())
+
+
+@pytest.mark.timeout(400)
+def test_g_an_interpreter_without_torch_stops_the_sweep_once_with_the_fix(orch, cloud, identity):
+    path = smoke(orch, identity, "interp", aws_python="python3", max_parallel=1)
+    r = orch("launch", str(path), timeout=300)
+    assert r.code != 0 and "/opt/pytorch/bin/python" in r.err and "torch" in r.err and "Traceback" not in r.err, (
+        r.out + r.err
+    )
+    used = cloud.instances("interp", states=("pending", "running", "shutting-down", "terminated"))
+    assert len(used) == 1 and cloud.instances("interp") == []  # one host told us; it was terminated
+    orch("down", "interp")
+
+
+@pytest.mark.timeout(400)
+def test_k_down_waits_for_shutting_down_instead_of_hammering_the_group(orch, tmp_path, identity):
+    with FakeCloud(tmp_path / "c", strict=Strictness(terminate_s=8)) as cloud:
+        orch.env.update(cloud.env())
+        path = smoke(orch, identity, "slowdown", command="sleep 600", grid={"lr": [1]})
+        assert orch("launch", str(path), "--detach").code == 0
+        from orchestrator.wait import retry_until
+
+        retry_until(
+            lambda: status(orch, "slowdown").get("lr=1", {}).get("state") == "running", 120, 0.5, "the run to start"
+        )
+        d = orch("down", "slowdown", timeout=300)
+        assert d.code == 0, d.out + d.err  # one go
+        assert cloud.gate.counts["DependencyViolation"] == 0
+        assert not any(cloud.leftovers("slowdown").values())

@@ -1,17 +1,17 @@
-"""Spot reliability on the local backend: chaos interrupt -> resume, broken checkpoint in the store,
-and the controller's decisions (pure function)."""
+"""Interruptions on the local backend: chaos interrupt -> resume, a broken checkpoint in the store, the checkpoint
+made on `orch down`, a notice that kills a command without a handler, and a run's tmux session killed under it.
+(The controller's decisions, a pure function: tests/unit/control/test_controller.py.)"""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
 
-from orchestrator.backends.base import Host
-from orchestrator.control.controller import DONE, REPLACE, START, WAIT, decide
-from orchestrator.store.status import RunStatus
 from orchestrator.wait import retry_until
+from tests.conftest import ENDED_GAP_S, no_traceback, starts
 from tests.conftest import run_states as status
 from tests.e2e.local.test_ddp import _step
 from tests.unit.trainer.test_train import SMALL, final_weights, run_trainer, same
@@ -92,85 +92,63 @@ def test_corrupted_newest_checkpoint_in_the_store_falls_back(orch, reference):
     assert same(final_weights(reference), final_weights(orch.store("corrupt", "run")))
 
 
-# --- decisions ------------------------------------------------------------------------------------
-
-NOW = 1_000_000.0
-
-
-def st(state, **kw):
-    return RunStatus(run_id="r", state=state, **kw)
-
-
-@pytest.mark.parametrize(
-    "status, host, want",
-    [
-        (st("succeeded"), None, DONE),
-        (st("cancelled"), Host("r", "h", "a"), DONE),
-        (st("running", heartbeat=NOW - 5), Host("r", "h", "a"), WAIT),
-        (st("running", heartbeat=NOW - 500), Host("r", "h", "a"), REPLACE),  # silent agent: host lost
-        (st("running", heartbeat=NOW - 5), None, START),  # host vanished
-        (st("interrupted"), None, START),
-        (st("starting", started_at=NOW - 500), Host("r", "i-1", "a"), REPLACE),  # orphan of a dead controller
-        (st("starting", started_at=NOW - 500), Host("r", "i-1", "a", provisioning=True), WAIT),
-        (st("failed", failures=1), None, START),
-        (st("failed", failures=2), None, DONE),
-        (st("stopped"), None, START),
-        # (a) the start timeout counts from the agent's start (a boot of minutes before it is not the agent's fault)
-        (st("starting", started_at=NOW - 500), Host("r", "i-1", "a", start_deadline=NOW + 10), WAIT),
-        (st("starting", started_at=NOW - 500), Host("r", "i-1", "a", start_deadline=NOW - 1), REPLACE),
-        (
-            st("starting", started_at=NOW - 500, heartbeat=NOW - 5),
-            Host("r", "i-1", "a", start_deadline=NOW - 1),
-            WAIT,
-        ),  # it reported: restoring
-        (
-            st("starting", started_at=NOW - 500, heartbeat=NOW - 500),
-            Host("r", "i-1", "a"),
-            REPLACE,
-        ),  # reported, then went silent
-        (st("failed", no_shows=3), None, DONE),  # hosts that never report end the run: no replacement loop
-        (st("failed", quick_losses=5), None, DONE),  # attempts lost again and again soon after their claim: too
-        (st("failed", failures=1, quick_losses=4), None, START),
-        # a run on several instances needs every node of its attempt
-        (st("running", heartbeat=NOW - 5), Host("r", "i-1", "a", nodes=2, missing=1), REPLACE),
-        (st("starting", heartbeat=NOW - 5), Host("r", "i-1", "a", nodes=2, missing=1), REPLACE),
-        (st("starting"), Host("r", "i-1", "a", nodes=2, missing=1, provisioning=True), WAIT),  # still being acquired
-        (
-            st("interrupted"),
-            Host("r", "i-1", "a", nodes=2, missing=1),
-            WAIT,
-        ),  # the attempt ended: its nodes are on their way out
-        (st("succeeded"), Host("r", "i-1", "a", nodes=2, missing=1), DONE),
-    ],
-)
-def test_decide(status, host, want):
-    assert decide(status, host, max_restarts=1, now=NOW, stale_s=60, start_timeout_s=60) == want
+def test_a_notice_that_kills_a_command_without_a_handler_is_a_preemption(orch):
+    path = orch.sweep("""
+        name: nohandler
+        command: "[ $ORCH_ATTEMPT = 1 ] && sleep 60; exit 0"
+        max_restarts: 0
+        store: store
+    """)
+    assert orch("launch", str(path), "--detach").code == 0
+    retry_until(lambda: status(orch, "nohandler").get("run", {}).get("state") == "running", 30, 0.2, "the run to start")
+    r = orch("chaos", "interrupt", "run", "--grace", "20", timeout=120)
+    no_traceback(r)
+    retry_until(
+        lambda: status(orch, "nohandler", gap=ENDED_GAP_S)["run"]["state"] in ("succeeded", "failed"),
+        90,
+        0.5,
+        "the run to end",
+    )
+    v = status(orch, "nohandler")["run"]
+    assert (v["state"], v["attempt"], v["failures"], v["preemptions"]) == ("succeeded", 2, 0, 1), v
 
 
-@pytest.mark.parametrize(
-    "stop, noticed, code, want",
-    [
-        (None, False, 0, ("succeeded", False)),
-        (None, False, 3, ("failed", True)),
-        (None, False, None, ("failed", True)),  # the command vanished
-        (None, True, 138, ("interrupted", False)),  # a notice killed a command without a SIGUSR1 handler
-        ("interrupted", False, 143, ("interrupted", False)),
-        ("timeout", False, 143, ("failed", True)),
-        ("timeout", True, 143, ("failed", True)),  # the limit came first
-        ("cancelled", False, 143, ("cancelled", False)),
-        ("stopped", False, 143, ("stopped", False)),
-        (
-            "superseded",
-            True,
-            0,
-            ("lost", False),
-        ),  # the controller called it lost: whatever the exit, not ours to record
-    ],
-)
-def test_final_status(stop, noticed, code, want):
-    from orchestrator.host.agent import final_status
+@pytest.mark.slow
+def test_killing_a_runs_tmux_session_restarts_it_and_the_old_agent_leaves_the_new_attempt_alone(orch, job):
+    path = orch.sweep(f"""
+        name: killed
+        command: "{job(steps=2, release=True)}"
+        max_restarts: 2
+        store: store
+    """)
+    assert orch("launch", str(path), "--detach").code == 0
+    retry_until(lambda: status(orch, "killed").get("run", {}).get("state") == "running", 60, 0.3, "attempt 1 to run")
+    assert orch.tmux("kill-session", "-t", "=orch_killed_run").returncode == 0
+    retry_until(
+        lambda: (v := status(orch, "killed")["run"])["attempt"] == 2 and v["state"] == "running",
+        120,
+        0.3,
+        "attempt 2 to run",
+    )
 
-    state, reason, failed = final_status(stop, noticed, code, 3.0)
-    assert (state, failed) == want
-    if stop == "timeout":
-        assert reason == "timed out after 3 s"
+    def agents(attempt):
+        return [
+            line
+            for line in os.popen("ps -eo args").read().splitlines()
+            if "orchestrator.host.agent" in line and f"task-{attempt}.json" in line
+        ]
+
+    retry_until(
+        lambda: not agents(1), 120, 0.3, "attempt 1's agent to finish"
+    )  # it used to SIGKILL attempt 2 on its way out
+    assert status(orch, "killed")["run"]["state"] == "running"
+    job.release.touch()
+    retry_until(
+        lambda: status(orch, "killed", gap=ENDED_GAP_S)["run"]["state"] in ("succeeded", "failed"),
+        120,
+        0.3,
+        "the run to end",
+    )
+    v = status(orch, "killed")["run"]
+    assert v["state"] == "succeeded" and v["attempt"] == 2 and v["failures"] == 0, v
+    assert [a for _, a in starts(job.marks)] == ["1", "2"]

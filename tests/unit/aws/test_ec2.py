@@ -1,5 +1,6 @@
 """Capacity fallback and fail-fast errors of CreateFleet, injected with botocore's Stubber
-(the spot market's answers cannot exist here), plus the security settings, checked on moto."""
+(the spot market's answers cannot exist here), plus the security settings, checked on moto (a reused group gets the
+current CIDR, a public address is asked for where the subnet maps none)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from orchestrator.aws import fleet
 from orchestrator.aws import iam as iam_api
 from orchestrator.aws.images import resolve_image
 from orchestrator.aws.teardown import teardown
+from tests.fakecloud.sweeps import smoke
 
 CHOICES = [
     fleet.Choice("g5.xlarge", "subnet-a", "us-east-1a"),
@@ -608,3 +610,40 @@ def test_a_remote_controllers_ssh_rule_replaces_those_of_controllers_no_longer_r
     rules = api.controller_rules(ec2, sg)
     assert sorted(r["CidrIp"] for r in rules) == ["198.51.100.2/32", "198.51.100.9/32"], rules
     teardown(ec2, api.client("iam", "us-east-1"), "rules")
+
+
+@pytest.mark.slow
+def test_j_reused_group_gets_the_current_cidr_and_public_ip_is_asked_for(orch, cloud, identity):
+    ec2 = cloud.client("ec2")
+    sg = api.ensure_security_group(ec2, "netw", cloud.vpc, "203.0.113.7/32")
+    assert api.ensure_security_group(ec2, "netw", cloud.vpc, "198.51.100.9/32") == sg
+    api.ensure_security_group(ec2, "netw", cloud.vpc, "198.51.100.9/32")  # a duplicate rule is fine
+    cidrs = {
+        r["CidrIp"]
+        for p in ec2.describe_security_groups(GroupIds=[sg])["SecurityGroups"][0]["IpPermissions"]
+        for r in p["IpRanges"]
+    }
+    assert cidrs == {"203.0.113.7/32", "198.51.100.9/32"}
+
+    from orchestrator.backends.aws.backend import AwsBackend
+    from orchestrator.backends.registry import load_sweep
+
+    path = smoke(
+        orch,
+        identity,
+        "netw",
+        aws_ssh={"address": "public_ip", "identity": str(identity), "user": "root", "port": 2222},
+    )
+    backend = AwsBackend(load_sweep(path))
+    try:
+        setup = backend.bootstrap()  # the fake's subnets, like most custom VPCs', do not map public IPs
+        nic = setup["base"]["NetworkInterfaces"][0]
+        assert (
+            nic["AssociatePublicIpAddress"] is True
+            and nic["Groups"] == [sg]
+            and "SecurityGroupIds" not in setup["base"]
+        )
+    finally:
+        from orchestrator.aws.teardown import teardown
+
+        teardown(ec2, cloud.client("iam"), "netw")

@@ -1,4 +1,5 @@
-"""The `orch` group (cli/main.py): its commands load lazily, its help lists them, RUN arguments resolve."""
+"""The `orch` group (cli/main.py): its commands load lazily, its help lists them, RUN arguments resolve (a sweep named
+or given as a file), and misuse (a path that cannot be used, a bad option) is a clear error without a traceback."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import importlib
 import os
 
 import click
+import pytest
 
 from orchestrator.cli.main import COMMANDS, main
 from orchestrator.control.state import State
 from orchestrator.wait import retry_until
+from tests.conftest import finish, no_traceback
 from tests.conftest import run_states as status
 
 
@@ -73,3 +76,86 @@ def test_bare_run_ids_reach_a_local_sweep_when_a_sweep_of_an_s3_store_is_out_of_
     assert "a-aws: No AWS credentials found" in missing.err, missing.err  # which sweep was not searched, and why
     job.release.touch()
     orch("down", "b-local")
+
+
+@pytest.mark.slow
+def test_unusable_paths_are_clear_errors(orch, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    cases = [
+        (f"name: st\ncommand: 'true'\nstore: {afile}/store\n", "store"),
+        (f"name: wd\ncommand: 'true'\nlocal:\n  workdir: {afile}/work\n", "workdir"),
+    ]
+    for text, word in cases:
+        r = orch("launch", str(orch.sweep(text, name=f"{word}.yaml")))
+        no_traceback(r)
+        assert r.code == 2 and str(afile) in r.err and word in r.err, r.err
+    assert finish(orch, orch.sweep("name: ok1\ncommand: 'true'\nstore: store\n", name="ok.yaml")).code == 0
+    r = orch("collect", "ok1", "--out", str(afile))
+    no_traceback(r)
+    assert r.code == 2 and str(afile) in r.err, r.err
+    home = dict(orch.env, ORCH_HOME=str(afile))
+    import subprocess
+
+    p = subprocess.run(orch.argv("status"), env=home, capture_output=True, text=True, cwd=tmp_path)
+    assert p.returncode == 2 and "ORCH_HOME" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+@pytest.mark.slow
+def test_chaos_grace_must_be_positive(orch):
+    r = orch("chaos", "interrupt", "x", "--grace", "-5")
+    assert r.code == 2 and "grace" in r.err.lower(), r.err
+    no_traceback(r)
+
+
+@pytest.mark.slow
+def test_cli_misuse_is_a_clear_error_without_a_traceback(orch):
+    r = orch("down")
+    assert r.code == 2 and "(not both)" not in r.err and "--all" in r.err, r.err
+    assert finish(orch, orch.sweep("name: small\ncommand: 'true'\nstore: store\n")).code == 0
+    r = orch("logs", "run", "--attempt", "0")
+    assert r.code == 2 and "attempt" in r.err, r.err
+    assert (
+        orch(
+            "launch", str(orch.sweep("name: live\ncommand: 'sleep 30'\nstore: store\n", name="l.yaml")), "--detach"
+        ).code
+        == 0
+    )
+    retry_until(lambda: status(orch, "live").get("run", {}).get("state") == "running", 30, 0.2, "the run")
+    r = orch("attach", "live/run")  # no terminal here
+    no_traceback(r)
+    assert r.code == 2 and "terminal" in r.err, r.err
+    orch("down", "live")
+
+
+@pytest.mark.slow
+def test_every_command_by_name_addresses_the_runs_of_the_file(orch, job):
+    # grid keys not in alphabetical order: records are written with sorted keys
+    path = orch.sweep(f"""
+        name: named
+        command: "{job(steps=2, release=True)}"
+        grid:
+          lr: [0.1, 0.2]
+          batch_size: [64]
+        max_parallel: 2
+        store: store
+    """)
+    assert orch("launch", str(path), "--detach").code == 0
+    ids = {"lr=0.1,batch_size=64", "lr=0.2,batch_size=64"}
+    retry_until(
+        lambda: {k for k, v in status(orch, str(path)).items() if v["state"] == "running"} == ids,
+        60,
+        0.3,
+        "both runs to run",
+    )
+    by_name = status(orch, "named")
+    assert set(by_name) == ids and all(v["state"] == "running" for v in by_name.values()), by_name
+    log = orch.store("named", ".orch", "lr=0.1,batch_size=64", "logs", "1.log")
+    retry_until(lambda: log.exists() and "tick" in log.read_text(), 60, 0.3, "the log to reach the store")
+    logs = orch("logs", "lr=0.1,batch_size=64")
+    assert logs.code == 0 and "tick" in logs.out, logs.out + logs.err
+    down = orch("down", "named")
+    assert down.code == 0 and "nothing of sweep" not in down.out, down.out + down.err
+    final = status(orch, str(path))
+    assert {v["state"] for v in final.values()} == {"stopped"}, final
+    assert orch.tmux("list-sessions").stdout.count("orch_named_") == 0

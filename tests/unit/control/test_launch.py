@@ -1,6 +1,8 @@
 """`orch launch` as process control (control/launch.py): the lock, the lease, signals and the hand-off to a
 background controller, a stop by `orch down` — driven without click (a real process runs `Launch` and sends itself
-real signals), and through `orch launch` where the README makes the promise."""
+real signals), and through `orch launch` where the README makes the promise: SIGINT, SIGTERM or SIGHUP hand the loop
+over, `orch down` during a foreground launch hands nothing over, status says when no controller runs, and a sweep of
+the same name on another store is refused."""
 
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from orchestrator.control.state import SweepLock
 from orchestrator.wait import retry_until
-from tests.conftest import Orch, starts
+from tests.conftest import Orch, finish, no_traceback, starts
 from tests.conftest import run_states as status
 from tests.unit.control.test_lease import other_home
 
@@ -223,3 +227,91 @@ def test_down_by_name_in_the_first_seconds_of_an_aws_launch_finds_the_sweep_and_
     finally:
         release.set()
     assert not any(cloud.leftovers("early-aws").values()), cloud.leftovers("early-aws")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])  # Ctrl-C, kill, a closed terminal
+def test_sigterm_or_sighup_hands_the_loop_over(orch, job, sig):
+    path = orch.sweep(f"""
+        name: hup{int(sig)}
+        command: "{job(steps=3, release=True)}"
+        grid:
+          a: [1, 2, 3]
+        max_parallel: 1
+        store: store
+    """)
+    name = f"hup{int(sig)}"
+    # as from a terminal: a shell's background job (e.g. a CI runner's) starts with SIGINT ignored,
+    # and Python then never raises KeyboardInterrupt; a foreground `orch launch` has it
+    p = orch.popen("launch", str(path), preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    retry_until(lambda: status(orch, name).get("a=1", {}).get("state") == "running", 30, 0.2, "the first run")
+    p.send_signal(sig)
+    out = p.communicate(timeout=30)[0]
+    assert "background" in out and "Traceback" not in out, out
+    job.release.touch()
+    retry_until(
+        lambda: all(v["state"] == "succeeded" for v in status(orch, name).values()), 90, 0.5, "queued runs to finish"
+    )
+
+
+@pytest.mark.slow
+def test_down_during_a_foreground_launch_stops_it_and_hands_nothing_over(orch, job):
+    from orchestrator.control.state import SweepLock
+
+    path = orch.sweep(f"""
+        name: downfg
+        command: "{job(steps=3, release=True)}"
+        grid:
+          a: [1, 2, 3]
+        max_parallel: 2
+        store: store
+    """)
+    p = orch.popen("launch", str(path), preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    retry_until(
+        lambda: all(status(orch, "downfg").get(f"a={a}", {}).get("state") == "running" for a in (1, 2)),
+        30,
+        0.2,
+        "two runs",
+    )
+    d = orch("down", "downfg")
+    assert d.code == 0 and "stopped 2 run(s)" in d.out, d.out + d.err
+    out = p.communicate(timeout=60)[0]
+    assert "stopped by `orch down downfg`" in out and "background" not in out and "Traceback" not in out, out
+    assert SweepLock(orch.home, "downfg").holder() is None  # no controller took the loop over
+    states = {rid: v["state"] for rid, v in status(orch, "downfg").items()}
+    assert states == {"a=1": "stopped", "a=2": "stopped", "a=3": "queued"}, states
+    assert orch.tmux("list-sessions").stdout == ""  # nothing runs
+    # a background controller started by a hand-off that crossed the stop starts nothing either
+    r = orch("_controller", str(path))
+    assert r.code == 0 and "stopped by `orch down`" in r.out, r.out + r.err
+    assert sorted(a for _, a in starts(job.marks)) == ["1", "1"]
+    job.release.touch()
+    assert orch("launch", str(path), timeout=120).code == 0  # a launch after the down continues the sweep
+    assert all(v["state"] == "succeeded" for v in status(orch, "downfg").values())
+
+
+@pytest.mark.slow
+def test_status_says_when_no_controller_runs(orch, job):
+    path = orch.sweep(f"""
+        name: orphaned
+        command: "{job(steps=2, release=True)}"
+        grid:
+          a: [1, 2]
+        max_parallel: 1
+        store: store
+    """)
+    assert orch("launch", str(path), "--detach").code == 0
+    retry_until(lambda: status(orch, "orphaned").get("a=1", {}).get("state") == "running", 30, 0.2, "the first run")
+    os.kill(int((orch.home / "locks" / "orphaned.lock").read_text()), signal.SIGKILL)
+    r = orch("status", "orphaned")
+    assert "no controller" in r.out and f"orch launch {path}" in r.out, r.out
+    job.release.touch()
+    orch("down", "orphaned")
+
+
+@pytest.mark.slow
+def test_same_name_other_store_is_refused(orch):
+    assert finish(orch, orch.sweep("name: twin\ncommand: 'true'\nstore: store\n", name="a.yaml")).code == 0
+    r = orch("launch", str(orch.sweep("name: twin\ncommand: 'true'\nstore: other\n", name="b.yaml")))
+    no_traceback(r)
+    assert r.code != 0 and "twin" in r.err and "store" in r.err, r.err

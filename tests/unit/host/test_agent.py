@@ -2,7 +2,8 @@
 
 The record of a running attempt is the agent's; a verdict someone else wrote on it (the controller's lost, a
 prune; `orch cancel`; `orch down` on a claim whose host was still booting) stands, and the agent writes nothing
-more. Each second writer here really writes the store, between the agent's read and its write."""
+more. Each second writer here really writes the store, between the agent's read and its write. And the final
+status of an attempt (`final_status`, a pure function) from its stop, its notice and its exit code."""
 
 from __future__ import annotations
 
@@ -62,3 +63,33 @@ def test_a_verdict_written_between_the_agents_read_and_its_first_write_stands(tm
     update_status(store, "sw", "r", VERDICTS[verdict])  # the second writer, after the agent's read
     assert reporter.record(status) is False and reporter.superseded
     assert read_status(store, "sw", "r").state == verdict
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "stop, noticed, code, want",
+    [
+        (None, False, 0, ("succeeded", False)),
+        (None, False, 3, ("failed", True)),
+        (None, False, None, ("failed", True)),  # the command vanished
+        (None, True, 138, ("interrupted", False)),  # a notice killed a command without a SIGUSR1 handler
+        ("interrupted", False, 143, ("interrupted", False)),
+        ("timeout", False, 143, ("failed", True)),
+        ("timeout", True, 143, ("failed", True)),  # the limit came first
+        ("cancelled", False, 143, ("cancelled", False)),
+        ("stopped", False, 143, ("stopped", False)),
+        (
+            "superseded",
+            True,
+            0,
+            ("lost", False),
+        ),  # the controller called it lost: whatever the exit, not ours to record
+    ],
+)
+def test_final_status(stop, noticed, code, want):
+    from orchestrator.host.agent import final_status
+
+    state, reason, failed = final_status(stop, noticed, code, 3.0)
+    assert (state, failed) == want
+    if stop == "timeout":
+        assert reason == "timed out after 3 s"

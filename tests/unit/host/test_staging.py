@@ -1,5 +1,6 @@
 """`data:` staging and `orch data push`: a 200-file prefix in (fake) S3 staged once per host for two
-runs and not again on a resume; what is already there is kept; a bad copy or source is an error."""
+runs and not again on a resume; what is already there is kept; a bad copy or source is an error; keys that leave
+the folder (`..`, a link) are refused; a push uploads again what was deleted; a KMS bucket's ETags are no MD5s."""
 
 from __future__ import annotations
 
@@ -111,7 +112,8 @@ def test_push_then_two_runs_on_one_host_stage_once_and_a_resume_stages_nothing(o
 
 
 def test_a_source_that_cannot_be_staged_fails_the_run_with_the_reason(orch, job, tmp_path):
-    # a missing folder is refused at validation (tests/test_trust.py); one that exists but holds nothing fails the run
+    # a missing folder is refused at validation (tests/unit/sweep/test_spec.py); one that exists but holds nothing
+    # fails the run
     (tmp_path / "empty").mkdir()
     path = orch.sweep(f"""
         name: nodata
@@ -127,3 +129,71 @@ def test_a_source_that_cannot_be_staged_fails_the_run_with_the_reason(orch, job,
     v = status(orch, "nodata")["run"]
     assert v["state"] == "failed" and "data staging failed" in v["reason"] and "holds no files" in v["reason"], v
     assert starts(job.marks) == []  # the command never ran
+
+
+def test_staging_refuses_keys_that_leave_the_folder(tmp_path):
+    from orchestrator.host.staging import stage
+    from tests.fakecloud import BUCKET, FakeCloud
+
+    with FakeCloud(tmp_path / "cloud") as cloud:
+        s3 = cloud.client("s3")
+        s3.put_object(Bucket=BUCKET, Key="datasets/evil/ok.bin", Body=b"fine")
+        s3.put_object(Bucket=BUCKET, Key="datasets/evil/x/../../../../pwned", Body=b"gotcha")
+        dest = tmp_path / "host" / "data"
+        with pytest.raises(OSError, match=r"outside .*x/\.\./\.\./\.\./\.\./pwned"):
+            stage(f"s3://{BUCKET}/datasets/evil/", str(dest), s3)
+        assert not any(p.name == "pwned" for p in tmp_path.rglob("*"))
+        assert not (dest / "ok.bin").exists()  # refused before anything was written
+
+
+def test_staging_refuses_a_key_under_a_link_in_the_folder_that_points_outside(tmp_path):
+    from orchestrator.host.staging import stage
+
+    src, dest, outside = tmp_path / "src", tmp_path / "host" / "data", tmp_path / "elsewhere"
+    (src / "link").mkdir(parents=True)
+    (src / "link" / "f.bin").write_bytes(b"payload")
+    (src / "ok.bin").write_bytes(b"fine")
+    dest.mkdir(parents=True)
+    outside.mkdir()
+    (dest / "link").symlink_to(outside)  # left in the folder by someone, or by an earlier data set
+    with pytest.raises(OSError, match=r"outside .*'link/f\.bin'.*a link"):
+        stage(str(src), str(dest))
+    assert not any(outside.iterdir()) and not (dest / "ok.bin").exists()
+
+
+def test_data_push_uploads_again_what_was_deleted_from_s3(tmp_path):
+    from orchestrator.host.staging import push
+    from tests.fakecloud import BUCKET, FakeCloud
+
+    src = tmp_path / "ds"
+    (src / "a").mkdir(parents=True)
+    for i in range(3):
+        (src / "a" / f"{i}.bin").write_bytes(os.urandom(64))
+    with FakeCloud(tmp_path / "cloud") as cloud:
+        s3 = cloud.client("s3")
+        url = f"s3://{BUCKET}/datasets/ds/"
+        assert push(src, url, s3).fetched == 3
+        assert push(src, url, s3).fetched == 0
+        s3.delete_object(Bucket=BUCKET, Key="datasets/ds/a/1.bin")
+        again = push(src, url, s3)
+        assert again.fetched == 1
+        assert s3.head_object(Bucket=BUCKET, Key="datasets/ds/a/1.bin")["ContentLength"] == 64
+
+
+def test_staging_from_a_kms_bucket_does_not_take_etags_for_md5s(tmp_path):
+    from orchestrator.host.staging import push, stage
+    from tests.fakecloud import FakeCloud
+
+    src = tmp_path / "ds"
+    src.mkdir()
+    for i in range(3):
+        (src / f"{i}.bin").write_bytes(os.urandom(1000 + i))
+    with FakeCloud(tmp_path / "cloud") as cloud:
+        s3 = cloud.client("s3")
+        s3.create_bucket(Bucket="orch-kms")
+        cloud.gate.kms_buckets.add("orch-kms")  # its objects' ETags are no MD5s, as under SSE-KMS
+        assert push(src, "s3://orch-kms/ds/", s3).fetched == 3
+        head = s3.head_object(Bucket="orch-kms", Key="ds/0.bin", ChecksumMode="ENABLED")
+        assert head.get("ChecksumSHA256"), head  # push stores a SHA-256 with every object
+        got = stage("s3://orch-kms/ds/", str(tmp_path / "staged"), s3)
+        assert got.fetched == 3 and (tmp_path / "staged" / "2.bin").read_bytes() == (src / "2.bin").read_bytes()

@@ -1,12 +1,17 @@
 """The store's layout is one module's (orchestrator/store/layout.py): every key is spelled there, and
-the parsers of its listings give back what its builders made."""
+the parsers of its listings give back what its builders made; a run that writes its own status.json writes a file,
+never orch's record."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+import pytest
+
 from orchestrator.store import layout
+from tests.conftest import finish
+from tests.conftest import run_states as status
 
 ROOT = Path(__file__).resolve().parents[3]
 # Names and folders of the store's layout: a string without spaces holding one is a key (a message
@@ -125,3 +130,19 @@ def test_node_logs_live_apart_from_node_zeros():
     assert layout.log_key("sw", "r", 3, node=2) == f"{layout.node_logs_prefix('sw', 'r', 2)}/3.log"
     assert layout.status_key("sw", "r").startswith(layout.records_prefix("sw", "r") + "/")
     assert not layout.metrics_key("sw", "r").startswith(layout.records_prefix("sw", "r"))
+
+
+@pytest.mark.slow
+def test_a_run_writing_status_json_is_just_a_file(orch):
+    path = orch.sweep("""
+        name: mine
+        command: "D=$ORCH_RUN_DIR;echo '{{\\"state\\": null}}' >$D/status.json; mkdir -p $D/logs; echo x >$D/logs/1.log"
+        grid:
+          a: [1, 2, 3]
+        max_parallel: 1
+        store: store
+    """)
+    r = finish(orch, path)
+    assert r.code == 0, r.out + r.err
+    assert all(v["state"] == "succeeded" for v in status(orch, "mine").values())
+    assert orch("collect", "mine").code == 0

@@ -1,5 +1,6 @@
 """One writer per record: conditional writes in both stores, the agent's reporter that stops writing
-once the controller moved on, and a controller that never claims over a record it did not read."""
+once the controller moved on, and a controller that never claims over a record it did not read (boto3 pinned where
+S3's conditional puts exist); the recorded sweep, which a changed sweep file may not overwrite."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from orchestrator.store.status import (
     write_status,
 )
 from orchestrator.sweep.record import SWEEP_SCHEMA
+from tests.conftest import finish
 
 
 def test_put_if_refuses_a_write_over_what_the_writer_did_not_read(store):
@@ -305,3 +307,30 @@ def test_fields_an_older_orch_did_not_record_are_read_at_their_defaults_and_free
     assert (orch.home / "ran").read_text().split() == ["2"]
     spec = json.loads(key.read_text())["spec"]
     assert (spec["max_parallel"], spec["description"]) == (1, "after the upgrade")  # status by name shows the file's
+
+
+def test_boto3_is_pinned_where_conditional_puts_exist():
+    """PutObject's IfMatch (orch's conditional status writes) first appears in botocore 1.35.69; an older
+    install raises ParamValidationError, uncaught, on the first claim."""
+    import re
+
+    import botocore.session
+
+    from tests.conftest import ROOT
+
+    pinned = re.search(r'"boto3>=([0-9.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    assert tuple(int(x) for x in pinned.split(".")) >= (1, 35, 69)
+    model = botocore.session.get_session().get_service_model("s3").operation_model("PutObject").input_shape
+    assert "IfMatch" in model.members and "IfNoneMatch" in model.members
+
+
+@pytest.mark.slow
+def test_dry_run_refuses_a_changed_sweep_like_launch(orch):
+    path = orch.sweep("name: chg\ncommand: 'true'\nstore: store\n")
+    assert finish(orch, path).code == 0
+    path.write_text("name: chg\ncommand: 'echo changed'\nstore: store\n")
+    dry, real = orch("launch", str(path), "--dry-run"), orch("launch", str(path))
+    assert dry.code == real.code != 0 and "different sweep" in dry.err and "different sweep" in real.err, (
+        dry.err,
+        real.err,
+    )

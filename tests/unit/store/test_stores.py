@@ -1,10 +1,14 @@
-"""Stores: LocalStore on disk and S3Store on moto — put/get/list and content-comparing sync."""
+"""Stores: LocalStore on disk and S3Store on moto — put/get/list and content-comparing sync; S3's 403 for a key
+that exists is an error, for one the listing does not show it is a missing key."""
 
 from __future__ import annotations
 
 import os
 
+import boto3
 import pytest
+from botocore.exceptions import ClientError
+from botocore.stub import Stubber
 
 from orchestrator.store.base import atomic_write
 from orchestrator.store.s3 import S3Store
@@ -151,3 +155,36 @@ def test_a_hosts_ec2_client_waits_seconds_not_botocores_minute(monkeypatch):
     assert made.meta.config.retries["total_max_attempts"] == 4  # botocore's max_attempts counts retries
     assert clients.client("ec2", "us-east-1", max_attempts=3) is not made
     assert clients.client("ec2", "us-east-1").meta.config.read_timeout == 60
+
+
+def _s3():
+    client = boto3.client("s3", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    return client, Stubber(client)
+
+
+def test_a_403_on_a_key_that_exists_is_an_error_not_missing():
+    client, stub = _s3()
+    denied = {"Bucket": "b", "Key": "p/sweep/.orch/r/status.json"}
+    stub.add_client_error("get_object", "AccessDenied", "Access Denied", 403, expected_params=denied)
+    stub.add_response(
+        "list_objects_v2",
+        {"Contents": [{"Key": "p/sweep/.orch/r/status.json"}], "KeyCount": 1},
+        {"Bucket": "b", "Prefix": "p/sweep/.orch/r/status.json", "MaxKeys": 1},
+    )
+    stub.add_client_error("get_object", "AccessDenied", "Access Denied", 403, expected_params=denied)
+    stub.add_response(
+        "list_objects_v2",
+        {"Contents": [{"Key": "p/sweep/.orch/r/status.json"}], "KeyCount": 1},
+        {"Bucket": "b", "Prefix": "p/sweep/.orch/r/status.json", "MaxKeys": 1},
+    )
+    with stub, pytest.raises(ClientError, match="AccessDenied"):
+        S3Store("s3://b/p", client=client).get_bytes("sweep/.orch/r/status.json")
+    stub.assert_no_pending_responses()
+    # the same 403 for a key the listing does not show: S3's answer to a caller without ListBucket, i.e. missing
+    client, stub = _s3()
+    stub.add_client_error("get_object", "AccessDenied", "Access Denied", 403, expected_params=denied)
+    stub.add_response(
+        "list_objects_v2", {"KeyCount": 0}, {"Bucket": "b", "Prefix": "p/sweep/.orch/r/status.json", "MaxKeys": 1}
+    )
+    with stub:
+        assert S3Store("s3://b/p", client=client).get_bytes("sweep/.orch/r/status.json") is None

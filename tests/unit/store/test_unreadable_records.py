@@ -1,6 +1,6 @@
 """Records and metrics lines that cannot be trusted are ignored or shown as such, never a crash: a summary
 row of the wrong types (README: a summary that cannot be read is ignored), and JSON nested deeper than
-Python parses (a metrics line, a status record, the summary)."""
+Python parses (a metrics line, a status record, the summary), and a corrupt status record under status and collect."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from orchestrator.control import summary
 from orchestrator.store.base import read_jsonl
 from orchestrator.store.folder import LocalStore
 from orchestrator.wait import retry_until
-from tests.conftest import run_states, starts
+from tests.conftest import finish, no_traceback, run_states, starts
 
 DEEP = "[" * 100_000 + "]" * 100_000  # deeper than json.loads recurses
 
@@ -144,3 +144,19 @@ def test_a_relaunch_gives_a_run_whose_record_cannot_be_read_a_new_attempt_never_
     final = run_states(orch, "torn", every=True)["run"]
     assert (final["state"], final["attempt"]) == ("succeeded", 2), final
     assert starts(job.marks) == [["run", "1"], ["run", "2"]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "record", [b"{}", b'{"state": null}', b'{"run_id": "run", "state": "running", "attempt": "x"', b"[1]"]
+)
+def test_a_corrupt_status_record_is_reported_not_a_crash(orch, record):
+    path = orch.sweep("name: corrupt\ncommand: 'true'\nstore: store\n")
+    assert finish(orch, path).code == 0
+    key = next(orch.store("corrupt").rglob("status.json"))
+    key.write_bytes(record)
+    for args in (("status", "corrupt"), ("status", "corrupt", "--json"), ("status",), ("collect", "corrupt")):
+        r = orch(*args)
+        no_traceback(r)
+        assert r.code == 0, (args, r.err)
+    assert "corrupt" in orch("status", "corrupt").out

@@ -1,7 +1,7 @@
 """Several runs on one multi-GPU instance (packing): the plan (pure), the host's slot register under
 its lock (real bash and flock), and on the fake cloud four `gpus: 1` runs on one 4-GPU instance,
 each with its own CUDA_VISIBLE_DEVICES, interrupted together and resumed together, the instance
-living until its last run ends."""
+living until its last run ends; no run packed where the instance's safety-net shutdown would cut it."""
 
 from __future__ import annotations
 
@@ -160,3 +160,15 @@ def test_four_one_gpu_runs_share_one_four_gpu_instance_and_resume_together(orch,
     res = orch("collect", "pack", "--out", str(orch.home / "results"))
     assert res.code == 0 and "GPU-h" in res.out, res.out + res.err
     assert orch("down", "pack", timeout=300).code == 0
+
+
+def test_a_run_is_not_packed_where_the_safety_net_shutdown_would_cut_it():
+    from orchestrator.backends.aws.pack import lives_long_enough
+
+    def fits(max_minutes, timeout_minutes, age_minutes):
+        return lives_long_enough(max_minutes, timeout_minutes, 0.0, age_minutes * 60.0)
+
+    assert fits(240, 60, 100) and not fits(240, 60, 180)  # 60 min left: not enough for a 60-min run plus its sync
+    assert fits(240, None, 100) and not fits(
+        240, None, 130
+    )  # without a timeout: at least half the instance's life left

@@ -1,7 +1,9 @@
-"""sweep.yaml validation and expansion, through load_sweep and through the real CLI."""
+"""sweep.yaml validation and expansion, through load_sweep and through the real CLI: wrong values name their field,
+absurd shapes and huge sweeps are refused, only plain placeholders, misspellings get their section's hint."""
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 import textwrap
@@ -11,6 +13,7 @@ import pytest
 from orchestrator.backends.registry import load_sweep
 from orchestrator.errors import SpecError
 from orchestrator.sweep.spec import expand
+from tests.conftest import no_traceback
 
 
 def write(tmp_path, text, name="s.yaml"):
@@ -365,3 +368,168 @@ def test_the_aws_agents_default_heartbeat_beats_three_times_before_the_controlle
     late = RunStatus(run_id="run", state=RUNNING, attempt=1, heartbeat=now - 2.5 * task.heartbeat_s)
     host = Host(run_id="run", host_id="i-0abc", address="127.0.1.5", attempt=1)
     assert decide(late, host, 1, now, backend.stale_s, backend.start_timeout_s) == WAIT
+
+
+@pytest.mark.parametrize("field", ["max_parallel", "max_restarts", "max_runs", "seeds"])
+def test_counts_are_whole_numbers_not_strings_or_booleans(orch, field):
+    for value in ("'2'", "true", "2.5"):
+        path = orch.sweep(f"name: strict\ncommand: 'true'\n{field}: {value}\n")
+        r = orch("launch", str(path), "--dry-run")
+        assert r.code == 2 and field in r.err and "Traceback" not in r.err, (value, r.err)
+
+
+@pytest.mark.slow
+def test_env_keys_must_be_identifiers(orch, tmp_path):
+    marker = tmp_path / "envkey-ran"
+    path = orch.sweep(json.dumps({"name": "envkey", "command": "true", "env": {f"A;touch {marker};B": "1"}}))
+    r = orch("launch", str(path))
+    assert r.code == 2 and "env" in r.err and "letters, digits and '_'" in r.err, r.err
+    no_traceback(r)
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_huge_sweeps_are_refused_at_once_with_the_count(orch):
+    r = orch(
+        "launch", str(orch.sweep("name: huge\ncommand: 'echo {seed}'\nseeds: 1000000000\n")), "--dry-run", timeout=40
+    )
+    assert r.code == 2 and "1000000000 runs" in r.err and "max_runs" in r.err, r.err
+    grid = {"name": "wide", "command": "echo {a} {b}", "grid": {"a": list(range(400)), "b": list(range(300))}}
+    r = orch("launch", str(orch.sweep(json.dumps(grid))), "--dry-run", timeout=40)
+    assert r.code == 2 and "120000 runs" in r.err, r.err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_run_expansion_is_linear_in_the_runs(tmp_path):
+    from orchestrator.backends.registry import load_sweep
+
+    p = tmp_path / "s.yaml"
+    p.write_text(
+        json.dumps(
+            {
+                "name": "big",
+                "command": "echo {a} {b}",
+                "grid": {"a": list(range(200)), "b": list(range(150))},
+                "max_runs": 30000,
+            }
+        )
+    )
+    assert len(load_sweep(p).runs) == 30000  # quadratic id checks took minutes here
+
+
+@pytest.mark.slow
+def test_deeply_nested_yaml_is_a_clear_error(orch):
+    r = orch("launch", str(orch.sweep("name: deep\nparams:\n  a: " + "[" * 5000 + "]" * 5000 + "\n")))
+    no_traceback(r)
+    assert r.code == 2 and "nested" in r.err, r.err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("name: x\nmax_parallel: true\n", ["max_parallel", "Fix:"]),
+        ("name: x\ntimeout_minutes: .inf\n", ["timeout_minutes", "finite"]),
+        ("name: " + "a" * 64 + "\n", ["63 characters"]),
+        ("name: 123\n", ["name", "Fix:"]),
+        ("name: x\ngrid:\n  lr: 0.1\n", ["grid.lr", "Fix:"]),
+        ("name: x\nenv:\n  A: 1\n", ["env.A", "Fix:"]),
+        ("name: x\nseeds: two\n", ["seeds", "a count"]),
+    ],
+)
+def test_wrong_field_values_are_clear_errors_naming_the_field(orch, text, words):
+    r = orch("launch", str(orch.sweep(text)))
+    no_traceback(r)
+    assert r.code == 2, r.err
+    for w in words:
+        assert w in r.err, (w, r.err)
+
+
+@pytest.mark.slow
+def test_long_values_keep_distinct_ids_and_yaml_exponents_are_numbers(tmp_path):
+    from orchestrator.backends.registry import load_sweep
+
+    p = tmp_path / "s.yaml"
+    a, b = "x" * 45 + "1", "x" * 45 + "2"
+    p.write_text(f"name: ids\ncommand: echo {{v}} {{lr}}\ngrid:\n  v: [{a}, {b}]\n  lr: [1e-3, 3e-4]\n")
+    runs = load_sweep(p).runs
+    assert len({r.run_id for r in runs}) == 4
+    assert {r.params["lr"] for r in runs} == {0.001, 0.0003}
+
+
+def _bad(r, *words):
+    assert r.code == 2, r.out + r.err
+    assert "Traceback" not in r.err
+    for w in words:
+        assert w in r.err, r.err
+
+
+@pytest.mark.parametrize(
+    "resources, words",
+    [
+        ("{nodes: 1000}", ["resources.nodes", "64"]),
+        ("{nodes: 99999999999999999999999}", ["resources.nodes"]),
+        ("{gpus: 100000}", ["resources.gpus", "16"]),
+        ("{procs_per_node: 100000}", ["resources.procs_per_node", "256"]),
+        ("{nodes: 64, procs_per_node: 200}", ["resources.nodes", "per core"]),
+    ],
+)
+def test_absurd_shapes_are_refused(orch, resources, words):
+    path = orch.sweep(f"""
+        name: absurd
+        command: "true"
+        resources: {resources}
+    """)
+    _bad(orch("launch", str(path), "--dry-run"), str(path), *words)
+
+
+@pytest.mark.parametrize(
+    "command, shown",
+    [
+        ("echo {v!r}", "{v!r}"),
+        ("echo {torchrun.x}", "{torchrun.x}"),
+        ("echo {v:>9}", "{v:>9}"),
+        ("echo {v[0]}", "{v[0]}"),
+    ],
+)
+def test_only_plain_placeholders(orch, tmp_path, command, shown):
+    path = orch.sweep(f"""
+        name: holders
+        command: '{command}'
+        grid:
+          v: ["$(touch {tmp_path}/owned)"]
+    """)
+    _bad(orch("launch", str(path), "--dry-run"), "command", shown, "only plain {name}")
+    assert not (tmp_path / "owned").exists()
+
+
+@pytest.mark.parametrize(
+    "section, wanted",
+    [
+        ("resources: {gpu: 1}", "did you mean `gpus`"),
+        ("data: [{from: s3://b/p/, too: x}]", "did you mean `to`"),
+        ("backend: aws\nstore: s3://b/p\naws: {image: ami-1, regionn: us-east-1}", "did you mean `region`"),
+        ("backend: aws\nstore: s3://b/p\naws: {image: ami-1, ssh: {usr: ubuntu}}", "did you mean `user`"),
+    ],
+)
+def test_nested_misspellings_get_the_hint_of_their_section(orch, section, wanted):
+    path = orch.sweep(f"name: typo\ncommand: 'true'\n{section}\n")
+    r = orch("launch", str(path), "--dry-run")
+    _bad(r, wanted)
+    assert "max_parallel" not in r.err  # not the top level's fields
+
+
+@pytest.mark.parametrize(
+    "entry, words",
+    [
+        ("{from: missing-folder, to: d}", ["data[0].from", "no such folder"]),
+        ("{from: sweep.yaml, to: d}", ["data[0].from", "not a folder"]),
+        ("{from: ., to: ../../outside}", ["data[0].to", "leaves orch's data folder"]),
+    ],
+)
+def test_data_entries_that_cannot_work_are_validation_errors(orch, entry, words):
+    path = orch.sweep(f"name: dataval\ncommand: 'true'\ndata: [{entry}]\n")
+    _bad(orch("launch", str(path), "--dry-run"), *words)
+    _bad(orch("launch", str(path)), *words)

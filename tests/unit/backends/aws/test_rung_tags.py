@@ -1,6 +1,7 @@
 """A `prune:` run's instance on AWS says by its tags which rungs its record has reported (contract.RUNGS_TAG): what
 the provisioner tags, and the mark the controller's listing makes of what is left (a pass reads the record when the
-mark changes). The agent's removal of a tag is tested end to end on the fake cloud (test_target.py)."""
+mark changes). The agent's removal of a tag is tested end to end on the fake cloud
+(tests/unit/control/test_target.py)."""
 
 from __future__ import annotations
 

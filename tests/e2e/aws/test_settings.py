@@ -1,0 +1,36 @@
+"""`aws:` settings that cannot work, refused before anything is bought: a private address without `ssh_cidr`, an
+instance without a profile, an account without a default VPC."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.fakecloud import FakeCloud
+from tests.fakecloud.sweeps import smoke
+
+
+def test_private_ip_without_ssh_cidr_is_refused_with_the_fix(orch, cloud, identity):
+    text = cloud.sweep_yaml("privnet", identity, "true").replace("  ssh_cidr: 127.0.0.1/32\n", "")
+    r = orch("launch", str(orch.sweep(text)), "--dry-run")
+    assert r.code == 2 and "aws.ssh_cidr" in r.err and "private_ip" in r.err and "Traceback" not in r.err, r.err
+
+
+@pytest.mark.slow
+def test_h_an_instance_without_a_profile_is_refused_at_validation(orch, cloud, identity):
+    path = smoke(orch, identity, "noprof", aws_instance_profile=None)
+    r = orch("launch", str(path))
+    assert (
+        r.code == 2 and "aws.instance_profile" in r.err and "terminate itself" in r.err and "Traceback" not in r.err
+    ), r.err
+    assert not cloud.all_leftovers()
+
+
+@pytest.mark.slow
+def test_no_default_vpc_is_a_clear_error(orch, tmp_path, identity):
+    with FakeCloud(tmp_path / "c", default_vpc=False) as cloud:
+        orch.env.update(cloud.env())
+        r = orch("launch", str(smoke(orch, identity, "novpc", command="true")))
+        assert r.code != 0 and "no default VPC" in r.err and "aws.subnet_ids" in r.err and "Traceback" not in r.err, (
+            r.err
+        )
+        assert not cloud.all_leftovers()
