@@ -356,6 +356,7 @@ class Controller:
         status = life.prune(base, verdict.words(metric, at), detail)
         if not self._write(status, self.table.versions[status.run_id]):
             return  # decided again next pass, with the same verdict
+        row.status = status
         self._show(row, True)
         self.backend.stop(status.run_id, StopReason.PRUNED)
         self.state.journal(self.name, "prune", status.run_id, status.reason)
@@ -394,8 +395,10 @@ class Controller:
 
         def cancel(row: Row) -> None:
             reason = f"not started: budget {usd(budget)} reached (spent {usd(spend)})"
-            if not self._write(life.cancel(row.status, reason), self.table.versions[row.run.run_id]):
+            status = life.cancel(row.status, reason)
+            if not self._write(status, self.table.versions[row.run.run_id]):
                 return
+            row.status = status
             self.state.journal(self.name, "budget", row.run.run_id, reason)
             self._show(row, True)
 
@@ -426,7 +429,7 @@ class Controller:
         beat = status.heartbeat
         never = not beat
         if not beat:
-            status.no_shows += 1
+            status = replace(status, no_shows=status.no_shows + 1)  # a new record: the cache keeps the one read
             reason = (
                 f"host {host.host_id} never reported: its agent did not start ({status.no_shows} of {MAX_NO_SHOWS} "
                 "such attempts)"
@@ -441,16 +444,17 @@ class Controller:
             reason = f"host {host.host_id} lost: no sign of life for {time.time() - beat:.0f} s"
         spent = never and status.no_shows >= MAX_NO_SHOWS  # a replacement loop would pay for instance after instance
         if spent:
-            life.fail(
+            status = life.fail(
                 status,
                 f"failed for good: {MAX_NO_SHOWS} hosts in a row never reported. Check the agent's log on an instance "
                 f"(`aws.keep_alive: true`, then `orch attach`), the image's interpreter (`aws.python`) and tmux.",
                 failure=False,
             )
         else:
-            life.lose(status, reason)
+            status = life.lose(status, reason)
         if not self._write(status, version):  # first the verdict: an agent that wakes up sees it is no longer the run's
             return
+        row.status = status
         self._show(row, spent)
         log.warning("%s: %s; releasing its host(s)", status.run_id, reason)
         for h in all_hosts or [host]:
@@ -535,7 +539,9 @@ class Controller:
             + ". See `orch logs` and the "
             "agent's log (`aws.keep_alive: true`, then `orch attach`)."
         )
-        if self._write(life.give_up(previous, reason), version):
+        status = life.give_up(previous, reason)
+        if self._write(status, version):
+            row.status = status
             self._show(row, True)
             log.warning("%s: %s", previous.run_id, reason)
             self.state.journal(self.name, "give-up", previous.run_id, reason)

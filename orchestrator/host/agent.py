@@ -5,7 +5,9 @@ window "run" (so `orch attach` shows it live), watches it (exit, timeout, stop, 
 the run folder to the store and records how the attempt ended. Its parts: the Reporter (the
 record and its heartbeat thread), the watch (host/watch.py: small periodic checks, one job each),
 the NoticeSource (control file or IMDS), the HostPolicy (what happens to the host afterwards) and
-attempt.final_status() (pure). The record changes state only through store/lifecycle.py. Usage:
+attempt.final_status() (pure: every input that decides how the attempt ended). The record (`status`)
+changes state only through store/lifecycle.py's transitions, each of which gives a new record that
+the agent then holds, under the reporter's lock. Usage:
 
     python -m orchestrator.host.agent TASK.json
 """
@@ -38,7 +40,6 @@ from orchestrator.host.attempt import (
     checkpoint_ok,
     final_status,
     group_runs,
-    newest_checkpoint,
     pid_file,
     tail,
     usr1_targets,
@@ -51,20 +52,19 @@ from orchestrator.host.nodes import FollowerReporter, Relay
 from orchestrator.host.notices import NoticeSource
 from orchestrator.host.policy import HostPolicy
 from orchestrator.host.reporter import Reporter
-from orchestrator.host.slots import doom, slot_value
+from orchestrator.host.slots import slot_value
 from orchestrator.host.tags import RungTags
 from orchestrator.host.watch import POLL_S
 from orchestrator.store import layout, open_store
 from orchestrator.store import lifecycle as life
 from orchestrator.store.base import Store
-from orchestrator.store.lifecycle import Ending, Impossible, RunState, StopReason
+from orchestrator.store.lifecycle import Impossible, RunState, RunStatus, StopReason
 from orchestrator.store.status import read_status
 from orchestrator.wait import Timeout, retry_until
 
 log = logging.getLogger("orch.agent")
 
 LEFTOVER_GRACE_S = 2.0  # after the command exited, how long what it left in the background may finish
-NOTICE_GRACE_S = 60.0  # after a notice, how long to wait for the command's checkpoint before syncing anyway
 FOLLOWER_WAIT_S = 300.0  # a follower whose command ended waits this long for node 0's verdict
 FINAL_SYNC_S = 1800.0  # a finished attempt keeps trying this long to put its results in the store
 # orch down's one sync of the checkpoint made on the stop. orch down waits for the agent's session (locally 20 s, of
@@ -91,8 +91,8 @@ class Agent:
         self.stopped_by_orch = False  # the stop file said `stopped` (orch down): a checkpoint made on it is kept
         self.node_failed: tuple | None = None  # (node, exit code) of a follower whose command failed
         self.stop_sent_at: float | None = None
-        self.notice_at: float | None = None
-        self.ckpt_at_notice: int | None = None
+        self.status = RunStatus(run_id=task.run_id)  # the attempt's record, once read (run())
+        self.checks: list[watch.Check] = []  # the watch of the command, once it started
         # A run spanning several hosts: node 0 reports; the others follow its record (host/nodes.py).
         self.follower = task.node_rank > 0
         self.relay = Relay(self.store, layout.relay_key(task.sweep, task.run_id, task.attempt))
@@ -122,8 +122,6 @@ class Agent:
         self.host_policy = HostPolicy(
             task.session, task.uses(SELF_TERMINATE), task.idle_s or 0, task.slot, slot_value(task.run_id, task.attempt)
         )
-        self.rebalance_at: float | None = None  # when the rebalance recommendation was seen; -1 once handled
-        self.ckpt_at_rebalance: int | None = None
 
     # --- signals ---------------------------------------------------------------------------
 
@@ -133,56 +131,15 @@ class Agent:
             self.stop_requested = stop_reason(path)
             self.stopped_by_orch = self.stop_requested in KEPT_ON_STOP and path.exists()
 
-    def _on_rebalance(self, now: float) -> None:
-        """EC2's rebalance recommendation comes before the two-minute notice, when it comes at all:
-        checkpoint and sync now, and keep running, so that a notice later has little left to move."""
-        if self.follower:  # node 0 holds the run's checkpoints
-            return
-        if self.rebalance_at is None:
-            if not self.notices.rebalance():
-                return
-            self.rebalance_at, self.ckpt_at_rebalance = now, newest_checkpoint(self.run_dir)
-            log.info("rebalance recommendation: asking the command for a checkpoint (SIGUSR1) and syncing it early")
-            self._signal_command(signal.SIGUSR1)
-        elif self.rebalance_at > 0 and (
-            newest_checkpoint(self.run_dir) != self.ckpt_at_rebalance or now - self.rebalance_at > NOTICE_GRACE_S
-        ):
-            self.store.sync_up(self.run_dir, self.prefix, prune=layout.is_checkpoint)
-            log.info(
-                "rebalance recommendation: checkpoint step %s in the store %.1f s later",
-                newest_checkpoint(self.run_dir),
-                time.time() - self.rebalance_at,
-            )
-            self.rebalance_at = -1.0  # handled; once per attempt
+    def relay_notice(self) -> None:
+        """A follower's spot notice, passed on to node 0 (which checkpoints for the run)."""
+        self._quietly(self.relay.send, self.task.node_rank)
 
-    def _on_notice(self, status, now: float) -> None:
-        """Checkpoint now (SIGUSR1), then, once it is on disk, get it to the store and stop."""
-        if self.follower:  # node 0 checkpoints for the whole run; this node ends when node 0's record does
-            self._quietly(self.relay.send, self.task.node_rank)
-            self.notice_at = self.notice_at or now
-            return
-        if self.notice_at is None:
-            if self.task.slot >= 0:  # a shared instance: nothing new may be placed on it
-                self._quietly(doom)
-            self.notice_at, self.ckpt_at_notice = now, newest_checkpoint(self.run_dir)
-            log.info("spot interruption notice: asking the command to checkpoint (SIGUSR1)")
-            self._signal_command(signal.SIGUSR1)
-            return
-        newest = newest_checkpoint(self.run_dir)
-        if newest == self.ckpt_at_notice and now - self.notice_at < NOTICE_GRACE_S and not self.exit_file.exists():
-            return
-        self.store.sync_up(self.run_dir, self.prefix, prune=layout.is_checkpoint)
+    def interrupt(self, reason: str) -> None:
+        """A spot notice handled: the checkpoint is in the store; the record says so before the command stops."""
         with self.status_lock:
-            life.interrupt(
-                status,
-                f"spot interruption notice; checkpoint step {newest} in the store {time.time() - self.notice_at:.1f} s "
-                "later"
-                if newest is not None
-                else "spot interruption notice; the command left no checkpoint",
-            )
-            self.reporter.record(status)
-        log.info("%s", status.reason)
-        self.stop_requested = StopReason.INTERRUPTED
+            self.status = life.interrupt(self.status, reason)
+            self.reporter.record(self.status)
 
     def _cmd_pid(self) -> int | None:
         try:
@@ -190,7 +147,7 @@ class Agent:
         except (FileNotFoundError, ValueError):
             return None
 
-    def _signal_command(self, sig: int) -> None:
+    def signal_command(self, sig: int) -> None:
         pid = self._cmd_pid()
         if pid is None:
             return
@@ -218,37 +175,42 @@ class Agent:
             (self.ctl / stale).unlink(missing_ok=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # Report before any slow work: the controller gives a silent new host only a short while.
-        status = read_status(self.store, t.sweep, t.run_id)
         try:
-            life.start(status, t.attempt, t.host or "localhost", "restoring the run folder from the store")
+            self.status = life.start(
+                read_status(self.store, t.sweep, t.run_id),
+                t.attempt,
+                t.host or "localhost",
+                "restoring the run folder from the store",
+            )
         except Impossible as exc:  # the record ended (or cannot be read) before this agent began: not its to write
             log.error("%s; writing nothing", exc)
             self.host_policy.after_attempt()
             return 0
-        if not self.reporter.record(status):  # the controller has already moved past this attempt
+        if not self.reporter.record(self.status):  # the controller has already moved past this attempt
             self.host_policy.after_attempt()
             return 0
         # The reporter heartbeats on its own thread from here to the end: neither a large restore
         # nor a large checkpoint upload can make a live host look lost.
-        with self.reporter.heartbeats(status, t.heartbeat_s):
-            code = self._attempt(status)
+        with self.reporter.heartbeats(lambda: self.status, t.heartbeat_s):
+            code = self._attempt()
             self._stop_leftovers()
-            landed = self._final_sync(status)
-        return self._finish(status, code, landed)
+            landed = self._final_sync()
+        return self._finish(code, landed)
 
-    def _attempt(self, status) -> int | None:
+    def _attempt(self) -> int | None:
         """Restore, run the command in its window, watch it until it exits; its exit code (None if it vanished)."""
         t = self.task
         # A new attempt continues from what earlier attempts left in the store (checkpoints).
         self._restore()
-        if self.here.data and not self._stage(status):
+        if self.here.data and not self._stage():
             return None
         now = time.time()
         with self.status_lock:
-            life.run(status, t.attempt, t.host or "localhost", now)
-            self.reporter.record(status)
+            self.status = life.run(self.status, t.attempt, t.host or "localhost", now)
+            self.reporter.record(self.status)
         self._launch()
-        watch.watch(watch.checks_for(self, status, now))
+        self.checks = watch.checks_for(self, now)
+        watch.watch(self.checks)
         try:
             return int(
                 retry_until(
@@ -275,7 +237,7 @@ class Agent:
             (self.ctl / stale).unlink(missing_ok=True)
         tmux.new_window(t.session, "run", f"bash {shlex.quote(str(script))}", cwd=str(self.run_dir))
 
-    def _final_sync(self, status) -> bool:
+    def _final_sync(self) -> bool:
         """The run folder reaches the store before the end is recorded: a success whose results never got there
         is none. Tried until it lands (heartbeats go on meanwhile), the record moves on, orch stops the run, or
         FINAL_SYNC_S pass; False then."""
@@ -287,13 +249,13 @@ class Agent:
             if self.reporter.superseded or self.stop_requested:
                 return True
             try:
-                self._sync_up()
+                self.sync_up()
                 return True
             except Exception as exc:
                 failures.append(f"{type(exc).__name__}: {exc}")
                 log.warning("the run's results are not in the store yet (%s); trying again", failures[-1])
                 with self.status_lock:
-                    status.reason = f"the command ended; writing its results to the store ({failures[-1]})"
+                    self.status.reason = f"the command ended; writing its results to the store ({failures[-1]})"
                 return False
 
         try:
@@ -325,7 +287,7 @@ class Agent:
         """Orch stopped the command (see _keeps_what_it_wrote): its folder and log go to the store (after `orch
         down`, with the checkpoint it made on its SIGTERM, which the next launch resumes from). One try, for at most
         STOP_SYNC_S: orch waits only so long for the agent's session."""
-        sync = threading.Thread(target=self._quietly, args=(self._sync_up,), name="stop-sync", daemon=True)
+        sync = threading.Thread(target=self._quietly, args=(self.sync_up,), name="stop-sync", daemon=True)
         sync.start()
         sync.join(STOP_SYNC_S)
         if sync.is_alive():  # the process ends soon after; a checkpoint cut half-way fails its manifest: not restored
@@ -335,29 +297,30 @@ class Agent:
                 STOP_SYNC_S,
             )
 
-    def _finish(self, status, code: int | None, landed: bool = True) -> int:
+    def _finish(self, code: int | None, landed: bool = True) -> int:
         """Record how the attempt ended, then leave the host as its policy says."""
         t = self.task
-        self.rungs.report(status)  # the newest line, and the values at rungs the last lines passed
-        # our own SIGUSR1 (a notice, or a rebalance recommendation) ending a command that has no handler is a preemption
-        noticed = self.notice_at is not None or (self.rebalance_at is not None and code == 128 + signal.SIGUSR1)
-        ending = final_status(self.stop_requested, noticed, code, t.timeout_s)
-        if self.stop_requested is StopReason.NODE_FAILED and self.node_failed:
-            node, code = self.node_failed
-            ending = Ending(
-                RunState.FAILED, f"node {node} exited with code {code} (`orch logs {t.run_id} --node {node}`)", True
-            )
-        if self.stage_error:
-            ending = Ending(RunState.FAILED, f"data staging failed: {self.stage_error}", True)
-        if not landed and ending.state == RunState.SUCCEEDED:  # not a success while its results are only on this host
-            ending = Ending(
-                RunState.FAILED,
-                f"its results could not be written to the store for {FINAL_SYNC_S / 60:.0f} min ({self.sync_error}); "
-                f"they are in {self.run_dir} on {t.host or 'localhost'}",
-                True,
-            )
         with self.status_lock:
-            life.finish(status, ending, code, "" if ending.state == RunState.SUCCEEDED else tail(self.log_file))
+            self.rungs.report(self.status)  # the newest line, and the values at rungs the last lines passed
+        ending = final_status(
+            self.stop_requested,
+            any(check.preempted(code) for check in self.checks),
+            code,
+            t.timeout_s,
+            node_failed=self.node_failed,
+            stage_error=self.stage_error or "",
+            unsynced=""
+            if landed
+            else f"its results could not be written to the store for {FINAL_SYNC_S / 60:.0f} min ({self.sync_error}); "
+            f"they are in {self.run_dir} on {t.host or 'localhost'}",
+            run_id=t.run_id,
+        )
+        if self.stop_requested is StopReason.NODE_FAILED and self.node_failed:
+            code = self.node_failed[1]  # the attempt's exit code is the failed node's
+        with self.status_lock:
+            self.status = life.finish(
+                self.status, ending, code, "" if ending.state == RunState.SUCCEEDED else tail(self.log_file)
+            )
         if self.follower:
             if (
                 code not in (0, None) and not self.stop_requested
@@ -371,7 +334,7 @@ class Agent:
         else:
             try:  # the record of how it ended matters most: a store that is briefly unwritable gets a minute
                 retry_until(
-                    lambda: self.reporter.superseded or self._quietly(self.reporter.record, status),
+                    lambda: self.reporter.superseded or self._quietly(self.reporter.record, self.status),
                     60,
                     2.0,
                     "the store to take the final status",
@@ -405,13 +368,13 @@ class Agent:
                 FOLLOWER_WAIT_S,
             )
 
-    def _stage(self, status) -> bool:
+    def _stage(self) -> bool:
         """The sweep's data on this host before the command starts (once per host: what is there stays)."""
         from orchestrator.host.staging import stage_all
 
         with self.status_lock:
-            status.reason = f"staging {len(self.here.data)} data set(s)"
-            self.reporter.record(status)
+            self.status.reason = f"staging {len(self.here.data)} data set(s)"
+            self.reporter.record(self.status)
         try:
             for r in stage_all(self.here.data, getattr(self.store, "client", None)):
                 self.reporter.count(down=r.bytes)
@@ -458,7 +421,7 @@ class Agent:
                 return
             log.warning("checkpoint step %s in the store does not verify; trying an older one", step)
 
-    def _sync_up(self) -> None:
+    def sync_up(self) -> None:
         if self.follower:  # the run folder is node 0's to keep; this node keeps only its log
             self.store.sync_up(
                 self.log_file.parent,
@@ -479,7 +442,7 @@ class Agent:
             log.warning("store write failed (%s: %s); will try again", type(exc).__name__, exc)
             return False
 
-    def _group_of_command(self) -> int | None:
+    def group_of_command(self) -> int | None:
         """The wrapper leads the process group of its tmux pane: the command, the log's tee, and whatever they start."""
         try:
             return int((self.ctl / pid_file("wrapper", self.task.attempt)).read_text())
@@ -489,7 +452,7 @@ class Agent:
     def _stop_leftovers(self) -> None:
         """The run ends when its command exits: what it left running in its process group is stopped after a short
         grace."""
-        group = self.cmd_group or self._group_of_command()
+        group = self.cmd_group or self.group_of_command()
         if group is None or group == os.getpgid(0):
             return
 

@@ -74,13 +74,40 @@ NODES_LAUNCHER = (
 )
 
 
-def final_status(stop_requested: StopReason | None, noticed: bool, code: int | None, timeout_s: float | None) -> Ending:
-    """How an attempt ended: (state, reason, counts as a failure). Pure; tested like decide().
+def final_status(
+    stop_requested: StopReason | None,
+    noticed: bool,
+    code: int | None,
+    timeout_s: float | None,
+    node_failed: tuple[int, int] | None = None,
+    stage_error: str = "",
+    unsynced: str = "",
+    run_id: str = "",
+) -> Ending:
+    """How an attempt ended: (state, reason, counts as a failure), from everything that decides it. Pure; tested like
+    decide().
 
     An exit caused by a spot notice is a preemption whatever its code (a command without a
     SIGUSR1 handler dies of it); a timeout is a failure; a stop by orch ends as its reason says.
+    `node_failed` (node, exit code): a follower's command failed, which is the attempt's failure; `stage_error`: the
+    data could not be staged (the command never ran); `unsynced`: why a success's results never reached the store
+    (then it is no success: they are only on the host).
     """
     stop = None if stop_requested is None else StopReason(stop_requested)
+    if stage_error:
+        return Ending(RunState.FAILED, f"data staging failed: {stage_error}", True)
+    if stop is StopReason.NODE_FAILED and node_failed:
+        node, node_code = node_failed
+        return Ending(
+            RunState.FAILED, f"node {node} exited with code {node_code} (`orch logs {run_id} --node {node}`)", True
+        )
+    ending = _ending(stop, noticed, code, timeout_s)
+    if unsynced and ending.state == RunState.SUCCEEDED:
+        return Ending(RunState.FAILED, unsynced, True)
+    return ending
+
+
+def _ending(stop: StopReason | None, noticed: bool, code: int | None, timeout_s: float | None) -> Ending:
     # the controller's verdict: whatever the exit, not ours
     if stop is not None and stop in (StopReason.SUPERSEDED, StopReason.LOST):
         return Ending(stop.to_state(), stop.words(), False)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from orchestrator.store.base import Store
 from orchestrator.store.layout import node_exit_key
@@ -88,10 +89,10 @@ class FollowerReporter:
     def beat(self, status: RunStatus, now: float | None = None) -> None:
         self._look()
 
-    def heartbeats(self, status: RunStatus, period: float):
+    def heartbeats(self, current: Callable[[], RunStatus], period: float):
         from orchestrator.host.reporter import Heartbeats
 
-        return Heartbeats(lambda: self.beat(status), period)
+        return Heartbeats(lambda: self.beat(current()), period)
 
 
 class Relay:

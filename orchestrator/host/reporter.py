@@ -131,8 +131,9 @@ class Reporter:
                 )
             self.record_s = None
 
-    def heartbeats(self, status: RunStatus, period: float) -> Heartbeats:
-        return Heartbeats(lambda: self.beat(status), period)
+    def heartbeats(self, current: Callable[[], RunStatus], period: float) -> Heartbeats:
+        """Beat every `period` on a thread, with the record `current()` gives (the agent's, whichever it holds now)."""
+        return Heartbeats(lambda: self.beat(current()), period)
 
 
 class Heartbeats:

@@ -2,7 +2,9 @@
 
 A record's state changes only here, through a transition that sets the state, the reason and the
 times together and refuses a move the life of a run does not have (an `Impossible` error: a bug, or
-a record that moved on under its writer). The stop file (contract.py) carries a `StopReason`'s
+a record that moved on under its writer). A transition returns a new record and leaves the one it was
+given as it was: a writer whose conditional write is refused (the controller, whose cache holds the
+records it read) still holds what the store has. The stop file (contract.py) carries a `StopReason`'s
 value; each reason knows the state an attempt it stops ends in (`StopReason.to_state()`).
 
     controller:  queued|failed|lost|... ─claim─► starting ─requeue─► queued (no host for it)
@@ -18,7 +20,7 @@ Values are the strings records have always held, so records written before these
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, NamedTuple
 
@@ -185,12 +187,14 @@ class Impossible(ValueError):
     """A transition from a state the life of a run does not leave that way."""
 
 
-def _move(status: RunStatus, name: str, allowed: frozenset[RunState], to: RunState, reason: str | None) -> None:
+def _move(
+    status: RunStatus, name: str, allowed: frozenset[RunState], to: RunState, reason: str | None, **changes: Any
+) -> RunStatus:
+    """A new record: `status` moved to `to`, with `changes`; `status` itself is left as it was, so a writer whose
+    conditional write is refused still holds the record as the store had it."""
     if status.state not in allowed:
         raise Impossible(f"{status.run_id}: cannot {name} a run that is {status.state} (to {to})")
-    status.state = to
-    if reason is not None:
-        status.reason = reason
+    return replace(status, state=to, **({} if reason is None else {"reason": reason}), **changes)
 
 
 _ANY = frozenset(RunState)
@@ -244,54 +248,56 @@ def preempted(status: RunStatus) -> bool:
 
 def requeue(status: RunStatus, reason: str) -> RunStatus:
     """The claimed attempt never got a host (no capacity): back to how it was before the claim."""
-    _move(status, "requeue", ACTIVE, RunState.QUEUED, reason)
-    status.attempt -= 1
-    return status
+    return _move(status, "requeue", ACTIVE, RunState.QUEUED, reason, attempt=status.attempt - 1)
 
 
 def fail(status: RunStatus, reason: str, failure: bool = True, now: float | None = None) -> RunStatus:
     """The controller's verdict that the attempt failed (provisioning failed; hosts that never reported)."""
-    _move(status, "fail", ACTIVE, RunState.FAILED, reason)
-    status.failures += 1 if failure else 0
-    status.finished_at = time.time() if now is None else now
-    return status
+    return _move(
+        status,
+        "fail",
+        ACTIVE,
+        RunState.FAILED,
+        reason,
+        failures=status.failures + (1 if failure else 0),
+        finished_at=time.time() if now is None else now,
+    )
 
 
 def give_up(status: RunStatus, reason: str, now: float | None = None) -> RunStatus:
     """Instead of a new attempt: MAX_QUICK_LOSSES attempts in a row were lost soon after their start (failed for
     good; not a failure of the command, so max_restarts is not what ended it)."""
-    _move(status, "give up", ACTIVE | {RunState.LOST}, RunState.FAILED, reason)
-    status.quick_losses += 1
-    status.finished_at = time.time() if now is None else now
-    return status
+    return _move(
+        status,
+        "give up",
+        ACTIVE | {RunState.LOST},
+        RunState.FAILED,
+        reason,
+        quick_losses=status.quick_losses + 1,
+        finished_at=time.time() if now is None else now,
+    )
 
 
 def lose(status: RunStatus, reason: str, now: float | None = None) -> RunStatus:
     """Its host vanished or went silent: the attempt is over; a new one resumes the run."""
-    _move(status, "lose", ACTIVE, RunState.LOST, reason)
-    status.finished_at = time.time() if now is None else now
-    return status
+    return _move(status, "lose", ACTIVE, RunState.LOST, reason, finished_at=time.time() if now is None else now)
 
 
 def prune(status: RunStatus, reason: str, pruned: dict[str, Any], now: float | None = None) -> RunStatus:
-    _move(status, "prune", _LIVE, RunState.PRUNED, reason)
-    status.pruned = pruned
-    status.finished_at = time.time() if now is None else now
-    return status
+    return _move(
+        status, "prune", _LIVE, RunState.PRUNED, reason, pruned=pruned, finished_at=time.time() if now is None else now
+    )
 
 
 def cancel(status: RunStatus, reason: str, now: float | None = None) -> RunStatus:
     """For good: `orch cancel` (whatever the run did), or a budget reached before it started."""
-    _move(status, "cancel", _ANY - {RunState.CANCELLED}, RunState.CANCELLED, reason)
-    status.finished_at = time.time() if now is None else now
-    return status
+    now = time.time() if now is None else now
+    return _move(status, "cancel", _ANY - {RunState.CANCELLED}, RunState.CANCELLED, reason, finished_at=now)
 
 
 def stop(status: RunStatus, reason: str, now: float | None = None) -> RunStatus:
     """`orch down` on a claim: resumable by the next launch."""
-    _move(status, "stop", ACTIVE, RunState.STOPPED, reason)
-    status.finished_at = time.time() if now is None else now
-    return status
+    return _move(status, "stop", ACTIVE, RunState.STOPPED, reason, finished_at=time.time() if now is None else now)
 
 
 # --- the agent's transitions ---------------------------------------------------------------------
@@ -299,27 +305,36 @@ def stop(status: RunStatus, reason: str, now: float | None = None) -> RunStatus:
 
 def start(status: RunStatus, attempt: int, host: str, reason: str, now: float | None = None) -> RunStatus:
     """The agent's first report on its host: alive, restoring (before any slow work)."""
-    _move(status, "start", _LIVE, RunState.STARTING, reason)
-    status.attempt, status.host, status.no_shows = attempt, host, 0
-    status.heartbeat = time.time() if now is None else now
-    return status
+    now = time.time() if now is None else now
+    return _move(
+        status, "start", _LIVE, RunState.STARTING, reason, attempt=attempt, host=host, no_shows=0, heartbeat=now
+    )
 
 
 def run(status: RunStatus, attempt: int, host: str, now: float | None = None) -> RunStatus:
     """The command starts: the attempt's clock starts over, nothing of an earlier ending stays."""
-    _move(status, "run", frozenset({RunState.STARTING}), RunState.RUNNING, "")
     now = time.time() if now is None else now
-    status.attempt, status.host = attempt, host
-    status.started_at, status.heartbeat, status.finished_at = now, now, None
-    status.exit_code, status.log_tail = None, ""
-    return status
+    return _move(
+        status,
+        "run",
+        frozenset({RunState.STARTING}),
+        RunState.RUNNING,
+        "",
+        attempt=attempt,
+        host=host,
+        started_at=now,
+        heartbeat=now,
+        finished_at=None,
+        exit_code=None,
+        log_tail="",
+    )
 
 
 def interrupt(status: RunStatus, reason: str, now: float | None = None) -> RunStatus:
     """A spot notice handled: the checkpoint is in the store; the command is being stopped."""
-    _move(status, "interrupt", ACTIVE, RunState.INTERRUPTED, reason)
-    status.heartbeat = time.time() if now is None else now
-    return status
+    return _move(
+        status, "interrupt", ACTIVE, RunState.INTERRUPTED, reason, heartbeat=time.time() if now is None else now
+    )
 
 
 def finish(
@@ -327,8 +342,16 @@ def finish(
 ) -> RunStatus:
     """How the attempt ended, as its agent saw it (an interrupted attempt keeps the notice's words)."""
     reason = ending.reason or (status.reason if ending.state == RunState.INTERRUPTED else "")
-    _move(status, "finish", _AGENT_ENDS, ending.state, reason)
-    status.finished_at = status.heartbeat = time.time() if now is None else now
-    status.exit_code, status.log_tail = exit_code, log_tail
-    status.failures += 1 if ending.failed else 0
-    return status
+    now = time.time() if now is None else now
+    return _move(
+        status,
+        "finish",
+        _AGENT_ENDS,
+        ending.state,
+        reason,
+        finished_at=now,
+        heartbeat=now,
+        exit_code=exit_code,
+        log_tail=log_tail,
+        failures=status.failures + (1 if ending.failed else 0),
+    )

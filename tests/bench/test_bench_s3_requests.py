@@ -167,13 +167,13 @@ class SimRun:
         agent.run_dir.mkdir(parents=True, exist_ok=True)
         agent.log_file.parent.mkdir(parents=True, exist_ok=True)
         now = sim.clock()
-        status = self.status = read_status(sim.store, task.sweep, task.run_id)
-        life.start(status, task.attempt, "localhost", "restoring the run folder from the store")
-        agent.reporter.record(status)
+        status = read_status(sim.store, task.sweep, task.run_id)
+        agent.status = life.start(status, task.attempt, "localhost", "restoring the run folder from the store")
+        agent.reporter.record(agent.status)
         agent._restore()
-        life.run(status, task.attempt, "localhost", now)
-        agent.reporter.record(status)
-        self.checks = [RungPassed(agent, status), SyncUp(agent, task.sync_s, first=now + task.sync_s)]
+        agent.status = life.run(agent.status, task.attempt, "localhost", now)
+        agent.reporter.record(agent.status)
+        self.checks = [RungPassed(agent), SyncUp(agent, task.sync_s, first=now + task.sync_s)]
         self.next_beat = now + task.heartbeat_s
         self.next_line = now + offset
         self.epoch = 0
@@ -182,6 +182,11 @@ class SimRun:
         if task.uses(RUNG_TAGS):
             self.tags = {RUNGS_TAG: str(len(task.rungs)), **{rung_tag(r): "" for r in task.rungs}}
             agent.reporter.rungs_recorded = self.untag
+
+    @property
+    def status(self):
+        """The agent's record (a transition gives the agent a new one)."""
+        return self.agent.status
 
     def untag(self, at_rungs: dict[str, float]) -> None:
         """The agent's DeleteTags of the rungs its record now has (RungTags.recorded), on the played instance."""
@@ -225,16 +230,15 @@ class SimRun:
 
     def finish(self, ending: Ending, code: int | None) -> None:
         """As the agent ends an attempt: the final sync, then the record of how it ended."""
-        self.agent._sync_up()
+        self.agent.sync_up()
         self.agent.rungs.report(self.status)
-        life.finish(self.status, ending, code, "")
+        self.agent.status = life.finish(self.status, ending, code, "")
         self.agent.reporter.record(self.status)
 
     def notice(self) -> None:
         """A spot notice, as the agent handles one: sync, then record `interrupted`."""
-        self.agent._sync_up()
-        life.interrupt(self.status, "spot interruption notice (benchmark)")
-        self.agent.reporter.record(self.status)
+        self.agent.sync_up()
+        self.agent.interrupt("spot interruption notice (benchmark)")
 
 
 class SimHosts(BackendBase):

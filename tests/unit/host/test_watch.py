@@ -140,7 +140,7 @@ def test_with_record_s_a_beat_rewrites_the_record_only_when_due_or_when_a_rung_o
     sign = tmp_path / "reported"
     rep = Reporter(store, "sw", "r", 1, tmp_path / "metrics.jsonl", reported=sign, record_s=60.0)
     status = read_status(store, "sw", "r")
-    life.run(status, 1, "localhost", NOW)
+    status = life.run(status, 1, "localhost", NOW)
     assert rep.record(status)
     version = sign.read_text()
     rep.beat(status, now=NOW + 1)
@@ -175,7 +175,7 @@ def test_a_stop_is_sigterm_then_sigkill_after_the_grace(agent):
 
 
 def test_the_watch_of_an_attempt_has_its_checks_in_order(agent):
-    names = [c.name for c in watch.checks_for(agent, RunStatus(run_id="r"), NOW)]
+    names = [c.name for c in watch.checks_for(agent, NOW)]
     assert names == [
         "CommandExited",
         "FindGroup",
@@ -190,5 +190,5 @@ def test_the_watch_of_an_attempt_has_its_checks_in_order(agent):
         "SyncUp",
     ]
     agent.task = replace(agent.task, timeout_s=30.0, node_hosts=1)
-    names = [c.name for c in watch.checks_for(agent, RunStatus(run_id="r"), NOW)]
+    names = [c.name for c in watch.checks_for(agent, NOW)]
     assert "Deadline" in names and "NodeFailed" not in names

@@ -78,10 +78,10 @@ def test_attempts_lost_soon_after_their_start_are_counted_in_a_row_and_end_the_r
     for n in range(life.MAX_QUICK_LOSSES):
         s = life.claim(s, now=NOW)
         assert s.quick_losses == n
-        life.start(s, s.attempt, "h", "restoring", now=NOW + 1)  # its agent reported
-        life.lose(s, "host lost", now=NOW + 185)  # (the verdict comes stale_s after the last sign of life)
+        s = life.start(s, s.attempt, "h", "restoring", now=NOW + 1)  # its agent reported
+        s = life.lose(s, "host lost", now=NOW + 185)  # (the verdict comes stale_s after the last sign of life)
     assert life.quick_loss(s) and life.claim(s, now=NOW + 186).quick_losses == life.MAX_QUICK_LOSSES
-    life.give_up(s, "failed for good", now=NOW + 187)
+    s = life.give_up(s, "failed for good", now=NOW + 187)
     assert (s.state, s.failures, s.quick_losses) == (RunState.FAILED, 0, life.MAX_QUICK_LOSSES)
     assert s.finished_at == NOW + 187
     # a claim whose host never came or never reported is not one (no_shows counts those); active with its host
@@ -257,3 +257,21 @@ def test_an_unreadable_record_is_recovered_as_its_newest_logged_attempt_lost():
     assert life.claim(lost, now=NOW).attempt == 4
     with pytest.raises(Impossible, match="cannot recover a run that is running"):
         life.recover(RunStatus(run_id="r", state="running"), 3)
+
+
+def test_a_transition_gives_a_new_record_and_leaves_the_one_it_was_given():
+    """So a writer whose conditional write is refused (the controller's cache) still holds what the store has."""
+    running = RunStatus(run_id="r", state="running", attempt=1, started_at=NOW, heartbeat=NOW)
+    before = asdict(running)
+    moved = [
+        life.prune(running, "below the cutoff", {"rung": 1}, now=NOW),
+        life.cancel(running, "cancelled", now=NOW),
+        life.lose(running, "host gone", now=NOW),
+        life.fail(running, "no image", now=NOW),
+        life.stop(running, "stopped", now=NOW),
+        life.interrupt(running, "notice", now=NOW),
+        life.finish(running, Ending(RunState.SUCCEEDED, "", False), 0, "", now=NOW),
+        life.give_up(running, "failed for good", now=NOW),
+        life.requeue(running, "no capacity"),
+    ]
+    assert asdict(running) == before and all(m is not running and m.state != RunState.RUNNING for m in moved)

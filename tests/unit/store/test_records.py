@@ -18,10 +18,13 @@ from orchestrator.contract import RunTask
 from orchestrator.control.controller import Controller
 from orchestrator.control.state import State
 from orchestrator.host.reporter import Reporter
+from orchestrator.store import lifecycle as life
 from orchestrator.store.folder import LocalStore
+from orchestrator.store.lifecycle import Ending
 from orchestrator.store.status import (
     LOST,
     RUNNING,
+    SUCCEEDED,
     RunStatus,
     read_status,
     update_status,
@@ -334,3 +337,58 @@ def test_dry_run_refuses_a_changed_sweep_like_launch(orch):
         dry.err,
         real.err,
     )
+
+
+class FinishesMidPass(WakingAgent):
+    """No host is listed; the run's agent writes its final record after the pass read the records (spend() comes
+    between the reads and the pass's writes): every verdict or claim this pass makes on it is refused by the store."""
+
+    def list(self) -> builtins.list[Host]:
+        return []
+
+    def spend(self) -> float:
+        def succeed(status: RunStatus) -> RunStatus | None:
+            return life.finish(status, Ending(SUCCEEDED, "", False), 0, "") if status.state == RUNNING else None
+
+        update_status(self.store, "rec", "x=1", succeed)
+        return 0.0
+
+
+def test_a_refused_verdict_leaves_the_controllers_cache_as_the_store_had_it(tmp_path, monkeypatch):
+    """x=1's value at the rung is under the cutoff: the pass prunes it, then (its host gone) claims a new attempt.
+    Its agent wrote first, so the store refuses both; the record cached for the run must stay the one read, not the
+    verdict that was never written (a claim from an unwritten `pruned` is a crash), and the next pass reads what the
+    agent wrote."""
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
+    path = tmp_path / "sweep.yaml"
+    path.write_text(
+        "name: rec\ncommand: 'true'\nstore: store\ngrid:\n  x: [9, 1]\n"
+        "prune: {metric: acc, rungs: [1], keep: 0.5, min_runs: 2}\n"
+    )
+    sweep = load_sweep(path)
+    store = LocalStore(str(tmp_path / "store"))
+    now = time.time()
+    for rid, state, acc in (("x=9", SUCCEEDED, 0.9), ("x=1", RUNNING, 0.1)):
+        write_status(
+            store,
+            "rec",
+            RunStatus(
+                run_id=rid,
+                state=state,
+                attempt=1,
+                started_at=now - 60,
+                heartbeat=now,
+                last_metrics={"epoch": 1, "acc": acc},
+                at_rungs={"1": acc},
+                metric_seen=True,
+            ),
+        )
+    read = read_status(store, "rec", "x=1")
+    backend = FinishesMidPass(store, tmp_path)
+    controller = Controller(sweep, backend, store, State(tmp_path / "home"))
+    controller.prepare()
+    controller.step()
+    assert controller.table.status["x=1"] == read  # the record as read, at the version the cache holds with it
+    assert read_status(store, "rec", "x=1").state == SUCCEEDED and backend.started == []
+    progress = controller.step()
+    assert {v.run_id: v.state for v in progress.runs} == {"x=9": SUCCEEDED, "x=1": SUCCEEDED} and progress.done
