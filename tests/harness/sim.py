@@ -313,11 +313,15 @@ class SimAgent:
         self.agent = Agent(task, store)
         self.agent.ctl.mkdir(parents=True, exist_ok=True)  # the backend put the task file there
         self.phase = self.BOOTING
-        self.status = None
         self.checks: list[watch.Check] = []
         self.written = 0  # metrics lines the command wrote
         self.received: Received | None = None  # what its command was given, once it started
         self.ran = False  # its command started
+
+    @property
+    def status(self):
+        """The agent's record (each transition gives the agent a new one)."""
+        return self.agent.status if self.phase != self.BOOTING else None
 
     def boot(self, now: float) -> None:
         """Agent.run up to its command's start: the first report, the restore, `running`."""
@@ -326,20 +330,20 @@ class SimAgent:
         for stale in (STOP_REASON_FILE, NOTICE_FILE):
             (a.ctl / stale).unlink(missing_ok=True)
         a.run_dir.mkdir(parents=True, exist_ok=True)
-        status = read_status(a.store, t.sweep, t.run_id)
         try:
-            life.start(status, t.attempt, t.host or "localhost", "restoring the run folder from the store")
+            a.status = life.start(
+                read_status(a.store, t.sweep, t.run_id), t.attempt, t.host or "localhost", "restoring the run folder"
+            )
         except Impossible:
             self._leave()
             return
-        if not a.reporter.record(status):
+        if not a.reporter.record(a.status):
             self._leave()
             return
-        self.status = status
         a._restore()
         with a.status_lock:
-            life.run(status, t.attempt, t.host, now)
-            a.reporter.record(status)
+            a.status = life.run(a.status, t.attempt, t.host, now)
+            a.reporter.record(a.status)
         self._launch(now)
 
     def _launch(self, now: float) -> None:
@@ -352,7 +356,7 @@ class SimAgent:
         words = dict(w.split("=", 1) for w in shlex.split(t.command) if "=" in w)
         self.received = Received(t.run_id, t.attempt, json.loads(t.env["ORCH_PARAMS_JSON"]), words)
         self.cloud.received.append(self.received)
-        self.checks = [c for c in watch.checks_for(a, self.status, now) if not isinstance(c, UNWATCHABLE)]
+        self.checks = [c for c in watch.checks_for(a, now) if not isinstance(c, UNWATCHABLE)]
         self.phase, self.ran = self.RUNNING, True
 
     def _leave(self) -> None:
@@ -403,6 +407,6 @@ class SimAgent:
         a = self.agent
         text = a.exit_file.read_text().strip() if a.exit_file.exists() else ""
         code = int(text) if text else None
-        landed = a._final_sync(self.status)
-        a._finish(self.status, code, landed)
+        landed = a._final_sync()
+        a._finish(code, landed)
         self._leave()
