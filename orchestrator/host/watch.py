@@ -50,7 +50,6 @@ class Watched(Protocol):
     prefix: str  # the run folder's prefix in the store
     exit_file: Path  # written by the command's wrapper with its exit code
     follower: bool  # a node other than 0 of a run on several hosts
-    reporter: Reporting
     rungs: RungWatch
     notices: NoticeSource
     status: RunStatus  # the attempt's record, as the agent last set it
@@ -58,6 +57,9 @@ class Watched(Protocol):
     stop_sent_at: float | None
     node_failed: tuple[int, int] | None
     cmd_group: int | None
+
+    @property
+    def reporter(self) -> Reporting: ...  # read-only here: the agent's is a Reporter or a FollowerReporter
 
     def group_of_command(self) -> int | None: ...
 
