@@ -180,7 +180,7 @@ class Controller:
             elif self.rungs is not None:
                 self._rung(row, self.rungs)
         self._release_unclaimed(every, table.status)
-        self._tell_trials()  # before any start asks: each ask knows every outcome so far (README: Search)
+        self._tell_trials()  # before any start asks: each ask knows every outcome so far (docs/guides/search.md)
         free = self.sweep.spec.max_parallel - len(hosts)
         started: list[str] = []
         if budget is not None and spend >= budget:

@@ -1,4 +1,4 @@
-"""A search's study: Optuna's ask-and-tell, with every trial kept in the store (README: Search).
+"""A search's study: Optuna's ask-and-tell, with every trial kept in the store (docs/guides/search.md).
 
 orch is the worker pool, the recovery layer and the record; Optuna's samplers (TPESampler,
 RandomSampler) only propose. The study lives in the store as one record, `<sweep>/study.json`,

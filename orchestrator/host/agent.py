@@ -71,7 +71,8 @@ FINAL_SYNC_S = 1800.0  # a finished attempt keeps trying this long to put its re
 # which the command's kill grace takes 10; on AWS 30 s), then ends it: an agent still uploading after that could
 # write over what the next attempt puts in the store, so it waits no longer than this.
 STOP_SYNC_S = 8.0
-# The stops that keep what the attempt wrote (README): `orch down`, `orch cancel`, a prune.
+# The stops that keep what the attempt wrote (docs/guides/pruning.md, docs/reference/commands.md):
+# `orch down`, `orch cancel`, a prune.
 KEPT_ON_STOP = (StopReason.STOPPED, StopReason.CANCELLED, StopReason.PRUNED)
 
 
@@ -266,12 +267,12 @@ class Agent:
         return not (failures and (self.reporter.superseded or self.stop_requested))
 
     def _keeps_what_it_wrote(self) -> bool:
-        """Whether orch stopped this attempt in a way that keeps what its command wrote (README: a run orch stops
-        keeps its folder and log): the run's record (read now, not the reporter's last write) ended with this
-        attempt for good (pruned, cancelled: no attempt comes after it to write over), or orch's stop file asked
-        (`orch down`, `orch cancel`, a prune) while the record is still this attempt's. A stop without orch's
-        file (a host going down, someone's kill), a lost or superseded attempt keep nothing: another attempt may
-        have begun."""
+        """Whether orch stopped this attempt in a way that keeps what its command wrote
+        (docs/guides/pruning.md: a run orch stops keeps its folder and log): the run's record (read now, not the
+        reporter's last write) ended with this attempt for good (pruned, cancelled: no attempt comes after it to
+        write over), or orch's stop file asked (`orch down`, `orch cancel`, a prune) while the record is still this
+        attempt's. A stop without orch's file (a host going down, someone's kill), a lost or superseded attempt keep
+        nothing: another attempt may have begun."""
         try:
             record = read_status(self.store, self.task.sweep, self.task.run_id)
         except Exception as exc:

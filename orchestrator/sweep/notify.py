@@ -1,4 +1,4 @@
-"""`notify:` — where a sweep tells its user what matters (README: Notifications).
+"""`notify:` — where a sweep tells its user what matters (docs/guides/notifications.md).
 
 A sink is one Apprise URL (Slack, Discord, e-mail, ntfy, a JSON webhook, …), written in the file (`url:`) or
 named by an environment variable that holds it (`url_env:`), so a secret need not be in the file. The URL is

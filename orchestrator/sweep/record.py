@@ -95,8 +95,8 @@ def changes(record: dict[str, Any], sweep: Sweep) -> list[str]:
 
 
 def _extended(before: dict[str, Any], after: dict[str, Any]) -> tuple:
-    """("search", "runs") when `after` only raises a search's `trials` (README: extending a study): the runs asked
-    so far keep their ids and params, and new trials follow them. () otherwise."""
+    """("search", "runs") when `after` only raises a search's `trials` (docs/guides/search.md: raising
+    `trials`): the runs asked so far keep their ids and params, and new trials follow them. () otherwise."""
     b, a = before.get("search"), after.get("search")
     if not isinstance(b, dict) or not isinstance(a, dict) or {**b, "trials": 0} != {**a, "trials": 0}:
         return ()

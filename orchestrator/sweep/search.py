@@ -1,4 +1,4 @@
-"""`search:` — trials proposed by a sampler instead of a grid (README: Search).
+"""`search:` — trials proposed by a sampler instead of a grid (docs/guides/search.md).
 
 A search sweep has a fixed set of runs, `trial=N` (and `trial=N,seed=S` with several seeds), known
 before anything starts; what a trial's params are is decided only when it is about to start (the
@@ -90,7 +90,7 @@ class Dimension(Strict):
 
 
 class SearchSection(Strict):
-    """Random or Bayesian (TPE) search with Optuna's samplers (README: Search)."""
+    """Random or Bayesian (TPE) search with Optuna's samplers (docs/guides/search.md)."""
 
     sampler: Literal["tpe", "random"] = Field("tpe", description="tpe (default) or random.")
     trials: Count = Field(..., ge=1, description="Trials in all.")

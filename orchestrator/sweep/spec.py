@@ -42,8 +42,10 @@ DEFAULT_COMMAND = "{python} -m trainer"
 BUILTINS = ("python", "sweep", "run_id", "seed", "torchrun")
 AUTO_PYTHON = "auto"
 MAX_RUNS = 10_000  # default limit on runs per sweep
-MAX_RUNS_CEILING = 100_000  # what `max_runs:` may raise it to: 10x the size the controller is measured at (README)
-MAX_NODES = 64  # nodes per run: a cluster placement group of more is rare and a typo is likelier (README: resources)
+# What `max_runs:` may raise it to: 10x the size the controller is measured at (docs/concepts/how-it-works.md).
+MAX_RUNS_CEILING = 100_000
+# Nodes per run: a cluster placement group of more is rare and a typo is likelier (docs/guides/packing-multi-node.md).
+MAX_NODES = 64
 MAX_GPUS = 16  # GPUs per node: the most any EC2 instance has (p2.16xlarge); 8 on every current GPU type
 MAX_PROCS = 256  # processes per node
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$"
@@ -51,7 +53,7 @@ EXTRA = "Extra inputs are not permitted"  # pydantic's words for a key a section
 
 
 class ResourcesSection(Strict):
-    """The shape of each run (README: Run shapes)."""
+    """The shape of each run (docs/guides/packing-multi-node.md)."""
 
     nodes: Count = Field(1, ge=1, le=MAX_NODES, description=f"Instances (hosts) per run (at most {MAX_NODES}).")
     gpus: Count | None = Field(
@@ -69,7 +71,7 @@ class ResourcesSection(Strict):
 
 
 class DataEntry(Strict):
-    """A data set staged to each host before its runs start (README: Data)."""
+    """A data set staged to each host before its runs start (docs/guides/data-and-images.md)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     source: str = Field(
@@ -81,7 +83,7 @@ class DataEntry(Strict):
 
 
 class TargetSection(Strict):
-    """When a run is good enough (README: Time and dollars to a target)."""
+    """When a run is good enough (docs/guides/targets.md)."""
 
     metric: str = Field(..., min_length=1, description="A key of the run's metrics lines, e.g. test_acc.")
     value: Amount = Field(..., description="The value to reach, e.g. 0.94.")
@@ -100,7 +102,7 @@ class TargetSection(Strict):
 
 
 class PruneSection(Strict):
-    """Asynchronous successive halving across the sweep (README: Pruning losing runs)."""
+    """Asynchronous successive halving across the sweep (docs/guides/pruning.md)."""
 
     metric: str | None = Field(
         None, min_length=1, description="The metric compared at each rung (default: target's metric)."

@@ -22,7 +22,7 @@ log = logging.getLogger("orch.agent")
 
 
 def run_env(sweep: Sweep, run_id: str, attempt: int, run_dir: str, params_json: str) -> dict[str, str]:
-    """The ORCH_* environment of one attempt (README: the run contract), over the sweep's `env:`."""
+    """The ORCH_* environment of one attempt (docs/reference/run-contract.md), over the sweep's `env:`."""
     from orchestrator.sweep.shapes import shape_env
 
     env = dict(sweep.spec.env)

@@ -99,4 +99,5 @@ def test_every_test_a_block_names_as_tested_by_is_collected_by_pytest():
     )
     collected = set(done.stdout.split())
     missing = [node for node in named if node not in collected]
-    assert not missing, f"docs name tests pytest does not collect: {missing}\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+    output = f"{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    assert not missing, f"docs name tests pytest does not collect: {missing}\n{output}"

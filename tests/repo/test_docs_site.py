@@ -253,6 +253,27 @@ def test_the_shell_block_check_sees_an_unmarked_block():
     assert [MARK.search(before) is None for before, _ in found] == [True, False]
 
 
+# --- the tests page says where each kind of test lives ----------------------------------------------------------
+
+
+def test_the_tests_page_names_every_folder_of_tests_and_every_path_it_names_exists():
+    text = (ROOT / "docs/concepts/tests.md").read_text()
+    named = set(re.findall(r"`(tests/[\w./-]+)`", text))  # templates (`tests/unit/<package>/...`) left out
+    missing = sorted(p for p in named if not (ROOT / p).exists())
+    assert not missing, f"docs/concepts/tests.md names paths that do not exist: {missing}"
+    unit = ROOT / "tests/unit"
+
+    def covered(test: Path) -> bool:
+        folder = test.parent.relative_to(ROOT)
+        if f"{folder}/" in named or str(test.relative_to(ROOT)) in named:
+            return True
+        # tests/unit mirrors orchestrator/: its row names each package as `sweep/`, `backends/aws/`, ...
+        return test.is_relative_to(unit) and f"`{test.parent.relative_to(unit)}/`" in text
+
+    unnamed = sorted(str(t.relative_to(ROOT)) for t in (ROOT / "tests").rglob("test_*.py") if not covered(t))
+    assert not unnamed, f"tests in a folder docs/concepts/tests.md's table does not name: {unnamed}"
+
+
 # --- served locally, and searched in a real browser -----------------------------------------------------------
 
 

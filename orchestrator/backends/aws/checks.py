@@ -1,4 +1,4 @@
-"""The AWS backend's rules for a sweep (README: AWS): its section, an S3 store, a way in over SSH, credentials on the
+"""The AWS backend's rules for a sweep (docs/aws.md): its section, an S3 store, a way in over SSH, credentials on the
 host, data from S3, shapes its instance types can hold. Run by the loader after the generic rules, each problem
 (location, message with the fix) becomes a `file:line: field: message` error."""
 

@@ -18,7 +18,7 @@ log = logging.getLogger("orch.ami")
 
 
 class Recipe(Strict):
-    """An image recipe (README: Images)."""
+    """An image recipe (docs/guides/data-and-images.md)."""
 
     name: str = Field(
         ..., pattern=NAME_RE, description="Recipe name; `image: recipe:NAME` in a sweep finds its newest image."

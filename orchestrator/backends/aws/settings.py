@@ -32,7 +32,7 @@ class ControllerSection(Strict):
     """The instance a sweep's controller runs on with `orch launch --remote` (on demand, in the sweep's region).
 
     Its defaults follow tests/bench/test_bench_remote.py: a pass at 10,000 runs needs well under 1 GiB and a
-    fraction of a CPU second, so the smallest burstable type serves (README: Sweeps that run unattended)."""
+    fraction of a CPU second, so the smallest burstable type serves (docs/guides/unattended.md)."""
 
     instance_type: str = Field(
         default="t3.micro", pattern=r"^[a-z0-9-]+\.[a-z0-9-]+$", description="EC2 type of the controller's instance."
