@@ -10,6 +10,9 @@ Each entry declares what the layers above and below need of its backend, so that
 - `make`: the backend (backends/base.py's interface) for a loaded sweep, imported only when asked for.
 - `costs`: how its cost ledger (the store's cost.json) reads in dollars, for `orch status`, `collect`, the board and
   the target's economics; None for a backend that spends nothing orch can count.
+- `explain`: its cloud's errors nobody turned into words yet (no credentials, say) as an OrchError, for the CLI;
+  None for an error that is not its own.
+- `host_ids`: the pattern of its hosts' ids, so that `orch attach ID` (or logs, chaos...) finds the run on that host.
 
 Host-side parts (spot notices from the metadata service, self-termination, rung tags) are switched on by name in
 the tasks a backend builds (`RunTask.host_parts`, one of `contract.HOST_PARTS`); the agent (host/) has them all.
@@ -18,6 +21,7 @@ Adding a backend: docs/backends.md.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +57,8 @@ class Entry:
     schema: BackendSchema
     make: Callable[[Sweep], Backend]
     costs: Callable[[], Costs] | None = None  # called when needed: pricing imports stay out of `orch --help`
+    explain: Callable[[BaseException], OrchError | None] | None = None
+    host_ids: str | None = None  # a regular expression a whole host id matches
 
     @property
     def name(self) -> str:
@@ -84,6 +90,14 @@ def _aws_costs() -> Costs:
     )
 
 
+def _aws_explain(exc: BaseException) -> OrchError | None:
+    if not type(exc).__module__.startswith("botocore"):
+        return None
+    from orchestrator.aws.ec2 import explain
+
+    return explain(exc, "an AWS call")
+
+
 def _aws_python(spec: Any) -> str | None:
     aws = spec.section("aws")
     return aws.python if aws is not None else None
@@ -97,6 +111,8 @@ BACKENDS: tuple[Entry, ...] = (
         ),
         _aws,
         _aws_costs,
+        _aws_explain,
+        r"i-[0-9a-f]{8,17}",  # an EC2 instance id, as users of the seed tooling type it
     ),
 )
 
@@ -110,6 +126,20 @@ def entry(name: str) -> Entry:
         if e.name == name:
             return e
     raise OrchError(f"unknown backend {name!r}; known backends: {', '.join(e.name for e in BACKENDS)}")
+
+
+def explain(exc: BaseException) -> OrchError | None:
+    """A backend's error in words (its entry's `explain`); None when no backend calls it its own."""
+    for e in BACKENDS:
+        err = e.explain(exc) if e.explain is not None else None
+        if err is not None:
+            return err
+    return None
+
+
+def backends_with_host(host_id: str) -> set[str]:
+    """The names of the backends whose hosts have ids like `host_id`."""
+    return {e.name for e in BACKENDS if e.host_ids is not None and re.fullmatch(e.host_ids, host_id)}
 
 
 def backend_for(sweep: Sweep) -> Backend:

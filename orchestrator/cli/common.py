@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import sys
 from pathlib import Path
 
 import click
 from rich.console import Console
 
-from orchestrator.aws.ec2 import explain
 from orchestrator.backends.base import Backend
-from orchestrator.backends.registry import backend_for, load_sweep, sweep_from_record
+from orchestrator.backends.registry import backend_for, backends_with_host, explain, load_sweep, sweep_from_record
 from orchestrator.control.state import State
 from orchestrator.errors import NotFound, OrchError
 from orchestrator.store import layout, open_store
@@ -44,13 +42,11 @@ def expected_errors(fn):
 
 
 def explained(exc: BaseException) -> OrchError | None:
-    """An expected failure in words: an OrchError as it is, an AWS answer nobody turned into words yet
-    (no credentials, say) explained; None for anything else (a bug, which keeps its traceback)."""
+    """An expected failure in words: an OrchError as it is, a cloud's answer nobody turned into words yet
+    (no credentials, say) explained by its backend; None for anything else (a bug, which keeps its traceback)."""
     if isinstance(exc, OrchError):
         return exc
-    if type(exc).__module__.startswith("botocore"):
-        return explain(exc, "an AWS call")
-    return None
+    return explain(exc)
 
 
 # --- resolving arguments ------------------------------------------------------------------------
@@ -73,9 +69,10 @@ def load_sweep_arg(arg: str) -> Sweep:
 def resolve_run(arg: str) -> tuple[Sweep, str]:
     """RUN or SWEEP/RUN -> (sweep, run id), searching the sweeps launched from here."""
 
-    if re.match(r"^i-[0-9a-f]{8,17}$", arg):  # an instance id, as users of the seed tooling type it
+    hosting = backends_with_host(arg)
+    if hosting:  # a host's id (an instance's, say): the run on it
         for rec in State().sweeps():
-            if rec.backend != "aws":
+            if rec.backend not in hosting:
                 continue
             sweep = load_sweep_arg(rec.name)
             run_id = sweep_parts(sweep)[0].run_of_instance(arg)

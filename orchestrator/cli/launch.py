@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import sys
-from pathlib import Path
 
 import click
 
-from orchestrator.backends.aws.remote import RemoteSettings, check_remote, remote_view
 from orchestrator.backends.registry import backend_for, load_sweep
+from orchestrator.cli import remote as remote_controller
 from orchestrator.cli.common import expected_errors, make_console, sweep_parts
-from orchestrator.cli.remote import launch_remote
 from orchestrator.cli.render import dry_run_lines, failure_report, spend_text, watch_progress
 from orchestrator.control import launch as control
 
@@ -44,14 +41,16 @@ def launch(sweep_file: str, dry_run: bool, detach: bool, every: bool, remote: bo
     sweep = load_sweep(sweep_file)
     con = make_console()
     if remote:
-        check_remote(sweep)
+        remote_controller.check(sweep)
     if dry_run:
         control.check_like_launch(sweep)
-        for line in dry_run_lines(sweep, backend_for(sweep).plan(), every, remote):
+        plan = backend_for(sweep).plan()
+        more = (remote_controller.controller_line(sweep, plan),) if remote and plan else ()
+        for line in dry_run_lines(sweep, plan, every, more):
             con.print(line, markup=False)
         return
     if remote:
-        launch_remote(con, sweep)
+        remote_controller.launch_remote(con, sweep)
         return
     this = control.Launch(sweep, *sweep_parts(sweep), on_event=lambda event: _tell(con, sweep, event))
     progress = this.run(detach, lambda run_fn: watch_progress(con, run_fn))
@@ -118,10 +117,8 @@ def controller_cmd(sweep_file: str, remote_settings: str | None):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     sweep = load_sweep(sweep_file)
     backend, store, state = sweep_parts(sweep)
-    if remote_settings:  # its backend sees the sweep with the controller's own key, group and profile
-        settings = RemoteSettings.read(Path(remote_settings))
-        os.environ.update(settings.notify_env)  # `notify:`'s url_env sinks, as the laptop had them
-        backend = backend_for(remote_view(sweep, settings))
+    if remote_settings:
+        backend = remote_controller.controller_backend(sweep, remote_settings)
     con = make_console()
 
     def tell(event: control.Event) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -11,14 +12,24 @@ import click
 
 from orchestrator.aws import ec2 as api
 from orchestrator.aws.ec2 import terminate
+from orchestrator.aws.pricing import on_demand_price
 from orchestrator.backends.aws.backend import AwsBackend
 from orchestrator.backends.aws.regions import settings as aws_settings
-from orchestrator.backends.aws.remote import RemoteSettings, check_remote, launch_controller, live_controllers
-from orchestrator.backends.registry import load_sweep
+from orchestrator.backends.aws.remote import (
+    RemoteSettings,
+    check_remote,
+    ensure_own_key,
+    launch_controller,
+    live_controllers,
+    remote_view,
+)
+from orchestrator.backends.base import Backend
+from orchestrator.backends.registry import backend_for, load_sweep
 from orchestrator.cli.common import expected_errors, sweep_parts
 from orchestrator.control.controller import Controller
 from orchestrator.control.lease import read_lease, refusal
 from orchestrator.control.supervisor import Supervisor
+from orchestrator.control.views import usd
 from orchestrator.errors import OrchError
 from orchestrator.host.imds import ask_imds_patiently
 from orchestrator.store import layout, open_store
@@ -28,6 +39,48 @@ from orchestrator.wait import Timeout, retry_until
 
 STARTING_S = 900.0  # a controller instance younger than this may still be installing and taking the sweep
 FIRST_PASS_S = 300.0  # after the install: the supervisor starts, the controller takes the lease (its first pass)
+
+
+def check(sweep) -> None:
+    """What --remote needs beyond a launch, refused (exit 2) before anything is bought."""
+    check_remote(sweep)
+
+
+def controller_backend(sweep, settings_file: str) -> Backend:
+    """On the controller's instance: its backend sees the sweep with the controller's own key, group and profile,
+    and `notify:`'s url_env sinks as the laptop had them."""
+    settings = RemoteSettings.read(Path(settings_file))
+    os.environ.update(settings.notify_env)
+    return backend_for(remote_view(sweep, settings))
+
+
+def controller_line(sweep, plan) -> str:
+    """--remote's part of the bound: the controller's on-demand hours while the runs can last, and max_hours (the
+    controller's instance ends then, whatever the runs do)."""
+
+    ctl, spec = sweep.spec.aws.controller, sweep.spec
+    waves = math.ceil(len(sweep.runs) / max(1, min(spec.max_parallel, len(sweep.runs) or 1)))
+    cap = float(ctl.max_hours)
+    hours = min(cap, waves * plan["hours_per_run_max"])
+    # runs of a few minutes showed as "0.0 h": minutes below an hour
+    while_runs = f"at most {_duration(hours)} while the runs last ({waves} wave(s) of max_parallel x each run's limit)"
+    ends = f"aws.controller.max_hours ({_duration(cap)}) ends it"
+    home = (plan.get("transfer") or {}).get("home") or sweep.spec.aws.region  # the controller runs in the home region
+    price = on_demand_price(ctl.instance_type, None, home)
+    if price is None:
+        return f"controller: {ctl.instance_type} on demand for {while_runs}; {ends} (its price is unknown to orch)"
+    est = plan["estimate_usd_max"]
+    total = f"; with the runs at most {usd(est + price * hours)}" if est is not None else ""
+    return (
+        f"controller: {ctl.instance_type} on demand at ${price:.4f}/h x {while_runs} = {usd(price * hours)}{total}; "
+        f"{ends}: {usd(price * cap)} at the most"
+    )
+
+
+def _duration(hours: float) -> str:
+    return (
+        f"{max(1, round(hours * 60))} min" if hours < 1 else f"{hours:g} h" if hours == int(hours) else f"{hours:.1f} h"
+    )
 
 
 def launch_remote(con, sweep: Sweep) -> None:
@@ -152,5 +205,9 @@ def supervise_cmd(settings_file: str):
     def terminate(instance_id: str) -> None:
         api.terminate(api.client("ec2", settings.region), [instance_id])
 
-    ending = Supervisor(settings, sweep.spec.name, open_store(sweep.store_url), log_path, terminate).run()
+    store = open_store(sweep.store_url)
+    supervisor = Supervisor(
+        settings, sweep.spec.name, store, log_path, terminate, prepare=lambda: ensure_own_key(settings)
+    )
+    ending = supervisor.run()
     click.echo(f"supervisor ended: {ending.reason}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -10,7 +9,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.aws.pricing import GB, REGION_UPLIFT, on_demand_price
+from orchestrator.aws.pricing import GB, REGION_UPLIFT
 from orchestrator.control.collect import Results, SearchInfo, best_trial, ranked
 from orchestrator.control.prune import rule
 from orchestrator.control.study import first_random_trials
@@ -275,35 +274,6 @@ def search_lines(spec) -> list[str]:
     return lines
 
 
-def controller_line(sweep, plan) -> str:
-    """--remote's part of the bound: the controller's on-demand hours while the runs can last, and max_hours (the
-    controller's instance ends then, whatever the runs do)."""
-
-    ctl, spec = sweep.spec.aws.controller, sweep.spec
-    waves = math.ceil(len(sweep.runs) / max(1, min(spec.max_parallel, len(sweep.runs) or 1)))
-    cap = float(ctl.max_hours)
-    hours = min(cap, waves * plan["hours_per_run_max"])
-    # runs of a few minutes showed as "0.0 h": minutes below an hour
-    while_runs = f"at most {_duration(hours)} while the runs last ({waves} wave(s) of max_parallel x each run's limit)"
-    ends = f"aws.controller.max_hours ({_duration(cap)}) ends it"
-    home = (plan.get("transfer") or {}).get("home") or sweep.spec.aws.region  # the controller runs in the home region
-    price = on_demand_price(ctl.instance_type, None, home)
-    if price is None:
-        return f"controller: {ctl.instance_type} on demand for {while_runs}; {ends} (its price is unknown to orch)"
-    est = plan["estimate_usd_max"]
-    total = f"; with the runs at most {usd(est + price * hours)}" if est is not None else ""
-    return (
-        f"controller: {ctl.instance_type} on demand at ${price:.4f}/h x {while_runs} = {usd(price * hours)}{total}; "
-        f"{ends}: {usd(price * cap)} at the most"
-    )
-
-
-def _duration(hours: float) -> str:
-    return (
-        f"{max(1, round(hours * 60))} min" if hours < 1 else f"{hours:g} h" if hours == int(hours) else f"{hours:.1f} h"
-    )
-
-
 def _choice_price(row: dict) -> str:
     price = f"${row['spot_usd_per_h']:.4f}/h" if row["spot_usd_per_h"] is not None else "no spot price"
     if row.get("on_demand_priced") and row.get("usd_per_h") is not None:
@@ -356,9 +326,10 @@ def transfer_lines(t: dict | None) -> list[str]:
     return out
 
 
-def dry_run_lines(sweep, plan, every: bool = False, remote: bool = False) -> list[str]:
-    """What `orch launch --dry-run` prints: the runs and their commands, each run's shape, and on
-    AWS the (type, AZ) choices with their spot prices and GPUs, and a cost bound."""
+def dry_run_lines(sweep, plan, every: bool = False, more_cost: tuple[str, ...] = ()) -> list[str]:
+    """What `orch launch --dry-run` prints: the runs and their commands, each run's shape, and with a backend's
+    plan its (type, AZ) choices with their spot prices and GPUs, and a cost bound (`more_cost` after it: what
+    else the launch will spend, such as a remote controller's part)."""
 
     spec = sweep.spec
     lines = [
@@ -384,8 +355,7 @@ def dry_run_lines(sweep, plan, every: bool = False, remote: bool = False) -> lis
             )
         lines += plan.get("packing") or []
         lines += bound_lines(plan)
-        if remote:
-            lines.append(controller_line(sweep, plan))
+        lines += more_cost
     lines += goal_lines(spec)
     lines.append("dry run: nothing launched.")
     return lines

@@ -2,11 +2,11 @@
 
 It starts the sweep's controller (`orch _controller SWEEP --remote-settings remote.json`) as a child, copies its
 log into the store (`<sweep>/controller.log`, for `orch logs --controller` from anywhere), and restarts it when it
-dies. It ends — and terminates its own instance through the EC2 API (its instance role may terminate what carries
-its sweep's tag) — when the controller is done (every run final, or stopped by `orch down` through the lease), when
-the controller is refused (exit 2: another controller holds the sweep, or the sweep itself is wrong), after
-MAX_RESTARTS crashes, or at the `max_hours` deadline (the safety net; the instance's per-boot shutdown script is a
-second one).
+dies. It ends — and has its own instance terminated, by the function its backend gives (on AWS the EC2 API: its
+instance role may terminate what carries its sweep's tag) — when the controller is done (every run final, or
+stopped by `orch down` through the lease), when the controller is refused (exit 2: another controller holds the
+sweep, or the sweep itself is wrong), after MAX_RESTARTS crashes, or at the `max_hours` deadline (the safety net;
+the instance's per-boot shutdown script is a second one).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
-from orchestrator.backends.aws.remote import RemoteSettings, ensure_own_key
 from orchestrator.backends.registry import load_sweep
 from orchestrator.control import notify
 from orchestrator.control.lease import INSTANCE_ENV, SUPERVISOR_ENV
@@ -38,6 +38,18 @@ GONE = "the controller died"
 DONE, REFUSED = 0, 2  # the controller's exit codes that end the supervisor (2: expected errors, see cli/common.py)
 
 
+class Settings(Protocol):
+    """What the supervisor reads of its backend's remote settings (remote.json on the controller's instance)."""
+
+    sweep_file: str  # the sweep file on the instance; remote.json lies beside it
+    code_dir: str  # orch's code on the instance (PYTHONPATH)
+    instance_id: str
+    instance_type: str
+    region: str
+    deadline: float  # epoch seconds: the supervisor ends (and its instance with it) then
+    notify_env: dict[str, str]  # `notify:`'s url_env sinks, as the laptop had them
+
+
 @dataclass
 class Ending:
     reason: str
@@ -47,22 +59,25 @@ class Ending:
 class Supervisor:
     def __init__(
         self,
-        settings: RemoteSettings,
+        settings: Settings,
         sweep: str,
         store: Store,
         log_path: Path,
         terminate: Callable[[str], None],
         now: Callable[[], float] = time.time,
+        prepare: Callable[[], None] = lambda: None,
     ):
+        """`terminate` ends an instance by its id; `prepare` readies the instance before the first controller
+        starts (on AWS: the controller's own SSH key)."""
         self.s, self.sweep, self.store, self.log_path = settings, sweep, store, log_path
-        self.terminate, self.now = terminate, now
+        self.terminate, self.now, self.prepare = terminate, now, prepare
         self.restarts = 0
         self._uploaded = 0.0
         self.token = uuid.uuid4().hex  # its controllers' leases name it: a restart takes the dead one's over at once
 
     def run(self) -> Ending:
         """Supervise until the sweep no longer needs this instance, then terminate it."""
-        ensure_own_key(self.s)
+        self.prepare()
         os.environ.update(self.s.notify_env)  # `notify:`'s url_env sinks, for its own messages and the controller's
         ending = retry_until(self._one_life, None, 1.0)
         self._note(f"supervisor: {ending.reason}; terminating this instance ({self.s.instance_id})")
