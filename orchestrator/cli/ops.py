@@ -162,8 +162,12 @@ def _down_one(arg: str, known: set) -> None:
         else f"nothing of sweep {sw.spec.name} is running."
     )
     removed = backend.teardown()
-    if removed:
-        click.echo(f"removed {len(removed)} resource(s): {', '.join(removed)}")
+    places: dict[str, list[str]] = {}  # a sweep over several regions names each thing's region: `REGION: id`
+    for item in removed:
+        where, _, what = item.rpartition(": ")
+        places.setdefault(where, []).append(what)
+    for where, items in places.items():
+        click.echo(f"{where + ': ' if where else ''}removed {len(items)} resource(s): {', '.join(items)}")
 
 
 def _stop_controller(name: str) -> None:
@@ -205,7 +209,7 @@ def _scan_regions(problems: list[str] | None = None):
     for rec in State().sweeps():
         if rec.backend == "aws":
             try:
-                regions.add(aws_settings(load_sweep_arg(rec.name)).region)
+                regions.update(aws_settings(load_sweep_arg(rec.name)).regions)
             except Exception as exc:
                 if explained(exc) is None:
                     raise

@@ -163,7 +163,7 @@ class _Imds(BaseHTTPRequestHandler):
         host = self.host
         value = {
             "instance-id": host.instance_id,
-            "placement/region": REGION,
+            "placement/region": host.az[:-1] if host.az else REGION,
             "placement/availability-zone": host.az,
             "local-ipv4": host.ip,
             "spot/instance-action": host.spot_notice,
@@ -343,8 +343,10 @@ class FakeCloud:
         cold_s: float = 0.0,
         strict: Strictness | None = None,
         default_vpc: bool = True,
+        regions: tuple[str, ...] = (REGION,),
     ):
         self.root = Path(root)
+        self.regions = regions  # each with its default VPC's loopback subnets and its own copy of the image
         self.poll_s = poll_s
         self.boot_s = boot_s  # seconds from `running` until sshd answers (real: 30-120)
         self.cold_s = cold_s  # extra seconds of a host's first interpreter start (real: 10-30 on a cold volume)
@@ -354,6 +356,8 @@ class FakeCloud:
         self.gone: dict[str, FakeHost] = {}
         self.seen: dict[str, float] = {}  # instance id -> when the watcher first saw it running
         self.subnets: list[str] = []
+        self.vpcs: dict[str, str] = {}  # region -> its default VPC
+        self._clients: dict[str, object] = {}  # region -> the watcher's EC2 client there
         self.wrong_host_keys = False  # set by a test: new hosts answer with a different host key
         self.no_sshd = False  # set by a test: new hosts never bring sshd up
         self.imds_late_s = 0.0  # set by a test: each new host answers its first IMDS token request this late
@@ -393,15 +397,30 @@ class FakeCloud:
         for k, v in self.env().items():
             self._saved_env[k] = os.environ.get(k)
             os.environ[k] = v
-        ec2 = self.client("ec2")
-        # The default VPC gets loopback subnets instead of its own, so sweeps need no subnet ids.
+        self.net, self._net_lock = claim_net()
+        for k, region in enumerate(self.regions):
+            self._network(region, k)
+        self.vpc = self.vpcs[REGION] if REGION in self.vpcs else self.vpcs[self.regions[0]]
+        self.image = self.register_image(IMAGE_NAME, region=self.regions[0])
+        self.images = {self.regions[0]: self.image} | {
+            r: self.register_image(IMAGE_NAME, region=r) for r in self.regions[1:]
+        }
+        self.image_bin = self._install_image()
+        self.client("s3").create_bucket(Bucket=BUCKET)
+        self._watcher = threading.Thread(target=self._watch, name="fakecloud-watcher", daemon=True)
+        self._watcher.start()
+
+    def _network(self, region: str, k: int) -> None:
+        """The region's default VPC gets loopback subnets instead of its own, so sweeps need no subnet ids: region k's
+        AZs are 127.N.(10k+1).0/24, 127.N.(10k+2).0/24 (one /16 for the cloud, a /24 per AZ of each region)."""
+        ec2 = self.client("ec2", region)
         vpc = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"][0]["VpcId"]
         for sub in ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"]:
             ec2.delete_subnet(SubnetId=sub["SubnetId"])
-        self.net, self._net_lock = claim_net()
         ec2.associate_vpc_cidr_block(VpcId=vpc, CidrBlock=f"127.{self.net}.0.0/16")
-        self.vpc = vpc
-        for i, az in enumerate(AZS, start=1):
+        self.vpcs[region] = vpc
+        azs = AZS if region == REGION else (f"{region}a", f"{region}b")
+        for i, az in enumerate(azs, start=1 + 10 * k):
             self.subnets.append(
                 ec2.create_subnet(VpcId=vpc, CidrBlock=f"127.{self.net}.{i}.0/24", AvailabilityZone=az)["Subnet"][
                     "SubnetId"
@@ -413,15 +432,15 @@ class FakeCloud:
         if not self.default_vpc:  # an account whose default VPC was deleted: sweeps must name subnets
             from tests.fakecloud.gate import _ec2_backend
 
-            _ec2_backend().get_vpc(vpc).is_default = False
-        self.image = self.register_image(IMAGE_NAME)
-        self.image_bin = self._install_image()
-        self.client("s3").create_bucket(Bucket=BUCKET)
-        self._watcher = threading.Thread(target=self._watch, name="fakecloud-watcher", daemon=True)
-        self._watcher.start()
+            _ec2_backend(region).get_vpc(vpc).is_default = False
 
     def register_image(
-        self, name: str, root_device: str = "/dev/sda1", snapshot_gb: int = IMAGE_SNAPSHOT_GB, orch_tagged: bool = True
+        self,
+        name: str,
+        root_device: str = "/dev/sda1",
+        snapshot_gb: int = IMAGE_SNAPSHOT_GB,
+        orch_tagged: bool = True,
+        region: str = REGION,
     ) -> str:
         """An image shaped like the DLAMI in DescribeImages: its root device name and snapshot size. The account
         registered it, so its snapshot is the account's: `orch_tagged` tags that snapshot `orch:recipe`, as docs/aws.md
@@ -429,10 +448,10 @@ class FakeCloud:
         snapshots)."""
         from tests.fakecloud.gate import MOTO, _ec2_backend
 
-        image_id = self.client("ec2").register_image(
+        image_id = self.client("ec2", region).register_image(
             Name=name, Description="fake Deep Learning AMI (OSS PyTorch, Ubuntu)"
         )["ImageId"]
-        ami = _ec2_backend().amis[image_id]
+        ami = _ec2_backend(region).amis[image_id]
         ami.root_device_name = root_device
 
         class _Dlami(type(ami)):  # moto gives every registered image a 15 GB standard volume
@@ -453,7 +472,7 @@ class FakeCloud:
         ami.__class__ = _Dlami
         if orch_tagged:
             with MOTO:
-                _ec2_backend().create_tags([ami.ebs_snapshot.id], {"orch:recipe": "registered-by-hand"})
+                _ec2_backend(region).create_tags([ami.ebs_snapshot.id], {"orch:recipe": "registered-by-hand"})
         return image_id
 
     def _install_image(self) -> Path:
@@ -541,13 +560,13 @@ class FakeCloud:
             "AWS_EC2_METADATA_DISABLED": "true",
         }
 
-    def client(self, service: str):
+    def client(self, service: str, region: str = REGION):
         import boto3
 
         # the harness's own key: setting up the cloud (VPCs, images, buckets) and inspecting it is not orch's doing
         return boto3.client(
             service,
-            region_name=REGION,
+            region_name=region,
             endpoint_url=self.endpoint,
             aws_access_key_id=HARNESS_KEY,
             aws_secret_access_key=self.secret,
@@ -563,6 +582,15 @@ class FakeCloud:
             except Exception as exc:  # keep watching; a test will notice missing hosts
                 print(f"fakecloud watcher: {type(exc).__name__}: {exc}", file=sys.stderr)
 
+    def _regional(self, ec2, az: str):
+        """The harness's EC2 client of the AZ's region (`ec2`, us-east-1's, there)."""
+        region = az[:-1]
+        if region == ec2.meta.region_name or region not in self.regions:
+            return ec2
+        if region not in self._clients:
+            self._clients[region] = self.client("ec2", region)
+        return self._clients[region]
+
     def reconcile(self, ec2) -> None:
         from tests.fakecloud.gate import running_instances
 
@@ -574,7 +602,8 @@ class FakeCloud:
             self.seen.setdefault(iid, now)
             if iid not in self.hosts and iid not in self.gone and now - self.seen[iid] >= self.boot_s:
                 ud = (
-                    ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")
+                    self._regional(ec2, inst["AvailabilityZone"])
+                    .describe_instance_attribute(InstanceId=iid, Attribute="userData")
                     .get("UserData", {})
                     .get("Value", "")
                 )
@@ -621,9 +650,18 @@ class FakeCloud:
 
     # inspection
 
-    def instances(self, sweep: str | None = None, states=("pending", "running")) -> list[dict]:
+    def instances(
+        self, sweep: str | None = None, states=("pending", "running"), region: str | None = None
+    ) -> list[dict]:
+        """The instances of every region of this cloud (or of `region`), each with its region."""
         out = []
-        for res in self.client("ec2").describe_instances()["Reservations"]:
+        for where in [region] if region else self.regions:
+            out += self._instances(sweep, states, where)
+        return out
+
+    def _instances(self, sweep: str | None, states, region: str) -> list[dict]:
+        out = []
+        for res in self.client("ec2", region).describe_instances()["Reservations"]:
             for i in res["Instances"]:
                 tags = {t["Key"]: t["Value"] for t in i.get("Tags", [])}
                 if i["State"]["Name"] in states and (sweep is None or tags.get("orch:sweep") == sweep):
@@ -633,16 +671,20 @@ class FakeCloud:
                             "state": i["State"]["Name"],
                             "tags": tags,
                             "ip": i.get("PrivateIpAddress"),
+                            "region": region,
+                            "az": i.get("Placement", {}).get("AvailabilityZone", ""),
                         }
                     )
         return out
 
-    def leftovers(self, sweep: str) -> dict[str, list]:
-        """What of the sweep still exists: anything here after `orch down` is a leak."""
-        ec2, iam = self.client("ec2"), self.client("iam")
+    def leftovers(self, sweep: str, region: str = REGION) -> dict[str, list]:
+        """What of the sweep still exists in `region` (and IAM): anything here after `orch down` is a leak."""
+        ec2, iam = self.client("ec2", region), self.client("iam")
         name = f"orch-{sweep}"
         return {
-            "instances": [i["id"] for i in self.instances(sweep, states=("pending", "running", "stopping", "stopped"))],
+            "instances": [
+                i["id"] for i in self.instances(sweep, ("pending", "running", "stopping", "stopped"), region)
+            ],
             "security_groups": [
                 g["GroupId"]
                 for g in ec2.describe_security_groups(Filters=[{"Name": "tag:orch:sweep", "Values": [sweep]}])[
@@ -662,9 +704,14 @@ class FakeCloud:
         }
 
     def all_leftovers(self) -> dict[str, list]:
+        """Whatever orch made and left, in every region of this cloud."""
         from orchestrator.aws.teardown import orch_resources
 
-        return orch_resources(self.client("ec2"), self.client("iam"))
+        out: dict[str, list] = {}
+        for region in self.regions:
+            for sweep, things in orch_resources(self.client("ec2", region), self.client("iam")).items():
+                out.setdefault(sweep, []).extend(things)
+        return out
 
     def sweep_yaml(self, name: str, identity: Path, command: str, extra: str = "", **aws: str) -> str:
         """A sweep for this cloud (what experiments/fakecloud-smoke.yaml holds, with this cloud's ids)."""

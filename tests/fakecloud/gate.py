@@ -166,6 +166,7 @@ class Gate:
         m = AUTH_RE.search(environ.get("HTTP_AUTHORIZATION", ""))
         akid, service = (m.group(1), m.group(3)) if m else ("", "")
         self.local.region = m.group(2) if m else REGION
+        _HERE.region = m.group(2) if m and m.group(2) != "aws-global" else REGION  # moto serves each region apart
         role = self.roles.get(akid) if self.strict.iam else None
         if not role and akid == CONTROLLER_KEY and self.controller_policy is not None and self.strict.iam:
             role = CONTROLLER  # the controller runs under exactly the policy orch documents
@@ -780,29 +781,45 @@ def _bucket_exists(name: str) -> bool:
         return name in s3_backends[ACCOUNT]["aws"].buckets
 
 
-def _ec2_backend():
+_HERE = threading.local()  # the region of the request this thread answers (from its signature)
+
+
+def _ec2_backend(region: str | None = None):
+    """moto's EC2 of `region`, by default the region of the request being answered (else us-east-1)."""
     from moto.ec2.models import ec2_backends
 
-    return ec2_backends[ACCOUNT][REGION]
+    return ec2_backends[ACCOUNT][region or getattr(_HERE, "region", None) or REGION]
+
+
+def _ec2_backends() -> list:
+    """moto's EC2 of every region anything was asked of (moto makes a region's on first use)."""
+    from moto.ec2.models import ec2_backends
+
+    return list(ec2_backends[ACCOUNT].values())
 
 
 def running_instances() -> dict[str, dict]:
-    """{instance id: {"PrivateIpAddress", "AvailabilityZone"}} of every running instance, as moto holds them."""
+    """{instance id: {"PrivateIpAddress", "AvailabilityZone"}} of every running instance in every region, as moto
+    holds them."""
     with MOTO:
         return {
             i.id: {"PrivateIpAddress": i.private_ip, "AvailabilityZone": i.placement.zone}
-            for r in list(_ec2_backend().reservations.values())
+            for backend in _ec2_backends()
+            for r in list(backend.reservations.values())
             for i in r.instances
             if i._state.name == "running"
         }
 
 
 def _instance(iid: str):
+    """An instance by id, in whichever region holds it (timers answer outside any request)."""
     with MOTO:
-        try:
-            return _ec2_backend().get_instance(iid)
-        except Exception:
-            return None
+        for backend in _ec2_backends():
+            try:
+                return backend.get_instance(iid)
+            except Exception:
+                continue
+        return None
 
 
 def _state_of(iid: str) -> str | None:
@@ -954,7 +971,7 @@ def _ec2_arn(resource: str) -> str:
     if not name:
         kind, name = EC2_KINDS.get(resource.split("-", 1)[0], "unknown"), resource
     account = "" if kind in ("image", "snapshot") else ACCOUNT
-    return f"arn:aws:ec2:{REGION}:{account}:{kind}/{name}"
+    return f"arn:aws:ec2:{getattr(_HERE, 'region', None) or REGION}:{account}:{kind}/{name}"
 
 
 def _iam_arn(kind: str, name: str) -> str:

@@ -132,7 +132,7 @@ class AwsBackend(BackendBase):
         if host.slot >= 0:
             self.packer.release(host)
         else:
-            api.terminate(self.ec2, [host.host_id])
+            api.terminate(self.state.ec2_of(host.host_id), [host.host_id])
 
     def new_task(self, run_id: str, attempt: int, command: str, params_json: str, replaces: str = "") -> RunTask:
         cfg = self.cfg
@@ -191,7 +191,8 @@ class AwsBackend(BackendBase):
                 for k, v in inst["slots"].items():
                     if slot_run(v) == run_id:
                         self.packer.free_claim(inst["instance_id"], k, v, reason, inst)
-        api.terminate(self.ec2, [inst["instance_id"] for inst in alone])
+        for inst in alone:
+            api.terminate(self.state.ec2_of(inst["instance_id"]), [inst["instance_id"]])
         return True
 
     def attach(self, run_id: str, node: int = 0) -> int:
@@ -219,7 +220,17 @@ class AwsBackend(BackendBase):
     def teardown(self) -> builtins.list[str]:
         from orchestrator.aws.teardown import teardown
 
-        return teardown(self.ec2, api.client("iam", self.cfg.region), self.name_)
+        iam = api.client("iam", self.cfg.region)
+        # every region the sweep may use, and its home (a --remote controller's): one it never used holds nothing
+        try:
+            home = [home_region(self.sweep)]
+        except OrchError as exc:  # the bucket gone or unreadable: what the sweep's regions hold still goes
+            log.warning("%s; removing what the sweep's regions hold", exc)
+            home = []
+        regions = list(dict.fromkeys([*self.cfg.regions, *home]))
+        if len(regions) == 1:
+            return teardown(self.ec2, iam, self.name_)
+        return [f"{r}: {x}" for r in regions for x in teardown(self.state.part(r).ec2, iam, self.name_)]
 
     def drain_outcomes(self) -> builtins.list[Outcome]:
         return self.state.drain()

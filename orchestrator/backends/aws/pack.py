@@ -95,7 +95,7 @@ class Packer:
     def _start_in_slot(self, task: RunTask, iid: str, slot: int, host_key: str, value: str, tag: bool) -> bool:
         """Claim the slot on the host and start the run's agent there; False when the host refused the claim."""
         cfg = self.state.cfg
-        address = api.wait_running(self.state.ec2, iid, cfg.ssh.address, cfg.boot_timeout_s)
+        address = api.wait_running(self.state.ec2_of(iid), iid, cfg.ssh.address, cfg.boot_timeout_s)
         conn = connect(
             Target(address, cfg.ssh.port, cfg.ssh.user, cfg.ssh.identity, host_key),
             timeout=cfg.boot_timeout_s,
@@ -202,7 +202,7 @@ class Packer:
 
         def once() -> bool:
             try:
-                self.state.ec2.create_tags(Resources=[iid], Tags=[{"Key": f"{SLOT_TAG}{slot}", "Value": value}])
+                self.state.ec2_of(iid).create_tags(Resources=[iid], Tags=[{"Key": f"{SLOT_TAG}{slot}", "Value": value}])
                 return True
             except ClientError as exc:
                 if api._not_found(exc):  # a new id, not visible everywhere yet
@@ -246,7 +246,7 @@ class Packer:
                     )
                 finally:
                     conn.close()
-            st.ec2.delete_tags(Resources=[iid], Tags=[{"Key": f"{SLOT_TAG}{slot}", "Value": value}])
+            st.ec2_of(iid).delete_tags(Resources=[iid], Tags=[{"Key": f"{SLOT_TAG}{slot}", "Value": value}])
         except Exception as exc:  # the instance may be gone already; `orch down` removes what is left
             log.warning("could not free slot %s of %s: %s", slot, iid, exc)
 
@@ -260,4 +260,4 @@ class Packer:
         if others:
             self.free_claim(host.host_id, host.slot, value, reason, inst)
         else:
-            api.terminate(self.state.ec2, [host.host_id])
+            api.terminate(self.state.ec2_of(host.host_id), [host.host_id])

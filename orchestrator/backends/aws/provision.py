@@ -55,7 +55,7 @@ class Provisioner:
         try:
             if st.fatal is not None:
                 raise st.fatal
-            setup = bootstrap(st)
+            bootstrap(st)
             if task.replaces:  # that (type, AZ) just took its instance back: try elsewhere first
                 self.block_reclaimed(task.replaces)
             host_private, host_public = new_host_key()  # one key per attempt, pinned by tag (shared by its nodes)
@@ -64,25 +64,8 @@ class Provisioner:
                 {"Key": "Name", "Value": f"orch {st.name} {task.run_id} #{task.attempt}"}
             ]
             task = self._with_rung_tags(task, tags)
-            args = (
-                st.ec2,
-                setup["template"],
-                setup["base"],
-                user_data,
-                setup["choices"],
-                fleet.markets(cfg.market),
-                tags,
-                st.blocklist,
-            )
-            if st.nodes > 1:
-                got = fleet.acquire_nodes(
-                    *args,
-                    count=st.nodes,
-                    release=lambda ids: api.terminate(st.ec2, ids),
-                    group_of=lambda az: ensure_group(st.ec2, st.name, az, st.groups),
-                )
-            else:
-                got = [fleet.acquire(*args)]
+            region, got = self.acquire_anywhere(user_data, tags)
+            ec2 = st.part(region).ec2
             got.sort(key=lambda g: g.instance_id)  # node ranks: the order list() sees them in
             ids = [g.instance_id for g in got]
             for g in got:
@@ -98,7 +81,7 @@ class Provisioner:
             log.info(
                 "%s: %s %s in %s (%s)", task.run_id, ", ".join(ids), got[0].instance_type, got[0].az, got[0].market
             )
-            addresses = [api.wait_running(st.ec2, i, cfg.ssh.address, cfg.boot_timeout_s) for i in ids]
+            addresses = [api.wait_running(ec2, i, cfg.ssh.address, cfg.boot_timeout_s) for i in ids]
             conns = []
             try:
                 for address in addresses:
@@ -114,6 +97,48 @@ class Provisioner:
         finally:
             if not reported:  # else it stays pending until the controller took the outcome (never looks hostless)
                 st.provisioned(task.run_id)
+
+    def acquire_anywhere(self, user_data: str, tags: list[dict]) -> tuple[str, list]:
+        """(region, instances) from the first region, in the sweep's order, that has capacity: a region whose every
+        pool answers a capacity error (or its quota) hands over to the next one in the same pass. Raises the first
+        region's refusal when none has any."""
+        st, cfg = self.state, self.state.cfg
+        refusals: list[OrchError] = []
+        for region in cfg.regions:
+            part = st.part(region)
+            setup = bootstrap(st, region)
+            args = (
+                part.ec2,
+                setup["template"],
+                setup["base"],
+                user_data,
+                setup["choices"],
+                fleet.markets(cfg.market),
+                tags,
+                st.blocklist,
+            )
+            try:
+                if st.nodes > 1:
+                    got = fleet.acquire_nodes(
+                        *args,
+                        count=st.nodes,
+                        release=lambda ids, ec2=part.ec2: api.terminate(ec2, ids),
+                        group_of=lambda az, p=part: ensure_group(p.ec2, st.name, az, p.groups),
+                    )
+                else:
+                    got = [fleet.acquire(*args)]
+            except (fleet.CapacityUnavailable, fleet.QuotaReached) as exc:
+                refusals.append(exc)
+                if len(cfg.regions) > 1:
+                    log.info("no capacity in %s (%s); asking the next region", region, exc)
+                continue
+            for g in got:
+                st.where[g.instance_id] = region
+            return region, got
+        quota = [e for e in refusals if isinstance(e, fleet.QuotaReached)]
+        if len(refusals) > 1 and not quota:
+            raise fleet.CapacityUnavailable("; ".join(f"{r}: {e}" for r, e in zip(cfg.regions, refusals, strict=False)))
+        raise (quota or refusals)[0]
 
     def settle(self, task: RunTask, exc: Exception, ids: list[str]) -> None:
         """The one answer to every way an attempt's provisioning fails (CreateFleet's outcomes first), for single
@@ -136,7 +161,7 @@ class Provisioner:
         own will ever free it). One shutting down still holds it, and a terminated one goes on counting toward the
         limit for a while (EC2 Developer Guide, "Eventual consistency": InstanceLimitExceeded)."""
         st = self.state
-        if api.sweep_instances(st.ec2, st.name, api.NOT_GONE):
+        if st.instances(api.NOT_GONE):
             self._requeue(task, f"waiting for quota to free (the sweep's running instances hold it): {exc}", ids)
         elif time.time() - st.ledger.last_seen() < QUOTA_LINGER_S:
             self._requeue(task, f"waiting for quota to free (instances of the sweep ended moments ago): {exc}", ids)
@@ -188,7 +213,7 @@ class Provisioner:
         here = {**(env or {}), "ORCH_PYTHON": py}
         if len(conns) > 1:
             port = conns[0].check(f"{shlex.quote(py)} -c {shlex.quote(FREE_PORT)}").strip()
-            master = api.describe(st.ec2, ids[0]) or {}
+            master = api.describe(st.ec2_of(ids[0]), ids[0]) or {}
             here.update(ORCH_MASTER_ADDR=master.get("private_ip", ""), ORCH_MASTER_PORT=port)
         for rank in sorted(range(len(conns)), reverse=True):  # followers first: node 0 reports once all are started
             self._start_agent(conns[rank], on_host(task, ids[rank], rank, len(conns), here, slot), py, b)
@@ -244,19 +269,37 @@ class Provisioner:
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            prev = api.instance_placement(self.state.ec2, instance_id)
+            prev = api.instance_placement(self.state.ec2_of(instance_id), instance_id)
         except (ClientError, BotoCoreError):
             return
         if prev:
             self.state.blocklist.avoid(*prev)
             log.info("avoiding %s in %s for a while: it just reclaimed %s", prev[0], prev[1], instance_id)
+        region = self.state.where.get(instance_id)
+        if region and len(self.state.cfg.regions) > 1:
+            self._ask_other_regions_again(region)
+
+    def _ask_other_regions_again(self, region: str) -> None:
+        """`region` just took an instance back: capacity moves, so pools that the sweep's other regions refused minutes
+        ago (capacity blocks, never `never`) are asked again by this attempt; a refusal blocks them again."""
+        st, now = self.state, time.time()
+        pools = {
+            (c.instance_type, c.subnet_id)
+            for r, part in list(st.parts.items())
+            if r != region and part.setup
+            for c in part.setup["choices"]
+        }
+        for key, until in list(st.blocklist.until.items()):
+            if (key[1], key[2]) in pools and until - now <= fleet.BLOCK_S:
+                st.blocklist.until.pop(key, None)
 
     def _release_acquired(self, ids: list[str]) -> str:
         """Terminate instances this attempt will not use; say so when even that failed."""
         if not ids:
             return ""
         try:
-            api.terminate(self.state.ec2, ids)
+            for ec2 in {id(self.state.ec2_of(i)): self.state.ec2_of(i) for i in ids}.values():
+                api.terminate(ec2, [i for i in ids if self.state.ec2_of(i) is ec2])
             return ""
         except Exception as exc:  # recorded on the run, so `orch down` (which finds them by tag) is the next step
             log.error("could not terminate %s: %s", ", ".join(ids), exc)

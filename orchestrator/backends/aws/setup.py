@@ -21,21 +21,25 @@ from orchestrator.sweep.spec import Sweep
 log = logging.getLogger("orch.aws")
 
 
-def bootstrap(state: ProvisioningState) -> dict:
-    """Subnets, image, security group, instance profile and launch template (created once)."""
+def bootstrap(state: ProvisioningState, region: str | None = None) -> dict:
+    """Subnets, image, security group, instance profile and launch template of `region` (default: the sweep's
+    first), each region's made once, when it is first used; the first region's decides packing."""
+    part = state.part(region or state.cfg.regions[0])
     with state.setup_lock:
-        if state.setup is None:
-            state.setup = _resources(state)
-        return state.setup
+        if part.setup is None:
+            part.setup = _resources(state, part.region, part.ec2)
+            if part.region == state.cfg.regions[0]:
+                state.setup = part.setup
+        return part.setup
 
 
-def _resources(state: ProvisioningState) -> dict:
+def _resources(state: ProvisioningState, region: str, ec2) -> dict:
     from botocore.exceptions import BotoCoreError, ClientError
 
-    cfg, sweep, ec2 = state.cfg, state.name, state.ec2
+    cfg, sweep = state.cfg, state.name
     try:
-        subnets = api.resolve_subnets(ec2, cfg.subnet_ids, cfg.region)
-        image = resolve_image(ec2, cfg.image, cfg.image_owner, cfg.region)
+        subnets = api.resolve_subnets(ec2, cfg.subnet_ids, region)
+        image = resolve_image(ec2, cfg.image, cfg.image_owner, region)
         sg = cfg.security_group or api.ensure_security_group(
             ec2, sweep, subnets[0]["VpcId"], cfg.ssh_cidr or api.caller_cidr()
         )
@@ -44,7 +48,7 @@ def _resources(state: ProvisioningState) -> dict:
             store = parse_s3(state.sweep.store_url)
             sources = [e.source for e in state.sweep.spec.data or []]
             buckets = [store.bucket] + [parse_s3(u).bucket for u in sources if is_s3(u)]
-            profile = iam.ensure_instance_profile(
+            profile = iam.ensure_instance_profile(  # IAM is global: one profile serves every region
                 api.client("iam", cfg.region),
                 sweep,
                 store.bucket,
@@ -58,8 +62,9 @@ def _resources(state: ProvisioningState) -> dict:
         template = api.ensure_launch_template(ec2, sweep, data)
     except (ClientError, BotoCoreError) as exc:
         raise api.explain(exc, "preparing the sweep's AWS resources") from None
-    choices = fleet.offered_choices(ec2, cfg.instance_types, subnets, cfg.region)
-    _plan_packing(state, sorted({s["AvailabilityZone"] for s in subnets}))
+    choices = fleet.offered_choices(ec2, cfg.instance_types, subnets, region)
+    if region == cfg.regions[0]:
+        _plan_packing(state, sorted({s["AvailabilityZone"] for s in subnets}))
     # Each instance gets a template version of its own from exactly this data (today's image, group, volume,
     # profile) plus its user data: a template made by an earlier launch never pins an older (or deleted)
     # image after `orch ami build --force` / `orch ami rm`, and no DescribeLaunchTemplateVersions answer
@@ -107,7 +112,7 @@ def _hour(market: str, instance_type: str, spot: float | None, region: str) -> t
 def _region_rows(state: ProvisioningState, region: str) -> list[dict]:
     """The (type, AZ) choices of one region with its own spot prices and on-demand prices."""
     cfg = state.cfg
-    ec2 = state.ec2 if region == cfg.region else api.client("ec2", region)
+    ec2 = state.part(region).ec2
     subnets = api.resolve_subnets(ec2, cfg.subnet_ids if region == cfg.region else [], region)
     azs = sorted({s["AvailabilityZone"] for s in subnets})
     prices = api.spot_prices(ec2, cfg.instance_types, azs)
@@ -131,9 +136,12 @@ def plan(state: ProvisioningState) -> dict:
     cfg, sweep = state.cfg, state.sweep
     home = home_region(sweep)
     check_regions(sweep, home)
+    images = []
     try:
         rows = [row for region in cfg.regions for row in _region_rows(state, region)]
-        image = resolve_image(state.ec2, cfg.image, cfg.image_owner, cfg.region)
+        for region in cfg.regions:  # each region's own image (a name pattern finds each region's AMI)
+            image = resolve_image(state.part(region).ec2, cfg.image, cfg.image_owner, region)
+            images.append(f"{image['ImageId']} ({image['Name']})" + (f" in {region}" if len(cfg.regions) > 1 else ""))
     except (ClientError, BotoCoreError) as exc:
         raise api.explain(exc, "reading spot prices and instance types") from None
     gpus = {r["type"]: r["gpus"] for r in rows if r["gpus"] is not None}
@@ -151,7 +159,7 @@ def plan(state: ProvisioningState) -> dict:
         "choices": rows,
         "runs": len(sweep.runs),
         "hours_per_run_max": hours,
-        "image": f"{image['ImageId']} ({image['Name']})",
+        "image": ", ".join(images),
         "image_asked": cfg.image,  # as the sweep names it (an id, a name pattern, recipe:NAME)
         "nodes_per_run": state.nodes,
         "packing": packing,

@@ -39,14 +39,25 @@ def spot_prices_by_region(types: list[str], azs: list[str], default: str) -> dic
 
 
 @dataclass
+class RegionPart:
+    """What the sweep has in one of its regions (docs/guides/regions.md), made when the region is first used."""
+
+    region: str
+    ec2: Any  # that region's EC2 client (boto3 clients are thread-safe)
+    setup: dict | None = None  # its subnets' choices, image, security group, launch template (setup.bootstrap)
+    groups: dict[str, str] = field(default_factory=dict)  # AZ -> the sweep's placement group there
+
+
+@dataclass
 class ProvisioningState:
     sweep: Sweep
-    ec2: Any  # the sweep's EC2 client (boto3 clients are thread-safe)
+    ec2: Any  # the EC2 client of the sweep's first region (boto3 clients are thread-safe)
     ledger: CostLedger  # what the sweep's instances cost (thread-safe)
+    parts: dict[str, RegionPart] = field(default_factory=dict)  # region -> its part (under setup_lock)
+    where: dict[str, str] = field(default_factory=dict)  # instance id -> its region (one dict item a write)
     blocklist: fleet.Blocklist = field(default_factory=fleet.Blocklist)  # pools to avoid (one dict item a write)
     fatal: OrchError | None = None  # set by a provisioning thread (one assignment); the next list() raises it
     outcomes: queue.Queue[Outcome] = field(default_factory=queue.Queue)  # provisioning threads report here
-    groups: dict[str, str] = field(default_factory=dict)  # AZ -> the sweep's placement group (placement.ensure_group)
 
     # Guarded by `lock`: the attempts of this controller between start() and their agent's first report.
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -70,10 +81,26 @@ class ProvisioningState:
 
     @classmethod
     def of(cls, sweep: Sweep) -> ProvisioningState:
-        region = settings(sweep).region
-        ec2 = api.client("ec2", region)
-        prices = PriceBook(lambda types, azs: spot_prices_by_region(types, azs, region))
-        return cls(sweep, ec2, CostLedger(open_store(sweep.store_url), sweep.spec.name, prices, home=region))
+        cfg = settings(sweep)
+        parts = {r: RegionPart(r, api.client("ec2", r)) for r in cfg.regions}
+        prices = PriceBook(lambda types, azs: spot_prices_by_region(types, azs, cfg.region))
+        ledger = CostLedger(open_store(sweep.store_url), sweep.spec.name, prices, home=cfg.region)
+        return cls(sweep, parts[cfg.regions[0]].ec2, ledger, parts)
+
+    def part(self, region: str) -> RegionPart:
+        """The sweep's part in `region` (one outside its list too: a --remote controller's home)."""
+        part = self.parts.get(region)  # the sweep's own regions are there from the start: no lock to wait on
+        if part is not None:
+            return part
+        with self.setup_lock:
+            if region not in self.parts:
+                self.parts[region] = RegionPart(region, api.client("ec2", region))
+            return self.parts[region]
+
+    def ec2_of(self, instance_id: str) -> Any:
+        """The EC2 client of the region the instance is in (the first region's when unknown)."""
+        region = self.where.get(instance_id)
+        return self.parts[region].ec2 if region in self.parts else self.ec2
 
     @property
     def cfg(self) -> AwsSection:
@@ -141,5 +168,14 @@ class ProvisioningState:
         return contract.ctl_dir(contract.REMOTE_BASE, self.name, run_id)
 
     def live(self) -> list[dict]:
-        """The sweep's pending and running instances (one DescribeInstances)."""
-        return api.sweep_instances(self.ec2, self.name, ["pending", "running"])
+        """The sweep's pending and running instances, each with its `region` (one DescribeInstances per region)."""
+        return self.instances(["pending", "running"])
+
+    def instances(self, states: list[str]) -> list[dict]:
+        """The sweep's instances in these states, in every region it may use, each with its `region`."""
+        out = []
+        for region in self.cfg.regions:
+            for inst in api.sweep_instances(self.part(region).ec2, self.name, states):
+                self.where[inst["instance_id"]] = region
+                out.append({**inst, "region": region})
+        return out

@@ -7,6 +7,9 @@ import re
 
 import pytest
 
+from orchestrator.wait import retry_until
+from tests.conftest import ENDED_GAP_S
+from tests.conftest import run_states as status
 from tests.fakecloud import BUCKET, REGION
 from tests.fakecloud.cloud import DATA_BUCKETS
 
@@ -102,3 +105,83 @@ def test_a_sweep_recorded_with_several_regions_relaunches_as_the_same_sweep(orch
     assert AwsSection.model_validate(several.model_dump()).regions == ["us-west-2", "eu-west-1"]
     assert "region" not in several.model_dump() and "regions" not in AwsSection(image="x").model_dump()
     assert re.fullmatch(r"[a-z-]+-\d", AwsSection(image="x", region="eu-west-1").regions[0])
+
+
+# --- runs in several regions, on a fake cloud with two ------------------------------------------------------------
+
+WEST = "us-west-2"
+
+
+@pytest.fixture
+def clouds(tmp_path, orch):
+    """A fake cloud with two regions (us-east-1, us-west-2): each its loopback subnets, its own copy of the image."""
+    from tests.fakecloud import FakeCloud
+
+    with FakeCloud(tmp_path / "cloud", regions=(REGION, WEST)) as c:
+        orch.env.update(c.env())
+        yield c
+        leaks = c.all_leftovers()
+        assert not leaks, f"left behind: {leaks}"
+        assert not c.gate.denied, f"the policy `orch aws policy` prints refused: {c.gate.denied}"
+
+
+def no_capacity(cloud, region: str, on: bool = True) -> None:
+    """Every pool of the region answers InsufficientInstanceCapacity (or no longer does)."""
+    for az in (f"{region}a", f"{region}b"):
+        if on:
+            cloud.gate.fleet_errors[("*", "*", az)] = "InsufficientInstanceCapacity"
+        else:
+            cloud.gate.fleet_errors.pop(("*", "*", az), None)
+
+
+@pytest.mark.timeout(600)
+def test_a_region_without_capacity_hands_every_run_to_the_next_and_down_empties_both(orch, clouds, identity, job):
+    no_capacity(clouds, REGION)
+    text = clouds.sweep_yaml("fail", identity, job(steps=3), extra="grid:\n  a: [1, 2]\nmax_parallel: 2")
+    path = orch.sweep(with_regions(text, f"[{REGION}, {WEST}]"))
+    r = orch("launch", str(path), timeout=500)
+    assert r.code == 0, r.out[-3000:] + r.err[-3000:]
+    final = status(orch, "fail")
+    assert sorted(final) == ["a=1", "a=2"]
+    assert all(v["state"] == "succeeded" and v["attempt"] == 1 for v in final.values()), final
+    ran = clouds.instances("fail", states=("pending", "running", "shutting-down", "terminated"))
+    assert ran and {i["region"] for i in ran} == {WEST}, ran  # asked in us-east-1 first, refused, bought in us-west-2
+    assert clouds.gate.counts["InsufficientInstanceCapacity"] >= 2, clouds.gate.counts
+    down = orch("down", "fail")
+    assert down.code == 0, down.out + down.err
+    assert f"{WEST}: removed" in down.out, down.out  # what each region held, said per region
+    for region in (REGION, WEST):
+        assert not any(clouds.leftovers("fail", region).values()), region
+
+
+@pytest.mark.timeout(900)
+def test_a_run_interrupted_in_one_region_resumes_in_another_from_its_checkpoint(orch, clouds, identity, tmp_path):
+    from tests.e2e.aws.test_spot import FAST_SYNC, TRAIN, instance_of, reference, weights_in_s3
+    from tests.unit.trainer.test_train import same
+
+    no_capacity(clouds, REGION)  # attempt 1 can only run in us-west-2
+    text = clouds.sweep_yaml("moves", identity, TRAIN.replace("{seed}", "5"), extra="max_restarts: 0", **FAST_SYNC)
+    path = orch.sweep(with_regions(text, f"[{REGION}, {WEST}]"))
+    assert orch("launch", str(path), "--detach").code == 0
+    retry_until(
+        lambda: status(orch, "moves").get("run", {}).get("metrics", {}).get("step", 0) >= 60, 300, 0.2, "step 60"
+    )
+    first = instance_of(clouds, "moves", "run", 1)
+    assert [i["region"] for i in clouds.instances("moves") if i["id"] == first] == [WEST]
+    no_capacity(clouds, REGION, on=False)  # us-east-1's capacity returns ...
+    clouds.client("ec2", WEST).terminate_instances(InstanceIds=[first])  # ... as us-west-2 takes its instance back
+    retry_until(
+        lambda: status(orch, "moves", gap=ENDED_GAP_S)["run"]["state"] in ("succeeded", "failed"),
+        600,
+        1.0,
+        "the run to end",
+    )
+    v = status(orch, "moves")["run"]
+    assert (v["state"], v["attempt"], v["preemptions"], v["failures"]) == ("succeeded", 2, 1, 0), v
+    second = clouds.instances("moves", states=("pending", "running", "shutting-down", "terminated"))
+    assert {i["region"] for i in second if i["tags"].get("orch:attempt") == "2"} == {REGION}, second
+    got, _ = weights_in_s3(clouds, "sweeps/moves/run/")
+    assert same(reference(tmp_path, 5), got)  # resumed from its checkpoint: as if never interrupted
+    assert orch("down", "moves").code == 0
+    for region in (REGION, WEST):
+        assert not any(clouds.leftovers("moves", region).values()), region
