@@ -67,19 +67,27 @@ def test_a_region_list_that_is_empty_or_repeats_a_region_is_refused(orch, cloud,
         refused(orch("launch", str(path), "--dry-run"), f"{path}:{line_of(path, 'regions:')}: aws.regions", says)
 
 
-def test_the_dry_run_names_the_home_region_and_the_regions(orch, cloud, identity):
+def test_the_dry_run_names_the_home_region_and_the_regions(orch, clouds, identity):
     # a store whose bucket is in eu-west-1 (GetBucketLocation), though the sweep runs in us-east-1 and us-west-2
-    cloud.client("s3").create_bucket(
+    clouds.client("s3").create_bucket(
         Bucket=DATA_BUCKETS[0], CreateBucketConfiguration={"LocationConstraint": "eu-west-1"}
     )
-    text = with_regions(cloud.sweep_yaml("home", identity, "true"), "[us-east-1, us-west-2]")
+    text = with_regions(clouds.sweep_yaml("home", identity, "true"), "[us-east-1, us-west-2]")
     path = orch.sweep(text.replace(f"s3://{BUCKET}/", f"s3://{DATA_BUCKETS[0]}/"))
     r = orch("launch", str(path), "--dry-run")
     assert r.code == 0, r.out + r.err
     assert "regions us-east-1, us-west-2 (asked in this order); home region eu-west-1" in r.out, r.out
-    one = orch.sweep(cloud.sweep_yaml("home1", identity, "true"), name="one.yaml")
+    one = orch.sweep(clouds.sweep_yaml("home1", identity, "true"), name="one.yaml")
     r = orch("launch", str(one), "--dry-run")
     assert r.code == 0 and f"region {REGION}; home region {REGION}" in r.out, r.out + r.err
+
+
+def test_the_dry_run_refuses_a_region_without_the_image_naming_the_region(orch, cloud, identity):
+    # this cloud has the image in us-east-1 only: the dry run resolves it in every region the sweep may use
+    # (a real launch resolves a region's image when it first asks that region)
+    path = orch.sweep(with_regions(cloud.sweep_yaml("noimg", identity, "true"), "[us-east-1, us-west-2]"))
+    refused(orch("launch", str(path), "--dry-run"), "not found in us-west-2")
+    assert not cloud.instances() and not any(cloud.leftovers("noimg").values())
 
 
 @pytest.mark.parametrize(
