@@ -13,6 +13,7 @@ from orchestrator.aws.images import resolve_image
 from orchestrator.aws.pricing import on_demand_quote, transfer_rate
 from orchestrator.backends.aws.regions import check_regions, home_region, settings
 from orchestrator.backends.aws.state import ProvisioningState
+from orchestrator.errors import OrchError
 from orchestrator.store.s3url import is_s3, parse_s3
 from orchestrator.sweep.packing import describe as describe_packing
 from orchestrator.sweep.packing import packed_gpus, packs, rank
@@ -139,8 +140,15 @@ def plan(state: ProvisioningState) -> dict:
     images = []
     try:
         rows = [row for region in cfg.regions for row in _region_rows(state, region)]
-        for region in cfg.regions:  # each region's own image (a name pattern finds each region's AMI)
-            image = resolve_image(state.part(region).ec2, cfg.image, cfg.image_owner, region)
+        for k, region in enumerate(cfg.regions):  # each region's own image (a name pattern finds each region's AMI)
+            try:
+                image = resolve_image(state.part(region).ec2, cfg.image, cfg.image_owner, region)
+            except OrchError as exc:
+                if k == 0:
+                    raise
+                # a launch asks a later region only when the first has no capacity: said here, refused only then
+                images.append(f"none in {region} ({exc})")
+                continue
             images.append(f"{image['ImageId']} ({image['Name']})" + (f" in {region}" if len(cfg.regions) > 1 else ""))
     except (ClientError, BotoCoreError) as exc:
         raise api.explain(exc, "reading spot prices and instance types") from None
