@@ -16,7 +16,12 @@ def check(spec: Any, base: Path) -> Problems:
     out: Problems = []
     aws = spec.section("aws")
     if aws is None:
-        out.append((("backend",), "backend aws needs an `aws:` section (at least `image:`); see README"))
+        out.append(
+            (
+                ("backend",),
+                "backend aws needs an `aws:` section (at least `image:`); see docs/getting-started/first-aws-sweep.md",
+            )
+        )
     if not spec.store.startswith("s3://"):
         out.append(
             (
