@@ -8,7 +8,8 @@ than `stale_after_s` (or whose holder's process is gone, when it ran on this ver
 conditionally. A remote controller restarted by its own supervisor takes its dead predecessor's lease at once: the
 supervisor starts one controller at a time, so a lease held under its id is held by a controller that has exited.
 `orch down` from anywhere asks the holder to stop by writing `stop_requested` into the record: the holder reads
-its record every pass (a GET; it writes only every RENEW_S), sees the record moved, reads why, and ends.
+its record every READ_S between its writes (a GET; it writes only every RENEW_S), sees the record moved, reads why,
+and ends.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from orchestrator.store import layout
 from orchestrator.store.base import Store, json_bytes
 
 RENEW_S = 15.0  # a heartbeat write at most this often: one PUT per 15 s is 5,760 a day (under $0.03 on S3); between
-# writes a GET per pass (43,200 a day at 2 s passes: under $0.02) sees a stop request within a pass
+# writes a GET at most every READ_S sees a stop request within seconds
+READ_S = 3.0  # 23,040 GETs a day (4 per renewal), under $0.01; a GET each 1 s pass was 80,640 ($0.03: 20 runs' bill
+# was $0.51 a day, over the $0.50 goal of tests/bench/test_bench_s3_requests.py); a stop waits at most 3 s longer
 STALE_S = 120.0  # eight renewals missed: the holder is gone (generous, for clock skew and a slow pass)
 
 # Where the controller runs, when it runs on an instance orch started for it (the remote controller's unit
@@ -127,6 +130,7 @@ class Lease:
         self.record: LeaseRecord | None = None
         self.took_over: LeaseRecord | None = None  # the stale lease this one replaced, for the log
         self._renewed = 0.0
+        self._read = 0.0  # when the record was last read or written by this holder
 
     def acquire(self, tries: int = 5) -> Lease:
         """Take the sweep, or refuse (OrchError, exit 2) when a live controller holds it."""
@@ -139,6 +143,7 @@ class Lease:
             new = self.store.put_if(lease_key(self.sweep), json_bytes(record.to_json()), version)
             if new:
                 self.version, self.record, self._renewed = new, record, now
+                self._read = now
                 self.took_over = current if current is not None and current.ended is None else None
                 return self
         raise OrchError(
@@ -152,18 +157,22 @@ class Lease:
         return bool(self.holder.supervisor) and holder.supervisor == self.holder.supervisor
 
     def renew(self, force: bool = False, now: float | None = None) -> None:
-        """The heartbeat, from the pass loop: written when due, the record read otherwise. Raises LeaseLost when
-        the record moved on (another controller took it over, or `orch down` asked this one to stop)."""
+        """The heartbeat, from the pass loop: written when due, the record read otherwise (at most every READ_S).
+        Raises LeaseLost when the record moved on (another controller took it over, or `orch down` asked this one to
+        stop)."""
         now = time.time() if now is None else now
         if self.record is None:
             return
         if not force and now - self._renewed < RENEW_S:
+            if now - self._read < READ_S:
+                return
+            self._read = now
             if self.store.get_versioned(lease_key(self.sweep))[1] == self.version:
                 return  # (a stop request changes the record: the write below then fails and says why)
         self.record.heartbeat = now
         new = self.store.put_if(lease_key(self.sweep), json_bytes(self.record.to_json()), self.version)
         if new:
-            self.version, self._renewed = new, now
+            self.version, self._renewed, self._read = new, now, now
             return
         current, version = read_lease(self.store, self.sweep)
         self.record = None

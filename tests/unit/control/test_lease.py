@@ -14,7 +14,17 @@ import time
 
 import pytest
 
-from orchestrator.control.lease import Holder, Lease, LeaseLost, LeaseRecord, lease_key, read_lease, request_stop
+from orchestrator.control.lease import (
+    READ_S,
+    RENEW_S,
+    Holder,
+    Lease,
+    LeaseLost,
+    LeaseRecord,
+    lease_key,
+    read_lease,
+    request_stop,
+)
 from orchestrator.errors import OrchError
 from orchestrator.store.base import json_bytes
 from orchestrator.wait import retry_until
@@ -92,12 +102,15 @@ def test_a_released_lease_is_free_at_once_and_a_stop_request_ends_the_holder(sto
     assert stopped.value.stopped and "orch down on the laptop" in str(stopped.value)
 
 
-def test_a_stop_request_reaches_the_holder_at_its_next_pass_not_its_next_renewal(store, tmp_path):
+def test_a_stop_request_reaches_the_holder_within_seconds_not_at_its_next_renewal(store, tmp_path):
     holder = Lease(store, "sw", tmp_path / "a").acquire()
-    holder.renew()  # a pass right after taking it: no write due, nothing changed
+    t0 = time.time()
+    holder.renew(now=t0 + 1)  # a pass right after taking it: no write due, nothing read yet (a GET costs)
     assert request_stop(store, "sw", by="orch down elsewhere") is not None
+    holder.renew(now=t0 + 2)  # the next pass: the record is read at most every READ_S
     with pytest.raises(LeaseLost) as stopped:
-        holder.renew()  # the next pass, seconds before its next heartbeat write is due
+        holder.renew(now=t0 + READ_S)  # seconds later, long before its next heartbeat write is due (RENEW_S)
+    assert READ_S < RENEW_S / 3
     assert stopped.value.stopped and "orch down elsewhere" in str(stopped.value)
 
 
