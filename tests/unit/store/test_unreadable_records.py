@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 
 import pytest
 
@@ -160,3 +161,45 @@ def test_a_corrupt_status_record_is_reported_not_a_crash(orch, record):
         no_traceback(r)
         assert r.code == 0, (args, r.err)
     assert "corrupt" in orch("status", "corrupt").out
+
+
+def test_a_prune_verdict_stands_over_a_record_that_cannot_be_read_and_the_relaunch_prunes_the_run(orch, tmp_path):
+    # Found by the invariant harness (tests/harness): rungs.json holds a verdict the run's record does not (a controller
+    # stopped between the two writes), the record is then torn and the summary says nothing final. The relaunch's
+    # controller reads the record, finds it unreadable with no host (a start), and the verdict taken before stands.
+    script = tmp_path / "curve.py"
+    script.write_text(
+        textwrap.dedent("""
+            import json, os, sys, time
+            x = int(sys.argv[1])
+            with open(os.path.join(os.environ["ORCH_RUN_DIR"], "metrics.jsonl"), "a") as f:
+                f.write(json.dumps({"epoch": 1, "acc": x / 10}) + "\\n")
+            if x < 5:
+                time.sleep(600)  # a losing run: it waits to be pruned
+        """)
+    )
+    path = orch.sweep(f"""
+        name: prunetorn
+        command: "{sys.executable} {script} {{x}}"
+        grid:
+          x: [9, 1]
+        max_parallel: 1
+        store: store
+        prune:
+          metric: acc
+          rungs: [1]
+          keep: 0.5
+          min_runs: 2
+    """)
+    r = orch("launch", str(path), timeout=240)
+    assert r.code == 0, r.out + r.err
+    assert run_states(orch, "prunetorn")["x=1"]["state"] == "pruned"
+    rungs = json.loads(orch.store("prunetorn", "rungs.json").read_text())
+    assert "x=1" in rungs["pruned"], rungs  # the verdict, kept beside the records
+    _corrupt_record(orch, "prunetorn", "x=1")
+    orch.store("prunetorn", "summary.json").write_text("{")  # no summary: the controller reads every record
+    r = orch("launch", str(path), timeout=240)
+    assert r.code == 0 and "Traceback" not in r.out + r.err and "Impossible" not in r.out + r.err, r.out + r.err
+    states = run_states(orch, "prunetorn", every=True)
+    assert states["x=1"]["state"] == "pruned" and states["x=9"]["state"] == "succeeded", states
+    assert "pruned at epoch 1" in states["x=1"]["reason"], states["x=1"]
