@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator.aws.ec2 import NOT_FOUND_S, error_code, explain
+from orchestrator.aws.fleet import CapacityUnavailable
 from orchestrator.errors import OrchError
 from orchestrator.wait import Timeout, retry_until
 
@@ -146,6 +147,44 @@ def _deregister(ec2, image_id: str, snapshots: list[str]) -> bool:
     for snap in [] if together else snapshots:
         ec2.delete_snapshot(SnapshotId=snap)
     return True
+
+
+def copy_into(ec2, source: dict, source_region: str) -> str:
+    """CopyImage of `source` (an image orch built, as DescribeImages lists it) into the region of `ec2`, tagged as the
+    original (its orch:* tags, on the image and its snapshots at creation): `orch ami list` / `rm`, `orch gc` and the
+    next launch find the copy. Answers at once; the copy is `pending` for minutes (wait_available)."""
+    tags = [{"Key": k, "Value": v} for k, v in sorted(tags_of(source).items()) if k.startswith("orch:")]
+    return ec2.copy_image(
+        SourceImageId=source["ImageId"],
+        SourceRegion=source_region,
+        Name=source.get("Name") or f"orch-{tags_of(source).get(RECIPE_TAG, 'image')}",
+        Description=f"orch: a copy of {source['ImageId']} from {source_region}",
+        TagSpecifications=[{"ResourceType": "image", "Tags": tags}, {"ResourceType": "snapshot", "Tags": tags}],
+    )["ImageId"]
+
+
+class ImageNotReady(CapacityUnavailable):
+    """The sweep's image is not usable in a region yet (its copy is on its way, or ended badly): the region is passed
+    over as one without capacity, and asked again at the next pass."""
+
+
+def recipe_image_here(ec2, name: str, sha: str, region: str) -> None:
+    """Raise ImageNotReady when this region's image of recipe `name` at `sha` (a copy) is still pending or ended
+    badly and no image of that sha is available here; return when one is, or when none of that sha exists."""
+    mine = images(ec2, name, sha)
+    if not mine or any(i.get("State") == "available" for i in mine):
+        return
+    image = mine[0]
+    if image.get("State") in WAITING_STATES:
+        raise ImageNotReady(
+            f"{region}: image {image['ImageId']} (recipe {name}) is still being copied there; the region is asked "
+            "again at the next pass"
+        )
+    raise ImageNotReady(
+        f"{region}: the copy {image['ImageId']} of recipe {name} is {image.get('State')} "
+        f"({(image.get('StateReason') or {}).get('Message', 'no reason given')}); `orch ami rm {image['ImageId']} "
+        f"--region {region}` removes it, and the next `orch launch` copies the image there again"
+    )
 
 
 def resolve_recipe_image(ec2, image: str, region: str) -> str:

@@ -35,21 +35,18 @@ READ_ACTIONS = [
     "ec2:DescribeVpcs",
     "ec2:DescribeSubnets",
     "ec2:DescribeInstances",
-    "ec2:DescribeInstanceTypes",
-    "ec2:DescribeInstanceTypeOfferings",
+    "ec2:DescribeInstanceType*",  # DescribeInstanceTypes, DescribeInstanceTypeOfferings (a managed policy's size)
     "ec2:DescribeSpotPriceHistory",
     "ec2:DescribeSecurityGroups",
-    "ec2:DescribeLaunchTemplates",
-    "ec2:DescribeLaunchTemplateVersions",
+    "ec2:DescribeLaunchTemplate*",  # DescribeLaunchTemplates, DescribeLaunchTemplateVersions
     "ec2:DescribePlacementGroups",
     "ec2:DescribeRegions",  # which of the sweep's regions the account may use (opt-in regions)
 ]
-# New resources (a launch, a group, a template, a copied image): nothing of anyone else's is touched.
+# New resources (a launch, a group, a template): nothing of anyone else's is touched. Images: Ec2NewImages.
 CREATE_ACTIONS = [
     "ec2:CreateSecurityGroup",
     "ec2:CreateLaunchTemplate",
     "ec2:CreatePlacementGroup",
-    "ec2:CopyImage",
 ]
 # The API names whose TagSpecifications orch uses: tags written by them are written at creation.
 TAGGING_CREATE_ACTIONS = [
@@ -254,11 +251,14 @@ def ec2_statements(owners: Sequence[str] = DEFAULT_IMAGE_OWNERS, vpcs: Sequence[
             "Resource": "arn:aws:ec2:*:*:security-group-rule/*",
             "Action": ["ec2:AuthorizeSecurityGroupIngress", "ec2:RevokeSecurityGroupIngress"],
         },
-        {
+        {  # a new image (CreateImage) or a copy of one in another region (CopyImage, which takes the source image too:
+            # Service Authorization Reference), its snapshots with it: only tagged orch:recipe in the request, so
+            # `orch ami list` / `rm` and `orch gc` see whatever these calls make
             "Sid": "Ec2NewImages",
             "Effect": "Allow",
             "Resource": ["arn:aws:ec2:*::image/*", "arn:aws:ec2:*::snapshot/*"],
-            "Action": "ec2:CreateImage",
+            "Action": ["ec2:CreateImage", "ec2:CopyImage"],
+            "Condition": {"Null": {f"aws:RequestTag/{RECIPE_TAG}": "false"}},
         },
         {  # and launch from them: the snapshots a launch reads, when they are the account's (launch_statements)
             "Sid": "Ec2OnOrchImages",

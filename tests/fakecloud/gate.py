@@ -619,10 +619,13 @@ class Gate:
         if action in ("CreateTags", "DeleteTags") and keys:  # the request's tag keys (absent without tags, as IAM)
             existing = [(arn, {**tags, "aws:TagKeys": keys}) for arn, tags in existing]
         checks = [(f"ec2:{action}", arn, tags) for arn, tags in existing] or [(f"ec2:{action}", "*", {})]
-        if action == "CreateImage":  # the image and its snapshots are resources of the call too
-            checks += [("ec2:CreateImage", _ec2_arn("ami-new"), {}), ("ec2:CreateImage", _ec2_arn("snap-new"), {})]
+        if action == "CreateImage":  # the image and its snapshots are resources of the call too, with its tags
+            ctx = _request_tags(form)
+            checks += [("ec2:CreateImage", _ec2_arn("ami-new"), ctx), ("ec2:CreateImage", _ec2_arn("snap-new"), ctx)]
         if action in ("RunInstances", "CreateFleet"):
             return _launch_checks(action, form, self.placement)
+        if action == "CopyImage":
+            checks = _copy_image_checks(form)
         for kind in _tag_specification_types(form):  # tags written at creation: CreateTags, with the creating API
             checks.append(("ec2:CreateTags", _ec2_arn(f"{kind}/new"), {"ec2:CreateAction": action}))
         return checks
@@ -1209,6 +1212,25 @@ def _resource_tags(resource: str, placement) -> dict[str, str]:
         with MOTO:
             tags = dict(_ec2_backend().tags.get(resource, {}))
     return {f"aws:ResourceTag/{k}": v for k, v in tags.items()}
+
+
+def _request_tags(form: dict[str, list[str]]) -> dict:
+    """aws:RequestTag/… and aws:TagKeys of a request that tags a new image at creation (none without tags, as IAM)."""
+    tags = _tag_specifications(form).get("image", {})
+    ctx: dict[str, object] = {f"aws:RequestTag/{k}": v for k, v in tags.items()}
+    if tags:
+        ctx["aws:TagKeys"] = sorted(tags)
+    return ctx
+
+
+def _copy_image_checks(form: dict[str, list[str]]) -> list[tuple[str, str, dict]]:
+    """CopyImage (Service Authorization Reference; EC2 user guide, "Grant permissions to copy Amazon EC2 AMIs"): the
+    source image (of the source region), the new image and its new snapshots, each with the request's tags (the image's
+    TagSpecification: aws:RequestTag/…, aws:TagKeys) — the copy is allowed only tagged as the policy asks."""
+    ctx = _request_tags(form)
+    source = form.get("SourceImageId", [""])[0]
+    source_arn = f"arn:aws:ec2:{form.get('SourceRegion', [REGION])[0]}::image/{source}"
+    return [("ec2:CopyImage", arn, ctx) for arn in (source_arn, _ec2_arn("image/new"), _ec2_arn("snapshot/new"))]
 
 
 def _tag_specification_types(form: dict[str, list[str]]) -> list[str]:

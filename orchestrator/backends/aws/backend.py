@@ -22,12 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 from orchestrator import contract
 from orchestrator.aws import ec2 as api
+from orchestrator.aws.images import ImageNotReady
 from orchestrator.backends.aws import listing
 from orchestrator.backends.aws.pack import Packer
 from orchestrator.backends.aws.provision import Provisioner
 from orchestrator.backends.aws.regions import check_regions, home_region, settings
 from orchestrator.backends.aws.settings import LOST_AFTER_S
-from orchestrator.backends.aws.setup import bootstrap, plan
+from orchestrator.backends.aws.setup import bootstrap, copy_recipe_image, plan
 from orchestrator.backends.aws.state import ProvisioningState
 from orchestrator.backends.base import ACQUIRING, BackendBase, Host, Outcome
 from orchestrator.contract import RunTask
@@ -80,7 +81,17 @@ class AwsBackend(BackendBase):
         check_regions(self.sweep, home)
         self.state.ledger.home = home  # the store's region: what hosts elsewhere move to and from it is transfer
         public_key_of(self.cfg.ssh.identity)
-        self.bootstrap()
+        copy_recipe_image(self.state)  # into each region that lacks it, before the first region's resources
+        try:
+            self.bootstrap()
+        except ImageNotReady as exc:  # the first region decides packing: its image must be there before a launch
+            first = self.cfg.regions[0]
+            raise OrchError(
+                f"{exc}. The first region listed must have the image before a launch: launch again once `orch ami "
+                f"list --region {first}` shows it available, or list first a region that has it. No instance was "
+                "launched.",
+                exit_code=2,
+            ) from None
 
     def plan(self) -> dict:
         """What a launch would ask for: (type, AZ) choices with their current spot price, and a cost bound."""

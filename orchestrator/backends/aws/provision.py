@@ -106,18 +106,18 @@ class Provisioner:
         refusals: list[OrchError] = []
         for region in cfg.regions:
             part = st.part(region)
-            setup = bootstrap(st, region)
-            args = (
-                part.ec2,
-                setup["template"],
-                setup["base"],
-                user_data,
-                setup["choices"],
-                fleet.markets(cfg.market),
-                tags,
-                st.blocklist,
-            )
             try:
+                setup = bootstrap(st, region)  # ImageNotReady: its image is still being copied there
+                args = (
+                    part.ec2,
+                    setup["template"],
+                    setup["base"],
+                    user_data,
+                    setup["choices"],
+                    fleet.markets(cfg.market),
+                    tags,
+                    st.blocklist,
+                )
                 if st.nodes > 1:
                     got = fleet.acquire_nodes(
                         *args,

@@ -9,6 +9,7 @@ import logging
 
 from orchestrator.aws import ec2 as api
 from orchestrator.aws import fleet, iam
+from orchestrator.aws import images as orch_images
 from orchestrator.aws.images import resolve_image
 from orchestrator.aws.pricing import on_demand_quote, transfer_rate
 from orchestrator.backends.aws.regions import check_regions, home_region, settings
@@ -40,6 +41,8 @@ def _resources(state: ProvisioningState, region: str, ec2) -> dict:
     cfg, sweep = state.cfg, state.name
     try:
         subnets = api.resolve_subnets(ec2, cfg.subnet_ids, region)
+        if state.recipe_sha:  # a copy of the sweep's recipe image on its way here: this region waits for it
+            orch_images.recipe_image_here(ec2, cfg.image[len("recipe:") :], state.recipe_sha, region)
         image = resolve_image(ec2, cfg.image, cfg.image_owner, region)
         sg = cfg.security_group or api.ensure_security_group(
             ec2, sweep, subnets[0]["VpcId"], cfg.ssh_cidr or api.caller_cidr()
@@ -71,6 +74,53 @@ def _resources(state: ProvisioningState, region: str, ec2) -> dict:
     # image after `orch ami build --force` / `orch ami rm`, and no DescribeLaunchTemplateVersions answer
     # (response fields such as MetadataOptions.State) is ever posted back as a request.
     return {"template": template, "base": data, "choices": choices, "image": image, "sg": sg}
+
+
+def recipe_source(state: ProvisioningState) -> tuple[str, dict] | None:
+    """(region, image): the newest `available` image built from the sweep's recipe (`image: recipe:NAME`) in any of
+    its regions; None for another kind of image, one region, or a recipe built nowhere yet."""
+    cfg = state.cfg
+    if not cfg.image.startswith("recipe:") or len(cfg.regions) < 2:
+        return None
+    name = cfg.image[len("recipe:") :]
+    ready = [
+        (i.get("CreationDate", ""), r, i)
+        for r in cfg.regions
+        for i in orch_images.images(state.part(r).ec2, name)
+        if i.get("State") == "available"
+    ]
+    if not ready:
+        return None
+    _, region, image = max(ready, key=lambda x: x[0])
+    return region, image
+
+
+def copy_recipe_image(state: ProvisioningState) -> list[str]:
+    """`image: recipe:NAME` over several regions (docs/guides/regions.md): the newest image built from NAME in any of
+    them is copied, at launch, into each listed region that has no image of its recipe hash (none there, being
+    copied, or failed), tagged as the original; a region's hosts launch only from that hash, once its copy is
+    available (recipe_image_here). Copied at launch, not when a region is first asked: a copy takes minutes to an
+    hour, and a region is asked exactly when the sweep needs its capacity at once. Says what it started."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    found = recipe_source(state)
+    if found is None:
+        return []
+    source_region, source = found
+    name, sha = state.cfg.image[len("recipe:") :], orch_images.tags_of(source).get(orch_images.SHA_TAG, "")
+    state.recipe_sha = sha
+    said = []
+    for region in state.cfg.regions:
+        ec2 = state.part(region).ec2
+        try:
+            if region == source_region or orch_images.images(ec2, name, sha):
+                continue
+            copied = orch_images.copy_into(ec2, source, source_region)
+        except (ClientError, BotoCoreError) as exc:
+            raise api.explain(exc, f"copying image {source['ImageId']} into {region}") from None
+        said.append(f"{region}: copying image {source['ImageId']} (recipe {name}) from {source_region}: {copied}")
+        log.info("%s", said[-1])
+    return said
 
 
 def regions_of(cfg) -> tuple[str, ...]:
@@ -140,14 +190,24 @@ def plan(state: ProvisioningState) -> dict:
     images = []
     try:
         rows = [row for region in cfg.regions for row in _region_rows(state, region)]
+        source = recipe_source(state)
         for k, region in enumerate(cfg.regions):  # each region's own image (a name pattern finds each region's AMI)
             try:
                 image = resolve_image(state.part(region).ec2, cfg.image, cfg.image_owner, region)
             except OrchError as exc:
+                copied = f"{source[1]['ImageId']} from {source[0]}" if source else ""
+                if k == 0 and copied:
+                    raise OrchError(
+                        f"{exc}\n`orch launch` copies {copied} there, and launches once the copy is available "
+                        "(minutes to an hour); or list a region that has it first.",
+                        exit_code=2,
+                    ) from None
                 if k == 0:
                     raise
                 # a launch asks a later region only when the first has no capacity: said here, refused only then
-                images.append(f"none in {region} ({exc})")
+                images.append(
+                    f"none in {region} yet: a launch copies {copied} there" if copied else f"none in {region} ({exc})"
+                )
                 continue
             images.append(f"{image['ImageId']} ({image['Name']})" + (f" in {region}" if len(cfg.regions) > 1 else ""))
     except (ClientError, BotoCoreError) as exc:

@@ -3,6 +3,7 @@ the controller's credentials as IAM does), and its grammar (what IAM's policy va
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import json
 import re
@@ -321,7 +322,9 @@ KEYS = {  # key -> (type, the actions of orch's policy that take it)
     "kms:ViaService": ("String", {"kms:Decrypt", "kms:GenerateDataKey"}),
     "aws:ResourceTag/": ("String", None),  # every EC2 action of the policy that has a tagged resource
     "aws:TagKeys": ("String", {"ec2:CreateTags", "ec2:DeleteTags", "ec2:RunInstances", "ec2:CreateFleet"}),
-    "aws:RequestTag/": ("String", {"ec2:RunInstances", "ec2:CreateFleet"}),  # instance, volume, fleet, … of a launch
+    # instance, volume, fleet, … of a launch; the image and snapshots of CreateImage and CopyImage (the Service
+    # Authorization Reference, as parliament's iam_definition.json has it)
+    "aws:RequestTag/": ("String", {"ec2:RunInstances", "ec2:CreateFleet", "ec2:CreateImage", "ec2:CopyImage"}),
     "ec2:Owner": ("String", {"ec2:RunInstances", "ec2:CreateFleet"}),  # an image's, a snapshot's
     "ec2:InstanceType": ("String", {"ec2:RunInstances", "ec2:CreateFleet"}),
     "ec2:Vpc": ("ARN", {"ec2:RunInstances", "ec2:CreateFleet"}),  # a subnet's
@@ -361,7 +364,12 @@ def check_grammar(doc: dict) -> None:
             if name == "*":  # a whole service: only ever denied (the regions' guardrail), never allowed
                 assert st["Effect"] == "Deny", st
                 continue
-            assert a in PERMISSION_ONLY or name in _operations({"s3": "s3", "kms": "kms"}.get(service, service)), a
+            ops = _operations({"s3": "s3", "kms": "kms"}.get(service, service))
+            if name.endswith("*"):  # a few reads named together (the policy's size): each match a real Describe
+                named = fnmatch.filter(ops, name)
+                assert named and all(o.startswith("Describe") for o in named), (a, named)
+                continue
+            assert a in PERMISSION_ONLY or name in ops, a
         for r in _as_list(st["Resource"]):
             r = r.replace("${aws:PrincipalAccount}", "123456789012").replace("YOUR-BUCKET", "your-bucket")
             assert r == "*" or any(re.fullmatch(SERVICE_ARN[a.partition(":")[0]], r) for a in actions), (st, r)
