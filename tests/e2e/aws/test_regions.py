@@ -194,3 +194,52 @@ def test_a_run_interrupted_in_one_region_resumes_in_another_from_its_checkpoint(
     assert orch("down", "moves").code == 0
     for region in (REGION, WEST):
         assert not any(clouds.leftovers("moves", region).values()), region
+
+
+def recipe_image(cloud, region: str, recipe: str = "tiny") -> tuple[str, dict]:
+    """An image as `orch ami build` leaves it in `region` (tagged with its recipe, hash and base; its snapshot
+    tagged orch:recipe), made by the test's own hand: (its id, its tags)."""
+    image_id = cloud.register_image(f"orch-{recipe}-0123456789ab-20261203", region=region)
+    tags = {"orch:recipe": recipe, "orch:recipe-sha": "5" * 64, "orch:base": cloud.images[region]}
+    cloud.client("ec2", region).create_tags(
+        Resources=[image_id], Tags=[{"Key": k, "Value": v} for k, v in tags.items()]
+    )
+    return image_id, tags
+
+
+@pytest.mark.timeout(400)
+def test_a_recipe_image_is_copied_into_the_failover_region_and_its_runs_launch_from_the_copy(orch, clouds, identity):
+    built, tags = recipe_image(clouds, REGION)  # built in us-east-1 only
+    no_capacity(clouds, REGION)  # so every run must go to us-west-2, which has no image of the recipe
+    text = clouds.sweep_yaml("copied", identity, "true", image="recipe:tiny", extra="grid:\n  a: [1, 2]")
+    path = orch.sweep(with_regions(text, f"[{REGION}, {WEST}]"))
+    dry = orch("launch", str(path), "--dry-run")
+    assert dry.code == 0 and f"none in {WEST} yet: a launch copies {built} from {REGION} there" in dry.out, dry.out
+    west = clouds.client("ec2", WEST)
+    assert not west.describe_images(Owners=["self"], Filters=[{"Name": "tag:orch:recipe", "Values": ["tiny"]}])[
+        "Images"
+    ]  # the dry run copied nothing
+    r = orch("launch", str(path), timeout=300)
+    assert r.code == 0, r.out[-3000:] + r.err[-3000:]
+    final = status(orch, "copied")
+    assert sorted(final) == ["a=1", "a=2"] and all(v["state"] == "succeeded" for v in final.values()), final
+    copies = west.describe_images(Owners=["self"], Filters=[{"Name": "tag:orch:recipe", "Values": ["tiny"]}])["Images"]
+    assert len(copies) == 1 and copies[0]["ImageId"] != built and copies[0]["State"] == "available", copies
+    copy = copies[0]
+    assert {t["Key"]: t["Value"] for t in copy["Tags"]} == tags  # tagged as the original: ami list / rm / gc see it
+    snapshots = [b["Ebs"]["SnapshotId"] for b in copy["BlockDeviceMappings"] if b.get("Ebs", {}).get("SnapshotId")]
+    snap_tags = {
+        t["Key"]: t["Value"] for s in west.describe_snapshots(SnapshotIds=snapshots)["Snapshots"] for t in s["Tags"]
+    }
+    assert snapshots and snap_tags["orch:recipe"] == "tiny", snap_tags  # its snapshots too, at creation
+    ran = clouds.instances("copied", states=("pending", "running", "shutting-down", "terminated"))
+    assert ran and {i["region"] for i in ran} == {WEST}, ran
+    used = {
+        i["ImageId"]
+        for res in west.describe_instances(Filters=[{"Name": "tag:orch:sweep", "Values": ["copied"]}])["Reservations"]
+        for i in res["Instances"]
+    }
+    assert used == {copy["ImageId"]}, used  # launched from the copy, never before it was available
+    assert orch("down", "copied").code == 0
+    for region in (REGION, WEST):
+        assert not any(clouds.leftovers("copied", region).values()), region
