@@ -24,6 +24,7 @@ remove the item here and the mark there).
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import math
@@ -40,7 +41,7 @@ from orchestrator.aws.pricing import ledger_cost
 from orchestrator.backends.registry import load_sweep
 from orchestrator.contract import finite
 from orchestrator.control.actions import cancel_run, stop_sweep
-from orchestrator.control.collect import collect
+from orchestrator.control.collect import PARAM_PREFIX, collect, write_outputs
 from orchestrator.control.controller import DONE, Controller, decide
 from orchestrator.control.state import State
 from orchestrator.control.study import Outcome, parse_record, rebuild
@@ -53,6 +54,9 @@ from tests.harness.sim import PRICES, Cloud, Plan, SimAgent, SimBackend, default
 
 KNOWN: dict[int, str] = {}
 LINES = 4  # metrics lines of a command that runs to its end
+# issue 44 item 12: a param named like one of collect's columns (`params:`, so every run has it)
+CLASHES = ("state", "attempts", "reason", "elapsed_s", "trial_value", "reached", "best_loss", "cost_usd", "region")
+CLASH_VALUE = "given-as-a-param"
 
 
 @dataclasses.dataclass
@@ -70,6 +74,7 @@ class Scenario:
     nodes: int
     pack: int
     value: str  # search: last | best
+    clash: str | None = None  # a param named like one of collect's columns (CLASHES)
 
     def yaml(self) -> dict:
         doc: dict = {
@@ -99,6 +104,8 @@ class Scenario:
             doc["target"] = {"metric": "loss", "value": 0.9}
         if self.nodes > 1:
             doc["resources"] = {"nodes": self.nodes}
+        if self.clash is not None:
+            doc["params"] = {self.clash: CLASH_VALUE}
         return doc
 
 
@@ -120,6 +127,7 @@ def scenarios(draw) -> Scenario:
         nodes=draw(st.sampled_from([1, 1, 2])),
         pack=draw(st.sampled_from([1, 1, 2])),
         value=draw(st.sampled_from(["last", "best"])),
+        clash=draw(st.sampled_from([None, None, None, *CLASHES])),
     )
 
 
@@ -159,6 +167,7 @@ class Harness(RuleBasedStateMachine):
         self.latest: dict[str, dict] = {}  # run -> its newest status record written (from the store's writes)
         self.corrupted: set[str] = set()
         self.sampler_checked: bytes | None = None  # the study record last checked against what its sampler sees
+        self.results_checked = 0  # runs.csv/runs.json written and checked (with a param named like a column)
 
     # --- the scenario -----------------------------------------------------------------------------
 
@@ -302,6 +311,7 @@ class Harness(RuleBasedStateMachine):
         stop_sweep(self.sweep, backend, self.store)
         backend.teardown()
         self.down = True
+        self._check_results_files()
 
     @precondition(lambda self: self.controller is not None)
     @rule()
@@ -312,6 +322,7 @@ class Harness(RuleBasedStateMachine):
         self.controller.run(interval=0.001)
         self._check_ledger_flushed()
         self.controller = None
+        self._check_results_files()
 
     # --- invariants -----------------------------------------------------------------------------
 
@@ -389,6 +400,31 @@ class Harness(RuleBasedStateMachine):
             assert shown == {k: received.words[k] for k in shown}, (
                 f"{received.run_id}: collect shows {params}, its command line had {received.words}"
             )
+
+    def _check_results_files(self) -> None:
+        """`orch collect`'s runs.csv and runs.json, once the loop ended or the sweep was stopped: a param named like one
+        of collect's columns is under `param.<name>` and the column says what collect says, never the param's value
+        (issue 44 item 12; written only then, and only with such a param: the files are drawn with matplotlib)."""
+        if self.scenario.clash is None or self.store.refusing:
+            return
+        self.results_checked += 1
+        results = collect(self.sweep, self.store)
+        out = self.root / "collected"
+        write_outputs(results, out)
+        with open(out / "runs.csv", newline="") as f:
+            in_csv = {row["run_id"]: row for row in csv.DictReader(f)}
+        in_json = {row["run_id"]: row for row in json.loads((out / "runs.json").read_text())["runs"]}
+        name = self.scenario.clash
+        for r in results.runs:
+            for where, row in (("runs.csv", in_csv[r.run_id]), ("runs.json", in_json[r.run_id])):
+                assert row.get(PARAM_PREFIX + name) == CLASH_VALUE, (
+                    f"{where}: the param {name!r} of {r.run_id} is not under {PARAM_PREFIX}{name}: {row}"
+                )
+                assert str(row.get(name)) != CLASH_VALUE, f"{where}: the param {name!r} overwrote the column: {row}"
+                assert (str(row["state"]), str(row["attempts"])) == (r.state, str(r.attempts)), (
+                    f"{where}: {r.run_id} shows state {row['state']} attempts {row['attempts']}, collect has "
+                    f"{r.state} {r.attempts}"
+                )
 
     @invariant()
     def trials_told_once_by_the_rule(self) -> None:

@@ -18,7 +18,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.stateful import run_state_machine_as_test
 
 from orchestrator.errors import OrchError
-from tests.harness.machine import Harness, Scenario
+from tests.harness.machine import CLASHES, Harness, Scenario
 
 DB = DirectoryBasedExampleDatabase(str(Path(__file__).parent / "hypothesis-db"))
 _COMMON = dict(deadline=None, database=DB, suppress_health_check=list(HealthCheck), print_blob=True)
@@ -83,6 +83,12 @@ def test_a_sweep_without_faults_ends_with_every_run_succeeded_and_in_the_store()
     m = scripted(grid(), ["ok"] * 12, PASS_AND_TICK * 8 + ["controller_pass", "loop_ends"], checked=set())
     assert m.progress is not None and m.progress.done
     assert {v.state for v in m.progress.runs} == {"succeeded"}
+
+
+@pytest.mark.parametrize("name", CLASHES)
+def test_a_param_named_like_a_collect_column_is_under_param_and_never_overwrites_the_column(name):
+    m = scripted(grid(clash=name), ["ok"] * 12, PASS_AND_TICK * 8 + ["controller_pass", "loop_ends"], checked=set())
+    assert m.results_checked == 1  # the loop ended, and runs.csv and runs.json were checked
 
 
 def test_a_pruned_run_keeps_its_folder_and_log_in_the_store():
