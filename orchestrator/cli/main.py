@@ -61,6 +61,7 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
         "HParams.",
     ),
     "_supervise": ("orchestrator.cli.remote:supervise_cmd", None),
+    "_watchdog": ("orchestrator.cli.remote:watchdog_cmd", None),
     "notify": (
         "orchestrator.cli.notify:notify_group",
         "Notifications of a sweep (`notify:` in the sweep file; docs/guides/notifications.md).",

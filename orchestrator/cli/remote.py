@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from orchestrator.control.controller import Controller
 from orchestrator.control.lease import read_lease, refusal
 from orchestrator.control.supervisor import Supervisor
 from orchestrator.control.views import usd
+from orchestrator.control.watchdog import Watchdog
 from orchestrator.errors import OrchError
 from orchestrator.host.imds import ask_imds_patiently
 from orchestrator.store import layout, open_store
@@ -211,3 +213,24 @@ def supervise_cmd(settings_file: str):
     )
     ending = supervisor.run()
     click.echo(f"supervisor ended: {ending.reason}")
+
+
+@click.command("_watchdog", hidden=True)
+@click.argument("settings_file", type=click.Path(exists=True, dir_okay=False))
+@expected_errors
+def watchdog_cmd(settings_file: str):
+    """On the controller's instance: terminate it once its sweep's lease ended or lapsed (control/watchdog.py)."""
+
+    ask_imds_patiently(os.environ)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    settings = RemoteSettings.read(Path(settings_file))
+    sweep = load_sweep(settings.sweep_file)
+
+    def terminate(instance_id: str) -> None:
+        api.terminate(api.client("ec2", settings.region), [instance_id], patience_s=30.0)
+
+    def shutdown() -> None:  # the instance's shutdown behaviour is `terminate` (backends/aws/remote.py)
+        subprocess.run(["sudo", "-n", "shutdown", "-h", "now"], check=True, capture_output=True, timeout=60)
+
+    log_path = Path(settings_file).with_name("controller.log")
+    Watchdog(settings, sweep.spec.name, open_store(sweep.store_url), log_path, terminate, shutdown).run()

@@ -32,6 +32,7 @@ from orchestrator.wait import retry_until
 log = logging.getLogger("orch.supervisor")
 
 MAX_RESTARTS = 5
+TERMINATE_TRIES = 5  # a refused TerminateInstances, 10 s apart
 UPLOAD_S = 10.0  # the log in the store at most this late
 LOG_TAIL = 1 << 20  # the store keeps the log's last MiB
 GONE = "the controller died"
@@ -73,7 +74,9 @@ class Supervisor:
         self.terminate, self.now, self.prepare = terminate, now, prepare
         self.restarts = 0
         self._uploaded = 0.0
-        self.token = uuid.uuid4().hex  # its controllers' leases name it: a restart takes the dead one's over at once
+        # its controllers' leases name it: a restart takes the dead one's over at once. The instance's id, so that a
+        # supervisor restarted by systemd (which stopped the old one's controller with it) is the same supervisor
+        self.token = settings.instance_id or uuid.uuid4().hex
 
     def run(self) -> Ending:
         """Supervise until the sweep no longer needs this instance, then terminate it."""
@@ -86,8 +89,22 @@ class Supervisor:
                 "gone", f"{ending.reason}. The sweep has no controller now; `orch launch --remote` continues it."
             )
         self.upload(force=True)
-        self.terminate(self.s.instance_id)
+        self._terminate()
         return ending
+
+    def _terminate(self, tries: int = TERMINATE_TRIES) -> None:
+        """Terminate this instance; a refusal is logged and tried again (the watchdog goes on trying after)."""
+        for n in range(1, tries + 1):
+            try:
+                self.terminate(self.s.instance_id)
+                return
+            except Exception as exc:
+                self._note(f"supervisor: terminating this instance was refused ({n} of {tries}): {exc}")
+                self.upload(force=True)
+            if n < tries:
+                time.sleep(10.0)
+        self._note("supervisor: giving up; the watchdog keeps trying to end this instance")
+        self.upload(force=True)
 
     def _one_life(self) -> Ending | None:
         """One run of the controller; an Ending when the supervisor should stop, None to start it again."""

@@ -487,6 +487,9 @@ class FakeCloud:
             PYTHON_WRAPPER.format(block=f'export PYTHONPATH="{notorch.parent}${{PYTHONPATH:+:$PYTHONPATH}}"\n')
         )
         plain.chmod(0o755)
+        for name, text in self._image_tools().items():
+            (bin_dir / name).write_text(text)
+            (bin_dir / name).chmod(0o755)
         (bin_dir / "python").symlink_to("python3")
         framework = PYTHON_WRAPPER.format(block="")
         marker = FRAMEWORK_PYTHON.parents[1] / ".orch-fakecloud"
@@ -502,6 +505,21 @@ class FakeCloud:
             except OSError as exc:
                 print(f"fakecloud: cannot provide {FRAMEWORK_PYTHON} ({exc}); hosts have only python3", file=sys.stderr)
         return bin_dir
+
+    @staticmethod
+    def _image_tools() -> dict[str, str]:
+        """The image's sudo (passwordless, as the login users of Amazon Linux and Ubuntu have it), systemctl (the
+        fake systemd, tests/fakecloud/systemd.py) and shutdown: first on a host's PATH, so that nothing run on a fake
+        host reaches the test machine's own. shutdown only leaves a mark: the watcher then terminates the instance,
+        as EC2 does for an instance whose shutdown behaviour is `terminate`."""
+        systemd = Path(__file__).with_name("systemd.py")
+        return {
+            "sudo": '#!/bin/sh\n[ "$1" = "-n" ] && shift\nexec "$@"\n',
+            "systemctl": f'#!/bin/sh\nexec "$ORCH_FAKE_PYTHON" {systemd} "$@"\n',
+            "shutdown": '#!/bin/sh\necho "$*" >> "$ORCH_FAKE_HOST_ROOT/shutdown"\n',
+            "poweroff": '#!/bin/sh\necho "$*" >> "$ORCH_FAKE_HOST_ROOT/shutdown"\n',
+            "reboot": '#!/bin/sh\necho "fake cloud: no reboot" >&2; exit 1\n',
+        }
 
     def host_credentials(self, instance_id: str) -> tuple:
         """(role, IMDS credentials document) of an instance's profile, minted through STS; (None, None) without one."""
@@ -592,7 +610,7 @@ class FakeCloud:
         return self._clients[region]
 
     def reconcile(self, ec2) -> None:
-        from tests.fakecloud.gate import running_instances
+        from tests.fakecloud.gate import os_shutdown, running_instances
 
         # The hypervisor's view, read from moto's own records: a DescribeInstances through the server each second
         # (moto renders every instance it ever had, then filters) was ~30 ms of CPU, 3% of a core per fake cloud.
@@ -627,6 +645,10 @@ class FakeCloud:
                 self.host_credentials(iid)  # minted at boot: IMDS answers at once, as EC2's does (botocore waits 1 s)
                 host.start(base64.b64decode(ud).decode() if ud else "")
                 self.hosts[iid] = host
+        for iid, host in list(self.hosts.items()):
+            if (host.root / "shutdown").exists() and iid in running:  # the OS shut down: EC2 terminates it
+                os_shutdown(iid)
+                running.pop(iid)
         for iid in [i for i in self.hosts if i not in running]:
             host = self.hosts.pop(iid)
             host.stop()

@@ -814,6 +814,13 @@ def running_instances() -> dict[str, dict]:
         }
 
 
+def os_shutdown(iid: str) -> None:
+    """The instance's OS powered off and its shutdown behaviour is `terminate`: EC2 terminates it (no API call:
+    nothing the gate refuses applies)."""
+    with MOTO:
+        _ec2_backend().terminate_instances([iid])
+
+
 def _instance(iid: str):
     """An instance by id, in whichever region holds it (timers answer outside any request)."""
     with MOTO:

@@ -6,7 +6,8 @@ tagged resources, PassRole of the hosts' role only), then ONE on-demand instance
 sweep's template (IMDSv2 required, encrypted root volume, shutdown terminates it, the sweep's security group: SSH
 from `ssh_cidr` only), its host key pinned through user data as for every host. Over SSH it gets orch's code, the
 sweep file and its settings (remote.json) — never a credential: the controller uses its instance role through
-IMDS — and starts the supervisor (control/supervisor.py).
+IMDS — and starts the supervisor (control/supervisor.py) and the watchdog (control/watchdog.py) as systemd units
+(remote_units.py).
 
 The controller's half (apply_settings): the `_controller` command on the instance uses the settings on top of the
 sweep file: its own SSH key (the hosts accept it and the laptop's key, `<key>.also.pub`), the security group and
@@ -31,6 +32,7 @@ from orchestrator.aws.images import resolve_image
 from orchestrator.aws.pricing import CONTROLLER_ROLE
 from orchestrator.aws.userdata import cloud_config
 from orchestrator.backends import bundle as code_bundle
+from orchestrator.backends.aws.remote_units import START_SCRIPT, start_script, units
 from orchestrator.backends.aws.setup import regions_of
 from orchestrator.errors import OrchError
 from orchestrator.remote.ssh import ALSO_SUFFIX, Target, connect, new_host_key, public_key_of
@@ -215,14 +217,18 @@ def _install(conn, sweep, got, security_group: str, deadline: float) -> None:
     )
     path = f"{base}/{SETTINGS_FILE}"
     conn.put_bytes(json.dumps(asdict(settings), indent=2).encode(), path)
-    env = (
-        f"PYTHONPATH={shlex.quote(settings.code_dir)} ORCH_HOME={shlex.quote(base + '/home')} "
-        f"AWS_DEFAULT_REGION={shlex.quote(cfg.region)}"
-    )
-    conn.check(  # only the supervisor goes to the background, its output in a file: the channel closes at once
-        f"cd {shlex.quote(base)} && {{ {env} nohup setsid {shlex.quote(py)} -m orchestrator.cli _supervise "
-        f"{shlex.quote(path)} >> supervisor.log 2>&1 < /dev/null & }}"
-    )
+    env = {"PYTHONPATH": settings.code_dir, "ORCH_HOME": f"{base}/home", "AWS_DEFAULT_REGION": cfg.region}
+    user = conn.check("id -un").strip()
+    for name, text in units(user, base, py_path(conn, py), path, env).items():
+        conn.put_bytes(text.encode(), f"{base}/{name}", mode=0o644)
+    conn.put_bytes(start_script(base, py, path, env).encode(), f"{base}/{START_SCRIPT}", mode=0o755)
+    how = conn.check(shlex.quote(f"{base}/{START_SCRIPT}"), timeout=120).strip()  # the channel closes at once
+    log.info("the controller's supervisor and watchdog run under %s", how)
+
+
+def py_path(conn, py: str) -> str:
+    """The interpreter's absolute path (systemd's ExecStart= takes no search of PATH of the login shell)."""
+    return conn.check(f"command -v {shlex.quote(py)}").strip() or py
 
 
 def _ensure_python(conn, py: str) -> None:
