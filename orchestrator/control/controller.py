@@ -580,7 +580,8 @@ class Controller:
             self._flush()
             self._close_notifier()
             if self.lease is not None:
-                self.lease.release("every run is final" if last and last[0].done else "the controller's loop ended")
+                done = bool(last and last[0].done)
+                self.lease.release("every run is final" if done else "the controller's loop ended", final=done)
         return last[0]
 
     def _close_notifier(self) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from orchestrator.backends.base import Backend
 from orchestrator.control.controller import Controller, check_recorded
-from orchestrator.control.lease import Lease, LeaseLost
+from orchestrator.control.lease import Finished, Lease, LeaseLost
 from orchestrator.control.notify import REMOTE_PATIENCE_S
 from orchestrator.control.state import State, SweepLock
 from orchestrator.control.views import Progress
@@ -69,7 +69,8 @@ class HandedOff:
 
 @dataclass
 class Stopped:
-    """`orch down` stopped this launch (here, or through the lease from elsewhere): no controller continues."""
+    """`orch down` stopped this launch (here, or through the lease from elsewhere), or a controller restarted by its
+    supervisor found the sweep's lease released for good: no controller continues."""
 
     text: str
 
@@ -220,13 +221,26 @@ def serve(
     sweep: Sweep, backend: Backend, store: Store, state: State, on_event: OnEvent, remote: bool = False
 ) -> Progress | None:
     """`orch _controller`: the loop without a terminal (after --detach or a hand-off, and on a remote controller's
-    instance), to its end; None when `orch down` stopped it (an event says so). SIGTERM ends it (exit 0)."""
+    instance), to its end; None when `orch down` stopped it (an event says so). SIGTERM ends it: exit 0 with the lease
+    released, or on a remote controller's instance exit 143 with the lease kept for its supervisor's next controller."""
     lock = SweepLock(state.home, sweep.spec.name)
     lock.acquire()
-    lease = take_lease(sweep, store, state, on_event)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        lease = take_lease(sweep, store, state, on_event)
+    except Finished as exc:  # restarted by its supervisor after the sweep ended or was stopped: nothing to do
+        on_event(Stopped(str(exc)))
+        return None
+
+    def leave(*_) -> None:
+        # a remote controller's SIGTERM is systemd stopping its unit (its supervisor died, a reboot), not the
+        # sweep's end: the lease stays held for the supervisor's next controller, and the supervisor (if alive)
+        # sees a failure and restarts it
+        lease.abandon()
+        sys.exit(STOPPED_CODE)
+
+    signal.signal(signal.SIGTERM, leave if remote else lambda *_: sys.exit(0))
     if lock.stop_asked():  # `orch down` came while a launch handed the loop over: the stop wins
-        lease.release("stopped by `orch down` before it started")
+        lease.release("stopped by `orch down` before it started", final=True)
         on_event(NotStarting())
         return None
     controller = Controller(sweep, backend, store, state)

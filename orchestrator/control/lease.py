@@ -7,6 +7,10 @@ exactly one holds it. The holder renews its heartbeat from its pass loop; a leas
 than `stale_after_s` (or whose holder's process is gone, when it ran on this very machine) is taken over, again
 conditionally. A remote controller restarted by its own supervisor takes its dead predecessor's lease at once: the
 supervisor starts one controller at a time, so a lease held under its id is held by a controller that has exited.
+A release says whether it is `final` (every run final, or stopped by `orch down`): such a lease is free to a new
+launch, but a controller restarted by the same supervisor does not take it (`Finished`: nothing is left for it).
+A remote controller stopped by a signal (systemd stopping its unit, a reboot) does not release at all (`abandon`):
+its supervisor's next controller takes the lease at once, or it lapses and the instance's watchdog ends it.
 `orch down` from anywhere asks the holder to stop by writing `stop_requested` into the record: the holder reads
 its record every READ_S between its writes (a GET; it writes only every RENEW_S), sees the record moved, reads why,
 and ends.
@@ -88,6 +92,7 @@ class LeaseRecord:
     stale_after_s: float = STALE_S  # the holder's own promise: it renews well within this
     ended: float | None = None  # released: the sweep finished, the loop was handed on, or it was stopped
     end_reason: str = ""
+    final: bool = False  # released because no controller is needed: every run final, or stopped by `orch down`
     stop_requested: float | None = None  # `orch down` asks the holder to stop
     stop_by: str = ""  # who asked
 
@@ -138,6 +143,8 @@ class Lease:
             current, version = read_lease(self.store, self.sweep)
             if current is not None and current.alive() and not self._restart_of(current.holder):
                 raise OrchError(refusal(self.sweep, current, self.spec_path), exit_code=2)
+            if current is not None and current.ended is not None and current.final and self._restart_of(current.holder):
+                raise Finished(self.sweep, current)
             now = time.time()
             record = LeaseRecord(holder=self.holder, started=now, heartbeat=now)
             new = self.store.put_if(lease_key(self.sweep), json_bytes(record.to_json()), version)
@@ -180,18 +187,40 @@ class Lease:
         # say so at once: `orch down` on another machine waits for it (a pid there tells nothing)
         if lost.stopped and current is not None:
             current.ended, current.end_reason = now, f"stopped by `orch down` ({current.stop_by or 'another machine'})"
+            current.final = True
             with contextlib.suppress(OSError):
                 self.store.put_if(lease_key(self.sweep), json_bytes(current.to_json()), version)
         raise lost
 
-    def release(self, reason: str) -> None:
-        """Give the sweep up (the end, a hand-off, a stop): another controller may take it at once."""
+    def release(self, reason: str, final: bool = False) -> None:
+        """Give the sweep up (the end, a hand-off, a stop): another controller may take it at once. `final`: no
+        controller is needed any more (every run final, or stopped): its own supervisor's restart does not take it."""
         if self.record is None:
             return
-        self.record.ended, self.record.end_reason = time.time(), reason
+        self.record.ended, self.record.end_reason, self.record.final = time.time(), reason, final
         with contextlib.suppress(OSError):  # the store went away (the error that ended the loop says so): it lapses
             self.store.put_if(lease_key(self.sweep), json_bytes(self.record.to_json()), self.version)
         self.record = None
+
+    def abandon(self) -> None:
+        """Stop holding the sweep without a word (a remote controller stopped by a signal, whose supervisor or
+        systemd starts the next): the record stays as last renewed, so the next controller of the same supervisor
+        takes it at once, and if none comes it lapses after `stale_after_s`. A release here would read as the
+        sweep's end to its watchdog, to `orch status` and to a launch from the laptop until that controller came."""
+        self.record = None
+
+
+class Finished(OrchError):
+    """A controller restarted by its own supervisor finds the sweep's lease released for good (every run final, or
+    stopped by `orch down`): it does not start again, and its supervisor ends."""
+
+    exit_code = 0  # (serve() catches it: the supervisor sees a controller that ended)
+
+    def __init__(self, sweep: str, current: LeaseRecord):
+        super().__init__(
+            f"sweep {sweep}: its lease was released for good ({current.end_reason or 'no reason given'}); this "
+            "restarted controller does not start it again"
+        )
 
 
 class LeaseLost(OrchError):

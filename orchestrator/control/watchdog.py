@@ -5,9 +5,10 @@ refused TerminateInstances left the instance billing until `max_hours` (48 h by 
 process of its own (a systemd unit beside the supervisor's, see backends/aws/remote_units.py) that reads only the
 sweep's lease in the store, once a minute, and terminates its own instance when:
 
-- the lease this instance held has ended (the sweep is done or stopped) more than ENDED_GRACE_S ago (the
-  supervisor's own termination, with its last log upload, goes first), or lapsed (no heartbeat for the lease's
-  `stale_after_s`: the controller and its supervisor are gone), or was taken by another controller;
+- the lease this instance held was released for good (`final`: every run final, or stopped by `orch down`) more
+  than ENDED_GRACE_S ago (the supervisor's own termination, with its last log upload, goes first), or lapsed (no
+  controller renewed it, or took it after a crash's release, for the lease's `stale_after_s`: the controller and
+  its supervisor are gone), or was taken by another controller;
 - this instance never held the lease START_GRACE_S after the watchdog started (the launch failed half-way);
 - `max_hours` passed (the supervisor's deadline) by DEADLINE_GRACE_S.
 
@@ -48,13 +49,15 @@ def verdict(lease: LeaseRecord | None, me: str, held: bool, now: float, started:
             return f"this instance's controller never took the sweep's lease in {START_GRACE_S:.0f} s"
         return ""
     assert lease is not None
-    if lease.ended is not None:
+    if lease.ended is not None and lease.final:
         if now - lease.ended >= ENDED_GRACE_S:
             return f"the sweep's lease ended {now - lease.ended:.0f} s ago ({lease.end_reason or 'no reason given'})"
         return ""
-    # (a watchdog that just started, after a reboot, leaves the restarted supervisor's controller time to renew)
-    if lease.age(now) > lease.stale_after_s and now - started > lease.stale_after_s:
-        return f"the sweep's lease lapsed: no heartbeat for {lease.age(now):.0f} s (the controller is gone)"
+    # held, or released by a controller that did not end the sweep (a crash): the supervisor's next controller takes
+    # it within a minute. A watchdog that just started (after a reboot) leaves that controller time to come.
+    silent = now - (lease.ended if lease.ended is not None else lease.heartbeat)
+    if silent > lease.stale_after_s and now - started > lease.stale_after_s:
+        return f"the sweep's lease lapsed: no controller for {silent:.0f} s (it and its supervisor are gone)"
     return ""
 
 

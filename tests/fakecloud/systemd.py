@@ -6,7 +6,7 @@ process that does what systemd.service(5) says of the few settings orch's units 
   ExecStart= (double-quoted words; `%%` and `$$` are a literal % and $), Environment= (on top of the host's),
   WorkingDirectory=, StandardOutput=append:FILE (StandardError=inherit), Restart=always|on-failure|no with
   RestartSec=, and KillMode=control-group: when the main process exits, what it left running in its group (here:
-  its process group) is stopped (SIGTERM, then SIGKILL) before any restart.
+  its process group) is stopped before any restart: SIGTERM, waited for up to TimeoutStopSec= (90 s), then SIGKILL.
 The manager writes the main process's pid to `$ORCH_FAKE_HOST_ROOT/systemd/<unit>.pid` and its own pid to
 `<unit>.manager` (a test that kills the manager plays a systemd that gave up on the unit). Anything else systemctl
 could be asked answers exit 1, so a start script that needs more fails here as it would look for more there.
@@ -15,6 +15,7 @@ Every process started on a fake host carries ORCH_FAKE_HOST, so all of this stop
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -73,16 +74,38 @@ def manage(unit: Path) -> None:
         )
         (state_dir() / f"{name}.pid").write_text(str(proc.pid))
         code = proc.wait()
-        for sig in (signal.SIGTERM, signal.SIGKILL):  # KillMode=control-group
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            time.sleep(2.0)
+        stop(proc.pid, float(cfg.get("TimeoutStopSec", ["90"])[0]))
         restart = cfg.get("Restart", ["no"])[0]
         if restart != "always" and not (restart == "on-failure" and code != 0):
             return
         time.sleep(float(cfg.get("RestartSec", ["0.1"])[0]))
+
+
+def stop(group: int, patience: float) -> None:
+    """KillMode=control-group once the main process exited: SIGTERM to what it left, then (as systemd) wait for all
+    of it to exit, up to TimeoutStopSec=, before SIGKILL. Only then may a restart begin."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signal.SIGTERM)
+    end = time.monotonic() + patience
+    while running_in(group) and time.monotonic() < end:
+        time.sleep(0.2)
+    if running_in(group):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
+
+
+def running_in(group: int) -> bool:
+    """Whether a process of the group still runs (a zombie nobody reaped yet does not)."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            state, _ppid, pgrp = (d / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(pgrp) == group and state not in ("Z", "X"):
+            return True
+    return False
 
 
 def main(argv: list[str]) -> int:

@@ -4,6 +4,7 @@ nothing is left to renew the sweep's lease the watchdog ends the instance (it bi
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 from pathlib import Path
@@ -47,20 +48,22 @@ def test_a_killed_supervisor_is_restarted_and_with_everything_killed_the_watchdo
     assert (units / "orch-supervisor.service.enabled").exists() and (units / "orch-watchdog.service.enabled").exists()
     retry_until(lambda: status(orch, "orphan").get("run", {}).get("state") == "running", 180, 0.5, "the run to start")
 
-    # an out-of-memory kill of the supervisor: systemd starts it again, having stopped the controller it left
+    # an out-of-memory kill of the supervisor: systemd stops the controller it left (SIGTERM) and starts it again
     first = int((units / "orch-supervisor.service.pid").read_text())
-    old_controllers = pids_running(ctl, b"_controller")
-    assert old_controllers
+    [old] = pids_running(ctl, b"_controller")
     kill([first])
-    retry_until(
-        lambda: int((units / "orch-supervisor.service.pid").read_text()) != first, 120, 0.5, "systemd's restart"
-    )
-    retry_until(
-        lambda: (new := pids_running(ctl, b"_controller")) and not set(new) & set(old_controllers),
-        120,
-        0.5,
-        "the restarted supervisor's controller (and the old one stopped)",
-    )
+    seen = []
+
+    def restarted() -> bool:
+        """The restarted supervisor's controller holds the lease; meanwhile it never reads as the sweep's end."""
+        lease = json.loads(orch("status", "orphan", "--json").out)["controller"]
+        seen.append(lease)
+        return lease["holder"]["pid"] != old and lease["holder"]["pid"] in pids_running(ctl, b"_controller")
+
+    retry_until(restarted, 240, 2.0, "the restarted supervisor's controller to hold the lease")
+    ended = [s for s in seen if s["ended"] is not None or not s["alive"]]
+    assert not ended, ended  # a relaunch, `orch status` or the watchdog would have taken it for the sweep's end
+    assert old not in pids_running(ctl, b"_controller") and seen[-1]["holder"]["instance_id"] == ctl
     assert controller_ids(cloud, "orphan") == [ctl]
 
     # now everything but the watchdog dies, systemd's restarts included: nothing renews the lease

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from orchestrator.control.lease import (
+    Finished,
     READ_S,
     RENEW_S,
     Holder,
@@ -142,6 +143,33 @@ def test_a_restart_by_the_holders_own_supervisor_takes_the_lease_at_once_and_no_
     again = controller("sup-1", "c")  # its own supervisor's restart
     assert again.stdout.strip() == "HELD", again.stderr
     assert read_lease(store, "sw")[0].holder.home == str(tmp_path / "c")
+
+
+def test_a_restart_by_its_own_supervisor_does_not_take_a_lease_released_for_good_but_a_new_launch_does(
+    store, tmp_path, monkeypatch
+):
+    """A sweep that ended or was stopped through its lease stays ended when systemd restarts its supervisor; a crash's
+    release is taken by the restart; a launch from elsewhere continues the sweep (its own supervisor or none)."""
+    monkeypatch.setenv("ORCH_CONTROLLER_INSTANCE_ID", "i-0abc")
+    monkeypatch.setenv("ORCH_SUPERVISOR", "sup-1")
+    crashed = Lease(store, "sw", tmp_path / "a").acquire()
+    crashed.release("the controller's loop ended")  # an unexpected error: the sweep is not over
+    stopped = Lease(store, "sw", tmp_path / "b").acquire()  # its supervisor's restart
+    assert request_stop(store, "sw", by="orch down on the laptop") is not None
+    with pytest.raises(LeaseLost):
+        stopped.renew(force=True)
+    assert read_lease(store, "sw")[0].final
+    with pytest.raises(Finished) as over:  # systemd restarted the supervisor after the stop: nothing starts again
+        Lease(store, "sw", tmp_path / "c").acquire()
+    assert over.value.exit_code == 0 and "stopped by `orch down` (orch down on the laptop)" in str(over.value)
+
+    monkeypatch.setenv("ORCH_SUPERVISOR", "sup-2")  # a new `orch launch --remote`: the sweep continues
+    done = Lease(store, "sw", tmp_path / "d").acquire()
+    done.release("every run is final", final=True)
+    with pytest.raises(Finished):
+        Lease(store, "sw", tmp_path / "e").acquire()
+    monkeypatch.delenv("ORCH_SUPERVISOR")  # `orch launch` from a laptop
+    assert Lease(store, "sw", tmp_path / "f").acquire().record is not None
 
 
 def test_an_unreadable_lease_is_taken_over(store, tmp_path):

@@ -53,8 +53,12 @@ def test_the_start_script_is_valid_shell_that_falls_back_to_nohup_and_says_which
     assert text.count("nohup setsid") == 2  # the watchdog too: it ends the instance even without systemd
 
 
-def lease(instance: str = "i-me", heartbeat: float = 1000.0, ended: float | None = None) -> LeaseRecord:
-    return LeaseRecord(holder=Holder(instance_id=instance), started=900.0, heartbeat=heartbeat, ended=ended)
+def lease(
+    instance: str = "i-me", heartbeat: float = 1000.0, ended: float | None = None, final: bool = True
+) -> LeaseRecord:
+    return LeaseRecord(
+        holder=Holder(instance_id=instance), started=900.0, heartbeat=heartbeat, ended=ended, final=final
+    )
 
 
 @pytest.mark.parametrize(
@@ -63,6 +67,10 @@ def lease(instance: str = "i-me", heartbeat: float = 1000.0, ended: float | None
         (lease(), True, 1010.0, 0.0, ""),  # a live lease of this instance
         (lease(ended=1000.0), True, 1000.0 + ENDED_GRACE_S - 1, 0.0, ""),  # the supervisor's own end goes first
         (lease(ended=1000.0), True, 1000.0 + ENDED_GRACE_S, 0.0, "ended"),
+        # released by a crash (not the sweep's end): its supervisor's next controller takes it, so only its lapse ends
+        (lease(ended=1000.0, final=False), True, 1000.0 + ENDED_GRACE_S, 0.0, ""),
+        (lease(ended=1000.0, final=False), True, 1121.0, 0.0, "lapsed"),
+        (lease(ended=1000.0, final=False), True, 1121.0, 1050.0, ""),  # after a reboot: the restart comes first
         (lease(), True, 1121.0, 0.0, "lapsed"),  # 121 s without a heartbeat: the controller is gone
         (lease(), True, 1121.0, 1050.0, ""),  # a watchdog just started (a reboot): the controller may renew first
         (lease("i-other"), True, 1010.0, 0.0, "another controller"),
