@@ -15,9 +15,9 @@ import time
 import pytest
 
 from orchestrator.control.lease import (
-    Finished,
     READ_S,
     RENEW_S,
+    Finished,
     Holder,
     Lease,
     LeaseLost,
