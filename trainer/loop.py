@@ -1,21 +1,26 @@
-"""What both training loops share (train.py's and the muon recipe's, recipe_muon.py): the training clock, the
-checkpoints (what they hold, when they are made, resuming from one), the metrics lines and summary.json."""
+"""The trainer's one loop over steps (`run_steps`) and what it keeps: the progress, the training clock, the
+checkpoints (what they hold, when they are made, resuming from one), the metrics lines and summary.json. A recipe —
+train.py's (a net and SGD as the options say) or recipe_muon.py's (airbench94_muon, as published) — hands the loop a
+`Recipe`: its steps' course, and hooks for what differs (warm-up, the step and what precedes it, a metrics line and
+its evaluation, the summary). The loop names no recipe."""
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import signal
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from . import checkpoint
 from .presets import Config
-from .runtime import Process, Signals, StepTimer, graphs_compiled
+from .runtime import MetricsLog, Process, Signals, StepTimer, graphs_compiled, uses_cuda_graphs
+from .schedule import Cursor
 
 log = logging.getLogger("trainer")
 
@@ -42,6 +47,24 @@ class Progress:
         for f in fields(self):
             if f.name in saved:
                 setattr(self, f.name, saved[f.name])
+
+
+@dataclass
+class EpochProgress(Progress):
+    """The progress of a run through epochs of a data set: where the next batch starts in its epoch's order, and the
+    loss summed since the last epoch's line (a checkpoint taken mid-epoch keeps it, so the line is the same)."""
+
+    epoch: int = 0  # the epoch of the next step
+    pos: int = 0  # where in the epoch's order the next batch starts
+    loss_sum: float = 0.0  # the training loss summed over this epoch's steps so far
+    loss_n: int = 0  # those steps
+
+    def place_old_checkpoint(self, saved: dict | None, steps_per_epoch: int, batch: int) -> None:
+        """A checkpoint of a version without batch schedules (no `pos`) was made at a constant batch: where its step
+        is in its epoch."""
+        if saved is not None and "pos" not in saved["progress"]:
+            self.epoch, i = divmod(self.step, steps_per_epoch)
+            self.pos = i * batch
 
 
 # --- the clock -------------------------------------------------------------------------------------
@@ -200,3 +223,100 @@ def write_summary(
             summary["train_time_s"],
         )
     return summary
+
+
+# --- the one loop ----------------------------------------------------------------------------------
+
+Place = tuple[int, int, int]  # (epoch, pos, batch size) of a step: where its batch starts in its epoch's order
+
+
+class Recipe(Protocol):
+    """What a recipe hands the loop: its run's options and process, its progress and checkpoints, the course of its
+    steps (`course.place`: the place of the step at or after a point) and how many it takes, and the hooks below."""
+
+    cfg: Config
+    proc: Process
+    progress: EpochProgress
+    ckpts: Checkpoints
+    course: Cursor
+    total: int  # the steps this run takes (--max-steps included)
+
+    def warm_up(self, place: Place | None, graphs: bool) -> float:
+        """Before the clock starts (compiling, DDP's buckets), leaving the state as it was; the seconds compiling."""
+        ...
+
+    def before_clock(self, step: int, place: Place) -> None:
+        """Host-side preparations of a step, outside the training time (schedules that need no device work, data
+        made once an epoch)."""
+        ...
+
+    def step(self, step: int, place: Place, nxt: Place | None) -> torch.Tensor:
+        """One training step at `place` (`nxt`: the next step's, None if none): its loss, not read on the host."""
+        ...
+
+    def metrics_row(self, clock: Clock, loss_acc: torch.Tensor, place: Place, end_of_epoch: bool) -> dict:
+        """The metrics line after the step at `place` (the clock taken; the losses since the last line added up in
+        `loss_acc`): at an epoch's end with the test accuracy."""
+        ...
+
+    def before_checkpoint(self, loss_acc: torch.Tensor) -> None:
+        """What the progress must keep before a checkpoint is made mid-line."""
+        ...
+
+    def finish(self, compiled: dict) -> dict:
+        """summary.json (write_summary) with what ran; `compiled`: compile_s, cuda_graphs, late_compiles."""
+        ...
+
+
+AGREE_EVERY = 8  # DDP: steps between the ranks' agreement on signals and the checkpoint clock
+
+
+def run_steps(recipe: Recipe) -> dict:
+    """Train: every step of the recipe's course from its progress on, with a metrics line every --log-every steps
+    and at each epoch's end, and checkpoints when due; then summary.json. Nothing in a step waits for the device: the
+    loss adds up there and the clock is CUDA events, both read once per metrics line; DDP ranks agree on signals every
+    AGREE_EVERY steps."""
+    cfg, st, course, device = recipe.cfg, recipe.progress, recipe.course, recipe.proc.device
+    place = course.place(st.epoch, st.pos)
+    graphs = uses_cuda_graphs(cfg, device)
+    compile_s = recipe.warm_up(place, graphs)
+    compiled_before_clock = graphs_compiled() if cfg.compile else 0
+    clock, loss_acc = Clock(device, st), torch.zeros((), device=device, dtype=torch.float64)
+    metrics = MetricsLog(recipe.proc.out / "metrics.jsonl", recipe.proc.is_main)
+    recipe.ckpts.begin()
+    while st.step < recipe.total and place is not None:
+        step, (epoch, pos, B) = st.step, place
+        recipe.before_clock(step, place)
+        clock.start()
+        if graphs:  # the last step's graph outputs (its loss, read below) are done with
+            torch.compiler.cudagraph_mark_step_begin()
+        nxt = course.place(epoch, pos + B)
+        loss_acc += recipe.step(step, place, nxt if step + 1 < recipe.total else None)
+        clock.stop(B)
+        st.loss_n += 1
+        st.step = step + 1
+        st.epoch, st.pos = (nxt[0], nxt[1]) if nxt is not None else (cfg.epochs, 0)
+        end_of_epoch = nxt is None or nxt[0] != epoch or st.step == recipe.total
+        if end_of_epoch or (cfg.log_every and st.step % cfg.log_every == 0):
+            clock.take()
+            write_line(metrics, recipe.metrics_row(clock, loss_acc, place, end_of_epoch))
+        save, leave = recipe.ckpts.due(end_of_epoch, epoch + 1, agree=end_of_epoch or st.step % AGREE_EVERY == 0)
+        if save:
+            clock.take()
+            recipe.before_checkpoint(loss_acc)
+            recipe.ckpts.save()
+        if leave:
+            recipe.ckpts.leave()
+        place = nxt
+    late = graphs_compiled() - compiled_before_clock if cfg.compile else 0  # inside the clock: should be 0
+    return recipe.finish(dict(compile_s=compile_s, cuda_graphs=graphs, late_compiles=late))
+
+
+def write_line(metrics: MetricsLog, row: dict) -> None:
+    metrics.write(row)
+    if not math.isfinite(row["train_loss"]):  # every later step would be NaN too: a failed run, not a "succeeded" one
+        raise SystemExit(
+            f"trainer: the training loss is {row['train_loss']} at step {row['step']} (epoch {row['epoch']}); "
+            f"the run failed. Lower --lr, check the data (skipped_files: {row.get('skipped_files', 0)}), or try "
+            "--precision fp32"
+        )

@@ -30,17 +30,18 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from . import data, models
-from .loop import Checkpoints, Clock, Progress, metrics_row, record_accuracy, write_summary
+from .loop import Checkpoints, Clock, EpochProgress, Place, metrics_row, record_accuracy, write_summary
 from .muon import Muon
 from .presets import Config
-from .runtime import SGD, MetricsLog, Process, compile_net, start_run, uses_cuda_graphs
+from .runtime import SGD, Process, compile_net, start_run
+from .schedule import Cursor
 
 log = logging.getLogger("trainer")
 
@@ -105,12 +106,14 @@ def optimizers(model: models.AirBench, batch: int, device: torch.device):
     return sgd, muon
 
 
-# --- the run: data, net and optimizers -------------------------------------------------------------
+# --- the recipe the loop runs: data, net, optimizers and hooks -------------------------------------
 
 
 @dataclass
-class Recipe:
-    """One run of the recipe: its data on the device, the net and its two optimizers, and its step counts."""
+class MuonRecipe:
+    """One run of the recipe (a `loop.Recipe`): its data on the device, the net and its two optimizers, and its step
+    counts; its hooks set the whitening bias's training and the lrs by step, translate and mirror the images once an
+    epoch, step both optimizers and evaluate with TTA."""
 
     cfg: Config
     proc: Process
@@ -125,9 +128,15 @@ class Recipe:
     scaler: torch.amp.GradScaler
     amp: torch.dtype | None
     per_epoch: int
-    total: int  # the schedule's steps (max_steps ends the run earlier, not the schedule)
+    schedule_steps: int  # the lrs fall to 0 over these (max_steps ends the run earlier, not the schedule)
     bias_steps: int  # the whitening bias trains for these first steps
-    stop_at: int
+    total: int  # the steps this run takes
+    course: Cursor
+    progress: EpochProgress
+    ckpts: Checkpoints
+    loss_fn: nn.Module
+    epoch_cache: dict = field(default_factory=dict)  # epoch: (its translated, mirrored images, its order)
+    idx: torch.Tensor | None = None  # the next step's images in its epoch's order
 
     @property
     def device(self) -> torch.device:
@@ -136,10 +145,62 @@ class Recipe:
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None)
 
+    def warm_up(self, place: Place | None, graphs: bool) -> float:
+        return compile_first(self, self.progress.step < self.bias_steps, graphs) if self.cfg.compile else 0.0
 
-def setup(cfg: Config) -> Recipe:
-    if cfg.recipe != "airbench94_muon":
-        raise SystemExit(f"trainer: unknown --recipe {cfg.recipe!r}: use airbench94_muon (--preset fast-muon), or none")
+    def before_clock(self, step: int, place: Place) -> None:
+        epoch, pos, B = place
+        if epoch not in self.epoch_cache:  # the epoch's translated (and on odd epochs mirrored) images, and its order
+            self.epoch_cache.clear()
+            g = torch.Generator().manual_seed(self.cfg.seed * 31 + epoch)
+            order = torch.randperm(len(self.padded), generator=g).to(self.device)
+            size = self.padded.shape[-1] - 2 * TRANSLATE
+            self.epoch_cache[epoch] = (epoch_images(self.padded, size, self.cfg.seed, epoch), order)
+        self.idx = self.epoch_cache[epoch][1][pos : pos + B]
+        self.model.whiten.bias.requires_grad_(step < self.bias_steps)
+        self.sgd.param_groups[0]["lr"] = BIAS_LR * max(0.0, 1 - step / self.bias_steps)
+        for group in self.sgd.param_groups[1:] + self.muon.param_groups:
+            group["lr"] = group["initial_lr"] * (1 - step / self.schedule_steps)
+
+    def step(self, step: int, place: Place, nxt: Place | None) -> torch.Tensor:
+        """One step of both optimizers; the loss, not read on the host."""
+        images, idx = self.epoch_cache[place[0]][0], self.idx
+        x, y = images[idx], self.train_y[idx]
+        if self.device.type == "cuda":
+            x = x.contiguous(memory_format=torch.channels_last)
+        with self.autocast():
+            loss = self.loss_fn(self.net(x), y)
+        self.scaler.scale(loss).backward()
+        for opt in (self.sgd, self.muon):
+            self.scaler.step(opt)
+        self.scaler.update()
+        self.model.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def metrics_row(self, clock: Clock, loss_acc: torch.Tensor, place: Place, end_of_epoch: bool) -> dict:
+        """The loss and images/s since the last line; at each epoch's end the test accuracy (TTA)."""
+        st = self.progress
+        loss = float(loss_acc) / clock.images
+        row = metrics_row(st, st.step / self.per_epoch, self.muon.param_groups[0]["lr"], loss, clock)
+        loss_acc.zero_()
+        clock.reset()
+        if end_of_epoch:
+            acc = evaluate(self.model, self.test_x, self.test_y, self.autocast)
+            record_accuracy(st, acc, self.cfg.target_acc)
+            row["test_acc"] = acc
+            log.info("epoch %.2f step %d/%d loss %.4f acc %.4f", row["epoch"], st.step, self.schedule_steps, loss, acc)
+        return row
+
+    def before_checkpoint(self, loss_acc: torch.Tensor) -> None:
+        """Nothing: the recipe's line loss restarts at a resume."""
+
+    def finish(self, compiled: dict) -> dict:
+        about = dict(world_size=1, device=str(self.device), precision=self.proc.precision, model="airbench_muon")
+        about.update(dataset=self.cfg.dataset, recipe="airbench94_muon")
+        return write_summary(self.proc.out, self.progress, self.cfg, about, compiled)
+
+
+def setup(cfg: Config) -> MuonRecipe:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise SystemExit(
             "trainer: --preset fast-muon is the single-GPU airbench94_muon recipe; under torchrun use --preset fast"
@@ -158,16 +219,16 @@ def setup(cfg: Config) -> Recipe:
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
     sgd, muon = optimizers(model, B, device)
-    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(proc.precision)
     scaler = torch.amp.GradScaler(device.type, enabled=proc.precision == "fp16")
     net = compile_net(model, cfg.compile_mode) if cfg.compile else model
     per_epoch = len(train_x) // B
     if per_epoch < 1:
         raise SystemExit(f"trainer: batch size {B} is larger than the training set ({len(train_x)} images)")
-    total = math.ceil(cfg.epochs * per_epoch)
-    bias_steps = math.ceil(cfg.whiten_bias_epochs * per_epoch)
-    stop_at = min(total, cfg.max_steps) if cfg.max_steps else total
-    return Recipe(
+    schedule_steps = math.ceil(cfg.epochs * per_epoch)
+    progress = EpochProgress()
+    ckpts = Checkpoints(cfg, proc, dict(model=model, sgd=sgd, muon=muon, scaler=scaler), progress)
+    progress.place_old_checkpoint(ckpts.resume(schedule_steps), per_epoch, B)
+    return MuonRecipe(
         cfg=cfg,
         proc=proc,
         padded=padded,
@@ -179,107 +240,32 @@ def setup(cfg: Config) -> Recipe:
         sgd=sgd,
         muon=muon,
         scaler=scaler,
-        amp=amp,
+        amp={"bf16": torch.bfloat16, "fp16": torch.float16}.get(proc.precision),
         per_epoch=per_epoch,
-        total=total,
-        bias_steps=bias_steps,
-        stop_at=stop_at,
+        schedule_steps=schedule_steps,
+        bias_steps=math.ceil(cfg.whiten_bias_epochs * per_epoch),
+        total=min(schedule_steps, cfg.max_steps) if cfg.max_steps else schedule_steps,
+        course=Cursor(len(train_x), cfg.epochs, [(0.0, float(B))]),
+        progress=progress,
+        ckpts=ckpts,
+        loss_fn=nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing, reduction="sum"),
     )
 
 
-def compile_first(r: Recipe, loss_fn, trains_bias_now: bool, graphs: bool) -> float:
+def compile_first(r: MuonRecipe, trains_bias_now: bool, graphs: bool) -> float:
     """Compile before the clock, on a throwaway copy of the state: a graph with the whitening bias trained and one
     with it frozen, as the run will meet them. Returns the seconds it took."""
     t0, saved_sd = time.perf_counter(), {k: v.clone() for k, v in r.model.state_dict().items()}
     B, T = r.cfg.batch_size, TRANSLATE
-    for trains_bias in sorted({trains_bias_now, r.stop_at - 1 < r.bias_steps}, reverse=True):
+    for trains_bias in sorted({trains_bias_now, r.total - 1 < r.bias_steps}, reverse=True):
         for _ in range(1 + graphs):  # cudagraph trees run a graph once before recording it: both happen here
             if graphs:
                 torch.compiler.cudagraph_mark_step_begin()
             r.model.whiten.bias.requires_grad_(trains_bias)
             with r.autocast():
-                loss_fn(r.net(r.padded[:B, :, T:-T, T:-T]), r.train_y[:B]).backward()
+                r.loss_fn(r.net(r.padded[:B, :, T:-T, T:-T]), r.train_y[:B]).backward()
             r.model.zero_grad(set_to_none=True)
     if r.device.type == "cuda":
         torch.cuda.synchronize()
     r.model.load_state_dict(saved_sd)
     return time.perf_counter() - t0
-
-
-# --- training --------------------------------------------------------------------------------------
-
-
-def train_recipe(cfg: Config) -> dict:
-    r = setup(cfg)
-    B, size, graphs = cfg.batch_size, r.padded.shape[-1] - 2 * TRANSLATE, uses_cuda_graphs(cfg, r.device)
-    st = Progress()
-    ckpts = Checkpoints(cfg, r.proc, dict(model=r.model, sgd=r.sgd, muon=r.muon, scaler=r.scaler), st)
-    ckpts.resume(r.total)
-    loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing, reduction="sum")
-    metrics, clock = MetricsLog(r.proc.out / "metrics.jsonl", True), Clock(r.device, st)
-    compile_s = compile_first(r, loss_fn, st.step < r.bias_steps, graphs) if cfg.compile else 0.0
-    loss_acc, epoch_cache = torch.zeros((), device=r.device, dtype=torch.float64), {}
-    ckpts.begin()
-    while st.step < r.stop_at:
-        step = st.step
-        epoch, i = divmod(step, r.per_epoch)
-        if epoch not in epoch_cache:  # the epoch's translated (and on odd epochs mirrored) images, and its order
-            epoch_cache.clear()
-            g = torch.Generator().manual_seed(cfg.seed * 31 + epoch)
-            order = torch.randperm(len(r.padded), generator=g).to(r.device)
-            epoch_cache[epoch] = (epoch_images(r.padded, size, cfg.seed, epoch), order)
-        images, order = epoch_cache[epoch]
-        idx = order[i * B : (i + 1) * B]
-        r.model.whiten.bias.requires_grad_(step < r.bias_steps)
-        r.sgd.param_groups[0]["lr"] = BIAS_LR * max(0.0, 1 - step / r.bias_steps)
-        for group in r.sgd.param_groups[1:] + r.muon.param_groups:
-            group["lr"] = group["initial_lr"] * (1 - step / r.total)
-        clock.start()
-        if graphs:
-            torch.compiler.cudagraph_mark_step_begin()
-        loss_acc += step_once(r, loss_fn, images[idx], r.train_y[idx])
-        clock.stop(B)
-        st.step = step + 1
-        end_of_epoch = st.step % r.per_epoch == 0 or st.step == r.stop_at
-        if end_of_epoch or (cfg.log_every and st.step % cfg.log_every == 0):
-            metrics_line(r, st, clock, loss_acc, metrics, end_of_epoch)
-        save, leave = ckpts.due(end_of_epoch, st.step // r.per_epoch)
-        if save:
-            clock.take()
-            ckpts.save()
-        if leave:
-            ckpts.leave()
-    about = dict(world_size=1, device=str(r.device), precision=r.proc.precision, model="airbench_muon")
-    about.update(dataset=cfg.dataset, recipe="airbench94_muon")
-    return write_summary(r.proc.out, st, cfg, about, dict(compile_s=compile_s, cuda_graphs=graphs))
-
-
-def step_once(r: Recipe, loss_fn, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """One step of both optimizers on (x, y); the loss, not read on the host."""
-    if r.device.type == "cuda":
-        x = x.contiguous(memory_format=torch.channels_last)
-    with r.autocast():
-        loss = loss_fn(r.net(x), y)
-    r.scaler.scale(loss).backward()
-    for opt in (r.sgd, r.muon):
-        r.scaler.step(opt)
-    r.scaler.update()
-    r.model.zero_grad(set_to_none=True)
-    return loss.detach()
-
-
-def metrics_line(
-    r: Recipe, st: Progress, clock: Clock, loss_acc: torch.Tensor, metrics: MetricsLog, end_of_epoch: bool
-):
-    """A metrics line: the loss and images/s since the last one; at each epoch's end the test accuracy (TTA)."""
-    clock.take()
-    loss = float(loss_acc) / clock.images
-    row = metrics_row(st, st.step / r.per_epoch, r.muon.param_groups[0]["lr"], loss, clock)
-    loss_acc.zero_()
-    clock.reset()
-    if end_of_epoch:
-        acc = evaluate(r.model, r.test_x, r.test_y, r.autocast)
-        record_accuracy(st, acc, r.cfg.target_acc)
-        row["test_acc"] = acc
-        log.info("epoch %.2f step %d/%d loss %.4f acc %.4f", row["epoch"], st.step, r.total, loss, acc)
-    metrics.write(row)

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import copy
 import gc
+import importlib
 import logging
-import math
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,22 +21,30 @@ import torch.nn as nn
 
 from . import data, models
 from .config import resolve_config
-from .loop import Checkpoints, Clock, Progress, metrics_row, record_accuracy, write_summary
+from .course import Batches, Plan, make_plan
+from .loop import (
+    Checkpoints,
+    Clock,
+    EpochProgress,
+    Place,
+    Recipe,
+    metrics_row,
+    record_accuracy,
+    run_steps,
+    write_summary,
+)
 from .presets import DEFAULTS, PRESETS, Config
 from .runtime import (
     SGD,
-    MetricsLog,
     Process,
     check_compile_mode,
     compile_net,
     ema_update,
     fold_loss,
-    graphs_compiled,
     param_groups,
     start_run,
-    uses_cuda_graphs,
 )
-from .schedule import Cursor, LRSchedule, parse_points, step_value
+from .schedule import Cursor, step_value
 from .warmup import shape_places, warm_up
 
 log = logging.getLogger("trainer")
@@ -157,98 +164,13 @@ def build_net(cfg: Config, source, proc: Process) -> Net:
     return Net(model, ema, optimizer, scaler, net, fused, amp_dtype, device, cfg.ema)
 
 
-# --- the plan: schedules, sizes and steps ----------------------------------------------------------
-
-
-@dataclass
-class Plan:
-    """The run's course, from its options: lr and momentum by progress, image and batch sizes, and its steps."""
-
-    sched: LRSchedule
-    sizes: list
-    eval_size: int
-    B0: int
-    cursor: Cursor
-    total: int
-
-    def size_at(self, epoch: int, pos: int) -> int:
-        return int(step_value(self.sizes, self.cursor.progress(epoch, pos)))
-
-
-def make_plan(cfg: Config, n: int, world: int) -> Plan:
-    sched = LRSchedule(cfg.schedule, cfg.lr, cfg.warmup, (cfg.momentum_max, cfg.momentum_min), cfg.lr_points)
-    sizes = parse_points(cfg.sizes or f"{cfg.image_size}@0")
-    eval_size = cfg.val_size or (int(sizes[-1][1]) if cfg.dataset == "imagefolder" else cfg.image_size)
-    B0 = cfg.batch_size
-    batches = parse_points(cfg.batch_sizes or f"{B0}@0")
-    for _, b in batches:
-        if int(b) % world:
-            raise SystemExit(f"trainer: batch size {int(b)} must divide evenly over {world} ranks")
-    cursor = Cursor(n, cfg.epochs, batches)
-    total = cursor.total_steps()
-    if total < 1:
-        raise SystemExit(f"trainer: batch size {int(batches[0][1])} is larger than the training set ({n} images)")
-    if cfg.max_steps:
-        total = min(total, cfg.max_steps)
-    return Plan(sched, sizes, eval_size, B0, cursor, total)
-
-
-# --- batches -----------------------------------------------------------------------------------------
-
-
-class Batches:
-    """This rank's share of each global batch: the images at a position of the epoch's order (a function of seed
-    and epoch), so a resumed run replays them. Read from files, the next batch is made on a thread while the current
-    step computes."""
-
-    def __init__(self, seed: int, source, plan: Plan, rank: int, world: int, device: torch.device):
-        self.source, self.plan, self.seed, self.rank, self.world = source, plan, seed, rank, world
-        self.order_device = device if source.on_device else "cpu"
-        self.orders: dict = {}
-        self.ahead = ThreadPoolExecutor(1, thread_name_prefix="next-batch") if not source.on_device else None
-        self.pending = None
-
-    def at(self, step: int, epoch: int, pos: int, b: int, size: int):
-        """The `b` images at `pos` in the epoch's order, this rank's share, at `size`."""
-        if epoch not in self.orders:
-            self.orders.clear()
-            self.orders[epoch] = data.epoch_order(self.source.n_train, self.seed, epoch).to(self.order_device)
-        idx = self.orders[epoch][pos : pos + b][self.rank :: self.world]
-        share = slice(self.rank, None, self.world)
-        return self.source.train_batch(idx, step, b, share, size, epoch=epoch, pos=pos)
-
-    def take(self, step: int, place, size: int, nxt):
-        """The batch of `step` at `place` (epoch, pos, batch size); the one at `nxt` (None: no next step) started."""
-        key = (step, *place, size)
-        x, y = self.pending[1].result() if self.pending is not None and self.pending[0] == key else self.at(*key)
-        self.pending = None
-        if self.ahead is not None and nxt is not None:
-            after = (step + 1, *nxt, self.plan.size_at(nxt[0], nxt[1]))
-            self.pending = (after, self.ahead.submit(self.at, *after))
-        return x, y
-
-    def close(self) -> None:
-        if self.ahead is not None:
-            self.ahead.shutdown(wait=True)
-
-
-# --- training --------------------------------------------------------------------------------------
-
-
-@dataclass
-class EpochProgress(Progress):
-    """The progress of a run through epochs of a data set: where the next batch starts in its epoch's order, and the
-    loss summed since the last epoch's line (a checkpoint taken mid-epoch keeps it, so the line is the same)."""
-
-    epoch: int = 0  # the epoch of the next step
-    pos: int = 0  # where in the epoch's order the next batch starts
-    loss_sum: float = 0.0  # the training loss summed over this epoch's steps so far
-    loss_n: int = 0  # those steps
+# --- the recipe the loop runs ----------------------------------------------------------------------
 
 
 @dataclass
 class Run:
-    """Everything one training run holds, set up by `setup`."""
+    """One run of the generic recipe (a `loop.Recipe`), set up by `setup`: its data, its net and what trains it, its
+    course; its hooks set the scheduled lr and momentum, take each batch and step the optimizer."""
 
     cfg: Config
     proc: Process
@@ -258,8 +180,120 @@ class Run:
     progress: EpochProgress  # what a checkpoint restores besides the weights
     ckpts: Checkpoints
     loss_fn: nn.Module
-    metrics: MetricsLog
     batches: Batches
+    lr: float = 0.0  # the last step's lr and image size, for its metrics line
+    size: int = 0
+    compute_dtype: str = ""  # what autocast ran in (read from the first step's logits: no sync)
+
+    @property
+    def course(self) -> Cursor:
+        return self.plan.cursor
+
+    @property
+    def total(self) -> int:
+        return self.plan.total
+
+    def warm_up(self, place: Place | None, graphs: bool) -> float:
+        """Compiled, a step of each shape before the clock starts; under DDP one step, for the gradient buckets'
+        layout. Returns the seconds compiling."""
+        cfg, m, plan = self.cfg, self.m, self.plan
+        warm = (
+            shape_places(plan.cursor, plan.sizes, place)
+            if cfg.compile
+            else [place]
+            if self.proc.world > 1 and place
+            else []
+        )
+        if not warm:
+            return 0.0
+        seconds = warm_up(
+            m.net,
+            m.model,
+            m.optimizer,
+            warm,
+            self.batches.at,
+            plan.sizes,
+            plan.cursor,
+            m.autocast,
+            self.loss_fn,
+            self.proc.device,
+            graphs,
+        )
+        return seconds if cfg.compile else 0.0  # the DDP-only warm-up is not compilation
+
+    def before_clock(self, step: int, place: Place) -> None:
+        models.start_epoch(self.m.model, place[0])
+
+    def step(self, step: int, place: Place, nxt: Place | None) -> torch.Tensor:
+        epoch, pos, B = place
+        progress = self.plan.cursor.progress(epoch, pos)
+        lr, momentum = self.plan.sched(progress)
+        self.lr = lr = lr * (
+            B / self.plan.B0
+        )  # the linear scaling rule, when the batch size changes with the image size
+        for group in self.m.optimizer.param_groups:
+            group["lr"], group["momentum"] = lr, momentum
+        self.size = int(step_value(self.plan.sizes, progress))
+        x, y = self.batches.take(step, place, self.size, nxt)
+        logits, loss = self.m.step(x, y, self.loss_fn)
+        self.compute_dtype = self.compute_dtype or str(logits.dtype).removeprefix("torch.")
+        return loss.detach()
+
+    def metrics_row(self, clock: Clock, loss_acc: torch.Tensor, place: Place, end_of_epoch: bool) -> dict:
+        """The mean loss of the epoch's steps so far; at each epoch's end the test accuracy."""
+        st, cfg, m, proc = self.progress, self.cfg, self.m, self.proc
+        epoch, pos, B = place
+        done = epoch + 1 if st.epoch != epoch else epoch + (pos + B) / self.source.n_train
+        st.loss_sum += fold_loss(loss_acc, proc.world)
+        row = metrics_row(st, done, self.lr, st.loss_sum / max(st.loss_n, 1), clock, image_size=self.size, batch_size=B)
+        if end_of_epoch:
+            model = m.ema if m.ema is not None else m.model
+            acc = evaluate(model, self.source, cfg.tta, m.autocast, self.plan.eval_size, proc.rank, proc.world)
+            record_accuracy(st, acc, cfg.target_acc)
+            row["test_acc"] = acc
+            st.loss_sum, st.loss_n = 0.0, 0
+            clock.reset()
+            if proc.is_main:
+                log.info(
+                    "epoch %.2f step %d/%d loss %.4f acc %.4f lr %.4f size %d %.0f img/s",
+                    *(
+                        row["epoch"],
+                        st.step,
+                        self.total,
+                        row["train_loss"],
+                        acc,
+                        self.lr,
+                        self.size,
+                        row["images_per_s"],
+                    ),
+                )
+        if self.source.skipped:  # after the evaluation: its unreadable files count too
+            row["skipped_files"] = self.source.skipped
+        return row
+
+    def before_checkpoint(self, loss_acc: torch.Tensor) -> None:
+        self.progress.loss_sum += fold_loss(loss_acc, self.proc.world)  # the epoch's line is the same after a resume
+
+    def finish(self, compiled: dict) -> dict:
+        self.batches.close()
+        proc = self.proc
+        about = dict(
+            world_size=proc.world,
+            device=str(proc.device),
+            precision=proc.precision,
+            model=self.cfg.model,
+            dataset=self.cfg.dataset,
+            compute_dtype=self.compute_dtype,
+            skipped_files=self.source.skipped,
+        )
+        summary = write_summary(proc.out, self.progress, self.cfg, about, compiled, is_main=proc.is_main)
+        # the DDP reducer (its pending gloo work) goes first, then, all ranks done, the group: else gloo can abort
+        if proc.world > 1:
+            self.m.net = None
+            gc.collect()
+            torch.distributed.barrier()
+            torch.distributed.destroy_process_group()
+        return summary
 
 
 def setup(cfg: Config) -> Run:
@@ -276,143 +310,23 @@ def setup(cfg: Config) -> Run:
     if saved is not None:
         for group in m.optimizer.param_groups:  # a checkpoint made on another kind of device keeps this one's update
             group["fused"] = m.fused or None
-        if "pos" not in saved["progress"]:  # a checkpoint of a version without batch schedules: constant batch
-            progress.epoch, i = divmod(progress.step, source.n_train // plan.B0)
-            progress.pos = i * plan.B0
-    metrics = MetricsLog(proc.out / "metrics.jsonl", proc.is_main)
+    progress.place_old_checkpoint(saved, source.n_train // plan.B0, plan.B0)
     batches = Batches(cfg.seed, source, plan, proc.rank, proc.world, proc.device)
-    return Run(cfg, proc, source, m, plan, progress, ckpts, loss_fn, metrics, batches)
+    return Run(cfg, proc, source, m, plan, progress, ckpts, loss_fn, batches)
 
 
-AGREE_EVERY = 8  # DDP: steps between the ranks' agreement on signals and the checkpoint clock
+# --- training: a recipe, then the one loop ---------------------------------------------------------
+
+# --recipe: the module whose `setup(cfg)` makes the run's `loop.Recipe` ('': this module's, as the options say)
+RECIPES = {"": "trainer.train", "airbench94_muon": "trainer.recipe_muon"}
 
 
 def train(cfg: Config) -> dict:
     check_compile_mode(cfg.compile_mode)
-    if cfg.recipe:  # a published recipe with a loop of its own
-        from .recipe_muon import train_recipe
-
-        return train_recipe(cfg)
-    run = setup(cfg)
-    st, m, plan, cursor, device = run.progress, run.m, run.plan, run.plan.cursor, run.proc.device
-    place = cursor.place(st.epoch, st.pos)
-    compile_s, graphs = warm_up_before_clock(run, place)
-    compiled_before_clock = graphs_compiled() if cfg.compile else 0
-    # Nothing in the step waits for the device: the loss adds up there and the clock is CUDA events, both read once
-    # per metrics line; DDP ranks agree on signals every AGREE_EVERY steps.
-    clock, loss_acc, compute_dtype = Clock(device, st), torch.zeros((), device=device, dtype=torch.float64), ""
-    run.ckpts.begin()
-    while st.step < plan.total and place is not None:
-        step, (epoch, pos, B) = st.step, place
-        models.start_epoch(m.model, epoch)
-        clock.start()
-        if graphs:  # the last step's graph outputs (its loss, read below) are done with
-            torch.compiler.cudagraph_mark_step_begin()
-        progress = cursor.progress(epoch, pos)
-        lr, momentum = plan.sched(progress)
-        lr *= B / plan.B0  # the linear scaling rule, when the batch size changes with the image size
-        for group in m.optimizer.param_groups:
-            group["lr"], group["momentum"] = lr, momentum
-        size = int(step_value(plan.sizes, progress))
-        nxt = cursor.place(epoch, pos + B)
-        x, y = run.batches.take(step, place, size, nxt if step + 1 < plan.total else None)
-        logits, loss = m.step(x, y, run.loss_fn)
-        compute_dtype = compute_dtype or str(logits.dtype).removeprefix("torch.")  # what autocast ran in (no sync)
-        loss_acc += loss.detach()
-        clock.stop(B)
-        st.loss_n += 1
-        st.step, place = step + 1, nxt
-        st.epoch, st.pos = (place[0], place[1]) if place is not None else (cfg.epochs, 0)
-        end_of_epoch = place is None or place[0] != epoch or st.step == plan.total
-        if end_of_epoch or (cfg.log_every and st.step % cfg.log_every == 0):
-            done = epoch + 1 if place is None or place[0] != epoch else epoch + (pos + B) / run.source.n_train
-            metrics_line(run, clock, loss_acc, done, lr, size, B, end_of_epoch)
-        save, leave = run.ckpts.due(end_of_epoch, epoch + 1, agree=end_of_epoch or st.step % AGREE_EVERY == 0)
-        if save:
-            clock.take()
-            st.loss_sum += fold_loss(loss_acc, run.proc.world)
-            run.ckpts.save()
-        if leave:
-            run.ckpts.leave()
-    late = graphs_compiled() - compiled_before_clock if cfg.compile else 0  # inside the clock: should be 0
-    return finish(run, compute_dtype, dict(compile_s=compile_s, cuda_graphs=graphs, late_compiles=late))
-
-
-def warm_up_before_clock(run: Run, place) -> tuple[float, bool]:
-    """Compiled, a step of each shape before the clock starts; under DDP one step, for the gradient buckets' layout.
-    Returns (seconds compiling, whether steps replay CUDA graphs)."""
-    cfg, m, plan = run.cfg, run.m, run.plan
-    warm = (
-        shape_places(plan.cursor, plan.sizes, place) if cfg.compile else [place] if run.proc.world > 1 and place else []
-    )
-    graphs = uses_cuda_graphs(cfg, run.proc.device)
-    if not warm:
-        return 0.0, graphs
-    seconds = warm_up(
-        m.net,
-        m.model,
-        m.optimizer,
-        warm,
-        run.batches.at,
-        plan.sizes,
-        plan.cursor,
-        m.autocast,
-        run.loss_fn,
-        run.proc.device,
-        graphs,
-    )
-    return (seconds if cfg.compile else 0.0), graphs  # the DDP-only warm-up is not compilation
-
-
-def metrics_line(run: Run, clock: Clock, loss_acc, epoch: float, lr: float, size: int, B: int, end_of_epoch: bool):
-    """A metrics line (every --log-every steps, and at each epoch's end with the test accuracy)."""
-    st, cfg, m, proc = run.progress, run.cfg, run.m, run.proc
-    clock.take()
-    st.loss_sum += fold_loss(loss_acc, proc.world)
-    row = metrics_row(st, epoch, lr, st.loss_sum / max(st.loss_n, 1), clock, image_size=size, batch_size=B)
-    if end_of_epoch:
-        model = m.ema if m.ema is not None else m.model
-        acc = evaluate(model, run.source, cfg.tta, m.autocast, run.plan.eval_size, proc.rank, proc.world)
-        record_accuracy(st, acc, cfg.target_acc)
-        row["test_acc"] = acc
-        st.loss_sum, st.loss_n = 0.0, 0
-        clock.reset()
-        if proc.is_main:
-            log.info(
-                "epoch %.2f step %d/%d loss %.4f acc %.4f lr %.4f size %d %.0f img/s",
-                *(row["epoch"], st.step, run.plan.total, row["train_loss"], acc, lr, size, row["images_per_s"]),
-            )
-    if run.source.skipped:  # after the evaluation: its unreadable files count too
-        row["skipped_files"] = run.source.skipped
-    run.metrics.write(row)
-    if not math.isfinite(row["train_loss"]):  # every later step would be NaN too: a failed run, not a "succeeded" one
-        raise SystemExit(
-            f"trainer: the training loss is {row['train_loss']} at step {st.step} (epoch {row['epoch']}); "
-            f"the run failed. Lower --lr, check the data (skipped_files: {run.source.skipped}), or try --precision "
-            "fp32"
-        )
-
-
-def finish(run: Run, compute_dtype: str, compiled: dict) -> dict:
-    run.batches.close()
-    proc = run.proc
-    about = dict(
-        world_size=proc.world,
-        device=str(proc.device),
-        precision=proc.precision,
-        model=run.cfg.model,
-        dataset=run.cfg.dataset,
-        compute_dtype=compute_dtype,
-        skipped_files=run.source.skipped,
-    )
-    summary = write_summary(proc.out, run.progress, run.cfg, about, compiled, is_main=proc.is_main)
-    # the DDP reducer (its pending gloo work) goes first, then, all ranks done, the group: else gloo can abort at exit
-    if proc.world > 1:
-        run.m.net = None
-        gc.collect()
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
-    return summary
+    if cfg.recipe not in RECIPES:
+        raise SystemExit(f"trainer: unknown --recipe {cfg.recipe!r}: use one of {sorted(RECIPES)}")
+    recipe: Recipe = importlib.import_module(RECIPES[cfg.recipe]).setup(cfg)
+    return run_steps(recipe)
 
 
 def main(argv=None) -> int:
