@@ -238,8 +238,14 @@ class Recipe(Protocol):
     proc: Process
     progress: EpochProgress
     ckpts: Checkpoints
-    course: Cursor
-    total: int  # the steps this run takes (--max-steps included)
+
+    @property
+    def course(self) -> Cursor: ...
+
+    @property
+    def total(self) -> int:
+        """The steps this run takes (--max-steps included)."""
+        ...
 
     def warm_up(self, place: Place | None, graphs: bool) -> float:
         """Before the clock starts (compiling, DDP's buckets), leaving the state as it was; the seconds compiling."""

@@ -57,7 +57,7 @@ class Config:
     log_every: int = 0            # also write a metrics line every N steps (0 = once per epoch)
     max_steps: int = 0            # stop after this many steps (0 = run all epochs); for tests
     synthetic_train: int = 2048   # synthetic: training images (test: a quarter)
-    recipe: str = ""              # '' | airbench94_muon: the published recipe, its own loop (recipe_muon.py)
+    recipe: str = ""              # '' | airbench94_muon: the published recipe, as recipe_muon.py hands it to the loop
     preset: str = ""              # the preset the options started from ('' = none; set by config.resolve_config)
     # fmt: on
 

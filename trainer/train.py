@@ -1,8 +1,9 @@
-"""The bundled trainer's main loop, top to bottom: the data source, the net and what updates it (`Net`), the run's
-course (`Plan`: schedules, sizes, steps), its batches, then `train`: one loop over steps. Its options are a
-`presets.Config` (one field a line, its default and meaning beside it), its progress an `EpochProgress`, saved in
-each checkpoint as a plain dict; what differs by net (airbench's whitening) is in models.py, not in the loop. What it
-does and how to call it: `trainer.config.USAGE` (`python -m trainer --help` prints it).
+"""The bundled trainer's generic recipe, top to bottom: the data source and evaluation, the net and what updates it
+(`Net`), then `Run`: the run it sets up (its course and batches from course.py) and the hooks it hands the one loop
+(`loop.run_steps`); `train(cfg)` picks the recipe --recipe names and runs the loop. Its options are a `presets.Config`
+(one field a line, its default and meaning beside it), its progress a `loop.EpochProgress`, saved in each checkpoint
+as a plain dict; what differs by net (airbench's whitening) is in models.py, not in the loop. What it does and how to
+call it: `trainer.config.USAGE` (`python -m trainer --help` prints it).
 """
 
 from __future__ import annotations
