@@ -13,6 +13,9 @@ Each entry declares what the layers above and below need of its backend, so that
 - `explain`: its cloud's errors nobody turned into words yet (no credentials, say) as an OrchError, for the CLI;
   None for an error that is not its own.
 - `host_ids`: the pattern of its hosts' ids, so that `orch attach ID` (or logs, chaos...) finds the run on that host.
+- `plan_lines`: its `--dry-run` plan (`Backend.plan()`) in words: where, which choices at what price, the cost bound.
+- `leftovers`: what it made that outlives a sweep's own teardown, found over the places (aws: regions) of the sweeps
+  launched here, for `orch gc` and `orch down --all` (and `orch down NAME` of a name it makes that is no sweep's).
 
 Host-side parts (spot notices from the metadata service, self-termination, rung tags) are switched on by name in
 the tasks a backend builds (`RunTask.host_parts`, one of `contract.HOST_PARTS`); the agent (host/) has them all.
@@ -21,6 +24,7 @@ Adding a backend: docs/backends.md.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,12 +57,26 @@ class Costs:
 
 
 @dataclass(frozen=True)
+class Leftovers:
+    """What a backend made and still exists, by place (aws: region) and sweep; `orch gc` lists it, `orch down --all`
+    removes what no sweep known here owns."""
+
+    # (the sweeps on it launched here, problems) -> {place: {sweep: [resource, ...]}}. A place that cannot be searched
+    # raises an OrchError, or with `problems` given adds a line saying why to it and is left out.
+    scan: Callable[[list[Sweep], list[str] | None], dict[str, dict[str, list[str]]]]
+    remove: Callable[[str, str], list[str]]  # (place, sweep) -> what went
+    names: str | None = None  # a pattern of names it gives what is no sweep's (aws: `ami-RECIPE`, an image build)
+
+
+@dataclass(frozen=True)
 class Entry:
     schema: BackendSchema
     make: Callable[[Sweep], Backend]
     costs: Callable[[], Costs] | None = None  # called when needed: pricing imports stay out of `orch --help`
     explain: Callable[[BaseException], OrchError | None] | None = None
     host_ids: str | None = None  # a regular expression a whole host id matches
+    plan_lines: Callable[[Sweep, dict], list[str]] | None = None  # its plan in words (`orch launch --dry-run`)
+    leftovers: Callable[[], Leftovers] | None = None  # called when needed, as `costs`
 
     @property
     def name(self) -> str:
@@ -98,13 +116,25 @@ def _aws_explain(exc: BaseException) -> OrchError | None:
     return explain(exc, "an AWS call")
 
 
+def _aws_plan_lines(sweep: Sweep, plan: dict) -> list[str]:
+    from orchestrator.backends.aws.dry_run import plan_lines
+
+    return plan_lines(sweep, plan)
+
+
+def _aws_leftovers() -> Leftovers:
+    from orchestrator.backends.aws import leftovers
+
+    return Leftovers(leftovers.scan, leftovers.remove, leftovers.NAMES)
+
+
 def _aws_python(spec: Any) -> str | None:
     aws = spec.section("aws")
     return aws.python if aws is not None else None
 
 
 BACKENDS: tuple[Entry, ...] = (
-    Entry(BackendSchema("local", LocalSection, checks=local_checks), _local),
+    Entry(BackendSchema("local", LocalSection, checks=local_checks, host_path=os.path.expanduser), _local),
     Entry(
         BackendSchema(
             "aws", AwsSection, aws_checks.check, _aws_python, counts_dollars=True, unrecorded=("controller",)
@@ -113,6 +143,8 @@ BACKENDS: tuple[Entry, ...] = (
         _aws_costs,
         _aws_explain,
         r"i-[0-9a-f]{8,17}",  # an EC2 instance id, as users of the seed tooling type it
+        _aws_plan_lines,
+        _aws_leftovers,
     ),
 )
 
@@ -140,6 +172,11 @@ def explain(exc: BaseException) -> OrchError | None:
 def backends_with_host(host_id: str) -> set[str]:
     """The names of the backends whose hosts have ids like `host_id`."""
     return {e.name for e in BACKENDS if e.host_ids is not None and re.fullmatch(e.host_ids, host_id)}
+
+
+def with_leftovers() -> list[tuple[str, Leftovers]]:
+    """(name, leftovers) of each backend that makes things outliving a sweep's teardown."""
+    return [(e.name, e.leftovers()) for e in BACKENDS if e.leftovers is not None]
 
 
 def backend_for(sweep: Sweep) -> Backend:

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from orchestrator.backends.registry import backend_for, load_sweep
+from orchestrator.backends.registry import backend_for, entry, load_sweep
 from orchestrator.cli import remote as remote_controller
 from orchestrator.cli.common import expected_errors, make_console, sweep_parts
 from orchestrator.cli.render import dry_run_lines, failure_report, spend_text, watch_progress
@@ -45,8 +45,9 @@ def launch(sweep_file: str, dry_run: bool, detach: bool, every: bool, remote: bo
     if dry_run:
         control.check_like_launch(sweep)
         plan = backend_for(sweep).plan()
+        words = entry(sweep.spec.backend).plan_lines
         more = (remote_controller.controller_line(sweep, plan),) if remote and plan else ()
-        for line in dry_run_lines(sweep, plan, every, more):
+        for line in dry_run_lines(sweep, words(sweep, plan) if plan and words else None, every, more):
             con.print(line, markup=False)
         return
     if remote:

@@ -50,7 +50,7 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
         "Fault injection: prove that your training code survives what spot instances do to it.",
     ),
     "data": ("orchestrator.cli.ops:data", "Data sets for the `data:` entries of sweeps."),
-    "aws": ("orchestrator.cli.ops:aws_group", "AWS setup: what the credentials that run orch need."),
+    "aws": ("orchestrator.cli.aws:aws_group", "AWS setup: what the credentials that run orch need."),
     "ami": (
         "orchestrator.cli.ami:ami",
         "Images built by orch from a recipe (default ami/recipe.yaml); sweeps use them with `image: recipe:NAME`.",

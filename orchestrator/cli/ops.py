@@ -1,8 +1,8 @@
-"""CLI commands that stop or break things on purpose: down, gc, chaos."""
+"""CLI commands that stop or break things on purpose (down, gc, chaos) and `orch data push`. What a backend made
+beyond a sweep's own teardown (aws: its regions' leftovers) is reached through the registry's `leftovers`."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -11,19 +11,13 @@ from pathlib import Path
 
 import click
 
-from orchestrator.aws import ec2 as api
-from orchestrator.aws.ec2 import client
-from orchestrator.aws.policy import DEFAULT_IMAGE_OWNERS, boundary_policy, controller_policy
-from orchestrator.aws.teardown import orch_resources, teardown
-from orchestrator.backends.aws.regions import settings as aws_settings
+from orchestrator.backends import registry
 from orchestrator.cli.common import expected_errors, explained, load_sweep_arg, resolve_run, sweep_parts
-from orchestrator.contract import bucket_problem
 from orchestrator.control.actions import chaos_interrupt, stop_sweep
 from orchestrator.control.lease import RENEW_S, request_stop, wait_released
 from orchestrator.control.state import State, SweepLock
 from orchestrator.errors import OrchError
 from orchestrator.host.staging import push
-from orchestrator.sweep.spec import orch_home
 from orchestrator.wait import Timeout, retry_until
 
 
@@ -89,9 +83,7 @@ def down(sweep: str | None, everything: bool):
             exit_code=2,
         )
     known = {rec.name for rec in State().sweeps()}
-    if (
-        sweep and sweep not in known and sweep.startswith("ami-")
-    ):  # an image build's leftovers (builder, its group, template)
+    if sweep and sweep not in known and _made_by(sweep):  # a backend's leftovers (aws: an image build's)
         _down_leftovers(sweep)
         return
     names = [sweep] if sweep else sorted(known)
@@ -116,15 +108,20 @@ def down(sweep: str | None, everything: bool):
         click.echo("no sweeps launched from here.")
 
 
+def _made_by(name: str) -> list[str]:
+    """The backends that give names like `name` to what is no sweep's (aws: `ami-RECIPE`, an image build's)."""
+    return [b for b, left in registry.with_leftovers() if left.names is not None and re.fullmatch(left.names, name)]
+
+
 def _down_unknown(names: set) -> list[str]:
-    """`orch down --all`: what orch tagged in the regions of the sweeps launched from here, of sweeps not known
-    here. Returns the regions that could not be searched (each said why)."""
+    """`orch down --all`: what orch made in the places (aws: regions) of the sweeps launched from here, of sweeps not
+    known here. Returns the places that could not be searched (each said why)."""
 
     problems: list[str] = []
-    for region, by_sweep in _scan_regions(problems).items():
+    for left, place, by_sweep in _scan(problems):
         for name in sorted(set(by_sweep) - names):
-            removed = teardown(client("ec2", region), client("iam", region), name)
-            click.echo(f"{region}: removed {len(removed)} resource(s) of unknown sweep {name}: {', '.join(removed)}")
+            removed = left.remove(place, name)
+            click.echo(f"{place}: removed {len(removed)} resource(s) of unknown sweep {name}: {', '.join(removed)}")
     for line in problems:
         click.echo(line, err=True)
     return [line.split(":")[0] for line in problems]
@@ -134,11 +131,11 @@ def _down_leftovers(name: str) -> None:
     """`orch down ami-RECIPE`: what an interrupted `orch ami build` left, in every region orch knows of."""
 
     found = False
-    for region, by_sweep in _scan_regions().items():
+    for left, place, by_sweep in _scan(only=_made_by(name)):
         if name in by_sweep:
             found = True
-            removed = teardown(client("ec2", region), client("iam", region), name)
-            click.echo(f"{region}: removed {len(removed)} resource(s) of {name}: {', '.join(removed)}")
+            removed = left.remove(place, name)
+            click.echo(f"{place}: removed {len(removed)} resource(s) of {name}: {', '.join(removed)}")
     if not found:
         click.echo(f"nothing of {name} exists in the regions orch knows of (`orch gc` lists what does).")
 
@@ -201,31 +198,26 @@ def _stop_elsewhere(sw, store) -> list[str]:
     ]
 
 
-def _scan_regions(problems: list[str] | None = None):
-    """{region: {sweep: [resource, ...]}} over the regions of every aws sweep launched from here. A region that
-    cannot be searched raises, or with `problems` given adds a line saying why to it and is left out."""
+def _scan(problems: list[str] | None = None, only: list[str] | None = None):
+    """(leftovers, place, {sweep: [resource, ...]}) over each backend that makes things outliving a sweep's teardown
+    (`only`: those named), in the places of its sweeps launched from here (registry.Leftovers). A sweep that cannot be
+    read for want of its cloud is left out; a place that cannot be searched raises, or with `problems` given adds a
+    line saying why to it and is left out."""
 
-    regions = set()
-    for rec in State().sweeps():
-        if rec.backend == "aws":
+    for backend, left in registry.with_leftovers():
+        if only is not None and backend not in only:
+            continue
+        sweeps = []
+        for rec in State().sweeps():
+            if rec.backend != backend:
+                continue
             try:
-                regions.update(aws_settings(load_sweep_arg(rec.name)).regions)
+                sweeps.append(load_sweep_arg(rec.name))
             except Exception as exc:
                 if explained(exc) is None:
                     raise
-                continue
-
-    built = orch_home() / "ami-regions"  # where `orch ami build` ran: its builders are found there too
-    regions |= set(built.read_text().split()) if built.exists() else set()
-    out = {}
-    for region in sorted(regions):
-        try:
-            out[region] = orch_resources(api.client("ec2", region), api.client("iam", region))
-        except Exception as exc:  # botocore errors: say which region
-            if problems is None:
-                raise api.explain(exc, f"scanning {region}") from None
-            problems.append(f"{region}: not searched for orch's resources: {api.explain(exc, f'scanning {region}')}")
-    return out
+        for place, by_sweep in left.scan(sweeps, problems).items():
+            yield left, place, by_sweep
 
 
 @click.command()
@@ -243,11 +235,11 @@ def gc():
 
     known = {rec.name for rec in State().sweeps()}
     found = False
-    for region, by_sweep in _scan_regions().items():
+    for _, place, by_sweep in _scan():
         for name, items in sorted(by_sweep.items()):
             found = True
             tag = "" if name in known else " (not launched from here)"
-            click.echo(f"{region} {name}{tag}: {len(items)} resource(s); remove with `orch down {name}`")
+            click.echo(f"{place} {name}{tag}: {len(items)} resource(s); remove with `orch down {name}`")
             for item in items:
                 click.echo(f"  {item}")
     if not found:
@@ -274,110 +266,3 @@ def data_push(local_dir: Path, url: str):
 
     r = push(local_dir, url)
     click.echo(f"{url}: {r.files} files, {r.fetched} uploaded ({r.bytes / 1e6:.1f} MB), every file verified in S3")
-
-
-@click.group("aws")
-def aws_group():
-    """AWS setup: what the credentials that run orch need."""
-
-
-def _bucket_names(*names: str | None) -> None:
-
-    for name in names:
-        problem = bucket_problem(name) if name is not None else None
-        if problem:
-            raise OrchError(
-                f"{name!r} is not a bucket name: {problem}. Give the name alone, without s3:// or a prefix",
-                exit_code=2,
-            )
-
-
-_BUCKET_HELP = "The store's bucket (from `store: s3://BUCKET/prefix`); default: YOUR-BUCKET, to fill in."
-_DATA_HELP = "A bucket that `data:` entries read from or `orch data push` writes to (repeatable)."
-
-
-_REGION_HELP = "A region orch may use EC2 in (repeatable); default: every region."
-_OWNER_HELP = (
-    "An owner of the images sweeps launch from, as EC2's ec2:Owner names it: `amazon` (the default), an account id, "
-    "`aws-marketplace` (repeatable). The account's own images are always allowed."
-)
-_VPC_HELP = "A VPC whose subnets launches may use (repeatable); default: any VPC."
-MANAGED_POLICY_MAX = 6144  # IAM and STS quotas: a managed policy's characters, white space not counted
-
-
-def _scope_options(command):
-    for option in (
-        click.option("--vpc", "vpcs", multiple=True, help=_VPC_HELP),
-        click.option("--image-owner", "owners", multiple=True, help=_OWNER_HELP),
-        click.option("--region", "regions", multiple=True, help=_REGION_HELP),
-    ):
-        command = option(command)
-    return command
-
-
-def _printed(doc: dict, what: str) -> str:
-    """The document as `aws iam create-policy` takes it; one IAM would refuse for its size is an error naming why."""
-    size = len(re.sub(r"\s", "", json.dumps(doc)))
-    if size > MANAGED_POLICY_MAX:
-        raise OrchError(
-            f"the {what} would be {size:,} characters, over the {MANAGED_POLICY_MAX:,} IAM allows a managed policy: "
-            "name fewer --data-bucket, --region, --image-owner or --vpc (a region left out keeps orch out of it)",
-            exit_code=2,
-        )
-    return json.dumps(doc, indent=2)
-
-
-@aws_group.command("policy")
-@click.option("--bucket", help=_BUCKET_HELP)
-@click.option("--data-bucket", "data_buckets", multiple=True, help=_DATA_HELP)
-@_scope_options
-@expected_errors
-def aws_policy(bucket: str | None, data_buckets: tuple, regions: tuple, owners: tuple, vpcs: tuple):
-    """Print the IAM policy the credentials that run orch need, as JSON, for `aws iam create-policy`.
-
-    It covers sweeps (EC2 Fleet, launch templates, security and placement groups, the instance profile
-    orch creates), `orch launch --remote`, `orch ami`, the store and data buckets. Roles can be made only
-    with orch's permissions boundary (`orch aws boundary`, created once by an admin), which no one holding
-    this policy can change or remove; EC2 resources are changed or removed only when they carry orch's tags, and
-    launches are scoped per resource type (tagged at creation, orch's security groups and templates, images of the
-    account or of --image-owner, no untagged snapshot of the account, --vpc's subnets, --region's regions).
-    It is longer than the 2,048 characters IAM allows a user's inline policies: create it as a managed
-    policy and attach it. docs/aws.md explains each statement.
-
-    \b
-    Example:
-      orch aws policy --bucket my-bucket --data-bucket my-datasets > orch-policy.json
-      aws iam create-policy --policy-name orch --policy-document file://orch-policy.json
-      aws iam attach-user-policy --user-name me --policy-arn arn:aws:iam::ACCOUNT-ID:policy/orch
-    """
-
-    _bucket_names(bucket, *data_buckets)
-    doc = controller_policy(bucket, data_buckets, regions, owners or DEFAULT_IMAGE_OWNERS, vpcs)
-    click.echo(_printed(doc, "policy"))
-
-
-@aws_group.command("boundary")
-@click.option("--bucket", help=_BUCKET_HELP)
-@click.option("--data-bucket", "data_buckets", multiple=True, help=_DATA_HELP)
-@_scope_options
-@expected_errors
-def aws_boundary(bucket: str | None, data_buckets: tuple, regions: tuple, owners: tuple, vpcs: tuple):
-    """Print the permissions boundary every role orch creates carries, for an admin to create once.
-
-    It caps any role orch makes, whatever the role's own policy says, at what a sweep's instances need: a
-    host's (the store, reading data buckets, KMS through S3, terminating or untagging instances tagged
-    orch:sweep) and a remote controller's (`orch launch --remote`: EC2 reads, launches of its sweep's hosts,
-    changes only to what carries orch:sweep, passing orch-* roles to EC2; no IAM write). It holds only for
-    credentials EC2 delivers to an instance (ec2:SourceInstanceARN): a role assumed any other way gets
-    nothing. Give it the same buckets and options as `orch aws policy`; create it as the managed policy `orch-boundary`
-    (an existing one: `aws iam create-policy-version --set-as-default`, see docs/aws.md).
-
-    \b
-    Example:
-      orch aws boundary --bucket my-bucket --data-bucket my-datasets > orch-boundary.json
-      aws iam create-policy --policy-name orch-boundary --policy-document file://orch-boundary.json
-    """
-
-    _bucket_names(bucket, *data_buckets)
-    doc = boundary_policy(bucket, data_buckets, (), regions, owners or DEFAULT_IMAGE_OWNERS, vpcs)
-    click.echo(_printed(doc, "boundary"))

@@ -4,15 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from orchestrator.money import usd as usd  # re-exported: the control layer and the CLI read it here
 from orchestrator.store.status import ACTIVE, FAILED, LOST, QUEUED, RunState, RunStatus
 
 LIVE_ROWS_FINISHED = 10  # the live table shows every active run and this many of the newest finished ones
-
-
-def usd(amount: float) -> str:
-    """Dollars as a person reads them: cents from $1 up, hundredths of a cent below (a short run costs a fraction of a
-    cent)."""
-    return f"${amount:.2f}" if abs(amount) >= 1 else f"${amount:.4f}"
 
 
 @dataclass

@@ -161,8 +161,9 @@ def _data_problems(spec: SweepSpec) -> Problems:
             )
     first: dict = {}  # a folder however written (`x`, `./x`, `x/`) -> the entry that stages to it first
     data = spec.data or []
+    on_host = spec.backends()[spec.backend].host_path
     for i, entry in enumerate(data):
-        folder = os.path.normpath(os.path.expanduser(entry.to) if spec.backend == "local" else entry.to)
+        folder = os.path.normpath(on_host(entry.to))
         if folder in first:
             j = first[folder]
             out.append(

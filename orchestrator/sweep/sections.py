@@ -31,6 +31,10 @@ def _no_python(spec: Any) -> str | None:
     return None
 
 
+def _as_written(path: str) -> str:
+    return path
+
+
 @dataclass(frozen=True)
 class BackendSchema:
     """A backend as the sweep layer sees it: its name, its section of sweep.yaml and its checks."""
@@ -41,6 +45,8 @@ class BackendSchema:
     checks: Callable[[Any, Path], Problems] = _no_problems
     python: Callable[[Any], str | None] = _no_python  # the interpreter `{python}` means on its hosts (None: ours)
     counts_dollars: bool = False  # it keeps a cost ledger: `budget_usd:` is allowed
+    # a path as its hosts read it (local: `~` is this machine's home; elsewhere the host's, unknown here)
+    host_path: Callable[[str], str] = _as_written
     unrecorded: tuple[
         str, ...
     ] = ()  # fields of its section that are no part of what the runs do (a relaunch may change)

@@ -83,20 +83,18 @@ def test_a_record_written_before_the_registry_reads_back_the_same(tmp_path):
 
 
 # sweep/, control/, contract.py and the CLI's generic commands. The AWS backend's own commands are its own:
-# cli/ami.py (images) and cli/remote.py (`orch launch --remote` and the supervisor's command on its instance).
+# cli/aws.py (`orch aws policy|boundary`), cli/ami.py (images) and cli/remote.py (`orch launch --remote` and the
+# supervisor's command on its instance). Nothing else is exempt: the dry run's plan in words and `orch down --all` /
+# `orch gc`'s leftovers come from the registry (`plan_lines`, `leftovers`).
 GENERIC = ["sweep", "control", "contract.py", "cli"]
-BACKENDS_OWN = {"cli/ami.py", "cli/remote.py"}
-# Not moved yet, each with why: `orch down --all` and `orch gc` scan the regions of AWS sweeps, and `orch aws
-# policy|boundary` live beside the generic `down`, `chaos` and `data push`; the dry run's bound (cli/render.py's
-# bound_lines, transfer_lines) reads aws/pricing's REGION_UPLIFT and GB where the plan should carry them.
-NOT_YET = {"cli/ops.py", "cli/render.py"}
+BACKENDS_OWN = {"cli/aws.py", "cli/ami.py", "cli/remote.py"}
 BACKEND_WORD = re.compile(r"(?i)(?:^|_)(aws|boto3?|botocore|ec2|imds)(?:$|_)")
 
 
 def _generic_files():
     for part in GENERIC:
         for f in sorted((ROOT / part).rglob("*.py")) if (ROOT / part).is_dir() else [ROOT / part]:
-            if str(f.relative_to(ROOT)) not in BACKENDS_OWN | NOT_YET:
+            if str(f.relative_to(ROOT)) not in BACKENDS_OWN:
                 yield f
 
 
@@ -130,3 +128,27 @@ def test_the_generic_layers_name_no_backend_in_their_code():
             if by_name or compared:
                 named[f"{f.relative_to(ROOT)}:{tok.start[0]}: {tok.line.strip()}"] = None
     assert not named, "\n".join(named)
+
+
+def test_a_local_sweep_staging_twice_to_one_folder_through_its_home_is_refused_by_orch_launch(orch, tmp_path):
+    """`~` is this machine's home to the local backend (its entry's `host_path`), so `~/d` and HOME/d are one folder."""
+    (tmp_path / "src").mkdir()
+    same = f"{Path('~').expanduser()}/orch-test-data-d"
+    path = orch.sweep(
+        f"name: x\ncommand: echo hi\ndata:\n  - {{from: {tmp_path / 'src'}, to: ~/orch-test-data-d}}\n"
+        f"  - {{from: {tmp_path / 'src'}, to: {same}}}\n"
+    )
+    result = orch("launch", str(path), "--dry-run")
+    assert result.code != 0 and "Traceback" not in result.err
+    said = f"sweep.yaml:5: data[1].to: {same!r} is the folder data[0] stages to ('~/orch-test-data-d'); give each"
+    assert said in result.err
+
+
+def test_on_aws_tilde_in_a_data_folder_is_the_hosts_home_not_this_machines(tmp_path):
+    same = f"{Path('~').expanduser()}/d"
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "name: x\ncommand: echo hi\nbackend: aws\nstore: s3://bkt/p\naws:\n  image: ami-1\n"
+        f"data:\n  - {{from: s3://bkt/d/, to: ~/d}}\n  - {{from: s3://bkt/d/, to: {same}}}\n"
+    )
+    assert [d.to for d in registry.load_sweep(path).spec.data or []] == ["~/d", same]

@@ -1,0 +1,81 @@
+"""The aws backend's `orch launch --dry-run` in words (the registry's `plan_lines`): where the sweep may run, its
+image, each (type, AZ) choice with its price and shape, the packing, the cost bound over the allowed regions and what
+moving data between regions would cost. Builds lines from `plan()`'s dict, never prints."""
+
+from __future__ import annotations
+
+from orchestrator.aws.pricing import GB, REGION_UPLIFT
+from orchestrator.money import usd
+from orchestrator.sweep.shapes import describe
+from orchestrator.sweep.spec import Sweep
+
+
+def plan_lines(sweep: Sweep, plan: dict) -> list[str]:
+    """The plan's part of the dry run, after the runs and before the sweep's goals."""
+    lines = [region_line(plan), f"image {plan['image_asked']}: {plan['image']}"]
+    for row in plan["choices"]:
+        lines.append(
+            f"  choice {row['type']} in {row['az']}: {_choice_price(row)}; each run there: "
+            f"{describe(sweep.spec.resources, row['gpus'])}"
+        )
+    lines += plan.get("packing") or []
+    return lines + bound_lines(plan)
+
+
+def region_line(plan) -> str:
+    """Where the sweep may run, and its home (docs/guides/regions.md)."""
+    regions, home = plan.get("regions") or [], plan.get("home_region")
+    which = f"regions {', '.join(regions)} (asked in this order)" if len(regions) > 1 else f"region {regions[0]}"
+    return f"{which}; home region {home} (the store's bucket: results and a --remote controller live there)"
+
+
+def _choice_price(row: dict) -> str:
+    price = f"${row['spot_usd_per_h']:.4f}/h" if row["spot_usd_per_h"] is not None else "no spot price"
+    if row.get("on_demand_priced") and row.get("usd_per_h") is not None:
+        price += f", at most ${row['usd_per_h']:.4f}/h on demand ({row['on_demand_priced']})"
+    return price
+
+
+def bound_lines(plan: dict) -> list[str]:
+    """The cost bound (the dearest hour of any choice, in any allowed region) and the inter-region transfer."""
+    est = plan["estimate_usd_max"]
+    per = f" x {plan['nodes_per_run']} instances" if plan.get("nodes_per_run", 1) > 1 else ""
+    h = plan["hours_per_run_max"]
+    each = f"{h * 60:.0f} min" if h < 1 else f"{h:.1f} h"
+    unpriced = plan.get("unpriced_choices") or 0
+    regions = sorted({row.get("region", "") for row in plan["choices"]} - {""})
+    where = f" in {', '.join(regions)}" if len(regions) > 1 else ""
+    hour = "spot price" if plan.get("market", "spot") == "spot" else f"{plan['market']} price"
+    lines = [
+        f"estimated cost at most {usd(est)} ({plan['runs']} runs{per} x {each} at the dearest {hour} of the "
+        f"choices{where}, each region at its own prices; runs that end sooner cost less"
+        + (f"; {unpriced} choice(s) without a price are not in this bound" if unpriced else "")
+        + ")"
+        if est is not None
+        else "estimated cost unknown: no spot price history"
+    ]
+    for region in plan.get("uplifted") or []:
+        lines.append(
+            f"  {region}: no published on-demand prices in orch's table; priced at us-east-1's x {REGION_UPLIFT} "
+            "(an upper estimate: orchestrator/aws/pricing.py ON_DEMAND_BY_REGION takes the region's own figures)"
+        )
+    return lines + transfer_lines(plan.get("transfer"))
+
+
+def transfer_lines(t: dict | None) -> list[str]:
+    """What data moved between the store's region and runs elsewhere would cost (AWS's inter-region rates)."""
+    if not t:
+        return []
+    if not t["rates"]:
+        return [f"transfer: none across regions (the store and every run are in {t['home']})"]
+    size = t.get("data_bytes")
+    data = f"`data:` is {size / GB:.3f} GB per host" if size is not None else "`data:` size unknown to orch"
+    out = [f"transfer: the store is in {t['home']} (home); a run in another region pays AWS's inter-region rate:"]
+    for region, rate in t["rates"].items():
+        staged = f", its `data:` ~{usd(size / GB * rate['down'])} per host" if size else ""
+        out.append(
+            f"  {region}: ${rate['up']:.2f}/GB up (checkpoints, metrics, logs), ${rate['down']:.2f}/GB down "
+            f"(restores, `data:` staging){staged}"
+        )
+    out.append(f"  ({data}; checkpoints are priced per GB: their size is not known before the runs write them)")
+    return out

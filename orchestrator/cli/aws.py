@@ -1,0 +1,122 @@
+"""The aws backend's own commands: `orch aws policy` and `orch aws boundary`, the IAM documents the credentials that
+run orch and the roles orch makes need (docs/aws.md). A backend's commands live in a module of its own like this one
+(the aws backend's others: cli/ami.py, cli/remote.py), each named by one line in cli/main.py's COMMANDS."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import click
+
+from orchestrator.aws.policy import DEFAULT_IMAGE_OWNERS, boundary_policy, controller_policy
+from orchestrator.cli.common import expected_errors
+from orchestrator.contract import bucket_problem
+from orchestrator.errors import OrchError
+
+
+@click.group("aws")
+def aws_group():
+    """AWS setup: what the credentials that run orch need."""
+
+
+def _bucket_names(*names: str | None) -> None:
+
+    for name in names:
+        problem = bucket_problem(name) if name is not None else None
+        if problem:
+            raise OrchError(
+                f"{name!r} is not a bucket name: {problem}. Give the name alone, without s3:// or a prefix",
+                exit_code=2,
+            )
+
+
+_BUCKET_HELP = "The store's bucket (from `store: s3://BUCKET/prefix`); default: YOUR-BUCKET, to fill in."
+_DATA_HELP = "A bucket that `data:` entries read from or `orch data push` writes to (repeatable)."
+
+
+_REGION_HELP = "A region orch may use EC2 in (repeatable); default: every region."
+_OWNER_HELP = (
+    "An owner of the images sweeps launch from, as EC2's ec2:Owner names it: `amazon` (the default), an account id, "
+    "`aws-marketplace` (repeatable). The account's own images are always allowed."
+)
+_VPC_HELP = "A VPC whose subnets launches may use (repeatable); default: any VPC."
+MANAGED_POLICY_MAX = 6144  # IAM and STS quotas: a managed policy's characters, white space not counted
+
+
+def _scope_options(command):
+    for option in (
+        click.option("--vpc", "vpcs", multiple=True, help=_VPC_HELP),
+        click.option("--image-owner", "owners", multiple=True, help=_OWNER_HELP),
+        click.option("--region", "regions", multiple=True, help=_REGION_HELP),
+    ):
+        command = option(command)
+    return command
+
+
+def _printed(doc: dict, what: str) -> str:
+    """The document as `aws iam create-policy` takes it; one IAM would refuse for its size is an error naming why."""
+    size = len(re.sub(r"\s", "", json.dumps(doc)))
+    if size > MANAGED_POLICY_MAX:
+        raise OrchError(
+            f"the {what} would be {size:,} characters, over the {MANAGED_POLICY_MAX:,} IAM allows a managed policy: "
+            "name fewer --data-bucket, --region, --image-owner or --vpc (a region left out keeps orch out of it)",
+            exit_code=2,
+        )
+    return json.dumps(doc, indent=2)
+
+
+@aws_group.command("policy")
+@click.option("--bucket", help=_BUCKET_HELP)
+@click.option("--data-bucket", "data_buckets", multiple=True, help=_DATA_HELP)
+@_scope_options
+@expected_errors
+def aws_policy(bucket: str | None, data_buckets: tuple, regions: tuple, owners: tuple, vpcs: tuple):
+    """Print the IAM policy the credentials that run orch need, as JSON, for `aws iam create-policy`.
+
+    It covers sweeps (EC2 Fleet, launch templates, security and placement groups, the instance profile
+    orch creates), `orch launch --remote`, `orch ami`, the store and data buckets. Roles can be made only
+    with orch's permissions boundary (`orch aws boundary`, created once by an admin), which no one holding
+    this policy can change or remove; EC2 resources are changed or removed only when they carry orch's tags, and
+    launches are scoped per resource type (tagged at creation, orch's security groups and templates, images of the
+    account or of --image-owner, no untagged snapshot of the account, --vpc's subnets, --region's regions).
+    It is longer than the 2,048 characters IAM allows a user's inline policies: create it as a managed
+    policy and attach it. docs/aws.md explains each statement.
+
+    \b
+    Example:
+      orch aws policy --bucket my-bucket --data-bucket my-datasets > orch-policy.json
+      aws iam create-policy --policy-name orch --policy-document file://orch-policy.json
+      aws iam attach-user-policy --user-name me --policy-arn arn:aws:iam::ACCOUNT-ID:policy/orch
+    """
+
+    _bucket_names(bucket, *data_buckets)
+    doc = controller_policy(bucket, data_buckets, regions, owners or DEFAULT_IMAGE_OWNERS, vpcs)
+    click.echo(_printed(doc, "policy"))
+
+
+@aws_group.command("boundary")
+@click.option("--bucket", help=_BUCKET_HELP)
+@click.option("--data-bucket", "data_buckets", multiple=True, help=_DATA_HELP)
+@_scope_options
+@expected_errors
+def aws_boundary(bucket: str | None, data_buckets: tuple, regions: tuple, owners: tuple, vpcs: tuple):
+    """Print the permissions boundary every role orch creates carries, for an admin to create once.
+
+    It caps any role orch makes, whatever the role's own policy says, at what a sweep's instances need: a
+    host's (the store, reading data buckets, KMS through S3, terminating or untagging instances tagged
+    orch:sweep) and a remote controller's (`orch launch --remote`: EC2 reads, launches of its sweep's hosts,
+    changes only to what carries orch:sweep, passing orch-* roles to EC2; no IAM write). It holds only for
+    credentials EC2 delivers to an instance (ec2:SourceInstanceARN): a role assumed any other way gets
+    nothing. Give it the same buckets and options as `orch aws policy`; create it as the managed policy `orch-boundary`
+    (an existing one: `aws iam create-policy-version --set-as-default`, see docs/aws.md).
+
+    \b
+    Example:
+      orch aws boundary --bucket my-bucket --data-bucket my-datasets > orch-boundary.json
+      aws iam create-policy --policy-name orch-boundary --policy-document file://orch-boundary.json
+    """
+
+    _bucket_names(bucket, *data_buckets)
+    doc = boundary_policy(bucket, data_buckets, (), regions, owners or DEFAULT_IMAGE_OWNERS, vpcs)
+    click.echo(_printed(doc, "boundary"))
