@@ -22,8 +22,8 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
-from orchestrator.backends.aws.remote import RemoteSettings
 from orchestrator.control.lease import LeaseRecord, read_lease
 from orchestrator.store import layout
 from orchestrator.store.base import Store
@@ -35,6 +35,13 @@ ENDED_GRACE_S = 120.0
 START_GRACE_S = 900.0  # as the laptop's STARTING_S (cli/remote.py): the install and the first pass fit in it
 DEADLINE_GRACE_S = 300.0
 SHUTDOWN_AFTER = 3
+
+
+class Settings(Protocol):
+    """What the watchdog reads of its backend's remote settings (the backend's RemoteSettings has it)."""
+
+    instance_id: str
+    deadline: float  # epoch seconds: max_hours, the supervisor's deadline
 
 
 def verdict(lease: LeaseRecord | None, me: str, held: bool, now: float, started: float, deadline: float) -> str:
@@ -64,7 +71,7 @@ def verdict(lease: LeaseRecord | None, me: str, held: bool, now: float, started:
 class Watchdog:
     def __init__(
         self,
-        settings: RemoteSettings,
+        settings: Settings,
         sweep: str,
         store: Store,
         log_path: Path,
