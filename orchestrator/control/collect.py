@@ -212,11 +212,12 @@ def best_trial(res: Results) -> RunResult | None:
     return next((r for r in res.runs if r.trial_value is not None), None) if res.search else None
 
 
-def write_outputs(results: Results, out_dir: Path) -> list[Path]:
-    """runs.csv, runs.json and (when there are metrics) curves.png in out_dir; returns their paths."""
+def write_outputs(results: Results, out_dir: Path, draw: bool = True) -> list[Path]:
+    """runs.csv, runs.json and (when there are metrics and `draw`) curves.png in out_dir; returns their paths.
+    Drawing is most of the time this takes: a check of the tables alone passes `draw=False`."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        return _write(results, out_dir)
+        return _write(results, out_dir, draw)
     except OSError as exc:
         raise OrchError(
             f"cannot write results to {out_dir}: {exc.strerror or exc}. Pass another folder with `--out DIR`.",
@@ -224,7 +225,7 @@ def write_outputs(results: Results, out_dir: Path) -> list[Path]:
         ) from None
 
 
-def _write(results: Results, out_dir: Path) -> list[Path]:
+def _write(results: Results, out_dir: Path, draw: bool) -> list[Path]:
     metrics = results.metric_names()
     param_keys = list(dict.fromkeys(k for r in results.runs for k in r.params))
     rows = []
@@ -284,7 +285,7 @@ def _write(results: Results, out_dir: Path) -> list[Path]:
         doc["curves_left_out"] = results.left_out
     json_path.write_text(json.dumps(plain_json(doc), indent=2, allow_nan=False) + "\n")
     paths = [csv_path, json_path]
-    if curves and any(r.curves for r in results.runs):
+    if draw and curves and any(r.curves for r in results.runs):
         paths.append(plot(results, curves, out_dir / "curves.png"))
     return paths
 
