@@ -23,6 +23,9 @@ What it imitates (each switchable through `Strictness`, all on by default):
 - `fleet_capacity[(m, t, az)] = k`: that pool gives at most k instances per CreateFleet: a request
   for more is partly filled, as EC2 does when a pool runs short, or, with MinTargetCapacity above
   k, refused with InsufficientInstanceCapacity and nothing launched (EC2's all-or-nothing).
+- `region_capacity[region] = k`: the region holds at most k live spot instances at once (all its pools together):
+  a CreateFleet that would pass k is refused whole with InsufficientInstanceCapacity, as every pool of a region
+  that has filled up answers (capacity frees as instances terminate).
 - `unoffered`: (type, AZ) pools the region does not offer ("*" matches anything): DescribeInstanceTypeOfferings
   leaves them out, their spot price history is empty, and CreateFleet refuses them in its Errors with
   `InvalidFleetConfiguration` "Your requested instance type (T) is not supported in your requested
@@ -137,6 +140,7 @@ class Gate:
         None  # set by a test: most live spot instances the account may run (the vCPU quota, in instances)
     )
     unoffered: set = field(default_factory=set)  # (type, AZ) pools EC2 does not offer (see the module doc)
+    region_capacity: dict[str, int] = field(default_factory=dict)  # region -> most live spot instances it holds
     fail_images: bool = False  # set by a test: new images end `failed` instead of `available`
     controller_policy: dict | None = (
         None  # the policy orch documents (orch aws policy): every controller call is checked
@@ -265,7 +269,7 @@ class Gate:
         if action == "CreateFleet":
             return self._create_fleet(environ, form, role)
         if action in PLACEMENT_ACTIONS:
-            answer = self.placement.answer(action, form, self._ec2_error)
+            answer = self.placement.answer(action, form, self._ec2_error, getattr(_HERE, "region", None) or REGION)
             if action == "CreatePlacementGroup" and answer[0].startswith("200"):
                 self._born("pg:" + form.get("GroupName", [""])[0])  # CreateFleet may not know it for a moment
             return answer
@@ -328,6 +332,11 @@ class Gate:
                         for o in overrides[:1]
                     ],
                 )
+        full = self._region_full(market, int(form.get("TargetCapacitySpecification.TotalTargetCapacity", ["1"])[0]))
+        if full:
+            self.counts["InsufficientInstanceCapacity"] += len(overrides)
+            refusals = [(o, "InsufficientInstanceCapacity", full) for o in overrides]
+            return self._fleet_errors(template_id, version, market, refusals)
         for o in overrides:
             az = _subnet_az(o.get("SubnetId", ""))
             code = self._injected(market, o.get("InstanceType", ""), az)
@@ -396,6 +405,23 @@ class Gate:
             MOTO
         ):  # launched and made `pending` in one step: no DescribeInstances between sees a new instance `running`
             return self._launched(self.forward(environ, urlencode(new_form).encode()), data, profile, kept, market)
+
+    def _region_full(self, market: str, wanted: int) -> str | None:
+        """Why the request's region cannot hold `wanted` more spot instances (`region_capacity`), or None."""
+        region = getattr(_HERE, "region", None) or REGION
+        room = self.region_capacity.get(region)
+        if market != "spot" or room is None:
+            return None
+        with MOTO:
+            live = sum(
+                1
+                for r in list(_ec2_backend(region).reservations.values())
+                for i in r.instances
+                if i.id in self.spot_ids and i._state.name in ("pending", "running", "shutting-down")
+            )
+        if live + wanted <= room:
+            return None
+        return f"There is no Spot capacity available in {region} ({live} of {room} taken; fake cloud)"
 
     def _launched(self, answer: tuple, data: dict, profile: str | None, kept: list, market: str = "on-demand") -> tuple:
         if answer[0].startswith("200"):
@@ -1213,7 +1239,7 @@ def _resource_keys(resource: str, placement) -> dict[str, str]:
 def _resource_tags(resource: str, placement) -> dict[str, str]:
     """aws:ResourceTag/KEY of an EC2 resource, as IAM sees it (moto's tags; the fake's placement groups)."""
     if resource.startswith("placement-group/"):
-        group = placement.groups.get(resource.partition("/")[2]) or {}
+        group = placement.groups.get((getattr(_HERE, "region", None) or REGION, resource.partition("/")[2])) or {}
         tags = group.get("tags") or {}
     else:
         with MOTO:

@@ -8,6 +8,8 @@ strictly as EC2 does.
 - CreateFleet overrides naming a group that does not exist are refused (fleet Errors); a `cluster`
   group holds instances of one Availability Zone only: launching into it in another AZ while it
   holds live instances is refused too.
+- A group belongs to one region, as EC2's do: each region has its own names, and a launch in one region
+  cannot use a group of another (it is unknown there).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ class PlacementGroups:
     """The groups of the fake account, and which instance went into which."""
 
     state_of: Callable[[str], str | None]  # instance id -> its state name (None when unknown)
-    groups: dict[str, dict] = field(default_factory=dict)  # name -> {"id", "strategy", "tags"}
+    groups: dict[tuple[str, str], dict] = field(default_factory=dict)  # (region, name) -> {"id", "strategy", "tags"}
     members: dict[str, tuple[str, str]] = field(default_factory=dict)  # instance id -> (group, AZ)
 
     def __post_init__(self):
@@ -32,11 +34,12 @@ class PlacementGroups:
 
     # --- the API ---------------------------------------------------------------------------------
 
-    def answer(self, action: str, form: dict[str, list[str]], error: Callable[..., tuple]) -> tuple:
+    def answer(self, action: str, form: dict[str, list[str]], error: Callable[..., tuple], region: str) -> tuple:
         name = form.get("GroupName", [""])[0]
+        key = (region, name)
         with self.lock:
             if action == "CreatePlacementGroup":
-                if name in self.groups:
+                if key in self.groups:
                     return error("InvalidPlacementGroup.Duplicate", f"Placement group '{name}' already exists")
                 tags = _tags(form)
                 group = {
@@ -44,23 +47,23 @@ class PlacementGroups:
                     "strategy": form.get("Strategy", ["cluster"])[0],
                     "tags": tags,
                 }
-                self.groups[name] = group
+                self.groups[key] = group
                 return _ok("CreatePlacementGroupResponse", f"<placementGroup>{_item(name, group)}</placementGroup>")
             if action == "DeletePlacementGroup":
-                if name not in self.groups:
+                if key not in self.groups:
                     return error("InvalidPlacementGroup.Unknown", f"The Placement Group '{name}' is unknown")
-                if self._live_members(name):
+                if self._live_members(key):
                     return error(
                         "InvalidPlacementGroup.InUse", f"The placement group '{name}' is in use and may not be deleted"
                     )
-                del self.groups[name]
+                del self.groups[key]
                 return _ok("DeletePlacementGroupResponse", "<return>true</return>")
             names = [v[0] for k, v in form.items() if k.startswith("GroupName.")]
             wanted = _filters(form)
             items = "".join(
                 f"<item>{_item(n, g)}</item>"
-                for n, g in self.groups.items()
-                if (not names or n in names) and wanted(g["tags"])
+                for (r, n), g in self.groups.items()
+                if r == region and (not names or n in names) and wanted(g["tags"])
             )
             return _ok("DescribePlacementGroupsResponse", f"<placementGroupSet>{items}</placementGroupSet>")
 
@@ -68,11 +71,12 @@ class PlacementGroups:
 
     def refusal(self, group: str, az: str) -> tuple[str, str] | None:
         """Why a launch into `group` in `az` is refused, or None."""
+        key = (region_of(az), group)
         with self.lock:
-            if group not in self.groups:
+            if key not in self.groups:
                 return "InvalidPlacementGroup.Unknown", f"The Placement Group '{group}' is unknown"
-            if self.groups[group]["strategy"] == "cluster":
-                zones = {z for iid, (g, z) in self.members.items() if g == group and self._live(iid)}
+            if self.groups[key]["strategy"] == "cluster":
+                zones = {z for iid, (g, z) in self.members.items() if (region_of(z), g) == key and self._live(iid)}
                 if zones and az not in zones:
                     return (
                         "InvalidParameterCombination",
@@ -85,11 +89,16 @@ class PlacementGroups:
         with self.lock:
             self.members[instance_id] = (group, az)
 
-    def _live_members(self, group: str) -> list[str]:
-        return [iid for iid, (g, _) in self.members.items() if g == group and self._live(iid)]
+    def _live_members(self, key: tuple[str, str]) -> list[str]:
+        return [iid for iid, (g, z) in self.members.items() if (region_of(z), g) == key and self._live(iid)]
 
     def _live(self, instance_id: str) -> bool:
         return self.state_of(instance_id) not in (None, "terminated")
+
+
+def region_of(az: str) -> str:
+    """us-west-2a -> us-west-2."""
+    return az[:-1]
 
 
 def _tags(form: dict[str, list[str]]) -> dict[str, str]:
