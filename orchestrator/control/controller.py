@@ -18,8 +18,8 @@ from enum import Enum
 
 from orchestrator.backends.base import Backend, Host
 from orchestrator.control import notify, summary
-from orchestrator.control.collect import best_trial, collect
 from orchestrator.control.lease import Lease
+from orchestrator.control.notify_events import facts_of
 from orchestrator.control.prune import Rungs, Verdict
 from orchestrator.control.state import State
 from orchestrator.control.table import RunTable
@@ -212,20 +212,8 @@ class Controller:
         )
         self._publish(progress, now)
         if self.notifier is not None:
-            self.notifier.observe(progress, self._facts(progress))
+            self.notifier.observe(progress, facts_of(self.sweep, self.store, self.trials, progress))
         return progress
-
-    def _facts(self, progress: Progress) -> notify.Facts:
-        """What notifications need besides the runs: the search's best trial so far, and at the end a summary."""
-        facts = notify.Facts()
-        if self.trials is not None:
-            valued = [(t.value, t) for t in self.trials.study.record.trials if t.value is not None]
-            if valued:
-                value, best = (max if self.trials.mode == "max" else min)(valued, key=lambda vt: vt[0])
-                facts.best, facts.metric = (best.number, value, dict(best.params)), self.trials.metric
-        if progress.done:
-            facts.ended = ended_summary(self.sweep, self.store)
-        return facts
 
     def _due_every(self, what: str, period: float, now: float) -> bool:
         """On a metered store, whether `what` is due (read at most every `period`); always on a folder."""
@@ -593,22 +581,6 @@ class Controller:
             notify.hand_off(str(self.sweep.path))
         elif left:
             log.warning("notify: %d message(s) could not be delivered before the controller ended", left)
-
-
-def ended_summary(sweep: Sweep, store: Store) -> str:
-    """The end's message beyond the counts: the best trial or run, and time and dollars to the target."""
-    try:
-        res = collect(sweep, store)
-    except Exception as exc:  # a summary is worth less than the message itself
-        log.warning("notify: no summary for the end's message: %s", exc)
-        return ""
-    lines = []
-    best = best_trial(res) if sweep.spec.search is not None else None
-    if best is not None and res.search is not None and best.trial_value is not None:
-        lines.append(f"best trial: {best.run_id} ({res.search.metric} {best.trial_value:.6g})")
-    if res.economics is not None:
-        lines += res.economics.words()
-    return "\n".join(lines)
 
 
 def check_recorded(sweep: Sweep, store: Store, state: State) -> dict | None:

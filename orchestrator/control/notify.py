@@ -1,8 +1,8 @@
 """Notifications (`notify:`): what a pass saw becomes messages, sent off the loop through Apprise, once each.
 
 The controller hands every pass's Progress to `Notifier.observe`, which finds the events in it (a run failed for
-good, the target first met, a new best trial, 80% and 100% of the budget, the end) — a pure reading of the
-progress, cheap — and queues a message per sink that wants the event. A thread of its own sends them, retrying
+good, the target first met, a new best trial, 80% and 100% of the budget, the end: notify_events.py, a pure reading
+of the progress, cheap) and queues a message per sink that wants the event. A thread of its own sends them, retrying
 each with backoff, so a slow or dead receiver never delays a pass.
 
 Once each: every message has a key (`failed:<run>`, `target`, `budget:80`, `ended`, …) and the outbox record in the
@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import subprocess
 import sys
 import threading
@@ -28,11 +27,11 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from orchestrator.control.views import Progress, RunView, usd
+from orchestrator.control.notify_events import Facts, Message, messages_of, title_of
+from orchestrator.control.views import Progress
 from orchestrator.errors import OrchError
 from orchestrator.store.base import Store
 from orchestrator.store.layout import notify_key
-from orchestrator.store.status import FAILED
 from orchestrator.sweep.notify import Event, NotifySink
 
 log = logging.getLogger("orch.notify")
@@ -43,8 +42,6 @@ FAILING_AFTER = 3  # tries in a row that failed before a sink is reported as fai
 PATIENCE_S = 10.0  # what the laptop's loop waits at its end for pending messages before handing them off
 REMOTE_PATIENCE_S = 900.0  # what a remote controller waits (no one is blocked; its instance costs ~$0.003)
 DRAIN_S = 900.0  # how long the background sender keeps trying
-LOG_LINES = 15  # of a failed run's log tail, in its message
-BODY_MAX = 3500  # characters of a message body (Slack and Discord cut longer ones)
 
 
 @dataclass(frozen=True)
@@ -58,14 +55,6 @@ class Sink:
     @property
     def id(self) -> str:
         return hashlib.sha256(self.url.encode()).hexdigest()[:12]
-
-
-@dataclass(frozen=True)
-class Message:
-    key: str  # one per event and subject: sent at most once per sink
-    event: Event
-    title: str
-    body: str
 
 
 @dataclass
@@ -123,88 +112,6 @@ def resolve(sinks: list[NotifySink], env: dict | None = None) -> list[Sink]:
         except ValueError as exc:
             raise ValueError(f"notify[{i}]: {exc}") from None
     return out
-
-
-# --- what a pass means ---------------------------------------------------------------------------
-
-
-@dataclass
-class Facts:
-    """What the events are found in besides the runs: the search's best so far, and the end's summary."""
-
-    best: tuple[int, float, dict] | None = None  # (trial number, value told, params) with `search:`
-    metric: str = ""  # the search's metric
-    ended: str = ""  # the end's summary lines (best run, time and $ to the target), made by the caller
-
-
-def messages_of(progress: Progress, facts: Facts) -> list[Message]:
-    """Every event this progress shows (the outbox drops those already queued)."""
-    sweep, out = progress.sweep, []
-    for r in progress.runs:
-        if r.final and r.state == FAILED:
-            out.append(_failed(sweep, r))
-        if r.preemptions:  # each interruption raises the count: one message per interruption
-            text = f"{r.run_id} was interrupted ({r.preemptions} so far); it resumes from its last checkpoint."
-            title = _title(sweep, f"run {r.run_id} interrupted")
-            out.append(Message(f"interrupted:{r.run_id}:{r.preemptions}", Event.INTERRUPTED, title, text))
-    reached = [r for r in progress.runs if r.reached]
-    if reached and progress.target:
-        first = min(reached, key=lambda r: r.finished_at or math.inf)
-        t = progress.target
-        cmp = ">=" if t.get("mode") == "max" else "<="
-        text = f"{first.run_id} reached {t['metric']} {cmp} {t['value']}."
-        out.append(Message("target", Event.TARGET, _title(sweep, "target reached"), text))
-    if facts.best is not None:
-        number, value, params = facts.best
-        text = f"trial {number}: {facts.metric} = {value:.6g} with {_params(params)}"
-        out.append(Message(f"best:{number}", Event.BEST, _title(sweep, "new best trial"), text))
-    out += _budget(progress)
-    if progress.done:
-        out.append(Message("ended", Event.ENDED, _title(sweep, "ended"), _ended(progress, facts)))
-    return out
-
-
-def _title(sweep: str, what: str) -> str:
-    return f"orch: sweep {sweep}: {what}"
-
-
-def _params(params: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in params.items()) or "no params"
-
-
-def _failed(sweep: str, r: RunView) -> Message:
-    tail = "\n".join((r.log_tail or "").splitlines()[-LOG_LINES:])
-    code = f" (exit code {r.exit_code})" if r.exit_code is not None else ""
-    text = f"{r.run_id} failed for good after {r.attempt} attempt(s){code}: {r.reason or 'no reason recorded'}"
-    if tail:
-        text += f"\n\nthe last lines of its log:\n{tail}"
-    return Message(f"failed:{r.run_id}", Event.FAILED, _title(sweep, f"run {r.run_id} failed"), _cut(text))
-
-
-def _budget(progress: Progress) -> list[Message]:
-    budget, spend = progress.budget_usd, progress.spend_usd
-    if not budget:
-        return []
-    out = []
-    for share, key in ((0.8, "budget:80"), (1.0, "budget:100")):
-        if spend >= share * budget:
-            what = "reached: no new run or attempt starts" if share >= 1 else "80% spent"
-            text = f"{usd(spend)} of the budget of {usd(budget)} spent ({what})."
-            title = _title(progress.sweep, "budget reached" if share >= 1 else "80% of the budget spent")
-            out.append(Message(key, Event.BUDGET, title, text))
-    return out
-
-
-def _ended(progress: Progress, facts: Facts) -> str:
-    counts = ", ".join(f"{n} {state}" for state, n in sorted(progress.counts().items()))
-    lines = [f"{len(progress.runs)} runs: {counts}.", f"spent: {usd(progress.spend_usd)}."]
-    if facts.ended:
-        lines.append(facts.ended)
-    return _cut("\n".join(lines))
-
-
-def _cut(text: str) -> str:
-    return text if len(text) <= BODY_MAX else text[: BODY_MAX - 1] + "…"
 
 
 # --- sending ---------------------------------------------------------------------------------------
@@ -366,7 +273,7 @@ class Delivery:
 def send_test(sweep) -> list[Delivery]:
     """One message to every sink of the sweep, now, one try each (`orch notify test`). Records nothing."""
     sinks = resolve(sweep.spec.notify or [])
-    title = _title(sweep.spec.name, "test")
+    title = title_of(sweep.spec.name, "test")
     out = []
     for s in sinks:
         events = ", ".join(e.value for e in s.events)
@@ -416,7 +323,3 @@ def tell_now(store: Store, sweep, message: Message, patience_s: float = 60.0) ->
     notifier = Notifier(store, sweep.spec.name, resolve(sweep.spec.notify))
     notifier.queue([message])
     return notifier.start().close(patience_s)
-
-
-def controller_message(sweep: str, key: str, text: str) -> Message:
-    return Message(f"controller:{key}", Event.CONTROLLER, _title(sweep, "controller"), text)

@@ -25,6 +25,7 @@ from typing import Protocol
 from orchestrator.backends.registry import load_sweep
 from orchestrator.control import notify
 from orchestrator.control.lease import INSTANCE_ENV, SUPERVISOR_ENV
+from orchestrator.control.notify_events import controller_message
 from orchestrator.store import layout
 from orchestrator.store.base import Store
 from orchestrator.wait import retry_until
@@ -166,7 +167,7 @@ class Supervisor:
         """A `controller` notification (`notify:`), sent now; a failure to tell never stops the supervisor."""
         try:
             sweep = load_sweep(self.s.sweep_file)
-            notify.tell_now(self.store, sweep, notify.controller_message(self.sweep, key, text))
+            notify.tell_now(self.store, sweep, controller_message(self.sweep, key, text))
         except Exception as exc:
             log.warning("could not send the controller notification: %s", exc)
 
