@@ -17,8 +17,9 @@ from orchestrator.control.views import RunView
 from orchestrator.store.base import Store, read_jsonl
 from orchestrator.store.layout import metrics_key, study_key
 from orchestrator.store.lifecycle import RunState
+from orchestrator.sweep.expand import bind
 from orchestrator.sweep.search import objective, trial_number, trial_of
-from orchestrator.sweep.spec import RunSpec, Sweep, bind
+from orchestrator.sweep.spec import RunSpec, Sweep
 
 log = logging.getLogger("orch.trials")
 

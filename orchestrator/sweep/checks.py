@@ -10,18 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.contract import bucket_problem, default_mode, session_name
+from orchestrator.sweep.expand import expand, placeholders, run_count, seeds_of
 from orchestrator.sweep.search import problems as search_problems
 from orchestrator.sweep.search import space_keys
 from orchestrator.sweep.spec import (
     BUILTINS,
-    KEY_RE,
     MAX_RUNS_CEILING,
     SweepSpec,
-    expand,
-    placeholders,
-    run_count,
-    seeds_of,
 )
+from orchestrator.sweep.spec_types import KEY_RE
 
 Problems = list[tuple[tuple[Any, ...], str]]
 

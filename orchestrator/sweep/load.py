@@ -12,9 +12,10 @@ import yaml
 from pydantic import ValidationError
 
 from orchestrator.errors import SpecError
+from orchestrator.sweep.expand import expand
 from orchestrator.sweep.record import check_schema
 from orchestrator.sweep.sections import CONTEXT_KEY, Backends
-from orchestrator.sweep.spec import Sweep, SweepSpec, expand, host_python, resolve_store
+from orchestrator.sweep.spec import Sweep, SweepSpec, host_python, resolve_store
 from orchestrator.sweep.yaml_errors import Loader, dotted, format_errors, line_of
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.backends.registry import load_sweep
 from orchestrator.errors import SpecError
-from orchestrator.sweep.spec import expand
+from orchestrator.sweep.expand import expand
 from tests.conftest import no_traceback
 
 
