@@ -28,7 +28,7 @@ from orchestrator.backends.aws.pack import Packer
 from orchestrator.backends.aws.provision import Provisioner
 from orchestrator.backends.aws.regions import check_regions, home_region, settings
 from orchestrator.backends.aws.settings import LOST_AFTER_S
-from orchestrator.backends.aws.setup import bootstrap, copy_recipe_image, plan
+from orchestrator.backends.aws.setup import bootstrap, copy_recipe_image, plan, prepare_regions
 from orchestrator.backends.aws.state import ProvisioningState
 from orchestrator.backends.base import ACQUIRING, BackendBase, Host, Outcome
 from orchestrator.contract import RunTask
@@ -82,6 +82,7 @@ class AwsBackend(BackendBase):
         self.state.ledger.home = home  # the store's region: what hosts elsewhere move to and from it is transfer
         public_key_of(self.cfg.ssh.identity)
         copy_recipe_image(self.state)  # into each region that lacks it, before the first region's resources
+        ahead = prepare_regions(self.state)  # the other regions' parts, side by side with the first's
         try:
             self.bootstrap()
         except ImageNotReady as exc:  # the first region decides packing: its image must be there before a launch
@@ -92,6 +93,9 @@ class AwsBackend(BackendBase):
                 "launched.",
                 exit_code=2,
             ) from None
+        finally:
+            if ahead is not None:
+                ahead.shutdown(wait=True)
 
     def plan(self) -> dict:
         """What a launch would ask for: (type, AZ) choices with their current spot price, and a cost bound."""
@@ -169,6 +173,7 @@ class AwsBackend(BackendBase):
         return Host(run_id=task.run_id, host_id="(acquiring)", address="")
 
     def _dispatch(self, task: RunTask) -> None:
+        prepare_regions(self.state)  # the other regions' parts in the background: a failover finds them made
         with contextlib.suppress(Exception):  # a failure is reported by the provisioning itself
             self.bootstrap()  # decides packing
         (self.packer.provision if self.state.packing else self.provisioner.provision)(task)

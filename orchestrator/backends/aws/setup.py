@@ -24,15 +24,68 @@ log = logging.getLogger("orch.aws")
 
 
 def bootstrap(state: ProvisioningState, region: str | None = None) -> dict:
-    """Subnets, image, security group, instance profile and launch template of `region` (default: the sweep's
-    first), each region's made once, when it is first used; the first region's decides packing."""
+    """Subnets, image, security group and launch template of `region` (default: the sweep's first), each region's
+    found or made once per controller (under that region's own lock: regions are prepared side by side); the first
+    region's decides packing."""
     part = state.part(region or state.cfg.regions[0])
-    with state.setup_lock:
+    with part.lock:
         if part.setup is None:
             part.setup = _resources(state, part.region, part.ec2)
             if part.region == state.cfg.regions[0]:
                 state.setup = part.setup
         return part.setup
+
+
+def prepare_regions(state: ProvisioningState):
+    """Every listed region after the first is prepared at once, each in a thread of its own (docs/guides/regions.md,
+    "What is made where"), so that a failover finds its parts made instead of making them while a run waits: once
+    per controller. A region that cannot be prepared yet (its image still being copied, an API error) is logged and
+    prepared again when it is first asked. Returns at once: the threads' executor (`.shutdown(wait=True)` waits for
+    them), or None when there is nothing (more) to prepare."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    others = state.cfg.regions[1:]
+    with state.setup_lock:
+        if state.prepared or not others:
+            return None
+        state.prepared = True
+    pool = ThreadPoolExecutor(max_workers=len(others), thread_name_prefix="orch-region")
+    for region in others:
+        pool.submit(_prepare_quietly, state, region)
+    pool.shutdown(wait=False)
+    return pool
+
+
+def _prepare_quietly(state: ProvisioningState, region: str) -> None:
+    try:
+        bootstrap(state, region)
+    except Exception as exc:  # asked again, and raised then, when the region is first used
+        log.info("%s not prepared ahead (it is when first asked): %s", region, exc)
+
+
+def _shared(state: ProvisioningState) -> tuple[str, str]:
+    """(instance profile, the SSH rule's CIDR): what every region's parts share, found once per controller (IAM is
+    global: one profile serves every region; the caller's address is asked once)."""
+    cfg = state.cfg
+    with state.setup_lock:
+        if state.shared is None:
+            cidr = "" if cfg.security_group else (cfg.ssh_cidr or api.caller_cidr())
+            profile = cfg.instance_profile
+            if profile == "create":
+                store = parse_s3(state.sweep.store_url)
+                sources = [e.source for e in state.sweep.spec.data or []]
+                buckets = [store.bucket] + [parse_s3(u).bucket for u in sources if is_s3(u)]
+                profile = iam.ensure_instance_profile(
+                    api.client("iam", cfg.region),
+                    state.name,
+                    store.bucket,
+                    store.prefix,
+                    sources,
+                    iam.bucket_kms_keys(api.client("s3", cfg.region), buckets),
+                    regions_of(cfg),
+                )
+            state.shared = (profile, cidr)
+        return state.shared
 
 
 def _resources(state: ProvisioningState, region: str, ec2) -> dict:
@@ -44,23 +97,8 @@ def _resources(state: ProvisioningState, region: str, ec2) -> dict:
         if state.recipe_sha:  # a copy of the sweep's recipe image on its way here: this region waits for it
             orch_images.recipe_image_here(ec2, cfg.image[len("recipe:") :], state.recipe_sha, region)
         image = resolve_image(ec2, cfg.image, cfg.image_owner, region)
-        sg = cfg.security_group or api.ensure_security_group(
-            ec2, sweep, subnets[0]["VpcId"], cfg.ssh_cidr or api.caller_cidr()
-        )
-        profile = cfg.instance_profile
-        if profile == "create":
-            store = parse_s3(state.sweep.store_url)
-            sources = [e.source for e in state.sweep.spec.data or []]
-            buckets = [store.bucket] + [parse_s3(u).bucket for u in sources if is_s3(u)]
-            profile = iam.ensure_instance_profile(  # IAM is global: one profile serves every region
-                api.client("iam", cfg.region),
-                sweep,
-                store.bucket,
-                store.prefix,
-                sources,
-                iam.bucket_kms_keys(api.client("s3", cfg.region), buckets),
-                regions_of(cfg),
-            )
+        profile, cidr = _shared(state)
+        sg = cfg.security_group or api.ensure_security_group(ec2, sweep, subnets[0]["VpcId"], cidr)
         public_ip = cfg.ssh.address == "public_ip" and not all(s["MapPublicIpOnLaunch"] for s in subnets)
         data = api.launch_template_data(image, sg, cfg.volume_gb, profile, public_ip)
         template = api.ensure_launch_template(ec2, sweep, data)
@@ -131,7 +169,9 @@ def regions_of(cfg) -> tuple[str, ...]:
 
 def _plan_packing(state: ProvisioningState, azs: list[str]) -> None:
     cfg = state.cfg
-    state.gpus.update(api.gpu_counts(state.ec2, cfg.instance_types))
+    gpus = api.gpu_counts(state.ec2, cfg.instance_types)
+    with state.setup_lock:  # gpus_of reads it from provisioning threads
+        state.gpus.update(gpus)
     state.packing = packs(state.sweep.spec.resources, {t: state.gpus.get(t, 0) for t in cfg.instance_types})
     if state.packing:
         state.pack_order = pack_order(state.sweep, state.gpus, api.spot_prices(state.ec2, cfg.instance_types, azs))

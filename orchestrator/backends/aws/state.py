@@ -40,10 +40,12 @@ def spot_prices_by_region(types: list[str], azs: list[str], default: str) -> dic
 
 @dataclass
 class RegionPart:
-    """What the sweep has in one of its regions (docs/guides/regions.md), made when the region is first used."""
+    """What the sweep has in one of its regions (docs/guides/regions.md), made when the sweep starts (setup.py:
+    prepare_regions) or, failing that, when the region is first used."""
 
     region: str
     ec2: Any  # that region's EC2 client (boto3 clients are thread-safe)
+    lock: threading.Lock = field(default_factory=threading.Lock)  # guards `setup`: one region's made at a time
     setup: dict | None = None  # its subnets' choices, image, security group, launch template (setup.bootstrap)
     groups: dict[str, str] = field(default_factory=dict)  # AZ -> the sweep's placement group there
 
@@ -66,7 +68,9 @@ class ProvisioningState:
 
     # Written under `setup_lock`: found once per controller, by the first provisioning thread that needs it.
     setup_lock: threading.Lock = field(default_factory=threading.Lock)
-    setup: dict | None = None  # subnets' choices, image, security group, launch template (setup.bootstrap)
+    setup: dict | None = None  # the first region's part.setup (setup.bootstrap, under that part's lock)
+    shared: tuple | None = None  # (instance profile, SSH CIDR): every region's parts use them (setup._shared)
+    prepared: bool = False  # every listed region's parts are being (or were) made ahead (setup.prepare_regions)
     bundle: code_bundle.Bundle | None = None  # the code shipped to hosts, built once
     python: str | None = None  # the instance interpreter, checked on the first host
     gpus: dict[str, int] = field(default_factory=dict)  # instance type -> GPUs (GPU-hours in the cost ledger)
