@@ -34,7 +34,27 @@ def first_instance(cloud, orch, name: str, regions: str, job) -> dict:
     retry_until(lambda: status(orch, name, gap=0.5).get("run", {}).get("state") == "running", 600, 0.2, "the run")
     started = time.perf_counter() - t0
     assert orch("down", name, timeout=600).code == 0
-    return {"to_instance_running_s": round(running, 2), "to_run_started_s": round(started, 2)}
+    return {"to_instance_running_s": round(running, 2), "to_run_started_s": round(started, 2)} | asked(cloud, t0)
+
+
+def asked(cloud, t0: float) -> dict:
+    """When each region was first asked (CreateFleet, from launch), and what failover added between them: the most
+    that asking both regions at once could save. `second_region_calls_between`: the EC2 calls the second region got
+    after the first refused and before it was asked itself (its parts, were they made only then: security group,
+    launch template, image lookup)."""
+    calls = [c for c in cloud.gate.calls if c.began >= t0]
+    fleets = [c for c in calls if c.action == "CreateFleet" and c.run == "run"]
+    first = {}
+    for c in fleets:
+        first.setdefault(c.region, c)
+    out = {f"{r}_asked_s": round(c.began - t0, 2) for r, c in first.items()}
+    if REGION in first and WEST in first:
+        refused, west = max(c.answered for c in fleets if c.region == REGION), first[WEST]
+        out["first_region_asked_to_second_asked_s"] = round(west.began - first[REGION].began, 3)
+        out["second_region_calls_between"] = [
+            c.action for c in calls if c.region == WEST and refused <= c.began < west.began and c.run != "run"
+        ]
+    return out
 
 
 @pytest.mark.timeout(1500)

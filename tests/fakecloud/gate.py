@@ -38,7 +38,8 @@ What it imitates (each switchable through `Strictness`, all on by default):
   actions that arrived).
 
 `counts` tallies every refusal the gate gave, by code, so tests can assert orch waited instead of
-hammering.
+hammering. `calls` keeps every EC2 request as an `Ec2Call` (when it came, when it was answered, its region, action
+and the run and attempt its tags name): tests order them (no run asks two regions at once) and benchmarks time them.
 """
 
 from __future__ import annotations
@@ -108,6 +109,19 @@ class Strictness:
     iam: bool = True  # evaluate role policies for hosts' requests
 
 
+@dataclass(frozen=True)
+class Ec2Call:
+    """One EC2 request as the gate saw it (perf_counter seconds); `run`, `attempt`: its orch:run / orch:attempt tags
+    (CreateFleet's TagSpecifications), "" for another request."""
+
+    began: float
+    answered: float
+    region: str
+    action: str
+    run: str = ""
+    attempt: str = ""
+
+
 @dataclass
 class Gate:
     """WSGI middleware around moto's app; see the module doc."""
@@ -150,6 +164,7 @@ class Gate:
     # service-linked roles the account has: none, as in an account that never launched spot (EC2 makes the spot
     # one on the first spot request, with the caller's iam:CreateServiceLinkedRole; IAM's CreateServiceLinkedRole)
     service_roles: set = field(default_factory=set)
+    calls: list[Ec2Call] = field(default_factory=list)  # every EC2 request, in the order they were answered
 
     def __post_init__(self):
         from tests.fakecloud.images import Images
@@ -181,7 +196,9 @@ class Gate:
             elif service == "s3" and role:
                 answer = self._s3(environ, body, role)
             elif service == "ec2":
+                began = time.perf_counter()
                 answer = self._ec2(environ, body, role)
+                self.calls.append(Ec2Call(began, time.perf_counter(), self.local.region, *_call_of(body)))
             elif service == "iam":
                 answer = self._iam_refused(body, role) or self._iam(environ, body)
             else:
@@ -1476,3 +1493,14 @@ def spot_history(
         return xml
     start, end = xml.index(items[0]), xml.rindex(items[-1]) + len(items[-1])
     return xml[:start] + b"".join(out) + xml[end:]
+
+
+def _call_of(body: bytes) -> tuple[str, str, str]:
+    """(action, orch:run, orch:attempt) of an EC2 request: the tags from its TagSpecifications, if any."""
+    form = parse_qs(body.decode(), keep_blank_values=True)
+    tags = {
+        v[0]: form.get(k[: -len("Key")] + "Value", [""])[0]
+        for k, v in form.items()
+        if k.startswith("TagSpecification.") and k.endswith(".Key")
+    }
+    return form.get("Action", [""])[0], tags.get("orch:run", ""), tags.get("orch:attempt", "")

@@ -143,6 +143,23 @@ def no_capacity(cloud, region: str, on: bool = True) -> None:
             cloud.gate.fleet_errors.pop(("*", "*", az), None)
 
 
+def one_live_attempt_per_run(calls, instances: list[dict], regions: list[str]) -> None:
+    """No run had two live attempts: one instance per (run, attempt) across every region, and each attempt asked
+    its regions one after another (each CreateFleet began once the one before was answered), in the listed order."""
+    from collections import Counter
+
+    per = Counter((i["tags"]["orch:run"], i["tags"]["orch:attempt"]) for i in instances)
+    assert per and set(per.values()) == {1}, per
+    for run, attempt in per:
+        asked = sorted(
+            (c for c in calls if (c.run, c.attempt, c.action) == (run, attempt, "CreateFleet")), key=lambda c: c.began
+        )
+        for before, after in zip(asked, asked[1:]):
+            assert after.began >= before.answered, f"{run} #{attempt} asked {before.region} and {after.region} at once"
+        order = [regions.index(c.region) for c in asked]
+        assert order == sorted(order), f"{run} #{attempt} asked {[c.region for c in asked]}"
+
+
 @pytest.mark.timeout(600)
 def test_a_region_without_capacity_hands_every_run_to_the_next_and_down_empties_both(orch, clouds, identity, job):
     no_capacity(clouds, REGION)
@@ -156,6 +173,10 @@ def test_a_region_without_capacity_hands_every_run_to_the_next_and_down_empties_
     ran = clouds.instances("fail", states=("pending", "running", "shutting-down", "terminated"))
     assert ran and {i["region"] for i in ran} == {WEST}, ran  # asked in us-east-1 first, refused, bought in us-west-2
     assert clouds.gate.counts["InsufficientInstanceCapacity"] >= 2, clouds.gate.counts
+    one_live_attempt_per_run(clouds.gate.calls, ran, [REGION, WEST])
+    calls = clouds.gate.calls
+    made = min(c.answered for c in calls if c.region == WEST and c.action == "CreateLaunchTemplate")
+    assert made < min(c.began for c in calls if c.action == "CreateFleet"), "us-west-2 prepared only when asked"
     down = orch("down", "fail")
     assert down.code == 0, down.out + down.err
     assert f"{WEST}: removed" in down.out, down.out  # what each region held, said per region
