@@ -1,7 +1,8 @@
 """What runs on the instance (or, locally, beside the controller): the agent that supervises one
-attempt, its watch (small periodic checks, one job each), its reporter (record + heartbeat), notice
-sources (IMDS or a control file), the host policy (terminate itself when done), GPU slots of a
-shared instance, nodes of a multi-node run, data staging, tmux and IMDS helpers.
+attempt, its watch (small periodic checks, one job each), its reporter (record + heartbeat), the run
+folder and the store (folder.py: restore, stage, sync up), notice sources (IMDS or a control file) and the
+stop file, the host policy (terminate itself when done), what a command leaves running (leftovers.py), GPU
+slots of a shared instance, nodes of a multi-node run, data staging, tmux and IMDS helpers.
 
 The code bundle ships this package with `store/`, `contract.py`, `errors.py` and `wait.py`, and
 nothing else of orchestrator: it imports nothing from `control`, `cli`, `aws`, `backends`,

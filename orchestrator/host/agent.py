@@ -33,13 +33,10 @@ from orchestrator.contract import (
     STOP_REASON_FILE,
     RunTask,
 )
-from orchestrator.errors import OrchError
-from orchestrator.host import tmux, watch
+from orchestrator.host import folder, tmux, watch
 from orchestrator.host.attempt import (
     RungWatch,
-    checkpoint_ok,
     final_status,
-    group_runs,
     pid_file,
     tail,
     usr1_targets,
@@ -48,8 +45,9 @@ from orchestrator.host.attempt import (
 )
 from orchestrator.host.env import HostFacts
 from orchestrator.host.imds import ask_imds_patiently
-from orchestrator.host.nodes import FollowerReporter, Relay
-from orchestrator.host.notices import NoticeSource
+from orchestrator.host.leftovers import stop_leftovers
+from orchestrator.host.nodes import FollowerReporter, Relay, await_node0
+from orchestrator.host.notices import NoticeSource, stop_reason
 from orchestrator.host.policy import HostPolicy
 from orchestrator.host.reporter import Reporter
 from orchestrator.host.slots import slot_value
@@ -64,8 +62,6 @@ from orchestrator.wait import Timeout, retry_until
 
 log = logging.getLogger("orch.agent")
 
-LEFTOVER_GRACE_S = 2.0  # after the command exited, how long what it left in the background may finish
-FOLLOWER_WAIT_S = 300.0  # a follower whose command ended waits this long for node 0's verdict
 FINAL_SYNC_S = 1800.0  # a finished attempt keeps trying this long to put its results in the store
 # orch down's one sync of the checkpoint made on the stop. orch down waits for the agent's session (locally 20 s, of
 # which the command's kill grace takes 10; on AWS 30 s), then ends it: an agent still uploading after that could
@@ -267,22 +263,7 @@ class Agent:
         return not (failures and (self.reporter.superseded or self.stop_requested))
 
     def _keeps_what_it_wrote(self) -> bool:
-        """Whether orch stopped this attempt in a way that keeps what its command wrote
-        (docs/guides/pruning.md: a run orch stops keeps its folder and log): the run's record (read now, not the
-        reporter's last write) ended with this attempt for good (pruned, cancelled: no attempt comes after it to
-        write over), or orch's stop file asked (`orch down`, `orch cancel`, a prune) while the record is still this
-        attempt's. A stop without orch's file (a host going down, someone's kill), a lost or superseded attempt keep
-        nothing: another attempt may have begun."""
-        try:
-            record = read_status(self.store, self.task.sweep, self.task.run_id)
-        except Exception as exc:
-            log.warning("could not read the run's record (%s: %s); not syncing on the stop", type(exc).__name__, exc)
-            return False
-        if record.attempt != self.task.attempt:
-            return False
-        return record.state in (RunState.PRUNED, RunState.CANCELLED) or (
-            self.stopped_by_orch and not self.reporter.superseded
-        )
+        return folder.keeps_what_it_wrote(self.store, self.task, self.stopped_by_orch, self.reporter.superseded)
 
     def _sync_on_stop(self) -> None:
         """Orch stopped the command (see _keeps_what_it_wrote): its folder and log go to the store (after `orch
@@ -331,7 +312,7 @@ class Agent:
                     layout.node_exit_key(t.sweep, t.run_id, t.attempt, t.node_rank),
                     f"{code}\n".encode(),
                 )
-            self._await_node0()
+            await_node0(self.reporter, t.attempt)
         else:
             try:  # the record of how it ended matters most: a store that is briefly unwritable gets a minute
                 retry_until(
@@ -348,91 +329,20 @@ class Agent:
         self.host_policy.after_attempt()
         return 0
 
-    def _await_node0(self) -> None:
-        """A follower whose command ended stays until node 0 has recorded how the attempt ended: a
-        node gone first would make the controller call the attempt lost (and try again) where node 0
-        is about to record a failure."""
-        reporter = self.reporter
-        if not isinstance(reporter, FollowerReporter):  # node 0: it records the end itself
-            return
-        try:
-            retry_until(
-                lambda: not reporter.still_running(),
-                FOLLOWER_WAIT_S,
-                2.0,
-                "node 0 to record the end of the attempt",
-            )
-        except Timeout:
-            log.warning(
-                "node 0 has not recorded the end of attempt %s after %.0f s; leaving anyway",
-                self.task.attempt,
-                FOLLOWER_WAIT_S,
-            )
-
     def _stage(self) -> bool:
-        """The sweep's data on this host before the command starts (once per host: what is there stays)."""
-        from orchestrator.host.staging import stage_all
-
+        """The sweep's data on this host before the command starts (host/folder.py)."""
         with self.status_lock:
             self.status.reason = f"staging {len(self.here.data)} data set(s)"
             self.reporter.record(self.status)
-        try:
-            for r in stage_all(self.here.data, getattr(self.store, "client", None)):
-                self.reporter.count(down=r.bytes)
-                log.info(
-                    "data %s -> %s: %d files, %d fetched (%.1f MB)", r.source, r.to, r.files, r.fetched, r.bytes / 1e6
-                )
-            return True
-        except OSError as exc:
-            self.stage_error = str(exc)
-            log.error("%s", exc)
-            self.log_file.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.log_file, "a") as f:
-                f.write(f"[orch] data staging failed: {exc}\n")
-            return False
+        self.stage_error = folder.stage(self.here.data, self.store, self.log_file, self.reporter.count) or None
+        return self.stage_error is None
 
     def _restore(self) -> None:
-        """The run folder as the last attempt left it, with only its newest checkpoint that verifies.
-
-        A host lost in the middle of a sync leaves files newer than the folder's index: the metrics file and
-        the logs are then taken as the store has them (a newer file is still the run's); a checkpoint file
-        that does not match is that checkpoint failing to verify, and an older one is tried."""
-        files = lambda rel: not layout.is_checkpoint(rel)  # noqa: E731
-        got = self.store.sync_down(self.prefix, self.run_dir, only=files, stale_ok=files)
-        self.reporter.count(down=got.bytes)
-        if got.stale:
-            log.warning(
-                "the store's index of the run folder is older than %s (the last host was lost while it "
-                "synced): taken as the store has them",
-                ", ".join(got.stale),
-            )
-        t = self.task
-        keys = self.store.list(layout.checkpoints_prefix(t.sweep, t.run_id))
-        for step in sorted(layout.manifested_steps(t.sweep, t.run_id, keys), reverse=True):
-            folder = layout.checkpoint_rel(step)
-            try:
-                got = self.store.sync_down(
-                    self.prefix, self.run_dir, only=lambda rel, folder=folder: rel.startswith(folder)
-                )
-                self.reporter.count(down=got.bytes)
-            except OrchError as exc:  # a file of it that does not match what was uploaded
-                log.warning("%s", exc)
-            if checkpoint_ok(self.run_dir / folder):
-                log.info("restored checkpoint step %s", step)
-                return
-            log.warning("checkpoint step %s in the store does not verify; trying an older one", step)
+        """The run folder as the last attempt left it, with its newest checkpoint that verifies (host/folder.py)."""
+        folder.restore(self.store, self.task, self.run_dir, self.reporter.count)
 
     def sync_up(self) -> None:
-        if self.follower:  # the run folder is node 0's to keep; this node keeps only its log
-            self.store.sync_up(
-                self.log_file.parent,
-                layout.node_logs_prefix(self.task.sweep, self.task.run_id, self.task.node_rank),
-                indexed=False,
-            )
-            return
-        up = self.store.sync_up(self.run_dir, self.prefix, prune=layout.is_checkpoint).bytes
-        logs = layout.logs_prefix(self.task.sweep, self.task.run_id)
-        self.reporter.count(up=up + self.store.sync_up(self.log_file.parent, logs, indexed=False).bytes)
+        folder.sync_up(self.store, self.task, self.run_dir, self.log_file, self.reporter.count)
 
     def _quietly(self, fn, *args) -> bool:
         """A store write that fails (read-only folder, network) is logged and tried again later, never fatal."""
@@ -451,41 +361,7 @@ class Agent:
             return None
 
     def _stop_leftovers(self) -> None:
-        """The run ends when its command exits: what it left running in its process group is stopped after a short
-        grace."""
-        group = self.cmd_group or self.group_of_command()
-        if group is None or group == os.getpgid(0):
-            return
-
-        def gone() -> bool:
-            return not group_runs(group)
-
-        for sig, wait_s in ((None, LEFTOVER_GRACE_S), (signal.SIGTERM, 2.0), (signal.SIGKILL, 2.0)):
-            if sig is not None:
-                try:
-                    os.killpg(group, sig)
-                except (ProcessLookupError, PermissionError):
-                    return
-            try:
-                retry_until(gone, wait_s, 0.1, "the command's process group to end")
-                return
-            except Timeout:
-                continue
-
-
-def stop_reason(path: Path) -> StopReason:
-    """Why the agent is asked to stop: the stop file's reason. No file: `stopped` (a SIGTERM from someone
-    else, e.g. a user's kill). A reason this agent does not know (an orch of another version wrote it)
-    is an error, logged, and then taken as `stopped`: resumable, never counted as a failure."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return StopReason.STOPPED
-    try:
-        return StopReason.parse(text)
-    except ValueError as exc:
-        log.error("%s in %s: stopping as `orch down` would (the run resumes on the next launch)", exc, path)
-        return StopReason.STOPPED
+        stop_leftovers(self.cmd_group or self.group_of_command())
 
 
 def main(argv=None) -> int:

@@ -28,6 +28,7 @@ from orchestrator.store.status import (
     RunStatus,
     read_status,
 )
+from orchestrator.wait import Timeout, retry_until
 
 log = logging.getLogger("orch.agent")
 
@@ -116,3 +117,22 @@ class Relay:
         except Exception as exc:  # the store briefly unreachable: asked again at the next poll
             log.warning("reading %s: %s", self.key, exc)
             return False
+
+
+FOLLOWER_WAIT_S = 300.0  # a follower whose command ended waits this long for node 0's verdict
+
+
+def await_node0(reporter, attempt: int) -> None:
+    """A follower whose command ended stays until node 0 has recorded how the attempt ended: a
+    node gone first would make the controller call the attempt lost (and try again) where node 0
+    is about to record a failure. (Node 0, whose reporter is no FollowerReporter, records the end itself.)"""
+    if not isinstance(reporter, FollowerReporter):
+        return
+    try:
+        retry_until(
+            lambda: not reporter.still_running(), FOLLOWER_WAIT_S, 2.0, "node 0 to record the end of the attempt"
+        )
+    except Timeout:
+        log.warning(
+            "node 0 has not recorded the end of attempt %s after %.0f s; leaving anyway", attempt, FOLLOWER_WAIT_S
+        )

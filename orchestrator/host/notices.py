@@ -3,7 +3,8 @@ rebalance recommendation (a warning that may come before one, or never).
 
 On an instance both come from IMDS; anywhere, a notice also comes from the control file that
 `orch chaos interrupt` writes (how the local backend and the tests interrupt a run); on node 0 of
-a run that spans several hosts, also from a notice another node relayed (nodes.Relay).
+a run that spans several hosts, also from a notice another node relayed (nodes.Relay). And why the agent is asked
+to stop: the stop file orch writes (`stop_reason`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.contract import NOTICE_FILE
+from orchestrator.store.lifecycle import StopReason
 
 log = logging.getLogger("orch.agent")
 
@@ -42,3 +44,18 @@ class NoticeSource:
         except OSError as exc:
             log.warning("IMDS %s: %s", path, exc)
             return False
+
+
+def stop_reason(path: Path) -> StopReason:
+    """Why the agent is asked to stop: the stop file's reason. No file: `stopped` (a SIGTERM from someone
+    else, e.g. a user's kill). A reason this agent does not know (an orch of another version wrote it)
+    is an error, logged, and then taken as `stopped`: resumable, never counted as a failure."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return StopReason.STOPPED
+    try:
+        return StopReason.parse(text)
+    except ValueError as exc:
+        log.error("%s in %s: stopping as `orch down` would (the run resumes on the next launch)", exc, path)
+        return StopReason.STOPPED

@@ -225,7 +225,7 @@ def test_the_state_check_finds_an_assignment(tmp_path):
 
 
 def test_the_agent_reads_the_stop_files_reason_and_names_an_unknown_one(tmp_path, caplog):
-    from orchestrator.host.agent import stop_reason
+    from orchestrator.host.notices import stop_reason
 
     stop_file = tmp_path / "stop-reason"
     assert stop_reason(stop_file) is StopReason.STOPPED  # a SIGTERM without a stop file: someone ended the agent
