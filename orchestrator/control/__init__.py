@@ -1,4 +1,5 @@
-"""The user's machine: the reconcile loop (a pure `decide()` over observed runs), the local state cache
+"""The user's machine: the reconcile loop (controller.py; a pure `decide()` over observed runs in decide.py, the
+verdicts a pass writes in verdicts.py, launch's checks of the sweep's record in recorded.py), the local state cache
 and lock, `collect` (results, CSVs, plots, cost), and `orch launch` as process control (launch.py: the lock,
 the lease, signals, the hand-off, the background controller; it tells the CLI what happens through events).
 

@@ -9,7 +9,7 @@ import time
 from orchestrator.backends.base import Backend
 from orchestrator.backends.registry import costs_of
 from orchestrator.control import summary
-from orchestrator.control.controller import DONE, decide, live_hosts
+from orchestrator.control.decide import DONE, decide, live_hosts
 from orchestrator.control.table import read_many
 from orchestrator.control.views import Progress, view_of
 from orchestrator.store import layout

@@ -1,10 +1,10 @@
 """The reconcile loop: compare the runs a sweep wants with what the backend and the store show, then act.
 
 One pass: list live hosts (one backend call), read every run's status, decide per run (a pure
-function), then start what may start. A controller that died and is started again does the same
-pass and so adopts whatever still runs. Live hosts are listed *before* statuses are read: an agent
-writes its final status before its host goes away, so "status says running, host gone" really
-means the host was lost.
+function: decide.py), write the verdicts (verdicts.py), then start what may start. A controller
+that died and is started again does the same pass and so adopts whatever still runs. Live hosts
+are listed *before* statuses are read: an agent writes its final status before its host goes
+away, so "status says running, host gone" really means the host was lost.
 """
 
 from __future__ import annotations
@@ -13,105 +13,41 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from enum import Enum
 
 from orchestrator.backends.base import Backend, Host
 from orchestrator.control import notify, summary
+from orchestrator.control.decide import DONE, REPLACE, START, WAIT, Row, decide, host_key, live_hosts
 from orchestrator.control.lease import Lease
 from orchestrator.control.notify_events import facts_of
-from orchestrator.control.prune import Rungs, Verdict
+from orchestrator.control.prune import Rungs
+from orchestrator.control.recorded import check_recorded
 from orchestrator.control.state import State
 from orchestrator.control.table import RunTable
 from orchestrator.control.target import reached_in_files
 from orchestrator.control.trials import Trials
-from orchestrator.control.views import Progress, RunView, usd, view_of
+from orchestrator.control.verdicts import Verdicts
+from orchestrator.control.views import Progress, RunView, usd
 from orchestrator.errors import OrchError
 from orchestrator.store import layout
 from orchestrator.store import lifecycle as life
-from orchestrator.store.base import Store, get_json, put_json, read_jsonl
-from orchestrator.store.lifecycle import StopReason
-from orchestrator.store.status import (
-    ACTIVE,
-    CANCELLED,
-    CORRUPT,
-    FAILED,
-    PRUNED,
-    QUEUED,
-    STARTING,
-    SUCCEEDED,
-    RunStatus,
-    update_status,
-    write_if,
-)
+from orchestrator.store.base import Store, put_json
+from orchestrator.store.status import CORRUPT, QUEUED
 from orchestrator.sweep import record as sweep_record
-from orchestrator.sweep.spec import RunSpec, Sweep
+from orchestrator.sweep.spec import Sweep
 from orchestrator.wait import retry_until
 
 log = logging.getLogger("orch.controller")
 
 
-class Action(str, Enum):
-    """What a run needs now (decide()'s answer)."""
-
-    WAIT = "wait"  # it runs, or must not run again yet
-    START = "start"  # a new attempt may start
-    DONE = "done"  # final: never read again
-    REPLACE = "replace"  # its host is lost: the verdict, then the host goes
-
-
-WAIT, START, DONE, REPLACE = Action.WAIT, Action.START, Action.DONE, Action.REPLACE
-MAX_NO_SHOWS = 3  # attempts whose host never reported before the run fails for good
 # On a store that bills each request (S3), what a pass reads besides what changed:
 REREAD_S = 30.0  # a followed run's record at least this often (its newest metrics line for the live table)
 TOUCHED_S = 10.0  # `orch cancel`'s markers this often (a cancel also stops the run's host, which a pass sees at once)
 SWEEP_CHECK_S = 60.0  # the sweep's own record (gone: the store was emptied under the controller)
 
 
-def decide(
-    status: RunStatus, host: Host | None, max_restarts: int, now: float, stale_s: float, start_timeout_s: float
-) -> Action:
-    """What a run needs now: wait (it runs, or must not run again yet), start, replace its host, or done.
+class Controller(Verdicts):
+    """The reconcile loop (see the module doc); the verdicts it writes are Verdicts' (verdicts.py)."""
 
-    A host is given until its start deadline (counted from when its agent was started, which on
-    AWS comes after a boot of minutes) for the agent's first report; after that the agent must
-    keep heartbeating.
-    """
-    if status.state in (SUCCEEDED, CANCELLED, PRUNED):
-        return DONE
-    if status.state == CORRUPT:
-        # No verdict can be read in it, so none is taken as final: with a host, its agent writes it over at its next
-        # beat; without one, the run gets a new attempt (Controller._start), numbered after those the store has logs of.
-        return WAIT if host is not None else START
-    if host is not None:
-        if status.state in ACTIVE and status.heartbeat and now - max(status.heartbeat, host.seen or 0) > stale_s:
-            return REPLACE  # its agent stopped talking: treat the host as lost
-        if status.state in ACTIVE and host.missing and not host.provisioning:
-            return REPLACE  # a node of a multi-node attempt is gone: the attempt ends for all its nodes
-        if status.state == STARTING and not status.heartbeat and not host.provisioning:
-            deadline = host.start_deadline or ((status.started_at or now) + start_timeout_s)
-            if now > deadline:
-                return REPLACE  # its agent never reported, e.g. a controller died between CreateFleet and the agent
-        return WAIT
-    if status.state == FAILED:
-        spent = status.no_shows >= MAX_NO_SHOWS or status.quick_losses >= life.MAX_QUICK_LOSSES
-        return DONE if status.failures > max_restarts or spent else START
-    return START  # queued, stopped, interrupted, lost, or active with its host gone
-
-
-@dataclass
-class Row:
-    """One run in a pass: its spec, the record just read, what it needs, and its view (rebuilt from the
-    record whenever the pass changes the record)."""
-
-    run: RunSpec
-    status: RunStatus
-    action: Action
-    view: RunView
-    hosted: bool  # a live host of its current attempt was listed this pass
-
-
-class Controller:
     def __init__(self, sweep: Sweep, backend: Backend, store: Store, state: State):
         self.sweep, self.backend, self.store, self.state = sweep, backend, store, state
         self.name = sweep.spec.name
@@ -167,7 +103,7 @@ class Controller:
         tracked = table.read_tracked(
             None if not self.metered else lambda rid: rid in changed or self._due(rid, hosts.get(rid), now), now
         )
-        self._hosts_seen = {rid: _host_key(h) for rid, h in hosts.items()}
+        self._hosts_seen = {rid: host_key(h) for rid, h in hosts.items()}
         if marked:
             summary.untouch(self.store, self.name, marked)
         rows = [self._row(rid, hosts.get(rid), now) for rid in tracked]
@@ -232,7 +168,7 @@ class Controller:
         pass act (start, replace, done: never on an old read), and at least every REREAD_S."""
         if (
             host is None
-            or _host_key(host) != self._hosts_seen.get(rid)
+            or host_key(host) != self._hosts_seen.get(rid)
             or now - self.table.read_at.get(rid, 0) >= REREAD_S
         ):
             return True
@@ -271,85 +207,6 @@ class Controller:
         self.table.settle(run_id, row.view, action == DONE)
         return row
 
-    def _view(self, status: RunStatus, hosted: bool, final: bool) -> RunView:
-        """The run's view, from its record: the one place a pass makes one."""
-        view = view_of(status, hosted, final)
-        target = self.sweep.spec.target
-        if target is not None:
-            if target.met(status.last_metrics):
-                self.reached.add(status.run_id)
-            elif final and status.run_id not in self.table.final | self.reached:  # ended: lines no beat showed
-                self.reached |= reached_in_files(self.store, self.name, target, [status.run_id])
-            view.reached = status.run_id in self.reached
-        return view
-
-    def _show(self, row: Row, final: bool) -> None:
-        """The pass changed the run's record: its view follows, into the table."""
-        row.view = self._view(row.status, row.hosted, final)
-        self.table.settle(row.run.run_id, row.view, final)
-
-    def _rung(self, row: Row, rungs: Rungs) -> None:
-        """`prune:` — a run whose newest line passed a rung it has not reported at: read its lines, record
-        its value there, and prune it if the rung says so. A run that already ended only adds its values."""
-        rid, status = row.run.run_id, row.status
-        earlier = rungs.verdict_of(rid)
-        if earlier is not None:  # decided before (a pass whose write lost a race, or a resumed attempt): it stands
-            if status.state in ACTIVE or row.action == START:
-                self._prune(row, earlier, rungs)
-            return
-        live = status.state in ACTIVE
-        if status.metric_seen is not None:  # the agent read the run's own file: its values at the rungs
-            self._warn_unseen(rid, status, rungs)
-            if not rungs.due_reported(rid, status.at_rungs):
-                return
-            verdict = rungs.observe_reported(rid, status.at_rungs, judge=live)
-        else:  # a record without them (an agent of an older orch): the store's copy, never a line past it
-            if not rungs.due(rid, status.last_metrics):
-                return
-            lines = read_jsonl(self.store.get_bytes(layout.metrics_key(self.name, rid)))
-            verdict = rungs.observe(rid, lines, judge=live)
-        if verdict is not None:
-            self._prune(row, verdict, rungs)
-
-    def _warn_unseen(self, rid: str, status: RunStatus, rungs: Rungs) -> None:
-        """A `prune:` metric that no line of a run past the first rung carries: no rung can compare it."""
-        if status.metric_seen or rid in self._warned or not rungs.due(rid, status.last_metrics):
-            return
-        self._warned.add(rid)
-        keys = ", ".join(sorted(status.last_metrics)[:12])
-        message = (
-            f"{rid}: prune compares {rungs.metric!r}, but no metrics line of this run carries it so far "
-            f"(its newest line has: {keys}); it is past {rungs.p.at} {rungs.next_rung(rid):g} and cannot "
-            "be compared. Set `prune.metric` to a key the command writes."
-        )
-        log.warning("%s", message)
-        self.state.journal(self.name, "prune-metric-missing", rid, message)
-
-    def _prune(self, row: Row, verdict: Verdict, rungs: Rungs) -> None:
-        """The verdict first (the agent, seeing its record moved on, writes nothing more), then the stop:
-        the command ends, and on AWS the instance goes; the slot is free for the next queued run."""
-        metric, at = rungs.metric, rungs.p.at
-        detail = {
-            "rung": verdict.rung,
-            "value": verdict.value,
-            "cutoff": verdict.cutoff,
-            "reported": verdict.reported,
-            "kept": verdict.best_k,
-            "metric": metric,
-            "at": at,
-        }
-        base = row.status
-        if base.state == CORRUPT:  # a verdict taken before stands over a record no one can read (no host runs it)
-            base = life.recover(base, self._logged_attempt(base.run_id))
-        status = life.prune(base, verdict.words(metric, at), detail)
-        if not self._write(status, self.table.versions[status.run_id]):
-            return  # decided again next pass, with the same verdict
-        row.status = status
-        self._show(row, True)
-        self.backend.stop(status.run_id, StopReason.PRUNED)
-        self.state.journal(self.name, "prune", status.run_id, status.reason)
-        log.info("%s: %s", status.run_id, status.reason)
-
     def _publish(self, progress: Progress, now: float) -> None:
         """The summary record, when something changed (and now and then while runs are active)."""
         key = (self.table.changed, round(progress.spend_usd, 4))
@@ -358,25 +215,6 @@ class Controller:
         summary.write(self.store, progress)
         self.table.changed = False
         self._published = (round(progress.spend_usd, 4), now)
-
-    def _record_outcomes(self) -> list[str]:
-        """Attempts that ended before their agent ran: the controller, the writer of claims, records them.
-        Returns their runs (a pass reads them again)."""
-        runs = []
-        for outcome in self.backend.drain_outcomes():
-            runs.append(outcome.run_id)
-
-            def change(status: RunStatus, outcome=outcome) -> RunStatus | None:
-                if status.attempt != outcome.attempt or status.state not in ACTIVE:
-                    return None  # the run moved on meanwhile
-                if outcome.state == QUEUED:  # not an attempt after all: back to how it was before the claim
-                    return life.requeue(status, outcome.reason)
-                return life.fail(status, outcome.reason)
-
-            self.table.follow([outcome.run_id])
-            if update_status(self.store, self.name, outcome.run_id, change):
-                self.state.journal(self.name, f"provision-{outcome.state}", outcome.run_id, outcome.reason)
-        return runs
 
     def _stop_for_budget(self, rows, spend: float, budget: float) -> None:
         """The budget is spent: what has not started never will (running attempts finish)."""
@@ -401,72 +239,9 @@ class Controller:
             if row.action == START:
                 cancel(row)
 
-    def _write(self, status: RunStatus, version: str | None) -> bool:
-        """A verdict or a claim, written only over the record this pass read: if the agent wrote
-        since (it is alive after all, or ended), the run is decided again on the next pass."""
-        new = write_if(self.store, self.name, status, version)
-        if new:
-            self.table.status[status.run_id], self.table.versions[status.run_id] = status, new
-            self.table.changed = True
-            return True
-        log.info("%s: its record changed since this pass read it; deciding again next pass", status.run_id)
-        return False
-
-    def _replace(self, row: Row, host: Host, all_hosts: list[Host]) -> None:
-        status, version = row.status, self.table.versions[row.run.run_id]
-        beat = status.heartbeat
-        never = not beat
-        if not beat:
-            status = replace(status, no_shows=status.no_shows + 1)  # a new record: the cache keeps the one read
-            reason = (
-                f"host {host.host_id} never reported: its agent did not start ({status.no_shows} of {MAX_NO_SHOWS} "
-                "such attempts)"
-            )
-        elif host.missing:
-            reason = (
-                f"{host.missing} of the attempt's {host.nodes} nodes lost (instance gone); the attempt ends on every "
-                "node "
-                "and the run resumes on a fresh set"
-            )
-        else:
-            reason = f"host {host.host_id} lost: no sign of life for {time.time() - beat:.0f} s"
-        spent = never and status.no_shows >= MAX_NO_SHOWS  # a replacement loop would pay for instance after instance
-        if spent:
-            status = life.fail(
-                status,
-                f"failed for good: {MAX_NO_SHOWS} hosts in a row never reported. Check the agent's log on an instance "
-                f"(`aws.keep_alive: true`, then `orch attach`), the image's interpreter (`aws.python`) and tmux.",
-                failure=False,
-            )
-        else:
-            status = life.lose(status, reason)
-        if not self._write(status, version):  # first the verdict: an agent that wakes up sees it is no longer the run's
-            return
-        row.status = status
-        self._show(row, spent)
-        log.warning("%s: %s; releasing its host(s)", status.run_id, reason)
-        for h in all_hosts or [host]:
-            self.backend.release(h)
-        self.state.journal(self.name, "replace", status.run_id, reason)
-
     def _tell_trials(self) -> None:
         if self.trials is not None:
             self.trials.tell_finished(self.table.views, self.rungs.values if self.rungs else None)
-
-    def _release_unclaimed(self, hosts: list[Host], statuses: dict[str, RunStatus]) -> None:
-        """Hosts of an older attempt than the run's current one serve nobody: release them."""
-        for host in hosts:
-            status = statuses.get(host.run_id)
-            if host.attempt is not None and status is not None and host.attempt < status.attempt:
-                log.warning(
-                    "%s: host %s of attempt %s is unclaimed (current attempt %s); releasing it",
-                    host.run_id,
-                    host.host_id,
-                    host.attempt,
-                    status.attempt,
-                )
-                self.backend.release(host)
-                self.state.journal(self.name, "release-unclaimed", host.run_id, host.host_id)
 
     def _start(self, row: Row) -> bool:
         run, previous, version = row.run, row.status, self.table.versions[row.run.run_id]
@@ -498,42 +273,6 @@ class Controller:
         row.status, row.hosted = status, True  # its host is on its way
         self._show(row, False)
         return True
-
-    def _unreadable(self, corrupt: RunStatus) -> RunStatus:
-        """A record that cannot be read and no host of the run: taken as an attempt lost after the newest one whose
-        log is in the store, so the new attempt resumes from the run's newest checkpoint under a number of its own.
-        Its counts of failures and preemptions are in the unreadable record: they start again from 0."""
-        rid = corrupt.run_id
-        attempt = self._logged_attempt(rid)
-        message = (
-            f"{corrupt.reason}; no host runs it, so it gets a new attempt ({attempt + 1}), resumed from its newest "
-            "checkpoint (its counts of failures and preemptions start again)"
-        )
-        log.warning("%s: %s", rid, message)
-        self.state.journal(self.name, "unreadable-record", rid, message)
-        return life.recover(corrupt, attempt)
-
-    def _logged_attempt(self, rid: str) -> int:
-        """The newest attempt of the run whose log is in the store (0: none)."""
-        keys = self.store.list(layout.records_prefix(self.name, rid) + "/")
-        return max(layout.logged_attempts(self.name, rid, keys), default=0)
-
-    def _give_up(self, row: Row, previous: RunStatus, version: str | None) -> bool:
-        reason = (
-            f"failed for good: {life.MAX_QUICK_LOSSES} attempts in a row were lost within "
-            f"{life.QUICK_LOSS_S / 60:.0f} min of their start (the agent or its host keeps dying; a spot reclaim "
-            "comes with a notice). Last: "
-            + (previous.reason or f"its host went away while it was {previous.state}")
-            + ". See `orch logs` and the "
-            "agent's log (`aws.keep_alive: true`, then `orch attach`)."
-        )
-        status = life.give_up(previous, reason)
-        if self._write(status, version):
-            row.status = status
-            self._show(row, True)
-            log.warning("%s: %s", previous.run_id, reason)
-            self.state.journal(self.name, "give-up", previous.run_id, reason)
-        return False
 
     def _flush(self) -> None:
         try:
@@ -581,43 +320,3 @@ class Controller:
             notify.hand_off(str(self.sweep.path))
         elif left:
             log.warning("notify: %d message(s) could not be delivered before the controller ended", left)
-
-
-def check_recorded(sweep: Sweep, store: Store, state: State) -> dict | None:
-    """What launch checks before it acts (a dry run checks the same): the sweep's record in the store, which this
-    orch must be able to continue (sweep/record.py) and which must give the runs what this file gives them; and the
-    name, which must not move to another store. Read-only."""
-    state.check_same_store(sweep.spec.name, str(sweep.path), sweep.store_url)
-    notify.check(sweep)
-    existing = get_json(store, layout.sweep_key(sweep.spec.name))
-    if existing is not None:
-        where = f"{sweep.path}: the sweep {sweep.spec.name!r} in {store.url}"
-        sweep_record.check_schema(existing, where)
-        changed = sweep_record.changes(existing, sweep)
-        if changed:
-            raise OrchError(
-                f"{sweep.path}: a different sweep named {sweep.spec.name!r} already exists in {store.url} "
-                f"(changed: {', '.join(changed)}). Its results are kept: give this sweep a new `name:`, "
-                f"or restore the old settings to continue it.",
-                exit_code=2,
-            )
-    return existing
-
-
-def live_hosts(backend: Backend) -> tuple[dict[str, Host], list[Host]]:
-    """Live hosts: the newest attempt's node 0 (or its lowest node left) per run, and all of them (one backend call)."""
-    hosts: dict[str, Host] = {}
-    every = backend.list()
-    for h in sorted(every, key=lambda h: h.node):
-        if h.run_id not in hosts or (h.attempt or 0) > (hosts[h.run_id].attempt or 0):
-            hosts[h.run_id] = h
-    for run_id, h in hosts.items():  # a run spanning several hosts needs all of them
-        present = sum(1 for x in every if x.run_id == run_id and x.attempt == h.attempt)
-        if present < h.nodes and not h.provisioning:
-            hosts[run_id] = replace(h, missing=h.nodes - present)
-    return hosts, every
-
-
-def _host_key(host: Host) -> tuple:
-    """What of a listed host means its run may have changed (not its liveness time, which moves every beat)."""
-    return (host.host_id, host.attempt, host.provisioning, host.missing, host.node, host.slot, host.mark)

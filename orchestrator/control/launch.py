@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.backends.base import Backend
-from orchestrator.control.controller import Controller, check_recorded
+from orchestrator.control.controller import Controller
 from orchestrator.control.lease import Finished, Lease, LeaseLost
 from orchestrator.control.notify import REMOTE_PATIENCE_S
+from orchestrator.control.recorded import check_recorded
 from orchestrator.control.state import State, SweepLock
 from orchestrator.control.views import Progress
 from orchestrator.errors import OrchError

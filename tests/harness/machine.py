@@ -42,7 +42,8 @@ from orchestrator.backends.registry import load_sweep
 from orchestrator.contract import finite
 from orchestrator.control.actions import cancel_run, stop_sweep
 from orchestrator.control.collect import PARAM_PREFIX, collect, write_outputs
-from orchestrator.control.controller import DONE, Controller, decide
+from orchestrator.control.controller import Controller
+from orchestrator.control.decide import DONE, decide
 from orchestrator.control.state import State
 from orchestrator.control.study import Outcome, parse_record, rebuild
 from orchestrator.host.agent import KEPT_ON_STOP

@@ -12,7 +12,8 @@ from orchestrator.aws.pricing import CostLedger, PriceBook, ledger_cost
 from orchestrator.backends.base import BackendBase, Host
 from orchestrator.backends.registry import load_sweep
 from orchestrator.contract import RunTask
-from orchestrator.control.controller import DONE, REPLACE, START, WAIT, Controller, decide
+from orchestrator.control.controller import Controller
+from orchestrator.control.decide import DONE, REPLACE, START, WAIT, decide
 from orchestrator.control.state import State
 from orchestrator.store import lifecycle as life
 from orchestrator.store.base import get_json

@@ -355,7 +355,7 @@ def test_the_aws_agents_default_heartbeat_beats_three_times_before_the_controlle
     late is still waited for by the controller (the silence that means lost is 180 s)."""
     from orchestrator.backends.aws.backend import AwsBackend
     from orchestrator.backends.base import Host
-    from orchestrator.control.controller import WAIT, decide
+    from orchestrator.control.decide import WAIT, decide
     from orchestrator.store.status import RUNNING, RunStatus
 
     for key, value in OFFLINE_AWS.items():  # building the backend makes clients; none is called
