@@ -209,6 +209,7 @@ def test_a_run_interrupted_in_one_region_resumes_in_another_from_its_checkpoint(
     v = status(orch, "moves")["run"]
     assert (v["state"], v["attempt"], v["preemptions"], v["failures"]) == ("succeeded", 2, 1, 0), v
     second = clouds.instances("moves", states=("pending", "running", "shutting-down", "terminated"))
+    one_live_attempt_per_run(clouds.gate.calls, second, [REGION, WEST])  # both had capacity: us-west-2 not asked
     assert {i["region"] for i in second if i["tags"].get("orch:attempt") == "2"} == {REGION}, second
     got, _ = weights_in_s3(clouds, "sweeps/moves/run/")
     assert same(reference(tmp_path, 5), got)  # resumed from its checkpoint: as if never interrupted
