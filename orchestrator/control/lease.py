@@ -137,15 +137,16 @@ class Lease:
         self._renewed = 0.0
         self._read = 0.0  # when the record was last read or written by this holder
 
-    def acquire(self, tries: int = 5) -> Lease:
-        """Take the sweep, or refuse (OrchError, exit 2) when a live controller holds it."""
+    def acquire(self, tries: int = 5, now: float | None = None) -> Lease:
+        """Take the sweep, or refuse (OrchError, exit 2) when a live controller holds it. `now`: the clock (a test's
+        simulated one; the wall clock by default)."""
         for _ in range(tries):
             current, version = read_lease(self.store, self.sweep)
-            if current is not None and current.alive() and not self._restart_of(current.holder):
-                raise OrchError(refusal(self.sweep, current, self.spec_path), exit_code=2)
+            if current is not None and current.alive(now) and not self._restart_of(current.holder):
+                raise OrchError(refusal(self.sweep, current, self.spec_path, now), exit_code=2)
             if current is not None and current.ended is not None and current.final and self._restart_of(current.holder):
                 raise Finished(self.sweep, current)
-            now = time.time()
+            now = time.time() if now is None else now
             record = LeaseRecord(holder=self.holder, started=now, heartbeat=now)
             new = self.store.put_if(lease_key(self.sweep), json_bytes(record.to_json()), version)
             if new:
@@ -192,15 +193,25 @@ class Lease:
                 self.store.put_if(lease_key(self.sweep), json_bytes(current.to_json()), version)
         raise lost
 
-    def release(self, reason: str, final: bool = False) -> None:
+    def release(self, reason: str, final: bool = False, now: float | None = None) -> None:
         """Give the sweep up (the end, a hand-off, a stop): another controller may take it at once. `final`: no
         controller is needed any more (every run final, or stopped): its own supervisor's restart does not take it."""
         if self.record is None:
             return
-        self.record.ended, self.record.end_reason, self.record.final = time.time(), reason, final
-        with contextlib.suppress(OSError):  # the store went away (the error that ended the loop says so): it lapses
-            self.store.put_if(lease_key(self.sweep), json_bytes(self.record.to_json()), self.version)
+        ended = time.time() if now is None else now
+        record, version = self.record, self.version
         self.record = None
+        with contextlib.suppress(OSError):  # the store went away (the error that ended the loop says so): it lapses
+            for _ in range(5):
+                record.ended, record.end_reason, record.final = ended, reason, final
+                if self.store.put_if(lease_key(self.sweep), json_bytes(record.to_json()), version):
+                    return
+                # the record moved: `orch down` wrote a stop request into it (then it is still this holder's, and the
+                # release must land, or the stop would wait the whole 120 s), or another controller took it over
+                current, version = read_lease(self.store, self.sweep)
+                if current is None or current.holder.token != self.holder.token or current.ended is not None:
+                    return
+                record = current
 
     def abandon(self) -> None:
         """Stop holding the sweep without a word (a remote controller stopped by a signal, whose supervisor or
@@ -242,14 +253,14 @@ class LeaseLost(OrchError):
         super().__init__(text, exit_code=1)
 
 
-def request_stop(store: Store, sweep: str, by: str, tries: int = 10) -> LeaseRecord | None:
+def request_stop(store: Store, sweep: str, by: str, tries: int = 10, now: float | None = None) -> LeaseRecord | None:
     """`orch down`: ask the live holder to stop (it ends at its next renewal). Returns the live lease, or None."""
     for _ in range(tries):
         current, version = read_lease(store, sweep)
-        if current is None or not current.alive():
+        if current is None or not current.alive(now):
             return None
         if current.stop_requested is None:
-            current.stop_requested, current.stop_by = time.time(), by
+            current.stop_requested, current.stop_by = time.time() if now is None else now, by
             if not store.put_if(lease_key(sweep), json_bytes(current.to_json()), version):
                 continue
         return current
@@ -270,12 +281,12 @@ def wait_released(store: Store, sweep: str, timeout: float) -> bool:
         return False
 
 
-def refusal(sweep: str, lease: LeaseRecord, spec_path: str = "") -> str:
+def refusal(sweep: str, lease: LeaseRecord, spec_path: str = "", now: float | None = None) -> str:
     again = f"`orch launch {spec_path}`" if spec_path else "`orch launch` of its file"
     down = f"`orch down {spec_path}`" if spec_path else "`orch down` of its file"
     return (
         f"sweep {sweep!r} is already run by a controller on {lease.holder.where()}, last heartbeat "
-        f"{lease.age():.0f} s ago (store record {lease_key(sweep)}). One controller per sweep: watch it with "
+        f"{lease.age(now):.0f} s ago (store record {lease_key(sweep)}). One controller per sweep: watch it with "
         f"`orch status {sweep} --watch`, or stop it with {down} (from any machine with the store; `orch down "
         f"{sweep}` from the ORCH_HOME that launched it). "
         f"If that controller is gone, its lease lapses {lease.stale_after_s:.0f} s after its last heartbeat; "

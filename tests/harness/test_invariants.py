@@ -18,6 +18,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.stateful import run_state_machine_as_test
 
 from orchestrator.errors import OrchError
+from tests.harness.lease_machine import LeaseHarness
 from tests.harness.machine import CLASHES, Harness, Scenario
 
 DB = DirectoryBasedExampleDatabase(str(Path(__file__).parent / "hypothesis-db"))
@@ -37,6 +38,15 @@ def test_invariants_hold_under_random_sweeps_and_faults():
     chosen = settings.get_profile(PROFILE)
     if os.environ.get("ORCH_HARNESS_SHRINK") == "0":  # a verdict without the minutes shrinking takes (mutation runs)
         chosen = settings(chosen, phases=[p for p in Phase if p is not Phase.shrink])
+    run_state_machine_as_test(machine, settings=chosen)
+
+
+@pytest.mark.timeout(600)
+def test_the_lease_keeps_its_promises_under_random_controllers_restarts_stops_and_pauses():
+    # controllers on three machines, supervisors' restarts, `orch down`, a corrupted record, pauses around 3, 15 and
+    # 120 s (tests/harness/lease_machine.py); the bounded profile runs more steps: a step is a few file operations
+    machine = LeaseHarness if PROFILE == "long" else seed(BOUNDED_SEED)(LeaseHarness)
+    chosen = settings(settings.get_profile(PROFILE), max_examples=300 if PROFILE == "bounded" else 5000)
     run_state_machine_as_test(machine, settings=chosen)
 
 
