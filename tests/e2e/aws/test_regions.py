@@ -184,6 +184,27 @@ def test_a_region_without_capacity_hands_every_run_to_the_next_and_down_empties_
         assert not any(clouds.leftovers("fail", region).values()), region
 
 
+@pytest.mark.timeout(600)
+def test_when_the_first_region_fills_up_the_rest_of_the_runs_go_to_the_next(orch, clouds, identity, job):
+    clouds.gate.region_capacity[REGION] = 1  # us-east-1 takes one run; the other two must not wait for it
+    extra = "grid:\n  a: [1, 2, 3]\nmax_parallel: 3\nmax_restarts: 0"
+    text = clouds.sweep_yaml("fills", identity, job(steps=3, release=True), extra=extra)
+    assert orch("launch", str(orch.sweep(with_regions(text, f"[{REGION}, {WEST}]"))), "--detach").code == 0
+    retry_until(lambda: len(clouds.instances("fills", states=("running",))) == 3, 300, 1.0, "three runs' instances")
+    where = sorted(i["region"] for i in clouds.instances("fills"))
+    assert where == [REGION, WEST, WEST], where  # one in the region asked first, the rest at once in the next
+    assert clouds.gate.counts["InsufficientInstanceCapacity"] >= 1, clouds.gate.counts
+    job.release.touch()
+    retry_until(
+        lambda: [v["state"] for v in status(orch, "fills", gap=ENDED_GAP_S).values()] == ["succeeded"] * 3,
+        300,
+        1.0,
+        "the runs to succeed",
+    )
+    assert all(v["attempt"] == 1 for v in status(orch, "fills").values())
+    assert orch("down", "fills").code == 0
+
+
 @pytest.mark.timeout(900)
 def test_a_run_interrupted_in_one_region_resumes_in_another_from_its_checkpoint(orch, clouds, identity, tmp_path):
     from tests.e2e.aws.test_spot import FAST_SYNC, TRAIN, instance_of, reference, weights_in_s3
