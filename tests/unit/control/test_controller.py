@@ -1,19 +1,15 @@
 """The controller's loop (control/controller.py) with a backend of the test's own over a real folder store and a real
-cost ledger (aws/pricing.py): what the loop leaves in the store when it ends; and the table of `decide()`, the
-controller's decision for one run (a pure function)."""
+cost ledger (aws/pricing.py): what the loop leaves in the store when it ends. (`decide()`'s table: test_decide.py.)"""
 
 from __future__ import annotations
 
 import time
-
-import pytest
 
 from orchestrator.aws.pricing import CostLedger, PriceBook, ledger_cost
 from orchestrator.backends.base import BackendBase, Host
 from orchestrator.backends.registry import load_sweep
 from orchestrator.contract import RunTask
 from orchestrator.control.controller import Controller
-from orchestrator.control.decide import DONE, REPLACE, START, WAIT, decide
 from orchestrator.control.state import State
 from orchestrator.store import lifecycle as life
 from orchestrator.store.base import get_json
@@ -80,64 +76,3 @@ def test_the_dollars_the_loop_ends_with_are_the_ones_the_ledger_in_the_store_say
     progress = controller.run(interval=0.05)
     assert progress.done and backend.passes == 2
     assert ledger_cost(get_json(store, cost_key("led"))) == progress.spend_usd > 0
-
-
-def test_a_corrupt_record_is_never_taken_as_final():
-    """With a host, its agent writes it over; without one, the run gets a new attempt (test_unreadable_records)."""
-    corrupt = RunStatus(run_id="r", state="corrupt", reason="not JSON")
-    assert decide(corrupt, None, max_restarts=5, now=NOW, stale_s=60, start_timeout_s=60) == START
-    assert decide(corrupt, Host("r", "h", "a"), max_restarts=5, now=NOW, stale_s=60, start_timeout_s=60) == WAIT
-
-
-NOW = 1_000_000.0
-
-
-def st(state, **kw):
-    return RunStatus(run_id="r", state=state, **kw)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "status, host, want",
-    [
-        (st("succeeded"), None, DONE),
-        (st("cancelled"), Host("r", "h", "a"), DONE),
-        (st("running", heartbeat=NOW - 5), Host("r", "h", "a"), WAIT),
-        (st("running", heartbeat=NOW - 500), Host("r", "h", "a"), REPLACE),  # silent agent: host lost
-        (st("running", heartbeat=NOW - 5), None, START),  # host vanished
-        (st("interrupted"), None, START),
-        (st("starting", started_at=NOW - 500), Host("r", "i-1", "a"), REPLACE),  # orphan of a dead controller
-        (st("starting", started_at=NOW - 500), Host("r", "i-1", "a", provisioning=True), WAIT),
-        (st("failed", failures=1), None, START),
-        (st("failed", failures=2), None, DONE),
-        (st("stopped"), None, START),
-        # (a) the start timeout counts from the agent's start (a boot of minutes before it is not the agent's fault)
-        (st("starting", started_at=NOW - 500), Host("r", "i-1", "a", start_deadline=NOW + 10), WAIT),
-        (st("starting", started_at=NOW - 500), Host("r", "i-1", "a", start_deadline=NOW - 1), REPLACE),
-        (
-            st("starting", started_at=NOW - 500, heartbeat=NOW - 5),
-            Host("r", "i-1", "a", start_deadline=NOW - 1),
-            WAIT,
-        ),  # it reported: restoring
-        (
-            st("starting", started_at=NOW - 500, heartbeat=NOW - 500),
-            Host("r", "i-1", "a"),
-            REPLACE,
-        ),  # reported, then went silent
-        (st("failed", no_shows=3), None, DONE),  # hosts that never report end the run: no replacement loop
-        (st("failed", quick_losses=5), None, DONE),  # attempts lost again and again soon after their claim: too
-        (st("failed", failures=1, quick_losses=4), None, START),
-        # a run on several instances needs every node of its attempt
-        (st("running", heartbeat=NOW - 5), Host("r", "i-1", "a", nodes=2, missing=1), REPLACE),
-        (st("starting", heartbeat=NOW - 5), Host("r", "i-1", "a", nodes=2, missing=1), REPLACE),
-        (st("starting"), Host("r", "i-1", "a", nodes=2, missing=1, provisioning=True), WAIT),  # still being acquired
-        (
-            st("interrupted"),
-            Host("r", "i-1", "a", nodes=2, missing=1),
-            WAIT,
-        ),  # the attempt ended: its nodes are on their way out
-        (st("succeeded"), Host("r", "i-1", "a", nodes=2, missing=1), DONE),
-    ],
-)
-def test_decide(status, host, want):
-    assert decide(status, host, max_restarts=1, now=NOW, stale_s=60, start_timeout_s=60) == want
