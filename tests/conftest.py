@@ -295,17 +295,23 @@ def starts(marks: Path) -> list:
 @pytest.fixture
 def identity(tmp_path) -> Path:
     """An ed25519 key pair for SSH to fake hosts (private key file; its .pub beside it)."""
+    return make_identity(tmp_path, "orch-test")
+
+
+def make_identity(folder: Path, comment: str) -> Path:
+    """A new ed25519 key pair in `folder`: id_ed25519 (private) and id_ed25519.pub ending in `comment`."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     key = Ed25519PrivateKey.generate()
-    path = tmp_path / "id_ed25519"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "id_ed25519"
     path.write_bytes(
         key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption())
     )
     path.chmod(0o600)
     pub = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
-    path.with_name("id_ed25519.pub").write_text(pub + " orch-test\n")
+    path.with_name("id_ed25519.pub").write_text(f"{pub} {comment}\n")
     return path
 
 

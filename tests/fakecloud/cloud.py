@@ -11,8 +11,9 @@
   address. The subnets do not map public IPs on launch (like a custom
   VPC's); `default_vpc=False` gives an account without a default VPC.
 - A watcher turns each running instance into a host once `boot_s` passed (real: 30-120 s): an
-  sshd bound to its IP, configured from its cloud-config (HostKey from ssh_keys,
-  AuthorizedKeysFile from ssh_authorized_keys), its own HOME and tmux socket folder, and a fake
+  sshd bound to its IP, configured from its cloud-config (HostKey from ssh_keys; ssh_authorized_keys
+  merged into the login user's ~/.ssh/authorized_keys, as cloud-init does: the keys already there
+  stay), its own HOME and tmux socket folder, and a fake
   IMDSv2 (token PUT included) that serves its instance id, placement, its instance profile's role
   credentials (the only credentials a host has, as on EC2), and on demand a spot interruption
   notice or a rebalance recommendation. write_files and runcmd are recorded, never executed (the safety net
@@ -20,6 +21,9 @@
 - The image is shaped like the AWS Deep Learning AMI (OSS PyTorch, Ubuntu): plain `python3` cannot
   import torch; `/opt/pytorch/bin/python` can. DescribeImages gives root device `/dev/sda1` and a
   75 GB snapshot. The first interpreter start on a host takes `cold_s` longer (a cold EBS volume).
+- CreateImage snapshots the instance's file system — here its HOME, ~/.ssh included — and CopyImage copies that
+  snapshot: an instance launched from the image starts with that home, as one launched from an EC2 image starts
+  with the builder's volume (what the builder left in ~/.ssh/authorized_keys included).
 - When an instance stops being running, its sshd and every process started on the host (found by
   the ORCH_FAKE_HOST variable sshd puts in their environment) are killed.
 
@@ -201,6 +205,7 @@ class FakeHost:
     user_data: str = ""
     credentials: Callable[[], tuple] | None = None  # () -> (role or None, IMDS credentials document)
     image: Path | None = None  # the fake AMI's bin folder (plain python3 without torch)
+    image_home: Path | None = None  # the home its image was made from (CreateImage of a builder), None for a base image
     cold_s: float = 0.0  # extra seconds of the first interpreter start (a cold EBS volume)
     wrong_key: bool = False  # fault injection: present a host key other than the pinned one
     imds_late_s: float = 0.0  # fault injection: the first IMDS token request is answered this many seconds late
@@ -212,11 +217,30 @@ class FakeHost:
     def home(self) -> Path:
         return self.root / "home"
 
+    @property
+    def authorized_keys(self) -> Path:
+        """The login user's ~/.ssh/authorized_keys, where cloud-init writes ssh_authorized_keys."""
+        return self.home / ".ssh" / "authorized_keys"
+
+    def _authorize(self, keys: list[str]) -> None:
+        """cloud-init's ssh module: the user data's keys merged into ~/.ssh/authorized_keys (0700/0600); the lines
+        already there (from the image) stay, a key already present is not added twice."""
+        ssh_dir = self.authorized_keys.parent
+        ssh_dir.mkdir(parents=True, exist_ok=True)
+        ssh_dir.chmod(0o700)
+        lines = self.authorized_keys.read_text().splitlines() if self.authorized_keys.exists() else []
+        have = {line.split()[1] for line in lines if len(line.split()) > 1}
+        lines += [k for k in keys if len(k.split()) > 1 and k.split()[1] not in have]
+        self.authorized_keys.write_text("".join(f"{line}\n" for line in lines))
+        self.authorized_keys.chmod(0o600)
+
     def start(self, user_data: str) -> None:
         self.user_data = user_data
         cfg = yaml.safe_load(user_data.split("\n", 1)[1]) if user_data.startswith("#cloud-config") else {}
         keys = cfg.get("ssh_keys", {})
         self.runcmd = cfg.get("runcmd", [])
+        if self.image_home is not None and not self.home.exists():  # the image's volume: the builder's home
+            shutil.copytree(self.image_home, self.home, symlinks=True)
         self.home.mkdir(parents=True, exist_ok=True)
         self.tmux_dir = Path(tempfile.mkdtemp(prefix="ofh-"))  # short: unix socket paths max out at 108 bytes
         host_key = self.root / "ssh_host_ed25519_key"
@@ -227,7 +251,7 @@ class FakeHost:
         else:
             host_key.write_text(keys.get("ed25519_private", ""))
         host_key.chmod(0o600)
-        (self.root / "authorized_keys").write_text("\n".join(cfg.get("ssh_authorized_keys", [])) + "\n")
+        self._authorize(cfg.get("ssh_authorized_keys", []))
         handler = type("Imds", (_Imds,), {"host": self})
         self.imds = ThreadingHTTPServer((self.ip, 0), handler)
         threading.Thread(target=self.imds.serve_forever, daemon=True).start()
@@ -253,7 +277,7 @@ class FakeHost:
                 f"ListenAddress {self.ip}",
                 f"Port {SSH_PORT}",
                 f"HostKey {host_key}",
-                f"AuthorizedKeysFile {self.root / 'authorized_keys'}",
+                f"AuthorizedKeysFile {self.authorized_keys}",
                 f"PidFile {self.root / 'sshd.pid'}",
                 "UsePAM no",
                 "StrictModes no",
@@ -286,6 +310,11 @@ class FakeHost:
             self.imds.server_close()
             self.imds = None
         shutil.rmtree(getattr(self, "tmux_dir", ""), ignore_errors=True)
+
+
+def _not_files(folder: str, names: list[str]) -> list[str]:
+    """What a snapshot of a home leaves out: sockets and other special files (a volume snapshot holds no live ones)."""
+    return [n for n in names if not (os.path.isdir(os.path.join(folder, n)) or os.path.isfile(os.path.join(folder, n)))]
 
 
 def processes_of(instance_id: str) -> list[int]:
@@ -406,6 +435,8 @@ class FakeCloud:
             r: self.register_image(IMAGE_NAME, region=r) for r in self.regions[1:]
         }
         self.image_bin = self._install_image()
+        self.image_homes: dict[str, Path] = {}  # image id -> the home CreateImage took from its builder
+        self.gate.images.snapshot = self._snapshot
         self.client("s3").create_bucket(Bucket=BUCKET)
         self._watcher = threading.Thread(target=self._watch, name="fakecloud-watcher", daemon=True)
         self._watcher.start()
@@ -520,6 +551,18 @@ class FakeCloud:
             "poweroff": '#!/bin/sh\necho "$*" >> "$ORCH_FAKE_HOST_ROOT/shutdown"\n',
             "reboot": '#!/bin/sh\necho "fake cloud: no reboot" >&2; exit 1\n',
         }
+
+    def _snapshot(self, image_id: str, source: str) -> None:
+        """CreateImage of an instance (its home, as it is now) or CopyImage of an image (the source's snapshot)."""
+        if source in self.image_homes:
+            self.image_homes[image_id] = self.image_homes[source]
+            return
+        host = self.hosts.get(source)
+        if host is None or not host.home.exists():
+            return
+        folder = self.root / "images" / image_id / "home"
+        shutil.copytree(host.home, folder, symlinks=True, ignore=_not_files)
+        self.image_homes[image_id] = folder
 
     def host_credentials(self, instance_id: str) -> tuple:
         """(role, IMDS credentials document) of an instance's profile, minted through STS; (None, None) without one."""
@@ -636,6 +679,7 @@ class FakeCloud:
                     cold_s=self.cold_s,
                     imds_late_s=self.imds_late_s,
                     credentials=lambda iid=iid: self.host_credentials(iid),
+                    image_home=self.image_homes.get(inst["ImageId"]),
                 )
                 if self.no_sshd:
                     self.hosts[iid] = FakeHost(

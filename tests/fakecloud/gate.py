@@ -845,11 +845,11 @@ def _ec2_backends() -> list:
 
 
 def running_instances() -> dict[str, dict]:
-    """{instance id: {"PrivateIpAddress", "AvailabilityZone"}} of every running instance in every region, as moto
-    holds them."""
+    """{instance id: {"PrivateIpAddress", "AvailabilityZone", "ImageId"}} of every running instance in every region,
+    as moto holds them."""
     with MOTO:
         return {
-            i.id: {"PrivateIpAddress": i.private_ip, "AvailabilityZone": i.placement.zone}
+            i.id: {"PrivateIpAddress": i.private_ip, "AvailabilityZone": i.placement.zone, "ImageId": i.image_id}
             for backend in _ec2_backends()
             for r in list(backend.reservations.values())
             for i in r.instances

@@ -7,6 +7,8 @@
   `InvalidAMIID.NotFound` for `instance_s` (EC2 API reference, *Eventual consistency*).
 - TagSpecifications of CreateImage / CopyImage tag the image and its snapshots "on creation" (botocore's
   EC2 model); moto refuses snapshot tags (NotImplementedError) and ignores CopyImage's, so they are applied here.
+- CreateImage snapshots the instance's volume and CopyImage copies the source's: `snapshot(new image, instance or
+  source image)`, set by the fake cloud, keeps the builder's home for the instances launched from the image.
 - DeregisterImage: "Recently deregistered images appear in the returned results for a short interval"
   (DescribeImages): the image stays listed as `deregistered` for `deregistered_s`; deregistering it again is
   `InvalidAMIID.Unavailable`. `DeleteAssociatedSnapshots=true` deletes its snapshots (moto ignores it).
@@ -15,6 +17,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode
 
@@ -24,6 +27,7 @@ class Images:
     gate: object  # the Gate: forward(), _ec2_error(), _born(), _is_young(), strict, fail_images
     end_state: str = "available"  # set by a test: the ImageState new images end in
     deregistered_s: float = 3.0  # a deregistered image is listed (as `deregistered`) this long
+    snapshot: Callable[[str, str], None] | None = None  # (new image id, the instance or image it was made from)
 
     def answer(self, action: str, form: dict[str, list[str]], environ, body: bytes) -> tuple | None:
         """The answer to an image action, or None for the gate to forward it to moto as it is."""
@@ -52,7 +56,10 @@ class Images:
         answer = self.gate.forward(environ, urlencode(kept).encode())
         if not answer[0].startswith("200"):
             return answer
+        source = dict(pairs).get("InstanceId") or dict(pairs).get("SourceImageId", "")
         for image_id in set(re.findall(rb"ami-[0-9a-f]+", answer[2])):
+            if self.snapshot is not None and image_id.decode() != source:
+                self.snapshot(image_id.decode(), source)  # the volume as it is now (EC2 reboots the builder first)
             self._made(image_id.decode(), specs)
         return answer
 

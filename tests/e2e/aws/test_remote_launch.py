@@ -106,7 +106,7 @@ def test_remote_controller_resumes_an_interrupted_run_while_the_laptop_sleeps_an
     )
     # the laptop's key reaches the remote controller's hosts too (`orch attach`): it is among their keys
     host = cloud.hosts[run_instance(cloud, "away", "run", 2)]
-    keys = (host.root / "authorized_keys").read_text()
+    keys = host.authorized_keys.read_text()
     assert identity.with_name("id_ed25519.pub").read_text().split()[1] in keys and "orch-controller" in keys
     env = [(Path(f"/proc/{p}/environ").read_bytes()) for p in processes_of(ctl)]
     assert env and not any(CONTROLLER_KEY.encode() in e or cloud.secret.encode() in e for e in env)
