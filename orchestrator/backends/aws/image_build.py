@@ -80,6 +80,7 @@ def _build_once(ec2, recipe: Recipe, sha: str, recipe_dir: Path, say: Callable[[
         )
         try:
             _provision(conn, recipe, recipe_dir, say)
+            _forget_keys(conn, _builder_keys(recipe), say)
             conn.check("sync")
         finally:
             conn.close()
@@ -97,7 +98,7 @@ def _build_once(ec2, recipe: Recipe, sha: str, recipe_dir: Path, say: Callable[[
 def _launch_builder(ec2, recipe: Recipe, name: str, launched: list[str]):
     """(base image, the acquired builder, its pinned host key); the builder's id goes into `launched` at once."""
     from orchestrator.aws.userdata import cloud_config
-    from orchestrator.remote.ssh import new_host_key, public_key_of
+    from orchestrator.remote.ssh import new_host_key
 
     cfg = recipe.aws
     subnets = api.resolve_subnets(ec2, cfg.subnet_ids, cfg.region)
@@ -109,7 +110,7 @@ def _launch_builder(ec2, recipe: Recipe, name: str, launched: list[str]):
     data = api.launch_template_data(base, sg, cfg.volume_gb, None, public_ip)
     template = api.ensure_launch_template(ec2, name, data)
     host_private, host_public = new_host_key()
-    user_data = cloud_config(host_private, host_public, public_key_of(cfg.ssh.identity), cfg.max_minutes)
+    user_data = cloud_config(host_private, host_public, _builder_keys(recipe), cfg.max_minutes)
     tags = api.sweep_tags(name, run="builder", attempt="1", hostkey=host_public) + [
         {"Key": "Name", "Value": f"orch builder {recipe.name}"}
     ]
@@ -125,6 +126,37 @@ def _launch_builder(ec2, recipe: Recipe, name: str, launched: list[str]):
     )
     launched.append(got.instance_id)
     return base, got, host_public
+
+
+def _builder_keys(recipe: Recipe) -> list[str]:
+    """The public keys the builder's user data authorizes (cloud-init writes them to ~/.ssh/authorized_keys)."""
+    from orchestrator.remote.ssh import public_key_of
+
+    return [public_key_of(recipe.aws.ssh.identity)]
+
+
+FORGET_KEYS = """f="$HOME/.ssh/authorized_keys"
+[ -f "$f" ] || exit 0
+grep -vF {patterns} "$f" > "$f.orch-new"; [ $? -le 1 ] || exit 2
+cat "$f.orch-new" > "$f" && rm -f "$f.orch-new" || exit 2
+grep -qF {patterns} "$f"; [ $? -eq 1 ] || {{ echo "$f still holds orch's key" >&2; exit 1; }}
+"""
+
+
+def _forget_keys(conn, keys: list[str], say: Callable[[str], None]) -> None:
+    """Remove from the builder's ~/.ssh/authorized_keys the keys orch's user data put there, before CreateImage: an
+    image (and every instance launched from it, by anyone) must not let the holder of the laptop's key in. Lines the
+    base image or the recipe's steps put there stay. The session already open is not affected."""
+    import shlex
+
+    patterns = " ".join(f"-e {shlex.quote(k.split()[1])}" for k in keys if len(k.split()) > 1)
+    r = conn.run(FORGET_KEYS.format(patterns=patterns))
+    if r.code != 0:
+        raise OrchError(
+            f"could not remove orch's SSH key from the builder's ~/.ssh/authorized_keys (exit {r.code}): "
+            f"{(r.err or r.out).strip()[-300:]}. No image was made: it would let that key in."
+        )
+    say("removed orch's SSH key from the builder's ~/.ssh/authorized_keys: the image keeps no way in for it")
 
 
 def _snapshot(ec2, recipe: Recipe, sha: str, base: dict, instance_id: str, say: Callable[[str], None]) -> str:

@@ -1,7 +1,8 @@
 """`orch ami` on the fake cloud (moto serves CreateImage, DescribeImages, DeregisterImage, snapshots):
-a recipe whose steps touch only the fake host's home is built, smoke-tested, tagged and listed; a
-second build reuses it; a sweep on `image: recipe:NAME` resolves to it; `orch ami rm` removes it;
-a build whose step fails shows the step's output and leaves nothing behind. ami/provision.sh
+a recipe whose steps touch only the fake host's home is built, smoke-tested, tagged and listed, and its image
+holds the builder's home without the key orch's user data authorized (an instance launched from it by another key
+holder lets only that holder in); a second build reuses it; a sweep on `image: recipe:NAME` resolves to it;
+`orch ami rm` removes it; a build whose step fails shows the step's output and leaves nothing behind. ami/provision.sh
 passes `bash -n` and shellcheck."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, make_identity
 from tests.fakecloud import BUCKET
 
 pytestmark = pytest.mark.slow
@@ -93,13 +94,20 @@ def test_build_list_use_and_remove_an_image(orch, cloud, identity):
     listed = orch("ami", "list", "--region", "us-east-1")
     assert listed.code == 0 and image_id in listed.out and "recipe tiny" in listed.out, listed.out
 
+    # the image holds the builder's home (the fake's CreateImage snapshots it), without the key orch's user data put
+    # in its ~/.ssh/authorized_keys: the laptop's key opens no instance launched from the image by anyone else
+    laptop_key = identity.with_name("id_ed25519.pub").read_text().split()[1]
+    baked = cloud.image_homes[image_id]
+    assert (baked / "hello.txt").is_file() and (baked / ".ssh" / "authorized_keys").is_file()
+    assert laptop_key not in (baked / ".ssh" / "authorized_keys").read_text()
+    assert "removed orch's SSH key" in built.out
+
     sweep = yaml.safe_load((ROOT / "experiments" / "fakecloud-smoke.yaml").read_text())
-    sweep.update(
-        name="onimage", store=f"s3://{BUCKET}/sweeps", command="true"
-    )  # the fake cloud does not carry a home into an image
+    sweep.update(name="onimage", store=f"s3://{BUCKET}/sweeps", command="test -s ~/hello.txt")  # the image's home
     sweep.pop("grid")
     sweep["aws"].update(image="recipe:tiny")
-    sweep["aws"]["ssh"].update(identity=str(identity), user=os.environ.get("USER") or "root")
+    colleague = make_identity(orch.tmp / "colleague", "colleague")  # another holder launches from the image
+    sweep["aws"]["ssh"].update(identity=str(colleague), user=os.environ.get("USER") or "root")
     onimage = orch.sweep(yaml.safe_dump(sweep), name="onimage.yaml")
     dry = orch("launch", str(onimage), "--dry-run")
     assert dry.code == 0 and f"image recipe:tiny: {image_id}" in dry.out, dry.out + dry.err
@@ -111,6 +119,10 @@ def test_build_list_use_and_remove_an_image(orch, cloud, identity):
         for i in r["Instances"]
     ]
     assert [i["ImageId"] for i in used] == [image_id]
+    host = cloud.hosts.get(used[0]["InstanceId"]) or cloud.gone[used[0]["InstanceId"]]
+    keys = host.authorized_keys.read_text()
+    assert colleague.with_name("id_ed25519.pub").read_text().split()[1] in keys  # its own launch's key
+    assert laptop_key not in keys, keys  # and not the builder's
     assert orch("down", "onimage").code == 0
 
     snapshots = [
