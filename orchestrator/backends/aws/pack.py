@@ -148,10 +148,57 @@ class Packer:
         return best[:3] if best else None
 
     def _acquire(self, task: RunTask, setup: dict, value: str) -> tuple[str, int, str]:
-        """A new instance of the best type that has capacity, with this run in slot 0 (under pack_lock)."""
+        """A new instance of the best type that has capacity, with this run in slot 0 (under pack_lock): the sweep's
+        regions in its order, as single runs ask them (provision.acquire_anywhere): a region where no type has
+        capacity (or its image is still being copied there, or its quota is reached) hands over to the next one in
+        the same pass. `setup`: the first region's."""
         st, cfg = self.state, self.state.cfg
         host_private, host_public = new_host_key()
         user_data = cloud_config(host_private, host_public, authorized_keys(cfg.ssh.identity), cfg.max_minutes)
+        refusals: list[Exception] = []
+        for region in cfg.regions:
+            try:
+                here = setup if region == cfg.regions[0] else bootstrap(st, region)
+                got, slots = self._acquire_in(region, here, user_data, host_public, value)
+            except (fleet.CapacityUnavailable, fleet.QuotaReached) as exc:
+                refusals.append(exc)
+                if len(cfg.regions) > 1:
+                    log.info(
+                        "%s: no capacity for a shared instance in %s (%s); asking the next region",
+                        task.run_id,
+                        region,
+                        exc,
+                    )
+                continue
+            st.where[got.instance_id] = region
+            st.ledger.acquired(
+                got.instance_id,
+                got.instance_type,
+                got.az,
+                got.market,
+                gpus=self.provisioner.gpus_of(got.instance_type),
+                slots=slots,
+            )
+            st.fresh[got.instance_id] = (slots, host_public, time.time())
+            log.info(
+                "%s: new shared instance %s %s in %s (%s), %s slots",
+                task.run_id,
+                got.instance_id,
+                got.instance_type,
+                got.az,
+                got.market,
+                slots,
+            )
+            return got.instance_id, 0, host_public
+        quota = [e for e in refusals if isinstance(e, fleet.QuotaReached)]
+        if len(refusals) > 1 and not quota:
+            raise fleet.CapacityUnavailable("; ".join(f"{r}: {e}" for r, e in zip(cfg.regions, refusals, strict=False)))
+        raise (quota or refusals or [fleet.CapacityUnavailable("no instance type can hold this run")])[0]
+
+    def _acquire_in(self, region: str, setup: dict, user_data: str, host_public: str, value: str):
+        """(instance, its slots) of the best type (pack_order) with capacity in `region`; the last type's refusal
+        when none has any."""
+        st = self.state
         last: Exception | None = None
         for choice in st.pack_order:
             pools = [c for c in setup["choices"] if c.instance_type == choice.instance_type]
@@ -160,39 +207,11 @@ class Packer:
                 {"Key": f"{SLOT_TAG}0", "Value": value},
                 {"Key": "Name", "Value": f"orch {st.name} shared ({choice.slots} runs)"},
             ]
+            base = (setup["template"], setup["base"], user_data, pools, fleet.markets(st.cfg.market), tags)
             try:
-                got = fleet.acquire(
-                    st.ec2,
-                    setup["template"],
-                    setup["base"],
-                    user_data,
-                    pools,
-                    fleet.markets(cfg.market),
-                    tags,
-                    st.blocklist,
-                )
+                return fleet.acquire(st.part(region).ec2, *base, st.blocklist), choice.slots
             except fleet.CapacityUnavailable as exc:
                 last = exc
-                continue
-            st.ledger.acquired(
-                got.instance_id,
-                got.instance_type,
-                got.az,
-                got.market,
-                gpus=self.provisioner.gpus_of(got.instance_type),
-                slots=choice.slots,
-            )
-            st.fresh[got.instance_id] = (choice.slots, host_public, time.time())
-            log.info(
-                "%s: new shared instance %s %s in %s (%s), %s slots",
-                task.run_id,
-                got.instance_id,
-                got.instance_type,
-                got.az,
-                got.market,
-                choice.slots,
-            )
-            return got.instance_id, 0, host_public
         raise last or fleet.CapacityUnavailable("no instance type can hold this run")
 
     def _tag_slot(self, iid: str, slot: int, value: str) -> None:

@@ -239,6 +239,30 @@ def test_a_run_interrupted_in_one_region_resumes_in_another_from_its_checkpoint(
         assert not any(clouds.leftovers("moves", region).values()), region
 
 
+@pytest.mark.timeout(600)
+def test_a_packed_sweep_whose_first_region_is_full_shares_an_instance_in_the_second(orch, clouds, identity):
+    """Runs that share an instance (packing) ask the regions in order as single runs do. Seen without the fix: the
+    packed runs asked us-east-1 only, pass after pass, and never started."""
+    no_capacity(clouds, REGION)
+    extra = "grid:\n  k: [0, 1]\nmax_parallel: 2\nmax_restarts: 0\nresources:\n  gpus: 1"
+    text = clouds.sweep_yaml("packfail", identity, "true", extra=extra, instance_types="[g5.12xlarge]")
+    path = orch.sweep(with_regions(text, f"[{REGION}, {WEST}]"))
+    dry = orch("launch", str(path), "--dry-run")
+    assert dry.code == 0 and "packing: 4 runs of 1 GPU(s) per g5.12xlarge" in dry.out, dry.out + dry.err
+    r = orch("launch", str(path), timeout=500)
+    assert r.code == 0, r.out[-3000:] + r.err[-3000:]
+    final = status(orch, "packfail")
+    assert sorted(final) == ["k=0", "k=1"]
+    assert all(v["state"] == "succeeded" and v["attempt"] == 1 for v in final.values()), final
+    ran = clouds.instances("packfail", states=("pending", "running", "shutting-down", "terminated"))
+    assert ran and {i["region"] for i in ran} == {WEST}, ran
+    assert all(i["tags"].get("orch:slots") == "4" for i in ran), ran  # shared instances, bought in us-west-2
+    assert clouds.gate.counts["InsufficientInstanceCapacity"] >= 1, clouds.gate.counts
+    assert orch("down", "packfail").code == 0
+    for region in (REGION, WEST):
+        assert not any(clouds.leftovers("packfail", region).values()), region
+
+
 def recipe_image(cloud, region: str, recipe: str = "tiny") -> tuple[str, dict]:
     """An image as `orch ami build` leaves it in `region` (tagged with its recipe, hash and base; its snapshot
     tagged orch:recipe), made by the test's own hand: (its id, its tags)."""
