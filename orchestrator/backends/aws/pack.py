@@ -23,7 +23,7 @@ from orchestrator.aws import ec2 as api
 from orchestrator.aws import fleet
 from orchestrator.aws.userdata import cloud_config
 from orchestrator.backends.aws.listing import live_instance
-from orchestrator.backends.aws.provision import Provisioner
+from orchestrator.backends.aws.provision import Provisioner, first_region_with_capacity
 from orchestrator.backends.aws.setup import bootstrap
 from orchestrator.backends.aws.state import ProvisioningState
 from orchestrator.backends.base import Host
@@ -155,45 +155,32 @@ class Packer:
         st, cfg = self.state, self.state.cfg
         host_private, host_public = new_host_key()
         user_data = cloud_config(host_private, host_public, authorized_keys(cfg.ssh.identity), cfg.max_minutes)
-        refusals: list[Exception] = []
-        for region in cfg.regions:
-            try:
-                here = setup if region == cfg.regions[0] else bootstrap(st, region)
-                got, slots = self._acquire_in(region, here, user_data, host_public, value)
-            except (fleet.CapacityUnavailable, fleet.QuotaReached) as exc:
-                refusals.append(exc)
-                if len(cfg.regions) > 1:
-                    log.info(
-                        "%s: no capacity for a shared instance in %s (%s); asking the next region",
-                        task.run_id,
-                        region,
-                        exc,
-                    )
-                continue
-            st.where[got.instance_id] = region
-            st.ledger.acquired(
-                got.instance_id,
-                got.instance_type,
-                got.az,
-                got.market,
-                gpus=self.provisioner.gpus_of(got.instance_type),
-                slots=slots,
-            )
-            st.fresh[got.instance_id] = (slots, host_public, time.time())
-            log.info(
-                "%s: new shared instance %s %s in %s (%s), %s slots",
-                task.run_id,
-                got.instance_id,
-                got.instance_type,
-                got.az,
-                got.market,
-                slots,
-            )
-            return got.instance_id, 0, host_public
-        quota = [e for e in refusals if isinstance(e, fleet.QuotaReached)]
-        if len(refusals) > 1 and not quota:
-            raise fleet.CapacityUnavailable("; ".join(f"{r}: {e}" for r, e in zip(cfg.regions, refusals, strict=False)))
-        raise (quota or refusals or [fleet.CapacityUnavailable("no instance type can hold this run")])[0]
+        region, (got, slots) = first_region_with_capacity(
+            cfg.regions,
+            lambda r: self._acquire_in(
+                r, setup if r == cfg.regions[0] else bootstrap(st, r), user_data, host_public, value
+            ),
+        )
+        st.where[got.instance_id] = region
+        st.ledger.acquired(
+            got.instance_id,
+            got.instance_type,
+            got.az,
+            got.market,
+            gpus=self.provisioner.gpus_of(got.instance_type),
+            slots=slots,
+        )
+        st.fresh[got.instance_id] = (slots, host_public, time.time())
+        log.info(
+            "%s: new shared instance %s %s in %s (%s), %s slots",
+            task.run_id,
+            got.instance_id,
+            got.instance_type,
+            got.az,
+            got.market,
+            slots,
+        )
+        return got.instance_id, 0, host_public
 
     def _acquire_in(self, region: str, setup: dict, user_data: str, host_public: str, value: str):
         """(instance, its slots) of the best type (pack_order) with capacity in `region`; the last type's refusal

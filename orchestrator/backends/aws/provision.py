@@ -14,7 +14,9 @@ from __future__ import annotations
 import logging
 import shlex
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from typing import TypeVar
 
 from orchestrator import contract
 from orchestrator.aws import ec2 as api
@@ -33,6 +35,7 @@ from orchestrator.sweep.spec import AUTO_PYTHON
 from orchestrator.sweep.tasks import on_host
 
 log = logging.getLogger("orch.aws")
+T = TypeVar("T")
 
 # Where images keep an interpreter with PyTorch, best first (`aws.python: auto`).
 PYTHON_CANDIDATES = ("/opt/pytorch/bin/python", "/opt/conda/envs/pytorch/bin/python", "python3")
@@ -103,42 +106,33 @@ class Provisioner:
         pool answers a capacity error (or its quota) hands over to the next one in the same pass. Raises the first
         region's refusal when none has any."""
         st, cfg = self.state, self.state.cfg
-        refusals: list[OrchError] = []
-        for region in cfg.regions:
+
+        def attempt(region: str) -> list:
             part = st.part(region)
-            try:
-                setup = bootstrap(st, region)  # ImageNotReady: its image is still being copied there
-                args = (
-                    part.ec2,
-                    setup["template"],
-                    setup["base"],
-                    user_data,
-                    setup["choices"],
-                    fleet.markets(cfg.market),
-                    tags,
-                    st.blocklist,
+            setup = bootstrap(st, region)  # ImageNotReady: its image is still being copied there
+            args = (
+                part.ec2,
+                setup["template"],
+                setup["base"],
+                user_data,
+                setup["choices"],
+                fleet.markets(cfg.market),
+                tags,
+                st.blocklist,
+            )
+            if st.nodes > 1:
+                return fleet.acquire_nodes(
+                    *args,
+                    count=st.nodes,
+                    release=lambda ids, ec2=part.ec2: api.terminate(ec2, ids),
+                    group_of=lambda az, p=part: ensure_group(p.ec2, st.name, az, p.groups),
                 )
-                if st.nodes > 1:
-                    got = fleet.acquire_nodes(
-                        *args,
-                        count=st.nodes,
-                        release=lambda ids, ec2=part.ec2: api.terminate(ec2, ids),
-                        group_of=lambda az, p=part: ensure_group(p.ec2, st.name, az, p.groups),
-                    )
-                else:
-                    got = [fleet.acquire(*args)]
-            except (fleet.CapacityUnavailable, fleet.QuotaReached) as exc:
-                refusals.append(exc)
-                if len(cfg.regions) > 1:
-                    log.info("no capacity in %s (%s); asking the next region", region, exc)
-                continue
-            for g in got:
-                st.where[g.instance_id] = region
-            return region, got
-        quota = [e for e in refusals if isinstance(e, fleet.QuotaReached)]
-        if len(refusals) > 1 and not quota:
-            raise fleet.CapacityUnavailable("; ".join(f"{r}: {e}" for r, e in zip(cfg.regions, refusals, strict=False)))
-        raise (quota or refusals)[0]
+            return [fleet.acquire(*args)]
+
+        region, got = first_region_with_capacity(cfg.regions, attempt)
+        for g in got:
+            st.where[g.instance_id] = region
+        return region, got
 
     def settle(self, task: RunTask, exc: Exception, ids: list[str]) -> None:
         """The one answer to every way an attempt's provisioning fails (CreateFleet's outcomes first), for single
@@ -312,3 +306,21 @@ class Provisioner:
     def _fail(self, task: RunTask, reason: str, ids: list[str]) -> None:
         log.warning("%s: %s", task.run_id, reason)
         self.state.outcomes.put(Outcome(task.run_id, task.attempt, FAILED, reason + self._release_acquired(ids)))
+
+
+def first_region_with_capacity(regions: list[str], attempt: Callable[[str], T]) -> tuple[str, T]:
+    """(region, attempt(region)) for the first region, in the sweep's order, whose attempt is not refused for capacity
+    or quota (single runs and shared instances alike): a refused region hands over to the next in the same pass. When
+    every region refused: the quota refusal (nothing frees by waiting elsewhere), else every region's reasons."""
+    refusals: list[Exception] = []
+    for region in regions:
+        try:
+            return region, attempt(region)
+        except (fleet.CapacityUnavailable, fleet.QuotaReached) as exc:
+            refusals.append(exc)
+            if len(regions) > 1:
+                log.info("no capacity in %s (%s); asking the next region", region, exc)
+    quota = [e for e in refusals if isinstance(e, fleet.QuotaReached)]
+    if len(refusals) > 1 and not quota:
+        raise fleet.CapacityUnavailable("; ".join(f"{r}: {e}" for r, e in zip(regions, refusals, strict=False)))
+    raise (quota or refusals or [fleet.CapacityUnavailable("no region to ask")])[0]
