@@ -142,10 +142,18 @@ def attempt_regions(ledger: dict[str, dict]) -> dict[str, dict[int, str]]:
     """run -> {attempt: region}: where each attempt of each run ran (packed instances: every run on them)."""
     out: dict[str, dict[int, str]] = {}
     for e in ledger.values():
-        runs = [e["run"]] if e.get("run") else list(e.get("run_s") or {})
-        for run in runs:
-            out.setdefault(run, {})[int(e.get("attempt") or 0)] = entry_region(e)
+        for run, attempt in _attempts_on(e):
+            out.setdefault(run, {})[attempt] = entry_region(e)
     return out
+
+
+def _attempts_on(entry: dict) -> list[tuple[str, int]]:
+    """(run, attempt) of every attempt a ledger entry's instance held: its one run's, or on a shared instance each
+    run's attempts seen in its slots (`attempts`; 0 for a run of a ledger written before they were recorded)."""
+    if entry.get("run"):
+        return [(entry["run"], int(entry.get("attempt") or 0))]
+    seen = entry.get("attempts") or {}
+    return [(run, int(a)) for run in entry.get("run_s") or {} for a in seen.get(run) or [0]]
 
 
 def transfer_usd(ledger: dict[str, dict], run_id: str, moved: dict[str, list[int]]) -> tuple[float, int]:
@@ -154,8 +162,9 @@ def transfer_usd(ledger: dict[str, dict], run_id: str, moved: dict[str, list[int
     the host region's rate, down at the home region's."""
     where = {}
     for e in ledger.values():
-        if e.get("run") == run_id or run_id in (e.get("run_s") or {}):
-            where[str(e.get("attempt") or 0)] = (entry_region(e), e.get("home") or entry_region(e))
+        for run, attempt in _attempts_on(e):
+            if run == run_id:
+                where[str(attempt)] = (entry_region(e), e.get("home") or entry_region(e))
     usd, crossed = 0.0, 0
     for attempt, (up, down) in moved.items():
         region, home = where.get(attempt, ("", ""))
@@ -283,25 +292,30 @@ class CostLedger:
                 "end": now,
                 "run": run,
                 "gpus": gpus,
-                **({"slots": slots, "run_s": {}} if slots else {}),
+                **({"slots": slots, "run_s": {}, "attempts": {}} if slots else {}),
                 **({"attempt": attempt} if attempt else {}),
                 **({"role": role} if role else {}),
             }
             self._save()
 
-    def observe(self, live_ids: list[str], occupants: dict[str, list[str]] | None = None) -> None:
-        """Instances seen running now; `occupants`: the runs on each shared instance (their slot time grows)."""
-        now = time.time()
+    def observe(self, live_ids: list[str], occupants: dict[str, list[tuple[str, int]]] | None = None) -> None:
+        """Instances seen running now; `occupants`: the (run, attempt) in each slot of each shared instance (their
+        slot time grows; each attempt is recorded, so that each attempt's region is known)."""
+        now, new_attempt = time.time(), False
         with self.lock:
             for iid in live_ids:
                 entry = self.entries.get(iid)
                 if entry is not None:
-                    for run in (occupants or {}).get(iid, []) if "run_s" in entry else []:
+                    for run, attempt in (occupants or {}).get(iid, []) if "run_s" in entry else []:
                         entry["run_s"][run] = entry["run_s"].get(run, 0.0) + max(0.0, now - entry["end"])
+                        held = entry.setdefault("attempts", {}).setdefault(run, [])
+                        if attempt not in held:
+                            held.append(attempt)
+                            new_attempt = True
                     entry["end"] = now
             live = set(live_ids)
-            if live != self._live or (live and now - self._saved_at > 30):
-                self._save()  # an instance came or went, or 30 s passed
+            if live != self._live or new_attempt or (live and now - self._saved_at > 30):
+                self._save()  # an instance came or went, a run's attempt came to a shared one, or 30 s passed
             self._live = live
 
     def last_seen(self) -> float:

@@ -34,6 +34,12 @@ def slot_run(value: str) -> str:
     return value.rpartition("#")[0]
 
 
+def slot_attempt(value: str) -> tuple[str, int]:
+    """(run, attempt) a slot value names (attempt 0 when it names none)."""
+    run, _, attempt = value.rpartition("#")
+    return run, int(attempt) if attempt.isdigit() else 0
+
+
 def leave(slot: int, value: str, home: Path | None = None) -> bool:
     """This run gives up its slot; True when it was the host's last run (the host is then marked terminating)."""
     d = (home or Path.home()) / SLOTS_DIR

@@ -711,8 +711,9 @@ class FakeCloud:
         )
 
     def reclaim(self, instance_id: str) -> None:
-        """The spot market takes the instance back."""
-        self.client("ec2").terminate_instances(InstanceIds=[instance_id])
+        """The spot market takes the instance back (in whichever of this cloud's regions it runs)."""
+        (region,) = {i["region"] for i in self.instances() if i["id"] == instance_id} or {REGION}
+        self.client("ec2", region).terminate_instances(InstanceIds=[instance_id])
 
     # inspection
 

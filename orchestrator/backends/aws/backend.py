@@ -33,7 +33,7 @@ from orchestrator.backends.aws.state import ProvisioningState
 from orchestrator.backends.base import ACQUIRING, BackendBase, Host, Outcome
 from orchestrator.contract import RunTask
 from orchestrator.errors import OrchError
-from orchestrator.host.slots import slot_run
+from orchestrator.host.slots import slot_attempt, slot_run
 from orchestrator.remote.ssh import attach_argv, connect, interactive, known_hosts_file, public_key_of
 from orchestrator.store.lifecycle import StopReason
 from orchestrator.store.s3 import S3Store
@@ -115,7 +115,7 @@ class AwsBackend(BackendBase):
         pending, ready = self.state.in_flight()
         self.state.ledger.observe(
             [i["instance_id"] for i in instances],
-            {i["instance_id"]: [slot_run(v) for v in i["slots"].values()] for i in instances if i["slot_count"]},
+            {i["instance_id"]: [slot_attempt(v) for v in i["slots"].values()] for i in instances if i["slot_count"]},
         )
         return listing.hosts(self.state, instances, pending, ready, self.start_timeout_s)
 

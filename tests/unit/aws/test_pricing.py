@@ -92,3 +92,24 @@ def test_a_ledger_of_attempts_in_two_regions_is_instance_hours_times_each_region
     seconds = {iid: e["end"] - e["start"] for iid, e in entries.items()}
     assert ledger_cost(entries) == pytest.approx(sum(seconds[i] / 3600 * p for i, (_, p) in want.items()))
     assert pricing.attempt_regions(entries) == {"r": {1: "us-east-1", 2: "eu-west-1"}, "q": {1: "us-west-2"}}
+
+
+def test_runs_sharing_instances_in_two_regions_keep_each_attempts_region_and_transfer(aws_env, tmp_path):
+    """A shared instance's entry names no run: its slots say which run's attempt held it (`orch status`, `orch collect`
+    and the transfer read each attempt's region from there)."""
+    from orchestrator.store.folder import LocalStore
+
+    ledger = _ledger(LocalStore(tmp_path / "store"), "packed")
+    ledger.acquired("i-west", "g5.12xlarge", "us-west-2a", "spot", gpus=4, slots=4)
+    ledger.observe(["i-west"], {"i-west": [("a", 1), ("b", 1)]})
+    ledger.acquired("i-east", "g5.12xlarge", "us-east-1a", "spot", gpus=4, slots=4)
+    ledger.observe(["i-east"], {"i-east": [("a", 2), ("b", 2)]})
+    ledger.observe(["i-east"], {"i-east": [("a", 2), ("b", 3)]})  # b's attempt 3 on the same instance
+    entries = ledger.entries
+    assert pricing.attempt_regions(entries) == {
+        "a": {1: "us-west-2", 2: "us-east-1"},
+        "b": {1: "us-west-2", 2: "us-east-1", 3: "us-east-1"},
+    }
+    gb = pricing.GB
+    usd, crossed = pricing.transfer_usd(entries, "a", {"1": [gb, 0], "2": [gb, 0]})
+    assert (usd, crossed) == (pytest.approx(pricing.transfer_rate("us-west-2", "us-east-1")), gb)  # attempt 1 only

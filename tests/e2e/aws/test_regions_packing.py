@@ -1,0 +1,92 @@
+"""Packing across regions (docs/guides/regions.md): runs that share an instance move regions as single runs do, and
+each region's shared instances are of the type that region's own spot prices make the best home — on the fake cloud
+with two regions."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import Counter
+
+import pytest
+
+from orchestrator.wait import retry_until
+from tests.conftest import ENDED_GAP_S
+from tests.conftest import run_states as status
+from tests.e2e.aws import test_regions as regions
+from tests.e2e.aws.test_regions import WEST, no_capacity, with_regions
+from tests.fakecloud import BUCKET, REGION
+
+pytestmark = pytest.mark.slow
+
+clouds = regions.clouds  # the same fixture: a fake cloud with two regions (us-east-1, us-west-2)
+EVER = ("pending", "running", "shutting-down", "terminated")
+PACKED = "max_restarts: 0\nresources:\n  gpus: 1"
+
+
+def attempts_on_hosts(cloud, sweep: str) -> dict[tuple[str, int], list[str]]:
+    """(run, attempt) -> the instances whose disk holds that attempt's task (the controller puts it there before it
+    starts the attempt's agent): more than one is a run with two live copies of one attempt."""
+    out: dict[tuple[str, int], list[str]] = {}
+    for task in (cloud.root / "hosts").glob(f"*/home/orch/runs/{sweep}/*/ctl/task-*.json"):
+        iid, run = task.parts[-8], task.parts[-3]
+        out.setdefault((run, int(task.stem.split("-")[1])), []).append(iid)
+    return out
+
+
+@pytest.mark.timeout(900)
+def test_a_reclaimed_shared_instance_resumes_its_runs_in_another_region(orch, clouds, identity, tmp_path):
+    """Two runs share one instance in us-west-2 (us-east-1 is full); us-west-2 takes it back as us-east-1's capacity
+    returns: both runs resume in us-east-1 from their checkpoints, sharing an instance there."""
+    from tests.e2e.aws.test_spot import FAST_SYNC, TRAIN, reference, weights_in_s3
+    from tests.unit.trainer.test_train import same
+
+    no_capacity(clouds, REGION)
+    extra = f"seeds: 2\nmax_parallel: 2\n{PACKED}"
+    text = clouds.sweep_yaml("packmove", identity, TRAIN, extra=extra, instance_types="[g5.12xlarge]", **FAST_SYNC)
+    path = orch.sweep(with_regions(text, f"[{REGION}, {WEST}]"))
+    assert orch("launch", str(path), "--detach").code == 0
+    runs = ("seed=0", "seed=1")
+    retry_until(
+        lambda: all(status(orch, "packmove").get(r, {}).get("metrics", {}).get("step", 0) >= 60 for r in runs),
+        300,
+        0.2,
+        "both runs at step 60",
+    )
+    (shared,) = clouds.instances("packmove")
+    assert shared["region"] == WEST and shared["tags"]["orch:slots"] == "4", shared
+    held = sorted(v for k, v in shared["tags"].items() if k.startswith("orch:slot:"))
+    assert held == ["seed=0#1", "seed=1#1"], shared  # both runs on the one instance
+    no_capacity(clouds, REGION, on=False)  # us-east-1's capacity returns ...
+    clouds.reclaim(shared["id"])  # ... as us-west-2 takes the shared instance back
+    retry_until(
+        lambda: all(v["state"] in ("succeeded", "failed") for v in status(orch, "packmove", gap=ENDED_GAP_S).values()),
+        600,
+        1.0,
+        "both runs to end",
+    )
+    final = status(orch, "packmove")
+    for seed, run in enumerate(runs):
+        v = final[run]
+        assert (v["state"], v["attempt"], v["preemptions"], v["failures"]) == ("succeeded", 2, 1, 0), v
+        got, _ = weights_in_s3(clouds, f"sweeps/packmove/{run}/")
+        assert same(reference(tmp_path, seed), got), f"{run} differs from an uninterrupted run"
+        assert v["region"] == REGION, v  # `orch status`: where its current attempt ran
+    ran = clouds.instances("packmove", states=EVER)
+    where = {i["id"]: i["region"] for i in ran}
+    placed = attempts_on_hosts(clouds, "packmove")
+    assert sorted(placed) == [(r, a) for r in runs for a in (1, 2)], placed
+    assert all(len(ids) == 1 for ids in placed.values()), placed  # no attempt ran on two instances
+    assert {where[placed[(r, 1)][0]] for r in runs} == {WEST}, (placed, where)
+    assert {where[placed[(r, 2)][0]] for r in runs} == {REGION}, (placed, where)
+    assert all(i["tags"].get("orch:slots") == "4" for i in ran), ran  # shared instances only, in both regions
+    out = tmp_path / "out"
+    r = orch("collect", str(path), "--out", str(out))
+    assert r.code == 0, r.out + r.err
+    rows = {row["run_id"]: row for row in csv.DictReader(open(out / "runs.csv"))}
+    assert {run: rows[run]["region"] for run in runs} == {run: f"{WEST},{REGION}" for run in runs}, rows
+    ledger = json.loads(clouds.client("s3").get_object(Bucket=BUCKET, Key="sweeps/packmove/cost.json")["Body"].read())
+    assert Counter(e["region"] for e in ledger.values()) == Counter(where.values()), ledger
+    assert orch("down", "packmove").code == 0
+    for region in (REGION, WEST):
+        assert not any(clouds.leftovers("packmove", region).values()), region
