@@ -26,6 +26,8 @@ What it imitates (each switchable through `Strictness`, all on by default):
 - `region_capacity[region] = k`: the region holds at most k live spot instances at once (all its pools together):
   a CreateFleet that would pass k is refused whole with InsufficientInstanceCapacity, as every pool of a region
   that has filled up answers (capacity frees as instances terminate).
+- `spot_prices[(type, az)] = usd`: that pool's spot price in its history (every entry), instead of the example
+  price below: a test sets how prices differ between regions (each region's history names only its own AZs).
 - `unoffered`: (type, AZ) pools the region does not offer ("*" matches anything): DescribeInstanceTypeOfferings
   leaves them out, their spot price history is empty, and CreateFleet refuses them in its Errors with
   `InvalidFleetConfiguration` "Your requested instance type (T) is not supported in your requested
@@ -155,6 +157,7 @@ class Gate:
     )
     unoffered: set = field(default_factory=set)  # (type, AZ) pools EC2 does not offer (see the module doc)
     region_capacity: dict[str, int] = field(default_factory=dict)  # region -> most live spot instances it holds
+    spot_prices: dict[tuple[str, str], float] = field(default_factory=dict)  # (type, AZ) -> its price (module doc)
     fail_images: bool = False  # set by a test: new images end `failed` instead of `available`
     controller_policy: dict | None = (
         None  # the policy orch documents (orch aws policy): every controller call is checked
@@ -301,7 +304,7 @@ class Gate:
         answer = self.forward(environ)
         if action == "DescribeSpotPriceHistory" and answer[0].startswith("200"):
             times = [form.get(k, [""])[0] for k in ("StartTime", "EndTime")]
-            answer = (answer[0], answer[1], spot_history(answer[2], self._offers, *times))
+            answer = (answer[0], answer[1], spot_history(answer[2], self._offers, *times, price_of=self.price_of))
         if action == "DescribeInstanceTypeOfferings" and answer[0].startswith("200"):
             answer = (answer[0], answer[1], _drop_items(answer[2], self._offers, b"location"))
         if action == "CreateSecurityGroup" and answer[0].startswith("200"):
@@ -480,6 +483,11 @@ class Gate:
 
     def _offers(self, itype: str, az: str) -> bool:
         return not any(t in ("*", itype) and a in ("*", az) for t, a in self.unoffered)
+
+    def price_of(self, itype: str, az: str, age_s: float = 0.0) -> float:
+        """The spot price of (type, AZ) `age_s` ago in the history given (`spot_prices`, else the example)."""
+        set_here = self.spot_prices.get((itype, az))
+        return spot_price(itype, az, age_s) if set_here is None else set_here
 
     def _capacity(self, market: str, itype: str, az: str) -> int | None:
         for (m, t, a), k in self.fleet_capacity.items():
@@ -1475,7 +1483,11 @@ def _listed(times: list[float], start: float | None, end: float | None) -> list[
 
 
 def spot_history(
-    xml: bytes, keep: Callable[[str, str], bool] = lambda t, a: True, start: str = "", end: str = ""
+    xml: bytes,
+    keep: Callable[[str, str], bool] = lambda t, a: True,
+    start: str = "",
+    end: str = "",
+    price_of: Callable[[str, str, float], float] = spot_price,
 ) -> bytes:
     xml = _drop_items(xml, keep, b"availabilityZone")
     items = re.findall(rb"<item>.*?</item>", xml, flags=re.S)
@@ -1490,7 +1502,7 @@ def spot_history(
         for at in changes:
             n = int((now - at) // HISTORY_EVERY_S)
             ts = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(at))
-            price = spot_price(itype.group(1).decode(), az.group(1).decode(), n * HISTORY_EVERY_S)
+            price = price_of(itype.group(1).decode(), az.group(1).decode(), n * HISTORY_EVERY_S)
             entry = re.sub(rb"<spotPrice>.*?</spotPrice>", f"<spotPrice>{price:.6f}</spotPrice>".encode(), item)
             out.append(re.sub(rb"<timestamp>.*?</timestamp>", f"<timestamp>{ts}</timestamp>".encode(), entry))
     if not items:

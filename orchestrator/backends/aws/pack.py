@@ -183,11 +183,11 @@ class Packer:
         return got.instance_id, 0, host_public
 
     def _acquire_in(self, region: str, setup: dict, user_data: str, host_public: str, value: str):
-        """(instance, its slots) of the best type (pack_order) with capacity in `region`; the last type's refusal
-        when none has any."""
+        """(instance, its slots) of the best type with capacity in `region`, in the order that region's own spot
+        prices rank them (setup's pack_order); the last type's refusal when none has any."""
         st = self.state
         last: Exception | None = None
-        for choice in st.pack_order:
+        for choice in setup["pack_order"]:
             pools = [c for c in setup["choices"] if c.instance_type == choice.instance_type]
             tags = api.sweep_tags(st.name, hostkey=host_public) + [
                 {"Key": SLOTS_TAG, "Value": str(choice.slots)},

@@ -105,13 +105,12 @@ def _resources(state: ProvisioningState, region: str, ec2) -> dict:
     except (ClientError, BotoCoreError) as exc:
         raise api.explain(exc, "preparing the sweep's AWS resources") from None
     choices = fleet.offered_choices(ec2, cfg.instance_types, subnets, region)
-    if region == cfg.regions[0]:
-        _plan_packing(state, sorted({s["AvailabilityZone"] for s in subnets}))
+    order = _plan_packing(state, region, ec2, sorted({s["AvailabilityZone"] for s in subnets}))
     # Each instance gets a template version of its own from exactly this data (today's image, group, volume,
     # profile) plus its user data: a template made by an earlier launch never pins an older (or deleted)
     # image after `orch ami build --force` / `orch ami rm`, and no DescribeLaunchTemplateVersions answer
     # (response fields such as MetadataOptions.State) is ever posted back as a request.
-    return {"template": template, "base": data, "choices": choices, "image": image, "sg": sg}
+    return {"template": template, "base": data, "choices": choices, "image": image, "sg": sg, "pack_order": order}
 
 
 def recipe_source(state: ProvisioningState) -> tuple[str, dict] | None:
@@ -167,15 +166,24 @@ def regions_of(cfg) -> tuple[str, ...]:
     return tuple(cfg.regions or [cfg.region])
 
 
-def _plan_packing(state: ProvisioningState, azs: list[str]) -> None:
-    cfg = state.cfg
-    gpus = api.gpu_counts(state.ec2, cfg.instance_types)
-    with state.setup_lock:  # gpus_of reads it from provisioning threads
-        state.gpus.update(gpus)
-    state.packing = packs(state.sweep.spec.resources, {t: state.gpus.get(t, 0) for t in cfg.instance_types})
-    if state.packing:
-        state.pack_order = pack_order(state.sweep, state.gpus, api.spot_prices(state.ec2, cfg.instance_types, azs))
-        log.info("packing: %s", ", ".join(f"{c.instance_type} ({c.slots} per instance)" for c in state.pack_order))
+def _plan_packing(state: ProvisioningState, region: str, ec2, azs: list[str]) -> list:
+    """The region's homes for new shared instances, best first, from its own spot prices (a type cheapest in one
+    region need not be in another); [] when the sweep does not pack. The first region's GPU counts decide whether
+    it packs (and give GPU-hours); another region asks only when its runs could pack."""
+    cfg, resources = state.cfg, state.sweep.spec.resources
+    first = region == cfg.regions[0]
+    if not first and not (resources and resources.nodes == 1 and resources.gpus):
+        return []
+    gpus = api.gpu_counts(ec2, cfg.instance_types)
+    if first:
+        with state.setup_lock:  # gpus_of reads it from provisioning threads
+            state.gpus.update(gpus)
+        state.packing = packs(resources, {t: state.gpus.get(t, 0) for t in cfg.instance_types})
+    if not packs(resources, {t: gpus.get(t, 0) for t in cfg.instance_types}):
+        return []
+    order = pack_order(state.sweep, gpus, api.spot_prices(ec2, cfg.instance_types, azs))
+    log.info("packing in %s: %s", region, ", ".join(f"{c.instance_type} ({c.slots} per instance)" for c in order))
+    return order
 
 
 def _parallel(sweep: Sweep) -> int:
@@ -258,9 +266,13 @@ def plan(state: ProvisioningState) -> dict:
     dearest = max(known) if known else None  # a bound over whichever choice the fleet takes, in whichever region
     instances = len(sweep.runs) * state.nodes  # every node of a run is an instance billed (packing only lowers it)
     packing: list[str] = []
-    if packs(sweep.spec.resources, gpus):
-        prices = {(r["type"], r["az"]): r["spot_usd_per_h"] for r in rows if r["spot_usd_per_h"] is not None}
-        packing = describe_packing(pack_order(sweep, gpus, prices), packed_gpus(sweep.spec.resources), _parallel(sweep))
+    for region in cfg.regions if packs(sweep.spec.resources, gpus) else []:  # each region by its own prices
+        prices = {(r["type"], r["az"]): r["spot_usd_per_h"] for r in rows if r["region"] == region}
+        order = pack_order(sweep, gpus, {k: v for k, v in prices.items() if v is not None})
+        lines = describe_packing(order, packed_gpus(sweep.spec.resources), _parallel(sweep))
+        if lines and len(cfg.regions) > 1:
+            lines[0] = lines[0].replace("packing:", f"packing in {region}:", 1)
+        packing += lines
     return {
         "regions": list(cfg.regions),
         "home_region": home,

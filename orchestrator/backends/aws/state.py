@@ -75,7 +75,6 @@ class ProvisioningState:
     python: str | None = None  # the instance interpreter, checked on the first host
     gpus: dict[str, int] = field(default_factory=dict)  # instance type -> GPUs (GPU-hours in the cost ledger)
     packing: bool = False  # runs share multi-GPU instances (decided at bootstrap: orchestrator/sweep/packing.py)
-    pack_order: list = field(default_factory=list)  # packing.PackChoice, the best home for new shared instances first
     recipe_sha: str = ""  # `image: recipe:NAME` over several regions: the build every region's hosts use (setup.py)
 
     # Guarded by `pack_lock`: one placement on a shared instance at a time (pack.py).

@@ -248,7 +248,7 @@ def test_a_packed_sweep_whose_first_region_is_full_shares_an_instance_in_the_sec
     text = clouds.sweep_yaml("packfail", identity, "true", extra=extra, instance_types="[g5.12xlarge]")
     path = orch.sweep(with_regions(text, f"[{REGION}, {WEST}]"))
     dry = orch("launch", str(path), "--dry-run")
-    assert dry.code == 0 and "packing: 4 runs of 1 GPU(s) per g5.12xlarge" in dry.out, dry.out + dry.err
+    assert dry.code == 0 and f"packing in {WEST}: 4 runs of 1 GPU(s) per g5.12xlarge" in dry.out, dry.out + dry.err
     r = orch("launch", str(path), timeout=500)
     assert r.code == 0, r.out[-3000:] + r.err[-3000:]
     final = status(orch, "packfail")

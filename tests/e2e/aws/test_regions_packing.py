@@ -90,3 +90,35 @@ def test_a_reclaimed_shared_instance_resumes_its_runs_in_another_region(orch, cl
     assert orch("down", "packmove").code == 0
     for region in (REGION, WEST):
         assert not any(clouds.leftovers("packmove", region).values()), region
+
+
+@pytest.mark.timeout(600)
+def test_each_region_buys_the_packing_type_its_own_prices_make_the_best_home(orch, clouds, identity):
+    """g5.12xlarge is the cheaper home for the runs in us-east-1, g6.12xlarge in us-west-2 (set in the fake's spot
+    history): with us-east-1 full, the shared instance bought in us-west-2 is a g6.12xlarge."""
+    types = ("g5.12xlarge", "g6.12xlarge")  # 4 GPUs each: one instance holds both runs, so price alone decides
+    for az in ("us-east-1a", "us-east-1b"):
+        clouds.gate.spot_prices[("g5.12xlarge", az)] = 1.0
+    price = {(t, r): min(clouds.gate.price_of(t, f"{r}{z}") for z in "ab") for t in types for r in (REGION, WEST)}
+    assert price[types[0], REGION] < price[types[1], REGION] and price[types[1], WEST] < price[types[0], WEST], price
+    no_capacity(clouds, REGION)
+    extra = f"grid:\n  k: [0, 1]\nmax_parallel: 2\n{PACKED}"
+    text = clouds.sweep_yaml("packprice", identity, "true", extra=extra, instance_types=f"[{', '.join(types)}]")
+    path = orch.sweep(with_regions(text, f"[{REGION}, {WEST}]"))
+    dry = orch("launch", str(path), "--dry-run")
+    assert dry.code == 0, dry.out + dry.err
+    for region, best in ((REGION, types[0]), (WEST, types[1])):
+        said = f"packing in {region}: 4 runs of 1 GPU(s) per {best}; max_parallel 2 -> 1 instance(s) at "
+        assert f"{said}${price[best, region]:.4f}/h" in dry.out, dry.out
+    r = orch("launch", str(path), timeout=500)
+    assert r.code == 0, r.out[-3000:] + r.err[-3000:]
+    final = status(orch, "packprice")
+    assert [(v["state"], v["attempt"]) for v in final.values()] == [("succeeded", 1)] * 2, final
+    ledger = json.loads(clouds.client("s3").get_object(Bucket=BUCKET, Key="sweeps/packprice/cost.json")["Body"].read())
+    bought = [(e["type"], e["region"]) for e in ledger.values()]
+    assert bought == [(types[1], WEST)], ledger  # us-west-2's best home, not us-east-1's
+    (entry,) = ledger.values()
+    assert entry["price_per_h"] == pytest.approx(clouds.gate.price_of(types[1], entry["az"])), entry
+    assert orch("down", "packprice").code == 0
+    for region in (REGION, WEST):
+        assert not any(clouds.leftovers("packprice", region).values()), region
