@@ -187,6 +187,8 @@ class Verdicts:
         row.status = status
         self._show(row, spent)
         log.warning("%s: %s; releasing its host(s)", status.run_id, reason)
+        if host.missing and beat:  # the nodes left are alive: stopped as orch stops a run, they sync what they wrote
+            self.backend.stop(status.run_id, StopReason.LOST)
         for h in all_hosts or [host]:
             self.backend.release(h)
         self.state.journal(self.name, "replace", status.run_id, reason)

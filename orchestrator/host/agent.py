@@ -46,7 +46,7 @@ from orchestrator.host.attempt import (
 from orchestrator.host.env import HostFacts
 from orchestrator.host.imds import ask_imds_patiently
 from orchestrator.host.leftovers import stop_leftovers
-from orchestrator.host.nodes import FollowerReporter, Relay, await_node0
+from orchestrator.host.nodes import FollowerReporter, Relay, await_node0, end_attempt, follower_done
 from orchestrator.host.notices import NoticeSource, stop_reason
 from orchestrator.host.policy import HostPolicy
 from orchestrator.host.reporter import Reporter
@@ -85,7 +85,9 @@ class Agent:
         self.log_file = self.ctl / "logs" / f"{task.attempt}.log"  # orch's, beside the run folder (never in it)
         self.cmd_group: int | None = None  # the command's process group, to stop what it leaves behind
         self.stop_requested: StopReason | None = None
-        self.stopped_by_orch = False  # the stop file said `stopped` (orch down): a checkpoint made on it is kept
+        # the stop file said `stopped` (orch down: a checkpoint made on it is kept), `cancelled`, `pruned`, or `lost` (a
+        # node of the attempt went: the controller stops the others): orch's stop, which keeps what the command wrote
+        self.stopped_by_orch = False
         self.node_failed: tuple | None = None  # (node, exit code) of a follower whose command failed
         self.stop_sent_at: float | None = None
         self.status = RunStatus(run_id=task.run_id)  # the attempt's record, once read (run())
@@ -126,7 +128,7 @@ class Agent:
         if self.stop_requested is None:
             path = self.ctl / STOP_REASON_FILE
             self.stop_requested = stop_reason(path)
-            self.stopped_by_orch = self.stop_requested in KEPT_ON_STOP and path.exists()
+            self.stopped_by_orch = self.stop_requested in (*KEPT_ON_STOP, StopReason.LOST) and path.exists()
 
     def relay_notice(self) -> None:
         """A follower's spot notice, passed on to node 0 (which checkpoints for the run)."""
@@ -192,6 +194,13 @@ class Agent:
             code = self._attempt()
             self._stop_leftovers()
             landed = self._final_sync()
+            if self.follower:
+                self.done_with_attempt(code)
+            elif self.ends_for_every_node():  # every node's log in the store before the end is recorded
+                end_attempt(
+                    self.store, t.sweep, t.run_id, t.attempt, t.node_hosts, lambda: not self.reporter.superseded
+                )
+        await_node0(self.reporter, t.attempt)
         return self._finish(code, landed)
 
     def _attempt(self) -> int | None:
@@ -239,11 +248,11 @@ class Agent:
         is none. Tried until it lands (heartbeats go on meanwhile), the record moves on, orch stops the run, or
         FINAL_SYNC_S pass; False then."""
         failures = []
-        if self._keeps_what_it_wrote():
-            self._sync_on_stop()
+        if self._keeps_what_it_wrote() or self.follower and (self.reporter.superseded or self.stop_requested):
+            self._sync_on_stop()  # (a follower syncs only its own log of this attempt: nothing a later one writes)
 
-        def once() -> bool:
-            if self.reporter.superseded or self.stop_requested:
+        def once() -> bool:  # a stop of the agent's own (a timeout, a failed node) ends the attempt as an exit does
+            if self.reporter.superseded or self.stop_requested and not self.stop_requested.failure:
                 return True
             try:
                 self.sync_up()
@@ -303,17 +312,7 @@ class Agent:
             self.status = life.finish(
                 self.status, ending, code, "" if ending.state == RunState.SUCCEEDED else tail(self.log_file)
             )
-        if self.follower:
-            if (
-                code not in (0, None) and not self.stop_requested
-            ):  # this node failed: so did the attempt (node 0's record)
-                self._quietly(
-                    self.store.put_bytes,
-                    layout.node_exit_key(t.sweep, t.run_id, t.attempt, t.node_rank),
-                    f"{code}\n".encode(),
-                )
-            await_node0(self.reporter, t.attempt)
-        else:
+        if not self.follower:
             try:  # the record of how it ended matters most: a store that is briefly unwritable gets a minute
                 retry_until(
                     lambda: self.reporter.superseded or self._quietly(self.reporter.record, self.status),
@@ -328,6 +327,23 @@ class Agent:
                 )
         self.host_policy.after_attempt()
         return 0
+
+    def ends_for_every_node(self) -> bool:
+        """Node 0 of a run on several hosts ends the attempt itself (its command exited, a node failed, a timeout):
+        the followers are told to stop and sync their logs (host/nodes.py). orch's own stops reach every node."""
+        stop = self.stop_requested
+        return self.task.node_hosts > 1 and not self.reporter.superseded and (stop is None or stop.failure)
+
+    def done_with_attempt(self, code: int | None) -> None:
+        """A follower after its last sync: node 0 may record the end; a command that failed fails the attempt."""
+        t = self.task
+        self._quietly(follower_done, self.store, t.sweep, t.run_id, t.attempt, t.node_rank)
+        if code not in (0, None) and not self.stop_requested:  # this node failed: so did the attempt (node 0's record)
+            self._quietly(
+                self.store.put_bytes,
+                layout.node_exit_key(t.sweep, t.run_id, t.attempt, t.node_rank),
+                f"{code}\n".encode(),
+            )
 
     def _stage(self) -> bool:
         """The sweep's data on this host before the command starts (host/folder.py)."""

@@ -5,7 +5,10 @@ Node 0's agent is the attempt's one reporter: it writes the record, syncs the ru
 takes the checkpoint on a notice, as for a one-host run. The other nodes' agents *follow*: they
 restore the run folder (every rank resumes from the same checkpoint), run their copy of the
 command, write no record, and watch node 0's: once it is no longer this attempt's or no longer
-running (ended, interrupted, called lost), they stop their command and let their host go. A spot
+running (ended, interrupted, called lost), they stop their command and let their host go. When node 0 ends
+the attempt itself (its command exited, a node failed, a timeout), it first says so in the store; each
+follower then stops its command, syncs its log and says it is done, and node 0 records the end only once
+every follower is done (or FOLLOWERS_DONE_S passed): every node's log of a final attempt is in the store. A spot
 notice on a follower is relayed to node 0 (a key in the store): node 0 checkpoints through the
 notice path and the whole attempt ends, so the run resumes on a fresh set of nodes.
 
@@ -20,7 +23,7 @@ import time
 from collections.abc import Callable
 
 from orchestrator.store.base import Store
-from orchestrator.store.layout import node_exit_key
+from orchestrator.store.layout import node_done_key, node_end_key, node_exit_key
 from orchestrator.store.status import (
     CORRUPT,
     RUNNING,
@@ -120,6 +123,62 @@ class Relay:
 
 
 FOLLOWER_WAIT_S = 300.0  # a follower whose command ended waits this long for node 0's verdict
+# node 0 waits this long for the followers' last syncs before it records the end: a follower sees the end within its
+# notice poll (5 s on aws), its command gets watch.KILL_GRACE_S (10 s) to stop, its log one try of STOP_SYNC_S (8 s)
+FOLLOWERS_DONE_S = 60.0
+
+
+class NodesEnd:
+    """Node 0 ends the attempt itself: it tells the followers (`announce`), then the end is recorded once each
+    follower is done, its log synced (`done`)."""
+
+    def __init__(self, store: Store, sweep: str, run_id: str, attempt: int, nodes: int):
+        self.store, self.sweep, self.run_id, self.attempt = store, sweep, run_id, attempt
+        self.waiting = set(range(1, nodes))
+
+    def announce(self) -> bool:
+        """False when the store refused (the end is then recorded without waiting)."""
+        key = node_end_key(self.sweep, self.run_id, self.attempt)
+        try:
+            self.store.put_bytes(key, f"attempt {self.attempt} ends at {time.time():.0f}\n".encode())
+            return True
+        except Exception as exc:
+            log.warning("could not tell the other nodes that the attempt ends (%s: %s)", type(exc).__name__, exc)
+            return False
+
+    def done(self) -> bool:
+        """Every follower said it is done (each asked once a call; a store error asks again at the next)."""
+        for node in sorted(self.waiting):
+            try:
+                if self.store.get_bytes(node_done_key(self.sweep, self.run_id, self.attempt, node)) is not None:
+                    self.waiting.discard(node)
+            except Exception as exc:
+                log.warning("reading node %s's end: %s", node, exc)
+        return not self.waiting
+
+
+def end_attempt(store: Store, sweep: str, run_id: str, attempt: int, nodes: int, ours: Callable[[], bool]) -> None:
+    """Node 0 ends the attempt: it tells the followers, then waits until each is done, the attempt is no longer
+    `ours` (the controller moved on), or FOLLOWERS_DONE_S pass (a follower whose host went says nothing)."""
+    end = NodesEnd(store, sweep, run_id, attempt, nodes)
+    if not end.announce():
+        return
+    try:
+        retry_until(lambda: end.done() or not ours(), FOLLOWERS_DONE_S, 1.0, "the other nodes to sync their logs")
+    except Timeout:
+        log.warning(
+            "nodes %s did not sync their logs in %.0f s; recording the end", sorted(end.waiting), FOLLOWERS_DONE_S
+        )
+
+
+def attempt_ending(store: Store, sweep: str, run_id: str, attempt: int) -> bool:
+    """A follower: node 0 said it ends the attempt."""
+    return store.get_bytes(node_end_key(sweep, run_id, attempt)) is not None
+
+
+def follower_done(store: Store, sweep: str, run_id: str, attempt: int, node: int) -> None:
+    """A follower's last sync was tried: node 0 may record the end."""
+    store.put_bytes(node_done_key(sweep, run_id, attempt, node), b"done\n")
 
 
 def await_node0(reporter, attempt: int) -> None:

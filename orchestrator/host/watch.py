@@ -23,7 +23,7 @@ from typing import Protocol
 from orchestrator.contract import RunTask
 from orchestrator.host import tmux
 from orchestrator.host.attempt import RungWatch, newest_checkpoint
-from orchestrator.host.nodes import failed_node
+from orchestrator.host.nodes import attempt_ending, failed_node
 from orchestrator.host.notices import NoticeSource
 from orchestrator.host.slots import doom
 from orchestrator.store import layout
@@ -164,6 +164,17 @@ class NodeFailed(Check):
         if a.node_failed:
             log.info("node %s exited with code %s: the attempt ends", *a.node_failed)
             request_stop(a, StopReason.NODE_FAILED)
+
+
+class AttemptEnding(Check):
+    """A follower: node 0 said it ends the attempt (host/nodes.py), so this node stops too; its log is then synced
+    before node 0 records the end."""
+
+    def run(self, now: float) -> None:
+        a, t = self.agent, self.agent.task
+        if not a.stop_requested and attempt_ending(a.store, t.sweep, t.run_id, t.attempt):
+            log.info("node 0 ends attempt %s: this node's part of it ends", t.attempt)
+            request_stop(a, StopReason.SUPERSEDED)
 
 
 class SpotNotice(Check):
@@ -312,8 +323,8 @@ def checks_for(agent: Watched, now: float) -> list[Check]:
         RungPassed(agent),
         Superseded(agent),
     ]
-    if t.node_hosts > 1 and not agent.follower:
-        checks.append(NodeFailed(agent, t.notice_poll_s))
+    if t.node_hosts > 1:
+        checks.append(AttemptEnding(agent, t.notice_poll_s) if agent.follower else NodeFailed(agent, t.notice_poll_s))
     notice = SpotNotice(agent, t.notice_poll_s)
     checks += [notice, Rebalance(agent, t.notice_poll_s, notice)]
     if t.timeout_s:

@@ -14,6 +14,8 @@
 <sweep>/.orch/<run>/node-logs/<node>/...   a follower node's logs
 <sweep>/.orch/<run>/notices/<attempt>      a follower's spot notice, relayed to node 0
 <sweep>/.orch/<run>/node-exits/<attempt>/<node>   a follower's exit code
+<sweep>/.orch/<run>/node-ends/<attempt>    node 0 ends the attempt: the followers stop and sync their logs
+<sweep>/.orch/<run>/node-done/<attempt>/<node>    a follower tried its last sync (node 0 records the end after)
 <sweep>/<run>/                             the run folder: only what the command wrote
 <sweep>/<run>/metrics.jsonl                one JSON object per line
 <sweep>/<run>/ckpt/<step>/MANIFEST.json    written last: a checkpoint without one does not exist
@@ -138,6 +140,17 @@ def relay_key(sweep: str, run_id: str, attempt: int) -> str:
 def node_exit_key(sweep: str, run_id: str, attempt: int, node: int) -> str:
     """Where a follower whose command failed puts its exit code for node 0 (the attempt's exit)."""
     return f"{records_prefix(sweep, run_id)}/node-exits/{attempt}/{node}"
+
+
+def node_end_key(sweep: str, run_id: str, attempt: int) -> str:
+    """Where node 0 says it ends the attempt (its command exited, or a node failed, or it timed out): the followers
+    stop their command and sync their logs before node 0 records the end."""
+    return f"{records_prefix(sweep, run_id)}/node-ends/{attempt}"
+
+
+def node_done_key(sweep: str, run_id: str, attempt: int, node: int) -> str:
+    """Where a follower says it is done with the attempt: its last sync of its log was tried."""
+    return f"{records_prefix(sweep, run_id)}/node-done/{attempt}/{node}"
 
 
 # --- the run folder (what the command wrote) ----------------------------------------------------

@@ -9,6 +9,7 @@ import io
 import json
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import torch
@@ -202,3 +203,70 @@ def test_a_node_whose_command_fails_fails_the_attempt_and_counts_against_max_res
     assert orch("logs", "run", "--node", "2").code == 2
     retry_until(lambda: not cloud.instances("mnfail"), 120, 0.5, "every node to be gone")
     assert orch("down", "mnfail", timeout=300).code == 0
+
+
+# Attempt 1: node 1's command fails while node 0's runs; attempt 2: node 0's fails while node 1's runs. The node that
+# keeps running is stopped by orch (SIGTERM) and writes its last log line (node 0 also a metrics line) in its handler:
+# only a sync after that stop carries them to the store (the periodic one, every 2 s, has passed by then).
+NODE_FAILS = textwrap.dedent("""
+    import json, os, signal, sys, time
+    rank, attempt, ready = int(os.environ["ORCH_NODE_RANK"]), int(os.environ["ORCH_ATTEMPT"]), sys.argv[1]
+    failing = 1 if attempt == 1 else 0
+    def bye(*_):
+        if rank == 0:
+            with open(os.path.join(os.environ["ORCH_RUN_DIR"], "metrics.jsonl"), "a") as f:
+                f.write(json.dumps({"epoch": 2, "goodbye": attempt}) + "\\n")
+        print(f"last words of node {rank} in attempt {attempt}", flush=True)
+        sys.exit(143)
+    signal.signal(signal.SIGTERM, bye)
+    if rank == 0 and attempt == 1:  # (the last metrics line of the run is then the one node 0 writes on its stop)
+        with open(os.path.join(os.environ["ORCH_RUN_DIR"], "metrics.jsonl"), "a") as f:
+            f.write(json.dumps({"epoch": 1, "acc": 0.5}) + "\\n")
+    print(f"node {rank} of attempt {attempt} runs", flush=True)
+    mark = f"{ready}.{attempt}"
+    if rank != failing:
+        open(mark, "w").close()  # its handler is set: the other node may fail now
+        time.sleep(600)
+    for _ in range(1200):  # the other node's handler first (a SIGTERM before it would leave no last words)
+        if os.path.exists(mark):
+            break
+        time.sleep(0.1)
+    print(f"node {rank} fails", flush=True)
+    sys.exit(7)
+""")
+
+
+@pytest.mark.timeout(600)
+def test_an_attempt_ended_by_a_failed_node_keeps_every_nodes_log_and_the_run_folder(orch, cloud, identity, tmp_path):
+    script = tmp_path / "nodes.py"
+    script.write_text(NODE_FAILS)
+    command = f"{{python}} {script} {tmp_path / 'ready'}"
+    path = orch.sweep(
+        cloud.sweep_yaml("mnkeep", identity, command, extra="max_restarts: 1\nresources:\n  nodes: 2", **FAST)
+    )
+    assert orch("launch", str(path), "--detach").code == 0
+    v = retry_until(
+        lambda: (lambda r: r if (r.get("state"), r.get("attempt")) == ("failed", 2) else None)(
+            status(orch, "mnkeep").get("run", {})
+        ),
+        400,
+        0.5,
+        "the run to fail on its second attempt",
+    )
+    assert (v["exit_code"], v["failures"]) == (7, 2), v
+    # read as soon as the end is recorded: every node's log reached the store before it
+    for node, attempt, words in (
+        (0, 1, "last words of node 0 in attempt 1"),  # it ran on when node 1 failed
+        (1, 1, "node 1 fails"),
+        (0, 2, "node 0 fails"),
+        (1, 2, "last words of node 1 in attempt 2"),  # it ran on when node 0 failed
+    ):
+        got = orch("logs", "run", "--node", str(node), "--attempt", str(attempt))
+        assert got.code == 0 and words in got.out, (node, attempt, got.out + got.err)
+    out = tmp_path / "res"
+    c = orch("collect", "mnkeep", "--out", str(out))
+    assert c.code == 0, c.err
+    row = json.loads((out / "runs.json").read_text())["runs"][0]
+    assert row["goodbye"] == 1, row  # node 0's line written on the stop of attempt 1, in the run folder
+    retry_until(lambda: not cloud.instances("mnkeep"), 120, 0.5, "every node to be gone")
+    assert orch("down", "mnkeep", timeout=300).code == 0
