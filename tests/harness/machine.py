@@ -46,7 +46,6 @@ from orchestrator.control.controller import Controller
 from orchestrator.control.decide import DONE, decide
 from orchestrator.control.state import State
 from orchestrator.control.study import Outcome, parse_record, rebuild
-from orchestrator.host.agent import KEPT_ON_STOP
 from orchestrator.store import layout
 from orchestrator.store.base import get_json, read_jsonl
 from orchestrator.store.status import CANCELLED, CORRUPT, FAILED, PRUNED, SUCCEEDED, read_status
@@ -249,6 +248,31 @@ class Harness(RuleBasedStateMachine):
             self.cloud.remove_host(h.host_id)
         self._advance()
 
+    @precondition(lambda self: self._running_followers())
+    @rule(data=st.data())
+    def node_fails(self, data) -> None:
+        """A follower's command of a multi-node attempt exits 7: the attempt fails on every node."""
+        host = data.draw(st.sampled_from(self._running_followers()))
+        host.agent.fails = True
+        self._advance()
+
+    def _running_followers(self) -> list:
+        hosts = sorted(self.cloud.hosts.values(), key=lambda h: h.host_id) if hasattr(self, "cloud") else []
+        return [h for h in hosts if h.agent and h.agent.follower and h.agent.phase == SimAgent.RUNNING]
+
+    def fail_node(self, run: str) -> None:
+        """RUN's followers' commands exit 7 (a step of scripted scenarios)."""
+        for host in self._running_followers():
+            host.agent.fails = host.agent.fails or host.run_id == run
+        self._advance()
+
+    def vanish_node(self, run: str, node: int) -> None:
+        """The host of RUN's node NODE goes without a word (a step of scripted scenarios)."""
+        for host in self.cloud.hosts_of(run):
+            if host.node == node:
+                self.cloud.remove_host(host.host_id)
+        self._advance()
+
     @precondition(lambda self: self.backend is not None and self.cloud.hosts)
     @rule(data=st.data())
     def spot_notice(self, data) -> None:
@@ -356,30 +380,41 @@ class Harness(RuleBasedStateMachine):
 
     @invariant()
     def final_runs_are_in_the_store(self) -> None:
-        """Every final run whose command ran has its metrics file and its last attempt's log in the store."""
+        """Every final run whose command ran has its metrics file and its last attempt's log in the store: every line
+        the command wrote on each node of it, the run's metrics lines too on node 0, however the attempt ended (a
+        stop of orch's, a failed node, a node gone) — unless that node's own host went with what it had not synced."""
         if not hasattr(self, "sweep"):
             return
         for run in self.sweep.runs:
-            if run.run_id in self.corrupted or self.cloud.hosts_of(run.run_id):
-                continue
-            ran = [r for r in self.cloud.received if r.run_id == run.run_id]
+            if run.run_id in self.corrupted:
+                continue  # (checked at once, hosts or not: every node's log is in the store before the end is recorded)
             status = read_status(self.store, "h", run.run_id)
-            if not ran or status.state not in (SUCCEEDED, PRUNED, CANCELLED, FAILED):
+            if status.state not in (SUCCEEDED, PRUNED, CANCELLED, FAILED):
                 continue
             if status.state in (PRUNED, CANCELLED) and 10 not in self.checked:
                 continue
-            if ran[-1].ended_by is not None and ran[-1].ended_by not in KEPT_ON_STOP:
-                continue  # (its host went, or a node of it failed: README promises only what a stop of orch's keeps)
-            if ran[-1].attempt != status.attempt:
+            ran = [r for r in self.cloud.received if r.run_id == run.run_id and r.attempt == status.attempt]
+            if not any(r.node == 0 for r in ran):
                 continue  # the last attempt never ran its command (e.g. a claim cancelled)
-            metrics = read_jsonl(self.store.get_bytes(layout.metrics_key("h", run.run_id)))
-            log = self.store.get_bytes(layout.log_key("h", run.run_id, status.attempt))
+            for r in ran:
+                if r.ended_by == "vanished":
+                    continue  # (its host went: what it wrote since its last sync went with it)
+                self._check_kept(r, status)
+
+    def _check_kept(self, r, status) -> None:
+        stored = self.store.get_bytes(layout.log_key("h", r.run_id, r.attempt, r.node)) or b""
+        wrote = r.log.read_bytes() if r.log is not None else b""
+        assert stored == wrote, (
+            f"{r.run_id} ended {status.state}: node {r.node} of attempt {r.attempt} wrote {len(wrote.splitlines())} "
+            f"log lines, the store has {len(stored.splitlines())}"
+        )
+        if r.node == 0:
+            metrics = read_jsonl(self.store.get_bytes(layout.metrics_key("h", r.run_id)))
             # (the run folder holds earlier attempts' lines too, restored from the store)
-            assert len(metrics) >= ran[-1].lines, (
-                f"{run.run_id} ended {status.state}: its last attempt's command wrote {ran[-1].lines} metrics lines, "
+            assert len(metrics) >= r.lines, (
+                f"{r.run_id} ended {status.state}: its last attempt's command wrote {r.lines} metrics lines, "
                 f"the store has {len(metrics)}"
             )
-            assert log, f"{run.run_id} ended {status.state} but the log of attempt {status.attempt} is not in the store"
 
     @invariant()
     def results_show_what_commands_received(self) -> None:

@@ -8,9 +8,11 @@ Nothing here replaces a function of orch's. The fakes stand where the real world
   controller: a relaunched controller gets a fresh one over the same cloud, as `orch launch` does). It
   keeps the sweep's cost ledger with orch's own `CostLedger` and makes each attempt's task with orch's
   own `new_task`.
-- `SimAgent`: one attempt on its host. It is orch's `Agent` object, driven step by step: its first report
-  and restore as `Agent.run` does them, then the real watch (`watch.checks_for`: exit, rungs, superseded,
-  spot notice, stop, syncs) polled once per tick, then its real `_final_sync` and `_finish`. What it does
+- `SimAgent`: one attempt on one host (a node of it). It is orch's `Agent` object, driven step by step: its
+  first report and restore as `Agent.run` does them, then the real watch (`watch.checks_for`: exit, rungs,
+  superseded, a node failed, the attempt ending, spot notice, stop, syncs) polled once per tick, then its real
+  `_final_sync`, a multi-node attempt's end (node 0 tells the followers with `NodesEnd` and records the end
+  once each is done; a follower says it is done and waits for node 0's record), and `_finish`. What it does
   not run is the part that needs a process: the tmux window and the command's process group (the
   `WindowGone` and `FindGroup` checks, which look at tmux and /proc); the simulated command writes its
   metrics lines, its log and its exit code file where the wrapper script would.
@@ -26,7 +28,7 @@ import math
 import shlex
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from orchestrator.aws.pricing import CostLedger, PriceBook
@@ -35,6 +37,7 @@ from orchestrator.contract import NOTICE_FILE, STOP_REASON_FILE, RunTask
 from orchestrator.errors import OrchError
 from orchestrator.host import watch
 from orchestrator.host.agent import Agent
+from orchestrator.host.nodes import FOLLOWER_WAIT_S, FOLLOWERS_DONE_S, FollowerReporter, NodesEnd
 from orchestrator.store import layout
 from orchestrator.store import lifecycle as life
 from orchestrator.store.folder import LocalStore
@@ -109,7 +112,7 @@ class SimHost:
     nodes: int
     instance: str
     slot: int
-    agent: SimAgent | None = None  # node 0's; the other nodes follow it and hold no record
+    agent: SimAgent | None = None  # its node's: node 0's reports, the other nodes follow its record
 
 
 @dataclass
@@ -122,6 +125,8 @@ class Received:
     words: dict[str, str]  # `name=value` words of its command line
     lines: int = 0  # metrics lines it wrote (a command stopped before its first line wrote none)
     ended_by: StopReason | str | None = None  # orch's stop that ended it, "vanished" (its host went), None: itself
+    node: int = 0  # which node of the attempt (a follower writes no metrics lines, only its log)
+    log: Path | None = None  # its log on its host
 
 
 class Cloud:
@@ -159,8 +164,10 @@ class Cloud:
             inst.ended = time.time()  # the agent of its last run terminates it (or the controller released it)
 
     def live_commands(self, run_id: str) -> list[int]:
-        """Attempts of the run whose command runs now."""
-        return [h.attempt for h in self.hosts_of(run_id) if h.agent is not None and h.agent.phase == SimAgent.RUNNING]
+        """Attempts of the run whose command runs now (on any of its nodes)."""
+        return sorted(
+            {h.attempt for h in self.hosts_of(run_id) if h.agent is not None and h.agent.phase == SimAgent.RUNNING}
+        )
 
 
 @dataclass
@@ -237,13 +244,18 @@ class SimBackend(BackendBase):
             host = SimHost(self.cloud.next_id("h"), task.run_id, task.attempt, node, self.nodes, inst.iid, slot)
             inst.occupants.append(host.host_id)
             self.cloud.hosts[host.host_id] = host
+            plan = self.cloud.plans.get((task.run_id, task.attempt)) or default_plan(
+                task.run_id, task.attempt, self.lines
+            )
+            node_task = on_host(task, inst.iid, node, self.nodes, slot=slot) if self.nodes > 1 else task
             if node == 0:
                 first = host
-                node_task = on_host(task, inst.iid, 0, self.nodes, slot=slot) if self.nodes > 1 else task
-                plan = self.cloud.plans.get((task.run_id, task.attempt)) or default_plan(
-                    task.run_id, task.attempt, self.lines
+            else:  # a host of its own: its own folders; its command runs until node 0's ends (or it fails)
+                node_task = replace(
+                    node_task, run_dir=f"{task.run_dir}.node{node}", ctl_dir=f"{task.ctl_dir}.node{node}"
                 )
-                host.agent = SimAgent(node_task, self.store, plan, self.cloud)
+                plan = Plan([])
+            host.agent = SimAgent(node_task, self.store, plan, self.cloud)
         return Host(run_id=task.run_id, host_id=first.host_id, address="sim", attempt=task.attempt, nodes=self.nodes)
 
     def _place(self) -> tuple[Instance, int]:
@@ -306,7 +318,7 @@ class SimBackend(BackendBase):
 class SimAgent:
     """One attempt's agent: orch's Agent, driven a tick at a time (see the module's docstring)."""
 
-    BOOTING, RUNNING, DONE = "booting", "running", "done"
+    BOOTING, RUNNING, ENDING, AWAITING, DONE = "booting", "running", "ending", "awaiting", "done"
 
     def __init__(self, task: RunTask, store, plan: Plan, cloud: Cloud):
         self.task, self.plan, self.cloud = task, plan, cloud
@@ -317,6 +329,12 @@ class SimAgent:
         self.written = 0  # metrics lines the command wrote
         self.received: Received | None = None  # what its command was given, once it started
         self.ran = False  # its command started
+        self.follower = task.node_rank > 0
+        self.fails = False  # a follower's command exits 7 at its next step (the harness's fault)
+        self.code: int | None = None  # its command's exit code, once the watch ended
+        self.landed = True  # its final sync landed
+        self.ending: NodesEnd | None = None  # node 0 waits for the followers' last syncs
+        self.since = 0.0  # when it began to wait (ENDING, AWAITING)
 
     @property
     def status(self):
@@ -354,17 +372,18 @@ class SimAgent:
             f.write(f"[orch] attempt {t.attempt} of {t.run_id}: {t.command}\n")
         a.exit_file.unlink(missing_ok=True)
         words = dict(w.split("=", 1) for w in shlex.split(t.command) if "=" in w)
-        self.received = Received(t.run_id, t.attempt, json.loads(t.env["ORCH_PARAMS_JSON"]), words)
+        self.received = Received(
+            t.run_id, t.attempt, json.loads(t.env["ORCH_PARAMS_JSON"]), words, node=t.node_rank, log=a.log_file
+        )
         self.cloud.received.append(self.received)
         self.checks = [c for c in watch.checks_for(a, now) if not isinstance(c, UNWATCHABLE)]
         self.phase, self.ran = self.RUNNING, True
 
     def _leave(self) -> None:
+        """Its host goes (its instance terminates itself); the other nodes leave by themselves."""
         self.phase = self.DONE
         for h in [h for h in self.cloud.hosts.values() if h.agent is self]:
-            for other in self.cloud.hosts_of(h.run_id):
-                if other.attempt == h.attempt:
-                    self.cloud.remove_host(other.host_id)
+            self.cloud.remove_host(h.host_id)
 
     def _command_step(self, stopping: bool) -> None:
         """The command: a line (and its log line) per tick, its exit code after the last; SIGTERM ends it (143)."""
@@ -373,6 +392,13 @@ class SimAgent:
             return
         if a.stop_sent_at is not None or stopping and a.stop_requested is not None:
             a.exit_file.write_text("143\n")
+            return
+        if self.follower:  # its log only: the run folder is node 0's
+            if self.fails:
+                a.exit_file.write_text("7\n")
+                return
+            with open(a.log_file, "a") as f:
+                f.write(f"node {self.task.node_rank} step\n")
             return
         if self.written < len(self.plan.values):
             value = self.plan.values[self.written]
@@ -392,6 +418,9 @@ class SimAgent:
         if self.phase == self.BOOTING:
             self.boot(now)
             return
+        if self.phase in (self.ENDING, self.AWAITING):
+            self._wait(now)
+            return
         if self.phase != self.RUNNING:
             return
         self._command_step(stopping)
@@ -403,10 +432,43 @@ class SimAgent:
             self.finish()
 
     def finish(self) -> None:
-        """Agent.run after the watch: the exit code, the final sync, the final record, the host's end."""
+        """Agent.run after the watch: the exit code, the final sync; a multi-node attempt's end (node 0 tells the
+        followers and waits for them, a follower says it is done and waits for node 0's record); the final record,
+        the host's end."""
         a = self.agent
         text = a.exit_file.read_text().strip() if a.exit_file.exists() else ""
-        code = int(text) if text else None
-        landed = a._final_sync()
-        a._finish(code, landed)
+        self.code = int(text) if text else None
+        self.landed = a._final_sync()
+        if self.follower:
+            a.done_with_attempt(self.code)
+            self.phase, self.since = self.AWAITING, self.cloud.now
+            return
+        if a.ends_for_every_node():
+            self.ending = NodesEnd(a.store, self.task.sweep, self.task.run_id, self.task.attempt, self.task.node_hosts)
+            if self.ending.announce():
+                self.phase, self.since = self.ENDING, self.cloud.now
+                return
+        self._end()
+
+    def _wait(self, now: float) -> None:
+        """node 0: until every follower is done (nodes.end_attempt); a follower: until node 0's record ends the
+        attempt (nodes.await_node0). Heartbeats go on meanwhile."""
+        a = self.agent
+        if self.phase == self.ENDING:
+            try:  # noqa: SIM105 (the comment on the except says why it passes)
+                a.reporter.beat(a.status, now)
+            except Exception:  # the heartbeat thread logs and tries again next period
+                pass
+            over = self.ending is not None and self.ending.done() or not a.ends_for_every_node()
+            if over or now - self.since > FOLLOWERS_DONE_S:
+                self._end()
+        elif (
+            not isinstance(a.reporter, FollowerReporter)
+            or not a.reporter.still_running()
+            or now - self.since > FOLLOWER_WAIT_S
+        ):
+            self._end()
+
+    def _end(self) -> None:
+        self.agent._finish(self.code, self.landed)
         self._leave()

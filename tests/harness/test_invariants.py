@@ -18,6 +18,8 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.stateful import run_state_machine_as_test
 
 from orchestrator.errors import OrchError
+from orchestrator.store.lifecycle import StopReason
+from orchestrator.store.status import read_status
 from tests.harness.lease_machine import LeaseHarness
 from tests.harness.machine import CLASHES, Harness, Scenario
 
@@ -53,8 +55,9 @@ def test_the_lease_keeps_its_promises_under_random_controllers_restarts_stops_an
 # --- scripted scenarios: a known defect each, its check on -----------------------------------------------
 
 
-def scripted(scenario: Scenario, kinds, steps, checked):
-    """Run `steps` (rule names, or (name, kwargs)) on a fresh machine, every invariant after each step."""
+def scripted(scenario: Scenario, kinds, steps, checked, then=None):
+    """Run `steps` (rule names, or (name, kwargs)) on a fresh machine, every invariant after each step; then `then`
+    (the machine), before its folders go."""
     machine = Harness()
     machine.checked = Harness.checked | set(checked)
     try:
@@ -64,6 +67,8 @@ def scripted(scenario: Scenario, kinds, steps, checked):
             name, kwargs = (step, {}) if isinstance(step, str) else step
             getattr(machine, name)(**kwargs)
             machine.check_all()
+        if then is not None:
+            then(machine)
         return machine
     finally:
         machine.teardown()
@@ -108,6 +113,53 @@ def test_a_pruned_run_keeps_its_folder_and_log_in_the_store():
 def test_a_run_cancelled_while_its_host_boots_keeps_the_log_of_its_command():
     # found by the random machine (its stored failure): the command started as the stop came, wrote no line
     scripted(grid(points=1, max_parallel=1), ["ok"] * 12, ["controller_pass", ("cancel_one", {"run": "lr=0.1"})], {10})
+
+
+def ended(state: str, attempt: int):
+    """The one run of the scenario ended `state` on `attempt`."""
+
+    def check(m) -> None:
+        status = read_status(m.store, "h", "lr=0.1")
+        assert (status.state, status.attempt) == (state, attempt), status
+
+    return check
+
+
+def test_a_node_that_fails_ends_the_attempt_with_every_nodes_log_and_the_run_folder_in_the_store():
+    # node 1's command exits 7 while node 0's runs on: node 0 stops its command, syncs, and records the failure once
+    # node 1 says its log is in the store (the check of the final run: both logs, every line, and node 0's metrics)
+    scripted(
+        grid(points=1, max_parallel=1, nodes=2),
+        ["ok"] * 12,
+        PASS_AND_TICK + [("fail_node", {"run": "lr=0.1"})] + PASS_AND_TICK * 4,
+        checked={10},
+        then=ended("failed", 1),
+    )
+
+
+def test_node_0_failing_ends_the_attempt_with_the_other_nodes_log_in_the_store():
+    # node 0's command crashes while node 1's runs on: node 1 stops, syncs its log, and only then is the end recorded
+    scripted(grid(points=1, max_parallel=1, nodes=2), ["crash"] * 12, PASS_AND_TICK * 6, {10}, ended("failed", 1))
+
+
+def test_a_node_gone_ends_the_attempt_and_the_nodes_left_keep_what_they_wrote():
+    # node 1's host vanishes: the controller calls the attempt lost and stops node 0 as orch stops a run (it syncs);
+    # the run resumes and succeeds. Attempt 1's node 0 log and lines are in the store, checked here (the random
+    # machine checks the final attempt).
+
+    def first_attempt_kept(m) -> None:
+        ended("succeeded", 2)(m)
+        first = [r for r in m.cloud.received if r.attempt == 1 and r.node == 0]
+        assert first and first[0].ended_by == StopReason.LOST, first  # stopped by orch, not gone with its host
+        m._check_kept(first[0], read_status(m.store, "h", "lr=0.1"))
+
+    scripted(
+        grid(points=1, max_parallel=1, nodes=2),
+        ["ok"] * 12,
+        PASS_AND_TICK + [("vanish_node", {"run": "lr=0.1", "node": 1})] + PASS_AND_TICK * 8,
+        {10},
+        first_attempt_kept,
+    )
 
 
 def test_a_trial_whose_last_value_is_nan_is_told_fail():
