@@ -391,6 +391,8 @@ class SimAgent:
         if a.exit_file.exists():
             return
         if a.stop_sent_at is not None or stopping and a.stop_requested is not None:
+            with open(a.log_file, "a") as f:  # its SIGTERM handler's last words: only a sync after the stop keeps them
+                f.write("stopped (SIGTERM)\n")
             a.exit_file.write_text("143\n")
             return
         if self.follower:  # its log only: the run folder is node 0's
