@@ -1,4 +1,4 @@
-"""Everything that calls the EC2/IAM API: ec2 (the control plane: images, subnets, security groups,
+"""Everything that calls the EC2/IAM API: ec2 (the control plane: images, subnets,
 launch templates, instance profiles), fleet (CreateFleet and its error classes), placement groups,
 teardown, images (orch's AMIs: find, list, remove), pricing (spot and on-demand prices, the cost
 ledger), and the user data instances boot with.

@@ -12,7 +12,7 @@ MAX_LINES = 400
 KNOWN = {
     "orchestrator/aws/policy.py": 542,
     "orchestrator/aws/fleet.py": 535,
-    "orchestrator/aws/ec2.py": 530,
+    "orchestrator/aws/ec2.py": 433,
 }
 HOW = (
     "split it along its seams, a module per job named for it (e.g. control/controller.py -> decide.py, the pure "

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.aws import ec2 as api
-from orchestrator.aws import fleet
+from orchestrator.aws import fleet, groups
 from orchestrator.aws.images import (
     BASE_TAG,
     RECIPE_TAG,
@@ -103,7 +103,7 @@ def _launch_builder(ec2, recipe: Recipe, name: str, launched: list[str]):
     cfg = recipe.aws
     subnets = api.resolve_subnets(ec2, cfg.subnet_ids, cfg.region)
     base = resolve_image(ec2, cfg.image, cfg.image_owner, cfg.region)
-    sg = cfg.security_group or api.ensure_security_group(
+    sg = cfg.security_group or groups.ensure_security_group(
         ec2, name, subnets[0]["VpcId"], cfg.ssh_cidr or api.caller_cidr()
     )
     public_ip = cfg.ssh.address == "public_ip" and not all(s["MapPublicIpOnLaunch"] for s in subnets)

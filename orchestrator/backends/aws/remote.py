@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from orchestrator.aws import ec2 as api
-from orchestrator.aws import fleet, iam
+from orchestrator.aws import fleet, groups, iam
 from orchestrator.aws.controller_host import DEFAULT_USER, controller_tags, controllers, default_image
 from orchestrator.aws.images import resolve_image
 from orchestrator.aws.pricing import CONTROLLER_ROLE
@@ -157,7 +157,7 @@ def launch_controller(state, setup: dict, say=lambda _: None) -> RemoteControlle
         address = api.wait_running(ec2, got.instance_id, cfg.ssh.address, cfg.boot_timeout_s)
         if cfg.ssh.address == "public_ip" and not cfg.security_group:  # hosts are dialled from its public address
             live = [c["instance_id"] for c in live_controllers(ec2, sweep)]
-            api.allow_ssh_from(ec2, setup["sg"], f"{address}/32", got.instance_id, live)
+            groups.allow_ssh_from(ec2, setup["sg"], f"{address}/32", got.instance_id, live)
         target = Target(address, cfg.ssh.port, login_user(cfg), cfg.ssh.identity, host_public)
         conn = connect(target, timeout=cfg.boot_timeout_s, interval=1.0)
         try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 
 from orchestrator.aws import ec2 as api
-from orchestrator.aws import fleet, iam
+from orchestrator.aws import fleet, groups, iam
 from orchestrator.aws import images as orch_images
 from orchestrator.aws.images import resolve_image
 from orchestrator.aws.pricing import on_demand_quote, transfer_rate
@@ -63,7 +63,7 @@ def _prepare_quietly(state: ProvisioningState, region: str) -> None:
         log.info("%s not prepared ahead (it is when first asked): %s", region, exc)
 
 
-def _shared(state: ProvisioningState) -> tuple[str, str]:
+def shared_parts(state: ProvisioningState) -> tuple[str, str]:
     """(instance profile, the SSH rule's CIDR): what every region's parts share, found once per controller (IAM is
     global: one profile serves every region; the caller's address is asked once)."""
     cfg = state.cfg
@@ -97,8 +97,8 @@ def _resources(state: ProvisioningState, region: str, ec2) -> dict:
         if state.recipe_sha:  # a copy of the sweep's recipe image on its way here: this region waits for it
             orch_images.recipe_image_here(ec2, cfg.image[len("recipe:") :], state.recipe_sha, region)
         image = resolve_image(ec2, cfg.image, cfg.image_owner, region)
-        profile, cidr = _shared(state)
-        sg = cfg.security_group or api.ensure_security_group(ec2, sweep, subnets[0]["VpcId"], cidr)
+        profile, cidr = shared_parts(state)
+        sg = cfg.security_group or groups.ensure_security_group(ec2, sweep, subnets[0]["VpcId"], cidr)
         public_ip = cfg.ssh.address == "public_ip" and not all(s["MapPublicIpOnLaunch"] for s in subnets)
         data = api.launch_template_data(image, sg, cfg.volume_gb, profile, public_ip)
         template = api.ensure_launch_template(ec2, sweep, data)

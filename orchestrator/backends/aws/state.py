@@ -69,7 +69,7 @@ class ProvisioningState:
     # Written under `setup_lock`: found once per controller, by the first provisioning thread that needs it.
     setup_lock: threading.Lock = field(default_factory=threading.Lock)
     setup: dict | None = None  # the first region's part.setup (setup.bootstrap, under that part's lock)
-    shared: tuple | None = None  # (instance profile, SSH CIDR): every region's parts use them (setup._shared)
+    shared: tuple | None = None  # (instance profile, SSH CIDR): every region's parts use them (setup.shared_parts)
     prepared: bool = False  # every listed region's parts are being (or were) made ahead (setup.prepare_regions)
     bundle: code_bundle.Bundle | None = None  # the code shipped to hosts, built once
     python: str | None = None  # the instance interpreter, checked on the first host

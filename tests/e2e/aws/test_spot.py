@@ -334,11 +334,12 @@ def test_teardown_failing_halfway_is_finished_by_a_rerun(cloud):
     from botocore.exceptions import ClientError
 
     from orchestrator.aws import ec2 as api
+    from orchestrator.aws import groups
     from orchestrator.aws import iam as iam_api
     from orchestrator.aws.teardown import teardown
 
     ec2, iam = api.client("ec2", "us-east-1"), api.client("iam", "us-east-1")
-    sg = api.ensure_security_group(ec2, "half", cloud.vpc, "127.0.0.1/32")
+    sg = groups.ensure_security_group(ec2, "half", cloud.vpc, "127.0.0.1/32")
     iam_api.ensure_instance_profile(iam, "half", "b", "p")
     image = resolve_image(ec2, cloud.image, "self", "us-east-1")
     api.ensure_launch_template(ec2, "half", api.launch_template_data(image, sg, 20, "orch-half", public_ip=False))
@@ -360,7 +361,7 @@ def test_teardown_failing_halfway_is_finished_by_a_rerun(cloud):
 
 @pytest.mark.timeout(700)
 def test_gc_lists_and_down_all_removes_everything(orch, cloud, identity, job):
-    from orchestrator.aws import ec2 as api
+    from orchestrator.aws import groups
 
     for name in ("gca", "gcb"):
         path = orch.sweep(
@@ -373,7 +374,7 @@ def test_gc_lists_and_down_all_removes_everything(orch, cloud, identity, job):
         0.5,
         "both running",
     )
-    api.ensure_security_group(cloud.client("ec2"), "ghost", cloud.vpc, "127.0.0.1/32")  # left by a lost controller
+    groups.ensure_security_group(cloud.client("ec2"), "ghost", cloud.vpc, "127.0.0.1/32")  # left by a lost controller
     g = orch("gc")
     assert (
         g.code == 0

@@ -12,7 +12,7 @@ import pytest
 from botocore.stub import ANY, Stubber
 
 from orchestrator.aws import ec2 as api
-from orchestrator.aws import fleet
+from orchestrator.aws import fleet, groups
 from orchestrator.aws import iam as iam_api
 from orchestrator.aws.images import resolve_image
 from orchestrator.aws.teardown import teardown
@@ -281,8 +281,8 @@ def test_nodes_come_from_one_pool_all_at_once_and_a_partial_fill_is_released():
 
 def test_security_group_launch_template_and_instance_profile(cloud):
     ec2, iam = cloud.client("ec2"), cloud.client("iam")
-    sg = api.ensure_security_group(ec2, "sec", cloud.vpc, "203.0.113.7/32")
-    assert api.ensure_security_group(ec2, "sec", cloud.vpc, "203.0.113.7/32") == sg  # idempotent
+    sg = groups.ensure_security_group(ec2, "sec", cloud.vpc, "203.0.113.7/32")
+    assert groups.ensure_security_group(ec2, "sec", cloud.vpc, "203.0.113.7/32") == sg  # idempotent
     perms = sorted(
         ec2.describe_security_groups(GroupIds=[sg])["SecurityGroups"][0]["IpPermissions"], key=lambda p: p["IpProtocol"]
     )
@@ -464,12 +464,12 @@ def test_a_pool_the_az_does_not_offer_is_skipped_and_a_multi_node_run_gets_the_n
         fleet.offered_choices(ec2, ["g5.xlarge"], subnets, "us-east-1")
     cloud.gate.unoffered = {("g5.xlarge", "us-east-1a")}
 
-    sg = api.ensure_security_group(ec2, "offer", subnets[0]["VpcId"], "127.0.0.1/32")
+    sg = groups.ensure_security_group(ec2, "offer", subnets[0]["VpcId"], "127.0.0.1/32")
     image = resolve_image(ec2, cloud.image, "self", "us-east-1")
     data = api.launch_template_data(image, sg, 50, None, public_ip=False)
     lt = api.ensure_launch_template(ec2, "offer", data)
     every = sorted(fleet.choices(["g5.xlarge"], subnets), key=lambda c: c.az)  # 1a (not offered) first
-    blocklist, groups = fleet.Blocklist(), {}
+    blocklist, placed = fleet.Blocklist(), {}
     try:
         got = fleet.acquire_nodes(
             ec2,
@@ -481,7 +481,7 @@ def test_a_pool_the_az_does_not_offer_is_skipped_and_a_multi_node_run_gets_the_n
             api.sweep_tags("offer"),
             blocklist,
             count=2,
-            group_of=lambda az: ensure_group(ec2, "offer", az, groups),
+            group_of=lambda az: ensure_group(ec2, "offer", az, placed),
             release=lambda ids: api.terminate(ec2, ids),
         )
         assert {g.az for g in got} == {"us-east-1b"} and len(got) == 2
@@ -603,11 +603,11 @@ def test_a_remote_controllers_ssh_rule_replaces_those_of_controllers_no_longer_r
     gone are revoked first (under the documented policy), so relaunches leave one rule per live controller, not a
     pile up to the group's limit, and a released address opens nothing for its next holder."""
     ec2 = api.client("ec2", "us-east-1")
-    sg = api.ensure_security_group(ec2, "rules", cloud.vpc, "127.0.0.1/32")
+    sg = groups.ensure_security_group(ec2, "rules", cloud.vpc, "127.0.0.1/32")
     for n, instance in enumerate(["i-0000000000000000a", "i-0000000000000000b", "i-0000000000000000c"]):
-        api.allow_ssh_from(ec2, sg, f"198.51.100.{n}/32", instance, live=[])
-    api.allow_ssh_from(ec2, sg, "198.51.100.9/32", "i-0000000000000000d", live=["i-0000000000000000c"])
-    rules = api.controller_rules(ec2, sg)
+        groups.allow_ssh_from(ec2, sg, f"198.51.100.{n}/32", instance, live=[])
+    groups.allow_ssh_from(ec2, sg, "198.51.100.9/32", "i-0000000000000000d", live=["i-0000000000000000c"])
+    rules = groups.controller_rules(ec2, sg)
     assert sorted(r["CidrIp"] for r in rules) == ["198.51.100.2/32", "198.51.100.9/32"], rules
     teardown(ec2, api.client("iam", "us-east-1"), "rules")
 
@@ -615,9 +615,9 @@ def test_a_remote_controllers_ssh_rule_replaces_those_of_controllers_no_longer_r
 @pytest.mark.slow
 def test_j_reused_group_gets_the_current_cidr_and_public_ip_is_asked_for(orch, cloud, identity):
     ec2 = cloud.client("ec2")
-    sg = api.ensure_security_group(ec2, "netw", cloud.vpc, "203.0.113.7/32")
-    assert api.ensure_security_group(ec2, "netw", cloud.vpc, "198.51.100.9/32") == sg
-    api.ensure_security_group(ec2, "netw", cloud.vpc, "198.51.100.9/32")  # a duplicate rule is fine
+    sg = groups.ensure_security_group(ec2, "netw", cloud.vpc, "203.0.113.7/32")
+    assert groups.ensure_security_group(ec2, "netw", cloud.vpc, "198.51.100.9/32") == sg
+    groups.ensure_security_group(ec2, "netw", cloud.vpc, "198.51.100.9/32")  # a duplicate rule is fine
     cidrs = {
         r["CidrIp"]
         for p in ec2.describe_security_groups(GroupIds=[sg])["SecurityGroups"][0]["IpPermissions"]

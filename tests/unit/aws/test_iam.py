@@ -7,7 +7,7 @@ import boto3
 import pytest
 
 from orchestrator.aws import ec2 as api
-from orchestrator.aws import fleet
+from orchestrator.aws import fleet, groups
 from orchestrator.aws import iam as iam_api
 from orchestrator.aws.images import resolve_image
 from orchestrator.backends.aws.backend import AwsBackend
@@ -82,7 +82,7 @@ def test_b_a_new_instance_profile_is_retried_until_ec2_sees_it(tmp_path):
         ec2 = cloud.client("ec2")
         profile = iam_api.ensure_instance_profile(cloud.client("iam"), "prop", BUCKET, "sweeps")
         image = resolve_image(ec2, cloud.image, "self", REGION)
-        sg = api.ensure_security_group(ec2, "prop", cloud.vpc, "127.0.0.1/32")
+        sg = groups.ensure_security_group(ec2, "prop", cloud.vpc, "127.0.0.1/32")
         lt = api.ensure_launch_template(ec2, "prop", api.launch_template_data(image, sg, 20, profile, public_ip=False))
         choices = [fleet.Choice("g5.xlarge", s, az) for s, az in zip(cloud.subnets, ("us-east-1a", "us-east-1b"))]
         got = fleet.acquire(
