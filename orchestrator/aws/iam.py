@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from orchestrator.aws.ec2 import AwsFatal, error_code, error_message, explain
 from orchestrator.aws.policy import (
+    CONTROLLER_EC2_CREATE,
+    CONTROLLER_ON_SWEEP,
     INSTANCES,
     ITSELF,
     boundary_arn,
@@ -218,7 +220,9 @@ def controller_role_policy(
     launch = remote_controller_statements(sweep, scope.instance_types, scope.owners, scope.vpcs)
     statements = store_statements(bucket, prefix, sweep) + _unnamed(launch)
     statements.append({k: v for k, v in pass_role_statement([host_role_arn]).items() if k != "Sid"})
-    statements += kms_statements(kms_keys) + _unnamed(in_regions(scope.regions))
+    statements += kms_statements(kms_keys) + _unnamed(in_regions(scope.allowed()))
+    if scope.regions and scope.home and scope.home not in scope.regions:
+        statements += _unnamed(no_launch_in(scope.home))
     return {"Version": "2012-10-17", "Statement": statements}
 
 
@@ -231,6 +235,26 @@ class LaunchScope:
     owners: tuple[str, ...] = ("amazon",)
     vpcs: tuple[str, ...] = ()
     regions: tuple[str, ...] = ()
+    home: str = ""  # where the controller runs: when no listed region, EC2 there too, but no launch
+
+    def allowed(self) -> tuple[str, ...]:
+        """Where its EC2 calls go: its regions and its home (none: any)."""
+        return tuple(dict.fromkeys([*self.regions, self.home])) if self.regions and self.home else self.regions
+
+
+def no_launch_in(region: str) -> list[dict]:
+    """A Deny, in `region`, of every EC2 change a controller's role allows but ending instances: a --remote
+    controller's home that is no listed region holds the controller (which ends itself there), never its hosts."""
+    changes = [a for a in [*CONTROLLER_EC2_CREATE, *CONTROLLER_ON_SWEEP] if a != "ec2:TerminateInstances"]
+    return [
+        {
+            "Sid": "NoLaunchInHome",
+            "Effect": "Deny",
+            "Resource": "*",
+            "Action": changes,
+            "Condition": {"StringEquals": {"aws:RequestedRegion": region}},
+        }
+    ]
 
 
 SPOT_SERVICE = "spot.amazonaws.com"

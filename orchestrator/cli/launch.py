@@ -23,8 +23,8 @@ from orchestrator.control import launch as control
 @click.option(
     "--remote",
     is_flag=True,
-    help="aws: run the controller on an on-demand instance of the sweep's region (`aws.controller`), so this "
-    "machine may sleep; returns once it runs.",
+    help="aws: run the controller on an on-demand instance (`aws.controller`) in the sweep's home region (its store's "
+    "bucket's), so this machine may sleep; returns once it runs.",
 )
 @expected_errors
 def launch(sweep_file: str, dry_run: bool, detach: bool, every: bool, remote: bool):

@@ -15,6 +15,7 @@ from orchestrator.aws import ec2 as api
 from orchestrator.aws.ec2 import terminate
 from orchestrator.aws.pricing import on_demand_price
 from orchestrator.backends.aws.backend import AwsBackend
+from orchestrator.backends.aws.regions import home_region
 from orchestrator.backends.aws.regions import settings as aws_settings
 from orchestrator.backends.aws.remote import (
     RemoteSettings,
@@ -69,13 +70,16 @@ def controller_line(sweep, plan) -> str:
     ends = f"aws.controller.max_hours ({_duration(cap)}) ends it"
     home = (plan.get("transfer") or {}).get("home") or sweep.spec.aws.region  # the controller runs in the home region
     price = on_demand_price(ctl.instance_type, None, home)
+    where = f"; it runs in the home region {home} (the store's bucket's)"
     if price is None:
-        return f"controller: {ctl.instance_type} on demand for {while_runs}; {ends} (its price is unknown to orch)"
+        return (
+            f"controller: {ctl.instance_type} on demand for {while_runs}; {ends} (its price is unknown to orch){where}"
+        )
     est = plan["estimate_usd_max"]
     total = f"; with the runs at most {usd(est + price * hours)}" if est is not None else ""
     return (
         f"controller: {ctl.instance_type} on demand at ${price:.4f}/h x {while_runs} = {usd(price * hours)}{total}; "
-        f"{ends}: {usd(price * cap)} at the most"
+        f"{ends}: {usd(price * cap)} at the most{where}"
     )
 
 
@@ -107,7 +111,8 @@ def launch_remote(con, sweep: Sweep) -> None:
         return
     backend.preflight()
     new = Controller(sweep, backend, store, state).prepare()
-    if _adopt_or_clear(con, backend, store, sweep, live_controllers(backend.ec2, sweep)):
+    home = backend.state.part(home_region(sweep)).ec2  # the controller runs in the sweep's home region
+    if _adopt_or_clear(con, home, store, sweep, live_controllers(home, sweep)):
         _follow(con, name)
         return
     con.print(
@@ -124,7 +129,7 @@ def launch_remote(con, sweep: Sweep) -> None:
             markup=False,
         )
     else:  # another launch raced this one and its controller took the sweep first: ours serves nobody
-        terminate(backend.ec2, [ctl.instance_id])
+        terminate(home, [ctl.instance_id])
         con.print(
             f"another launch's controller on {holder} took the sweep first; this launch's instance "
             f"{ctl.instance_id} is terminated. Adopted; nothing new started.",
@@ -133,7 +138,7 @@ def launch_remote(con, sweep: Sweep) -> None:
     _follow(con, name)
 
 
-def _adopt_or_clear(con, backend: AwsBackend, store: Store, sweep: Sweep, found: list) -> bool:
+def _adopt_or_clear(con, ec2, store: Store, sweep: Sweep, found: list) -> bool:
     """Controller instances of the sweep that exist although no live lease did when this launch began. One that is
     young may be another launch's, still starting: wait for it to take the sweep and adopt it (True). One that never
     took it, or whose lease lapsed, serves nobody: terminate it."""
@@ -158,7 +163,7 @@ def _adopt_or_clear(con, backend: AwsBackend, store: Store, sweep: Sweep, found:
                 return True
             except Timeout:
                 pass
-        terminate(backend.ec2, [iid])
+        terminate(ec2, [iid])
         con.print(f"terminated {iid}, the sweep's earlier controller (it does not hold the sweep)", markup=False)
     return False
 

@@ -373,9 +373,11 @@ class FakeCloud:
         strict: Strictness | None = None,
         default_vpc: bool = True,
         regions: tuple[str, ...] = (REGION,),
+        bucket_region: str = REGION,
     ):
         self.root = Path(root)
         self.regions = regions  # each with its default VPC's loopback subnets and its own copy of the image
+        self.bucket_region = bucket_region  # the store's bucket's (GetBucketLocation): a sweep's home region
         self.poll_s = poll_s
         self.boot_s = boot_s  # seconds from `running` until sshd answers (real: 30-120)
         self.cold_s = cold_s  # extra seconds of a host's first interpreter start (real: 10-30 on a cold volume)
@@ -437,7 +439,8 @@ class FakeCloud:
         self.image_bin = self._install_image()
         self.image_homes: dict[str, Path] = {}  # image id -> the home CreateImage took from its builder
         self.gate.images.snapshot = self._snapshot
-        self.client("s3").create_bucket(Bucket=BUCKET)
+        where = {} if self.bucket_region == REGION else {"LocationConstraint": self.bucket_region}
+        self.client("s3").create_bucket(Bucket=BUCKET, **({"CreateBucketConfiguration": where} if where else {}))
         self._watcher = threading.Thread(target=self._watch, name="fakecloud-watcher", daemon=True)
         self._watcher.start()
 

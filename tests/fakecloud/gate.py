@@ -337,7 +337,9 @@ class Gate:
                     "An EC2 Fleet request can't span different subnets from the same "
                     f"Availability Zone ({subnet_of[az]}, {o.get('SubnetId')} in {az})",
                 )
-        young_sg = [g for g in (data.get("SecurityGroupIds") or []) if self._is_young(g, self.strict.group_s)]
+        sgs = data.get("SecurityGroupIds") or []
+        # a group id of another region (or none) is not found here either: a group belongs to one region
+        young_sg = [g for g in sgs if self._is_young(g, self.strict.group_s)] or _absent_groups(sgs)
         if market == "spot" and self.spot_quota is not None:
             live = sum(1 for i in self.spot_ids if _state_of(i) in ("pending", "running") or self._lingers(i))
             if live + int(form.get("TargetCapacitySpecification.TotalTargetCapacity", ["1"])[0]) > self.spot_quota:
@@ -905,6 +907,13 @@ def _template_data(template_id: str, version: str) -> dict:
             return dict(_ec2_backend().get_launch_template(template_id).get_version(version).data)
         except Exception:
             return {}
+
+
+def _absent_groups(ids: list[str]) -> list[str]:
+    """The ids no security group of the request's region has (moto would launch with them)."""
+    with MOTO:
+        here = _ec2_backend()
+        return [g for g in ids if here.get_security_group_from_id(g) is None]
 
 
 def _subnet_az(subnet_id: str) -> str:

@@ -1,17 +1,20 @@
-"""`orch launch --remote`: the sweep's controller on one on-demand instance of the sweep's region.
+"""`orch launch --remote`: the sweep's controller on one on-demand instance of the sweep's home region (its store's
+bucket's, docs/guides/regions.md).
 
 The laptop's half (launch_controller): the sweep's resources as a launch makes them (security group, template, the
-hosts' role), then the controller's role and profile (under orch's boundary: its sweep's prefix, EC2 on its sweep's
-tagged resources, PassRole of the hosts' role only), then ONE on-demand instance through CreateFleet from the
-sweep's template (IMDSv2 required, encrypted root volume, shutdown terminates it, the sweep's security group: SSH
-from `ssh_cidr` only), its host key pinned through user data as for every host. Over SSH it gets orch's code, the
-sweep file and its settings (remote.json) — never a credential: the controller uses its instance role through
-IMDS — and starts the supervisor (control/supervisor.py) and the watchdog (control/watchdog.py) as systemd units
-(remote_units.py).
+hosts' role, in every listed region), then the controller's role and profile (under orch's boundary: its sweep's
+prefix, EC2 on its sweep's tagged resources in its regions, PassRole of the hosts' role only), the sweep's group and
+template in the home region, then ONE on-demand instance there through CreateFleet from that template (IMDSv2
+required, encrypted root volume, shutdown terminates it, the sweep's security group: SSH from `ssh_cidr` only), its
+host key pinned through user data as for every host; with `ssh.address: public_ip` its address is added to every
+region's group. Over SSH it gets orch's code, the sweep file and its settings (remote.json) — never a credential:
+the controller uses its instance role through IMDS — and starts the supervisor (control/supervisor.py) and the
+watchdog (control/watchdog.py) as systemd units (remote_units.py).
 
 The controller's half (apply_settings): the `_controller` command on the instance uses the settings on top of the
-sweep file: its own SSH key (the hosts accept it and the laptop's key, `<key>.also.pub`), the security group and
-host profile the laptop made (so it calls no IAM and asks no one for its public address).
+sweep file: its own SSH key (the hosts accept it and the laptop's key, `<key>.also.pub`), the SSH rule the groups
+have for it and the host profile the laptop made; it finds each region's group by its name as a laptop's controller
+does, and changes none (so it calls no IAM, asks no one for its public address, and makes no group).
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ from orchestrator.aws.images import resolve_image
 from orchestrator.aws.pricing import CONTROLLER_ROLE
 from orchestrator.aws.userdata import cloud_config
 from orchestrator.backends import bundle as code_bundle
+from orchestrator.backends.aws.regions import home_region
 from orchestrator.backends.aws.remote_units import START_SCRIPT, start_script, units
-from orchestrator.backends.aws.setup import regions_of
+from orchestrator.backends.aws.setup import regions_of, shared_parts
 from orchestrator.errors import OrchError
 from orchestrator.remote.ssh import ALSO_SUFFIX, Target, connect, new_host_key, public_key_of
 from orchestrator.store.s3url import is_s3, parse_s3
@@ -68,11 +72,13 @@ class RemoteSettings:
     python: str = ""
     identity: str = ""  # the controller's own SSH key (made on the instance; the private half never leaves it)
     laptop_key: str = ""  # the public key of whoever launched it: the hosts accept it too (`orch attach`)
-    security_group: str = ""
+    # what the hosts' groups admit the controller from (the sweep's `ssh_cidr`, else its public address /32): its
+    # backend finds each region's group with that rule in place, and never changes a group (its role may not)
+    ssh_cidr: str = ""
     instance_profile: str = ""  # the hosts'
     instance_id: str = ""
     instance_type: str = ""
-    region: str = ""
+    region: str = ""  # the controller's: the sweep's home region
     deadline: float = 0.0  # epoch seconds: `max_hours` after the launch, the supervisor terminates the instance
     # `notify:` sinks given as `url_env:` — the variables' values as the laptop had them (remote.json is 0600 in a
     # 0700 folder of the controller's instance: the hosts' role cannot read it, and it never goes to the store)
@@ -118,24 +124,12 @@ def check_remote(sweep) -> None:
 
 
 def launch_controller(state, setup: dict, say=lambda _: None) -> RemoteController:
-    """Make the controller's role and instance, install orch on it and start its supervisor (`state`: the aws
-    backend's ProvisioningState; `setup`: what its bootstrap made). An instance bought here is terminated again on
-    any failure before the supervisor runs."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    sweep, cfg, ec2 = state.sweep, state.cfg, state.ec2
-    ctl, name = cfg.controller, sweep.spec.name
-    try:
-        if cfg.market != "on-demand":  # EC2 would make it with the controller's rights, which lack IAM writes
-            iam.ensure_spot_service_role(api.client("iam", cfg.region))
-        subnets = api.resolve_subnets(ec2, cfg.subnet_ids, cfg.region)
-        profile = _controller_profile(sweep, cfg, setup["image"], subnets)
-        image = resolve_image(ec2, ctl.image or default_image(ec2, ctl.instance_type), ctl.image_owner, cfg.region)
-        public_ip = cfg.ssh.address == "public_ip" and not all(s["MapPublicIpOnLaunch"] for s in subnets)
-        data = api.launch_template_data(image, setup["sg"], CONTROLLER_VOLUME_GB, profile, public_ip)
-        choices = fleet.offered_choices(ec2, [ctl.instance_type], subnets, cfg.region)
-    except (ClientError, BotoCoreError) as exc:
-        raise api.explain(exc, "preparing the controller's instance") from None
+    """Make the controller's role and instance in the sweep's home region (the store's bucket's), install orch on it
+    and start its supervisor (`state`: the aws backend's ProvisioningState; `setup`: what its bootstrap made in the
+    first region). An instance bought here is terminated again on any failure before the supervisor runs."""
+    sweep, cfg, home = state.sweep, state.cfg, home_region(state.sweep)
+    ctl, ec2 = cfg.controller, state.part(home).ec2
+    parts = _home_parts(state, home, setup["image"])
     host_private, host_public = new_host_key()
     deadline = time.time() + ctl.max_hours * 3600  # the supervisor's; the per-boot shutdown is the second net
     user_data = cloud_config(
@@ -143,12 +137,12 @@ def launch_controller(state, setup: dict, say=lambda _: None) -> RemoteControlle
     )
     got = fleet.acquire(
         ec2,
-        setup["template"],
-        data,
+        parts["template"],
+        parts["data"],
         user_data,
-        choices,
+        parts["choices"],
         ["on-demand"],
-        controller_tags(name, host_public),
+        controller_tags(sweep.spec.name, host_public),
         fleet.Blocklist(),
     )
     state.ledger.acquired(got.instance_id, got.instance_type, got.az, "on-demand", role=CONTROLLER_ROLE)
@@ -156,39 +150,83 @@ def launch_controller(state, setup: dict, say=lambda _: None) -> RemoteControlle
     try:
         address = api.wait_running(ec2, got.instance_id, cfg.ssh.address, cfg.boot_timeout_s)
         if cfg.ssh.address == "public_ip" and not cfg.security_group:  # hosts are dialled from its public address
-            live = [c["instance_id"] for c in live_controllers(ec2, sweep)]
-            groups.allow_ssh_from(ec2, setup["sg"], f"{address}/32", got.instance_id, live)
+            admit_controller(state, home, parts["sg"], f"{address}/32", got.instance_id)
         target = Target(address, cfg.ssh.port, login_user(cfg), cfg.ssh.identity, host_public)
         conn = connect(target, timeout=cfg.boot_timeout_s, interval=1.0)
         try:
-            _install(conn, sweep, got, setup["sg"], deadline)
+            _install(conn, sweep, got, home, cfg.ssh_cidr or f"{address}/32", deadline)
         finally:
             conn.close()
     except BaseException:
         api.terminate(ec2, [got.instance_id])
         raise
-    return RemoteController(got.instance_id, got.instance_type, cfg.region, address)
+    return RemoteController(got.instance_id, got.instance_type, home, address)
 
 
-def _controller_profile(sweep, cfg, image: dict, subnets: list[dict]) -> str:
+def _home_parts(state, home: str, image: dict) -> dict:
+    """The controller's parts in the home region: its subnets (`aws.subnet_ids` where they are, else the region's
+    default VPC), the sweep's security group and launch template there (made when the home is no listed region),
+    its role, its image and the (type, AZ) choices for its instance type."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    sweep, cfg = state.sweep, state.cfg
+    ctl, name, ec2 = cfg.controller, sweep.spec.name, state.part(home).ec2
+    if cfg.security_group and home != cfg.region:
+        raise OrchError(
+            f"{sweep.path}: aws.security_group: {cfg.security_group} is a group of {cfg.region}, but the remote "
+            f"controller runs in the sweep's home region {home} (its store's bucket's). Remove `security_group` (orch "
+            f"makes one per region), or keep the store in a bucket of {cfg.region}. Nothing was launched.",
+            exit_code=2,
+        )
+    try:
+        if cfg.market != "on-demand":  # EC2 would make it with the controller's rights, which lack IAM writes
+            iam.ensure_spot_service_role(api.client("iam", home))
+        subnets = api.resolve_subnets(ec2, cfg.subnet_ids if home == cfg.region else [], home)
+        profile = _controller_profile(state, home, image)
+        sg = cfg.security_group or groups.ensure_security_group(ec2, name, subnets[0]["VpcId"], shared_parts(state)[1])
+        own = resolve_image(ec2, ctl.image or default_image(ec2, ctl.instance_type), ctl.image_owner, home)
+        public_ip = cfg.ssh.address == "public_ip" and not all(s["MapPublicIpOnLaunch"] for s in subnets)
+        data = api.launch_template_data(own, sg, CONTROLLER_VOLUME_GB, profile, public_ip)
+        template = api.ensure_launch_template(ec2, name, data)
+        choices = fleet.offered_choices(ec2, [ctl.instance_type], subnets, home)
+    except (ClientError, BotoCoreError) as exc:
+        raise api.explain(exc, f"preparing the controller's instance in {home}") from None
+    return {"sg": sg, "data": data, "template": template, "choices": choices}
+
+
+def admit_controller(state, home: str, home_sg: str, cidr: str, instance_id: str) -> None:
+    """SSH from the controller's public address into the sweep's group of its home and of every listed region the
+    launch prepared (its hosts may be launched in any of them; its role may not change a group)."""
+    where = {home: home_sg} | {
+        r: part.setup["sg"] for r in state.cfg.regions if (part := state.part(r)).setup is not None
+    }
+    live = [c["instance_id"] for c in controllers(state.part(home).ec2, state.name, ["pending", "running"])]
+    for region, sg in where.items():
+        groups.allow_ssh_from(state.part(region).ec2, sg, cidr, instance_id, live)
+
+
+def _controller_profile(state, home: str, image: dict) -> str:
     """The controller's role launches only what its sweep would: its instance types, the sweep's image's owner (and
-    the account's own images: `orch ami build` may replace a recipe's image mid-sweep), its subnets' VPCs, its
-    regions."""
+    the account's own images: `orch ami build` may replace a recipe's image mid-sweep), the VPCs of its regions'
+    subnets, its regions; and in its home region, when that is no listed region, only what it does to itself."""
+    sweep, cfg = state.sweep, state.cfg
     store = parse_s3(sweep.store_url)
-    client = api.client("iam", cfg.region)
-    keys = iam.bucket_kms_keys(api.client("s3", cfg.region), [store.bucket])
+    client = api.client("iam", home)
+    keys = iam.bucket_kms_keys(api.client("s3", home), [store.bucket])
+    vpcs = {s["VpcId"] for r in cfg.regions for s in api.resolve_subnets(state.part(r).ec2, cfg.subnet_ids, r)}
     scope = iam.LaunchScope(
         instance_types=tuple(cfg.instance_types),
         owners=tuple(dict.fromkeys([*image.get("Owners", []), cfg.image_owner])),
-        vpcs=tuple(sorted({s["VpcId"] for s in subnets})),
+        vpcs=tuple(sorted(vpcs)),
         regions=regions_of(cfg),
+        home=home,
     )
     return iam.ensure_controller_profile(
         client, sweep.spec.name, store.bucket, store.prefix, iam.iam_name(sweep.spec.name), keys, scope
     )
 
 
-def _install(conn, sweep, got, security_group: str, deadline: float) -> None:
+def _install(conn, sweep, got, region: str, ssh_cidr: str, deadline: float) -> None:
     """orch's code, the sweep file and remote.json on the instance, the interpreter checked (and its packages
     installed when missing), then the supervisor started in the background."""
     cfg = sweep.spec.aws
@@ -207,17 +245,17 @@ def _install(conn, sweep, got, security_group: str, deadline: float) -> None:
         python=py,
         identity=f"{base}/id_ed25519",
         laptop_key=public_key_of(cfg.ssh.identity),
-        security_group=security_group,
+        ssh_cidr=ssh_cidr,
         instance_profile=iam.iam_name(sweep.spec.name),
         instance_id=got.instance_id,
         instance_type=got.instance_type,
-        region=cfg.region,
+        region=region,
         deadline=deadline,
         notify_env={s.url_env: os.environ[s.url_env] for s in sweep.spec.notify or [] if s.url_env},
     )
     path = f"{base}/{SETTINGS_FILE}"
     conn.put_bytes(json.dumps(asdict(settings), indent=2).encode(), path)
-    env = {"PYTHONPATH": settings.code_dir, "ORCH_HOME": f"{base}/home", "AWS_DEFAULT_REGION": cfg.region}
+    env = {"PYTHONPATH": settings.code_dir, "ORCH_HOME": f"{base}/home", "AWS_DEFAULT_REGION": region}
     user = conn.check("id -un").strip()
     for name, text in units(user, base, py_path(conn, py), path, env).items():
         conn.put_bytes(text.encode(), f"{base}/{name}", mode=0o644)
@@ -254,15 +292,18 @@ def _ensure_python(conn, py: str) -> None:
 
 
 def remote_view(sweep, settings: RemoteSettings):
-    """On the controller instance: the sweep as its backend sees it — its own key, the group and profile the laptop
-    made (see the module doc). The sweep itself (what is recorded and compared) stays as the file says."""
+    """On the controller instance: the sweep as its backend sees it — its own key, the SSH rule its hosts' groups have
+    for it and the profile the laptop made (see the module doc). The sweep itself (what is recorded and compared)
+    stays as the file says. Each region's group is the sweep's own there, found by its name as a laptop's controller
+    finds it (the sweep's `security_group`, of its one region, when it names one)."""
     import dataclasses
 
     cfg = sweep.spec.aws
     ssh = cfg.ssh.model_copy(update={"identity": settings.identity})
-    aws = cfg.model_copy(
-        update={"ssh": ssh, "security_group": settings.security_group, "instance_profile": settings.instance_profile}
-    )
+    update = {"ssh": ssh, "instance_profile": settings.instance_profile}
+    if settings.ssh_cidr:
+        update["ssh_cidr"] = settings.ssh_cidr
+    aws = cfg.model_copy(update=update)
     return dataclasses.replace(sweep, spec=sweep.spec.model_copy(update={"aws": aws}))
 
 

@@ -29,7 +29,8 @@ class SshSection(Strict):
 
 
 class ControllerSection(Strict):
-    """The instance a sweep's controller runs on with `orch launch --remote` (on demand, in the sweep's region).
+    """The instance a sweep's controller runs on with `orch launch --remote` (on demand, in the sweep's home region:
+    its store's bucket's).
 
     Its defaults follow tests/bench/test_bench_remote.py: a pass at 10,000 runs needs well under 1 GiB and a
     fraction of a CPU second, so the smallest burstable type serves (docs/guides/unattended.md)."""

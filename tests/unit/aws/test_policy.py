@@ -746,3 +746,30 @@ def test_the_printed_policy_fits_a_managed_policy_and_a_longer_one_is_refused_wi
     more = ["--data-bucket", "e" * 63, "--data-bucket", "f" * 63]
     r = orch("aws", "policy", "--bucket", bucket, "--data-bucket", data, *regions, *many, *more, *scope)
     assert r.code == 2 and "6,144" in r.err and "--region" in r.err and "Traceback" not in r.err, r.out + r.err
+
+
+def test_a_remote_controllers_role_in_a_home_region_outside_its_list_may_only_end_itself_there():
+    """`--remote` runs the controller in the sweep's home region (its bucket's), which the sweep need not list: there
+    its role may read EC2 and end its own instance (what the supervisor and watchdog do), and launch nothing; in the
+    listed regions it launches as before; elsewhere nothing."""
+    from orchestrator.aws.iam import LaunchScope, controller_role_policy
+    from tests.fakecloud.gate import evaluate
+
+    scope = LaunchScope(regions=("us-east-1", "us-west-2"), home="eu-west-1")
+    doc = controller_role_policy(BUCKET, "sweeps", "mine", "arn:aws:iam::123456789012:role/orch-mine", scope=scope)
+    tagged = {"aws:ResourceTag/orch:sweep": "mine"}
+    instance = "arn:aws:ec2:REGION:123456789012:instance/i-1"
+    template = "arn:aws:ec2:REGION:123456789012:launch-template/lt-1"
+
+    def allowed(action: str, resource: str, region: str) -> bool:
+        return evaluate([doc], action, resource.replace("REGION", region), {**tagged, "aws:RequestedRegion": region})
+
+    for region, ends, launches in (("eu-west-1", True, False), ("us-west-2", True, True), ("ap-south-1", False, False)):
+        assert allowed("ec2:DescribeInstances", "*", region) is ends, region
+        assert allowed("ec2:TerminateInstances", instance, region) is ends, region
+        assert allowed("ec2:CreateLaunchTemplateVersion", template, region) is launches, region
+        assert allowed("ec2:CreateFleet", template, region) is launches, region
+    listed = LaunchScope(regions=("us-east-1", "us-west-2"), home="us-west-2")  # a listed home: no Deny of its own
+    assert "NoLaunchInHome" not in json.dumps(
+        controller_role_policy(BUCKET, "sweeps", "mine", "arn:aws:iam::1:role/orch-mine", scope=listed)
+    )

@@ -1,0 +1,80 @@
+"""`orch launch --remote` over several regions (docs/guides/regions.md): the controller in the sweep's home region
+(its store's bucket's, here a region the sweep does not list), its hosts in the listed regions, each with that
+region's own security group, and `orch down` leaving nothing in any of them."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.wait import retry_until
+from tests.conftest import ENDED_GAP_S
+from tests.conftest import run_states as status
+from tests.e2e.aws.test_regions import WEST, no_capacity, with_regions
+from tests.e2e.aws.test_remote_launch import CONTROLLER
+from tests.fakecloud import REGION
+
+pytestmark = pytest.mark.slow
+
+HOME = "eu-west-1"  # the store's bucket's region, listed nowhere in the sweep
+EVERY = ("pending", "running", "shutting-down", "terminated")
+
+
+@pytest.fixture
+def clouds(tmp_path, orch):
+    """A fake cloud with three regions: the sweep's two, and its bucket's."""
+    from tests.fakecloud import FakeCloud
+
+    with FakeCloud(tmp_path / "cloud", regions=(REGION, WEST, HOME), bucket_region=HOME) as c:
+        orch.env.update(c.env())
+        yield c
+        leaks = c.all_leftovers()
+        assert not leaks, f"left behind: {leaks}"
+        assert not c.gate.denied, f"the policy `orch aws policy` prints refused: {c.gate.denied}"
+        assert not [d for d in c.gate.role_denied if d[0].endswith(".controller")], c.gate.role_denied
+
+
+def split(cloud, sweep: str) -> tuple[list[dict], list[dict]]:
+    """(controller instances, host instances) of the sweep in every region, in any state."""
+    found = cloud.instances(sweep, states=EVERY)
+    ctl = [i for i in found if i["tags"].get("orch:role") == "controller"]
+    return ctl, [i for i in found if i not in ctl]
+
+
+@pytest.mark.timeout(1200)
+def test_a_remote_controller_runs_in_the_home_region_and_its_hosts_in_the_listed_ones(orch, clouds, identity, job):
+    no_capacity(clouds, REGION)  # every pool of the first region refuses: the hosts go to the second
+    extra = "grid:\n  a: [1, 2]\nmax_parallel: 2\nmax_restarts: 0"
+    text = clouds.sweep_yaml("homed", identity, job(steps=3), extra=extra, controller=CONTROLLER)
+    path = orch.sweep(with_regions(text, f"[{REGION}, {WEST}]"))
+
+    dry = orch("launch", str(path), "--dry-run", "--remote")
+    assert dry.code == 0, dry.out + dry.err
+    [line] = [x for x in dry.out.splitlines() if x.startswith("controller:")]
+    assert f"it runs in the home region {HOME}" in line, line
+
+    r = orch("launch", str(path), "--remote", timeout=600)
+    assert r.code == 0, r.out[-3000:] + r.err[-3000:]
+    [ctl], _ = split(clouds, "homed")
+    assert ctl["region"] == HOME, ctl  # DescribeInstances in the home region finds it
+    assert not clouds.instances("homed", region=REGION) and f"({'t3.micro'}, {HOME})" in r.out, r.out
+    assert f"instance {ctl['id']} (t3.micro, {HOME})" in orch("status", "homed").out
+
+    retry_until(
+        lambda: [v["state"] for v in status(orch, "homed", gap=ENDED_GAP_S).values()] == ["succeeded"] * 2,
+        400,
+        1.0,
+        "both runs to succeed on the remote controller",
+    )
+    _, hosts = split(clouds, "homed")
+    assert hosts and {i["region"] for i in hosts} == {WEST}, hosts  # refused in us-east-1, bought in us-west-2
+    assert clouds.gate.counts["InsufficientInstanceCapacity"] >= 2, clouds.gate.counts
+    west = clouds.client("ec2", WEST)  # each host has its own region's group of the sweep (not the first region's)
+    [group] = west.describe_security_groups(Filters=[{"Name": "tag:orch:sweep", "Values": ["homed"]}])["SecurityGroups"]
+    had = [clouds.gate.groups_of[h["id"]] for h in hosts]  # as launched (moto's fleets show the VPC's default group)
+    assert had == [[group["GroupId"]]] * len(hosts), had
+    retry_until(lambda: not clouds.instances("homed"), 180, 1.0, "the controller to terminate its own instance")
+
+    down = orch("down", "homed")
+    assert down.code == 0, down.out + down.err
+    for region in (REGION, WEST, HOME):
+        assert not any(clouds.leftovers("homed", region).values()), (region, clouds.leftovers("homed", region))
