@@ -159,3 +159,23 @@ def test_every_command_by_name_addresses_the_runs_of_the_file(orch, job):
     final = status(orch, str(path))
     assert {v["state"] for v in final.values()} == {"stopped"}, final
     assert orch.tmux("list-sessions").stdout.count("orch_named_") == 0
+
+
+def test_python_m_orchestrator_cli_exits_with_its_own_status_after_a_caught_interrupt(orch, tmp_path):
+    """A KeyboardInterrupt raised inside an exec of source text (a dataclass being made during a lazy import, as a
+    signal lands) and caught further up: `python -m orchestrator.cli` (how the background controller, the remote
+    controller's units and the notifier start) still exits with the command's status, not killed by SIGINT (CPython
+    3.11 keeps the inner exec's flag; `orch launch` was seen handing off, printing "detached", then ending with -2)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).parent / "kiexec"
+    env = {**orch.env, "PYTHONPATH": os.pathsep.join([str(here), *filter(None, [orch.env.get("PYTHONPATH")])])}
+    probe = [sys.executable, "-c", "import builtins; print(builtins.exec.__name__)"]
+    seen = subprocess.run(probe, env=env, capture_output=True, text=True)
+    assert seen.stdout.strip() == "_exec_then_a_caught_interrupt", seen.stdout + seen.stderr  # the fault is in place
+    for args, code in ((["--version"], 0), (["status", "no-such-sweep"], 2)):
+        p = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], env=env, capture_output=True, text=True)
+        assert p.returncode == code, (args, p.returncode, p.stdout + p.stderr)
+        assert "Traceback" not in p.stderr, p.stderr
