@@ -68,8 +68,8 @@ FINAL_SYNC_S = 1800.0  # a finished attempt keeps trying this long to put its re
 # write over what the next attempt puts in the store, so it waits no longer than this.
 STOP_SYNC_S = 8.0
 # The stops that keep what the attempt wrote (docs/guides/pruning.md, docs/reference/commands.md):
-# `orch down`, `orch cancel`, a prune.
-KEPT_ON_STOP = (StopReason.STOPPED, StopReason.CANCELLED, StopReason.PRUNED)
+# `orch down`, `orch cancel`, a prune, and the controller's stop of the nodes left when a node of the attempt went.
+KEPT_ON_STOP = (StopReason.STOPPED, StopReason.CANCELLED, StopReason.PRUNED, StopReason.LOST)
 
 
 class Agent:
@@ -128,7 +128,7 @@ class Agent:
         if self.stop_requested is None:
             path = self.ctl / STOP_REASON_FILE
             self.stop_requested = stop_reason(path)
-            self.stopped_by_orch = self.stop_requested in (*KEPT_ON_STOP, StopReason.LOST) and path.exists()
+            self.stopped_by_orch = self.stop_requested in KEPT_ON_STOP and path.exists()
 
     def relay_notice(self) -> None:
         """A follower's spot notice, passed on to node 0 (which checkpoints for the run)."""

@@ -200,7 +200,7 @@ def admit_controller(state, home: str, home_sg: str, cidr: str, instance_id: str
     where = {home: home_sg} | {
         r: part.setup["sg"] for r in state.cfg.regions if (part := state.part(r)).setup is not None
     }
-    live = [c["instance_id"] for c in controllers(state.part(home).ec2, state.name, ["pending", "running"])]
+    live = [c["instance_id"] for c in live_controllers(state.part(home).ec2, state.sweep)]
     for region, sg in where.items():
         groups.allow_ssh_from(state.part(region).ec2, sg, cidr, instance_id, live)
 
