@@ -78,3 +78,19 @@ def test_a_remote_controller_runs_in_the_home_region_and_its_hosts_in_the_listed
     assert down.code == 0, down.out + down.err
     for region in (REGION, WEST, HOME):
         assert not any(clouds.leftovers("homed", region).values()), (region, clouds.leftovers("homed", region))
+
+
+def test_a_security_group_of_another_region_than_the_buckets_is_refused_with_remote(orch, clouds, identity, job):
+    """`aws.security_group` names a group of the sweep's region; the remote controller would run in the bucket's:
+    refused (exit 2, the field and the fix named), no instance bought."""
+    ec2 = clouds.client("ec2", REGION)
+    vpc = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"][0]["VpcId"]
+    sg = ec2.create_security_group(GroupName="mine", Description="a user's", VpcId=vpc)["GroupId"]
+    text = clouds.sweep_yaml("grouped", identity, job(steps=1), controller=CONTROLLER)
+    path = orch.sweep(text.replace("aws:\n", f"aws:\n  security_group: {sg}\n", 1))
+    r = orch("launch", str(path), "--remote", timeout=300)
+    assert r.code == 2 and "Traceback" not in r.out + r.err, r.out + r.err
+    assert f"aws.security_group: {sg} is a group of {REGION}" in r.err and HOME in r.err, r.err
+    assert not clouds.instances("grouped", states=EVERY)
+    assert orch("down", str(path)).code == 0
+    ec2.delete_security_group(GroupId=sg)
