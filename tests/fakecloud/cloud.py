@@ -697,9 +697,10 @@ class FakeCloud:
                 os_shutdown(iid)
                 running.pop(iid)
         for iid in [i for i in self.hosts if i not in running]:
-            host = self.hosts.pop(iid)
+            host = self.hosts[iid]
             host.stop()
-            self.gone[iid] = host
+            self.gone[iid] = host  # in one of the two at every moment: a test reads hosts, then gone
+            del self.hosts[iid]
 
     # fault injection (spot reliability tests use these)
 
