@@ -174,7 +174,7 @@ class Gate:
         from tests.fakecloud.placement import PlacementGroups
 
         self.lock = threading.Lock()
-        self.fleet_lock = threading.Lock()  # CreateFleets into a region with `region_capacity`, one at a time
+        self.fleet_lock = threading.Lock()  # CreateFleets under `region_capacity` or `spot_quota`, one at a time
         self.local = threading.local()  # the region the request being answered was signed for (aws:RequestedRegion)
         self.ended: dict[str, float] = {}  # instance id -> when TerminateInstances was asked
         self.placement = PlacementGroups(state_of=_state_of)
@@ -288,9 +288,11 @@ class Gate:
             self.counts[f"garbled:{action}"] += 1
             return "200 OK", [("Content-Type", "text/xml")], b"<garbled"
         if action == "CreateFleet":
-            if self.region_capacity.get(getattr(_HERE, "region", None) or REGION) is None:
+            if self.region_capacity.get(getattr(_HERE, "region", None) or REGION) is None and self.spot_quota is None:
                 return self._create_fleet(environ, form, role)
-            with self.fleet_lock:  # a region's capacity is counted and taken in one step, as EC2 does on its side
+            # a region's capacity, or the account's spot quota, is counted and taken in one step, as EC2 does on its
+            # side (two concurrent CreateFleets both counted one instance free, and both launched)
+            with self.fleet_lock:
                 return self._create_fleet(environ, form, role)
         if action in PLACEMENT_ACTIONS:
             answer = self.placement.answer(action, form, self._ec2_error, getattr(_HERE, "region", None) or REGION)
