@@ -11,7 +11,6 @@ from collections import Counter
 import pytest
 
 from orchestrator.wait import retry_until
-from tests.conftest import ENDED_GAP_S
 from tests.conftest import run_states as status
 from tests.e2e.aws import test_regions as regions
 from tests.e2e.aws.test_regions import WEST, no_capacity, with_regions
@@ -38,8 +37,7 @@ def attempts_on_hosts(cloud, sweep: str) -> dict[tuple[str, int], list[str]]:
 def test_a_reclaimed_shared_instance_resumes_its_runs_in_another_region(orch, clouds, identity, tmp_path):
     """Two runs share one instance in us-west-2 (us-east-1 is full); us-west-2 takes it back as us-east-1's capacity
     returns: both runs resume in us-east-1 from their checkpoints, sharing an instance there."""
-    from tests.e2e.aws.test_spot import FAST_SYNC, TRAIN, reference, weights_in_s3
-    from tests.unit.trainer.test_train import same
+    from tests.e2e.aws.test_spot import FAST_SYNC, TRAIN, each_resumed_once_as_if_never_interrupted
 
     no_capacity(clouds, REGION)
     extra = f"seeds: 2\nmax_parallel: 2\n{PACKED}"
@@ -59,19 +57,8 @@ def test_a_reclaimed_shared_instance_resumes_its_runs_in_another_region(orch, cl
     assert held == ["seed=0#1", "seed=1#1"], shared  # both runs on the one instance
     no_capacity(clouds, REGION, on=False)  # us-east-1's capacity returns ...
     clouds.reclaim(shared["id"])  # ... as us-west-2 takes the shared instance back
-    retry_until(
-        lambda: all(v["state"] in ("succeeded", "failed") for v in status(orch, "packmove", gap=ENDED_GAP_S).values()),
-        600,
-        1.0,
-        "both runs to end",
-    )
-    final = status(orch, "packmove")
-    for seed, run in enumerate(runs):
-        v = final[run]
-        assert (v["state"], v["attempt"], v["preemptions"], v["failures"]) == ("succeeded", 2, 1, 0), v
-        got, _ = weights_in_s3(clouds, f"sweeps/packmove/{run}/")
-        assert same(reference(tmp_path, seed), got), f"{run} differs from an uninterrupted run"
-        assert v["region"] == REGION, v  # `orch status`: where its current attempt ran
+    final = each_resumed_once_as_if_never_interrupted(orch, clouds, "packmove", runs, tmp_path)
+    assert {final[run]["region"] for run in runs} == {REGION}, final  # `orch status`: where its current attempt ran
     ran = clouds.instances("packmove", states=EVER)
     where = {i["id"]: i["region"] for i in ran}
     placed = attempts_on_hosts(clouds, "packmove")

@@ -80,6 +80,24 @@ def reference(tmp_path, seed):
     return checkpoint.load(checkpoint.latest(out))["model"]
 
 
+def each_resumed_once_as_if_never_interrupted(orch, cloud, sweep: str, runs, tmp_path) -> dict:
+    """Wait for the sweep's runs (`seed=0`, `seed=1`, … in seed order) to end; each must have succeeded in attempt 2
+    after one preemption, with the weights of an uninterrupted run of its seed. Returns `orch status`'s runs."""
+    retry_until(
+        lambda: all(v["state"] in ("succeeded", "failed") for v in status(orch, sweep, gap=ENDED_GAP_S).values()),
+        600,
+        1.0,
+        "every run to end",
+    )
+    final = status(orch, sweep)
+    for seed, run in enumerate(runs):
+        v = final[run]
+        assert (v["state"], v["attempt"], v["preemptions"], v["failures"]) == ("succeeded", 2, 1, 0), v
+        got, _ = weights_in_s3(cloud, f"sweeps/{sweep}/{run}/")
+        assert same(reference(tmp_path, seed), got), f"{run} differs from an uninterrupted run"
+    return final
+
+
 def steps_lost(cloud, key):
     """Steps done twice: where metrics.jsonl (one line per step) jumps back, attempt 2 resumed."""
     from tests.fakecloud import BUCKET
@@ -179,18 +197,8 @@ def test_every_run_interrupted_once_finishes_with_uninterrupted_results(orch, cl
     finally:
         for pids in held.values():
             signal_all(pids, signal.SIGCONT)
-    retry_until(
-        lambda: all(v["state"] in ("succeeded", "failed") for v in status(orch, "spot3", gap=ENDED_GAP_S).values()),
-        600,
-        1.0,
-        "the sweep to finish",
-    )
-    final = status(orch, "spot3")
-    for seed, run in enumerate(runs):
-        v = final[run]
-        assert (v["state"], v["attempt"], v["preemptions"], v["failures"]) == ("succeeded", 2, 1, 0), v
-        got, _ = weights_in_s3(cloud, f"sweeps/spot3/{run}/")
-        assert same(reference(tmp_path, seed), got), f"{run} differs from an uninterrupted run"
+    each_resumed_once_as_if_never_interrupted(orch, cloud, "spot3", runs, tmp_path)
+    for run in runs:
         lost[run]["steps_lost"] = steps_lost(cloud, f"sweeps/spot3/{run}/metrics.jsonl")
     print("\ninterruptions:", json.dumps(lost))
     assert all(x["steps_lost"] <= 16 for x in lost.values())  # at most one checkpoint interval (an epoch)
