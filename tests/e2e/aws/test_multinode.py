@@ -179,6 +179,19 @@ def test_nodes_come_all_at_once_and_a_lost_node_ends_the_attempt_on_every_node(o
     assert orch("down", "mn2", timeout=300).code == 0
 
 
+def failed_in_attempt_2(orch, sweep: str) -> dict:
+    """The sweep's one run once `orch status` shows it failed in attempt 2. One read per check: two reads could see
+    "failed" (attempt 1) and then attempt 2 already starting."""
+    return retry_until(
+        lambda: (lambda r: r if (r.get("state"), r.get("attempt")) == ("failed", 2) else None)(
+            status(orch, sweep).get("run", {})
+        ),
+        400,
+        0.5,
+        "the run to fail on its second attempt",
+    )
+
+
 @pytest.mark.timeout(600)
 def test_a_node_whose_command_fails_fails_the_attempt_and_counts_against_max_restarts(orch, cloud, identity):
     # node 1 always fails: the run must fail after max_restarts + 1 attempts, not be called lost and restarted forever
@@ -187,15 +200,7 @@ def test_a_node_whose_command_fails_fails_the_attempt_and_counts_against_max_res
         cloud.sweep_yaml("mnfail", identity, command, extra="max_restarts: 1\nresources:\n  nodes: 2", **FAST)
     )
     assert orch("launch", str(path), "--detach").code == 0
-    # one read per check: two reads could see "failed" (attempt 1) and then attempt 2 already starting
-    v = retry_until(
-        lambda: (lambda r: r if (r.get("state"), r.get("attempt")) == ("failed", 2) else None)(
-            status(orch, "mnfail").get("run", {})
-        ),
-        400,
-        0.5,
-        "the run to fail on its second attempt",
-    )
+    v = failed_in_attempt_2(orch, "mnfail")
     assert (v["exit_code"], v["failures"], v["preemptions"]) == (7, 2, 0), v
     assert "node 1 exited with code 7" in v["reason"], v
     node1 = orch("logs", "run", "--node", "1")
@@ -245,14 +250,7 @@ def test_an_attempt_ended_by_a_failed_node_keeps_every_nodes_log_and_the_run_fol
         cloud.sweep_yaml("mnkeep", identity, command, extra="max_restarts: 1\nresources:\n  nodes: 2", **FAST)
     )
     assert orch("launch", str(path), "--detach").code == 0
-    v = retry_until(
-        lambda: (lambda r: r if (r.get("state"), r.get("attempt")) == ("failed", 2) else None)(
-            status(orch, "mnkeep").get("run", {})
-        ),
-        400,
-        0.5,
-        "the run to fail on its second attempt",
-    )
+    v = failed_in_attempt_2(orch, "mnkeep")
     assert (v["exit_code"], v["failures"]) == (7, 2), v
     # read as soon as the end is recorded: every node's log reached the store before it
     for node, attempt, words in (
