@@ -66,6 +66,21 @@ def load_sweep_arg(arg: str) -> Sweep:
     return sweep_from_record(data, rec.spec_path)
 
 
+def as_launched(sw: Sweep) -> Sweep:
+    """The sweep of a file as its launch recorded it, where a launch did: a file edited since (its regions, its
+    instance types) must not hide from `orch down` what the launch made. The record of the sweep launched from here
+    under that name, else the one in the file's store; the file itself when neither exists or can be read."""
+    try:
+        if any(rec.name == sw.spec.name for rec in State().sweeps()):
+            return load_sweep_arg(sw.spec.name)
+        data = get_json(open_store(sw.store_url), layout.sweep_key(sw.spec.name))
+        return sweep_from_record(data, str(sw.path)) if isinstance(data, dict) else sw
+    except Exception as exc:  # a record or store that cannot be read: the file is all there is to go by
+        if explained(exc) is None:
+            raise
+        return sw
+
+
 def resolve_run(arg: str) -> tuple[Sweep, str]:
     """RUN or SWEEP/RUN -> (sweep, run id), searching the sweeps launched from here."""
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from orchestrator.backends import registry
-from orchestrator.cli.common import expected_errors, explained, load_sweep_arg, resolve_run, sweep_parts
+from orchestrator.cli.common import as_launched, expected_errors, explained, load_sweep_arg, resolve_run, sweep_parts
 from orchestrator.control.actions import chaos_interrupt, stop_sweep
 from orchestrator.control.lease import RENEW_S, request_stop, wait_released
 from orchestrator.control.state import State, SweepLock
@@ -147,7 +147,8 @@ def _down_one(arg: str, known: set) -> None:
     if arg in known:
         _stop_controller(arg)
     sw = load_sweep_arg(arg)
-    if arg not in known:
+    if arg not in known:  # a file: the sweep its launch recorded (the file may have been edited since)
+        sw = as_launched(sw)
         _stop_controller(sw.spec.name)
     backend, store, _ = sweep_parts(sw)
     for line in _stop_elsewhere(sw, store):

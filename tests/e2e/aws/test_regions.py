@@ -310,3 +310,18 @@ def test_a_recipe_image_is_copied_into_the_failover_region_and_its_runs_launch_f
     assert orch("down", "copied").code == 0
     for region in (REGION, WEST):
         assert not any(clouds.leftovers("copied", region).values()), region
+
+
+@pytest.mark.timeout(600)
+def test_down_of_a_file_whose_region_was_edited_since_its_launch_ends_what_the_launch_made(orch, clouds, identity, job):
+    """`orch down FILE` goes by the regions the launch recorded, not the file's: edited to another region after the
+    launch, it left the first region's instances running (and billing), its group and template behind."""
+    path = orch.sweep(with_regions(clouds.sweep_yaml("moved", identity, job(steps=3, release=True)), f"[{WEST}]"))
+    assert orch("launch", str(path), "--detach").code == 0
+    retry_until(lambda: status(orch, "moved").get("run", {}).get("state") == "running", 300, 1.0, "the run to start")
+    path.write_text(path.read_text().replace(f"regions: [{WEST}]", f"regions: [{REGION}]"))
+    down = orch("down", str(path))
+    assert down.code == 0, down.out + down.err
+    assert "stopped 1 run(s)" in down.out and f"{WEST}: removed" in down.out, down.out
+    for region in (REGION, WEST):
+        assert not any(clouds.leftovers("moved", region).values()), (region, clouds.leftovers("moved", region))
