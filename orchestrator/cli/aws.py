@@ -10,6 +10,7 @@ import re
 import click
 
 from orchestrator.aws.policy import DEFAULT_IMAGE_OWNERS, boundary_policy, controller_policy
+from orchestrator.backends.aws.settings import REGION_RE
 from orchestrator.cli.common import expected_errors
 from orchestrator.contract import bucket_problem
 from orchestrator.errors import OrchError
@@ -29,6 +30,23 @@ def _bucket_names(*names: str | None) -> None:
                 f"{name!r} is not a bucket name: {problem}. Give the name alone, without s3:// or a prefix",
                 exit_code=2,
             )
+
+
+def _region_names(regions: tuple) -> tuple:
+    """--region's values, each once, in the order given; a name that is no region's is refused (the documents Deny
+    EC2 outside the regions named, so a misspelt one, `US-EAST-1` or `us-east-1,us-west-2`, would shut orch out of
+    every region)."""
+
+    for name in regions:
+        if not re.fullmatch(REGION_RE, name):
+            hint = name.strip().lower()
+            fix = (
+                f"write --region {hint}"
+                if re.fullmatch(REGION_RE, hint)
+                else "give one region per --region, as AWS names it (e.g. --region us-east-1 --region us-west-2)"
+            )
+            raise OrchError(f"--region {name!r} is not an AWS region's name: {fix}", exit_code=2)
+    return tuple(dict.fromkeys(regions))
 
 
 _BUCKET_HELP = "The store's bucket (from `store: s3://BUCKET/prefix`); default: YOUR-BUCKET, to fill in."
@@ -91,7 +109,7 @@ def aws_policy(bucket: str | None, data_buckets: tuple, regions: tuple, owners: 
     """
 
     _bucket_names(bucket, *data_buckets)
-    doc = controller_policy(bucket, data_buckets, regions, owners or DEFAULT_IMAGE_OWNERS, vpcs)
+    doc = controller_policy(bucket, data_buckets, _region_names(regions), owners or DEFAULT_IMAGE_OWNERS, vpcs)
     click.echo(_printed(doc, "policy"))
 
 
@@ -118,5 +136,5 @@ def aws_boundary(bucket: str | None, data_buckets: tuple, regions: tuple, owners
     """
 
     _bucket_names(bucket, *data_buckets)
-    doc = boundary_policy(bucket, data_buckets, (), regions, owners or DEFAULT_IMAGE_OWNERS, vpcs)
+    doc = boundary_policy(bucket, data_buckets, (), _region_names(regions), owners or DEFAULT_IMAGE_OWNERS, vpcs)
     click.echo(_printed(doc, "boundary"))

@@ -748,6 +748,46 @@ def test_the_printed_policy_fits_a_managed_policy_and_a_longer_one_is_refused_wi
     assert r.code == 2 and "6,144" in r.err and "--region" in r.err and "Traceback" not in r.err, r.out + r.err
 
 
+@pytest.mark.parametrize(
+    "given, says",
+    [
+        ("US-EAST-1", "write --region us-east-1"),
+        (" us-west-2", "write --region us-west-2"),
+        ("us-east-1,us-west-2", "one region per --region"),
+        ("*", "one region per --region"),
+        ("", "one region per --region"),
+    ],
+)
+def test_a_region_name_that_is_no_regions_is_refused_by_policy_and_boundary(orch, given, says):
+    """The documents Deny EC2 outside the regions named: a misspelt name printed into them would shut orch out of
+    every region (a hostile newcomer's find: exit 0 and `"aws:RequestedRegion": ["US-EAST-1"]`)."""
+    for command in ("policy", "boundary"):
+        r = orch("aws", command, "--bucket", "my-bucket", "--region", "us-east-1", "--region", given)
+        assert r.code == 2 and says in r.err and r.out == "" and "Traceback" not in r.err, (command, r.out, r.err)
+
+
+def test_a_region_given_twice_is_named_once(orch):
+    r = orch(
+        "aws",
+        "policy",
+        "--bucket",
+        "my-bucket",
+        "--region",
+        "us-west-2",
+        "--region",
+        "us-east-1",
+        "--region",
+        "us-west-2",
+    )
+    assert r.code == 0, r.err
+    named = [
+        s["Condition"]["StringNotEquals"]["aws:RequestedRegion"]
+        for s in json.loads(r.out)["Statement"]
+        if "aws:RequestedRegion" in s.get("Condition", {}).get("StringNotEquals", {})
+    ]
+    assert named and all(n == ["us-west-2", "us-east-1"] for n in named), named
+
+
 def test_a_remote_controllers_role_in_a_home_region_outside_its_list_may_only_end_itself_there():
     """`--remote` runs the controller in the sweep's home region (its bucket's), which the sweep need not list: there
     its role may read EC2 and end its own instance (what the supervisor and watchdog do), and launch nothing; in the
