@@ -41,6 +41,7 @@ from orchestrator.backends.aws.setup import regions_of, shared_parts
 from orchestrator.errors import OrchError
 from orchestrator.remote.ssh import ALSO_SUFFIX, Target, connect, new_host_key, public_key_of
 from orchestrator.store.s3url import is_s3, parse_s3
+from orchestrator.sweep.load import located
 
 log = logging.getLogger("orch.remote")
 
@@ -121,6 +122,15 @@ def check_remote(sweep) -> None:
         )
     if not is_s3(sweep.store_url):
         raise OrchError(f"{sweep.path}: store: --remote needs an s3:// store (the controller's only channel).", 2)
+    home = home_region(sweep) if cfg.security_group else ""
+    if cfg.security_group and home != cfg.region:  # asked of the dry run too, before anything is made
+        raise OrchError(
+            f"{located(sweep.path, ('aws', 'security_group'))}: {cfg.security_group} is a group "
+            f"of {cfg.region}, but the remote controller runs in the sweep's home region {home} (its store's "
+            f"bucket's). Remove `security_group` (orch makes one per region), or keep the store in a bucket of "
+            f"{cfg.region}. Nothing was launched.",
+            exit_code=2,
+        )
 
 
 def launch_controller(state, setup: dict, say=lambda _: None) -> RemoteController:
@@ -171,13 +181,6 @@ def _home_parts(state, home: str, image: dict) -> dict:
 
     sweep, cfg = state.sweep, state.cfg
     ctl, name, ec2 = cfg.controller, sweep.spec.name, state.part(home).ec2
-    if cfg.security_group and home != cfg.region:
-        raise OrchError(
-            f"{sweep.path}: aws.security_group: {cfg.security_group} is a group of {cfg.region}, but the remote "
-            f"controller runs in the sweep's home region {home} (its store's bucket's). Remove `security_group` (orch "
-            f"makes one per region), or keep the store in a bucket of {cfg.region}. Nothing was launched.",
-            exit_code=2,
-        )
     try:
         if cfg.market != "on-demand":  # EC2 would make it with the controller's rights, which lack IAM writes
             iam.ensure_spot_service_role(api.client("iam", home))

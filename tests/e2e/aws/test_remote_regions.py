@@ -88,9 +88,14 @@ def test_a_security_group_of_another_region_than_the_buckets_is_refused_with_rem
     sg = ec2.create_security_group(GroupName="mine", Description="a user's", VpcId=vpc)["GroupId"]
     text = clouds.sweep_yaml("grouped", identity, job(steps=1), controller=CONTROLLER)
     path = orch.sweep(text.replace("aws:\n", f"aws:\n  security_group: {sg}\n", 1))
-    r = orch("launch", str(path), "--remote", timeout=200)
-    assert r.code == 2 and "Traceback" not in r.out + r.err, r.out + r.err
-    assert f"aws.security_group: {sg} is a group of {REGION}" in r.err and HOME in r.err, r.err
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "security_group:" in text)
+    for dry in (["--dry-run"], []):  # the dry run refuses what the launch refuses
+        r = orch("launch", str(path), "--remote", *dry, timeout=200)
+        assert r.code == 2 and "Traceback" not in r.out + r.err, (dry, r.out + r.err)
+        assert f"{path}:{line}: aws.security_group: {sg} is a group of {REGION}" in r.err and HOME in r.err, r.err
     assert not clouds.instances("grouped", states=EVERY)
+    made = {region: clouds.leftovers("grouped", region) for region in (REGION, WEST, HOME)}
+    assert not any(any(left.values()) for left in made.values()), made  # nothing made
+    assert "grouped" not in orch("status").out  # and no sweep recorded
     assert orch("down", str(path)).code == 0
     ec2.delete_security_group(GroupId=sg)
