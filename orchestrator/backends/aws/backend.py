@@ -28,7 +28,7 @@ from orchestrator.backends.aws.pack import Packer
 from orchestrator.backends.aws.provision import Provisioner
 from orchestrator.backends.aws.regions import check_regions, home_region, settings
 from orchestrator.backends.aws.settings import LOST_AFTER_S
-from orchestrator.backends.aws.setup import bootstrap, copy_recipe_image, plan, prepare_regions
+from orchestrator.backends.aws.setup import bootstrap, check_first_region, copy_recipe_image, plan, prepare_regions
 from orchestrator.backends.aws.state import ProvisioningState
 from orchestrator.backends.base import ACQUIRING, BackendBase, Host, Outcome
 from orchestrator.contract import RunTask
@@ -81,6 +81,7 @@ class AwsBackend(BackendBase):
         check_regions(self.sweep, home)
         self.state.ledger.home = home  # the store's region: what hosts elsewhere move to and from it is transfer
         public_key_of(self.cfg.ssh.identity)
+        check_first_region(self.state)  # before any region's parts are made
         copy_recipe_image(self.state)  # into each region that lacks it, before the first region's resources
         ahead = prepare_regions(self.state)  # the other regions' parts, side by side with the first's
         try:

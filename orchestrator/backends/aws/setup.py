@@ -16,6 +16,7 @@ from orchestrator.backends.aws.regions import check_regions, home_region, settin
 from orchestrator.backends.aws.state import ProvisioningState
 from orchestrator.errors import OrchError
 from orchestrator.store.s3url import is_s3, parse_s3
+from orchestrator.sweep.load import located
 from orchestrator.sweep.packing import describe as describe_packing
 from orchestrator.sweep.packing import packed_gpus, packs, rank
 from orchestrator.sweep.spec import Sweep
@@ -34,6 +35,39 @@ def bootstrap(state: ProvisioningState, region: str | None = None) -> dict:
             if part.region == state.cfg.regions[0]:
                 state.setup = part.setup
         return part.setup
+
+
+def check_first_region(state: ProvisioningState) -> None:
+    """The first listed region's subnets and image (not a recipe's: copied at launch), looked up before anything is
+    made: a launch whose first region lacks them would make the other regions' parts and then fail. Refused with
+    file:line, the region and the fix (exit 2)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    cfg, sweep = state.cfg, state.sweep
+    first, listed = cfg.regions[0], ("aws", "regions" if len(cfg.regions) > 1 else "region")
+    ec2 = state.part(first).ec2
+    try:
+        api.resolve_subnets(ec2, cfg.subnet_ids, first)
+    except OrchError as exc:
+        where = located(sweep.path, ("aws", "subnet_ids") if cfg.subnet_ids else listed)
+        raise OrchError(f"{where}: {exc} (in {first}, the first region listed). Nothing was launched.", 2) from None
+    if cfg.image.startswith("recipe:"):
+        return
+    try:
+        resolve_image(ec2, cfg.image, cfg.image_owner, first)
+    except (ClientError, BotoCoreError) as exc:
+        raise api.explain(exc, "looking up the AMI") from None
+    except OrchError:
+        fix = (
+            "an AMI id belongs to one region: use its id in that region, or a name pattern that finds each region's"
+            if cfg.image.startswith("ami-")
+            else f"list first a region that has it, or make the image in {first} (`orch ami build --region {first}`)"
+        )
+        raise OrchError(
+            f"{located(sweep.path, ('aws', 'image'))}: no image {cfg.image!r} (owner {cfg.image_owner}) in {first}, "
+            f"the first region listed in `{'.'.join(listed)}`: {fix}. Nothing was launched.",
+            exit_code=2,
+        ) from None
 
 
 def prepare_regions(state: ProvisioningState):
@@ -251,6 +285,7 @@ def plan(state: ProvisioningState) -> dict:
                         exit_code=2,
                     ) from None
                 if k == 0:
+                    check_first_region(state)  # refused with file:line and the fix
                     raise
                 # a launch asks a later region only when the first has no capacity: said here, refused only then
                 images.append(

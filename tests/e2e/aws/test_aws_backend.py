@@ -190,7 +190,7 @@ def test_host_key_mismatch_refuses_and_terminates(orch, cloud, identity):
     "case, aws_fields, store, message",
     [
         ("no_bucket", {}, "s3://no-such-bucket/x", "bucket no-such-bucket does not exist"),
-        ("no_ami", {"image": "ami-12345678"}, None, "AMI 'ami-12345678' not found"),
+        ("no_ami", {"image": "ami-12345678"}, None, "aws.image: no image 'ami-12345678'"),
         ("no_subnet", {"subnet_ids": "[subnet-0123456789abcdef0]"}, None, "subnet not found"),
     ],
 )

@@ -91,6 +91,19 @@ def test_the_dry_run_names_a_region_without_the_image(orch, cloud, identity):
     assert not cloud.instances() and not any(cloud.leftovers("noimg").values())
 
 
+def test_a_first_region_without_the_image_is_refused_before_anything_is_made(orch, cloud, identity):
+    # the image is in us-east-1 only; listed second, the launch made us-east-1's group and template, then failed on
+    # us-west-2's image (exit 1, "Check `aws.region`", no line) and left them with the sweep's role
+    path = orch.sweep(with_regions(cloud.sweep_yaml("noimg1", identity, "true"), "[us-west-2, us-east-1]"))
+    for args in (("--dry-run",), ()):
+        r = orch("launch", str(path), *args)
+        refused(r, f"{path}:{line_of(path, 'image:')}: aws.image: no image", "in us-west-2, the first region listed")
+        assert r.code == 2 and "Nothing was launched" in r.err, (args, r.err)
+    assert not cloud.instances()
+    for region in ("us-east-1", "us-west-2"):
+        assert not any(cloud.leftovers("noimg1", region).values()), (region, cloud.leftovers("noimg1", region))
+
+
 @pytest.mark.parametrize(
     ("region", "says"),
     [
