@@ -38,34 +38,39 @@ def bootstrap(state: ProvisioningState, region: str | None = None) -> dict:
 
 
 def check_first_region(state: ProvisioningState) -> None:
-    """The first listed region's subnets and image (not a recipe's: copied at launch), looked up before anything is
-    made: a launch whose first region lacks them would make the other regions' parts and then fail. Refused with
-    file:line, the region and the fix (exit 2)."""
+    """The first listed region's subnets and every listed region's image (not a recipe's: copied at launch), looked
+    up before anything is made: a launch whose first region lacked them made the other regions' parts and then
+    failed, and a later region without the image failed the run that a failover sent there. Refused with file:line,
+    the regions and the fix (exit 2)."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     cfg, sweep = state.cfg, state.sweep
     first, listed = cfg.regions[0], ("aws", "regions" if len(cfg.regions) > 1 else "region")
-    ec2 = state.part(first).ec2
     try:
-        api.resolve_subnets(ec2, cfg.subnet_ids, first)
+        api.resolve_subnets(state.part(first).ec2, cfg.subnet_ids, first)
     except OrchError as exc:
         where = located(sweep.path, ("aws", "subnet_ids") if cfg.subnet_ids else listed)
         raise OrchError(f"{where}: {exc} (in {first}, the first region listed). Nothing was launched.", 2) from None
     if cfg.image.startswith("recipe:"):
         return
-    try:
-        resolve_image(ec2, cfg.image, cfg.image_owner, first)
-    except (ClientError, BotoCoreError) as exc:
-        raise api.explain(exc, "looking up the AMI") from None
-    except OrchError:
+    missing = []
+    for region in cfg.regions:
+        try:
+            resolve_image(state.part(region).ec2, cfg.image, cfg.image_owner, region)
+        except (ClientError, BotoCoreError) as exc:
+            raise api.explain(exc, f"looking up the AMI in {region}") from None
+        except OrchError:
+            missing.append(region)
+    if missing:
         fix = (
-            "an AMI id belongs to one region: use its id in that region, or a name pattern that finds each region's"
+            "an AMI id belongs to one region: with several, give a name pattern that finds each region's own AMI"
             if cfg.image.startswith("ami-")
-            else f"list first a region that has it, or make the image in {first} (`orch ami build --region {first}`)"
+            else f"remove {', '.join(missing)} from `{'.'.join(listed)}`, or give an image each listed region has"
         )
         raise OrchError(
-            f"{located(sweep.path, ('aws', 'image'))}: no image {cfg.image!r} (owner {cfg.image_owner}) in {first}, "
-            f"the first region listed in `{'.'.join(listed)}`: {fix}. Nothing was launched.",
+            f"{located(sweep.path, ('aws', 'image'))}: no image {cfg.image!r} (owner {cfg.image_owner}) in "
+            f"{', '.join(missing)}{' (the first region listed)' if first in missing else ''}: {fix}. Nothing was "
+            "launched.",
             exit_code=2,
         ) from None
 
@@ -270,6 +275,7 @@ def plan(state: ProvisioningState) -> dict:
     home = home_region(sweep)
     check_regions(sweep, home)
     images = []
+    check_first_region(state)  # the subnets, and a name pattern's or id's image in every region: refused here too
     try:
         rows = [row for region in cfg.regions for row in _region_rows(state, region)]
         source = recipe_source(state)
@@ -285,7 +291,6 @@ def plan(state: ProvisioningState) -> dict:
                         exit_code=2,
                     ) from None
                 if k == 0:
-                    check_first_region(state)  # refused with file:line and the fix
                     raise
                 # a launch asks a later region only when the first has no capacity: said here, refused only then
                 images.append(

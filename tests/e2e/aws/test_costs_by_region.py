@@ -14,6 +14,7 @@ from orchestrator.aws.pricing import GB, CostLedger, PriceBook
 from orchestrator.backends.aws.state import spot_prices_by_region
 from orchestrator.store.status import RunStatus, write_status
 from tests.fakecloud import BUCKET
+from tests.fakecloud.cloud import IMAGE_NAME
 
 pytestmark = pytest.mark.slow
 
@@ -102,6 +103,7 @@ def test_the_dry_run_bounds_the_cost_over_every_region_and_prices_the_transfer_p
     assert orch("data", "push", str(data), f"s3://{BUCKET}/datasets/shards/").code == 0
     extra = f"timeout_minutes: 60\ndata:\n  - from: s3://{BUCKET}/datasets/shards/\n    to: shards"
     text = cloud.sweep_yaml("farbound", identity, "true", extra=extra, market="on-demand")
+    cloud.register_image(IMAGE_NAME, region="eu-west-1")  # every listed region must have the image
     path = orch.sweep(text.replace("  region: us-east-1\n", "  regions: [us-east-1, eu-west-1]\n"))
     r = orch("launch", str(path), "--dry-run")
     assert r.code == 0, r.out + r.err
