@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import re
 import typing
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,7 @@ _FIXES = {
     "value_error": "see the message",
     "string_pattern_mismatch": "rename it",
     "string_too_short": "write something here",
+    "too_short": "give at least one",
     "unknown_backend": "use one of the known backends (docs/backends.md says how to add one)",
 }
 
@@ -136,6 +138,23 @@ def _allowed_fields(loc: tuple[Any, ...], root_model: Any, sections: dict[str, A
     return ", ".join(names + (list(sections) if model is root_model else []))
 
 
+def _fix_from_input(err: ErrorDetails, fix: str) -> str:
+    """A fix that names what to write, where the input says it: one value where a list goes (`[x]`), a name that
+    matches its pattern once trimmed and in lower case."""
+    given = err.get("input")
+    if err["type"] == "list_type" and isinstance(given, (int, float)) and not isinstance(given, bool):
+        return f"write a list, e.g. [{given}]"
+    if not isinstance(given, str):
+        return fix
+    if err["type"] == "list_type" and given.strip():
+        return f"write a list, e.g. [{given.strip()}]"
+    said = re.search(r"pattern '(.+)'$", err.get("msg", ""))  # a backend's section re-raised keeps only the words
+    pattern = (err.get("ctx") or {}).get("pattern") or (said.group(1) if said else None)
+    if err["type"] == "string_pattern_mismatch" and pattern and re.fullmatch(pattern, given.strip().lower()):
+        return f"write {given.strip().lower()}"
+    return fix
+
+
 def format_errors(
     exc: ValidationError, path: Path, root: yaml.Node | None, model: Any, sections: dict[str, Any] | None = None
 ) -> list[str]:
@@ -170,6 +189,7 @@ def format_errors(
         fix = _FIXES.get(err["type"], "").format(allowed=_allowed_fields(loc, model, sections))
         if err["type"] in ("float_type", "int_type") and _number_text(err.get("input")):
             fix = f"write the number without quotes: {err['input'].strip()}"
+        fix = _fix_from_input(err, fix)
         if len(errs) > 1 and err["type"] in _SCALAR_ERRORS:  # none of a union's types: not one of them in particular
             fix = "write a number, text or true/false" + (" (null is not a value)" if err.get("input") is None else "")
         if err["type"] == "extra_forbidden":

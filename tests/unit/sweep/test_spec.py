@@ -426,6 +426,9 @@ def test_deeply_nested_yaml_is_a_clear_error(orch):
     assert r.code == 2 and "nested" in r.err, r.err
 
 
+AWS = "name: x\nbackend: aws\nstore: s3://bucket/x\naws:\n  image: some-image\n"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "text, words",
@@ -434,7 +437,11 @@ def test_deeply_nested_yaml_is_a_clear_error(orch):
         ("name: x\ntimeout_minutes: .inf\n", ["timeout_minutes", "finite"]),
         ("name: " + "a" * 64 + "\n", ["63 characters"]),
         ("name: 123\n", ["name", "Fix:"]),
-        ("name: x\ngrid:\n  lr: 0.1\n", ["grid.lr", "Fix:"]),
+        ("name: x\ngrid:\n  lr: 0.1\n", ["grid.lr", "Fix: write a list, e.g. [0.1]"]),
+        (AWS + "  regions: us-east-1\n", ["aws.regions", "Fix: write a list, e.g. [us-east-1]"]),
+        (AWS + "  regions: [us-west-2, US-EAST-1]\n", ["aws.regions[1]", "Fix: write us-east-1"]),
+        (AWS + "  regions: [' us-west-2']\n", ["aws.regions[0]", "Fix: write us-west-2"]),
+        (AWS + "  regions: []\n", ["aws.regions", "Fix: give at least one"]),
         ("name: x\nenv:\n  A: 1\n", ["env.A", "Fix:"]),
         ("name: x\nseeds: two\n", ["seeds", "a count"]),
     ],
