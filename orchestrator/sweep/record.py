@@ -84,14 +84,22 @@ def changes(record: dict[str, Any], sweep: Sweep) -> list[str]:
     pruned = before.get("prune") is not None or after.get("prune") is not None
     extended = _extended(before, after)
     return sorted(
-        k
+        name
         for k in set(before) | set(after)
         if before.get(k) != after.get(k)
         and k not in FREE
         and k not in extended
         and not (k in ("grid_order", "space_order") and k not in before)  # not recorded by an older orch: no change
         and not (k in REPORT_ONLY and not pruned)
+        for name in _inside(k, before.get(k), after.get(k))
     )
+
+
+def _inside(key: str, before: Any, after: Any) -> list[str]:
+    """The changed field's name, down to the fields of a section that changed (`aws.regions`, not `aws`)."""
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        return [key]
+    return [f"{key}.{k}" for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k)] or [key]
 
 
 def _extended(before: dict[str, Any], after: dict[str, Any]) -> tuple:

@@ -334,3 +334,16 @@ def test_down_of_a_file_whose_region_was_edited_since_its_launch_ends_what_the_l
     assert "stopped 1 run(s)" in down.out and f"{WEST}: removed" in down.out, down.out
     for region in (REGION, WEST):
         assert not any(clouds.leftovers("moved", region).values()), (region, clouds.leftovers("moved", region))
+
+
+@pytest.mark.timeout(600)
+def test_a_relaunch_that_changes_the_regions_is_refused_naming_aws_regions(orch, clouds, identity):
+    """The regions are the sweep's: reordered (or one added), the relaunch is refused and says which field changed
+    (it said `changed: aws`)."""
+    path = orch.sweep(with_regions(clouds.sweep_yaml("fixed", identity, "true"), f"[{REGION}, {WEST}]"))
+    assert orch("launch", str(path), timeout=300).code == 0
+    path.write_text(path.read_text().replace(f"regions: [{REGION}, {WEST}]", f"regions: [{WEST}, {REGION}]"))
+    for args in (("--dry-run",), ()):
+        again = orch("launch", str(path), *args)
+        refused(again, "a different sweep named 'fixed'", "(changed: aws.regions)")
+    assert orch("down", "fixed").code == 0

@@ -234,7 +234,7 @@ def test_a_relaunch_may_change_the_target_and_collect_by_name_uses_the_new_one(o
     assert "target: 1 of 1 runs reached it; fastest run in 3.0 s" in second.out, second.out
     pruned = text.replace("VALUE", "0.8") + "prune:\n  rungs: [1]\n  min_runs: 1\n"
     refused = orch("launch", str(orch.sweep(pruned)), "--dry-run")
-    assert refused.code == 2 and "changed: prune, target" in refused.err, refused.err
+    assert refused.code == 2 and "changed: prune, target.value" in refused.err, refused.err
 
 
 @pytest.mark.timeout(300)
