@@ -24,32 +24,42 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-# The longest tests (minutes each, mostly waiting on fake boots and real training) start first, so the
-# workers share them instead of one worker ending the suite alone with the last of them.
+# The longest tests (minutes each, mostly waiting on fake boots, leases and real training) start first, so the
+# workers share them instead of one worker ending the suite alone with the last of them. The 30 slowest of a
+# fresh-clone run (stop 53, `scripts/test.sh --durations=30`), longest first, those that mostly wait (on leases,
+# boots, capacity) taking turns with those that mostly compute (training), so that the cores are not idle while
+# four waiters run at once; a test renamed or added later is ordered as the other `slow` ones are.
 LONGEST_FIRST = (
-    "test_acceptance_three_runs_with_realistic_boot",
-    "test_every_run_interrupted_once",
-    "test_the_readme_fake_cloud_walkthrough",
-    "test_sweep_runs_on_fake_spot_instances",
-    "test_the_speed_table_command_runs_every_row",
-    "test_two_nodes_of_two_processes",
-    "test_a_quota_reached_while_runs_go",
-    "test_digits_preset_reaches_97",
-    "test_controller_killed_right_after_createfleet",
-    "test_host_lost_without_notice_resumes",
-    "test_four_ranks_resumed_mid_epoch",
-    "test_compile_trains_and_matches_eager",
-    "test_a_lost_controller_instance_is_reported",
+    "test_a_killed_supervisor_is_restarted_and_with_everything_killed_the_watchdog_ends_the_instance",
+    "test_every_run_interrupted_once_finishes_with_uninterrupted_results",
     "test_the_controller_terminates_its_own_instance_at_max_hours",
-    "test_remote_controller_resumes_an_interrupted_run",
-    "test_four_one_gpu_runs_share_one_four_gpu_instance",
-    "test_resume_after_sigusr1_then_sigkill_is_bitwise_identical",
-    "test_resume_skips_a_broken_checkpoint",
-    "test_fast_muon_resumed_mid_epoch",
-    "test_ddp_run_interrupted_by_a_notice",
-    "test_terminated_instances_still_counting_toward_a_quota",
-    "test_gc_lists_and_down_all_removes_everything",
+    "test_two_nodes_of_two_processes_interrupted_on_node_1_end_as_one_node_of_four",
+    "test_acceptance_three_runs_with_realistic_boot_use_exactly_three_instances",
+    "test_host_lost_without_notice_resumes",
+    "test_a_lost_controller_instance_is_reported_and_a_second_remote_adopts_the_runs",
+    "test_compile_trains_and_matches_eager_closely",
+    "test_a_quota_reached_while_runs_go_makes_runs_wait_not_the_sweep_fail",
+    "test_a_reclaimed_shared_instance_resumes_its_runs_in_another_region",
+    "test_controller_killed_right_after_createfleet_is_adopted",
+    "test_four_ranks_resumed_mid_epoch_reduce_as_the_run_they_continue",
+    "test_the_fake_cloud_walkthrough_of_the_docs_runs_as_written",
+    "test_a_run_interrupted_in_one_region_resumes_in_another_from_its_checkpoint",
+    "test_terminated_instances_still_counting_toward_a_quota_make_the_next_run_wait_not_the_sweep_fail",
+    "test_ddp_run_interrupted_by_a_notice_resumes_bitwise",
+    "test_sweep_runs_on_fake_spot_instances_and_leaves_nothing",
+    "test_digits_preset_reaches_97_percent",
+    "test_a_crashed_remote_controller_is_restarted_by_its_supervisor_and_takes_its_own_lease_at_once",
+    "test_four_one_gpu_runs_share_one_four_gpu_instance_and_resume_together",
+    "test_an_agent_that_goes_silent_loses_its_host_and_the_run_restarts",
+    "test_the_speed_table_command_runs_every_row_and_names_what_cannot_run",
+    "test_remote_controller_resumes_an_interrupted_run_while_the_laptop_sleeps_and_ends_itself",
+    "test_a_search_with_prune_and_target_runs_its_trials_in_the_next_region",
+    "test_a_remote_controller_restarted_by_its_supervisor_is_told_once",
+    "test_an_attempt_ended_by_a_failed_node_keeps_every_nodes_log_and_the_run_folder",
+    "test_a_node_whose_command_fails_fails_the_attempt_and_counts_against_max_restarts",
     "test_two_process_torchrun_lands_in_the_same_band",
+    "test_nodes_come_all_at_once_and_a_lost_node_ends_the_attempt_on_every_node",
+    "test_fast_muon_resumed_mid_epoch_ends_with_the_weights_of_a_run_never_stopped",
 )
 
 
