@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import shlex
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,17 @@ def build(root: Path | None = None, parts=SHIPPED) -> Bundle:
 
 
 def install_command(bundle: Bundle) -> str:
-    """Unpack stdin into the bundle's folder unless it is already there (uploaded once per host)."""
+    """Unpack stdin into the bundle's folder unless it is already there (uploaded once per host).
+
+    Runs packed on one instance install at the same moment: one unpacks under a lock (`flock`, util-linux) while the
+    others wait, then find it complete. A folder without `.complete` (an install cut off) is unpacked again from
+    scratch, never trusted. stdin is read to its end either way, so the sender never writes into a closed channel."""
     d = bundle.remote_dir.replace("~/", "$HOME/")
-    return f'test -f "{d}/.complete" || {{ mkdir -p "{d}" && tar xzf - -C "{d}" && touch "{d}/.complete"; }}'
+    unpack = (
+        'if test -f "$1/.complete"; then cat >/dev/null; '
+        'else rm -rf "$1" && mkdir -p "$1" && tar xzf - -C "$1" && touch "$1/.complete"; fi'
+    )
+    return (
+        f'if test -f "{d}/.complete"; then cat >/dev/null; '
+        f'else mkdir -p "$HOME/orch/code" && flock "{d}.lock" sh -c {shlex.quote(unpack)} sh "{d}"; fi'
+    )
