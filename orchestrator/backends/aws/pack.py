@@ -83,6 +83,8 @@ class Packer:
             raise fleet.CapacityUnavailable("every instance with a free slot was ending; will retry")
         except Exception as exc:
             failed = not isinstance(exc, (fleet.CapacityUnavailable, api.AwsFatal))
+            if claimed and new_ids and self._joined(*claimed):  # runs came to the instance it bought: it stays theirs
+                failed, new_ids = True, []
             if failed and claimed and not new_ids:  # a slot on another run's instance: give it back
                 self.free_claim(claimed[0], claimed[1], value)
             self.provisioner.settle(task, exc, new_ids)  # as for a run of its own
@@ -216,6 +218,17 @@ class Packer:
                 raise
 
         retry_until(once, api.NOT_FOUND_S, 1.0, f"EC2 to know {iid}")
+
+    def _joined(self, iid: str, slot: int) -> bool:
+        """Whether another run holds a slot on the instance this run acquired and failed to start on (placing, or
+        placed: its tag). If none, nothing is placed there any more: the failed run's release terminates it."""
+        st = self.state
+        with st.pack_lock:
+            if st.reserved.get(iid, set()) - {slot}:
+                return True
+            st.dead.add(iid)
+        inst = live_instance(st, iid)
+        return inst is not None and any(k != slot for k in inst["slots"])
 
     def _unreserve(self, iid: str, slot: int) -> None:
         with self.state.pack_lock:

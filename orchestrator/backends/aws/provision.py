@@ -244,6 +244,8 @@ class Provisioner:
             )
             r = conn.run(script, timeout=max(300.0, cfg.boot_timeout_s))
             found = [line[3:] for line in r.out.splitlines() if line.startswith("OK ")]
+            if r.code == -1:  # no exit status: the connection went (the instance with it), not the interpreters
+                raise OrchError("the connection to the instance was lost while looking for its Python")
             if r.code != 0 or not found:
                 tried = (
                     "; ".join(line[3:] for line in r.out.splitlines() if line.startswith("NO ")) or r.err.strip()[-300:]
