@@ -48,15 +48,14 @@ def own_instance_id() -> str:
     return found
 
 
-def terminate_self() -> str:
-    """Terminate the instance this runs on (the agent's last act); returns its id.
+def terminate_self(instance_id: str) -> None:
+    """Terminate the instance this runs on (`own_instance_id()`; the agent's last act: say so before, as nothing
+    after this call is sure to run).
 
     The credentials are the instance profile's: its policy allows TerminateInstances only on
     instances tagged with this sweep.
     """
     import boto3
 
-    instance_id = own_instance_id()
     region = imds_get("placement/region") or os.environ.get("AWS_DEFAULT_REGION", "us-east-1")
     boto3.client("ec2", region_name=region).terminate_instances(InstanceIds=[instance_id])
-    return instance_id

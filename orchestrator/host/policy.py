@@ -61,9 +61,11 @@ class HostPolicy:
 
     def _terminate(self) -> None:
         """The run is over and nothing else needs this machine: stop paying for it."""
-        from orchestrator.host.imds import terminate_self
+        from orchestrator.host.imds import own_instance_id, terminate_self
 
-        try:
-            log.info("run ended; terminating this instance %s", terminate_self())
+        try:  # logged first: the instance (this process with it) may be gone before the call returns
+            instance_id = own_instance_id()
+            log.info("run ended; terminating this instance %s", instance_id)
+            terminate_self(instance_id)
         except Exception as exc:  # the safety-net shutdown and `orch down` still catch it
             log.error("could not terminate this instance: %s", exc)
