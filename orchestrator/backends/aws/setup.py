@@ -52,7 +52,7 @@ def check_first_region(state: ProvisioningState) -> None:
         where = located(sweep.path, ("aws", "subnet_ids") if cfg.subnet_ids else listed)
         raise OrchError(f"{where}: {exc} (in {first}, the first region listed). Nothing was launched.", 2) from None
     if cfg.image.startswith("recipe:"):
-        return
+        return _check_recipe_built(state)
     missing = []
     for region in cfg.regions:
         try:
@@ -73,6 +73,27 @@ def check_first_region(state: ProvisioningState) -> None:
             "launched.",
             exit_code=2,
         ) from None
+
+
+def _check_recipe_built(state: ProvisioningState) -> None:
+    """`image: recipe:NAME`: an `available` image of NAME in one listed region at least (a launch copies it into the
+    others); else refused with file:line and the build command (exit 2) before anything is made."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    cfg = state.cfg
+    name = cfg.image[len("recipe:") :]
+    for region in cfg.regions:
+        try:
+            if any(i.get("State") == "available" for i in orch_images.images(state.part(region).ec2, name)):
+                return
+        except (ClientError, BotoCoreError) as exc:
+            raise api.explain(exc, f"looking up the images of recipe {name!r} in {region}") from None
+    raise OrchError(
+        f"{located(state.sweep.path, ('aws', 'image'))}: no image built from recipe {name!r} in "
+        f"{', '.join(cfg.regions)}. Build it: `orch ami build ami/{name}.yaml --region {cfg.regions[0]}` (the "
+        "recipe file as you named it), or name a recipe you built. Nothing was launched.",
+        exit_code=2,
+    )
 
 
 def prepare_regions(state: ProvisioningState):

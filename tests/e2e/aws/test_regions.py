@@ -100,6 +100,25 @@ def test_a_region_without_the_image_is_refused_before_anything_is_made(orch, clo
         assert not any(cloud.leftovers("noimg", region).values()), (region, cloud.leftovers("noimg", region))
 
 
+@pytest.mark.parametrize("regions", ["", "[us-east-1, us-west-2]"])
+def test_a_recipe_built_in_no_listed_region_is_refused_with_its_line_and_the_build(orch, cloud, identity, regions):
+    # it was exit 1 with "no image built from recipe" and no line, after the first region's parts were made
+    text = cloud.sweep_yaml("norecipe", identity, "true")
+    text = with_regions(text, regions) if regions else text  # "": `region: us-east-1`
+    path = orch.sweep(re.sub(r"(?m)^  image: .*$", "  image: recipe:nosuch", text, count=1))
+    for args in (("--dry-run",), ()):
+        r = orch("launch", str(path), *args)
+        refused(
+            r,
+            f"{path}:{line_of(path, 'image:')}: aws.image: no image built from recipe 'nosuch' in ",
+            "orch ami build ami/nosuch.yaml --region us-east-1",
+        )
+        assert r.code == 2 and "Nothing was launched" in r.err, (args, r.err)
+    assert not cloud.instances()
+    for region in ("us-east-1", "us-west-2"):
+        assert not any(cloud.leftovers("norecipe", region).values()), (region, cloud.leftovers("norecipe", region))
+
+
 @pytest.mark.parametrize(
     ("region", "says"),
     [
