@@ -21,7 +21,8 @@ TEARDOWN_WAIT_S = 900.0  # GPU instances can stay in shutting-down for minutes
 
 
 def teardown(ec2, iam, sweep: str, wait_s: float = TEARDOWN_WAIT_S) -> list[str]:
-    """Remove everything tagged with or named after the sweep, in dependency order; safe to repeat.
+    """Remove everything tagged with or named after the sweep, in dependency order; safe to repeat. `iam` None: the
+    region's resources only (the instance profiles are global: `remove_profiles`).
 
     An instance in `shutting-down` still holds its network interface, and so the security group:
     wait for every instance to be gone before deleting the group, rather than hammering
@@ -64,9 +65,14 @@ def teardown(ec2, iam, sweep: str, wait_s: float = TEARDOWN_WAIT_S) -> list[str]
             raise OrchError(
                 f"placement group {group} still holds an instance; run `orch down {sweep}` again in a minute."
             ) from None
-    removed += _delete_instance_profile(iam, iam_name(sweep))
-    removed += _delete_instance_profile(iam, controller_iam_name(sweep))  # `orch launch --remote`'s
-    return removed
+    return removed + (remove_profiles(iam, sweep) if iam is not None else [])
+
+
+def remove_profiles(iam, sweep: str) -> list[str]:
+    """The sweep's instance profiles and roles (IAM is global: one set serves every region)."""
+    return _delete_instance_profile(iam, iam_name(sweep)) + _delete_instance_profile(
+        iam, controller_iam_name(sweep)
+    )  # the hosts' and `orch launch --remote`'s controller's
 
 
 def _delete_instance_profile(iam, name: str) -> list[str]:
@@ -96,8 +102,9 @@ def _delete_instance_profile(iam, name: str) -> list[str]:
     return removed
 
 
-def orch_resources(ec2, iam) -> dict[str, list[str]]:
-    """Everything orch made in this region, by sweep: what `orch gc` lists and `orch down --all` removes."""
+def orch_resources(ec2) -> dict[str, list[str]]:
+    """Everything orch made in this region, by sweep: what `orch gc` lists and `orch down --all` removes (with
+    `orch_profiles`, which are global)."""
     found: dict[str, list[str]] = {}
     for page in ec2.get_paginator("describe_instances").paginate(
         Filters=[{"Name": "tag-key", "Values": ["orch:sweep"]}, {"Name": "instance-state-name", "Values": LIVE_STATES}]
@@ -115,6 +122,12 @@ def orch_resources(ec2, iam) -> dict[str, list[str]]:
     for lt in _all(ec2, "describe_launch_templates", "LaunchTemplates", []):
         if lt["LaunchTemplateName"].startswith("orch-"):
             found.setdefault(lt["LaunchTemplateName"][5:], []).append(f"launch-template {lt['LaunchTemplateId']}")
+    return found
+
+
+def orch_profiles(iam) -> dict[str, list[str]]:
+    """orch's instance profiles, by sweep: IAM is global, so they are listed once, not once per region."""
+    found: dict[str, list[str]] = {}
     for page in iam.get_paginator("list_instance_profiles").paginate():
         for prof in page.get("InstanceProfiles", []):
             name = prof["InstanceProfileName"]

@@ -225,8 +225,8 @@ def _scan(problems: list[str] | None = None, only: list[str] | None = None):
 @expected_errors
 def gc():
     """List what orch made and what still exists (instances, security groups, launch
-    templates, instance profiles), by sweep, in the regions of the sweeps launched from
-    here, each with the command that removes it (`orch down SWEEP`; an image build's leftovers:
+    templates; instance profiles once, under `iam`: IAM is global), by sweep, in the regions of
+    the sweeps launched from here, each with the command that removes it (`orch down SWEEP`; an image build's leftovers:
     `orch down ami-RECIPE`; images themselves: `orch ami list` / `orch ami rm`). Removes nothing.
 
     \b

@@ -776,11 +776,13 @@ class FakeCloud:
 
     def all_leftovers(self) -> dict[str, list]:
         """Whatever orch made and left, in every region of this cloud."""
-        from orchestrator.aws.teardown import orch_resources
+        from orchestrator.aws.teardown import orch_profiles, orch_resources
 
         out: dict[str, list] = {}
-        for region in self.regions:
-            for sweep, things in orch_resources(self.client("ec2", region), self.client("iam")).items():
+        for found in [orch_resources(self.client("ec2", r)) for r in self.regions] + [
+            orch_profiles(self.client("iam"))
+        ]:
+            for sweep, things in found.items():
                 out.setdefault(sweep, []).extend(things)
         return out
 

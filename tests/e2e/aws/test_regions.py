@@ -205,6 +205,9 @@ def test_a_region_without_capacity_hands_every_run_to_the_next_and_down_empties_
     calls = clouds.gate.calls
     made = min(c.answered for c in calls if c.region == WEST and c.action == "CreateLaunchTemplate")
     assert made < min(c.began for c in calls if c.action == "CreateFleet"), "us-west-2 prepared only when asked"
+    gc = orch("gc")  # each region's own, and the instance profile (IAM is global) once, not under each region
+    assert gc.code == 0 and gc.out.count("instance-profile orch-fail") == 1, gc.out
+    assert f"{WEST} fail:" in gc.out and "iam fail: 1 resource(s)" in gc.out, gc.out
     down = orch("down", "fail")
     assert down.code == 0, down.out + down.err
     assert f"{WEST}: removed" in down.out, down.out  # what each region held, said per region

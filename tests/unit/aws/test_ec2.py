@@ -577,7 +577,7 @@ def test_the_spot_service_linked_role_refusal_is_a_permission_error_that_names_t
 def test_gc_and_teardown_read_every_page_of_each_describe():
     """EC2 pages DescribeLaunchTemplates and DescribeSecurityGroups: what sits past the first page is still orch's,
     and `orch gc` lists it (teardown reads the same pages)."""
-    from orchestrator.aws.teardown import orch_resources
+    from orchestrator.aws.teardown import orch_profiles, orch_resources
 
     ec2 = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
     iam = boto3.client("iam", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
@@ -593,9 +593,11 @@ def test_gc_and_teardown_read_every_page_of_each_describe():
     stub.add_response("describe_launch_templates", {"LaunchTemplates": [template]}, {"Filters": [], "NextToken": "2"})
     iam_stub.add_response("list_instance_profiles", {"InstanceProfiles": []}, {})
     with stub, iam_stub:
-        found = orch_resources(ec2, iam)
+        found = orch_resources(ec2)
+        profiles = orch_profiles(iam)
     stub.assert_no_pending_responses()
-    assert found == {"late": ["security-group sg-2", "launch-template lt-2"]}, found
+    iam_stub.assert_no_pending_responses()
+    assert found == {"late": ["security-group sg-2", "launch-template lt-2"]} and profiles == {}, (found, profiles)
 
 
 def test_a_remote_controllers_ssh_rule_replaces_those_of_controllers_no_longer_running(cloud):
