@@ -327,6 +327,11 @@ class CostLedger:
         with self.lock:
             return ledger_cost(self.entries, now=time.time())
 
+    def places(self) -> dict[str, dict[int, str]]:
+        """run -> {attempt: region} of what this ledger holds (attempt_regions)."""
+        with self.lock:
+            return attempt_regions(self.entries)
+
     def flush(self) -> None:
         """Save what the passes since the last write added (they save only on a change or every 30 s), so that
         the spend a finished launch prints is the one `orch collect` reads."""

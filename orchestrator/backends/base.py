@@ -107,6 +107,10 @@ class Backend(Protocol):
         """Dollars spent so far by the sweep."""
         ...
 
+    def places(self) -> dict[str, dict[int, str]]:
+        """run -> {attempt: where it ran} (aws: the region), for the launch's progress; {} where there is one place."""
+        ...
+
     def run_of_instance(self, host_id: str) -> str | None:
         """The run a host id (e.g. an instance id) serves, if any."""
         ...
@@ -138,6 +142,9 @@ class BackendBase:
 
     def spend(self) -> float:
         return 0.0
+
+    def places(self) -> dict[str, dict[int, str]]:
+        return {}
 
     def run_of_instance(self, host_id: str) -> str | None:
         return None

@@ -328,12 +328,14 @@ def watch_progress(con, run_fn):
 
     def on_progress(p):
         for r in p.runs:
-            key = (r.state, r.attempt)
+            key = (r.state, r.attempt, r.region)
             if seen.get(r.run_id) != key:
                 seen[r.run_id] = key
                 extra = f" ({r.reason})" if r.reason and r.state not in ("running", "starting") else ""
+                where = f", {r.region}" if r.region else ""  # aws: the attempt's region, once the ledger has it
                 con.print(
-                    f"{time.strftime('%H:%M:%S')} {r.run_id}: {r.state} (attempt {r.attempt}){extra}", markup=False
+                    f"{time.strftime('%H:%M:%S')} {r.run_id}: {r.state} (attempt {r.attempt}{where}){extra}",
+                    markup=False,
                 )
 
     progress = run_fn(on_progress)

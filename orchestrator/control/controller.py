@@ -26,7 +26,7 @@ from orchestrator.control.table import RunTable
 from orchestrator.control.target import reached_in_files
 from orchestrator.control.trials import Trials
 from orchestrator.control.verdicts import Verdicts
-from orchestrator.control.views import Progress, RunView, usd
+from orchestrator.control.views import Progress, RunView, usd, with_places
 from orchestrator.errors import OrchError
 from orchestrator.store import layout
 from orchestrator.store import lifecycle as life
@@ -138,6 +138,7 @@ class Controller(Verdicts):
                     free -= 1
         self._tell_trials()  # and what a start ended (a run given up at its claim)
         views = table.all_views()
+        with_places(views, self.backend.places())
         progress = Progress(
             sweep=self.name,
             runs=views,

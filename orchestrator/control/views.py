@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from orchestrator.money import usd as usd  # re-exported: the control layer and the CLI read it here
@@ -93,3 +94,12 @@ def view_of(status: RunStatus, has_host: bool, final: bool) -> RunView:
         final=final,
         finished_at=status.finished_at,
     )
+
+
+def with_places(views: Iterable[RunView], places: dict[str, dict[int, str]]) -> None:
+    """Each view's region (`places`: run -> {attempt: region}, the backend's cost ledger): its current attempt's,
+    else its newest one's."""
+    for view in views:
+        attempts = places.get(view.run_id)
+        if attempts:
+            view.region = attempts.get(view.attempt) or attempts[max(attempts)]

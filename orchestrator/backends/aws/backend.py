@@ -139,6 +139,9 @@ class AwsBackend(BackendBase):
     def spend(self) -> float:
         return self.state.ledger.spend()
 
+    def places(self) -> dict[str, dict[int, str]]:
+        return self.state.ledger.places()
+
     def flush(self) -> None:
         self.state.ledger.flush()
 

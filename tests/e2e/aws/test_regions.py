@@ -200,6 +200,8 @@ def test_a_region_without_capacity_hands_every_run_to_the_next_and_down_empties_
     assert all(v["state"] == "succeeded" and v["attempt"] == 1 for v in final.values()), final
     ran = clouds.instances("fail", states=("pending", "running", "shutting-down", "terminated"))
     assert ran and {i["region"] for i in ran} == {WEST}, ran  # asked in us-east-1 first, refused, bought in us-west-2
+    for run in final:  # the launch's progress lines (no terminal) name each attempt's region
+        assert re.search(rf"{run}: succeeded \(attempt 1, {WEST}\)", r.out), r.out[-3000:]
     assert clouds.gate.counts["InsufficientInstanceCapacity"] >= 2, clouds.gate.counts
     one_live_attempt_per_run(clouds.gate.calls, ran, [REGION, WEST])
     calls = clouds.gate.calls
