@@ -42,8 +42,8 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
         "orchestrator.cli.ops:gc",
         "List what orch made and what still exists (instances, security groups, launch templates; instance "
         "profiles once, under `iam`: IAM is global), by sweep, in the regions of the sweeps launched from here, each "
-        "with the command that removes it (`orch down SWEEP`; an image build's leftovers: `orch down ami-RECIPE`; images themselves: `orch ami "
-        "list` / `orch ami rm`).",
+        "with the command that removes it (`orch down SWEEP`; an image build's leftovers: `orch down ami-RECIPE`; "
+        "images themselves: `orch ami list` / `orch ami rm`).",
     ),
     "chaos": (
         "orchestrator.cli.ops:chaos",
