@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -191,6 +193,40 @@ class Orch:
 
     def tmux(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, env=self.env)
+
+    @contextlib.contextmanager
+    def in_a_terminal(self, *args: str):
+        """`orch ARGS` in a real terminal (a window of an outer tmux on a socket of its own, 160x40, with this
+        orch's environment); yields (screen, keys): what the terminal shows now, and keys typed into it."""
+        from orchestrator.wait import retry_until
+
+        outer = f"outer-{uuid.uuid4().hex[:6]}"
+
+        def screen() -> str:
+            return subprocess.run(
+                ["tmux", "-L", outer, "capture-pane", "-p", "-t", "t"], capture_output=True, text=True
+            ).stdout
+
+        def keys(*typed: str) -> None:
+            subprocess.run(["tmux", "-L", outer, "send-keys", "-t", "t", *typed], check=True)
+
+        def gone_or_detached() -> bool:
+            return subprocess.run(["tmux", "-L", outer, "has-session", "-t", "t"]).returncode != 0 or (
+                "detached" in screen()
+            )
+
+        try:
+            cmd = " ".join(shlex.quote(a) for a in self.argv(*args))
+            subprocess.run(
+                ["tmux", "-L", outer, "new-session", "-d", "-s", "t", "-x", "160", "-y", "40", cmd],
+                env=self.env,
+                check=True,
+            )
+            yield screen, keys
+            keys("C-b", "d")
+            retry_until(gone_or_detached, 10, 0.2, "the attach client to detach")
+        finally:
+            subprocess.run(["tmux", "-L", outer, "kill-server"], capture_output=True)
 
     def sweep(self, text: str, name: str = "sweep.yaml") -> Path:
         path = self.tmp / name

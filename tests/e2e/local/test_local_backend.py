@@ -13,7 +13,6 @@ import signal
 import stat
 import subprocess
 import threading
-import uuid
 
 import pytest
 
@@ -57,35 +56,10 @@ def test_launch_status_attach_logs_collect_down(orch, job):
     assert "flow (local, controller pid" in overview.out
 
     # attach: a real terminal, driven through an outer tmux on another socket
-    outer = f"outer-{uuid.uuid4().hex[:6]}"
-    try:
-        cmd = " ".join(orch.argv("attach", "a=1"))
-        subprocess.run(
-            ["tmux", "-L", outer, "new-session", "-d", "-s", "t", "-x", "160", "-y", "40", cmd],
-            env=orch.env,
-            check=True,
-        )
-
-        def screen():
-            return subprocess.run(
-                ["tmux", "-L", outer, "capture-pane", "-p", "-t", "t"], capture_output=True, text=True
-            ).stdout
-
+    with orch.in_a_terminal("attach", "a=1") as (screen, _):
         retry_until(
             lambda: "tick" in screen() and "of a=1" in screen(), 20, 0.2, "the run's output in the attached terminal"
         )
-        subprocess.run(["tmux", "-L", outer, "send-keys", "-t", "t", "C-b", "d"], check=True)
-        retry_until(
-            lambda: (
-                subprocess.run(["tmux", "-L", outer, "has-session", "-t", "t"]).returncode != 0
-                or "detached" in screen()
-            ),
-            10,
-            0.2,
-            "the attach client to detach",
-        )
-    finally:
-        subprocess.run(["tmux", "-L", outer, "kill-server"], capture_output=True)
     assert orch.tmux("has-session", "-t", "=orch_flow_a=1").returncode == 0  # detaching left the run alone
 
     job.release.touch()

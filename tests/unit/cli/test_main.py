@@ -40,7 +40,7 @@ def test_orch_help_lists_every_visible_command(orch):
     assert "Launch (or continue) the sweep" in r.out and "_controller" not in r.out
 
 
-def test_bare_run_ids_reach_a_local_sweep_when_a_sweep_of_an_s3_store_is_out_of_reach(orch, job):
+def test_bare_run_ids_reach_a_local_sweep_when_a_sweep_of_an_s3_store_is_out_of_reach_logs_attach_cancel(orch, job):
     path = orch.sweep(f"""
         name: b-local
         command: "{job(steps=2, release=True)}"
@@ -68,6 +68,9 @@ def test_bare_run_ids_reach_a_local_sweep_when_a_sweep_of_an_s3_store_is_out_of_
     assert "credentials" not in logs.err and (logs.code == 0 or "no log for attempt 1 of lr=0.2,seed=1" in logs.err), (
         logs.out + logs.err
     )  # the run was found (its log may not have reached the store yet)
+    with orch.in_a_terminal("attach", "lr=0.2,seed=1") as (screen, _):
+        retry_until(lambda: "of lr=0.2,seed=1" in screen(), 30, 0.2, "the run's own terminal, attached by its bare id")
+        assert "credentials" not in screen(), screen()
     cancel = orch("cancel", "lr=0.2,seed=1")
     assert cancel.code == 0 and "Traceback" not in cancel.err, cancel.out + cancel.err
     retry_until(lambda: status(orch, "b-local")["lr=0.2,seed=1"]["state"] == "cancelled", 60, 0.5, "the cancel")
