@@ -216,7 +216,7 @@ class Notifier:
             ok, why = deliver(sink.url, msg["title"], msg["body"])  # outside the lock: observe never waits on it
             with self._cv:
                 self._record(pair, sink, ok, why)
-                snapshot = json.dumps(self.outbox.to_json(), sort_keys=True).encode()
+                snapshot = json.dumps(self.outbox.to_json()).encode()  # in the order queued: sent in that order
             self._save(snapshot)
 
     def _record(self, pair: tuple[str, str], sink: Sink, ok: bool, why: str) -> None:
