@@ -351,6 +351,7 @@ class _GatedMotoServer:
 
         self.gate = Gate(DomainDispatcherApplication(create_backend_app), **self.gate_args)
         self.server = make_server("127.0.0.1", self.port, self.gate, True, request_handler=MotoRequestHandler)
+        self.port = self.server.socket.getsockname()[1]  # port 0: the kernel's pick, no other process can take it first
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True, name="fakecloud-moto")
         self.thread.start()
         return self.gate
@@ -411,9 +412,11 @@ class FakeCloud:
 
         logging.getLogger("werkzeug").setLevel(logging.ERROR)
         _extend_moto()
-        port = free_port()
-        self.server = _GatedMotoServer(port, {"strict": self.strict})
+        # port 0, bound at once: a port found free and bound later was taken in between once (Errno 98, a
+        # fresh-clone suite), and every fake-cloud test of that worker failed after it
+        self.server = _GatedMotoServer(0, {"strict": self.strict})
         self.gate = self.server.start()
+        port = self.server.port
         self.endpoint = f"http://127.0.0.1:{port}"
         self.gate.policy_source = policies_from_moto(self.endpoint, self.secret)
         self.gate.boundary_source = boundaries_from_moto()
