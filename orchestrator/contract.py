@@ -113,6 +113,11 @@ def ctl_dir(base: str, sweep: str, run_id: str) -> str:
     return f"{run_root(base, sweep, run_id)}/ctl"
 
 
+def code_dir(base: str, digest: str) -> str:
+    """Where a `workdir:` snapshot is unpacked on a host, once for all its runs (no sweep's name starts with '.')."""
+    return f"{base.rstrip('/')}/.code/{digest}"
+
+
 def task_file(ctl_dir: str, attempt: int) -> str:
     """Where an attempt's task lies on its host, for its agent (RunTask.to_json)."""
     return f"{ctl_dir.rstrip('/')}/task-{attempt}.json"
@@ -216,6 +221,12 @@ class RunTask:
     )
     rungs: list[float] = field(default_factory=list)  # not at the next heartbeat (the controller decides at rungs)
     rungs_metric: str = ""  # prune: the metric compared; the agent reports its value at each rung
+    # `workdir:`: the snapshot's digest (its key in the store) and the sha256 of its archive (checked before unpacking);
+    # the folder it is unpacked to, the command's current directory (code_dir()); "" without a workdir
+    code: str = ""
+    code_sha256: str = ""
+    code_dir: str = ""
+    setup: str = ""  # `setup:`: run once per host and snapshot in code_dir, before the first command there
 
     def uses(self, part: str) -> bool:
         """Whether its backend switched the host-side part `part` (one of HOST_PARTS) on."""

@@ -11,8 +11,9 @@ import click
 from orchestrator.backends.registry import backend_for, entry, load_sweep
 from orchestrator.cli import remote as remote_controller
 from orchestrator.cli.common import expected_errors, make_console, sweep_parts
-from orchestrator.cli.render import dry_run_lines, failure_report, spend_text, watch_progress
+from orchestrator.cli.render import code_lines, dry_run_lines, failure_report, spend_text, watch_progress
 from orchestrator.control import launch as control
+from orchestrator.control.code import with_snapshot
 
 
 @click.command()
@@ -38,7 +39,7 @@ def launch(sweep_file: str, dry_run: bool, detach: bool, every: bool, remote: bo
     Example:
       orch launch experiments/local-smoke.yaml --dry-run
     """
-    sweep = load_sweep(sweep_file)
+    sweep = with_snapshot(load_sweep(sweep_file))  # `workdir:`: the code the runs get, taken now
     con = make_console()
     if remote:
         remote_controller.check(sweep)
@@ -47,19 +48,23 @@ def launch(sweep_file: str, dry_run: bool, detach: bool, every: bool, remote: bo
         plan = backend_for(sweep).plan()
         words = entry(sweep.spec.backend).plan_lines
         more = (remote_controller.controller_line(sweep, plan),) if remote and plan else ()
+        note = control.code_note(sweep)
         for line in dry_run_lines(sweep, words(sweep, plan) if plan and words else None, every, more):
+            if note and line.startswith("code: "):  # the snapshot taken now is not what the runs get: say which is
+                line, note = note, None
             con.print(line, markup=False)
         return
     if remote:
         remote_controller.launch_remote(con, sweep)
         return
-    this = control.Launch(sweep, *sweep_parts(sweep), on_event=lambda event: _tell(con, sweep, event))
+    note = control.code_note(sweep)  # before the launch records a new sweep's code
+    this = control.Launch(sweep, *sweep_parts(sweep), on_event=lambda event: _tell(con, sweep, event, note))
     progress = this.run(detach, lambda run_fn: watch_progress(con, run_fn))
     if progress is not None:
         _finish(con, progress)
 
 
-def _tell(con, sweep, event: control.Event) -> None:
+def _tell(con, sweep, event: control.Event, note: str | None = None) -> None:
     """What the launch says as it goes."""
     name = sweep.spec.name
     if isinstance(event, control.TookOver):
@@ -69,6 +74,9 @@ def _tell(con, sweep, event: control.Event) -> None:
             f"{'launching' if event.new else 'continuing'} sweep [bold]{name}[/]: {len(sweep.runs)} runs, "
             f"max_parallel {sweep.spec.max_parallel}, store {sweep.store_url}"
         )
+        lines = code_lines(sweep.snapshot, sweep.spec.setup)
+        for line in [note, *lines[1:]] if note else lines:
+            con.print(line, markup=False)
     elif isinstance(event, control.Detached):
         con.print(f"controller running in the background (pid {event.pid}). Watch: `orch status {name} --watch`.")
     elif isinstance(event, control.HandedOff):

@@ -297,8 +297,32 @@ def dry_run_lines(sweep, plan: list[str] | None, every: bool = False, more_cost:
         lines += plan
         lines += more_cost
     lines += goal_lines(spec)
+    lines += code_lines(sweep.snapshot, spec.setup)
     lines.append("dry run: nothing launched.")
     return lines
+
+
+def code_lines(snapshot, setup: str = "") -> list[str]:
+    """`workdir:`: what goes to every host (its size, digest, git state), what was left out, and `setup:`."""
+    if snapshot is None:
+        return ["code: no workdir (each run's command starts in its run folder)"]
+    git = ""
+    if snapshot.git_commit:
+        git = f", git {snapshot.git_commit[:10]}" + (" with uncommitted changes" if snapshot.git_dirty else "")
+    out = [
+        f"code: {snapshot.root}: {len(snapshot.files)} files, {_mb(snapshot.size)} ({_mb(len(snapshot.data))} "
+        f"packed), snapshot {snapshot.digest}{git}; each run starts in it (read-only; write to $ORCH_RUN_DIR)"
+    ]
+    if snapshot.left_out:
+        shown = ", ".join(snapshot.left_out[:8]) + (" ..." if len(snapshot.left_out) > 8 else "")
+        out.append(f"code: left out, as they look like secrets: {shown} (pass secrets with `env:`)")
+    if setup:
+        out.append(f"setup (once per host, in the workdir): {setup}")
+    return out
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n / 1e3:.1f} kB"
 
 
 def goal_lines(spec) -> list[str]:

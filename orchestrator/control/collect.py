@@ -41,6 +41,7 @@ COLUMNS = (
     "region",
     "transfer_usd",
     "transfer_gb",
+    "code",
 )
 
 
@@ -76,6 +77,7 @@ class RunResult:
     regions: list[str] = field(default_factory=list)  # aws: where its attempts ran, in attempt order (the ledger)
     transfer_usd: float | None = None  # aws: its attempts' data moved across regions, at AWS's inter-region rate
     transfer_bytes: int = 0  # the bytes those dollars are for
+    code: str = ""  # `workdir:`: the snapshot its last attempt ran (sweep.json's `code`)
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,7 @@ def collect(sweep: Sweep, store: Store) -> Results:
             regions=[r for _, r in sorted(places.get(run.run_id, {}).items()) if r],
             transfer_usd=moved[0] if moved is not None else None,
             transfer_bytes=moved[1] if moved is not None else 0,
+            code=status.code,
         )
 
     from orchestrator.control.trials import search_results
@@ -249,6 +252,8 @@ def _write(results: Results, out_dir: Path, draw: bool) -> list[Path]:
                 row["usd_to_target"] = None if t.usd_to_target is None else round(t.usd_to_target, 4)
         if results.search is not None:
             row["trial_value"] = r.trial_value
+        if any(run.code for run in results.runs):
+            row["code"] = r.code
         row["reason"] = r.reason
         rows.append(row)
     columns = list(dict.fromkeys(k for row in rows for k in row))

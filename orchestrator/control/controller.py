@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from orchestrator.backends.base import Backend, Host
-from orchestrator.control import notify, summary
+from orchestrator.control import code, notify, summary
 from orchestrator.control.decide import DONE, REPLACE, START, WAIT, Row, decide, host_key, live_hosts
 from orchestrator.control.lease import Lease
 from orchestrator.control.notify_events import facts_of
@@ -71,6 +71,10 @@ class Controller(Verdicts):
         Returns True when the sweep is new.
         """
         existing = check_recorded(self.sweep, self.store, self.state)
+        with_code = code.settle(self.sweep, self.store, existing)  # the code the runs get, recorded or taken now
+        if with_code is not None:
+            put_json(self.store, layout.sweep_key(self.name), with_code)
+            existing = with_code
         newer = sweep_record.updated(existing, self.sweep) if existing is not None else None
         if newer is not None:  # the new target, description, ...: for status and collect by name
             put_json(self.store, layout.sweep_key(self.name), newer)

@@ -259,6 +259,15 @@ def serve(
     return progress
 
 
+def code_note(sweep: Sweep) -> str | None:
+    """A line when this folder is not the code the sweep runs (control/code.py), without creating a store."""
+    from orchestrator.control.code import note
+
+    if sweep.snapshot is None or not (sweep.store_url.startswith("s3://") or Path(sweep.store_url).is_dir()):
+        return None
+    return note(sweep, open_store(sweep.store_url))
+
+
 def check_like_launch(sweep: Sweep) -> None:
     """A dry run refuses what the launch would refuse, without creating anything."""
     if sweep.store_url.startswith("s3://") or Path(sweep.store_url).is_dir():

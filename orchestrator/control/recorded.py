@@ -18,6 +18,12 @@ def check_recorded(sweep: Sweep, store: Store, state: State) -> dict | None:
     state.check_same_store(sweep.spec.name, str(sweep.path), sweep.store_url)
     notify.check(sweep)
     existing = get_json(store, layout.sweep_key(sweep.spec.name))
+    if existing is not None and not isinstance(existing, dict):
+        raise OrchError(
+            f"{sweep.path}: the record of the sweep {sweep.spec.name!r} in {store.url} is not a sweep record (a "
+            f"{type(existing).__name__}). Fix: give this sweep a new `name:`, or move that sweep.json aside.",
+            exit_code=2,
+        )
     if existing is not None:
         where = f"{sweep.path}: the sweep {sweep.spec.name!r} in {store.url}"
         sweep_record.check_schema(existing, where)

@@ -33,7 +33,7 @@ from orchestrator.contract import (
     STOP_REASON_FILE,
     RunTask,
 )
-from orchestrator.host import folder, tmux, watch
+from orchestrator.host import folder, tmux, watch, workdir
 from orchestrator.host.attempt import (
     RungWatch,
     final_status,
@@ -76,6 +76,7 @@ class Agent:
     def __init__(self, task: RunTask, store: Store | None = None):
         self.here = HostFacts.of(task)  # "~/..." on hosts
         self.stage_error: str | None = None  # data staging failed: the attempt fails with this reason
+        self.setup_error: str | None = None  # the workdir could not be had, or `setup:` failed: likewise
         self.sync_error = ""  # why the final sync did not land
         self.task = task
         self.store = store or open_store(task.store_url)
@@ -180,6 +181,7 @@ class Agent:
                 t.attempt,
                 t.host or "localhost",
                 "restoring the run folder from the store",
+                code=t.code,
             )
         except Impossible as exc:  # the record ended (or cannot be read) before this agent began: not its to write
             log.error("%s; writing nothing", exc)
@@ -208,7 +210,7 @@ class Agent:
         t = self.task
         # A new attempt continues from what earlier attempts left in the store (checkpoints).
         self._restore()
-        if self.here.data and not self._stage():
+        if not self._prepare():
             return None
         now = time.time()
         with self.status_lock:
@@ -241,7 +243,7 @@ class Agent:
         self.exit_file.unlink(missing_ok=True)
         for stale in (pid_file("cmd", t.attempt), pid_file("wrapper", t.attempt)):
             (self.ctl / stale).unlink(missing_ok=True)
-        tmux.new_window(t.session, "run", f"bash {shlex.quote(str(script))}", cwd=str(self.run_dir))
+        tmux.new_window(t.session, "run", f"bash {shlex.quote(str(script))}", cwd=str(self.here.cwd))
 
     def _final_sync(self) -> bool:
         """The run folder reaches the store before the end is recorded: a success whose results never got there
@@ -300,6 +302,7 @@ class Agent:
             t.timeout_s,
             node_failed=self.node_failed,
             stage_error=self.stage_error or "",
+            setup_error=self.setup_error or "",
             unsynced=""
             if landed
             else f"its results could not be written to the store for {FINAL_SYNC_S / 60:.0f} min ({self.sync_error}); "
@@ -345,13 +348,15 @@ class Agent:
                 f"{code}\n".encode(),
             )
 
-    def _stage(self) -> bool:
-        """The sweep's data on this host before the command starts (host/folder.py)."""
+    def _prepare(self) -> bool:
+        """Before the command: the sweep's data, `workdir:`'s snapshot and `setup:` (host/workdir.py)."""
+        return workdir.before_command(self)
+
+    def doing(self, reason: str) -> None:
+        """What the attempt is busy with before its command runs, in its record."""
         with self.status_lock:
-            self.status.reason = f"staging {len(self.here.data)} data set(s)"
+            self.status.reason = reason
             self.reporter.record(self.status)
-        self.stage_error = folder.stage(self.here.data, self.store, self.log_file, self.reporter.count) or None
-        return self.stage_error is None
 
     def _restore(self) -> None:
         """The run folder as the last attempt left it, with its newest checkpoint that verifies (host/folder.py)."""

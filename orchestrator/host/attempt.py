@@ -27,7 +27,8 @@ def pid_file(what: str, attempt: int) -> str:
 
 
 def wrapper_script(task: RunTask, here: HostFacts, env: dict[str, str], log_file: Path) -> str:
-    """The script the "run" window executes: `env`, the command (in the host's run folder), its exit code.
+    """The script the "run" window executes: `env`, the command (in the workdir's snapshot, else the host's run
+    folder), its exit code.
 
     No user text is ever spliced into shell syntax: values and the command are single
     shell-quoted words; the command is run as `bash -c "$2"` by a small bash that first records
@@ -45,7 +46,7 @@ def wrapper_script(task: RunTask, here: HostFacts, env: dict[str, str], log_file
     return f"""#!/usr/bin/env bash
 # attempt {task.attempt}, written by the orch agent
 {exports}
-cd {shlex.quote(str(here.run_dir))} || exit 97
+cd {shlex.quote(str(here.cwd))} || exit 97
 echo $$ > {shlex.quote(str(ctl / pid_file("wrapper", task.attempt)))}
 exec > >(tee -a {shlex.quote(str(log_file))}) 2>&1
 tee_pid=$!
@@ -83,6 +84,7 @@ def final_status(
     stage_error: str = "",
     unsynced: str = "",
     run_id: str = "",
+    setup_error: str = "",
 ) -> Ending:
     """How an attempt ended: (state, reason, counts as a failure), from everything that decides it. Pure; tested like
     decide().
@@ -91,11 +93,14 @@ def final_status(
     SIGUSR1 handler dies of it); a timeout is a failure; a stop by orch ends as its reason says.
     `node_failed` (node, exit code): a follower's command failed, which is the attempt's failure; `stage_error`: the
     data could not be staged (the command never ran); `unsynced`: why a success's results never reached the store
-    (then it is no success: they are only on the host).
+    (then it is no success: they are only on the host); `setup_error`: the workdir could not be had or `setup:`
+    failed (the command never ran; unless orch stopped it, that is the attempt's failure).
     """
     stop = None if stop_requested is None else StopReason(stop_requested)
     if stage_error:
         return Ending(RunState.FAILED, f"data staging failed: {stage_error}", True)
+    if setup_error and stop is None:  # the workdir or `setup:` failed: the command never ran (it counts, as its own)
+        return Ending(RunState.FAILED, setup_error, True)
     if stop is StopReason.NODE_FAILED and node_failed:
         node, node_code = node_failed
         return Ending(

@@ -55,6 +55,7 @@ class HostFacts:
     ctl_dir: Path  # the task's ctl_dir, `~` expanded
     data: list[dict[str, str]]  # the task's `data:` entries, their `to` expanded
     env: dict[str, str] = field(default_factory=dict)  # laid over the task's env for the command
+    code_dir: Path | None = None  # `workdir:` unpacked, the command's current directory (None: the run folder)
 
     @classmethod
     def of(cls, task: RunTask) -> HostFacts:
@@ -62,8 +63,16 @@ class HostFacts:
         env = {"ORCH_RUN_DIR": str(run_dir)}
         if "ORCH_DATA_DIR" in task.env:
             env["ORCH_DATA_DIR"] = os.path.expanduser(task.env["ORCH_DATA_DIR"])
+        code_dir = Path(task.code_dir).expanduser() if task.code_dir else None
+        if code_dir is not None:
+            env["ORCH_WORKDIR"] = str(code_dir)
         data = [{"from": e["from"], "to": os.path.expanduser(e["to"])} for e in task.data]
-        return cls(run_dir, ctl_dir, data, env)
+        return cls(run_dir, ctl_dir, data, env, code_dir)
+
+    @property
+    def cwd(self) -> Path:
+        """Where the command starts: the workdir's snapshot, else the run folder."""
+        return self.code_dir or self.run_dir
 
     def command_env(self, task: RunTask) -> dict[str, str]:
         """The command's environment at its start: the task's, this host's facts over it, the shape completed

@@ -9,6 +9,8 @@
 <sweep>/controller.log                     a remote controller's own log (`orch logs --controller`)
 <sweep>/notify.json                        `notify:`'s outbox: each message, and per sink when it was delivered
 <sweep>/.orch-touched/<run>/at             a run's record changed outside the controller
+<sweep>/.orch-code/<digest>.tar.gz         `workdir:`'s snapshot, put once at launch; hosts unpack it once each
+<sweep>/.orch-code/<digest>.json           its file list (name -> sha256), to name what changed on a relaunch
 <sweep>/.orch/<run>/status.json            the run's record
 <sweep>/.orch/<run>/logs/<attempt>.log     the command's stdout+stderr (node 0's)
 <sweep>/.orch/<run>/node-logs/<node>/...   a follower node's logs
@@ -33,6 +35,7 @@ from collections.abc import Iterable
 
 RECORDS_DIR = ".orch"  # orch's records of every run of a sweep
 TOUCHED_DIR = ".orch-touched"
+CODE_DIR = ".orch-code"
 STATUS_FILE = "status.json"
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS_DIR = "ckpt"
@@ -67,6 +70,16 @@ def controller_key(sweep: str) -> str:
 def controller_log_key(sweep: str) -> str:
     """The log of the sweep's remote controller (`orch launch --remote`), uploaded by its supervisor."""
     return f"{sweep}/controller.log"
+
+
+def code_key(sweep: str, digest: str) -> str:
+    """`workdir:`'s snapshot (a gzipped tar), named by its contents' digest."""
+    return f"{sweep}/{CODE_DIR}/{digest}.tar.gz"
+
+
+def code_files_key(sweep: str, digest: str) -> str:
+    """The snapshot's file list: {name: sha256}."""
+    return f"{sweep}/{CODE_DIR}/{digest}.json"
 
 
 def touched_prefix(sweep: str) -> str:

@@ -87,6 +87,7 @@ class RunStatus:
     # bytes each attempt's agent moved to and from the store: {attempt: [up, down]} (checkpoints, metrics, logs, `data:`
     # staging); carried from attempt to attempt, it prices inter-region transfer (aws/pricing.py transfer_usd)
     moved: dict[str, list[int]] = field(default_factory=dict)
+    code: str = ""  # `workdir:`: the digest of the code snapshot the current (or last) attempt runs
 
     def __post_init__(self) -> None:
         self.state = RunState(self.state)  # a record read back (or written by an older orch) holds the string
@@ -303,11 +304,22 @@ def stop(status: RunStatus, reason: str, now: float | None = None) -> RunStatus:
 # --- the agent's transitions ---------------------------------------------------------------------
 
 
-def start(status: RunStatus, attempt: int, host: str, reason: str, now: float | None = None) -> RunStatus:
-    """The agent's first report on its host: alive, restoring (before any slow work)."""
+def start(
+    status: RunStatus, attempt: int, host: str, reason: str, now: float | None = None, code: str = ""
+) -> RunStatus:
+    """The agent's first report on its host: alive, restoring (before any slow work); `code`: the snapshot it runs."""
     now = time.time() if now is None else now
     return _move(
-        status, "start", _LIVE, RunState.STARTING, reason, attempt=attempt, host=host, no_shows=0, heartbeat=now
+        status,
+        "start",
+        _LIVE,
+        RunState.STARTING,
+        reason,
+        attempt=attempt,
+        host=host,
+        no_shows=0,
+        heartbeat=now,
+        code=code,
     )
 
 

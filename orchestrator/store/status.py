@@ -61,6 +61,7 @@ _TYPES = {
     "at_rungs": dict,
     "metric_seen": (bool, type(None)),
     "moved": dict,
+    "code": str,
 }
 
 

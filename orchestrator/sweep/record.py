@@ -25,7 +25,7 @@ from orchestrator.sweep.spec import Sweep, SweepSpec
 SWEEP_SCHEMA = 2
 # Change nothing a run gets (its command, params, env, shape, data): a relaunch may change them, and the record is
 # brought up to date. `target` only while `prune:` does not compare by it.
-FREE = ("description", "max_parallel", "max_runs")
+FREE = ("description", "max_parallel", "max_runs", "workdir_max_mb")
 REPORT_ONLY = ("target",)
 
 
@@ -59,12 +59,15 @@ def check_schema(record: dict[str, Any], where: str, continuing: bool = True) ->
 
 
 def new_record(sweep: Sweep, launched_at: float) -> dict[str, Any]:
-    return {
+    record = {
         "schema": SWEEP_SCHEMA,
         "spec": sweep.resolved(),
         "launched_at": launched_at,
         "spec_file": str(sweep.path),
     }
+    if sweep.code:  # `workdir:`'s snapshot: which code every run gets (control/code.py)
+        record["code"] = dict(sweep.code)
+    return record
 
 
 def as_today(spec: dict[str, Any], backends: Backends) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from orchestrator.sweep.notify import NotifySink
 from orchestrator.sweep.search import SearchSection
 from orchestrator.sweep.sections import Backends, BackendSchema, backends_of, raise_errors, section_errors
 from orchestrator.sweep.spec_types import Amount, Count, Scalar, Strict
+from orchestrator.sweep.workdir import DEFAULT_MAX_MB, Snapshot
 
 # The bundled trainer reads ORCH_PARAMS_JSON, so every param and grid key becomes a trainer option.
 DEFAULT_COMMAND = "{python} -m trainer"
@@ -172,6 +173,21 @@ class SweepSpec(Strict):
             f"{MAX_RUNS_CEILING:,}."
         ),
     )
+    workdir: str | None = Field(
+        ".",
+        min_length=1,
+        description=(
+            "Your project's folder, relative to this file: its files are each run's current directory on every "
+            "host (read-only; write to $ORCH_RUN_DIR). Default: the sweep file's folder; null: none."
+        ),
+    )
+    workdir_max_mb: Amount = Field(
+        DEFAULT_MAX_MB, gt=0, description="The most `workdir:` may hold, in MB (refused at launch when over)."
+    )
+    setup: str = Field(
+        "",
+        description="A command run once per host and code snapshot, in the workdir, before the first run there.",
+    )
     data: list[DataEntry] | None = Field(None, description="Data sets staged to each host before the command starts.")
     resources: ResourcesSection | None = Field(
         None, description="The shape of each run: nodes, GPUs, processes per node."
@@ -264,6 +280,10 @@ class Sweep:
     path: Path  # the sweep file
     store_url: str  # resolved: absolute folder or s3:// URL
     runs: list[RunSpec] = field(default_factory=list)
+    # The `workdir:` snapshot the runs get, as sweep.json records it (sweep/workdir.py Snapshot.summary()): filled by
+    # the controller from the record (control/code.py), so every controller of the sweep gives the runs the same code.
+    code: dict[str, Any] = field(default_factory=dict)
+    snapshot: Snapshot | None = None  # the `workdir:` snapshot this launch took (control/code.py), else None
 
     def resolved(self) -> dict[str, Any]:
         """What is recorded as sweep.json; a relaunch must match it."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from orchestrator.contract import RunTask, ctl_dir, run_root, session_name
+from orchestrator.contract import RunTask, code_dir, ctl_dir, run_root, session_name
 
 if TYPE_CHECKING:  # the agent imports this module on hosts; keep pydantic out of its start-up
     from orchestrator.sweep.spec import Sweep
@@ -57,6 +57,10 @@ def new_task(
     minutes = sweep.spec.timeout_minutes
     data = resolve(sweep.spec.data, sweep.path.parent, f"{base.rstrip('/')}/.data")  # relative `to:`: beside the runs
     env = {**(env or {}), **({"ORCH_DATA_DIR": data[0]["to"]} if data else {})}
+    code = sweep.code.get("digest", "")
+    folder = code_dir(base, code) if code else ""
+    if folder:
+        env["ORCH_WORKDIR"] = folder
     prune = sweep.spec.prune
     if prune is not None:
         metric = prune.metric or (sweep.spec.target.metric if sweep.spec.target else "")
@@ -73,6 +77,10 @@ def new_task(
         env={**(env or {}), **run_env(sweep, run_id, attempt, f"{root}/run", params_json)},
         timeout_s=minutes * 60 if minutes else None,
         data=data,
+        code=code,
+        code_sha256=sweep.code.get("archive_sha256", "") if code else "",
+        code_dir=folder,
+        setup=sweep.spec.setup if code else "",
         **periods,
     )
 
