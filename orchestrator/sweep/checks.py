@@ -32,7 +32,7 @@ def check(spec: SweepSpec, base: Path) -> Problems:
     too_many = _count_problems(spec)
     if too_many:  # before anything is expanded: `seeds: 1000000000` must not allocate
         return out + too_many
-    out += _seed_problems(spec) + _command_problems(spec) + _data_problems(spec) + _workdir_problems(spec, base)
+    out += _seed_problems(spec) + _command_problems(spec) + _data_problems(spec) + _workdir_problems(spec)
     out += _backend_problems(spec) + spec.backends()[spec.backend].checks(spec, base)
     return out or _id_problems(spec)
 
@@ -173,16 +173,11 @@ def _data_problems(spec: SweepSpec) -> Problems:
     return out
 
 
-def _workdir_problems(spec: SweepSpec, base: Path) -> Problems:
-    """`workdir:` a folder that is there; `setup:` only with one (it runs in it). What is in it: sweep/workdir.py."""
-    if spec.workdir is None:
-        return [(("setup",), "runs in the workdir, and `workdir:` is null; give `workdir:` your project's folder")] * (
-            bool(spec.setup)
-        )
-    folder = base / Path(spec.workdir).expanduser()
-    if not folder.is_dir():
-        what = "is not a folder" if folder.exists() else "does not exist"
-        return [(("workdir",), f"{folder} {what}; name your project's folder, relative to the sweep file")]
+def _workdir_problems(spec: SweepSpec) -> Problems:
+    """`setup:` only with a workdir (it runs in it). The folder itself is read at launch (control/code.py), not here:
+    a sweep loaded elsewhere (a remote controller, `orch status FILE`) need not have it."""
+    if spec.workdir is None and spec.setup:
+        return [(("setup",), "runs in the workdir, and `workdir:` is null; give `workdir:` your project's folder")]
     return []
 
 

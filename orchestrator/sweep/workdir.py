@@ -87,7 +87,8 @@ def take(folder: Path, where: str, excluded: list[Path] | None = None, max_mb: f
     file, the store, the work folder) left out when they lie inside."""
     root = folder.resolve()
     if not root.is_dir():
-        raise SpecError(f"{where}: {folder} is not a folder. Fix: name your project's folder (relative to the file).")
+        what = "is not a folder" if root.exists() else "does not exist"
+        raise SpecError(f"{where}: {folder} {what}. Fix: name your project's folder, relative to the sweep file.")
     ignore = _ignore_spec(root, where)
     skip = {p.resolve() for p in excluded or []}
     names, left_out = [], []

@@ -41,6 +41,7 @@ from orchestrator.aws.pricing import ledger_cost
 from orchestrator.backends.registry import load_sweep
 from orchestrator.contract import finite
 from orchestrator.control.actions import cancel_run, stop_sweep
+from orchestrator.control.code import with_snapshot
 from orchestrator.control.collect import PARAM_PREFIX, collect, write_outputs
 from orchestrator.control.controller import Controller
 from orchestrator.control.decide import DONE, decide
@@ -48,7 +49,7 @@ from orchestrator.control.state import State
 from orchestrator.control.study import Outcome, parse_record, rebuild
 from orchestrator.store import layout
 from orchestrator.store.base import get_json, read_jsonl
-from orchestrator.store.status import CANCELLED, CORRUPT, FAILED, PRUNED, SUCCEEDED, read_status
+from orchestrator.store.status import CANCELLED, CORRUPT, FAILED, PRUNED, RUNNING, SUCCEEDED, read_status
 from orchestrator.sweep.search import resolved_metric, trial_of
 from tests.harness.sim import PRICES, Cloud, Plan, SimAgent, SimBackend, default_plan
 
@@ -85,6 +86,7 @@ class Scenario:
             "max_parallel": self.max_parallel,
             "max_restarts": self.max_restarts,
             "local": {"workdir": "work", "threads_per_run": 1},
+            "workdir": "proj",  # the user's code: edited before every relaunch (every_attempt_runs_the_launched_code)
         }
         if self.search is None:
             doc["grid"] = {"lr": [round(0.1 * (i + 1), 2) for i in range(self.points)]}
@@ -178,7 +180,10 @@ class Harness(RuleBasedStateMachine):
         self.scenario = scenario
         path = self.root / "sweep.yaml"
         path.write_text(yaml.safe_dump(scenario.yaml()))
-        sweep = load_sweep(path)
+        (self.root / "proj").mkdir()
+        (self.root / "proj" / "train.py").write_text("# version 0\n")
+        sweep = with_snapshot(load_sweep(path))
+        self.launched_code = sweep.snapshot.digest if sweep.snapshot else ""
         if scenario.budget is not None:  # a budget is an aws setting; the simulated cloud bills like aws
             sweep = dataclasses.replace(sweep, spec=sweep.spec.model_copy(update={"budget_usd": scenario.budget}))
         self.sweep = sweep
@@ -193,6 +198,11 @@ class Harness(RuleBasedStateMachine):
         self._launch()
 
     def _launch(self) -> None:
+        if getattr(self, "backend", None) is not None:  # a relaunch, after the user edited the code: as `orch launch`
+            # loads it, a new Sweep with the snapshot taken now (a background controller's has none)
+            edits = self.root / "proj" / "train.py"
+            edits.write_text(edits.read_text() + "# edited\n")
+            self.sweep = with_snapshot(dataclasses.replace(self.sweep, code={}, snapshot=None))
         self.backend = SimBackend(self.sweep, self.store, self.cloud, LINES)
         self.controller = Controller(self.sweep, self.backend, self.store, self.state)
         self.controller.prepare()
@@ -363,6 +373,17 @@ class Harness(RuleBasedStateMachine):
         if getattr(self, "down", False):
             live = self.cloud.live_instances()
             assert not live, f"after `orch down`, instances still run: {[i.iid for i in live]}"
+
+    @invariant()
+    def every_attempt_runs_the_launched_code(self) -> None:
+        """`workdir:`: the snapshot the first launch took is the one every attempt of every run runs, whatever was
+        edited before a relaunch (control/code.py): a run never mixes two versions."""
+        for run in self.sweep.runs if hasattr(self, "sweep") else []:
+            if self.store.refusing or run.run_id in self.corrupted:
+                continue
+            status = read_status(self.store, "h", run.run_id)
+            if status.state in (RUNNING, SUCCEEDED):
+                assert status.code == self.launched_code, f"{run.run_id} ran code {status.code!r}"
 
     @invariant()
     def final_records_stay_final(self) -> None:

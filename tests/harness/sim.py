@@ -350,7 +350,11 @@ class SimAgent:
         a.run_dir.mkdir(parents=True, exist_ok=True)
         try:
             a.status = life.start(
-                read_status(a.store, t.sweep, t.run_id), t.attempt, t.host or "localhost", "restoring the run folder"
+                read_status(a.store, t.sweep, t.run_id),
+                t.attempt,
+                t.host or "localhost",
+                "restoring the run folder",
+                code=t.code,
             )
         except Impossible:
             self._leave()

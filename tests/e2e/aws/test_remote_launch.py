@@ -11,7 +11,7 @@ import pytest
 from orchestrator.wait import retry_until
 from tests.conftest import ENDED_GAP_S, starts
 from tests.conftest import run_states as status
-from tests.fakecloud import IMAGE_NAME, processes_of
+from tests.fakecloud import BUCKET, IMAGE_NAME, processes_of
 from tests.fakecloud.gate import CONTROLLER_KEY
 
 pytestmark = pytest.mark.slow
@@ -117,6 +117,13 @@ def test_remote_controller_resumes_an_interrupted_run_while_the_laptop_sleeps_an
     )
     retry_until(lambda: not controller_ids(cloud, "away"), 120, 0.5, "the controller to terminate its own instance")
     assert [s[1] for s in starts(job.marks)] == ["1", "2"]  # (the reclaim killed attempt 1: its lock stays behind)
+    # `workdir:` (this test's folder) as the laptop's launch took it reached the remote controller's hosts, through
+    # the store: both attempts ran that snapshot, unpacked on each instance
+    s3 = cloud.client("s3")
+    digest = json.loads(s3.get_object(Bucket=BUCKET, Key="sweeps/away/sweep.json")["Body"].read())["code"]["digest"]
+    run_record = json.loads(s3.get_object(Bucket=BUCKET, Key="sweeps/away/.orch/run/status.json")["Body"].read())
+    assert run_record["code"] == digest
+    assert len(list(cloud.root.glob(f"hosts/*/home/orch/runs/.code/{digest}/job.py"))) == 2
 
     st = json.loads(orch("status", "away", "--json").out)
     assert st["controller"]["ended"] and st["controller"]["end_reason"] == "every run is final", st["controller"]

@@ -189,6 +189,9 @@ def test_a_relaunch_after_an_edit_keeps_the_launched_code_and_names_what_changed
     path.write_text(text.replace("  DEPS:", f"  HOLD: {hold}\n  DEPS:"))
     assert orch("launch", str(path), "--detach").code == 0
     retry_until(lambda: Path(f"{hold}.started").exists(), 60, 0.1, "the run to start")
+    # `orch attach` opens the run's window: its terminal is in the workdir's snapshot, as the command is
+    where = orch.tmux("display-message", "-p", "-t", "=orch_mine_lr=0_1:run", "#{pane_current_path}")
+    assert where.returncode == 0 and "/.code/" in where.stdout, where.stdout + where.stderr
     assert orch("down", "mine").code == 0  # stopped half-way: the next launch continues it
     (root / "helper.py").write_text("def double(x):\n    raise SystemExit(9)\n")  # an edit that would break it
     (root / "notes.txt").write_text("new")
