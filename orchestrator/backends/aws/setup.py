@@ -345,7 +345,8 @@ def plan(state: ProvisioningState) -> dict:
         "nodes_per_run": state.nodes,
         "packing": packing,
         "market": cfg.market,
-        "estimate_usd_max": round(dearest * hours * instances, 2) if dearest is not None else None,
+        # unrounded: the words round it up (money.usd at_most); rounded here it fell below the dearest choice's cost
+        "estimate_usd_max": dearest * hours * instances if dearest is not None else None,
         "unpriced_choices": len(rows) - len(known),
         "uplifted": sorted({r["region"] for r in rows if r["on_demand_priced"] == "uplift"}),
         "transfer": transfer_plan(state, home),
