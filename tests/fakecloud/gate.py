@@ -80,6 +80,13 @@ SLR_REFUSED = (
     "The provided credentials do not have permission to create the service-linked role for EC2 Spot Instances."
 )
 PROFILE_ERROR = "Value ({name}) for parameter iamInstanceProfile.name is invalid. Invalid IAM Instance Profile name"
+# a launch that tags spot requests and makes none (EC2 API reference, LaunchTemplateTagSpecificationRequest: "If the
+# instance does not include the resource type that you specify, the instance launch fails"; the answer's words from
+# karpenter-provider-aws issue 5850, a CreateFleet Error per on-demand override)
+SPOT_TAGS_REFUSED = (
+    "You cannot specify tags for Spot instances requests if there are no Spot instances requests being created by "
+    "the request."
+)
 
 
 class Caller(str):
@@ -326,6 +333,10 @@ class Gate:
         if market == "spot" and not self._spot_role(role):
             self.counts["AuthFailure.ServiceLinkedRoleCreationNotPermitted"] += 1
             refusals = [(o, "AuthFailure.ServiceLinkedRoleCreationNotPermitted", SLR_REFUSED) for o in overrides]
+            return self._fleet_errors(template_id, version, market, refusals)
+        if market != "spot" and "spot-instances-request" in _template_tag_types(data):
+            self.counts["InvalidParameterValue"] += len(overrides)
+            refusals = [(o, "InvalidParameterValue", SPOT_TAGS_REFUSED) for o in overrides]
             return self._fleet_errors(template_id, version, market, refusals)
         profile = (data.get("IamInstanceProfile") or {}).get("Name", "")
         refused: list[tuple[dict, str, str]] = []
@@ -901,6 +912,11 @@ def _instance_tags(iid: str) -> dict[str, str]:
     with MOTO:
         inst = _instance(iid)
         return {t["key"]: t["value"] for t in inst.get_tags()} if inst is not None else {}
+
+
+def _template_tag_types(data: dict) -> set[str]:
+    """The resource types a launch template version's TagSpecifications name."""
+    return {spec.get("ResourceType", "") for spec in data.get("TagSpecifications") or []}
 
 
 def _template_data(template_id: str, version: str) -> dict:
