@@ -28,7 +28,8 @@ What it imitates (each switchable through `Strictness`, all on by default):
   that has filled up answers (capacity frees as instances terminate).
 - `spot_prices[(type, az)] = usd`: that pool's spot price in its history (every entry), instead of the example
   price below: a test sets how prices differ between regions (each region's history names only its own AZs).
-- `unoffered`: (type, AZ) pools the region does not offer ("*" matches anything): DescribeInstanceTypeOfferings
+- `unoffered`: (type, AZ) pools the region does not offer ("*" any type; the AZ a pattern: "us-west-2*" is a whole
+  region): DescribeInstanceTypeOfferings
   leaves them out, their spot price history is empty, and CreateFleet refuses them in its Errors with
   `InvalidFleetConfiguration` "Your requested instance type (T) is not supported in your requested
   Availability Zone (AZ)" (real answers: compiler-explorer/infra issue 601, karpenter-provider-aws issue 2243).
@@ -497,7 +498,7 @@ class Gate:
         return None
 
     def _offers(self, itype: str, az: str) -> bool:
-        return not any(t in ("*", itype) and a in ("*", az) for t, a in self.unoffered)
+        return not any(t in ("*", itype) and fnmatch.fnmatchcase(az, a) for t, a in self.unoffered)
 
     def price_of(self, itype: str, az: str, age_s: float = 0.0) -> float:
         """The spot price of (type, AZ) `age_s` ago in the history given (`spot_prices`, else the example)."""
