@@ -47,9 +47,8 @@ CAPACITY_ERRORS = frozenset(
 CONFIG_ERRORS = frozenset({"Unsupported"})
 BLOCK_S = 300.0  # how long a pool stays blocked after a capacity error
 NEVER_S = float("inf")  # a pool the AZ does not offer: blocked for the rest of the sweep
-QUOTA_BLOCK_S = (
-    30.0  # a market refused for its quota is asked again this soon: the sweep's own instances free it as they end
-)
+# a market refused for its quota is asked again this soon: the sweep's own instances free it as they end
+QUOTA_BLOCK_S = 30.0
 PROPAGATION_S = 120.0  # how long a new instance profile may stay invisible to EC2 before orch gives up
 
 
@@ -142,9 +141,8 @@ class Blocklist:
 
     until: dict[tuple[str, str, str], float] = field(default_factory=dict)
     soft_until: dict[tuple[str, str], float] = field(default_factory=dict)
-    quota: dict[str, tuple[float, str]] = field(
-        default_factory=dict
-    )  # market -> (until, what AWS said): asked again sooner
+    # market -> (until, what AWS said): asked again sooner
+    quota: dict[str, tuple[float, str]] = field(default_factory=dict)
     unsupported: dict[tuple[str, str], str] = field(default_factory=dict)  # pool -> what AWS said (CONFIG_ERRORS)
 
     def refuse(self, instance_type: str, subnet_id: str, said: str) -> None:
@@ -214,11 +212,12 @@ def _fleet(
     )
 
 
-def launched_tags(tags: list[dict]) -> list[dict]:
-    """The launch template's tags for what a launch creates that CreateFleet's own TagSpecifications cannot name
-    (a launch template may tag instance, volume, network-interface and spot-instances-request: EC2 API reference,
-    LaunchTemplateTagSpecificationRequest)."""
-    return [{"ResourceType": kind, "Tags": tags} for kind in ("network-interface", "spot-instances-request")]
+def launched_tags(tags: list[dict], market: str) -> list[dict]:
+    """The template's tags for what a launch in `market` makes that CreateFleet's TagSpecifications cannot name. Spot
+    requests only for spot: "If the instance does not include the resource type that you specify, the instance launch
+    fails" (EC2 API reference, LaunchTemplateTagSpecificationRequest; InvalidParameterValue: karpenter issue 5850)."""
+    kinds = ("network-interface", "spot-instances-request") if market == "spot" else ("network-interface",)
+    return [{"ResourceType": kind, "Tags": tags} for kind in kinds]
 
 
 def _quota(blocklist: Blocklist, choices: list[Choice], market: str, error: OrchError) -> OrchError:
@@ -235,7 +234,7 @@ def _refused(code: str, message: str, market: str, instance_type: str, where: st
     if code in QUOTA_ERRORS or is_permission(code):
         return explain(_as_client_error(code, message), "CreateFleet", market=market, instance_type=instance_type)
     return OrchError(
-        f"CreateFleet refused {market} {instance_type}{where}: {code}: {message}. "
+        f"CreateFleet refused {market} {instance_type}{where}: {code}: {message.rstrip('.')}. "
         "Check the sweep's `aws:` settings against that message."
     )
 
@@ -254,8 +253,8 @@ def acquire(
 ) -> Acquired:
     """One instance from the first market and pool that has capacity.
 
-    The user data (it holds this instance's host key) lives in a template version that is
-    deleted as soon as the fleet answered. Once CreateFleet returned an instance, nothing here
+    The user data (it holds this instance's host key) lives in template versions (one per market
+    asked) that are deleted as soon as the fleet answered. Once CreateFleet returned an instance, nothing here
     can lose it: a failing clean-up is logged, never raised.
     """
     return _acquire(ec2, template_id, base, user_data, choices, markets, tags, blocklist, sleep, propagation_s)[0]
@@ -321,27 +320,28 @@ def _acquire(
             f"no capacity for {', '.join(sorted({c.instance_type for c in choices}))} right now (all choices cooling "
             "down); will retry"
         )
-    try:
-        version = str(
-            ec2.create_launch_template_version(
-                LaunchTemplateId=template_id,
-                LaunchTemplateData={
-                    **base,
-                    "UserData": base64.b64encode(user_data.encode()).decode(),
-                    "TagSpecifications": launched_tags(tags),
-                },
-            )["LaunchTemplateVersion"]["VersionNumber"]
-        )
-    except ClientError as exc:
-        raise explain(exc, "creating a launch template version") from None
-    ask = _Ask(ec2, template_id, version, choices, tags, blocklist, sleep, propagation_s, count, group_of, release)
+    versions: dict[str, str] = {}  # market -> its template version, made when that market is first asked
+
+    def version_of(market: str) -> str:
+        if market not in versions:
+            data = {**base, "UserData": base64.b64encode(user_data.encode()).decode()}
+            data["TagSpecifications"] = launched_tags(tags, market)
+            try:
+                made = ec2.create_launch_template_version(LaunchTemplateId=template_id, LaunchTemplateData=data)
+            except ClientError as exc:
+                raise explain(exc, "creating a launch template version") from None
+            versions[market] = str(made["LaunchTemplateVersion"]["VersionNumber"])
+        return versions[market]
+
+    ask = _Ask(ec2, template_id, version_of, choices, tags, blocklist, sleep, propagation_s, count, group_of, release)
     try:
         return ask.every_market(markets)
     finally:
-        try:
-            ec2.delete_launch_template_versions(LaunchTemplateId=template_id, Versions=[version])
-        except Exception as exc:  # never fatal, never loses an instance: the version dies with the template at down
-            log.warning("could not delete launch template version %s: %s", version, exc)
+        if versions:
+            try:
+                ec2.delete_launch_template_versions(LaunchTemplateId=template_id, Versions=list(versions.values()))
+            except Exception as exc:  # never fatal, never loses an instance: the versions die with the template at down
+                log.warning("could not delete launch template versions %s: %s", ", ".join(versions.values()), exc)
 
 
 _NEXT, _MARKET_DONE = "next", "market done"  # what one answer leaves: ask again in this market, or go to the next
@@ -355,9 +355,9 @@ class _Ask:
     yet (a new instance profile), or ends the attempt (quota, permission, a malformed request)."""
 
     def __init__(
-        self, ec2, template_id, version, choices, tags, blocklist, sleep, propagation_s, count, group_of, release
+        self, ec2, template_id, version_of, choices, tags, blocklist, sleep, propagation_s, count, group_of, release
     ):
-        self.ec2, self.template_id, self.version, self.choices, self.tags = ec2, template_id, version, choices, tags
+        self.ec2, self.template_id, self.version, self.choices, self.tags = ec2, template_id, version_of, choices, tags
         self.blocklist, self.sleep, self.propagation_s, self.count = blocklist, sleep, propagation_s, count
         self.group_of, self.release = group_of, release
         self.waited = 0.0  # seconds spent waiting for what orch made to become visible to EC2
@@ -393,8 +393,8 @@ class _Ask:
         from botocore.exceptions import ClientError
 
         try:
-            group = self.group_of(allowed[0].az) if self.group_of else ""
-            answer = _fleet(self.ec2, self.template_id, self.version, allowed, market, self.tags, self.count, group)
+            version, group = self.version(market), (self.group_of(allowed[0].az) if self.group_of else "")
+            answer = _fleet(self.ec2, self.template_id, version, allowed, market, self.tags, self.count, group)
         except ClientError as exc:
             return self._refusal(exc, market, allowed)
         got = _instances(answer, allowed, market)

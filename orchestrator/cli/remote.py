@@ -76,10 +76,11 @@ def controller_line(sweep, plan) -> str:
             f"controller: {ctl.instance_type} on demand for {while_runs}; {ends} (its price is unknown to orch){where}"
         )
     est = plan["estimate_usd_max"]
-    total = f"; with the runs at most {usd(est + price * hours)}" if est is not None else ""
+    total = f"; with the runs at most {usd(est + price * hours, at_most=True)}" if est is not None else ""
+    runs_bound = usd(price * hours, at_most=True)
     return (
-        f"controller: {ctl.instance_type} on demand at ${price:.4f}/h x {while_runs} = {usd(price * hours)}{total}; "
-        f"{ends}: {usd(price * cap)} at the most{where}"
+        f"controller: {ctl.instance_type} on demand at ${price:.4f}/h x {while_runs} = {runs_bound}{total}; "
+        f"{ends}: {usd(price * cap, at_most=True)} at the most{where}"
     )
 
 

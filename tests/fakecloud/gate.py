@@ -28,7 +28,8 @@ What it imitates (each switchable through `Strictness`, all on by default):
   that has filled up answers (capacity frees as instances terminate).
 - `spot_prices[(type, az)] = usd`: that pool's spot price in its history (every entry), instead of the example
   price below: a test sets how prices differ between regions (each region's history names only its own AZs).
-- `unoffered`: (type, AZ) pools the region does not offer ("*" matches anything): DescribeInstanceTypeOfferings
+- `unoffered`: (type, AZ) pools the region does not offer ("*" any type; the AZ a pattern: "us-west-2*" is a whole
+  region): DescribeInstanceTypeOfferings
   leaves them out, their spot price history is empty, and CreateFleet refuses them in its Errors with
   `InvalidFleetConfiguration` "Your requested instance type (T) is not supported in your requested
   Availability Zone (AZ)" (real answers: compiler-explorer/infra issue 601, karpenter-provider-aws issue 2243).
@@ -80,6 +81,13 @@ SLR_REFUSED = (
     "The provided credentials do not have permission to create the service-linked role for EC2 Spot Instances."
 )
 PROFILE_ERROR = "Value ({name}) for parameter iamInstanceProfile.name is invalid. Invalid IAM Instance Profile name"
+# a launch that tags spot requests and makes none (EC2 API reference, LaunchTemplateTagSpecificationRequest: "If the
+# instance does not include the resource type that you specify, the instance launch fails"; the answer's words from
+# karpenter-provider-aws issue 5850, a CreateFleet Error per on-demand override)
+SPOT_TAGS_REFUSED = (
+    "You cannot specify tags for Spot instances requests if there are no Spot instances requests being created by "
+    "the request."
+)
 
 
 class Caller(str):
@@ -327,6 +335,10 @@ class Gate:
             self.counts["AuthFailure.ServiceLinkedRoleCreationNotPermitted"] += 1
             refusals = [(o, "AuthFailure.ServiceLinkedRoleCreationNotPermitted", SLR_REFUSED) for o in overrides]
             return self._fleet_errors(template_id, version, market, refusals)
+        if market != "spot" and "spot-instances-request" in _template_tag_types(data):
+            self.counts["InvalidParameterValue"] += len(overrides)
+            refusals = [(o, "InvalidParameterValue", SPOT_TAGS_REFUSED) for o in overrides]
+            return self._fleet_errors(template_id, version, market, refusals)
         profile = (data.get("IamInstanceProfile") or {}).get("Name", "")
         refused: list[tuple[dict, str, str]] = []
         kept: list[dict] = []
@@ -486,7 +498,7 @@ class Gate:
         return None
 
     def _offers(self, itype: str, az: str) -> bool:
-        return not any(t in ("*", itype) and a in ("*", az) for t, a in self.unoffered)
+        return not any(t in ("*", itype) and fnmatch.fnmatchcase(az, a) for t, a in self.unoffered)
 
     def price_of(self, itype: str, az: str, age_s: float = 0.0) -> float:
         """The spot price of (type, AZ) `age_s` ago in the history given (`spot_prices`, else the example)."""
@@ -901,6 +913,11 @@ def _instance_tags(iid: str) -> dict[str, str]:
     with MOTO:
         inst = _instance(iid)
         return {t["key"]: t["value"] for t in inst.get_tags()} if inst is not None else {}
+
+
+def _template_tag_types(data: dict) -> set[str]:
+    """The resource types a launch template version's TagSpecifications name."""
+    return {spec.get("ResourceType", "") for spec in data.get("TagSpecifications") or []}
 
 
 def _template_data(template_id: str, version: str) -> dict:

@@ -4,6 +4,7 @@ host, data from S3, shapes its instance types can hold. Run by the loader after 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,16 @@ def _section_problems(spec: Any, aws: Any) -> Problems:
                 "nor terminate itself. Use `create` (the default) or the name of a profile that may do both",
             )
         )
+    out += _profile_problems(aws.instance_profile)
+    if aws.idle_minutes is not None and not aws.keep_alive:
+        out.append(
+            (
+                ("aws", "idle_minutes"),
+                "acts only with `keep_alive: true`: without it an instance terminates itself as soon as its run ends. "
+                "Add `keep_alive: true` (the instance then waits that long for someone to attach), or remove "
+                "`idle_minutes`",
+            )
+        )
     r = spec.resources
     if r is not None and r.gpus:
         known = [GPUS_OF_TYPE[t] for t in aws.instance_types if t in GPUS_OF_TYPE]
@@ -82,6 +93,30 @@ def _section_problems(spec: Any, aws: Any) -> Problems:
                 )
             )
     return out
+
+
+# IAM API reference, CreateInstanceProfile: InstanceProfileName is 1-128 of letters, digits and _+=,.@- (no spaces)
+PROFILE_NAME = re.compile(r"[\w+=,.@-]{1,128}", re.ASCII)
+
+
+def _profile_problems(profile: str | None) -> Problems:
+    """A name EC2 cannot take: CreateFleet answers it as "Invalid IAM Instance Profile name", which reads like a
+    profile not visible yet, so the launch waited two minutes before failing."""
+    name = (profile or "").strip()
+    if not name or PROFILE_NAME.fullmatch(name):
+        return []
+    tail = name.rsplit("/", 1)[-1]
+    fix = (
+        f"write its name, `{tail}`, not its ARN"
+        if name.startswith("arn:") and ":instance-profile/" in name and PROFILE_NAME.fullmatch(tail)
+        else "write `create` (orch makes one for the sweep) or an existing profile's name"
+    )
+    return [
+        (
+            ("aws", "instance_profile"),
+            f"{name!r} is no instance profile name (1-128 of letters, digits, _+=,.@-): {fix}",
+        )
+    ]
 
 
 def _region_problems(aws: Any) -> Problems:

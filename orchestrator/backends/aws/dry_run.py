@@ -46,8 +46,9 @@ def bound_lines(plan: dict) -> list[str]:
     regions = sorted({row.get("region", "") for row in plan["choices"]} - {""})
     where = f" in {', '.join(regions)}" if len(regions) > 1 else ""
     hour = "spot price" if plan.get("market", "spot") == "spot" else f"{plan['market']} price"
+    bound = usd(est, at_most=True) if est is not None else ""
     lines = [
-        f"estimated cost at most {usd(est)} ({plan['runs']} runs{per} x {each} at the dearest {hour} of the "
+        f"estimated cost at most {bound} ({plan['runs']} runs{per} x {each} at the dearest {hour} of the "
         f"choices{where}, each region at its own prices; runs that end sooner cost less"
         + (f"; {unpriced} choice(s) without a price are not in this bound" if unpriced else "")
         + ")"

@@ -1,7 +1,10 @@
 """The regions of a sweep (docs/guides/regions.md): its home — the store's bucket's region, where a remote controller
-runs — and the check, before anything is bought, that the account may use each region it lists."""
+runs — and the checks, before anything is bought, that the account may use each region it lists and that each offers
+one of its instance types."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from orchestrator.aws import ec2 as api
 from orchestrator.backends.aws.settings import AwsSection
@@ -36,3 +39,28 @@ def check_regions(sweep: Sweep, home: str) -> None:
     if problems:
         where = located(sweep.path, ("aws", "regions" if len(settings(sweep).regions) > 1 else "region"))
         raise OrchError("\n".join(f"{where}: {p}" for p in problems) + "\nNothing was launched.", exit_code=2)
+
+
+def check_types_offered(sweep: Sweep, ec2_of: Callable[[str], object]) -> None:
+    """Refuse (exit 2, file:line, the fix) a listed region whose subnets' AZs offer none of `aws.instance_types`
+    (DescribeInstanceTypeOfferings, as a launch there asks): it passed the dry run, then ended the controller when a
+    failover (or, listed first, the first run) asked it. `ec2_of`: a region's EC2 client."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    cfg, lacking = settings(sweep), []
+    for region in cfg.regions:
+        try:
+            azs = sorted({s["AvailabilityZone"] for s in api.resolve_subnets(ec2_of(region), cfg.subnet_ids, region)})
+            pools = api.offered_pools(ec2_of(region), cfg.instance_types, azs)
+        except (OrchError, ClientError, BotoCoreError):  # that region's own error comes when it is prepared
+            continue
+        if pools is not None and not pools:
+            lacking.append(f"{region} ({', '.join(azs)})")
+    if lacking:
+        raise OrchError(
+            f"{located(sweep.path, ('aws', 'instance_types'))}: none of {', '.join(cfg.instance_types)} is offered in "
+            f"{'; '.join(lacking)} (DescribeInstanceTypeOfferings): remove {', '.join(r.split()[0] for r in lacking)} "
+            "from `aws.regions`, or add a type each listed region offers (`aws ec2 describe-instance-type-offerings "
+            "--region REGION --location-type availability-zone`). Nothing was launched.",
+            exit_code=2,
+        )

@@ -6,9 +6,11 @@ the loader; nothing below `backends/` names it.
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Annotated, Literal
 
-from pydantic import Field, PrivateAttr, model_serializer, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_serializer, model_validator
+from pydantic_core import PydanticCustomError
 
 from orchestrator.sweep.spec_types import Amount, Count, Strict
 
@@ -163,6 +165,30 @@ class AwsSection(Strict):
         elif not self.regions:
             self.regions = [self.region]
         return self
+
+    @field_validator("ssh_cidr")
+    @classmethod
+    def _an_ipv4_network(cls, value: str | None) -> str | None:
+        """What the security group's port-22 rule admits (an IpRanges CidrIp): checked here, a bad one passed the dry
+        run and failed the launch with AWS's words after the group was made."""
+        if value is None:
+            return value
+        try:
+            net = ipaddress.ip_network(value.strip(), strict=False) if "/" in value else None
+        except ValueError:
+            net = None
+        if net is None or net.version != 4:
+            why = "IPv6 is not supported here (the rule is an IPv4 range)" if net is not None else "not a CIDR"
+            raise PydanticCustomError(
+                "ssh_cidr", "{why}: write an IPv4 network with its prefix length, e.g. 203.0.113.7/32", {"why": why}
+            )
+        if str(net) != value.strip():  # EC2 refuses a range with host bits set ("CIDR block … is malformed")
+            raise PydanticCustomError(
+                "ssh_cidr",
+                "host bits set: write {net} (the network) or {one}/32 (one address)",
+                {"net": str(net), "one": value.split("/")[0].strip()},
+            )
+        return str(net)
 
     @model_serializer(mode="wrap")
     def _as_written(self, handler):

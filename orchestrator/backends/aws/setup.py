@@ -12,7 +12,7 @@ from orchestrator.aws import fleet, groups, iam
 from orchestrator.aws import images as orch_images
 from orchestrator.aws.images import resolve_image
 from orchestrator.aws.pricing import on_demand_quote, transfer_rate
-from orchestrator.backends.aws.regions import check_regions, home_region, settings
+from orchestrator.backends.aws.regions import check_regions, check_types_offered, home_region, settings
 from orchestrator.backends.aws.state import ProvisioningState
 from orchestrator.errors import OrchError
 from orchestrator.store.s3url import is_s3, parse_s3
@@ -38,10 +38,10 @@ def bootstrap(state: ProvisioningState, region: str | None = None) -> dict:
 
 
 def check_first_region(state: ProvisioningState) -> None:
-    """The first listed region's subnets and every listed region's image (not a recipe's: copied at launch), looked
-    up before anything is made: a launch whose first region lacked them made the other regions' parts and then
-    failed, and a later region without the image failed the run that a failover sent there. Refused with file:line,
-    the regions and the fix (exit 2)."""
+    """The first listed region's subnets, every listed region's instance types and image (not a recipe's: copied at
+    launch), looked up before anything is made: a launch whose first region lacked them made the other regions'
+    parts and then failed, and a later region without them failed the run (or the controller) that a failover sent
+    there. Refused with file:line, the regions and the fix (exit 2)."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     cfg, sweep = state.cfg, state.sweep
@@ -51,6 +51,7 @@ def check_first_region(state: ProvisioningState) -> None:
     except OrchError as exc:
         where = located(sweep.path, ("aws", "subnet_ids") if cfg.subnet_ids else listed)
         raise OrchError(f"{where}: {exc} (in {first}, the first region listed). Nothing was launched.", 2) from None
+    check_types_offered(sweep, lambda region: state.part(region).ec2)
     if cfg.image.startswith("recipe:"):
         return _check_recipe_built(state)
     missing = []
@@ -345,7 +346,8 @@ def plan(state: ProvisioningState) -> dict:
         "nodes_per_run": state.nodes,
         "packing": packing,
         "market": cfg.market,
-        "estimate_usd_max": round(dearest * hours * instances, 2) if dearest is not None else None,
+        # unrounded: the words round it up (money.usd at_most); rounded here it fell below the dearest choice's cost
+        "estimate_usd_max": dearest * hours * instances if dearest is not None else None,
         "unpriced_choices": len(rows) - len(known),
         "uplifted": sorted({r["region"] for r in rows if r["on_demand_priced"] == "uplift"}),
         "transfer": transfer_plan(state, home),

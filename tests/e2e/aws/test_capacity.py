@@ -1,6 +1,6 @@
 """CreateFleet's answers to whole sweeps on the fake cloud: a quota reached while runs go (or still counting
 terminated instances) makes runs wait, an error orch does not know fails the run in AWS's words, a spot quota stops
-the sweep, spot then on-demand falls back, and an SDK error after CreateFleet loses no instance."""
+the sweep, on-demand launches, spot then on-demand falls back, and an SDK error after CreateFleet loses no instance."""
 
 from __future__ import annotations
 
@@ -115,6 +115,18 @@ def test_d_spot_then_on_demand_falls_back_on_the_fake_cloud(orch, cloud, identit
     ebs = [m["Ebs"] for v in versions for m in v["LaunchTemplateData"]["BlockDeviceMappings"]]
     assert ebs and all(e["Encrypted"] and e["DeleteOnTermination"] for e in ebs), ebs
     orch("down", "fallback")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_an_on_demand_sweep_launches_on_the_fake_cloud(orch, cloud, identity):
+    # EC2 refuses an on-demand launch whose template tags spot requests (the fake does too: docs/aws.md)
+    path = smoke(orch, identity, "ondemand", command="true", grid={"lr": [1]}, aws_market="on-demand")
+    r = orch("launch", str(path), timeout=300)
+    assert r.code == 0, r.out + r.err
+    ledger = json.loads(cloud.client("s3").get_object(Bucket=BUCKET, Key="sweeps/ondemand/cost.json")["Body"].read())
+    assert [e["market"] for e in ledger.values()] == ["on-demand"]
+    orch("down", "ondemand")
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from orchestrator.wait import retry_until
 from tests.conftest import ENDED_GAP_S
 from tests.conftest import run_states as status
 from tests.fakecloud import BUCKET, REGION
-from tests.fakecloud.cloud import DATA_BUCKETS
+from tests.fakecloud.cloud import DATA_BUCKETS, IMAGE_NAME
 
 pytestmark = pytest.mark.slow
 
@@ -98,6 +98,23 @@ def test_a_region_without_the_image_is_refused_before_anything_is_made(orch, clo
     assert not cloud.instances()
     for region in ("us-east-1", "us-west-2"):
         assert not any(cloud.leftovers("noimg", region).values()), (region, cloud.leftovers("noimg", region))
+
+
+@pytest.mark.parametrize("regions", ["[us-west-2, us-east-1]", "[us-east-1, us-west-2]"])
+def test_a_region_offering_none_of_the_types_is_refused_before_anything_is_made(orch, cloud, identity, regions):
+    # listed second, it passed the dry run and a failover there ended the controller (exit 1, runs queued); listed
+    # first, the first run did
+    cloud.register_image(IMAGE_NAME, region="us-west-2")
+    cloud.gate.unoffered.add(("*", "us-west-2*"))
+    path = orch.sweep(with_regions(cloud.sweep_yaml("notypes", identity, "true"), regions))
+    for args in (("--dry-run",), ()):
+        r = orch("launch", str(path), *args)
+        where = f"{path}:{line_of(path, 'instance_types:')}: aws.instance_types: none of g5.xlarge, g6.xlarge"
+        refused(r, where, "is offered in us-west-2 (us-west-2a", "remove us-west-2 from `aws.regions`")
+        assert r.code == 2 and "Nothing was launched" in r.err and "us-east-1 (" not in r.err, (args, r.err)
+    assert not cloud.instances()
+    for region in ("us-east-1", "us-west-2"):
+        assert not any(cloud.leftovers("notypes", region).values()), (region, cloud.leftovers("notypes", region))
 
 
 @pytest.mark.parametrize("regions", ["", "[us-east-1, us-west-2]"])

@@ -69,7 +69,24 @@ def overrides(choices):
     return [{"InstanceType": c.instance_type, "SubnetId": c.subnet_id} for c in choices]
 
 
-def expect_fleet(stub, choices, answer, market="spot"):
+def expect_version(stub, number: int, market: str):
+    """The template version of the second market asked: spot requests are tagged only where a launch makes one."""
+    kinds = ["network-interface"] + (["spot-instances-request"] if market == "spot" else [])
+    stub.add_response(
+        "create_launch_template_version",
+        {"LaunchTemplateVersion": {"VersionNumber": number}},
+        {
+            "LaunchTemplateId": "lt-1",
+            "LaunchTemplateData": {
+                **BASE,
+                "UserData": ANY,
+                "TagSpecifications": [{"ResourceType": k, "Tags": []} for k in kinds],
+            },
+        },
+    )
+
+
+def expect_fleet(stub, choices, answer, market="spot", version="7"):
     stub.add_response(
         "create_fleet",
         answer,
@@ -81,7 +98,7 @@ def expect_fleet(stub, choices, answer, market="spot"):
             "OnDemandOptions": {"AllocationStrategy": "lowest-price"},
             "LaunchTemplateConfigs": [
                 {
-                    "LaunchTemplateSpecification": {"LaunchTemplateId": "lt-1", "Version": "7"},
+                    "LaunchTemplateSpecification": {"LaunchTemplateId": "lt-1", "Version": version},
                     "Overrides": overrides(choices),
                 }
             ],
@@ -90,8 +107,8 @@ def expect_fleet(stub, choices, answer, market="spot"):
     )
 
 
-def expect_cleanup(stub):
-    stub.add_response("delete_launch_template_versions", {}, {"LaunchTemplateId": "lt-1", "Versions": ["7"]})
+def expect_cleanup(stub, versions=("7",)):
+    stub.add_response("delete_launch_template_versions", {}, {"LaunchTemplateId": "lt-1", "Versions": list(versions)})
 
 
 # Every capacity code EC2 documents for CreateFleet (written out: a code dropped from fleet.CAPACITY_ERRORS must fail
@@ -166,14 +183,16 @@ def test_spot_then_on_demand_when_spot_is_exhausted():
     client, stub = stubbed()
     one = CHOICES[:1]
     expect_fleet(stub, one, fleet_error("UnfulfillableCapacity", "g5.xlarge", "subnet-a"))
+    expect_version(stub, 8, "on-demand")
     expect_fleet(
         stub,
         one,
         fleet_ok("g5.xlarge", "subnet-a")
         | {"Instances": [{**fleet_ok("g5.xlarge", "subnet-a")["Instances"][0], "Lifecycle": "on-demand"}]},
         market="on-demand",
+        version="8",
     )
-    expect_cleanup(stub)
+    expect_cleanup(stub, ("7", "8"))
     blocklist = fleet.Blocklist()
     with stub:
         got = fleet.acquire(client, "lt-1", BASE, "x", one, ["spot", "on-demand"], [], blocklist)
@@ -420,6 +439,7 @@ def test_a_spot_quota_still_tries_on_demand_and_then_says_quota():
     client, stub = stubbed()
     one = CHOICES[:1]
     expect_fleet(stub, one, fleet_error("MaxSpotInstanceCountExceeded", "g5.xlarge", "subnet-a"))
+    expect_version(stub, 8, "on-demand")
     expect_fleet(
         stub,
         one,
@@ -435,8 +455,9 @@ def test_a_spot_quota_still_tries_on_demand_and_then_says_quota():
             ],
         },
         market="on-demand",
+        version="8",
     )
-    expect_cleanup(stub)
+    expect_cleanup(stub, ("7", "8"))
     blocklist = fleet.Blocklist()
     with stub:
         got = fleet.acquire(client, "lt-1", BASE, "x", one, ["spot", "on-demand"], [], blocklist)
