@@ -139,7 +139,12 @@ def collect(sweep: Sweep, store: Store) -> Results:
 
     target = sweep.spec.target
     statuses = {}
-    taken = {k for run in sweep.runs for k in run.params} | set(OWN_COLUMNS)
+    from orchestrator.control.trials import search_results
+
+    specs, trial_values = search_results(sweep, store)
+    # a search's params are the ones its trials were given (and its space names them before any is asked)
+    space = list(sweep.spec.search.space) if sweep.spec.search is not None else []
+    taken = {k for run in specs for k in run.params} | set(space) | set(OWN_COLUMNS)
 
     def one(run) -> RunResult:
         status = statuses[run.run_id] = read_status(store, sweep.spec.name, run.run_id)
@@ -175,9 +180,6 @@ def collect(sweep: Sweep, store: Store) -> Results:
             transfer_bytes=moved[1] if moved is not None else 0,
         )
 
-    from orchestrator.control.trials import search_results
-
-    specs, trial_values = search_results(sweep, store)
     with ThreadPoolExecutor(max_workers=READERS) as pool:
         runs = list(pool.map(one, specs))
     search = None

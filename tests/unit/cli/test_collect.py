@@ -3,8 +3,10 @@ cannot be drawn. The runs' records and metrics lines are written into the store 
 
 from __future__ import annotations
 
+import csv
 import json
 import struct
+import sys
 import time
 
 from orchestrator.backends.registry import load_sweep
@@ -121,3 +123,27 @@ def test_collect_prints_its_table_and_skips_a_plot_matplotlib_cannot_draw(orch):
     assert "│ q=1" in r.out and "succeeded" in r.out, r.out  # the table
     assert r.out.count("curves.png not drawn: matplotlib cannot draw these values (") == 1, r.out
     assert (out / "runs.csv").exists() and not (out / "curves.png").exists()
+
+
+def test_a_metric_named_like_a_search_param_keeps_the_sampled_value_in_its_column(orch, tmp_path):
+    """The trainer logs its own `lr` in a search over `lr`: runs.csv and runs.json keep the value the sampler
+    chose under `lr` and the logged one as `metric.lr`, as for a grid."""
+    script = tmp_path / "logs_lr.py"
+    script.write_text(
+        "import json, os\n"
+        "with open(os.path.join(os.environ['ORCH_RUN_DIR'], 'metrics.jsonl'), 'a') as f:\n"
+        "    f.write(json.dumps({'epoch': 1, 'lr': 123.0, 'score': 0.5}) + '\\n')\n"
+    )
+    path = orch.sweep(f"""
+        name: lrsearch
+        command: "{sys.executable} {script}"
+        store: store
+        search: {{sampler: random, trials: 2, metric: score, mode: max, space: {{lr: {{low: 0.1, high: 1.0}}}}}}
+    """)
+    assert orch("launch", str(path)).code == 0
+    r = orch("collect", "lrsearch", "--out", str(tmp_path / "out"))
+    assert r.code == 0, r.out + r.err
+    rows = json.loads((tmp_path / "out" / "runs.json").read_text())["runs"]
+    assert [0.1 <= row["lr"] <= 1.0 and row["metric.lr"] == 123.0 for row in rows] == [True, True], rows
+    with open(tmp_path / "out" / "runs.csv") as f:
+        assert all(0.1 <= float(row["lr"]) <= 1.0 for row in csv.DictReader(f))
