@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.control.collect import Results, SearchInfo, best_trial, ranked
+from orchestrator.control.curves import Figure
 from orchestrator.control.prune import rule
 from orchestrator.control.study import first_random_trials
 from orchestrator.control.views import Progress, RunView, usd
@@ -215,6 +216,31 @@ def results_notes(res: Results) -> list[str]:
     if res.search is not None:
         out.append(best_trial_words(res, res.search))
     return out
+
+
+NOT_DRAWN_NAMED = 6  # metrics named in collect's line about curves.png (runs.csv has every one)
+
+
+def curves_line(fig: Figure) -> str:
+    """What curves.png shows (or why it was not drawn), and how to draw the rest."""
+    if fig.skipped:
+        return f"curves.png not drawn: matplotlib cannot draw these values ({cut(fig.skipped, 120)}); runs.csv has them"
+    if not fig.metrics and not fig.not_drawn:
+        return "curves.png not drawn: no run has logged a numeric metric"
+    if not fig.metrics:
+        example = cut(fig.not_drawn[0])
+        return f"curves.png not drawn: no metric ends in acc, accuracy or loss; choose some, e.g. --metrics {example}"
+    line = f"curves.png: {', '.join(cut(m) for m in fig.metrics)}"
+    if fig.ranked_by is not None:
+        metric, mode = fig.ranked_by
+        line += f"; labelled: the best {len(fig.labelled)} by {cut(metric)} ({mode})"
+    if fig.left_out:
+        line += f"; {len(fig.left_out)} more chosen metrics left out (at most {len(fig.metrics)} panels)"
+    if fig.not_drawn:
+        named = ", ".join(cut(m) for m in fig.not_drawn[:NOT_DRAWN_NAMED])
+        more = f" and {len(fig.not_drawn) - NOT_DRAWN_NAMED} more" if len(fig.not_drawn) > NOT_DRAWN_NAMED else ""
+        line += f"; not drawn: {named}{more} (draw them with --metrics, e.g. --metrics {cut(fig.not_drawn[0])})"
+    return line
 
 
 def search_status_line(p) -> str:

@@ -10,6 +10,7 @@ import click
 
 from orchestrator.cli.common import expected_errors, explained, load_sweep_arg, make_console, sweep_parts
 from orchestrator.cli.render import (
+    curves_line,
     results_notes,
     results_table,
     runs_table,
@@ -163,27 +164,34 @@ def _controller_line(sw, store) -> str:
     help="Also write TensorBoard event files there (one folder per run; needs the board extra). "
     "`orch tensorboard SWEEP` keeps them current and serves them.",
 )
+@click.option(
+    "--metrics",
+    "wanted",
+    help="Comma-separated metrics for curves.png (default: the sweep's target/search/prune metric and every "
+    "metric whose name ends in acc, accuracy or loss).",
+)
 @expected_errors
-def collect(sweep: str, out: str | None, wide: bool, tb_dir: str | None):
+def collect(sweep: str, out: str | None, wide: bool, tb_dir: str | None, wanted: str | None):
     """Gather SWEEP's results: a table here, runs.csv, runs.json and curves.png in --out.
 
     \b
     Example:
-      orch collect local-smoke --out results/smoke
+      orch collect local-smoke --out results/smoke --metrics test_acc,lr
     """
 
     sw = load_sweep_arg(sweep)
     _, store, _ = sweep_parts(sw)
     results = gather(sw, store)
     out_dir = Path(out or Path("results") / sw.spec.name)
-    paths = write_outputs(results, out_dir)
     con = make_console()
     table = results_table(results, width=con.width, wide=wide)
     con.width = max(con.width, table.needed_width)  # longer lines rather than cut ids, states, times
-    con.print(table)
+    con.print(table)  # before the files: a folder that cannot be written still leaves the results on screen
 
     for line in results_notes(results):
         con.print(line, markup=False)
+    names = [m.strip() for m in wanted.split(",") if m.strip()] if wanted else None
+    paths = write_outputs(results, out_dir, wanted=names)
     if tb_dir:
         board = Board(sw, store, Path(tb_dir), option="--tensorboard")
         n = board.update()
@@ -193,3 +201,5 @@ def collect(sweep: str, out: str | None, wide: bool, tb_dir: str | None):
             markup=False,
         )
     con.print(f"wrote {', '.join(str(p) for p in paths)}", markup=False)
+    if results.figure is not None:
+        con.print(curves_line(results.figure), markup=False)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from orchestrator.backends.registry import costs_of
-from orchestrator.contract import default_mode, finite, keep_best
+from orchestrator.contract import finite, keep_best
+from orchestrator.control.curves import LINES, Figure, choose, draw_png, rank_metric, rank_runs, title
 from orchestrator.control.target import Economics, ToTarget, economics, entries_of, to_target
 from orchestrator.errors import OrchError
 from orchestrator.store import layout
@@ -19,7 +19,6 @@ from orchestrator.store.status import read_status
 from orchestrator.sweep.spec import Sweep
 
 GB = 1024**3  # the GB of AWS's transfer prices (runs.csv's transfer_gb)
-X_KEYS = ("step", "epoch", "elapsed_s", "elapsed")  # axes, not curves
 
 PREFERRED = ("epoch", "test_acc", "val_acc", "acc", "train_loss", "val_loss", "loss")
 NOISE = ("lr", "images_per_s", "image_size", "step", "elapsed_s", "elapsed", "time")
@@ -97,7 +96,9 @@ class Results:
     target: bool = False  # the sweep has `target:` (the to-target columns are shown)
     economics: Economics | None = None  # with `target:`: the summary line
     search: SearchInfo | None = None  # with `search:`
+    goals: list[tuple[str, str]] = field(default_factory=list)  # (metric, max|min) of target, search and prune
     left_out: list[str] = field(default_factory=list)  # metrics curves.png does not draw (runs.csv has them all)
+    figure: Figure | None = None  # what curves.png shows, once written
 
     def metric_names(self) -> list[str]:
         names: dict[str, None] = {}
@@ -140,7 +141,12 @@ def collect(sweep: Sweep, store: Store) -> Results:
 
     target = sweep.spec.target
     statuses = {}
-    taken = {k for run in sweep.runs for k in run.params} | set(OWN_COLUMNS)
+    from orchestrator.control.trials import search_results
+
+    specs, trial_values = search_results(sweep, store)
+    # a search's params are the ones its trials were given (and its space names them before any is asked)
+    space = list(sweep.spec.search.space) if sweep.spec.search is not None else []
+    taken = {k for run in specs for k in run.params} | set(space) | set(OWN_COLUMNS)
 
     def one(run) -> RunResult:
         status = statuses[run.run_id] = read_status(store, sweep.spec.name, run.run_id)
@@ -177,9 +183,6 @@ def collect(sweep: Sweep, store: Store) -> Results:
             code=status.code,
         )
 
-    from orchestrator.control.trials import search_results
-
-    specs, trial_values = search_results(sweep, store)
     with ThreadPoolExecutor(max_workers=READERS) as pool:
         runs = list(pool.map(one, specs))
     search = None
@@ -202,7 +205,24 @@ def collect(sweep: Sweep, store: Store) -> Results:
         target=target is not None,
         economics=eco,
         search=search,
+        goals=goals_of(sweep.spec),
     )
+
+
+def goals_of(spec) -> list[tuple[str, str]]:
+    """The sweep's own metrics and which way each improves: target's, search's, prune's (in that order, each once)."""
+    from orchestrator.control.prune import rule
+    from orchestrator.sweep.search import objective
+
+    out = []
+    if spec.target is not None:
+        out.append((spec.target.metric, spec.target.resolved_mode()))
+    if spec.search is not None:
+        goal = objective(spec)
+        out.append((goal.metric, goal.mode))
+    if spec.prune is not None:
+        out.append(rule(spec))
+    return list(dict.fromkeys(out))
 
 
 def by_trial_value(runs: list[RunResult], mode: str) -> list[RunResult]:
@@ -215,12 +235,12 @@ def best_trial(res: Results) -> RunResult | None:
     return next((r for r in res.runs if r.trial_value is not None), None) if res.search else None
 
 
-def write_outputs(results: Results, out_dir: Path, draw: bool = True) -> list[Path]:
+def write_outputs(results: Results, out_dir: Path, draw: bool = True, wanted: list[str] | None = None) -> list[Path]:
     """runs.csv, runs.json and (when there are metrics and `draw`) curves.png in out_dir; returns their paths.
     Drawing is most of the time this takes: a check of the tables alone passes `draw=False`."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        return _write(results, out_dir, draw)
+        return _write(results, out_dir, draw, wanted)
     except OSError as exc:
         raise OrchError(
             f"cannot write results to {out_dir}: {exc.strerror or exc}. Pass another folder with `--out DIR`.",
@@ -228,7 +248,9 @@ def write_outputs(results: Results, out_dir: Path, draw: bool = True) -> list[Pa
         ) from None
 
 
-def _write(results: Results, out_dir: Path, draw: bool) -> list[Path]:
+def _write(results: Results, out_dir: Path, draw: bool, wanted: list[str] | None) -> list[Path]:
+    fig = results.figure = figure(results, wanted)  # first: an unknown `--metrics` name writes nothing
+    results.left_out = fig.left_out
     metrics = results.metric_names()
     param_keys = list(dict.fromkeys(k for r in results.runs for k in r.params))
     rows = []
@@ -280,83 +302,34 @@ def _write(results: Results, out_dir: Path, draw: bool) -> list[Path]:
             "metric": results.search.metric,
             "mode": results.search.mode,
         }
-    first = ranked(metrics)
-    chosen = set(first)
-    curves = first + [m for m in metrics if m not in X_KEYS and m not in chosen]
-    # a line of a thousand per-class accuracies must not make a thousand panels: the familiar ones first
-    results.left_out = curves[MAX_PANELS:]
-    curves = curves[:MAX_PANELS]
-    if results.left_out:
-        doc["curves_left_out"] = results.left_out
+    png = out_dir / "curves.png"
+    drawn = draw and bool(fig.metrics) and any(r.curves for r in results.runs) and _plot(results, fig, png)
+    if not drawn:
+        png.unlink(missing_ok=True)  # an earlier collect's picture would show what these results do not say
+    if fig.left_out:
+        doc["curves_left_out"] = fig.left_out
+    if drawn:
+        doc["curves"] = {"metrics": fig.metrics, "ranked_by": fig.ranked_by, "labelled": fig.labelled}
     json_path.write_text(json.dumps(plain_json(doc), indent=2, allow_nan=False) + "\n")
-    paths = [csv_path, json_path]
-    if draw and curves and any(r.curves for r in results.runs):
-        paths.append(plot(results, curves, out_dir / "curves.png"))
-    return paths
+    return [csv_path, json_path, *([png] if drawn else [])]
 
 
-MAX_PANELS = 12  # metrics drawn in curves.png, the familiar ones first
-LINES = 10  # runs drawn as labelled lines in curves.png; the others are drawn faint, without legend entries
+def figure(results: Results, wanted: list[str] | None = None) -> Figure:
+    """What curves.png draws for these results: `wanted` metrics, or the sweep's own and the accuracies and losses;
+    the runs it names, best first by the sweep's metric."""
+    names = results.metric_names()
+    fig = choose(names, results.goals, wanted)
+    fig.ranked_by = rank_metric(names, results.goals)
+    fig.labelled = [r.run_id for r in rank_runs(results.runs, fig.ranked_by)[:LINES]]
+    return fig
 
 
-def _score(r: RunResult, metric: str) -> float:
-    """How good a run's best value of `metric` is, higher is better (NaN-free; runs without it last)."""
-    v = finite(r.best.get(metric, r.final.get(metric)))
-    if v is None:
-        return float("-inf")
-    return -v if default_mode(metric) == "min" else v
-
-
-def plot(results: Results, metrics: list[str], path: Path) -> Path:
-    """One panel per metric. Up to LINES runs (the best by the first metric) are lines with a legend;
-    every other run is one faint line in a single collection, so a sweep of thousands stays readable
-    and fast to draw."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.collections import LineCollection
-
-    n = len(metrics)
-    cols = min(3, n)
-    rows = math.ceil(n / cols)
-    ranked_runs = sorted(results.runs, key=lambda r: _score(r, metrics[0]), reverse=True)
-    top, rest = ranked_runs[:LINES], ranked_runs[LINES:]
-    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
-    for ax, metric in zip(axes.flat, metrics):
-
-        def points(r: RunResult) -> list[tuple[float, float]]:
-            out = []
-            for i, line in enumerate(r.curves):
-                y, x = finite(line.get(metric)), finite(line.get("step"))
-                if y is not None:
-                    out.append((x if x is not None else i, y))
-            return out
-
-        faint = [p for p in (points(r) for r in rest) if p]
-        if faint:
-            ax.add_collection(
-                LineCollection(faint, colors="0.6", alpha=max(0.03, min(0.4, 20 / len(faint))), linewidths=0.6)
-            )
-            ax.autoscale_view()
-        for r in top:
-            pts = points(r)
-            if pts:
-                xs, ys = zip(*pts)
-                ax.plot(xs, ys, label=r.run_id, marker="." if len(pts) < 30 else None)
-        ax.set_title(metric)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[n:]:
-        ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8, frameon=False)
-    more = f" (best {len(top)} by {metrics[0]} labelled; {len(rest)} more in grey)" if rest else ""
-    if results.left_out:
-        more += f"; {len(results.left_out)} more metrics not drawn (runs.csv has them)"
-    fig.suptitle(f"sweep {results.sweep}{more}")
-    fig.tight_layout(rect=(0, 0.06 + 0.02 * math.ceil(len(labels) / 4), 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+def _plot(results: Results, fig: Figure, path: Path) -> bool:
+    """Draw curves.png; False (and `fig.skipped` says why) when matplotlib cannot, so the results are still
+    written and shown: a metric at 1e308 then -1e308 spans more than a float holds, and matplotlib raises."""
+    try:
+        draw_png(title(results.sweep, fig, len(results.runs)), results.runs, fig, path)
+    except Exception as exc:  # whatever matplotlib raises on values it cannot place, the table matters more
+        fig.skipped = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no message'}"
+        return False
+    return True

@@ -107,6 +107,7 @@ class Economics:
 
     runs: int
     reached: int
+    reached_then_failed: int = 0  # of `reached`: runs that failed afterwards (a target met is no success)
     fastest: tuple | None = None  # (run_id, time_to_target_s or wall_to_target_s)
     cheapest: tuple | None = None  # (run_id, usd_to_target)
     total_usd: float | None = None
@@ -117,7 +118,8 @@ class Economics:
     on_demand_usd: float | None = None  # the same instance hours at on-demand prices
 
     def words(self) -> list[str]:
-        out = [f"target: {self.reached} of {self.runs} runs reached it"]
+        failed = f" ({self.reached_then_failed} of them before failing)" if self.reached_then_failed else ""
+        out = [f"target: {self.reached} of {self.runs} runs reached it{failed}"]
         if self.fastest:
             out.append(f"fastest {self.fastest[0]} in {self.fastest[1]:.1f} s")
         if self.cheapest:
@@ -154,6 +156,7 @@ def economics(rows, ledger: dict[str, dict] | None, attempts: dict[str, int], co
     eco = Economics(
         runs=len(rows),
         reached=len(reached),
+        reached_then_failed=sum(r.state == "failed" for r in reached),
         fastest=min(timed, key=lambda t: t[1]) if timed else None,
         cheapest=min(priced, key=lambda t: t[1]) if priced else None,
     )

@@ -7,6 +7,7 @@ Runs on the host (the agent imports it): standard library only.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 from collections.abc import Sequence
@@ -184,6 +185,13 @@ def last_metrics(path: Path, max_bytes: int = 8 << 20) -> dict:
         window *= 2
 
 
+def recordable(line: dict) -> dict:
+    """A metrics line as the run's record keeps it: NaN and infinities as the words nan, inf and -inf. Strict JSON
+    has no such numbers (the store writes them as null, which `orch status` shows as nothing), and a diverged run
+    must look diverged in the live view; a word is no value to a target or a rung, as NaN was not."""
+    return {k: repr(v) if isinstance(v, float) and not math.isfinite(v) else v for k, v in line.items()}
+
+
 class RungWatch:
     """The run's metrics file as it grows: read from where the last read ended (an offset), never again
     from the start, so a pass costs what was appended. It keeps the newest line (the record's
@@ -218,7 +226,7 @@ class RungWatch:
         """Into the record: the newest line and, with rungs, the values at them."""
         with self.lock:
             self._read()
-            status.last_metrics = dict(self.newest)
+            status.last_metrics = recordable(self.newest)
             if self.at and (self.pending or self.at_rungs):
                 status.at_rungs, status.metric_seen = dict(self.at_rungs), self.metric_seen
 

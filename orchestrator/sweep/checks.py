@@ -66,6 +66,12 @@ def _grid_problems(spec: SweepSpec) -> Problems:
             out.append((("grid", key), "repeats a value; every value of an axis must differ"))
         if key in spec.params:
             out.append((("grid", key), f"'{key}' is also in params; keep it in one of the two"))
+        # a command line ends at a NUL: the shell would run the run's command without the rest of the value
+        out += [
+            (("grid", key, i), "holds a NUL character, which no command line can carry; remove it")
+            for i, v in enumerate(values)
+            if isinstance(v, str) and "\0" in v
+        ]
     if not spec.grid and "grid" in spec.model_fields_set:
         out.append((("grid",), "empty grid; give at least one axis, e.g. `lr: [0.1, 0.2]`, or remove `grid:`"))
     return out
@@ -251,7 +257,7 @@ def _id_problems(spec: SweepSpec) -> Problems:
 
 def _values(spec: SweepSpec, run) -> str:
     """A run's grid values as written in the file, e.g. `t: 'a b'`."""
-    return ", ".join(f"{k}: {json.dumps(run.params[k])}" for k in spec.grid) or "no grid"
+    return ", ".join(f"{k}: {json.dumps(run.params[k], ensure_ascii=False)}" for k in spec.grid) or "no grid"
 
 
 def _prune_problems(spec: SweepSpec) -> list[tuple[tuple[Any, ...], str]]:

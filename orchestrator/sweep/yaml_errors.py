@@ -182,10 +182,11 @@ def format_errors(
             msg = "must be a finite number"
         else:
             msg = err["msg"]
-        if err["type"] not in ("extra_forbidden", "missing") and not isinstance(err.get("input"), (dict, list)):
-            msg += f" (got {err['input']!r})"
-        elif isinstance(err.get("input"), (dict, list)) and err["type"] not in ("extra_forbidden", "missing"):
-            msg += f" (got {json.dumps(err['input'])[:60]})"
+        given = _shown(loc, err.get("input"))
+        if err["type"] not in ("extra_forbidden", "missing") and not isinstance(given, (dict, list)):
+            msg += f" (got {given!r})"
+        elif isinstance(given, (dict, list)) and err["type"] not in ("extra_forbidden", "missing"):
+            msg += f" (got {json.dumps(given, ensure_ascii=False)[:60]})"
         fix = _FIXES.get(err["type"], "").format(allowed=_allowed_fields(loc, model, sections))
         if err["type"] in ("float_type", "int_type") and _number_text(err.get("input")):
             fix = f"write the number without quotes: {err['input'].strip()}"
@@ -198,6 +199,22 @@ def format_errors(
                 fix = f"did you mean `{close[0]}`? Allowed here: {_allowed_fields(loc, model, sections)}"
         lines.append(f"{path}:{line_of(root, loc)}: {dotted(loc)}: {msg}" + (f". Fix: {fix}." if fix else ""))
     return lines
+
+
+def _shown(loc: tuple[Any, ...], value: Any) -> Any:
+    """An input as an error shows it: under `notify:` every URL redacted as in all of orch's output (a URL Apprise
+    cannot read may still carry a webhook's secret path or a password)."""
+    if not loc or loc[0] != "notify":
+        return value
+    if isinstance(value, dict):
+        return {k: _shown(loc, v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shown(loc, v) for v in value]
+    if isinstance(value, str) and "://" in value:
+        from orchestrator.sweep.notify import redacted
+
+        return redacted(value)
+    return value
 
 
 def _number_text(value: Any) -> bool:

@@ -239,6 +239,17 @@ def test_a_url_apprise_cannot_read_is_refused_at_validation_with_its_line(orch):
     assert "Traceback" not in r.err and not orch.store("bad", "sweep.json").exists()
 
 
+def test_a_refused_url_is_shown_redacted_by_launch_dry_run_and_notify_test(orch):
+    """A URL Apprise cannot read may still hold a secret (a webhook's path): its error shows it as every output
+    does, scheme and host only."""
+    url = "nosuchscheme://hooks.example.com/SECRETPATH123"
+    path = orch.sweep(f"name: red\ncommand: 'true'\nstore: store\nnotify:\n  - url: {url}\n    events: [ended]\n")
+    for args in (("launch", str(path)), ("launch", str(path), "--dry-run"), ("notify", "test", str(path))):
+        r = orch(*args)
+        assert r.code == 2 and "sweep.yaml:5: notify[0]" in r.err and "Apprise cannot read" in r.err, (args, r.err)
+        assert "SECRETPATH123" not in r.out + r.err and "nosuchscheme://hooks.example.com/…" in r.err, (args, r.err)
+
+
 def test_an_unset_url_env_refuses_the_launch_and_buys_nothing(orch):
     path = orch.sweep("name: env\ncommand: 'true'\nstore: store\nnotify:\n  - url_env: ORCH_TEST_NO_SUCH_VAR\n")
     for args in (("launch", str(path)), ("launch", str(path), "--dry-run"), ("notify", "test", str(path))):

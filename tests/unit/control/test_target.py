@@ -633,7 +633,8 @@ def test_a_verdict_stands_for_a_resumed_attempt_and_after_a_lost_write(tmp_path,
 
 
 def test_collect_of_a_thousand_metric_keys_draws_a_bounded_figure_and_names_what_it_left_out(tmp_path):
-    from orchestrator.control.collect import MAX_PANELS, Results, RunResult, write_outputs
+    from orchestrator.control.collect import Results, RunResult, write_outputs
+    from orchestrator.control.curves import MAX_PANELS
 
     lines = [
         {"epoch": e, "test_acc": e / 4, **{f"class_{i:04d}_acc": i / 1000 for i in range(1000)}} for e in (1, 2, 3)
@@ -642,5 +643,23 @@ def test_collect_of_a_thousand_metric_keys_draws_a_bounded_figure_and_names_what
     results = Results(sweep="wide", runs=[run])
     paths = write_outputs(results, tmp_path / "out")
     assert (tmp_path / "out" / "curves.png").exists() and len(paths) == 3
-    assert len(results.left_out) == 1001 - MAX_PANELS + 1 and "test_acc" not in results.left_out
+    assert len(results.left_out) == 1001 - MAX_PANELS and "test_acc" not in results.left_out  # `epoch` is an axis
     assert json.loads((tmp_path / "out" / "runs.json").read_text())["curves_left_out"] == results.left_out
+
+
+def test_a_run_that_reached_the_target_and_then_failed_is_counted_as_such(orch, tmp_path):
+    script = tmp_path / "reach.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "with open(os.path.join(os.environ['ORCH_RUN_DIR'], 'metrics.jsonl'), 'a') as f:\n"
+        "    f.write(json.dumps({'epoch': 1, 'test_acc': 0.9}) + '\\n')\n"
+        "sys.exit(int(sys.argv[1]))\n"
+    )
+    path = orch.sweep(
+        f"name: rf\ncommand: '{sys.executable} {script} {{code}}'\nstore: store\ngrid:\n  code: [0, 1]\n"
+        "max_restarts: 0\ntarget:\n  metric: test_acc\n  value: 0.5\n"
+    )
+    orch("launch", str(path))
+    c = orch("collect", "rf", "--out", str(tmp_path / "res"))
+    assert c.code == 0, c.out + c.err
+    assert "target: 2 of 2 runs reached it (1 of them before failing)" in c.out, c.out

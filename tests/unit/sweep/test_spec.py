@@ -540,3 +540,16 @@ def test_data_entries_that_cannot_work_are_validation_errors(orch, entry, words)
     path = orch.sweep(f"name: dataval\ncommand: 'true'\ndata: [{entry}]\n")
     _bad(orch("launch", str(path), "--dry-run"), *words)
     _bad(orch("launch", str(path)), *words)
+
+
+def test_a_grid_value_is_shown_as_written_and_a_nul_in_one_is_refused_with_its_line(orch):
+    """An emoji in a colliding value is printed as the file has it (not `\\ud83d\\ude80`); a NUL, which no command
+    line can carry, is refused where it is instead of silently dropped from the command."""
+    rocket = orch.sweep("name: x\ncommand: echo {v}\ngrid:\n  v: ['🚀 a', '🚀_a']\n")
+    r = orch("launch", str(rocket), "--dry-run")
+    assert r.code == 2 and '(from v: "🚀 a" and v: "🚀_a")' in r.err, r.err
+    nul = orch.sweep('name: x\ncommand: echo {v}\ngrid:\n  v:\n    - ok\n    - "a\\0b"\n', "nul.yaml")
+    for args in (("--dry-run",), ()):
+        r = orch("launch", str(nul), *args)
+        assert r.code == 2 and "nul.yaml:6: grid.v[1]: holds a NUL character" in r.err, r.err
+        assert "Traceback" not in r.err
