@@ -227,6 +227,7 @@ class RunTask:
     code_sha256: str = ""
     code_dir: str = ""
     setup: str = ""  # `setup:`: run once per host and snapshot in code_dir, before the first command there
+    work_key: str = ""  # the metrics key that counts work (aws: buying work); the agent reports the attempt's span
 
     def uses(self, part: str) -> bool:
         """Whether its backend switched the host-side part `part` (one of HOST_PARTS) on."""

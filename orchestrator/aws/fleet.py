@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from orchestrator.aws.ec2 import (
     QUOTA_ERRORS,
@@ -25,6 +25,7 @@ from orchestrator.aws.ec2 import (
     explain,
     is_permission,
 )
+from orchestrator.aws.pools import BLOCK_S, NEVER_S, QUOTA_BLOCK_S, Blocklist, Choice  # noqa: F401 (re-exported)
 from orchestrator.errors import OrchError
 
 log = logging.getLogger("orch.fleet")
@@ -45,10 +46,6 @@ CAPACITY_ERRORS = frozenset(
 # changes it, so the pool is not asked again for the sweep; when no pool is left, the run's attempt fails with AWS's
 # words (a capacity verdict would ask again every few minutes, forever).
 CONFIG_ERRORS = frozenset({"Unsupported"})
-BLOCK_S = 300.0  # how long a pool stays blocked after a capacity error
-NEVER_S = float("inf")  # a pool the AZ does not offer: blocked for the rest of the sweep
-# a market refused for its quota is asked again this soon: the sweep's own instances free it as they end
-QUOTA_BLOCK_S = 30.0
 PROPAGATION_S = 120.0  # how long a new instance profile may stay invisible to EC2 before orch gives up
 
 
@@ -81,15 +78,6 @@ def is_propagation(code: str, message: str) -> bool:
     return code == "InvalidParameterValue" and (
         "iamInstanceProfile" in message or "Invalid IAM Instance Profile" in message
     )
-
-
-@dataclass
-class Choice:
-    """An (instance type, subnet) pair CreateFleet may use."""
-
-    instance_type: str
-    subnet_id: str
-    az: str
 
 
 def choices(instance_types: list[str], subnets: list[dict]) -> list[Choice]:
@@ -131,49 +119,6 @@ class Acquired:
     market: str  # spot | on-demand
 
 
-@dataclass
-class Blocklist:
-    """Pools to avoid for a while, per market: spot capacity says nothing about on-demand capacity.
-
-    Hard blocks follow a capacity error (AWS just said no). Soft blocks follow a reclaim: that
-    pool is tight, so other choices go first, but it is still tried when nothing else is left.
-    """
-
-    until: dict[tuple[str, str, str], float] = field(default_factory=dict)
-    soft_until: dict[tuple[str, str], float] = field(default_factory=dict)
-    # market -> (until, what AWS said): asked again sooner
-    quota: dict[str, tuple[float, str]] = field(default_factory=dict)
-    unsupported: dict[tuple[str, str], str] = field(default_factory=dict)  # pool -> what AWS said (CONFIG_ERRORS)
-
-    def refuse(self, instance_type: str, subnet_id: str, said: str) -> None:
-        """A pool whose configuration EC2 does not support: never asked again, and why is kept."""
-        self.never(instance_type, subnet_id)
-        self.unsupported[(instance_type, subnet_id)] = said
-
-    def all_unsupported(self, choices: list[Choice]) -> str | None:
-        """What AWS said, when every choice was refused as unsupported (nothing to wait for)."""
-        said = [self.unsupported.get((c.instance_type, c.subnet_id)) for c in choices]
-        known = [s for s in said if s]
-        return "; ".join(dict.fromkeys(known)) if said and len(known) == len(said) else None
-
-    def block(self, market: str, instance_type: str, subnet_id: str, seconds: float = BLOCK_S) -> None:
-        self.until[(market, instance_type, subnet_id)] = time.time() + seconds
-
-    def never(self, instance_type: str, subnet_id: str) -> None:
-        """A pool that does not exist (its AZ does not offer the type): in no market, for the rest of the sweep."""
-        for market in ("spot", "on-demand"):
-            self.block(market, instance_type, subnet_id, NEVER_S)
-
-    def avoid(self, instance_type: str, subnet_id: str, seconds: float = BLOCK_S) -> None:
-        self.soft_until[(instance_type, subnet_id)] = time.time() + seconds
-
-    def allowed(self, choices: list[Choice], market: str) -> list[Choice]:
-        now = time.time()
-        open_ = [c for c in choices if self.until.get((market, c.instance_type, c.subnet_id), 0) <= now]
-        preferred = [c for c in open_ if self.soft_until.get((c.instance_type, c.subnet_id), 0) <= now]
-        return preferred or open_
-
-
 def _fleet(
     ec2,
     template_id: str,
@@ -203,13 +148,19 @@ def _fleet(
         LaunchTemplateConfigs=[
             {
                 "LaunchTemplateSpecification": {"LaunchTemplateId": template_id, "Version": version},
-                "Overrides": [{"InstanceType": c.instance_type, "SubnetId": c.subnet_id, **placement} for c in choices],
+                "Overrides": [{**_override(c, count), **placement} for c in choices],
             }
         ],
         # what the fleet creates carries the sweep's tags from the request: the policy allows a launch only so
         # (docs/aws.md); the network interfaces and spot requests get them from the template version (launched_tags)
         TagSpecifications=[{"ResourceType": kind, "Tags": tags} for kind in ("instance", "volume", "fleet")],
     )
+
+
+def _override(c: Choice, count: int) -> dict:
+    """One choice as an override; weighted only for one instance (a weight counts units, not the nodes of a run)."""
+    weighted = {"WeightedCapacity": c.weight} if c.weight is not None and count == 1 else {}
+    return {"InstanceType": c.instance_type, "SubnetId": c.subnet_id, **weighted}
 
 
 def launched_tags(tags: list[dict], market: str) -> list[dict]:

@@ -142,12 +142,12 @@ def attempt_regions(ledger: dict[str, dict]) -> dict[str, dict[int, str]]:
     """run -> {attempt: region}: where each attempt of each run ran (packed instances: every run on them)."""
     out: dict[str, dict[int, str]] = {}
     for e in ledger.values():
-        for run, attempt in _attempts_on(e):
+        for run, attempt in attempts_on(e):
             out.setdefault(run, {})[attempt] = entry_region(e)
     return out
 
 
-def _attempts_on(entry: dict) -> list[tuple[str, int]]:
+def attempts_on(entry: dict) -> list[tuple[str, int]]:
     """(run, attempt) of every attempt a ledger entry's instance held: its one run's, or on a shared instance each
     run's attempts seen in its slots (`attempts`; 0 for a run of a ledger written before they were recorded)."""
     if entry.get("run"):
@@ -162,7 +162,7 @@ def transfer_usd(ledger: dict[str, dict], run_id: str, moved: dict[str, list[int
     the host region's rate, down at the home region's."""
     where = {}
     for e in ledger.values():
-        for run, attempt in _attempts_on(e):
+        for run, attempt in attempts_on(e):
             if run == run_id:
                 where[str(attempt)] = (entry_region(e), e.get("home") or entry_region(e))
     usd, crossed = 0.0, 0
@@ -317,6 +317,14 @@ class CostLedger:
             if live != self._live or new_attempt or (live and now - self._saved_at > 30):
                 self._save()  # an instance came or went, a run's attempt came to a shared one, or 30 s passed
             self._live = live
+
+    def reclaimed(self, instance_id: str) -> None:
+        """The instance was taken back (or lost): its pool's reclaims count it (aws/worth.py)."""
+        with self.lock:
+            entry = self.entries.get(instance_id)
+            if entry is not None and "reclaimed" not in entry:
+                entry["reclaimed"] = time.time()
+                self._save()
 
     def last_seen(self) -> float:
         """When any instance of the sweep was last seen running (or acquired); 0.0 for none."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from orchestrator.contract import RunTask
-from orchestrator.store.lifecycle import RunState, StopReason
+from orchestrator.store.lifecycle import RunState, RunStatus, StopReason
 
 ACQUIRING = "(acquiring)"  # host_id of a run whose host is still being acquired
 
@@ -127,6 +127,10 @@ class Backend(Protocol):
         """Outcomes of attempts that ended before their agent ran, since the last call (the controller records them)."""
         ...
 
+    def learn(self, statuses: dict[str, RunStatus]) -> None:
+        """The records a pass just read (aws: each attempt's work rate, to weigh where the next one runs)."""
+        ...
+
 
 class BackendBase:
     """Defaults for the optional parts of the Backend interface."""
@@ -160,3 +164,6 @@ class BackendBase:
 
     def drain_outcomes(self) -> list[Outcome]:
         return []
+
+    def learn(self, statuses: dict[str, RunStatus]) -> None:
+        pass

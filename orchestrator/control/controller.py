@@ -111,6 +111,7 @@ class Controller(Verdicts):
         if marked:
             summary.untouch(self.store, self.name, marked)
         rows = [self._row(rid, hosts.get(rid), now) for rid in tracked]
+        self.backend.learn({rid: table.status[rid] for rid in tracked})  # aws: work rates per instance type
         budget = self.sweep.spec.budget_usd
         spend = self.backend.spend()
         for row in rows:

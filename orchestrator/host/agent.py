@@ -63,12 +63,11 @@ from orchestrator.wait import Timeout, retry_until
 log = logging.getLogger("orch.agent")
 
 FINAL_SYNC_S = 1800.0  # a finished attempt keeps trying this long to put its results in the store
-# orch down's one sync of the checkpoint made on the stop. orch down waits for the agent's session (locally 20 s, of
-# which the command's kill grace takes 10; on AWS 30 s), then ends it: an agent still uploading after that could
-# write over what the next attempt puts in the store, so it waits no longer than this.
+# orch down's one sync of the checkpoint made on the stop. orch down waits for the agent's session (20 s here, 10 of
+# them the kill grace; 30 s on AWS), then ends it: an upload after that could overwrite the next attempt's.
 STOP_SYNC_S = 8.0
-# The stops that keep what the attempt wrote (docs/guides/pruning.md, docs/reference/commands.md):
-# `orch down`, `orch cancel`, a prune, and the controller's stop of the nodes left when a node of the attempt went.
+# The stops that keep what the attempt wrote (docs/guides/pruning.md): `orch down`, `orch cancel`, a prune, and the
+# controller's stop of the nodes left when a node of the attempt went.
 KEPT_ON_STOP = (StopReason.STOPPED, StopReason.CANCELLED, StopReason.PRUNED, StopReason.LOST)
 
 
@@ -97,7 +96,8 @@ class Agent:
         self.follower = task.node_rank > 0
         self.relay = Relay(self.store, layout.relay_key(task.sweep, task.run_id, task.attempt))
         metrics = self.run_dir / layout.METRICS_FILE
-        self.rungs = RungWatch(metrics, task.rungs_at, [] if self.follower else task.rungs, task.rungs_metric)
+        rungs = [] if self.follower else task.rungs
+        self.rungs = RungWatch(metrics, task.rungs_at, rungs, task.rungs_metric, task.work_key)
         self.reporter = (
             FollowerReporter(self.store, task.sweep, task.run_id, task.attempt)
             if self.follower
@@ -216,6 +216,7 @@ class Agent:
         with self.status_lock:
             self.status = life.run(self.status, t.attempt, t.host or "localhost", now)
             self.reporter.record(self.status)
+        self.rungs.begin_attempt()  # lines from here on are this attempt's: its work rate
         self._launch()
         self.checks = watch.checks_for(self, now)
         watch.watch(self.checks)

@@ -19,6 +19,7 @@ from orchestrator.store.layout import CHECKPOINTS_DIR, MANIFEST_FILE
 from orchestrator.store.lifecycle import Ending, RunState, StopReason
 
 TAIL_LINES = 20
+CLOCKS = ("elapsed_s", "elapsed", "time")  # the seconds a work rate is measured in: the first a line carries
 
 
 def pid_file(what: str, attempt: int) -> str:
@@ -202,10 +203,14 @@ class RungWatch:
 
     CHUNK = 64 << 20  # bytes read at most per call (a longer line than this is skipped)
 
-    def __init__(self, path: Path, at: str = "", rungs: Sequence[float] = (), metric: str = ""):
+    def __init__(self, path: Path, at: str = "", rungs: Sequence[float] = (), metric: str = "", work_key: str = ""):
         import threading
 
         self.path, self.at, self.metric = path, at, metric
+        # `work_key` (aws: buying work): the first and newest (work, seconds) of this attempt's own lines, from
+        # `since` (the file's end when the command started: restored lines are earlier attempts')
+        self.work_key, self.since, self.clock = work_key, None, ""
+        self.work: list[float] = []
         self.pending = sorted(rungs)  # rungs without a value yet
         self.offset = 0  # bytes of the file read
         self.newest: dict = {}
@@ -222,13 +227,22 @@ class RungWatch:
             self._read()
             return len(self.at_rungs) > before
 
+    def begin_attempt(self) -> None:
+        """The command starts: lines from here on are this attempt's (its work rate is measured on them)."""
+        with self.lock:
+            self._read()
+            self.since, self.work, self.clock = self.offset, [], ""
+
     def report(self, status) -> None:
-        """Into the record: the newest line and, with rungs, the values at them."""
+        """Into the record: the newest line and, with rungs, the values at them; with a work key, the attempt's
+        first and newest (work, seconds)."""
         with self.lock:
             self._read()
             status.last_metrics = recordable(self.newest)
             if self.at and (self.pending or self.at_rungs):
                 status.at_rungs, status.metric_seen = dict(self.at_rungs), self.metric_seen
+            if len(self.work) == 4:
+                status.work = list(self.work)
 
     def _read(self) -> None:
         try:
@@ -241,16 +255,18 @@ class RungWatch:
         except OSError:
             return
         end = data.rfind(b"\n") + 1
+        at = self.offset
         for raw in data[:end].split(b"\n")[:-1]:
-            self._line(raw)
+            self._line(raw, at)
+            at += len(raw) + 1
         rest = data[end:]
         # a last line without its newline: taken when it parses (a JSON object is whole once it parses),
         # else left for the next read; one that fills a whole read can never end and is skipped
-        if rest and (self._line(rest) or len(data) == self.CHUNK and not end):
+        if rest and (self._line(rest, at) or len(data) == self.CHUNK and not end):
             end = len(data)
         self.offset += end
 
-    def _line(self, raw: bytes) -> bool:
+    def _line(self, raw: bytes, at: int = 0) -> bool:
         try:
             line = json.loads(raw)
         except (ValueError, RecursionError):
@@ -258,6 +274,8 @@ class RungWatch:
         if not isinstance(line, dict):
             return False  # (a number may be the start of a longer one)
         self.newest = line
+        if self.work_key and self.since is not None and at >= self.since:
+            self._work(line)
         value = finite(line.get(self.metric)) if self.metric else None
         self.metric_seen = self.metric_seen or value is not None
         progress = finite(line.get(self.at)) if self.at else None
@@ -266,6 +284,16 @@ class RungWatch:
         while self.pending and self.pending[0] <= progress:
             self.at_rungs[f"{self.pending.pop(0):g}"] = value
         return True
+
+    def _work(self, line: dict) -> None:
+        """Fold one of the attempt's lines into its (work, seconds) span: the first and the newest, one clock."""
+        work = finite(line.get(self.work_key))
+        clock = self.clock or next((k for k in CLOCKS if finite(line.get(k)) is not None), "")
+        seconds = finite(line.get(clock)) if clock else None
+        if work is None or seconds is None:
+            return
+        self.clock = clock
+        self.work = (self.work[:2] or [work, seconds]) + [work, seconds]
 
 
 def checkpoint_ok(folder: Path) -> bool:

@@ -5,6 +5,7 @@
 <sweep>/summary.json                       counts per state, spend, a compact row per run (orch status)
 <sweep>/rungs.json                         pruning verdicts (the controller's)
 <sweep>/cost.json                          the cost ledger (the controller's)
+<sweep>/rates.json                         aws: measured work rates per attempt (the controller's)
 <sweep>/controller.json                    the controller's lease on the sweep
 <sweep>/controller.log                     a remote controller's own log (`orch logs --controller`)
 <sweep>/notify.json                        `notify:`'s outbox: each message, and per sink when it was delivered
@@ -205,6 +206,11 @@ def manifested_steps(sweep: str, run_id: str, keys: Iterable[str]) -> set[int]:
 def study_key(sweep: str) -> str:
     """`search:`: the study — every trial asked and every value told (the controller's)."""
     return f"{sweep}/study.json"
+
+
+def rates_key(sweep: str) -> str:
+    """aws: the sweep's measured work rates per attempt (backends/aws/work.py; the controller's)."""
+    return f"{sweep}/rates.json"
 
 
 def notify_key(sweep: str) -> str:

@@ -88,6 +88,8 @@ class RunStatus:
     # staging); carried from attempt to attempt, it prices inter-region transfer (aws/pricing.py transfer_usd)
     moved: dict[str, list[int]] = field(default_factory=dict)
     code: str = ""  # `workdir:`: the digest of the code snapshot the current (or last) attempt runs
+    # the attempt's [work, seconds] at its first and newest metrics line (a RunTask's work_key): its work rate
+    work: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.state = RunState(self.state)  # a record read back (or written by an older orch) holds the string
@@ -339,6 +341,7 @@ def run(status: RunStatus, attempt: int, host: str, now: float | None = None) ->
         finished_at=None,
         exit_code=None,
         log_tail="",
+        work=[],
     )
 
 

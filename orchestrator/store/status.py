@@ -62,6 +62,7 @@ _TYPES = {
     "metric_seen": (bool, type(None)),
     "moved": dict,
     "code": str,
+    "work": list,
 }
 
 

@@ -38,6 +38,7 @@ def sweep(orch, cloud, identity, name: str, workdir: str) -> object:
     )
 
 
+@pytest.mark.timeout(1300)
 def test_a_20_mb_project_per_host_and_per_second_run(orch, cloud, identity):
     (orch.tmp / "blob.bin").write_bytes(os.urandom(MB * 1_000_000))
     times = {}

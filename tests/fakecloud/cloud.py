@@ -167,6 +167,7 @@ class _Imds(BaseHTTPRequestHandler):
         host = self.host
         value = {
             "instance-id": host.instance_id,
+            "instance-type": host.instance_type,
             "placement/region": host.az[:-1] if host.az else REGION,
             "placement/availability-zone": host.az,
             "local-ipv4": host.ip,
@@ -210,6 +211,7 @@ class FakeHost:
     wrong_key: bool = False  # fault injection: present a host key other than the pinned one
     imds_late_s: float = 0.0  # fault injection: the first IMDS token request is answered this many seconds late
     imds_answered: bool = False
+    instance_type: str = ""  # served at instance-type, as EC2's metadata service does
     sshd: subprocess.Popen | None = None
     imds: ThreadingHTTPServer | None = None
 
@@ -686,6 +688,7 @@ class FakeCloud:
                     imds_late_s=self.imds_late_s,
                     credentials=lambda iid=iid: self.host_credentials(iid),
                     image_home=self.image_homes.get(inst["ImageId"]),
+                    instance_type=inst.get("InstanceType", ""),
                 )
                 if self.no_sshd:
                     self.hosts[iid] = FakeHost(

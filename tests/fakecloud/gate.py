@@ -182,6 +182,7 @@ class Gate:
         from tests.fakecloud.placement import PlacementGroups
 
         self.lock = threading.Lock()
+        self.allocated: list[tuple] = []  # (market, type, AZ, strategy) of each CreateFleet's pool, in order
         self.fleet_lock = threading.Lock()  # CreateFleets under `region_capacity` or `spot_quota`, one at a time
         self.local = threading.local()  # the region the request being answered was signed for (aws:RequestedRegion)
         self.ended: dict[str, float] = {}  # instance id -> when TerminateInstances was asked
@@ -424,6 +425,7 @@ class Gate:
             self.counts["InsufficientInstanceCapacity"] += 1
         if not kept:
             return self._fleet_errors(template_id, version, market, refused)
+        kept = [self._allocated(form, market, kept)]  # EC2 takes one pool by its allocation strategy, not by order
         new_form = [
             (k, v)
             for k, v in parse_qsl(urlencode(form, doseq=True), keep_blank_values=True)
@@ -445,6 +447,30 @@ class Gate:
             MOTO
         ):  # launched and made `pending` in one step: no DescribeInstances between sees a new instance `running`
             return self._launched(self.forward(environ, urlencode(new_form).encode()), data, profile, kept, market)
+
+    def _allocated(self, form, market: str, kept: list[dict]) -> dict:
+        """The pool EC2 launches from, as its allocation strategies are documented (docs/aws.md): `lowest-price` and
+        `price-capacity-optimized` the lowest price — per unit hour with weights (`WeightedCapacity`), unless every
+        weight is above the target capacity (then per instance hour) — among the pools with capacity (those left
+        here); `prioritized` and `capacity-optimized-prioritized` the lowest Priority. Never the order of the
+        overrides: EC2 does not promise it (moto takes the first). Its weight goes: moto would count units, not
+        instances."""
+        options = "SpotOptions" if market == "spot" else "OnDemandOptions"
+        strategy = form.get(f"{options}.AllocationStrategy", ["lowest-price"])[0]
+        wanted = float(form.get("TargetCapacitySpecification.TotalTargetCapacity", ["1"])[0])
+        weights = [float(o.get("WeightedCapacity") or 1) for o in kept]
+        per_unit = any(w <= wanted for w in weights)
+
+        def cost(o: dict, weight: float) -> tuple:
+            if strategy.endswith("prioritized"):
+                return (float(o.get("Priority") or 0),)
+            itype = o.get("InstanceType", "")
+            price = self.price_of(itype, o["_az"]) if market == "spot" else ON_DEMAND.get(itype, 0.10)
+            return (price / weight if per_unit else price, itype, o["_az"])
+
+        chosen = min(zip(kept, weights), key=lambda ow: cost(*ow))[0]
+        self.allocated.append((market, chosen.get("InstanceType", ""), chosen["_az"], strategy))
+        return {k: v for k, v in chosen.items() if k != "WeightedCapacity"}
 
     def _region_full(self, market: str, wanted: int) -> str | None:
         """Why the request's region cannot hold `wanted` more spot instances (`region_capacity`), or None."""
@@ -873,11 +899,16 @@ def _ec2_backends() -> list:
 
 
 def running_instances() -> dict[str, dict]:
-    """{instance id: {"PrivateIpAddress", "AvailabilityZone", "ImageId"}} of every running instance in every region,
-    as moto holds them."""
+    """{instance id: {"PrivateIpAddress", "AvailabilityZone", "ImageId", "InstanceType"}} of every running instance in
+    every region, as moto holds them."""
     with MOTO:
         return {
-            i.id: {"PrivateIpAddress": i.private_ip, "AvailabilityZone": i.placement.zone, "ImageId": i.image_id}
+            i.id: {
+                "PrivateIpAddress": i.private_ip,
+                "AvailabilityZone": i.placement.zone,
+                "ImageId": i.image_id,
+                "InstanceType": i.instance_type,
+            }
             for backend in _ec2_backends()
             for r in list(backend.reservations.values())
             for i in r.instances

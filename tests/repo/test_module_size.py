@@ -11,7 +11,7 @@ MAX_LINES = 400
 # Ceilings, not allowances: lower one when its module shrinks, and drop its line when it is split.
 KNOWN = {
     "orchestrator/aws/policy.py": 542,
-    "orchestrator/aws/fleet.py": 535,
+    "orchestrator/aws/fleet.py": 486,
     "orchestrator/aws/ec2.py": 433,
 }
 HOW = (

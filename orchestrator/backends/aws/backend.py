@@ -29,13 +29,13 @@ from orchestrator.backends.aws.provision import Provisioner
 from orchestrator.backends.aws.regions import check_regions, home_region, settings
 from orchestrator.backends.aws.settings import LOST_AFTER_S
 from orchestrator.backends.aws.setup import bootstrap, check_first_region, copy_recipe_image, plan, prepare_regions
-from orchestrator.backends.aws.state import ProvisioningState
+from orchestrator.backends.aws.state import ProvisioningState, work_key
 from orchestrator.backends.base import ACQUIRING, BackendBase, Host, Outcome
 from orchestrator.contract import RunTask
 from orchestrator.errors import OrchError
 from orchestrator.host.slots import slot_attempt, slot_run
 from orchestrator.remote.ssh import attach_argv, connect, interactive, known_hosts_file, public_key_of
-from orchestrator.store.lifecycle import StopReason
+from orchestrator.store.lifecycle import RunStatus, StopReason
 from orchestrator.store.s3 import S3Store
 from orchestrator.sweep.spec import Sweep, orch_home
 from orchestrator.sweep.tasks import new_task
@@ -169,6 +169,7 @@ class AwsBackend(BackendBase):
             host_parts=[contract.HOST_NOTICES] + ([] if cfg.keep_alive else [contract.SELF_TERMINATE]),
             notice_poll_s=5.0,
             idle_s=cfg.idle_minutes * 60 if cfg.keep_alive and cfg.idle_minutes else None,
+            work_key=work_key(self.sweep),
         )
 
     def start(self, task: RunTask) -> Host:
@@ -254,6 +255,9 @@ class AwsBackend(BackendBase):
 
     def drain_outcomes(self) -> builtins.list[Outcome]:
         return self.state.drain()
+
+    def learn(self, statuses: dict[str, RunStatus]) -> None:
+        self.state.work.learn(statuses)  # the attempts' work rates (backends/aws/work.py)
 
     def run_of_instance(self, host_id: str) -> str | None:
         inst = listing.instance_of(self.state, host_id)

@@ -19,7 +19,30 @@ def plan_lines(sweep: Sweep, plan: dict) -> list[str]:
             f"{describe(sweep.spec.resources, row['gpus'])}"
         )
     lines += plan.get("packing") or []
-    return lines + bound_lines(plan)
+    return lines + worth_lines(plan.get("worth") or {}) + bound_lines(plan)
+
+
+def worth_lines(worth: dict) -> list[str]:
+    """How the pools rank (aws/worth.py): by expected $ per unit of work, or by the hour (`aws.choose: price`)."""
+    if worth.get("choose") != "work":
+        return ["pools: ranked by EC2 by the hour (aws.choose: price)"]
+    pools, key = worth.get("pools") or [], worth.get("work_key", "epoch")
+    measured = any(p.rate is not None for p in pools)
+    unit = key if measured else "useful hour"
+    head = (
+        f"pools, by expected $ per {key} (aws.choose: work; EC2 takes the best it has capacity in):"
+        if measured
+        else f"pools, by $ per useful hour (no {key} rate measured yet: each type's first attempts measure it; "
+        "aws.choose: work):"
+    )
+    out = [head]
+    for k, p in enumerate(pools, start=1):
+        price = f"${p.price:.4f}/h" if p.price is not None else "no price"
+        rate = f"{p.rate:.3g} {key}/h, {p.note}" if p.rate is not None else p.note
+        cost = f"${p.per_unit:.4g}/{unit}" if p.per_unit is not None else "not ranked"
+        out.append(f"  {k}. {p.instance_type} in {p.az}: {cost} ({price}; {rate}; {p.reclaims_per_h:.2f} reclaims/h)")
+    out.append("  spot placement scores: not asked (orch ranks by its own measurements and reclaims)")
+    return out
 
 
 def region_line(plan) -> str:

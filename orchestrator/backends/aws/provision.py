@@ -115,7 +115,7 @@ class Provisioner:
                 setup["template"],
                 setup["base"],
                 user_data,
-                setup["choices"],
+                st.work.weigh(setup["choices"], lambda t, az: st.ledger.prices.price(t, az, "spot")),
                 fleet.markets(cfg.market),
                 tags,
                 st.blocklist,
@@ -264,6 +264,7 @@ class Provisioner:
         """The (type, AZ) of the previous attempt's instance just took it back: avoid it for a while."""
         from botocore.exceptions import BotoCoreError, ClientError
 
+        self.state.ledger.reclaimed(instance_id)  # its pool's reclaims per hour (aws/worth.py)
         try:
             prev = api.instance_placement(self.state.ec2_of(instance_id), instance_id)
         except (ClientError, BotoCoreError):

@@ -99,6 +99,16 @@ class AwsSection(Strict):
     )
     image_owner: str = Field("amazon", description="Owner of `image` when it is a name pattern.")
     market: Literal["spot", "on-demand", "spot-then-on-demand"] = Field("spot", description="Capacity market.")
+    choose: Literal["work", "price"] = Field(
+        "work",
+        description="work: pools ranked by expected dollars per unit of work (measured rates, reclaims); price: by "
+        "the hour.",
+    )
+    work_key: str | None = Field(
+        None,
+        min_length=1,
+        description="The metrics key that counts work (default: `prune.at` when set, else epoch).",
+    )
     max_minutes: Count = Field(240, ge=5, description="Safety net: every instance powers off (terminates) after this.")
     security_group: str | None = Field(None, description="Use this security group instead of creating one.")
     ssh_cidr: str | None = Field(

@@ -351,7 +351,18 @@ def plan(state: ProvisioningState) -> dict:
         "unpriced_choices": len(rows) - len(known),
         "uplifted": sorted({r["region"] for r in rows if r["on_demand_priced"] == "uplift"}),
         "transfer": transfer_plan(state, home),
+        "worth": worth_plan(state, rows),
     }
+
+
+def worth_plan(state: ProvisioningState, rows: list[dict]) -> dict:
+    """`aws.choose: work`: every pool ranked by expected $ per unit of work, from what the sweep measured so far."""
+    cfg = state.cfg
+    if cfg.choose != "work":
+        return {"choose": cfg.choose}
+    prices = {(r["type"], r["az"]): r["usd_per_h"] for r in rows}
+    ranked = state.work.ranked(list(prices), lambda t, az: prices.get((t, az)))
+    return {"choose": "work", "work_key": state.work.work_key, "pools": ranked}
 
 
 def transfer_plan(state: ProvisioningState, home: str) -> dict:

@@ -15,16 +15,23 @@ from typing import Any
 
 from orchestrator import contract
 from orchestrator.aws import ec2 as api
-from orchestrator.aws import fleet
+from orchestrator.aws import fleet, worth
 from orchestrator.aws.pricing import CostLedger, PriceBook, region_of_az
 from orchestrator.backends import bundle as code_bundle
 from orchestrator.backends.aws.regions import settings
 from orchestrator.backends.aws.settings import AwsSection
+from orchestrator.backends.aws.work import WorkBook
 from orchestrator.backends.base import Outcome
 from orchestrator.errors import OrchError
 from orchestrator.remote.ssh import Target
 from orchestrator.store import open_store
 from orchestrator.sweep.spec import Sweep
+
+
+def work_key(sweep: Sweep) -> str:
+    """The metrics key that counts work: `aws.work_key`, else `prune.at`, else epoch (aws/worth.py)."""
+    spec = sweep.spec
+    return settings(sweep).work_key or (spec.prune.at if spec.prune else "") or worth.DEFAULT_WORK_KEY
 
 
 def spot_prices_by_region(types: list[str], azs: list[str], default: str) -> dict[tuple[str, str], float]:
@@ -76,6 +83,7 @@ class ProvisioningState:
     gpus: dict[str, int] = field(default_factory=dict)  # instance type -> GPUs (GPU-hours in the cost ledger)
     packing: bool = False  # runs share multi-GPU instances (decided at bootstrap: orchestrator/sweep/packing.py)
     recipe_sha: str = ""  # `image: recipe:NAME` over several regions: the build every region's hosts use (setup.py)
+    work: Any = None  # the sweep's work rates (backends/aws/work.py: WorkBook), made with the state
 
     # Guarded by `pack_lock`: one placement on a shared instance at a time (pack.py).
     pack_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -88,8 +96,10 @@ class ProvisioningState:
         cfg = settings(sweep)
         parts = {r: RegionPart(r, api.client("ec2", r)) for r in cfg.regions}
         prices = PriceBook(lambda types, azs: spot_prices_by_region(types, azs, cfg.region))
-        ledger = CostLedger(open_store(sweep.store_url), sweep.spec.name, prices, home=cfg.region)
-        return cls(sweep, parts[cfg.regions[0]].ec2, ledger, parts)
+        store = open_store(sweep.store_url)
+        ledger = CostLedger(store, sweep.spec.name, prices, home=cfg.region)
+        work = WorkBook(store, sweep.spec.name, ledger, cfg.choose, work_key(sweep))
+        return cls(sweep, parts[cfg.regions[0]].ec2, ledger, parts, work=work)
 
     def part(self, region: str) -> RegionPart:
         """The sweep's part in `region` (one outside its list too: a --remote controller's home)."""

@@ -18,6 +18,7 @@ from orchestrator.wait import retry_until
 from tests.conftest import ENDED_GAP_S
 from tests.conftest import run_states as status
 from tests.fakecloud import BUCKET
+from tests.fakecloud.cloud import AZS
 from tests.unit.trainer.test_train import SMALL, _free_port, final_weights, same, trainer_env
 
 pytestmark = pytest.mark.slow
@@ -133,7 +134,10 @@ def test_two_nodes_of_two_processes_interrupted_on_node_1_end_as_one_node_of_fou
 
 @pytest.mark.timeout(600)
 def test_nodes_come_all_at_once_and_a_lost_node_ends_the_attempt_on_every_node(orch, cloud, identity):
-    # g5.xlarge gives one instance at most: a 2-node run must not start half there, but on g6.xlarge
+    # g5.xlarge, the cheaper (asked first: a run of several nodes asks the best-ranked pool first), gives one instance
+    # at most: a 2-node run must not start half there, but on g6.xlarge
+    for az in AZS:
+        cloud.gate.spot_prices[("g5.xlarge", az)], cloud.gate.spot_prices[("g6.xlarge", az)] = 0.30, 0.40
     cloud.gate.fleet_capacity[("*", "g5.xlarge", "*")] = 1
     command = (
         "echo $ORCH_NODE_RANK/$ORCH_NODES $ORCH_MASTER_ADDR:$ORCH_MASTER_PORT $ORCH_RDZV_ID > "

@@ -33,3 +33,22 @@ def test_a_process_group_whose_last_member_is_an_unreaped_zombie_has_ended():
         child.kill()
         child.wait()
     assert not group_runs(child.pid)
+
+
+def test_the_work_span_counts_only_the_attempts_own_lines_on_one_clock(tmp_path):
+    import json
+
+    from orchestrator.host.attempt import RungWatch
+    from orchestrator.store.lifecycle import RunStatus
+
+    metrics = tmp_path / "metrics.jsonl"
+    lines = [{"epoch": 1, "elapsed_s": 10}, {"epoch": 2, "elapsed_s": 20}]  # restored: an earlier attempt's
+    metrics.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    watch = RungWatch(metrics, work_key="epoch")
+    watch.begin_attempt()
+    with open(metrics, "a") as f:
+        for x in ({"epoch": 3, "elapsed_s": 25}, {"loss": 1}, {"epoch": 4, "time": 9e9}, {"epoch": 5, "elapsed_s": 31}):
+            f.write(json.dumps(x) + "\n")
+    status = RunStatus(run_id="r")
+    watch.report(status)
+    assert status.work == [3, 25, 5, 31]  # (the line with only `time` is on another clock: passed over)

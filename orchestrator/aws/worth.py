@@ -1,0 +1,203 @@
+"""Buying work, not hours: what one unit of work is expected to cost in each pool (docs/guides/costs.md).
+
+A pool is (instance type, AZ). Its expected dollars per unit of work:
+
+    $/unit = price per hour / (units per hour) x (1 + reclaims per hour x hours lost per reclaim)
+
+- **units per hour**: measured from the sweep's own attempts on that type (their metrics lines: work key per second
+  of `elapsed_s`), summed over attempts. A type never measured is neither trusted nor ignored: once some type is
+  measured, one that has had fewer than EXPLORE attempts is ranked just ahead of the best measured pool (the cheapest
+  by the hour first), so its next attempt measures it — at most EXPLORE attempts; after that, still unmeasured, it is
+  ranked at the slowest measured rate. With no measurement at all, every rate is equal: the
+  ranking is by price, less what each pool's reclaims are expected to lose ($ per useful hour).
+- **reclaims per hour**: reclaims (and lost hosts) per instance-hour of that pool in the sweep's ledger, with a prior
+  of PRIOR_RECLAIMS reclaims in PRIOR_HOURS hours (a pool seen for minutes is not judged on one event); plus, for
+  CLUSTER_S after a reclaim anywhere in the same AZ, CLUSTER_PER_H more, decaying linearly: reclaims cluster in a zone
+  for minutes (SpotHedge, EuroSys'25: another reclaim in the same zone within 5 minutes 83-97% of the time) while
+  regions are nearly independent (nothing carries across regions).
+- **hours lost per reclaim**: half the time between checkpoints (the work since the last one, on average) plus the
+  measured boot and restore of the sweep's attempts (default BOOT_S until one was measured).
+
+EC2 chooses among CreateFleet's overrides by its allocation strategy, never by their order. With weights
+(`WeightedCapacity`), "the price used in the lowestPrice and priceCapacityOptimized allocation strategies is per unit
+hour (where the instance price is divided by the specified weight)" unless every weight is above the target capacity
+(EC2 API reference, FleetLaunchTemplateOverridesRequest). So each override's weight is its pool's effective rate,
+scaled so that the smallest is exactly 1 (the target capacity of a one-instance request): EC2 then takes the lowest
+$/unit among the pools it has capacity in. Pure functions; docs/aws.md cites the sources.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from statistics import median
+
+EXPLORE = 2  # attempts an unmeasured type is tried first (to measure it) before it is ranked as the slowest
+PRIOR_RECLAIMS, PRIOR_HOURS = 0.1, 1.0  # a pool with no history: 0.1 reclaims per hour
+CLUSTER_S = 300.0  # after a reclaim in an AZ, its pools are expected to lose more for this long
+CLUSTER_PER_H = 6.0  # reclaims per hour added at once after a reclaim in the AZ, falling to 0 over CLUSTER_S
+BOOT_S = 180.0  # boot and restore, until the sweep measured its own
+CHECKPOINT_S = 600.0  # seconds between checkpoints (half of it is lost on average) when the sweep does not say
+DEFAULT_WORK_KEY = "epoch"
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A type's measured work rate."""
+
+    per_s: float  # units of work per second
+    attempts: int  # attempts it rests on
+    seconds: float  # seconds of work measured
+
+
+def rates(measured: dict[str, dict]) -> dict[str, Rate]:
+    """Per instance type, from `rates.json`'s attempts ("run#attempt" -> {type, work, seconds}): summed work over
+    summed seconds. An entry that is not numbers is passed over (the file is input)."""
+    sums: dict[str, list[float]] = {}
+    for entry in measured.values():
+        if not isinstance(entry, dict):
+            continue
+        itype, work, seconds = entry.get("type"), entry.get("work"), entry.get("seconds")
+        if not isinstance(itype, str) or not _positive(work) or not _positive(seconds):
+            continue
+        s = sums.setdefault(itype, [0.0, 0.0, 0])
+        s[0], s[1], s[2] = s[0] + float(work), s[1] + float(seconds), s[2] + 1  # type: ignore[operator]
+    return {t: Rate(w / sec, int(n), sec) for t, (w, sec, n) in sums.items()}
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and 0 < x < float("inf")
+
+
+@dataclass(frozen=True)
+class Reclaims:
+    """A pool's history in the sweep's ledger."""
+
+    count: int  # instances of the pool reclaimed (or lost)
+    hours: float  # instance-hours the pool ran
+
+
+def history(entries: dict[str, dict]) -> tuple[dict[tuple[str, str], Reclaims], dict[str, float]]:
+    """Per pool (type, AZ): reclaims and hours; per AZ: the newest reclaim's time. From the cost ledger's entries."""
+    pools: dict[tuple[str, str], list[float]] = {}
+    newest: dict[str, float] = {}
+    for e in entries.values():
+        if not isinstance(e, dict) or e.get("role") or not isinstance(e.get("type"), str):
+            continue
+        start, end, when, az = (
+            _number(e.get("start")),
+            _number(e.get("end")),
+            _number(e.get("reclaimed")),
+            str(e.get("az", "")),
+        )
+        p = pools.setdefault((e["type"], az), [0, 0.0])
+        p[1] += max(0.0, end - start) / 3600 if start is not None and end is not None else 0.0
+        if when is not None:
+            p[0] += 1
+            newest[az] = max(newest.get(az, 0.0), when)
+    return {k: Reclaims(int(c), h) for k, (c, h) in pools.items()}, newest
+
+
+def _number(x) -> float | None:
+    """x as a float when it is a finite number (the ledger is input), else None."""
+    ok = isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) < float("inf")
+    return float(x) if ok else None
+
+
+def reclaims_per_h(pool: Reclaims | None, az_newest: float | None, now: float) -> float:
+    """The pool's expected reclaims per hour: its history over a prior, plus the AZ's recent reclaim, decaying."""
+    count, hours = (pool.count, pool.hours) if pool else (0, 0.0)
+    rate = (count + PRIOR_RECLAIMS * PRIOR_HOURS) / (hours + PRIOR_HOURS)
+    if az_newest is not None and 0 <= now - az_newest < CLUSTER_S:
+        rate += CLUSTER_PER_H * (1 - (now - az_newest) / CLUSTER_S)
+    return rate
+
+
+@dataclass(frozen=True)
+class PoolWorth:
+    """One pool, as `--dry-run` lists it and CreateFleet weighs it."""
+
+    instance_type: str
+    az: str
+    price: float | None  # $/h in the market asked
+    rate: float | None  # units per hour it is ranked at (None: no type measured, ranked by price)
+    measured: Rate | None  # the type's own measurement (None: not measured)
+    reclaims_per_h: float
+    loss_h: float  # hours of work lost per reclaim
+    per_unit: float | None  # expected $ per unit of work (None: no rate, or no price)
+    note: str  # how its rate was had: "measured (N attempts)", "not measured: tried at the best rate", ...
+
+    @property
+    def effective(self) -> float:
+        """Units per hour, less what reclaims are expected to lose (no type measured: of an hour's work, 1)."""
+        return (1.0 if self.rate is None else self.rate) / (1 + self.reclaims_per_h * self.loss_h)
+
+
+def assumed_rate(itype: str, measured: dict[str, Rate], tried: dict[str, int]) -> tuple[float | None, str]:
+    """(units per hour, note) a type is ranked at: its own; None to be explored (ranked first, see rank()); with no
+    measurement at all, None (every type alike); after EXPLORE attempts without one, the slowest measured rate."""
+    own = measured.get(itype)
+    if own is not None:
+        return own.per_s * 3600, f"measured ({own.attempts} attempt{'s' if own.attempts != 1 else ''})"
+    if not measured:
+        return None, "not measured"
+    if tried.get(itype, 0) < EXPLORE:
+        return None, f"not measured: tried first, to measure it (at most {EXPLORE} attempts)"
+    return min(r.per_s for r in measured.values()) * 3600, f"not measured in {EXPLORE} attempts: ranked as the slowest"
+
+
+def rank(
+    pools: list[tuple[str, str]],
+    price_of: Callable[[str, str], float | None],
+    measured: dict[str, Rate],
+    tried: dict[str, int],
+    ledger: dict[str, dict],
+    now: float,
+    loss_s: float,
+) -> list[PoolWorth]:
+    """Every pool's worth, best (lowest expected $ per unit) first; pools without a price last."""
+    pool_history, az_newest = history(ledger)
+    loss_h, out = loss_s / 3600, []
+    for itype, az in pools:
+        rate, note = assumed_rate(itype, measured, tried)
+        lam = reclaims_per_h(pool_history.get((itype, az)), az_newest.get(az), now)
+        price = price_of(itype, az)
+        # no type measured: every rate alike (1 unit an hour), so the ranking is by price, less what reclaims lose
+        per_unit = None if price is None else price / (rate or 1.0) * (1 + lam * loss_h)
+        out.append(PoolWorth(itype, az, price, rate, measured.get(itype), lam, loss_h, per_unit, note))
+    return _explore_first(out) if measured else _by_cost(out)
+
+
+def _by_cost(worths: list[PoolWorth]) -> list[PoolWorth]:
+    return sorted(worths, key=lambda w: (w.per_unit is None, w.per_unit or 0.0, w.price is None, w.price or 0.0))
+
+
+def _explore_first(worths: list[PoolWorth]) -> list[PoolWorth]:
+    """A type to explore is ranked just ahead of the best measured pool, the cheapest by the hour first: its rate is
+    set so that its $ per unit is just below the best one's, so that EC2's per-unit price picks it."""
+    known = _by_cost([w for w in worths if w.rate is not None])
+    best = next((w.per_unit for w in known if w.per_unit is not None), None)
+    waiting = sorted((w for w in worths if w.rate is None), key=lambda w: (w.price is None, w.price or 0.0))
+    explore, unpriced = [], []
+    for k, w in enumerate(waiting):
+        if w.price is None or not best:
+            unpriced.append(w)
+            continue
+        per_unit = best * (0.98 + 0.001 * k)
+        rate = w.price / per_unit * (1 + w.reclaims_per_h * w.loss_h)
+        explore.append(dataclasses.replace(w, rate=rate, per_unit=per_unit))
+    return explore + known + unpriced
+
+
+def loss_seconds(boots: list[float], checkpoint_s: float = CHECKPOINT_S) -> float:
+    """Seconds of work a reclaim costs: half a checkpoint interval, plus the median measured boot and restore."""
+    return checkpoint_s / 2 + (median(boots) if boots else BOOT_S)
+
+
+def weights(worths: list[PoolWorth]) -> dict[tuple[str, str], float]:
+    """CreateFleet's `WeightedCapacity` per pool: its effective rate over the smallest one (so the smallest is 1, the
+    target capacity of a one-instance request, and EC2 prices per unit). {} for no pool."""
+    eff = {(w.instance_type, w.az): w.effective for w in worths}
+    least = min(eff.values(), default=0.0)
+    return {pool: round(e / least, 4) for pool, e in eff.items()} if least > 0 else {}

@@ -1,0 +1,114 @@
+"""Buying work (`aws.choose: work`, the default): the sweep's measured work rates, and what they make of each choice.
+
+The controller hands the aws backend every record it reads (`Backend.learn`): an attempt whose agent reported its
+first and newest (work, seconds) (RunTask.work_key) is one measurement of its instance type, kept per attempt in
+`<sweep>/rates.json` (written when one changes; an attempt's newest measurement replaces its older one, so a record
+read twice counts once), with the attempt's boot and restore (its command's start less its instance's). A relaunch
+and `--remote`'s controller read the same file. Each acquisition then weighs its choices (aws/worth.py): EC2 picks
+the lowest expected $ per unit of work among the pools it has capacity in. `aws.choose: price` leaves the choices
+unweighted (EC2 ranks by the hour). A rates.json that is not what orch writes is set aside and rebuilt, never
+trusted and never a crash.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import replace
+from typing import Any
+
+from orchestrator.aws import worth
+from orchestrator.aws.pools import Choice
+from orchestrator.aws.pricing import CostLedger, attempts_on
+from orchestrator.store import layout
+from orchestrator.store.base import Store, get_json, put_json
+from orchestrator.store.lifecycle import RunStatus
+
+log = logging.getLogger("orch.aws")
+
+
+class WorkBook:
+    """The sweep's work rates: learned from records, kept in the store, turned into CreateFleet weights."""
+
+    def __init__(self, store: Store, sweep: str, ledger: CostLedger, choose: str, work_key: str):
+        self.store, self.key, self.ledger = store, layout.rates_key(sweep), ledger
+        self.choose, self.work_key = choose, work_key
+        self.lock = threading.Lock()
+        self._doc: dict[str, Any] | None = None
+        self.warned = False
+
+    def doc(self) -> dict[str, Any]:
+        """rates.json: {"work_key", "attempts": {"run#attempt": {type, work, seconds}}, "boots": {"run#attempt": s}}."""
+        if self._doc is None:
+            self._doc = self._read() or {"work_key": self.work_key, "attempts": {}, "boots": {}}
+        return self._doc
+
+    def _read(self) -> dict[str, Any] | None:
+        """The record in the store when it is one of this work key's; None (measured again, said once) otherwise."""
+        try:
+            found = get_json(self.store, self.key)
+        except Exception as exc:  # unreadable (not JSON, a folder): measured again from here
+            log.warning("%s could not be read (%s); measuring work rates again", self.key, exc)
+            return None
+        if found is None:
+            return None
+        if not (isinstance(found, dict) and isinstance(found.get("attempts"), dict)) or found.get("work_key") not in (
+            None,
+            self.work_key,
+        ):
+            log.warning("%s is not a rates record of work key %r; measuring again", self.key, self.work_key)
+            return None
+        return {**found, "boots": found["boots"] if isinstance(found.get("boots"), dict) else {}}
+
+    def learn(self, statuses: dict[str, RunStatus]) -> None:
+        """Fold the records just read into the rates; written to the store only when one changed."""
+        with self.lock:
+            doc, changed = self.doc(), False
+            for run_id, status in statuses.items():
+                where = self._instance_of(run_id, status.attempt)
+                if where is None:
+                    continue
+                key = f"{run_id}#{status.attempt}"
+                work = status.work
+                if len(work) == 4 and work[2] > work[0] and work[3] > work[1]:
+                    entry = {"type": where["type"], "work": work[2] - work[0], "seconds": work[3] - work[1]}
+                    changed |= doc["attempts"].get(key) != entry
+                    doc["attempts"][key] = entry
+                boot = (status.started_at or 0) - float(where.get("start") or 0)
+                if status.started_at and key not in doc["boots"] and 0 < boot < 3600:
+                    doc["boots"][key], changed = round(boot, 1), True
+            if changed:
+                put_json(self.store, self.key, doc)
+
+    def _instance_of(self, run_id: str, attempt: int) -> dict | None:
+        """The ledger entry of the instance the run's attempt ran on (its type, AZ, start)."""
+        if not attempt:
+            return None
+        with self.ledger.lock:
+            entries = list(self.ledger.entries.values())
+        return next((e for e in entries if isinstance(e, dict) and (run_id, attempt) in attempts_on(e)), None)
+
+    def ranked(self, pools: list[tuple[str, str]], price_of) -> list[worth.PoolWorth]:
+        """Every pool's worth now, best first (aws/worth.py)."""
+        with self.lock:
+            doc = self.doc()
+            measured = worth.rates(doc["attempts"])
+            boots = [float(b) for b in doc["boots"].values() if isinstance(b, (int, float))]
+        with self.ledger.lock:
+            entries = dict(self.ledger.entries)
+        tried: dict[str, int] = {}
+        for e in entries.values():
+            if isinstance(e, dict) and isinstance(e.get("type"), str) and not e.get("role"):
+                tried[e["type"]] = tried.get(e["type"], 0) + 1
+        return worth.rank(pools, price_of, measured, tried, entries, time.time(), worth.loss_seconds(boots))
+
+    def weigh(self, choices: list[Choice], price_of) -> list[Choice]:
+        """The choices weighted by their pools' work (`choose: work`), best first; as they are with `choose: price`."""
+        if self.choose != "work" or not choices:
+            return choices
+        ranked = self.ranked(sorted({(c.instance_type, c.az) for c in choices}), price_of)
+        weights, order = worth.weights(ranked), {(w.instance_type, w.az): k for k, w in enumerate(ranked)}
+        weighed = [replace(c, weight=weights.get((c.instance_type, c.az))) for c in choices]
+        # the best pool first: a run of several nodes asks one pool at a time, in this order (aws/fleet.py)
+        return sorted(weighed, key=lambda c: order.get((c.instance_type, c.az), len(order)))
