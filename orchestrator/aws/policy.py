@@ -312,13 +312,13 @@ def iam_statements(boundary: str) -> list[dict]:
 
 
 def guardrail_statements(boundary: str) -> list[dict]:
-    """The explicit Denies of AWS's delegation example: the boundary policy stays as the admin made it, and no role
-    loses or swaps orch's boundary (a Put with another boundary, a Delete of this one)."""
+    """The explicit Denies of AWS's delegation example: the boundary policy stays as the admin made it, no role loses or
+    swaps orch's boundary. A Resource's account takes no policy variable (IAM user guide, "Variables and tags"): `*`."""
     return [
         {
             "Sid": "DenyChangingTheBoundary",
             "Effect": "Deny",
-            "Resource": boundary,
+            "Resource": f"arn:aws:iam::*:policy/{BOUNDARY_NAME}",
             "Action": list(BOUNDARY_POLICY_CHANGES),
         },
         {

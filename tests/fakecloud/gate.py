@@ -160,6 +160,9 @@ class Gate:
     kms_buckets: set = field(
         default_factory=set
     )  # buckets whose default encryption is SSE-KMS: their ETags are no MD5s
+    # buckets of eu-west-1 made with the legacy constraint `EU`, which moto refuses to make: GetBucketLocation answers
+    # `EU` for them (S3 API reference, GetBucketLocation: "Buckets with a LocationConstraint of EU reside in eu-west-1")
+    legacy_eu: set = field(default_factory=set)
     spot_quota: int | None = (
         None  # set by a test: most live spot instances the account may run (the vCPU quota, in instances)
     )
@@ -223,6 +226,11 @@ class Gate:
                 f"fake cloud gate: {exc!r}".encode(),
             )
         status, headers, data = answer
+        if service == "s3" and status.startswith("200") and _location_of(environ) in self.legacy_eu:
+            data = (
+                f'<?xml version="1.0" encoding="UTF-8"?>\n<LocationConstraint xmlns="{S3_NS}">EU</LocationConstraint>'
+            )
+            data = data.encode()
         if service == "s3" and environ.get("PATH_INFO", "").lstrip("/").split("/")[0] in self.kms_buckets:
             headers, data = _not_md5(headers, data)
         if environ["REQUEST_METHOD"] != "HEAD":  # a HEAD answer has no body but the object's length (S3 HeadObject)
@@ -874,6 +882,16 @@ def _not_md5(headers: list, data: bytes) -> tuple:
     return headers, data
 
 
+S3_NS = "http://s3.amazonaws.com/doc/2006-03-01/"
+
+
+def _location_of(environ) -> str:
+    """The bucket a GetBucketLocation request (GET /BUCKET?location) asks about; "" for any other request."""
+    bucket, _, key = environ.get("PATH_INFO", "").lstrip("/").partition("/")
+    query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+    return bucket if environ.get("REQUEST_METHOD") == "GET" and not key and "location" in query else ""
+
+
 def _bucket_exists(name: str) -> bool:
     from moto.s3.models import s3_backends
 
@@ -994,13 +1012,33 @@ def _xml(text: str) -> str:
 
 
 def _matches(patterns, value: str, fold: bool = False, context: dict[str, str] | None = None) -> bool:
+    """Action patterns (`fold`: IAM's action names ignore case), or Resource ARN patterns (`context`: their policy
+    variables filled in, as IAM does, only after the fifth colon)."""
     if patterns is None:
         return False
     for p in patterns if isinstance(patterns, list) else [patterns]:
-        p = _substitute(p, context or {})
+        p = _resource_variables(p, context) if context is not None else p
         if fnmatch.fnmatchcase(value.lower() if fold else value, p.lower() if fold else p):
             return True
     return False
+
+
+def _resource_variables(pattern: str, context: dict[str, str]) -> str:
+    """A Resource ARN pattern with its policy variables filled in "only in the resource portion of the ARN. This
+    portion of the ARN appears after the fifth colon (:). You can't use a variable to replace parts of the ARN before
+    the fifth colon, such as the service or account." (IAM user guide, "IAM policy elements: Variables and tags"):
+    one before it stays as written, and matches no ARN."""
+    depth, colons = 0, 0
+    for i, ch in enumerate(pattern):
+        if pattern.startswith("${", i):
+            depth += 1
+        elif ch == "}" and depth:
+            depth -= 1
+        elif ch == ":" and not depth:
+            colons += 1
+            if colons == 5:
+                return pattern[:i] + _substitute(pattern[i:], context)
+    return pattern
 
 
 def _substitute(value: str, context: dict[str, str]) -> str:

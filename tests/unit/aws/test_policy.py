@@ -371,6 +371,10 @@ def check_grammar(doc: dict) -> None:
                 continue
             assert a in PERMISSION_ONLY or name in ops, a
         for r in _as_list(st["Resource"]):
+            # IAM fills in a variable in a Resource only after the ARN's fifth colon, never in its account (IAM user
+            # guide, "IAM policy elements: Variables and tags", "Where you can use policy variables")
+            head = re.sub(r"\$\{[^}]*\}", "\x00", r).split(":")[:5]
+            assert "\x00" not in "".join(head), (st.get("Sid"), r)
             r = r.replace("${aws:PrincipalAccount}", "123456789012").replace("YOUR-BUCKET", "your-bucket")
             assert r == "*" or any(re.fullmatch(SERVICE_ARN[a.partition(":")[0]], r) for a in actions), (st, r)
             assert "alias/" not in r, r  # KMS: an alias is no policy resource
@@ -425,6 +429,35 @@ def test_the_documented_policy_and_boundary_are_valid_iam_grammar():
                 ],
             }
         )
+
+
+def test_a_policy_variable_fills_only_the_resource_part_of_an_arn_so_the_boundarys_deny_names_no_variable():
+    """IAM user guide, "IAM policy elements: Variables and tags": in a Resource, "You can't use a variable to replace
+    parts of the ARN before the fifth colon, such as the service or account". DenyChangingTheBoundary named
+    `arn:aws:iam::${aws:PrincipalAccount}:policy/orch-boundary`, which no policy matches: its Deny denied nothing to
+    a holder an admin also gave `iam:*` (the gate filled the account in, kinder than IAM, so no test saw it)."""
+    from orchestrator.aws.policy import BOUNDARY_POLICY_CHANGES, controller_policy
+    from tests.fakecloud.gate import evaluate
+
+    ctx = {"aws:PrincipalAccount": "123456789012"}
+    also_admin = [controller_policy(), json.loads(EVERYTHING)]
+    boundary = "arn:aws:iam::123456789012:policy/orch-boundary"
+    for action in BOUNDARY_POLICY_CHANGES:
+        assert not evaluate(also_admin, action, boundary, ctx), action
+    assert evaluate(also_admin, "iam:CreatePolicyVersion", "arn:aws:iam::123456789012:policy/theirs", ctx)
+    check_grammar(controller_policy())
+    # the gate fills in variables as IAM does: in the resource part, not in the account
+    before = {
+        "Effect": "Allow",
+        "Action": "iam:DeletePolicy",
+        "Resource": "arn:aws:iam::${aws:PrincipalAccount}:policy/p",
+    }
+    after = {"Effect": "Allow", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::b/${aws:PrincipalAccount}/*"}
+    assert not evaluate([{"Statement": [before]}], "iam:DeletePolicy", "arn:aws:iam::123456789012:policy/p", ctx)
+    assert evaluate([{"Statement": [after]}], "s3:GetObject", "arn:aws:s3:::b/123456789012/x", ctx)
+    with pytest.raises(AssertionError):  # the grammar check refuses a variable in the account
+        check_grammar({"Version": "2012-10-17", "Statement": [before]})
+    check_grammar({"Version": "2012-10-17", "Statement": [{**before, "Resource": "arn:aws:iam::*:policy/p"}]})
 
 
 def test_a_remote_controllers_role_reaches_only_its_own_sweep(cloud):

@@ -53,6 +53,25 @@ def test_s3_check_names_the_missing_bucket(tmp_path):
         S3Store("s3://nope/x", client=cloud.client("s3")).check()
 
 
+def test_a_buckets_region_is_read_as_s3_answers_it_null_for_us_east_1_and_eu_for_legacy_eu_west_1(tmp_path):
+    """GetBucketLocation (S3 API reference): "Buckets in Region us-east-1 have a LocationConstraint of null. Buckets
+    with a LocationConstraint of EU reside in eu-west-1." moto answers null and eu-west-1 as S3 does, and refuses to
+    make an `EU` bucket: the gate answers `EU` for one it is told was made so (`legacy_eu`)."""
+    from tests.fakecloud import FakeCloud
+
+    with FakeCloud(tmp_path / "cloud") as cloud:
+        s3 = cloud.client("s3")
+        s3.create_bucket(Bucket="in-virginia")
+        for name in ("in-ireland", "in-ireland-since-2010"):
+            s3.create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+        cloud.gate.legacy_eu.add("in-ireland-since-2010")
+        assert s3.get_bucket_location(Bucket="in-virginia").get("LocationConstraint") is None
+        assert s3.get_bucket_location(Bucket="in-ireland-since-2010")["LocationConstraint"] == "EU"
+        regions = {b: S3Store(f"s3://{b}/x", client=s3).region() for b in ("in-virginia", "in-ireland-since-2010")}
+        assert regions == {"in-virginia": "us-east-1", "in-ireland-since-2010": "eu-west-1"}
+        assert S3Store("s3://in-ireland/x", client=s3).region() == "eu-west-1"
+
+
 def test_atomic_write_leaves_no_temp_files(tmp_path):
     atomic_write(tmp_path / "a" / "f.json", b"1")
     atomic_write(tmp_path / "a" / "f.json", b"2")
