@@ -201,3 +201,44 @@ def weights(worths: list[PoolWorth]) -> dict[tuple[str, str], float]:
     eff = {(w.instance_type, w.az): w.effective for w in worths}
     least = min(eff.values(), default=0.0)
     return {pool: round(e / least, 4) for pool, e in eff.items()} if least > 0 else {}
+
+
+def realized(entries: dict[str, dict], attempts: dict[str, dict]) -> dict:
+    """What `orch collect` reports of the work bought: per type its measured rate, its dollars (the ledger's instances
+    of it) and units (the attempts measured on it), their ratio; and what ranking by the hour alone would have spent
+    on the same units — all of them at the rate and mean hourly price of the type cheapest by the hour — an estimate
+    from the same measurements."""
+    measured = rates(attempts)
+    units: dict[str, float] = {}
+    for a in attempts.values():
+        if isinstance(a, dict) and a.get("type") in measured and _number(a.get("work")):
+            units[a["type"]] = units.get(a["type"], 0.0) + float(a["work"])
+    spent: dict[str, list[float]] = {}  # type -> [dollars, hours]
+    for e in entries.values():
+        if not isinstance(e, dict) or e.get("role") or not isinstance(e.get("type"), str):
+            continue
+        price, start, end = _number(e.get("price_per_h")), _number(e.get("start")), _number(e.get("end"))
+        if price is None or start is None or end is None:
+            continue
+        hours = max(0.0, end - start) / 3600
+        s = spent.setdefault(e["type"], [0.0, 0.0])
+        s[0], s[1] = s[0] + price * hours, s[1] + hours
+    rows = [
+        {
+            "type": t,
+            "units_per_h": round(r.per_s * 3600, 4),
+            "attempts": r.attempts,
+            "usd": round(spent.get(t, [0.0])[0], 4),
+            "units": round(units.get(t, 0.0), 4),
+            "usd_per_unit": round(spent[t][0] / units[t], 6) if units.get(t) and t in spent else None,
+        }
+        for t, r in sorted(measured.items())
+    ]
+    priced = {t: s[0] / s[1] for t, s in spent.items() if s[1] > 0 and t in measured}
+    total_units, total_usd = sum(units.values()), sum(s[0] for s in spent.values())
+    by_hour = None
+    if priced and total_units:
+        cheapest = min(priced, key=lambda t: priced[t])
+        hours = total_units / (measured[cheapest].per_s * 3600)
+        by_hour = {"type": cheapest, "usd": round(hours * priced[cheapest], 4)}
+    return {"types": rows, "units": round(total_units, 4), "usd": round(total_usd, 4), "by_the_hour": by_hour}

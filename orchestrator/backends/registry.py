@@ -54,6 +54,8 @@ class Costs:
     places: Callable[[dict[str, dict]], dict[str, dict[int, str]]]
     # (dollars, bytes) of a run's data moved across regions, from its record's `moved` (attempt -> [up, down])
     transfer: Callable[[dict[str, dict], str, dict[str, list[int]]], tuple[float, int]]
+    # (ledger, the measured attempts of rates.json) -> the work bought per type and what the hour alone would have cost
+    work: Callable[[dict[str, dict], dict[str, dict]], dict] | None = None
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,7 @@ def _aws(sweep: Sweep) -> Backend:
 
 
 def _aws_costs() -> Costs:
-    from orchestrator.aws import pricing
+    from orchestrator.aws import pricing, worth
 
     return Costs(
         pricing.ledger_cost,
@@ -105,6 +107,7 @@ def _aws_costs() -> Costs:
         pricing.on_demand_price,
         pricing.attempt_regions,
         pricing.transfer_usd,
+        worth.realized,
     )
 
 

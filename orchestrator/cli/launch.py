@@ -10,8 +10,9 @@ import click
 
 from orchestrator.backends.registry import backend_for, entry, load_sweep
 from orchestrator.cli import remote as remote_controller
+from orchestrator.cli.code_words import code_lines
 from orchestrator.cli.common import expected_errors, make_console, sweep_parts
-from orchestrator.cli.render import code_lines, dry_run_lines, failure_report, spend_text, watch_progress
+from orchestrator.cli.render import dry_run_lines, failure_report, spend_text, watch_progress
 from orchestrator.control import launch as control
 from orchestrator.control.code import with_snapshot
 

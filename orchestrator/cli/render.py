@@ -9,6 +9,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.cli.code_words import code_lines
 from orchestrator.control.collect import Results, SearchInfo, best_trial, ranked
 from orchestrator.control.curves import Figure
 from orchestrator.control.prune import rule
@@ -213,8 +214,33 @@ def results_notes(res: Results) -> list[str]:
         )
     if res.economics is not None:
         out += res.economics.words()
+    out += work_words(res.work)
     if res.search is not None:
         out.append(best_trial_words(res, res.search))
+    return out
+
+
+def _rate(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def work_words(work: dict | None) -> list[str]:
+    """aws: the work bought per instance type, and what ranking by the hour alone would have spent on it."""
+    if not work:
+        return []
+    out = [
+        f"work on {t['type']}: {_rate(t['units_per_h'])}/h measured ({t['attempts']} attempt(s)), {usd(t['usd'])} for "
+        f"{t['units']:.4g} units" + (f" = {usd(t['usd_per_unit'])} per unit" if t.get("usd_per_unit") else "")
+        for t in work.get("types") or []
+    ]
+    hour = work.get("by_the_hour")
+    if hour and work.get("usd"):
+        saved = hour["usd"] - work["usd"]
+        out.append(
+            f"by the hour alone (all on {hour['type']}, at its measured rate): about {usd(hour['usd'])} for the same "
+            f"work; ranking by $ per unit {'saved' if saved >= 0 else 'cost'} about {usd(abs(saved))} (an estimate "
+            "from the same measurements: docs/guides/costs.md)"
+        )
     return out
 
 
@@ -326,29 +352,6 @@ def dry_run_lines(sweep, plan: list[str] | None, every: bool = False, more_cost:
     lines += code_lines(sweep.snapshot, spec.setup)
     lines.append("dry run: nothing launched.")
     return lines
-
-
-def code_lines(snapshot, setup: str = "") -> list[str]:
-    """`workdir:`: what goes to every host (its size, digest, git state), what was left out, and `setup:`."""
-    if snapshot is None:
-        return ["code: no workdir (each run's command starts in its run folder)"]
-    git = ""
-    if snapshot.git_commit:
-        git = f", git {snapshot.git_commit[:10]}" + (" with uncommitted changes" if snapshot.git_dirty else "")
-    out = [
-        f"code: {snapshot.root}: {len(snapshot.files)} files, {_mb(snapshot.size)} ({_mb(len(snapshot.data))} "
-        f"packed), snapshot {snapshot.digest}{git}; each run starts in it (read-only; write to $ORCH_RUN_DIR)"
-    ]
-    if snapshot.left_out:
-        shown = ", ".join(snapshot.left_out[:8]) + (" ..." if len(snapshot.left_out) > 8 else "")
-        out.append(f"code: left out, as they look like secrets: {shown} (pass secrets with `env:`)")
-    if setup:
-        out.append(f"setup (once per host, in the workdir): {setup}")
-    return out
-
-
-def _mb(n: int) -> str:
-    return f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n / 1e3:.1f} kB"
 
 
 def goal_lines(spec) -> list[str]:

@@ -98,6 +98,7 @@ class Results:
     search: SearchInfo | None = None  # with `search:`
     goals: list[tuple[str, str]] = field(default_factory=list)  # (metric, max|min) of target, search and prune
     left_out: list[str] = field(default_factory=list)  # metrics curves.png does not draw (runs.csv has them all)
+    work: dict | None = None  # aws: the work bought per instance type (aws/worth.py realized), when measured
     figure: Figure | None = None  # what curves.png shows, once written
 
     def metric_names(self) -> list[str]:
@@ -196,6 +197,11 @@ def collect(sweep: Sweep, store: Store) -> Results:
         runs = by_trial_value(runs, search.mode)
     attempts = {rid: st.attempt for rid, st in statuses.items()}
     eco = economics(runs, ledger, attempts, reader) if target is not None else None
+    work = None
+    if reader is not None and reader.work is not None and ledger is not None:
+        rates = get_json(store, layout.rates_key(sweep.spec.name))
+        measured = rates.get("attempts") if isinstance(rates, dict) else None
+        work = reader.work(ledger, measured) if isinstance(measured, dict) and measured else None
     return Results(
         sweep=sweep.spec.name,
         runs=runs,
@@ -206,6 +212,7 @@ def collect(sweep: Sweep, store: Store) -> Results:
         economics=eco,
         search=search,
         goals=goals_of(sweep.spec),
+        work=work,
     )
 
 
@@ -291,6 +298,8 @@ def _write(results: Results, out_dir: Path, draw: bool, wanted: list[str] | None
         **({"controller_usd": round(results.controller_usd, 4)} if results.controller_usd is not None else {}),
         **({"transfer_usd": round(results.transfer_usd, 4)} if results.transfer_usd is not None else {}),
     }
+    if results.work is not None:
+        doc["work"] = results.work
     if results.economics is not None:
         doc["summary"] = {**asdict(results.economics), "words": results.economics.words()}
     best = best_trial(results)

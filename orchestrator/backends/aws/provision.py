@@ -81,8 +81,16 @@ class Provisioner:
                     gpus=self.gpus_of(g.instance_type),
                     attempt=task.attempt,
                 )
+            g = got[0]
+            why = st.work.why(g.instance_type, g.az)
             log.info(
-                "%s: %s %s in %s (%s)", task.run_id, ", ".join(ids), got[0].instance_type, got[0].az, got[0].market
+                "%s: %s %s in %s (%s)%s",
+                task.run_id,
+                ", ".join(ids),
+                g.instance_type,
+                g.az,
+                g.market,
+                why and f"; {why}",
             )
             addresses = [api.wait_running(ec2, i, cfg.ssh.address, cfg.boot_timeout_s) for i in ids]
             conns = []

@@ -36,7 +36,7 @@ class WorkBook:
         self.choose, self.work_key = choose, work_key
         self.lock = threading.Lock()
         self._doc: dict[str, Any] | None = None
-        self.warned = False
+        self.last: dict[tuple[str, str], str] = {}  # pool -> why it ranked where it did at the last weighing
 
     def doc(self) -> dict[str, Any]:
         """rates.json: {"work_key", "attempts": {"run#attempt": {type, work, seconds}}, "boots": {"run#attempt": s}}."""
@@ -103,12 +103,20 @@ class WorkBook:
                 tried[e["type"]] = tried.get(e["type"], 0) + 1
         return worth.rank(pools, price_of, measured, tried, entries, time.time(), worth.loss_seconds(boots))
 
+    def why(self, instance_type: str, az: str) -> str:
+        """Why a pool was chosen, as the last weighing ranked it (for the controller's log)."""
+        return self.last.get((instance_type, az), "by the hour (aws.choose: price)" if self.choose != "work" else "")
+
     def weigh(self, choices: list[Choice], price_of) -> list[Choice]:
         """The choices weighted by their pools' work (`choose: work`), best first; as they are with `choose: price`."""
         if self.choose != "work" or not choices:
             return choices
         ranked = self.ranked(sorted({(c.instance_type, c.az) for c in choices}), price_of)
         weights, order = worth.weights(ranked), {(w.instance_type, w.az): k for k, w in enumerate(ranked)}
+        self.last = {
+            (w.instance_type, w.az): f"ranked {k + 1} of {len(ranked)} by $ per {self.work_key}: {w.note}"
+            for k, w in enumerate(ranked)
+        }
         weighed = [replace(c, weight=weights.get((c.instance_type, c.az))) for c in choices]
         # the best pool first: a run of several nodes asks one pool at a time, in this order (aws/fleet.py)
         return sorted(weighed, key=lambda c: order.get((c.instance_type, c.az), len(order)))

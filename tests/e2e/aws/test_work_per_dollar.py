@@ -70,6 +70,13 @@ def test_later_attempts_go_to_the_lower_dollars_per_epoch_and_by_price_they_woul
     assert "pools, by expected $ per epoch" in again.out, again.out
     first = next(line for line in again.out.splitlines() if line.strip().startswith("1. "))
     assert "g5.xlarge" in first and "measured (3 attempts)" in first, again.out
+    col = orch("collect", "work", "--out", str(orch.tmp / "res"))
+    assert col.code == 0, col.err
+    assert "work on g5.xlarge: 10,800/h measured (3 attempt(s))" in col.out, col.out
+    assert "work on g6.xlarge: 3,600/h measured (1 attempt(s))" in col.out, col.out
+    assert "by the hour alone (all on g6.xlarge, at its measured rate)" in col.out and "saved about $" in col.out
+    work = json.loads((orch.tmp / "res" / "runs.json").read_text())["work"]
+    assert work["units"] == pytest.approx(4 * 5)  # 5 epochs measured per run (6 lines: the first is the start)
     assert orch("down", "work").code == 0
 
     by_price = paced_sweep(orch, cloud, identity, "hours", choose="price")
