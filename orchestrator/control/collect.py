@@ -197,11 +197,6 @@ def collect(sweep: Sweep, store: Store) -> Results:
         runs = by_trial_value(runs, search.mode)
     attempts = {rid: st.attempt for rid, st in statuses.items()}
     eco = economics(runs, ledger, attempts, reader) if target is not None else None
-    work = None
-    if reader is not None and reader.work is not None and ledger is not None:
-        rates = get_json(store, layout.rates_key(sweep.spec.name))
-        measured = rates.get("attempts") if isinstance(rates, dict) else None
-        work = reader.work(ledger, measured) if isinstance(measured, dict) and measured else None
     return Results(
         sweep=sweep.spec.name,
         runs=runs,
@@ -212,8 +207,19 @@ def collect(sweep: Sweep, store: Store) -> Results:
         economics=eco,
         search=search,
         goals=goals_of(sweep.spec),
-        work=work,
+        work=_work(sweep, store, reader, ledger),
     )
+
+
+def _work(sweep: Sweep, store: Store, reader, ledger: dict | None) -> dict | None:
+    """aws: the work bought per type (rates.json's measured attempts against the ledger), when anything was measured."""
+    from orchestrator.store.base import get_json
+
+    if reader is None or reader.work is None or ledger is None:
+        return None
+    rates = get_json(store, layout.rates_key(sweep.spec.name))
+    measured = rates.get("attempts") if isinstance(rates, dict) else None
+    return reader.work(ledger, measured) if isinstance(measured, dict) and measured else None
 
 
 def goals_of(spec) -> list[tuple[str, str]]:

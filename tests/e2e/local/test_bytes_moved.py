@@ -27,4 +27,9 @@ def test_the_agent_counts_the_bytes_each_attempt_moved_to_the_store(orch, script
 
     status = read_status(LocalStore(path.parent / "store"), "moved", "run")
     up, down = status.moved["1"]
-    assert blob <= up < blob + 64 * 1024 and down == 0, status.moved  # the file, plus the log and the sync index
+    assert blob <= up < blob + 64 * 1024, status.moved  # the file, plus the log and the sync index
+    # down: `workdir:`'s snapshot (this test's folder), fetched once on this host
+    import json
+
+    code = json.loads((path.parent / "store" / "moved" / "sweep.json").read_text())["code"]
+    assert down == code["archive_bytes"] > 0, (status.moved, code)
