@@ -62,7 +62,10 @@ def load_sweep_arg(arg: str) -> Sweep:
     if data is None and Path(rec.spec_path).is_file():  # a launch still in its preflight: not recorded yet
         return load_sweep(rec.spec_path)
     if data is None:
-        raise NotFound(f"sweep {arg!r}: its store {rec.store_url} has no sweep.json any more. Launch its file again.")
+        raise NotFound(
+            f"sweep {arg!r}: its store {rec.store_url} has no sweep.json any more, and nothing of it can be read. "
+            f"`orch forget {arg}` takes it off this machine's list; launching its file starts it anew."
+        )
     return sweep_from_record(data, rec.spec_path)
 
 

@@ -55,6 +55,13 @@ class Started:
 
 
 @dataclass
+class NameFreed:
+    """The sweep's name was launched from here with a store that no longer holds it: it means this sweep now."""
+
+    text: str
+
+
+@dataclass
 class Detached:
     """`--detach`: the loop runs in a background controller from the start."""
 
@@ -81,7 +88,7 @@ class NotStarting:
     """The background controller found the sweep stopped by `orch down` while the loop was handed to it."""
 
 
-Event = TookOver | Started | Detached | HandedOff | Stopped | NotStarting
+Event = TookOver | NameFreed | Started | Detached | HandedOff | Stopped | NotStarting
 OnEvent = Callable[[Event], None]
 RunFn = Callable[[Callable[[Progress], None]], Progress]
 Watch = Callable[[RunFn], Progress]  # drives the loop's run function with a table (the CLI's)
@@ -107,7 +114,9 @@ class Launch:
         self.lease = take_lease(self.sweep, self.store, self.state, self.on_event)  # before preflight: a sweep
         # run elsewhere buys nothing here
         spec = self.sweep.spec
-        self.state.check_same_store(spec.name, str(self.sweep.path), self.sweep.store_url)
+        freed = self.state.check_same_store(spec.name, str(self.sweep.path), self.sweep.store_url)
+        if freed:
+            self.on_event(NameFreed(freed))
         self.state.remember(spec.name, str(self.sweep.path), self.sweep.store_url, spec.backend)  # `orch down NAME`
         # finds the sweep while preflight runs (seconds on AWS), before the store has its record
         # SIGTERM or a closed terminal in the first seconds (preflight makes the security group, template and
@@ -268,9 +277,10 @@ def code_note(sweep: Sweep) -> str | None:
     return note(sweep, open_store(sweep.store_url))
 
 
-def check_like_launch(sweep: Sweep) -> None:
-    """A dry run refuses what the launch would refuse, without creating anything."""
+def check_like_launch(sweep: Sweep) -> str | None:
+    """A dry run refuses what the launch would refuse, without creating anything. Returns the line the launch would
+    say when it takes the sweep's name over from a store that no longer holds it."""
+    freed = State().check_same_store(sweep.spec.name, str(sweep.path), sweep.store_url)
     if sweep.store_url.startswith("s3://") or Path(sweep.store_url).is_dir():
         check_recorded(sweep, open_store(sweep.store_url), State())
-    else:
-        State().check_same_store(sweep.spec.name, str(sweep.path), sweep.store_url)
+    return freed
