@@ -23,12 +23,12 @@ from orchestrator.backends.base import Backend
 from orchestrator.control.controller import Controller
 from orchestrator.control.lease import Finished, Lease, LeaseLost
 from orchestrator.control.notify import REMOTE_PATIENCE_S
-from orchestrator.control.recorded import check_recorded
+from orchestrator.control.recorded import check_recorded, read_record
 from orchestrator.control.state import State, SweepLock
 from orchestrator.control.views import Progress
 from orchestrator.errors import OrchError
-from orchestrator.store import layout, open_store
-from orchestrator.store.base import Store, get_json
+from orchestrator.store import open_store
+from orchestrator.store.base import Store
 from orchestrator.sweep.spec import Sweep, orch_home
 from orchestrator.wait import Timeout, retry_until
 
@@ -142,9 +142,9 @@ class Launch:
     def _prepare(self, controller: Controller) -> bool:
         """Preflight and the sweep's record; Ctrl-C here removes what this launch made (a new sweep's)."""
         assert self.lease is not None
-        fresh = get_json(self.store, layout.sweep_key(self.sweep.spec.name)) is None  # a sweep seen before keeps
-        # what it has (its runs use it)
+        fresh = False  # a sweep seen before keeps what it has (its runs use it); an unreadable record is refused
         try:
+            fresh = read_record(self.store, self.sweep.spec.name, str(self.sweep.path)) is None
             self.backend.preflight()
             return controller.prepare()
         except KeyboardInterrupt:
