@@ -105,7 +105,9 @@ def _as_meant(spec: dict[str, Any]) -> dict[str, Any]:
     """The spec with what two spellings may say alike written one way: `aws.ssh.identity` as the absolute path it
     names here (`~/.ssh/x` and `/home/me/.ssh/x` are one key)."""
     aws = spec.get("aws")
-    ssh = aws.get("ssh") if isinstance(aws, dict) else None
+    if not isinstance(aws, dict):
+        return spec
+    ssh = aws.get("ssh")
     if not isinstance(ssh, dict) or not isinstance(ssh.get("identity"), str):
         return spec
     identity = os.path.abspath(os.path.expanduser(ssh["identity"]))
