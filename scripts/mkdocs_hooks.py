@@ -235,6 +235,7 @@ def transitions() -> list[tuple[str, str, str]]:
         "lose": lambda s: lc.lose(s, "r", now=1.0),
         "prune": lambda s: lc.prune(s, "r", {}, now=1.0),
         "cancel": lambda s: lc.cancel(s, "r", now=1.0),
+        "reopen (budget raised)": lambda s: lc.reopen(s, "r"),
         "stop": lambda s: lc.stop(s, "r", now=1.0),
         "start": lambda s: lc.start(s, 1, "h", "r", now=1.0),
         "run": lambda s: lc.run(s, 1, "h", now=1.0),

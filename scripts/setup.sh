@@ -7,7 +7,7 @@ extras="${1:-trainer}"
 
 need=()
 command -v tmux >/dev/null 2>&1 || need+=(tmux)
-if [[ ",$extras," == *",dev,"* ]]; then
+if [[ ",$extras," == *",dev,"* || ",$extras," == *",fakecloud,"* ]]; then  # the fake cloud's hosts are sshd
   command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 fi
 if [ ${#need[@]} -gt 0 ]; then

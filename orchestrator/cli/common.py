@@ -12,10 +12,11 @@ from rich.console import Console
 
 from orchestrator.backends.base import Backend
 from orchestrator.backends.registry import backend_for, backends_with_host, explain, load_sweep, sweep_from_record
+from orchestrator.control.recorded import read_record
 from orchestrator.control.state import State
 from orchestrator.errors import NotFound, OrchError
-from orchestrator.store import layout, open_store
-from orchestrator.store.base import Store, get_json
+from orchestrator.store import open_store
+from orchestrator.store.base import Store
 from orchestrator.sweep.spec import Sweep
 
 
@@ -58,11 +59,14 @@ def load_sweep_arg(arg: str) -> Sweep:
     if arg.endswith((".yaml", ".yml")) or os.sep in arg or Path(arg).is_file():
         return load_sweep(arg)
     rec = State().sweep(arg)
-    data = get_json(open_store(rec.store_url), layout.sweep_key(rec.name))
+    data = read_record(open_store(rec.store_url), rec.name, f"sweep {arg!r} (launched from {rec.spec_path})")
     if data is None and Path(rec.spec_path).is_file():  # a launch still in its preflight: not recorded yet
         return load_sweep(rec.spec_path)
     if data is None:
-        raise NotFound(f"sweep {arg!r}: its store {rec.store_url} has no sweep.json any more. Launch its file again.")
+        raise NotFound(
+            f"sweep {arg!r}: its store {rec.store_url} has no sweep.json any more, and nothing of it can be read. "
+            f"`orch forget {arg}` takes it off this machine's list; launching its file starts it anew."
+        )
     return sweep_from_record(data, rec.spec_path)
 
 
@@ -73,8 +77,8 @@ def as_launched(sw: Sweep) -> Sweep:
     try:
         if any(rec.name == sw.spec.name for rec in State().sweeps()):
             return load_sweep_arg(sw.spec.name)
-        data = get_json(open_store(sw.store_url), layout.sweep_key(sw.spec.name))
-        return sweep_from_record(data, str(sw.path)) if isinstance(data, dict) else sw
+        data = read_record(open_store(sw.store_url), sw.spec.name, str(sw.path))
+        return sweep_from_record(data, str(sw.path)) if data is not None else sw
     except Exception as exc:  # a record or store that cannot be read: the file is all there is to go by
         if explained(exc) is None:
             raise

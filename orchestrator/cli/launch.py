@@ -45,7 +45,9 @@ def launch(sweep_file: str, dry_run: bool, detach: bool, every: bool, remote: bo
     if remote:
         remote_controller.check(sweep)
     if dry_run:
-        control.check_like_launch(sweep)
+        freed = control.check_like_launch(sweep)
+        if freed:
+            con.print(freed, markup=False)
         plan = backend_for(sweep).plan()
         words = entry(sweep.spec.backend).plan_lines
         more = (remote_controller.controller_line(sweep, plan),) if remote and plan else ()
@@ -70,6 +72,8 @@ def _tell(con, sweep, event: control.Event, note: str | None = None) -> None:
     name = sweep.spec.name
     if isinstance(event, control.TookOver):
         _say(con, f"took the sweep over from a controller on {event.where} (silent for {event.silent_s:.0f} s)")
+    elif isinstance(event, control.NameFreed):
+        con.print(event.text, markup=False)
     elif isinstance(event, control.Started):
         con.print(
             f"{'launching' if event.new else 'continuing'} sweep [bold]{name}[/]: {len(sweep.runs)} runs, "

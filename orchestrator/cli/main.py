@@ -38,6 +38,11 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
         "Stop everything of SWEEP: its controller, every run, and (aws) its instances, launch template, security "
         "group and instance profile.",
     ),
+    "forget": (
+        "orchestrator.cli.ops:forget",
+        "Take SWEEP off this machine's list of sweeps, so that its name may name another sweep (a second clone's, "
+        "say).",
+    ),
     "gc": (
         "orchestrator.cli.ops:gc",
         "List what orch made and what still exists (instances, security groups, launch templates; instance "

@@ -247,6 +247,49 @@ def gc():
         click.echo("nothing of orch's exists in the regions of your sweeps.")
 
 
+@click.command()
+@click.argument("sweep")
+@expected_errors
+def forget(sweep: str):
+    """Take SWEEP off this machine's list of sweeps, so that its name may name another
+    sweep (a second clone's, say). Nothing in its store and nothing it made is touched:
+    `orch status FILE` still reads it, and launching its file lists it here again.
+    Refused while it runs here: `orch down SWEEP` first.
+
+    \b
+    Example:
+      orch forget local-smoke
+    """
+
+    state = State()
+    rec = state.sweep(sweep)
+    pid = SweepLock(state.home, sweep).holder()
+    live = [] if pid else _live_runs(sweep)
+    if pid or live:
+        running = f"its controller (pid {pid})" if pid else f"{len(live)} of its runs ({', '.join(live)})"
+        raise OrchError(
+            f"sweep {sweep!r} still runs here: {running}. Stop it first with `orch down {sweep}` (stopped runs resume "
+            f"from their checkpoints when its file is launched again), then `orch forget {sweep}`.",
+            exit_code=2,
+        )
+    state.forget(sweep)
+    click.echo(
+        f"forgot sweep {sweep} (launched from {rec.spec_path}, store {rec.store_url}); its store is untouched: "
+        f"`orch status {rec.spec_path}` reads it, and launching that file lists it here again."
+    )
+
+
+def _live_runs(name: str) -> list[str]:
+    """The runs of the sweep its backend lists as running; none when the sweep cannot be read (its store is gone)."""
+    try:
+        sw = load_sweep_arg(name)
+        return sorted(host.run_id for host in sweep_parts(sw)[0].list())
+    except Exception as exc:
+        if explained(exc) is None:
+            raise
+        return []
+
+
 @click.group()
 def data():
     """Data sets for the `data:` entries of sweeps."""

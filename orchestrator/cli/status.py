@@ -24,7 +24,7 @@ from orchestrator.control.collect import collect as gather
 from orchestrator.control.collect import write_outputs
 from orchestrator.control.lease import read_lease
 from orchestrator.control.notify import status_lines
-from orchestrator.control.state import State, SweepLock
+from orchestrator.control.state import State, SweepLock, store_holds
 from orchestrator.control.trials import search_progress
 from orchestrator.wait import retry_until
 
@@ -35,17 +35,12 @@ def _status_of_every_sweep(con, as_json: bool) -> None:
     state = State()
     rows = []
     for rec in state.sweeps():
-        try:
-            sw = load_sweep_arg(rec.name)
-            backend, store, _ = sweep_parts(sw)
-            p = observe(sw, backend, store)
-            summary = summary_line(p)
-        except Exception as exc:  # one sweep out of reach (its cloud's credentials, say): list the others
-            err = explained(exc)
-            if err is None:
-                raise
-            summary = f"unreadable: {err}"
         holder = SweepLock(state.home, rec.name).holder()
+        if holder is None and not store_holds(rec):  # a deleted clone's, say: listed this once, then no more
+            state.forget(rec.name)
+            summary = f"gone: its store holds no sweep.json any more; forgotten here (launch {rec.spec_path} anew)"
+        else:
+            summary = _one_line(rec.name)
         rows.append(
             {
                 "sweep": rec.name,
@@ -63,6 +58,19 @@ def _status_of_every_sweep(con, as_json: bool) -> None:
     for row in rows:
         ctl = f", controller pid {row['controller_pid']}" if row["controller_pid"] else ""
         con.print(f"{row['sweep']} ({row['backend']}{ctl}): {row['runs']}  store={row['store']}", markup=False)
+
+
+def _one_line(name: str) -> str:
+    """A sweep's runs in a line; one out of reach (its cloud's credentials, say) says why, and hides no other."""
+    try:
+        sw = load_sweep_arg(name)
+        backend, store, _ = sweep_parts(sw)
+        return summary_line(observe(sw, backend, store))
+    except Exception as exc:
+        err = explained(exc)
+        if err is None:
+            raise
+        return f"unreadable: {err}"
 
 
 @click.command()

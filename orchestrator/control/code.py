@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from orchestrator.control.recorded import read_record
 from orchestrator.store import layout
 from orchestrator.store.base import Store, get_json, put_json
 from orchestrator.sweep.load import located
@@ -42,8 +43,7 @@ def with_snapshot(sweep: Sweep) -> Sweep:
 def note(sweep: Sweep, store: Store) -> str | None:
     """One line when this folder is not the code the sweep runs (a relaunch after an edit), else None. Read-only."""
     snap = sweep.snapshot
-    existing = get_json(store, layout.sweep_key(sweep.spec.name))
-    recorded = _recorded(existing if isinstance(existing, dict) else None)
+    recorded = _recorded(read_record(store, sweep.spec.name, str(sweep.path)))  # refused here as by the launch
     if snap is None or not recorded or recorded.get("digest") == snap.digest:
         return None
     before = get_json(store, layout.code_files_key(sweep.spec.name, str(recorded.get("digest"))))

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from orchestrator.backends.base import Backend, Host
-from orchestrator.control import code, notify, summary
+from orchestrator.control import code, notify, raised, summary
 from orchestrator.control.decide import DONE, REPLACE, START, WAIT, Row, decide, host_key, live_hosts
 from orchestrator.control.lease import Lease
 from orchestrator.control.notify_events import facts_of
@@ -75,6 +75,8 @@ class Controller(Verdicts):
         if with_code is not None:
             put_json(self.store, layout.sweep_key(self.name), with_code)
             existing = with_code
+        if existing is not None:  # a raised budget or max_restarts: what the old ones ended is run again
+            raised.give_back(self.store, self.sweep, existing.get("spec") or {})
         newer = sweep_record.updated(existing, self.sweep) if existing is not None else None
         if newer is not None:  # the new target, description, ...: for status and collect by name
             put_json(self.store, layout.sweep_key(self.name), newer)
@@ -226,7 +228,7 @@ class Controller(Verdicts):
         """The budget is spent: what has not started never will (running attempts finish)."""
 
         def cancel(row: Row) -> None:
-            reason = f"not started: budget {usd(budget)} reached (spent {usd(spend)})"
+            reason = f"{raised.BUDGET_STOP} {usd(budget)} reached (spent {usd(spend)})"
             status = life.cancel(row.status, reason)
             if not self._write(status, self.table.versions[row.run.run_id]):
                 return

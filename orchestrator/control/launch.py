@@ -23,12 +23,12 @@ from orchestrator.backends.base import Backend
 from orchestrator.control.controller import Controller
 from orchestrator.control.lease import Finished, Lease, LeaseLost
 from orchestrator.control.notify import REMOTE_PATIENCE_S
-from orchestrator.control.recorded import check_recorded
+from orchestrator.control.recorded import check_recorded, read_record
 from orchestrator.control.state import State, SweepLock
 from orchestrator.control.views import Progress
 from orchestrator.errors import OrchError
-from orchestrator.store import layout, open_store
-from orchestrator.store.base import Store, get_json
+from orchestrator.store import open_store
+from orchestrator.store.base import Store
 from orchestrator.sweep.spec import Sweep, orch_home
 from orchestrator.wait import Timeout, retry_until
 
@@ -52,6 +52,13 @@ class Started:
     """Preflight and the sweep's record are done: the sweep starts (new) or continues."""
 
     new: bool
+
+
+@dataclass
+class NameFreed:
+    """The sweep's name was launched from here with a store that no longer holds it: it means this sweep now."""
+
+    text: str
 
 
 @dataclass
@@ -81,7 +88,7 @@ class NotStarting:
     """The background controller found the sweep stopped by `orch down` while the loop was handed to it."""
 
 
-Event = TookOver | Started | Detached | HandedOff | Stopped | NotStarting
+Event = TookOver | NameFreed | Started | Detached | HandedOff | Stopped | NotStarting
 OnEvent = Callable[[Event], None]
 RunFn = Callable[[Callable[[Progress], None]], Progress]
 Watch = Callable[[RunFn], Progress]  # drives the loop's run function with a table (the CLI's)
@@ -107,7 +114,9 @@ class Launch:
         self.lease = take_lease(self.sweep, self.store, self.state, self.on_event)  # before preflight: a sweep
         # run elsewhere buys nothing here
         spec = self.sweep.spec
-        self.state.check_same_store(spec.name, str(self.sweep.path), self.sweep.store_url)
+        freed = self.state.check_same_store(spec.name, str(self.sweep.path), self.sweep.store_url)
+        if freed:
+            self.on_event(NameFreed(freed))
         self.state.remember(spec.name, str(self.sweep.path), self.sweep.store_url, spec.backend)  # `orch down NAME`
         # finds the sweep while preflight runs (seconds on AWS), before the store has its record
         # SIGTERM or a closed terminal in the first seconds (preflight makes the security group, template and
@@ -133,9 +142,9 @@ class Launch:
     def _prepare(self, controller: Controller) -> bool:
         """Preflight and the sweep's record; Ctrl-C here removes what this launch made (a new sweep's)."""
         assert self.lease is not None
-        fresh = get_json(self.store, layout.sweep_key(self.sweep.spec.name)) is None  # a sweep seen before keeps
-        # what it has (its runs use it)
+        fresh = False  # a sweep seen before keeps what it has (its runs use it); an unreadable record is refused
         try:
+            fresh = read_record(self.store, self.sweep.spec.name, str(self.sweep.path)) is None
             self.backend.preflight()
             return controller.prepare()
         except KeyboardInterrupt:
@@ -268,9 +277,10 @@ def code_note(sweep: Sweep) -> str | None:
     return note(sweep, open_store(sweep.store_url))
 
 
-def check_like_launch(sweep: Sweep) -> None:
-    """A dry run refuses what the launch would refuse, without creating anything."""
+def check_like_launch(sweep: Sweep) -> str | None:
+    """A dry run refuses what the launch would refuse, without creating anything. Returns the line the launch would
+    say when it takes the sweep's name over from a store that no longer holds it."""
+    freed = State().check_same_store(sweep.spec.name, str(sweep.path), sweep.store_url)
     if sweep.store_url.startswith("s3://") or Path(sweep.store_url).is_dir():
         check_recorded(sweep, open_store(sweep.store_url), State())
-    else:
-        State().check_same_store(sweep.spec.name, str(sweep.path), sweep.store_url)
+    return freed

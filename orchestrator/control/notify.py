@@ -75,6 +75,7 @@ class Outbox:
 
     messages: dict[str, dict] = field(default_factory=dict)  # key -> {event, title, body, to: {sink id: sent_at}}
     sinks: dict[str, SinkState] = field(default_factory=dict)
+    problem: str = ""  # why the stored record could not be read (this one starts afresh), for `orch status`
 
     def to_json(self) -> dict:
         sinks = {k: {"label": s.label, "tries_failed": s.tries_failed, "last_error": s.last_error,
@@ -83,24 +84,45 @@ class Outbox:
 
     @classmethod
     def parse(cls, data: bytes | None) -> Outbox:
-        """The record as stored; an unreadable one is started afresh (at worst a message is sent again)."""
+        """The record as stored; an unreadable one (`problem` says why) is started afresh (at worst a message is sent
+        again)."""
         if data is None:
             return cls()
         try:
             raw = json.loads(data)
             sinks = {k: SinkState(**v) for k, v in raw.get("sinks", {}).items()}
             messages = {k: dict(v, to=dict(v["to"])) for k, v in raw.get("messages", {}).items()}
+            _check_types(sinks, messages)
             return cls(messages=messages, sinks=sinks)
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            log.warning("notify: the outbox record cannot be read (%s); starting a new one", exc)
-            return cls()
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+            return cls(problem=f"{type(exc).__name__}: {exc}")
 
     def pending(self) -> list[tuple[str, str]]:
         return [(k, s) for k, m in self.messages.items() for s, at in m["to"].items() if at is None]
 
 
+def _check_types(sinks: dict[str, SinkState], messages: dict[str, dict]) -> None:
+    """Every field as orch writes it, else ValueError (a hand-edited or damaged record is not half used)."""
+    for k, s in sinks.items():
+        counts = (s.tries_failed, s.delivered)
+        if not (isinstance(s.label, str) and isinstance(s.last_error, str)) or not all(
+            isinstance(n, int) and not isinstance(n, bool) for n in counts
+        ):
+            raise ValueError(f"sink {k!r} has a field of the wrong type")
+    for k, m in messages.items():
+        stamps = m["to"].values()
+        if not all(isinstance(at, (int, float)) and not isinstance(at, bool) or at is None for at in stamps):
+            raise ValueError(f"message {k!r} has a delivery time that is not a number")
+        if not all(isinstance(m.get(f, ""), str) for f in ("event", "title", "body")):
+            raise ValueError(f"message {k!r} has a text field that is not a string")
+
+
 def read_outbox(store: Store, sweep: str) -> Outbox:
-    return Outbox.parse(store.get_bytes(notify_key(sweep)))
+    try:
+        data = store.get_bytes(notify_key(sweep))
+    except OSError as exc:  # a folder where the record should be, say: the sender's writes fail and are logged
+        return Outbox(problem=f"cannot be read ({exc.strerror or exc})")
+    return Outbox.parse(data)
 
 
 def resolve(sinks: list[NotifySink], env: dict | None = None) -> list[Sink]:
@@ -144,6 +166,8 @@ class Notifier:
     def __init__(self, store: Store, sweep: str, sinks: list[Sink]):
         self.store, self.sweep, self.sinks = store, sweep, {s.id: s for s in sinks}
         self.outbox = read_outbox(store, sweep)
+        if self.outbox.problem:  # (`orch status` says so too)
+            log.warning("notify: the outbox record cannot be read (%s); starting a new one", self.outbox.problem)
         for s in sinks:
             self.outbox.sinks.setdefault(s.id, SinkState(label=s.label)).label = s.label
         self._cv = threading.Condition()
@@ -303,6 +327,11 @@ def status_lines(store: Store, sweep) -> list[str]:
     """What `orch status` says of the notifications: sinks that keep failing, messages still pending."""
     box = read_outbox(store, sweep.spec.name)  # (a sweep read back by name has no `notify:`: URLs are not kept)
     out = []
+    if box.problem:
+        out.append(
+            f"notify: {store.url}/{notify_key(sweep.spec.name)} is not a notification record orch can read "
+            f"({box.problem}); the controller starts a new one (a message may be sent again). Fix: move it aside."
+        )
     for sid, s in box.sinks.items():
         pending = sum(1 for m in box.messages.values() if m["to"].get(sid, 0) is None)
         if s.failing:

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import NotFound, OrchError
+from orchestrator.store import layout, open_store
 from orchestrator.store.folder import usable_folder
+from orchestrator.store.s3url import is_s3
 from orchestrator.sweep.spec import orch_home
 
 SCHEMA = """
@@ -56,16 +58,31 @@ class State:
                 (name, spec_path, store_url, backend, time.time()),
             )
 
-    def check_same_store(self, name: str, spec_path: str, store_url: str) -> None:
-        """A name launched from here names one sweep: another store under the same name is refused, not re-pointed."""
+    def check_same_store(self, name: str, spec_path: str, store_url: str) -> str | None:
+        """A name launched from here names one sweep (its lock and its runs' tmux sessions are named by it): another
+        store under the same name is refused while the recorded store still holds that sweep. A name whose store no
+        longer does (a deleted clone's, say) is free: returns a line saying the name now means this sweep."""
         for rec in self.sweeps():
-            if rec.name == name and rec.store_url != store_url:
-                raise OrchError(
-                    f"{spec_path}: sweep {name!r} was launched from here from {rec.spec_path} with store "
-                    f"{rec.store_url}; "
-                    f"this file says store {store_url}. Give this sweep another `name:`, or point `store:` back.",
-                    exit_code=2,
+            if rec.name != name or rec.store_url == store_url:
+                continue
+            if not store_holds(rec):
+                return (
+                    f"the name {name!r} was launched from here before with store {rec.store_url}, which holds no "
+                    "sweep.json of it any more: it names this sweep now."
                 )
+            raise OrchError(
+                f"{spec_path}: sweep {name!r} was launched from here from {rec.spec_path} with store "
+                f"{rec.store_url}, which still holds it; this file says store {store_url}. Give this sweep another "
+                f"`name:`, or point `store:` back, or give the name to this file: `orch forget {name}` (after "
+                f"`orch down {name}` while that sweep runs; its results stay in {rec.store_url}).",
+                exit_code=2,
+            )
+        return None
+
+    def forget(self, name: str) -> None:
+        """This machine no longer lists the sweep; its store and whatever it made are not touched."""
+        with closing(self._db()) as db, db:
+            db.execute("DELETE FROM sweeps WHERE name=?", (name,))
 
     def sweeps(self) -> list[SweepRecord]:
         with closing(self._db()) as db:
@@ -85,6 +102,17 @@ class State:
     def events(self, sweep: str) -> list[tuple]:
         with closing(self._db()) as db:
             return list(db.execute("SELECT ts, run, event, detail FROM events WHERE sweep=? ORDER BY ts", (sweep,)))
+
+
+def store_holds(rec: SweepRecord) -> bool:
+    """Whether the sweep's store still holds its record; a store out of reach (no credentials for its bucket, say)
+    may: only a store seen without it (its folder gone, or no sweep.json in it) does not."""
+    if not is_s3(rec.store_url):
+        return Path(rec.store_url, layout.sweep_key(rec.name)).exists()
+    try:
+        return open_store(rec.store_url).exists(layout.sweep_key(rec.name))
+    except Exception:  # out of reach is not gone: the name stays bound to it
+        return True
 
 
 class SweepLock:

@@ -298,6 +298,11 @@ def cancel(status: RunStatus, reason: str, now: float | None = None) -> RunStatu
     return _move(status, "cancel", _ANY - {RunState.CANCELLED}, RunState.CANCELLED, reason, finished_at=now)
 
 
+def reopen(status: RunStatus, reason: str) -> RunStatus:
+    """A run the budget cancelled before it started, queued again by a relaunch that raised the budget."""
+    return _move(status, "reopen", frozenset({RunState.CANCELLED}), RunState.QUEUED, reason, finished_at=None)
+
+
 def stop(status: RunStatus, reason: str, now: float | None = None) -> RunStatus:
     """`orch down` on a claim: resumable by the next launch."""
     return _move(status, "stop", ACTIVE, RunState.STOPPED, reason, finished_at=time.time() if now is None else now)

@@ -90,7 +90,15 @@ def sweep_from_record(record: dict[str, Any], path: str, backends: Backends) -> 
     space, space_order = (fields_.get("search") or {}).get("space"), resolved.get("space_order")
     if isinstance(space, dict) and isinstance(space_order, list) and sorted(space_order) == sorted(space):
         fields_["search"] = {**fields_["search"], "space": {k: space[k] for k in space_order}}
-    spec = SweepSpec.model_validate(fields_, context={CONTEXT_KEY: backends})
+    try:
+        spec = SweepSpec.model_validate(fields_, context={CONTEXT_KEY: backends})
+    except ValidationError as exc:  # a record edited by hand, or damaged: input like any other
+        raise SpecError(
+            f"the record (sweep.json) of the sweep launched from {path} is not a valid sweep ({exc.error_count()} "
+            f"error(s); first: "
+            f"{dotted(exc.errors()[0]['loc'])}: {exc.errors()[0]['msg']}). Give the sweep file instead of its name "
+            f"(`orch status FILE`), or put that sweep.json back as orch wrote it."
+        ) from None
     sweep = Sweep(
         spec=spec,
         path=Path(path),

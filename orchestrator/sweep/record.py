@@ -4,8 +4,8 @@ A user who upgrades orch mid-sweep must be able to continue it. So the record ca
 a record from an older orch is read with every field it lacks at today's default (a field added later
 is no change), and a relaunch is refused only where the runs would get something else: their commands,
 params, environment, data, shape, backend settings, store, pruning, a search's study (raising its `trials` only
-adds trials: allowed). A record from a newer orch than this
-one is refused: its fields may mean what this orch cannot know.
+adds trials: allowed). `aws.ssh.identity` is compared as the file it names (`~` expanded), not as spelled.
+A record from a newer orch than this one is refused: its fields may mean what this orch cannot know.
 
 Schemas: 0 — before 2026-11-30, a run's records lay in its own folder (`<sweep>/<run>/status.json`);
 this orch reads them nowhere, so such a sweep cannot be continued (it would run every run again).
@@ -14,6 +14,7 @@ this orch reads them nowhere, so such a sweep cannot be continued (it would run 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from pydantic import ValidationError
@@ -24,8 +25,9 @@ from orchestrator.sweep.spec import Sweep, SweepSpec
 
 SWEEP_SCHEMA = 2
 # Change nothing a run gets (its command, params, env, shape, data): a relaunch may change them, and the record is
-# brought up to date. `target` only while `prune:` does not compare by it.
-FREE = ("description", "max_parallel", "max_runs", "workdir_max_mb")
+# brought up to date. `budget_usd` and `max_restarts` raised give back what the old ones ended (control/raised.py);
+# `timeout_minutes` holds for attempts started after the relaunch. `target` only while `prune:` does not compare by it.
+FREE = ("description", "max_parallel", "max_runs", "workdir_max_mb", "budget_usd", "max_restarts", "timeout_minutes")
 REPORT_ONLY = ("target",)
 
 
@@ -84,6 +86,7 @@ def as_today(spec: dict[str, Any], backends: Backends) -> dict[str, Any]:
 def changes(record: dict[str, Any], sweep: Sweep) -> list[str]:
     """The fields of `sweep` that differ from its record in a way that changes what the runs get."""
     before, after = as_today(record.get("spec") or {}, sweep.spec.backends()), sweep.resolved()
+    before, after = _as_meant(before), _as_meant(after)
     pruned = before.get("prune") is not None or after.get("prune") is not None
     extended = _extended(before, after)
     return sorted(
@@ -96,6 +99,19 @@ def changes(record: dict[str, Any], sweep: Sweep) -> list[str]:
         and not (k in REPORT_ONLY and not pruned)
         for name in _inside(k, before.get(k), after.get(k))
     )
+
+
+def _as_meant(spec: dict[str, Any]) -> dict[str, Any]:
+    """The spec with what two spellings may say alike written one way: `aws.ssh.identity` as the absolute path it
+    names here (`~/.ssh/x` and `/home/me/.ssh/x` are one key)."""
+    aws = spec.get("aws")
+    if not isinstance(aws, dict):
+        return spec
+    ssh = aws.get("ssh")
+    if not isinstance(ssh, dict) or not isinstance(ssh.get("identity"), str):
+        return spec
+    identity = os.path.abspath(os.path.expanduser(ssh["identity"]))
+    return {**spec, "aws": {**aws, "ssh": {**ssh, "identity": identity}}}
 
 
 def _inside(key: str, before: Any, after: Any) -> list[str]:

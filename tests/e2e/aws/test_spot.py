@@ -462,3 +462,24 @@ def test_keep_alive_instance_terminates_itself_once_idle(orch, cloud, identity):
     )
     assert (gone - kept).total_seconds() >= 6.0, log
     orch("down", "idle")
+
+
+def test_a_relaunch_raising_the_budget_runs_what_it_cancelled_and_takes_the_key_respelled(orch, cloud, identity, job):
+    """`~/id_ed25519` is the key the launch named as an absolute path: the same sweep."""
+    orch.env["HOME"] = str(identity.parent)
+
+    def sweep(budget: str, key) -> str:
+        extra = f"grid:\n  a: [1, 2, 3]\nmax_parallel: 1\nbudget_usd: {budget}"
+        return cloud.sweep_yaml("raised", key, job(steps=10), extra=extra)
+
+    path = orch.sweep(sweep("0.000000000001", identity))
+    assert orch("launch", str(path), timeout=280).code == 0
+    st = json.loads(orch("status", "raised", "--json").out)
+    assert sorted(v["state"] for v in st["runs"]) == ["cancelled", "cancelled", "succeeded"], st
+    path.write_text(sweep("100", f"~/{identity.name}"))
+    r = orch("launch", str(path), timeout=280)
+    assert r.code == 0 and "3 of 3 runs succeeded" in r.out, r.out + r.err
+    st = json.loads(orch("status", "raised", "--json").out)
+    assert [v["state"] for v in st["runs"]] == ["succeeded"] * 3 and st["budget_usd"] == 100, st
+    assert len(starts(job.marks)) == 3  # the one that succeeded did not run again
+    orch("down", "raised")
