@@ -51,10 +51,13 @@ def check(sweep) -> None:
 
 def controller_backend(sweep, settings_file: str) -> Backend:
     """On the controller's instance: its backend sees the sweep with the controller's own key, group and profile,
-    and `notify:`'s url_env sinks as the laptop had them."""
+    `notify:`'s url_env sinks as the laptop had them, and the home region the laptop found (the cost ledger's)."""
     settings = RemoteSettings.read(Path(settings_file))
     os.environ.update(settings.notify_env)
-    return backend_for(remote_view(sweep, settings))
+    backend = backend_for(remote_view(sweep, settings))
+    if isinstance(backend, AwsBackend):  # its role may not ask the bucket's region: the laptop recorded it
+        backend.state.ledger.home = settings.region
+    return backend
 
 
 def controller_line(sweep, plan) -> str:

@@ -18,7 +18,7 @@ from orchestrator.aws import ec2 as api
 from orchestrator.aws import fleet
 from orchestrator.aws.pricing import CostLedger, PriceBook, region_of_az
 from orchestrator.backends import bundle as code_bundle
-from orchestrator.backends.aws.regions import settings
+from orchestrator.backends.aws.regions import home_region, settings
 from orchestrator.backends.aws.settings import AwsSection
 from orchestrator.backends.base import Outcome
 from orchestrator.errors import OrchError
@@ -88,7 +88,7 @@ class ProvisioningState:
         cfg = settings(sweep)
         parts = {r: RegionPart(r, api.client("ec2", r)) for r in cfg.regions}
         prices = PriceBook(lambda types, azs: spot_prices_by_region(types, azs, cfg.region))
-        ledger = CostLedger(open_store(sweep.store_url), sweep.spec.name, prices, home=cfg.region)
+        ledger = CostLedger(open_store(sweep.store_url), sweep.spec.name, prices, home=lambda: home_region(sweep))
         return cls(sweep, parts[cfg.regions[0]].ec2, ledger, parts)
 
     def part(self, region: str) -> RegionPart:
