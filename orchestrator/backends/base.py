@@ -127,6 +127,11 @@ class Backend(Protocol):
         """Outcomes of attempts that ended before their agent ran, since the last call (the controller records them)."""
         ...
 
+    def took_over(self) -> None:
+        """This controller took the sweep over from one that died without handing it over: nothing will finish what
+        that one was starting (before the first list())."""
+        ...
+
 
 class BackendBase:
     """Defaults for the optional parts of the Backend interface."""
@@ -160,3 +165,6 @@ class BackendBase:
 
     def drain_outcomes(self) -> list[Outcome]:
         return []
+
+    def took_over(self) -> None:
+        return None

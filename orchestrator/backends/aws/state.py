@@ -66,6 +66,10 @@ class ProvisioningState:
     pending: dict[str, int] = field(default_factory=dict)  # run -> attempt being provisioned (no instance listed yet)
     ready: dict[str, tuple] = field(default_factory=dict)  # run -> (attempt, when this controller started its agent)
 
+    # The controller's thread only (list()): what a controller that died without handing over had bought (adopt.py).
+    orphans_before: float = 0.0  # when this one took the sweep over from it: instances launched before are its
+    adopted: dict[tuple, float] = field(default_factory=dict)  # (instance, run) -> when its agent must have reported
+
     # Written under `setup_lock`: found once per controller, by the first provisioning thread that needs it.
     setup_lock: threading.Lock = field(default_factory=threading.Lock)
     setup: dict | None = None  # the first region's part.setup (setup.bootstrap, under that part's lock)
