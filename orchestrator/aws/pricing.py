@@ -22,6 +22,7 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable
 
 from orchestrator.store import layout
 
@@ -245,13 +246,29 @@ class CostLedger:
     and every 30 s while any runs. Running instances bill until the last time they were seen.
     """
 
-    def __init__(self, store, sweep: str, prices: PriceBook, home: str = ""):
+    def __init__(self, store, sweep: str, prices: PriceBook, home: str | Callable[[], str] = ""):
         self.store, self.key, self.prices = store, layout.cost_key(sweep), prices
-        self.home = home  # the store's region: an instance elsewhere pays for what it moves to and from it
+        # the store's region: an instance elsewhere pays for what it moves to and from it. A function finds it on
+        # first use: a controller that ran no preflight (a background or remote one) must not take the first region
+        self._home = home
         self.lock = threading.Lock()
         self._entries: dict[str, dict] | None = None
         self._live: set = set()  # instances seen running in the last pass
         self._saved_at = 0.0
+
+    @property
+    def home(self) -> str:
+        if callable(self._home):
+            try:
+                self._home = self._home()
+            except Exception as exc:  # an unknown home must not lose the instance; the next one asks again
+                log.warning("the store's region is unknown: %s", exc)
+                return ""
+        return self._home
+
+    @home.setter
+    def home(self, region: str) -> None:
+        self._home = region
 
     @property
     def entries(self) -> dict[str, dict]:
@@ -279,13 +296,13 @@ class CostLedger:
         except Exception as exc:  # a missing price must not lose the instance
             log.warning("no price for %s in %s: %s", instance_type, az, exc)
             price = None
-        now = time.time()
+        now, home = time.time(), self.home
         with self.lock:
             self.entries[instance_id] = {
                 "type": instance_type,
                 "az": az,
                 "region": region_of_az(az),
-                **({"home": self.home} if self.home else {}),
+                **({"home": home} if home else {}),
                 "market": market,
                 "price_per_h": price,
                 "start": now,

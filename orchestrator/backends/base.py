@@ -131,6 +131,11 @@ class Backend(Protocol):
         """The records a pass just read (aws: each attempt's work rate, to weigh where the next one runs)."""
         ...
 
+    def took_over(self) -> None:
+        """This controller took the sweep over from one that died without handing it over: nothing will finish what
+        that one was starting (before the first list())."""
+        ...
+
 
 class BackendBase:
     """Defaults for the optional parts of the Backend interface."""
@@ -167,3 +172,6 @@ class BackendBase:
 
     def learn(self, statuses: dict[str, RunStatus]) -> None:
         pass
+
+    def took_over(self) -> None:
+        return None

@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -29,7 +30,9 @@ from orchestrator.backends.base import Backend
 from orchestrator.backends.registry import backend_for, load_sweep
 from orchestrator.cli.common import expected_errors, sweep_parts
 from orchestrator.control.controller import Controller
+from orchestrator.control.launch import STOPPED_CODE
 from orchestrator.control.lease import read_lease, refusal
+from orchestrator.control.state import SweepLock
 from orchestrator.control.supervisor import Supervisor
 from orchestrator.control.views import usd
 from orchestrator.control.watchdog import Watchdog
@@ -51,10 +54,13 @@ def check(sweep) -> None:
 
 def controller_backend(sweep, settings_file: str) -> Backend:
     """On the controller's instance: its backend sees the sweep with the controller's own key, group and profile,
-    and `notify:`'s url_env sinks as the laptop had them."""
+    `notify:`'s url_env sinks as the laptop had them, and the home region the laptop found (the cost ledger's)."""
     settings = RemoteSettings.read(Path(settings_file))
     os.environ.update(settings.notify_env)
-    return backend_for(remote_view(sweep, settings))
+    backend = backend_for(remote_view(sweep, settings))
+    if isinstance(backend, AwsBackend):  # its role may not ask the bucket's region: the laptop recorded it
+        backend.state.ledger.home = settings.region
+    return backend
 
 
 def controller_line(sweep, plan) -> str:
@@ -110,6 +116,8 @@ def launch_remote(con, sweep: Sweep) -> None:
         )
         _follow(con, name)
         return
+    lock, began = SweepLock(state.home, name), time.time()
+    lock.clear_stop()  # a launch after `orch down` runs the sweep again; a stop from here on ends this one (143)
     backend.preflight()
     new = Controller(sweep, backend, store, state).prepare()
     home = backend.state.part(home_region(sweep)).ec2  # the controller runs in the sweep's home region
@@ -121,8 +129,13 @@ def launch_remote(con, sweep: Sweep) -> None:
         f"{sweep.spec.max_parallel}, store {sweep.store_url}; its controller on a "
         f"{aws_settings(sweep).controller.instance_type}"
     )
-    ctl = launch_controller(backend.state, backend.bootstrap(), say=lambda text: con.print(text, markup=False))
-    holder = _wait_first_pass(store, name, ctl)
+    try:
+        ctl = launch_controller(backend.state, backend.bootstrap(), say=lambda text: con.print(text, markup=False))
+    except Exception:  # `orch down` removed the instance being installed: the stop, not the broken install, is news
+        if lock.stop_asked():
+            raise _stopped(name, "") from None
+        raise
+    holder = _wait_first_pass(store, name, ctl, lambda lease: lock.stop_asked() or _stop_since(lease, began))
     if holder == ctl.instance_id:
         con.print(
             f"the controller runs on instance {ctl.instance_id} ({ctl.instance_type}, {ctl.region}); this machine "
@@ -169,11 +182,28 @@ def _adopt_or_clear(con, ec2, store: Store, sweep: Sweep, found: list) -> bool:
     return False
 
 
-def _wait_first_pass(store, name: str, ctl) -> str:
-    """The instance whose controller took the sweep: this launch's, or a racing launch's."""
+def _stopped(name: str, instance_id: str) -> OrchError:
+    gone = f"; its instance {instance_id} is terminated" if instance_id else ""
+    return OrchError(
+        f"stopped by `orch down {name}` before its remote controller took the sweep{gone}: no controller continues "
+        "this sweep.",
+        exit_code=STOPPED_CODE,
+    )
+
+
+def _stop_since(lease, began: float) -> bool:
+    """`orch down` from another machine asked the sweep's lease to stop since this launch began."""
+    return lease is not None and (lease.stop_requested or 0.0) >= began
+
+
+def _wait_first_pass(store, name: str, ctl, stop_asked: Callable[[object], bool]) -> str:
+    """The instance whose controller took the sweep: this launch's, or a racing launch's. `orch down` meanwhile (here,
+    or through the lease from elsewhere) ends the wait: exit 143, as for any launch it stops."""
 
     def taken() -> str:
         lease, _ = read_lease(store, name)
+        if stop_asked(lease):
+            raise _stopped(name, ctl.instance_id)
         if lease is None or not lease.holder.instance_id:
             return ""
         mine = lease.holder.instance_id == ctl.instance_id
@@ -181,6 +211,9 @@ def _wait_first_pass(store, name: str, ctl) -> str:
 
     try:
         return retry_until(taken, FIRST_PASS_S, 1.0, "the remote controller's first pass")
+    except OrchError:  # stopped: `orch down` may have listed the instances before this one ran
+        api.terminate(api.client("ec2", ctl.region), [ctl.instance_id])
+        raise
     except Timeout:
         log = (store.get_bytes(layout.controller_log_key(name)) or b"").decode(errors="replace")[-1500:]
         api.terminate(api.client("ec2", ctl.region), [ctl.instance_id])

@@ -308,6 +308,8 @@ class Controller(Verdicts):
             on_progress(progress)
             return progress.done
 
+        if self.lease is not None and self.lease.took_over is not None:
+            self.backend.took_over()
         self.notifier = notify.for_sweep(self.store, self.sweep)
         try:
             retry_until(one_pass, timeout=None, interval=interval)

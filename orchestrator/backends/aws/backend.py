@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import shlex
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from orchestrator import contract
@@ -252,6 +253,9 @@ class AwsBackend(BackendBase):
         if len(regions) == 1:
             return teardown(self.ec2, iam, self.name_)
         return [f"{r}: {x}" for r in regions for x in teardown(self.state.part(r).ec2, iam, self.name_)]
+
+    def took_over(self) -> None:
+        self.state.orphans_before = time.time()
 
     def drain_outcomes(self) -> builtins.list[Outcome]:
         return self.state.drain()

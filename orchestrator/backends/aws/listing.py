@@ -5,6 +5,7 @@ waiting for CreateFleet; and a run's instances found by its id.
 
 from __future__ import annotations
 
+from orchestrator.backends.aws.adopt import orphan_deadline
 from orchestrator.backends.aws.state import ProvisioningState
 from orchestrator.backends.base import ACQUIRING, Host
 from orchestrator.host.slots import slot_run
@@ -39,7 +40,7 @@ def hosts(
                 address=state.address(i),
                 attempt=attempt,
                 provisioning=pending.get(i["run"]) == attempt,
-                start_deadline=_deadline(state, i, attempt, ready, start_timeout_s),
+                start_deadline=_deadline(state, i, attempt, ready, start_timeout_s, pending.get(i["run"]) == attempt),
                 node=ranks[(i["run"], i["attempt"])].index(i["instance_id"]),
                 nodes=state.nodes,
                 mark=None if i.get("rungs_left") is None else f"rungs left: {i['rungs_left']}",
@@ -69,7 +70,9 @@ def _packed_hosts(
                 address=state.address(inst),
                 attempt=attempt,
                 provisioning=pending.get(run_id) == attempt,
-                start_deadline=_deadline(state, {**inst, "run": run_id}, attempt, ready, start_timeout_s),
+                start_deadline=_deadline(
+                    state, {**inst, "run": run_id}, attempt, ready, start_timeout_s, pending.get(run_id) == attempt
+                ),
                 slot=slot,
             )
         )
@@ -77,14 +80,22 @@ def _packed_hosts(
 
 
 def _deadline(
-    state: ProvisioningState, inst: dict, attempt: int | None, ready: dict[str, tuple], start_timeout_s: float
+    state: ProvisioningState,
+    inst: dict,
+    attempt: int | None,
+    ready: dict[str, tuple],
+    start_timeout_s: float,
+    provisioning: bool,
 ) -> float | None:
     """When the agent on this instance must have reported: counted from when this controller
-    started it, or, for an instance it did not provision (a controller restarted after a
-    crash), from its launch plus the whole boot allowance."""
+    started it; for an instance a controller that died bought, as adopt.py finds it; else (a hand-off:
+    the controller before may still be provisioning it) from its launch plus the whole boot allowance."""
     started = ready.get(inst["run"])
     if started and started[0] == attempt:
         return started[1] + start_timeout_s
+    orphaned = None if provisioning else orphan_deadline(state, inst, start_timeout_s)
+    if orphaned is not None:
+        return orphaned
     if inst.get("launch_time"):  # an agent a dead controller did start has reported long before this
         return inst["launch_time"] + state.cfg.boot_timeout_s + ADOPTED_REPORT_S
     return None

@@ -18,7 +18,7 @@ from orchestrator.aws import ec2 as api
 from orchestrator.aws import fleet, worth
 from orchestrator.aws.pricing import CostLedger, PriceBook, region_of_az
 from orchestrator.backends import bundle as code_bundle
-from orchestrator.backends.aws.regions import settings
+from orchestrator.backends.aws.regions import home_region, settings
 from orchestrator.backends.aws.settings import AwsSection
 from orchestrator.backends.aws.work import WorkBook
 from orchestrator.backends.base import Outcome
@@ -73,6 +73,10 @@ class ProvisioningState:
     pending: dict[str, int] = field(default_factory=dict)  # run -> attempt being provisioned (no instance listed yet)
     ready: dict[str, tuple] = field(default_factory=dict)  # run -> (attempt, when this controller started its agent)
 
+    # The controller's thread only (list()): what a controller that died without handing over had bought (adopt.py).
+    orphans_before: float = 0.0  # when this one took the sweep over from it: instances launched before are its
+    adopted: dict[tuple, float] = field(default_factory=dict)  # (instance, run) -> when its agent must have reported
+
     # Written under `setup_lock`: found once per controller, by the first provisioning thread that needs it.
     setup_lock: threading.Lock = field(default_factory=threading.Lock)
     setup: dict | None = None  # the first region's part.setup (setup.bootstrap, under that part's lock)
@@ -97,7 +101,7 @@ class ProvisioningState:
         parts = {r: RegionPart(r, api.client("ec2", r)) for r in cfg.regions}
         prices = PriceBook(lambda types, azs: spot_prices_by_region(types, azs, cfg.region))
         store = open_store(sweep.store_url)
-        ledger = CostLedger(store, sweep.spec.name, prices, home=cfg.region)
+        ledger = CostLedger(store, sweep.spec.name, prices, home=lambda: home_region(sweep))
         work = WorkBook(store, sweep.spec.name, ledger, cfg.choose, work_key(sweep))
         return cls(sweep, parts[cfg.regions[0]].ec2, ledger, parts, work=work)
 

@@ -316,3 +316,19 @@ def test_two_remote_launches_racing_leave_one_controller_and_run_each_run_once(o
     assert d.code == 0, d.out + d.err
     assert not any(cloud.leftovers("race").values()), cloud.leftovers("race")
     assert not controller_ids(cloud, "race", ("pending", "running", "stopping", "stopped"))
+
+
+@pytest.mark.timeout(600)
+def test_down_during_a_remote_launch_ends_the_launch_with_143(orch, cloud, identity, job):
+    """`orch down` while `orch launch --remote` installs or waits for its controller: the launch exits 143, as any
+    launch `orch down` stops does, and says so; nothing of the sweep is left."""
+    path = remote_sweep(orch, cloud, identity, job, "downed")
+    launch = orch.popen("launch", str(path), "--remote")
+    retry_until(lambda: controller_ids(cloud, "downed"), 200, 0.05, "the controller's instance")
+    down = orch("down", "downed")
+    assert down.code == 0, down.out + down.err
+    out, _ = launch.communicate(timeout=200)  # not the 300 s wait for a first pass that never comes
+    assert launch.returncode == 143 and "stopped by `orch down downed`" in out, (launch.returncode, out[-3000:])
+    assert "Traceback" not in out, out
+    assert orch("down", "downed").code == 0  # whatever the launch made after the first down listed the instances
+    assert not cloud.instances("downed") and not any(cloud.leftovers("downed").values())

@@ -99,3 +99,52 @@ def test_a_security_group_of_another_region_than_the_buckets_is_refused_with_rem
     assert "grouped" not in orch("status").out  # and no sweep recorded
     assert orch("down", str(path)).code == 0
     ec2.delete_security_group(GroupId=sg)
+
+
+@pytest.fixture
+def west_store(tmp_path, orch):
+    """A fake cloud with two regions whose store's bucket is in the second (us-west-2): the sweep's home is not the
+    region it lists first."""
+    from tests.fakecloud import FakeCloud
+
+    with FakeCloud(tmp_path / "cloud", regions=(REGION, WEST), bucket_region=WEST) as c:
+        orch.env.update(c.env())
+        yield c
+        leaks = c.all_leftovers()
+        assert not leaks, f"left behind: {leaks}"
+        assert not c.gate.denied and not c.gate.role_denied, (c.gate.denied, c.gate.role_denied)
+
+
+@pytest.mark.timeout(1200)
+def test_a_remote_controller_charges_transfer_to_the_run_outside_the_stores_region(
+    orch, west_store, identity, job, tmp_path
+):
+    """The remote controller's ledger knows the home region as the laptop's does (the store's bucket's, not the first
+    listed region): the run bought in us-east-1 pays for what it moved to the store in us-west-2, the run bought in
+    us-west-2 pays nothing."""
+    import csv
+
+    west_store.gate.region_capacity[REGION] = 1  # one run in the first listed region, the other in the store's
+    extra = "grid:\n  a: [1, 2]\nmax_parallel: 2\nmax_restarts: 0"
+    blob = "head -c 40000000 /dev/zero > $ORCH_RUN_DIR/blob && "  # bytes enough to show in runs.csv (4 decimals)
+    text = west_store.sweep_yaml("billed", identity, blob + job(steps=3), extra=extra, controller=CONTROLLER)
+    path = orch.sweep(with_regions(text, f"[{REGION}, {WEST}]"))
+    r = orch("launch", str(path), "--remote", timeout=600)
+    assert r.code == 0, r.out[-3000:] + r.err[-3000:]
+    retry_until(
+        lambda: [v["state"] for v in status(orch, "billed", gap=ENDED_GAP_S).values()] == ["succeeded"] * 2,
+        400,
+        1.0,
+        "both runs to succeed on the remote controller",
+    )
+    retry_until(lambda: not west_store.instances("billed"), 180, 1.0, "the controller to terminate its own instance")
+    hosts = {i["tags"]["orch:run"]: i["region"] for i in split(west_store, "billed")[1]}
+    assert sorted(hosts.values()) == [REGION, WEST], hosts
+    c = orch("collect", str(path), "--out", str(tmp_path / "out"), "--wide")
+    assert c.code == 0, c.out + c.err
+    rows = {row["run_id"]: row for row in csv.DictReader(open(tmp_path / "out" / "runs.csv"))}
+    away, home = (next(run for run, region in hosts.items() if region == r) for r in (REGION, WEST))
+    assert orch("down", "billed").code == 0
+    paid = {run: (rows[run]["region"], rows[run]["transfer_gb"], rows[run]["transfer_usd"]) for run in (away, home)}
+    assert float(paid[away][1]) > 0 and float(paid[away][2]) > 0, paid  # it crossed regions
+    assert float(paid[home][1]) == float(paid[home][2]) == 0.0, paid  # it ran beside the store

@@ -258,6 +258,27 @@ def test_controller_killed_right_after_createfleet_is_adopted(orch, cloud, ident
     assert orch("down", "crash").code == 0 and not any(cloud.leftovers("crash").values())
 
 
+@pytest.mark.timeout(600)
+def test_an_instance_bought_just_before_the_controller_was_killed_is_released_at_once(orch, cloud, identity, job):
+    """The relaunch that takes the sweep over from a killed controller releases an instance it finds without an agent
+    at once, not after the boot allowance (`boot_timeout_s`, 600 s here, + 60 s) that a live provisioning gets."""
+    text = cloud.sweep_yaml("orphan", identity, job(steps=3), extra="max_restarts: 0")
+    path = orch.sweep(text)
+    ctl = orch.popen("launch", str(path))
+    retry_until(lambda: cloud.instances("orphan"), 60, 0.02, "CreateFleet to return")
+    ctl.send_signal(signal.SIGKILL)
+    ctl.wait(10)
+    [orphan] = [i["id"] for i in cloud.instances("orphan")]  # acquired, never given an agent
+    again = orch.popen("launch", str(path))
+    retry_until(lambda: orphan in cloud.gone, 150, 0.5, "the relaunch to release the instance without an agent")
+    out, _ = again.communicate(timeout=300)
+    assert again.returncode == 0, out[-3000:]
+    [v] = status(orch, "orphan").values()
+    assert (v["state"], v["attempt"], v["failures"]) == ("succeeded", 2, 0), v
+    assert not list((cloud.root / "hosts" / orphan / "home").rglob("agent.log"))
+    assert orch("down", "orphan").code == 0 and not any(cloud.leftovers("orphan").values())
+
+
 def test_down_during_a_foreground_launch_buys_no_instance_after_it(orch, cloud, identity, job):
     from orchestrator.control.state import SweepLock
 
