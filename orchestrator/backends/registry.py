@@ -111,6 +111,14 @@ def _aws_costs() -> Costs:
     )
 
 
+def _aws_compared(section: dict) -> dict:
+    """`aws.ssh.identity` as the absolute path it names here: `~/.ssh/x` and `/home/me/.ssh/x` are one key."""
+    ssh = section.get("ssh")
+    if not isinstance(ssh, dict) or not isinstance(ssh.get("identity"), str):
+        return section
+    return {**section, "ssh": {**ssh, "identity": os.path.abspath(os.path.expanduser(ssh["identity"]))}}
+
+
 def _aws_explain(exc: BaseException) -> OrchError | None:
     if not type(exc).__module__.startswith("botocore"):
         return None
@@ -140,7 +148,13 @@ BACKENDS: tuple[Entry, ...] = (
     Entry(BackendSchema("local", LocalSection, checks=local_checks, host_path=os.path.expanduser), _local),
     Entry(
         BackendSchema(
-            "aws", AwsSection, aws_checks.check, _aws_python, counts_dollars=True, unrecorded=("controller",)
+            "aws",
+            AwsSection,
+            aws_checks.check,
+            _aws_python,
+            counts_dollars=True,
+            unrecorded=("controller",),
+            compared=_aws_compared,
         ),
         _aws,
         _aws_costs,

@@ -14,7 +14,6 @@ this orch reads them nowhere, so such a sweep cannot be continued (it would run 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from pydantic import ValidationError
@@ -86,7 +85,7 @@ def as_today(spec: dict[str, Any], backends: Backends) -> dict[str, Any]:
 def changes(record: dict[str, Any], sweep: Sweep) -> list[str]:
     """The fields of `sweep` that differ from its record in a way that changes what the runs get."""
     before, after = as_today(record.get("spec") or {}, sweep.spec.backends()), sweep.resolved()
-    before, after = _as_meant(before), _as_meant(after)
+    before, after = _as_meant(before, sweep.spec.backends()), _as_meant(after, sweep.spec.backends())
     pruned = before.get("prune") is not None or after.get("prune") is not None
     extended = _extended(before, after)
     return sorted(
@@ -101,17 +100,10 @@ def changes(record: dict[str, Any], sweep: Sweep) -> list[str]:
     )
 
 
-def _as_meant(spec: dict[str, Any]) -> dict[str, Any]:
-    """The spec with what two spellings may say alike written one way: `aws.ssh.identity` as the absolute path it
-    names here (`~/.ssh/x` and `/home/me/.ssh/x` are one key)."""
-    aws = spec.get("aws")
-    if not isinstance(aws, dict):
-        return spec
-    ssh = aws.get("ssh")
-    if not isinstance(ssh, dict) or not isinstance(ssh.get("identity"), str):
-        return spec
-    identity = os.path.abspath(os.path.expanduser(ssh["identity"]))
-    return {**spec, "aws": {**aws, "ssh": {**ssh, "identity": identity}}}
+def _as_meant(spec: dict[str, Any], backends: Backends) -> dict[str, Any]:
+    """The spec with what two spellings may say alike written one way, as each backend's section says
+    (`BackendSchema.compared`)."""
+    return {k: backends[k].compared(v) if k in backends and isinstance(v, dict) else v for k, v in spec.items()}
 
 
 def _inside(key: str, before: Any, after: Any) -> list[str]:

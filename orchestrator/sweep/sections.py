@@ -35,6 +35,10 @@ def _as_written(path: str) -> str:
     return path
 
 
+def _section_as_written(section: Any) -> Any:
+    return section
+
+
 @dataclass(frozen=True)
 class BackendSchema:
     """A backend as the sweep layer sees it: its name, its section of sweep.yaml and its checks."""
@@ -50,6 +54,8 @@ class BackendSchema:
     unrecorded: tuple[
         str, ...
     ] = ()  # fields of its section that are no part of what the runs do (a relaunch may change)
+    # its recorded section as a relaunch compares it: two spellings of one thing written one way (aws: the key file)
+    compared: Callable[[Any], Any] = _section_as_written
 
     def default(self) -> BaseModel | None:
         """The section when the file leaves it out: its defaults, or None when it has a required field."""
