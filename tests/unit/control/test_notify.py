@@ -26,6 +26,7 @@ class Hook:
 
     def __init__(self):
         self.got: list = []
+        self.posts = 0  # every post, answered or not
         self.down = False
         self.lock = threading.Lock()
         hook = self
@@ -33,6 +34,8 @@ class Hook:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 (http.server's name)
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with hook.lock:
+                    hook.posts += 1
                 if hook.down:
                     self.send_response(503)
                     self.end_headers()
@@ -197,6 +200,8 @@ def test_a_receiver_that_is_down_delays_nothing_and_gets_the_news_once_it_is_bac
     launched = orch("launch", str(path))  # returns when the runs are final, not when the news is out
     assert launched.code == 1 and "2 of 3 runs succeeded" in launched.out, launched.err
     assert not hook.got
+    # backed off (2, 4, 8 s ...), the sink with all its messages: not asked once per message, nor in a tight loop
+    assert 1 <= hook.posts <= 12, f"{hook.posts} posts to a receiver that is down during the launch"
     status = orch("status", "later").out
     assert "1 failed, 2 succeeded" in status and f"notify: json://127.0.0.1:{hook.port}/… " in status, status
     outbox = json.loads(orch.store("later", "notify.json").read_text())

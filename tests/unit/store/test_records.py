@@ -312,6 +312,21 @@ def test_fields_an_older_orch_did_not_record_are_read_at_their_defaults_and_free
     assert (spec["max_parallel"], spec["description"]) == (1, "after the upgrade")  # status by name shows the file's
 
 
+def test_a_relaunch_may_change_every_free_field_and_the_record_takes_the_files_values(orch):
+    """FREE fields (description, max_parallel, max_runs, workdir_max_mb) change nothing a run gets: a relaunch that
+    edits each of them continues the sweep (not refused as a changed sweep) and the record says what the file says."""
+    path = _recorded(orch, sorted(p.name for p in SWEEP_RECORDS.iterdir())[-1])
+    key = orch.tmp / "store" / "upgraded" / "sweep.json"
+    edits = "max_parallel: 1\ndescription: edited\nmax_runs: 7\nworkdir_max_mb: 3"
+    path.write_text(path.read_text().replace("max_parallel: 2", edits))
+    r = orch("launch", str(path))
+    assert r.code == 0 and "Traceback" not in r.err, r.err
+    assert (orch.home / "ran").read_text().split() == ["2"], "x=1 had succeeded: it must not run again"
+    spec = json.loads(key.read_text())["spec"]
+    got = {k: spec.get(k) for k in ("max_parallel", "description", "max_runs", "workdir_max_mb")}
+    assert got == {"max_parallel": 1, "description": "edited", "max_runs": 7, "workdir_max_mb": 3}, got
+
+
 def test_boto3_is_pinned_where_conditional_puts_exist():
     """PutObject's IfMatch (orch's conditional status writes) first appears in botocore 1.35.69; an older
     install raises ParamValidationError, uncaught, on the first claim."""
