@@ -78,9 +78,26 @@ def sync_up(store: Store, task: RunTask, run_dir: Path, log_file: Path, count: C
     if task.node_rank > 0:
         store.sync_up(log_file.parent, layout.node_logs_prefix(task.sweep, task.run_id, task.node_rank), indexed=False)
         return
+    _say_links_out(run_dir, log_file)
     up = store.sync_up(run_dir, layout.run_prefix(task.sweep, task.run_id), prune=layout.is_checkpoint).bytes
     logs = layout.logs_prefix(task.sweep, task.run_id)
     count(up=up + store.sync_up(log_file.parent, logs, indexed=False).bytes)
+
+
+_LINKS_SAID: dict[Path, list[str]] = {}  # run folder -> the links out of it the log last named
+
+
+def _say_links_out(run_dir: Path, log_file: Path) -> None:
+    """Links in the run folder that name something outside it are never synced: said in the run's log, once per
+    change (what they name is not the run's: a link to ~/.ssh must never copy a key into the store)."""
+    from orchestrator.store.base import links_out
+
+    found = links_out(run_dir)
+    if found and found != _LINKS_SAID.get(run_dir):
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_file, "a") as f:
+            f.write(f"[orch] not synced, links out of the run folder: {', '.join(found[:10])}\n")
+    _LINKS_SAID[run_dir] = found
 
 
 def keeps_what_it_wrote(store: Store, task: RunTask, stopped_by_orch: bool, superseded: bool) -> bool:

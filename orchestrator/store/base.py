@@ -98,9 +98,33 @@ def sha256_file(path: Path, algorithm: str = "sha256") -> str:
 
 
 def files_under(root: Path) -> Iterable[Path]:
+    """The files of a folder to sync: every regular file, and every link to a file inside the folder (synced as the
+    file it names). A link out of the folder is never followed: what it names is not the folder's (links_out says
+    which); a link to a folder is not walked (what is inside the folder is synced where it really lies)."""
     if not root.is_dir():
         return []
-    return sorted(p for p in root.rglob("*") if p.is_file() and not p.name.endswith(".tmp"))
+    top = root.resolve()
+    return sorted(
+        p
+        for p in root.rglob("*")
+        if p.is_file() and not p.name.endswith(".tmp") and (not p.is_symlink() or _inside(p, top))
+    )
+
+
+def links_out(root: Path) -> list[str]:
+    """The links under root that name something outside it (files_under leaves them out), relative to root."""
+    if not root.is_dir():
+        return []
+    top = root.resolve()
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_symlink() and not _inside(p, top))
+
+
+def _inside(link: Path, top: Path) -> bool:
+    try:
+        target = link.resolve()
+    except (OSError, RuntimeError):  # a loop of links
+        return False
+    return target == top or top in target.parents
 
 
 class HashCache:

@@ -10,7 +10,7 @@ import pytest
 from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 
-from orchestrator.store.base import atomic_write
+from orchestrator.store.base import atomic_write, links_out
 from orchestrator.store.s3 import S3Store
 
 
@@ -43,6 +43,22 @@ def test_sync_compares_content(store, tmp_path):
     assert down.copied == 2
     assert (dst / "ckpt" / "10" / "state.pt").read_bytes() == b"B" * 1000
     assert store.sync_down("sw/r", dst).copied == 0
+
+
+def test_a_link_out_of_the_run_folder_is_never_followed_and_one_inside_syncs_what_it_names(store, tmp_path):
+    src, secret = tmp_path / "run", tmp_path / "home" / ".ssh"
+    secret.mkdir(parents=True)
+    (secret / "id_ed25519").write_text("PRIVATE KEY")
+    (src / "ckpt").mkdir(parents=True)
+    (src / "ckpt" / "state.pt").write_bytes(b"A")
+    (src / "key").symlink_to(secret / "id_ed25519")  # a file outside: its bytes are not the run's
+    (src / "dotssh").symlink_to(secret)  # a folder outside
+    (src / "latest.pt").symlink_to("ckpt/state.pt")  # inside: the file it names
+    store.sync_up(src, "sw/r")
+    synced = sorted(k for k in store.list("sw/r") if "/." not in k)  # (S3: beside them, the sync's own index)
+    assert synced == ["sw/r/ckpt/state.pt", "sw/r/latest.pt"], store.list("sw/r")
+    assert all(b"PRIVATE KEY" not in (store.get_bytes(k) or b"") for k in store.list("sw"))
+    assert links_out(src) == ["dotssh", "key"]
 
 
 def test_s3_check_names_the_missing_bucket(tmp_path):
