@@ -6,6 +6,7 @@ scripts/mkdocs_hooks.py (the models' fields from pydantic, not their JSON schema
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import os
@@ -323,10 +324,12 @@ def webdriver(base: str, method: str, path: str, body: dict | None = None) -> ty
         raise AssertionError(f"{method} {path}: {e.code} {e.read()[:2000]!r}") from None
 
 
-@pytest.mark.timeout(300)
-def test_a_real_browser_finds_the_admin_page_through_the_built_sites_search_box(site, tmp_path):
-    browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if not browser or not driver:
+@contextlib.contextmanager
+def browser(site: Path, tmp_path: Path, size: str = "1400,900"):
+    """A real headless Chromium (through chromedriver) on the built site served on loopback: yields (call, home),
+    `call(method, path, body)` speaking WebDriver to the session and `home` the site's address."""
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if not chromium or not driver:
         pytest.skip("Debian's chromium and chromium-driver are not installed (scripts/setup.sh dev installs them)")
     server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_Quiet, directory=str(site)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -335,35 +338,66 @@ def test_a_real_browser_finds_the_admin_page_through_the_built_sites_search_box(
     base = f"http://127.0.0.1:{port}"
     try:
         retry_until(lambda: answers(base + "/status"), 60, 0.2, "chromedriver to answer")
-        args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,900"]
+        args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", f"--window-size={size}"]
         args.append(f"--user-data-dir={tmp_path}")
-        caps = {"browserName": "chrome", "goog:chromeOptions": {"binary": browser, "args": args}}
+        caps = {"browserName": "chrome", "goog:chromeOptions": {"binary": chromium, "args": args}}
         session = webdriver(base, "POST", "/session", {"capabilities": {"alwaysMatch": caps}})["sessionId"]
         s = f"/session/{session}"
         try:
-            webdriver(base, "POST", f"{s}/url", {"url": f"http://127.0.0.1:{server.server_address[1]}/"})
-            box = webdriver(base, "POST", f"{s}/element", {"using": "css selector", "value": "input.md-search__input"})
-            box_id = next(iter(box.values()))
-            webdriver(base, "POST", f"{s}/element/{box_id}/click", {})
-            webdriver(base, "POST", f"{s}/element/{box_id}/value", {"text": "permissions boundary admin"})
-
-            def links():
-                found = webdriver(
-                    base, "POST", f"{s}/elements", {"using": "css selector", "value": "a.md-search-result__link"}
-                )
-                hrefs = [webdriver(base, "GET", f"{s}/element/{next(iter(e.values()))}/attribute/href") for e in found]
-                return [h for h in hrefs if h and "getting-started/admin/" in h]
-
-            hits = retry_until(links, 120, 0.5, "the search box to list the admin's page")
-            webdriver(base, "POST", f"{s}/url", {"url": hits[0]})
-            title = webdriver(base, "GET", f"{s}/title")
-            assert "admin" in title.lower(), title
+            yield (
+                lambda method, path, body=None: webdriver(base, method, s + path, body),
+                f"http://127.0.0.1:{server.server_address[1]}/",
+            )
         finally:
             webdriver(base, "DELETE", s)
     finally:
         chromedriver.terminate()
         chromedriver.wait(30)
         server.shutdown()
+
+
+@pytest.mark.timeout(300)
+def test_a_real_browser_finds_the_admin_page_through_the_built_sites_search_box(site, tmp_path):
+    with browser(site, tmp_path) as (call, home):
+        call("POST", "/url", {"url": home})
+        box = call("POST", "/element", {"using": "css selector", "value": "input.md-search__input"})
+        box_id = next(iter(box.values()))
+        call("POST", f"/element/{box_id}/click", {})
+        call("POST", f"/element/{box_id}/value", {"text": "permissions boundary admin"})
+
+        def links():
+            found = call("POST", "/elements", {"using": "css selector", "value": "a.md-search-result__link"})
+            hrefs = [call("GET", f"/element/{next(iter(e.values()))}/attribute/href") for e in found]
+            return [h for h in hrefs if h and "getting-started/admin/" in h]
+
+        hits = retry_until(links, 120, 0.5, "the search box to list the admin's page")
+        call("POST", "/url", {"url": hits[0]})
+        assert "admin" in call("GET", "/title").lower()
+
+
+# What a laptop's screen shows of the generated sweep-file reference: each field name on one line, each table
+# within the page (Material scrolled it sideways, and broke `description` into `descripti on`).
+TABLES_AS_SEEN = """
+const broken = [], cut = [];
+const page = document.querySelector('.md-content__inner').getBoundingClientRect();
+for (const table of document.querySelectorAll('.md-typeset table')) {
+  const box = table.getBoundingClientRect();
+  if (box.right > page.right + 1) cut.push(table.rows[0].innerText.slice(0, 40) + ' ' + Math.round(box.right));
+  for (const row of table.rows) {
+    const code = row.cells[0] && row.cells[0].querySelector('code');
+    if (code && code.getClientRects().length > 1) broken.push(code.innerText);
+  }
+}
+return {broken, cut, right: Math.round(page.right)};
+"""
+
+
+@pytest.mark.timeout(300)
+def test_the_sweep_file_reference_reads_whole_at_a_laptops_width(site, tmp_path):
+    with browser(site, tmp_path, "1300,900") as (call, home):
+        call("POST", "/url", {"url": home + "reference/sweep-file/"})
+        seen = call("POST", "/execute/sync", {"script": TABLES_AS_SEEN, "args": []})
+    assert seen["broken"] == [] and seen["cut"] == [], seen
 
 
 # --- the README: short, and pointing into the site ---------------------------------------------------------------
