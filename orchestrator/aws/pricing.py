@@ -148,6 +148,16 @@ def attempt_regions(ledger: dict[str, dict]) -> dict[str, dict[int, str]]:
     return out
 
 
+def attempt_whys(ledger: dict[str, dict]) -> dict[str, dict[int, str]]:
+    """run -> {attempt: where it went and why} (`orch status`): its pool and how that pool ranked when bought."""
+    out: dict[str, dict[int, str]] = {}
+    for e in ledger.values():
+        if isinstance(e, dict) and isinstance(e.get("why"), str):
+            for run, attempt in attempts_on(e):
+                out.setdefault(run, {})[attempt] = f"{e.get('type')} in {e.get('az')}, {e['why']}"
+    return out
+
+
 def attempts_on(entry: dict) -> list[tuple[str, int]]:
     """(run, attempt) of every attempt a ledger entry's instance held: its one run's, or on a shared instance each
     run's attempts seen in its slots (`attempts`; 0 for a run of a ledger written before they were recorded)."""
@@ -290,6 +300,7 @@ class CostLedger:
         slots: int = 0,
         attempt: int = 0,
         role: str = "",
+        why: str = "",
     ) -> None:
         try:
             price = self.prices.price(instance_type, az, market)
@@ -312,6 +323,7 @@ class CostLedger:
                 **({"slots": slots, "run_s": {}, "attempts": {}} if slots else {}),
                 **({"attempt": attempt} if attempt else {}),
                 **({"role": role} if role else {}),
+                **({"why": why} if why else {}),  # aws.choose: how its pool ranked when it was bought
             }
             self._save()
 

@@ -237,8 +237,13 @@ def realized(entries: dict[str, dict], attempts: dict[str, dict]) -> dict:
     priced = {t: s[0] / s[1] for t, s in spent.items() if s[1] > 0 and t in measured}
     total_units, total_usd = sum(units.values()), sum(s[0] for s in spent.values())
     by_hour = None
-    if priced and total_units:
+    if priced and total_units and all(t in priced for t in units):
+        # like with like: the work's own hours at each type's measured rate and mean price, against all of it on the
+        # type cheapest by the hour (boots, restores and idle time are in neither)
+        def cost(t: str, n: float) -> float:
+            return n / (measured[t].per_s * 3600) * priced[t]
+
         cheapest = min(priced, key=lambda t: priced[t])
-        hours = total_units / (measured[cheapest].per_s * 3600)
-        by_hour = {"type": cheapest, "usd": round(hours * priced[cheapest], 4)}
+        work_usd = sum(cost(t, n) for t, n in units.items())
+        by_hour = {"type": cheapest, "usd": round(cost(cheapest, total_units), 6), "work_usd": round(work_usd, 6)}
     return {"types": rows, "units": round(total_units, 4), "usd": round(total_usd, 4), "by_the_hour": by_hour}

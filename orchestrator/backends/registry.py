@@ -56,6 +56,7 @@ class Costs:
     transfer: Callable[[dict[str, dict], str, dict[str, list[int]]], tuple[float, int]]
     # (ledger, the measured attempts of rates.json) -> the work bought per type and what the hour alone would have cost
     work: Callable[[dict[str, dict], dict[str, dict]], dict] | None = None
+    whys: Callable[[dict[str, dict]], dict[str, dict[int, str]]] | None = None  # run -> {attempt: where and why}
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ def _aws_costs() -> Costs:
         pricing.attempt_regions,
         pricing.transfer_usd,
         worth.realized,
+        pricing.attempt_whys,
     )
 
 

@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.cli.code_words import code_lines
+from orchestrator.cli.work_words import work_words
 from orchestrator.control.collect import Results, SearchInfo, best_trial, ranked
 from orchestrator.control.curves import Figure
 from orchestrator.control.prune import rule
@@ -73,16 +74,17 @@ def spend_text(p: Progress) -> str:
     return f"spent {usd(p.spend_usd)}" + (f" of budget {usd(p.budget_usd)}" if p.budget_usd is not None else "")
 
 
+WHYS_SHOWN = 8  # live runs whose pool and its rank `orch status` names under its table
+
+
 def runs_table(p: Progress, every: bool = False) -> Table:
     """Every active run and the newest finished ones (every run with `every`); the title counts them all."""
     spend = spend_text(p)
     rows = p.shown(every)
     hidden = len(p.runs) - len(rows)
-    caption = (
-        f"{hidden} more runs not shown (queued or finished earlier): `orch status {p.sweep} --all` lists every run"
-        if hidden
-        else None
-    )
+    whys = [f"{r.run_id}: {r.why}" for r in rows if r.why and r.live][:WHYS_SHOWN]  # aws: where each went, why
+    more = f"{hidden} more runs not shown (queued or finished earlier): `orch status {p.sweep} --all` lists every run"
+    caption = "\n".join(([more] if hidden else []) + whys) or None
     table = Table(
         title=f"sweep {p.sweep} — {summary_line(p)}" + (f" — {spend}" if spend else ""),
         title_justify="left",
@@ -217,30 +219,6 @@ def results_notes(res: Results) -> list[str]:
     out += work_words(res.work)
     if res.search is not None:
         out.append(best_trial_words(res, res.search))
-    return out
-
-
-def _rate(x: float) -> str:
-    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
-
-
-def work_words(work: dict | None) -> list[str]:
-    """aws: the work bought per instance type, and what ranking by the hour alone would have spent on it."""
-    if not work:
-        return []
-    out = [
-        f"work on {t['type']}: {_rate(t['units_per_h'])}/h measured ({t['attempts']} attempt(s)), {usd(t['usd'])} for "
-        f"{t['units']:.4g} units" + (f" = {usd(t['usd_per_unit'])} per unit" if t.get("usd_per_unit") else "")
-        for t in work.get("types") or []
-    ]
-    hour = work.get("by_the_hour")
-    if hour and work.get("usd"):
-        saved = hour["usd"] - work["usd"]
-        out.append(
-            f"by the hour alone (all on {hour['type']}, at its measured rate): about {usd(hour['usd'])} for the same "
-            f"work; ranking by $ per unit {'saved' if saved >= 0 else 'cost'} about {usd(abs(saved))} (an estimate "
-            "from the same measurements: docs/guides/costs.md)"
-        )
     return out
 
 

@@ -11,7 +11,7 @@ from orchestrator.backends.registry import costs_of
 from orchestrator.control import summary
 from orchestrator.control.decide import DONE, decide, live_hosts
 from orchestrator.control.table import read_many
-from orchestrator.control.views import Progress, view_of, with_places
+from orchestrator.control.views import Progress, view_of, with_places, with_whys
 from orchestrator.store import layout
 from orchestrator.store import lifecycle as life
 from orchestrator.store.base import Store, get_json
@@ -58,6 +58,7 @@ def observe(sweep: Sweep, backend: Backend, store: Store, every: bool = False) -
     ledger = (get_json(store, layout.cost_key(name)) or {}) if costs is not None else {}
     spend = costs.total(ledger) if costs is not None else 0.0
     with_places(list(views.values()), costs.places(ledger) if costs is not None else {})
+    with_whys(list(views.values()), costs.whys(ledger) if costs is not None and costs.whys is not None else {})
     return Progress(sweep=name, runs=[views[rid] for rid in order], spend_usd=spend, budget_usd=sweep.spec.budget_usd)
 
 

@@ -29,6 +29,7 @@ class RunView:
     finished_at: float | None = None  # when its last attempt ended (orders the newest finished runs)
     reached: bool | None = None  # with `target:`: whether a metrics line met it (None: no target)
     region: str = ""  # aws: where its current (or last) attempt runs, from the cost ledger ("" elsewhere)
+    why: str = ""  # aws: its current attempt's pool and how that pool ranked when bought (`aws.choose`)
 
     def __post_init__(self) -> None:
         self.state = RunState(self.state)  # a summary's row, read back, holds the string
@@ -94,6 +95,12 @@ def view_of(status: RunStatus, has_host: bool, final: bool) -> RunView:
         final=final,
         finished_at=status.finished_at,
     )
+
+
+def with_whys(views: Iterable[RunView], whys: dict[str, dict[int, str]]) -> None:
+    """Each view's `why` (`whys`: run -> {attempt: where and why}, the backend's cost ledger): its current attempt's."""
+    for view in views:
+        view.why = (whys.get(view.run_id) or {}).get(view.attempt, "")
 
 
 def with_places(views: Iterable[RunView], places: dict[str, dict[int, str]]) -> None:

@@ -71,6 +71,7 @@ class Provisioner:
             ec2 = st.part(region).ec2
             got.sort(key=lambda g: g.instance_id)  # node ranks: the order list() sees them in
             ids = [g.instance_id for g in got]
+            why = st.work.why(got[0].instance_type, got[0].az)  # aws.choose: how its pool ranked (`orch status`)
             for g in got:
                 st.ledger.acquired(
                     g.instance_id,
@@ -80,18 +81,10 @@ class Provisioner:
                     run=task.run_id,
                     gpus=self.gpus_of(g.instance_type),
                     attempt=task.attempt,
+                    why=why,
                 )
             g = got[0]
-            why = st.work.why(g.instance_type, g.az)
-            log.info(
-                "%s: %s %s in %s (%s)%s",
-                task.run_id,
-                ", ".join(ids),
-                g.instance_type,
-                g.az,
-                g.market,
-                why and f"; {why}",
-            )
+            log.info("%s: %s %s in %s (%s)%s", task.run_id, ids, g.instance_type, g.az, g.market, why and f"; {why}")
             addresses = [api.wait_running(ec2, i, cfg.ssh.address, cfg.boot_timeout_s) for i in ids]
             conns = []
             try:

@@ -7,6 +7,7 @@ with weights), never by their order."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -61,6 +62,10 @@ def test_later_attempts_go_to_the_lower_dollars_per_epoch_and_by_price_they_woul
     assert {s["state"] for s in run_states(orch, "work").values()} == {"succeeded"}
     # 1: nothing measured, the cheaper hour; 2: g5.xlarge tried first to measure it; 3, 4: the lower $ per epoch
     assert types_run(orch, cloud, "work") == ["g6.xlarge", "g5.xlarge", "g5.xlarge", "g5.xlarge"]
+    # `orch status` names where each run went and why (the pool's rank when it was bought)
+    whys = {r["run_id"]: r["why"] for r in json.loads(orch("status", "work", "--json").out)["runs"]}
+    assert whys["run=2"].startswith("g5.xlarge in ") and "tried first, to measure it" in whys["run=2"], whys
+    assert "ranked 1 of " in whys["run=4"] and "by $ per epoch: measured (" in whys["run=4"], whys
     rates = json.loads(cloud.client("s3").get_object(Bucket=BUCKET, Key="sweeps/work/rates.json")["Body"].read())
     per_type: dict[str, float] = {}
     for entry in rates["attempts"].values():
@@ -74,7 +79,11 @@ def test_later_attempts_go_to_the_lower_dollars_per_epoch_and_by_price_they_woul
     assert col.code == 0, col.err
     assert "work on g5.xlarge: 10,800/h measured (3 attempt(s))" in col.out, col.out
     assert "work on g6.xlarge: 3,600/h measured (1 attempt(s))" in col.out, col.out
-    assert "by the hour alone (all on g6.xlarge, at its measured rate)" in col.out and "saved about $" in col.out
+    assert "by the hour alone (all on g6.xlarge, at its measured rate)" in col.out, col.out
+    # 15 epochs on g5.xlarge at $0.45/h and 3/s + 5 on g6.xlarge at $0.30/h and 1/s, against 20 at $0.30/h and 1/s:
+    # $0.00104 against $0.00167, 37.5% saved
+    saved = re.search(r"ranking by \$ per unit saved (\d+)%", col.out)
+    assert saved and int(saved.group(1)) in (37, 38), col.out
     work = json.loads((orch.tmp / "res" / "runs.json").read_text())["work"]
     assert work["units"] == pytest.approx(4 * 5)  # 5 epochs measured per run (6 lines: the first is the start)
     assert orch("down", "work").code == 0

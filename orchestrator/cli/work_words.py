@@ -1,0 +1,30 @@
+"""What `orch collect` says of the work bought per instance type (aws: `aws.choose`, aws/worth.py realized)."""
+
+from __future__ import annotations
+
+from orchestrator.control.views import usd
+
+
+def _rate(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def work_words(work: dict | None) -> list[str]:
+    """aws: the work bought per instance type, and what ranking by the hour alone would have spent on it."""
+    if not work:
+        return []
+    out = [
+        f"work on {t['type']}: {_rate(t['units_per_h'])}/h measured ({t['attempts']} attempt(s)), {usd(t['usd'])} for "
+        f"{t['units']:.4g} units" + (f" = {usd(t['usd_per_unit'])} per unit" if t.get("usd_per_unit") else "")
+        for t in work.get("types") or []
+    ]
+    hour = work.get("by_the_hour")
+    if hour and hour.get("usd"):
+        saved = hour["usd"] - hour["work_usd"]
+        out.append(
+            f"the work's own hours cost {usd(hour['work_usd'])} where it ran; by the hour alone (all on "
+            f"{hour['type']}, at its measured rate) about {usd(hour['usd'])}: ranking by $ per unit "
+            f"{'saved' if saved >= 0 else 'cost'} {abs(saved) / hour['usd']:.0%} (an estimate from the same "
+            "measurements: docs/guides/costs.md)"
+        )
+    return out
