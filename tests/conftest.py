@@ -367,9 +367,6 @@ def cloud(tmp_path, orch):
     """A fake cloud (moto + loopback hosts); the orch fixture's CLI is pointed at it."""
     from tests.fakecloud import FakeCloud
 
-    # the test's folder is its sweeps' `workdir:` (the default: the sweep file's folder); the fake cloud's own files
-    # (hosts' homes, moto's state) are no project's code
-    (tmp_path / ".orchignore").write_text("cloud/\n")
     with FakeCloud(tmp_path / "cloud") as c:
         orch.env.update(c.env())
         yield c

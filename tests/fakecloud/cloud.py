@@ -403,8 +403,18 @@ class FakeCloud:
     # lifecycle
 
     def __enter__(self) -> FakeCloud:
+        self._ignored_by_workdirs()
         self.start()
         return self
+
+    def _ignored_by_workdirs(self) -> None:
+        """A test's folder is its sweeps' `workdir:` (the default: the sweep file's folder); the fake cloud's own files
+        (hosts' homes, moto's state) are no project's code: its folder goes in the `.orchignore` beside it."""
+        ignore = self.root.parent / ".orchignore"
+        line = f"{self.root.name}/"
+        have = ignore.read_text().splitlines() if ignore.exists() else []
+        if line not in have:
+            ignore.write_text("".join(f"{x}\n" for x in [*have, line]))
 
     def __exit__(self, *exc) -> None:
         self.stop()

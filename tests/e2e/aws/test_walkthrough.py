@@ -21,7 +21,9 @@ pytestmark = pytest.mark.slow
 
 def walkthrough_commands() -> list:
     page = (ROOT / "docs" / "getting-started" / "first-aws-sweep.md").read_text()
-    block = page.split("**Try it without AWS.**", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    after = page.split("**Try it without AWS.**", 1)[1]
+    # the walkthrough's block is the one that starts the fake cloud (a set-up block may come before it)
+    block = next(b.split("```", 1)[0] for b in after.split("```bash\n")[1:] if "-m tests.fakecloud" in b)
     lines = [line.split("  #")[0].strip() for line in block.splitlines()]
     cloud = [line for line in lines if "-m tests.fakecloud" in line]
     rest = [line for line in lines if line and not line.startswith("#") and "-m tests.fakecloud" not in line]
