@@ -109,6 +109,8 @@ class Launch:
     def run(self, detach: bool, watch: Watch) -> Progress | None:
         """Launch: the sweep's progress when the loop ran here to its end; None when it went to the background.
         A stop by `orch down` ends the process (exit 143) once its event is out."""
+        check_recorded(self.sweep, self.store, self.state)  # a relaunch refused by the record touches nothing: no
+        # stop mark cleared, no lease taken (and no "took the sweep over"); prepare() checks again under the lease
         self.lock.acquire()
         self.lock.clear_stop()  # a launch after `orch down` runs the sweep again
         self.lease = take_lease(self.sweep, self.store, self.state, self.on_event)  # before preflight: a sweep

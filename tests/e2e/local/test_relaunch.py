@@ -28,3 +28,15 @@ def test_raising_max_restarts_retries_what_failed_for_good_and_timeout_may_chang
     assert (run["state"], run["attempt"]) == ("succeeded", 2), run
     record = json.loads((orch.tmp / "s" / "again" / "sweep.json").read_text())["spec"]
     assert (record["max_restarts"], record["timeout_minutes"]) == (1, 20)  # status and collect by name say so
+
+
+def test_a_refused_relaunch_touches_nothing_not_even_the_lease(orch):
+    text = "name: same\ncommand: 'true {x}'\ngrid:\n  x: [1]\nstore: s\n"
+    path = orch.sweep(text.format(x="a"))
+    assert finish(orch, path).code == 0
+    lease = orch.tmp / "s" / "same" / "controller.json"
+    before = lease.read_bytes()
+    path.write_text(text.format(x="b"))  # another command: another sweep under the same name
+    again = orch("launch", str(path))
+    assert again.code == 2 and "a different sweep" in again.err and "took the sweep over" not in again.out, again.err
+    assert lease.read_bytes() == before  # the record was checked before the lease was taken
