@@ -84,11 +84,19 @@ class Stopped:
 
 
 @dataclass
+class NotifyWaiting:
+    """The loop ended and a `notify:` receiver keeps the launch waiting (down or slow): at most `patience_s` more."""
+
+    pending: int
+    patience_s: float
+
+
+@dataclass
 class NotStarting:
     """The background controller found the sweep stopped by `orch down` while the loop was handed to it."""
 
 
-Event = TookOver | NameFreed | Started | Detached | HandedOff | Stopped | NotStarting
+Event = TookOver | NameFreed | Started | Detached | HandedOff | Stopped | NotStarting | NotifyWaiting
 OnEvent = Callable[[Event], None]
 RunFn = Callable[[Callable[[Progress], None]], Progress]
 Watch = Callable[[RunFn], Progress]  # drives the loop's run function with a table (the CLI's)
@@ -127,6 +135,7 @@ class Launch:
             signal.signal(sig, _hand_off)
         controller = Controller(self.sweep, self.backend, self.store, self.state)
         controller.lease = self.lease
+        controller.on_notify_wait = lambda n: self.on_event(NotifyWaiting(n, controller.notify_patience_s))
         new = self._prepare(controller)
         try:
             self.on_event(Started(new))
