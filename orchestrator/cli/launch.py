@@ -90,6 +90,13 @@ def _tell(con, sweep, event: control.Event, note: str | None = None) -> None:
             f"\ndetached: runs keep going, the controller continues in the background (pid {event.pid}).\n"
             f"Watch: `orch status {name} --watch`. Stop everything: `orch down {name}`.",
         )
+    elif isinstance(event, control.NotifyWaiting):
+        _say(
+            con,
+            f"notify: {event.pending} message(s) not delivered yet (a receiver is down or slow): at most "
+            f"{event.patience_s:.0f} s more here, then a background sender keeps trying; `orch status {name}` "
+            "names the receiver.",
+        )
     elif isinstance(event, control.Stopped):
         _say(con, f"\n{event.text}")
         _flush()  # the process ends at once after this event (os._exit)

@@ -64,6 +64,7 @@ class Controller(Verdicts):
         self.notifier: notify.Notifier | None = None  # `notify:`: started by run()
         self.notify_patience_s = notify.PATIENCE_S  # at the loop's end; a remote controller waits longer
         self.notify_hand_off = True  # what is still pending then goes to a background sender (not on a remote one)
+        self.on_notify_wait: Callable[[int], None] | None = None  # told when a receiver keeps the loop's end waiting
 
     def prepare(self) -> bool:
         """Record the sweep in the store; refuse if a different sweep of that name is already there.
@@ -324,7 +325,7 @@ class Controller(Verdicts):
     def _close_notifier(self) -> None:
         if self.notifier is None:
             return
-        left = self.notifier.close(self.notify_patience_s)
+        left = self.notifier.close(self.notify_patience_s, self.on_notify_wait, hand_off=self.notify_hand_off)
         if left and self.notify_hand_off:
             log.info("notify: %d message(s) still pending; a background sender keeps trying", left)
             notify.hand_off(str(self.sweep.path))

@@ -84,11 +84,19 @@ class Stopped:
 
 
 @dataclass
+class NotifyWaiting:
+    """The loop ended and a `notify:` receiver keeps the launch waiting (down or slow): at most `patience_s` more."""
+
+    pending: int
+    patience_s: float
+
+
+@dataclass
 class NotStarting:
     """The background controller found the sweep stopped by `orch down` while the loop was handed to it."""
 
 
-Event = TookOver | NameFreed | Started | Detached | HandedOff | Stopped | NotStarting
+Event = TookOver | NameFreed | Started | Detached | HandedOff | Stopped | NotStarting | NotifyWaiting
 OnEvent = Callable[[Event], None]
 RunFn = Callable[[Callable[[Progress], None]], Progress]
 Watch = Callable[[RunFn], Progress]  # drives the loop's run function with a table (the CLI's)
@@ -109,6 +117,8 @@ class Launch:
     def run(self, detach: bool, watch: Watch) -> Progress | None:
         """Launch: the sweep's progress when the loop ran here to its end; None when it went to the background.
         A stop by `orch down` ends the process (exit 143) once its event is out."""
+        check_recorded(self.sweep, self.store, self.state)  # a relaunch refused by the record touches nothing: no
+        # stop mark cleared, no lease taken (and no "took the sweep over"); prepare() checks again under the lease
         self.lock.acquire()
         self.lock.clear_stop()  # a launch after `orch down` runs the sweep again
         self.lease = take_lease(self.sweep, self.store, self.state, self.on_event)  # before preflight: a sweep
@@ -125,6 +135,7 @@ class Launch:
             signal.signal(sig, _hand_off)
         controller = Controller(self.sweep, self.backend, self.store, self.state)
         controller.lease = self.lease
+        controller.on_notify_wait = lambda n: self.on_event(NotifyWaiting(n, controller.notify_patience_s))
         new = self._prepare(controller)
         try:
             self.on_event(Started(new))

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -39,7 +40,9 @@ log = logging.getLogger("orch.notify")
 VERSION = 1
 BACKOFF_S = (2.0, 4.0, 8.0, 16.0, 32.0, 60.0)  # waits between tries of one message to one sink (then 60 s each)
 FAILING_AFTER = 3  # tries in a row that failed before a sink is reported as failing (status, log)
-PATIENCE_S = 10.0  # what the laptop's loop waits at its end for pending messages before handing them off
+PATIENCE_S = 10.0  # what the laptop's loop waits at its end for pending messages before handing them off (not
+# when every one waits on a receiver that failed: those go to the background sender at once)
+SLOW_S = 1.0  # a receiver that keeps the loop's end waiting this long is named on the terminal
 REMOTE_PATIENCE_S = 900.0  # what a remote controller waits (no one is blocked; its instance costs ~$0.003)
 DRAIN_S = 900.0  # how long the background sender keeps trying
 
@@ -202,19 +205,39 @@ class Notifier:
         with self._cv:
             return len([p for p in self.outbox.pending() if p[1] in self.sinks])
 
-    def close(self, patience_s: float) -> int:
-        """Stop after sending what is pending, waiting at most `patience_s`; the number still pending."""
+    def close(self, patience_s: float, on_wait: Callable[[int], None] | None = None, hand_off: bool = False) -> int:
+        """Stop after sending what is pending, waiting at most `patience_s`; the number still pending. `on_wait` is told
+        once when a receiver keeps the caller waiting (a try failed, or SLOW_S passed). `hand_off`: stop waiting as soon
+        as every pending message waits on a receiver that just failed (its retry is the background sender's)."""
         with self._cv:
             self._closing = True
             self._cv.notify()
-        deadline = time.monotonic() + patience_s
-        if self._thread is not None:
-            while self._thread.is_alive() and self.pending() and time.monotonic() < deadline:
-                self._thread.join(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+        start = time.monotonic()
+        deadline, told = start + patience_s, on_wait is None
+        while self._thread is not None and self._thread.is_alive() and self.pending() and time.monotonic() < deadline:
+            failed, waiting = self._failed()
+            if not told and (failed or time.monotonic() - start >= SLOW_S):
+                on_wait(self.pending())  # type: ignore[misc]  (told is False only with a callback)
+                told = True
+            if hand_off and waiting:
+                break
+            self._thread.join(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
         with self._cv:
             self._done = True
             self._cv.notify()
-        return self.pending()
+            snapshot = json.dumps(self.outbox.to_json()).encode()
+        left = self.pending()
+        if left:  # a message queued since the receiver's last try is in no record yet: the hand-off reads the record
+            self._save(snapshot)
+        return left
+
+    def _failed(self) -> tuple[bool, bool]:
+        """(a pending message's receiver failed its last try, every pending message waits for such a retry)."""
+        with self._cv:
+            sinks = {sink for _, sink in self.outbox.pending() if sink in self.sinks}
+            now = time.monotonic()
+            backing_off = {sink for sink in sinks if self._next_try.get(sink, 0.0) > now}
+        return bool(backing_off), bool(sinks) and backing_off == sinks
 
     def _due(self, now: float) -> tuple[tuple[str, str] | None, float]:
         wait = 3600.0

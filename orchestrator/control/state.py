@@ -148,7 +148,8 @@ class SweepLock:
             pid = self.holder()
             raise OrchError(
                 f"sweep {self.sweep!r} is already being run by controller pid {pid}. "
-                f"Watch it with `orch status {self.sweep} --watch`, or stop it with `orch down {self.sweep}`."
+                f"Watch it with `orch status {self.sweep} --watch`, or stop it with `orch down {self.sweep}`.",
+                exit_code=2,  # as the lease's refusal (control/lease.py): one answer to a second launch
             ) from None
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())

@@ -53,7 +53,7 @@ echo $$ > {shlex.quote(str(ctl / pid_file("wrapper", task.attempt)))}
 exec > >(tee -a {shlex.quote(str(log_file))}) 2>&1
 tee_pid=$!
 bash -c {shlex.quote(launcher)} orch-run {shlex.quote(str(ctl / pid_file("cmd", task.attempt)))} \
-  {shlex.quote(task.command)}
+  {shlex.quote(task.command)} {shlex.quote(str(node_logs_dir(log_file)))} {task.attempt}
 code=$?
 echo $code > {exit_file}.tmp && mv {exit_file}.tmp {exit_file}
 exec >&- 2>&-
@@ -61,13 +61,21 @@ wait $tee_pid  # the pane (and tmux's SIGHUP to it) must not end before the log 
 """
 
 
-# N copies of the command, ORCH_NODE_RANK 0..N-1, as N node processes on one host. SIGTERM, SIGINT and
-# SIGHUP reach every copy. The first copy to fail ends the attempt: the others are stopped (their
+def node_logs_dir(log_file: Path) -> Path:
+    """Where the copies of a local run's other nodes write their logs: `<dir>/<node>/<attempt>.log`, beside the
+    attempt's own `logs/` (node 0's), synced to the store where an aws follower's agent puts its node's log."""
+    return log_file.parent.parent / "node-logs"
+
+
+# N copies of the command, ORCH_NODE_RANK 0..N-1, as N node processes on one host; node 0's output is the attempt's
+# log, node k's goes to "$3/k/$4.log" (node_logs_dir; $4 the attempt), as on aws each node's log is its own. SIGTERM,
+# SIGINT and SIGHUP reach every copy. The first copy to fail ends the attempt: the others are stopped (their
 # children first, then them) and the exit code is that first non-zero one (0 when all succeed) — a
 # crashed node must not leave the rest waiting for it in a rendezvous until a timeout.
 NODES_LAUNCHER = (
-    'echo $$ > "$1"; pids=(); for k in $(seq 0 $((ORCH_NODES - 1))); do ORCH_NODE_RANK=$k bash -c "$2" & pids+=($!); '
-    "done; "
+    'echo $$ > "$1"; pids=(); for k in $(seq 1 $((ORCH_NODES - 1))); do mkdir -p "$3/$k"; done; '
+    'for k in $(seq 0 $((ORCH_NODES - 1))); do if [ "$k" -eq 0 ]; then ORCH_NODE_RANK=0 bash -c "$2" & '
+    'else ORCH_NODE_RANK=$k bash -c "$2" >> "$3/$k/$4.log" 2>&1 & fi; pids+=($!); done; '
     'stop() { for q in "${pids[@]}"; do pkill -TERM -P "$q" 2>/dev/null; kill -TERM "$q" 2>/dev/null; done; }; '
     "trap stop TERM INT HUP; code=0; "
     'while [ ${#pids[@]} -gt 0 ]; do left=(); failed=0; for p in "${pids[@]}"; do '

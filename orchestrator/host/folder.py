@@ -13,7 +13,7 @@ from pathlib import Path
 
 from orchestrator.contract import RunTask
 from orchestrator.errors import OrchError
-from orchestrator.host.attempt import checkpoint_ok
+from orchestrator.host.attempt import checkpoint_ok, node_logs_dir
 from orchestrator.store import layout
 from orchestrator.store.base import Store
 from orchestrator.store.lifecycle import RunState
@@ -81,7 +81,12 @@ def sync_up(store: Store, task: RunTask, run_dir: Path, log_file: Path, count: C
     _say_links_out(run_dir, log_file)
     up = store.sync_up(run_dir, layout.run_prefix(task.sweep, task.run_id), prune=layout.is_checkpoint).bytes
     logs = layout.logs_prefix(task.sweep, task.run_id)
-    count(up=up + store.sync_up(log_file.parent, logs, indexed=False).bytes)
+    up += store.sync_up(log_file.parent, logs, indexed=False).bytes
+    for node in range(1, task.nodes_here):  # a local run's other nodes: copies of the command on this host
+        node_dir = node_logs_dir(log_file) / str(node)
+        if node_dir.is_dir():
+            up += store.sync_up(node_dir, layout.node_logs_prefix(task.sweep, task.run_id, node), indexed=False).bytes
+    count(up=up)
 
 
 _LINKS_SAID: dict[Path, list[str]] = {}  # run folder -> the links out of it the log last named

@@ -73,6 +73,22 @@ def located(path: str | Path, loc: tuple) -> str:
     return f"{path}:{line}: {dotted(loc)}"
 
 
+def located_as(path: str | Path, section: str, names: tuple[str, ...]) -> str:
+    """`located` of the first of `names` that the file's `section` spells (a field with two spellings, e.g. a value
+    and a list of them); the first name when it spells none."""
+    try:
+        root = yaml.compose(Path(path).read_text(), Loader=Loader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        root = None
+    keys: list = []
+    if isinstance(root, yaml.MappingNode):
+        inner = [v for k, v in root.value if k.value == section]
+        if inner and isinstance(inner[0], yaml.MappingNode):
+            keys = [k.value for k, _ in inner[0].value]
+    name = next((n for n in names if n in keys), names[0])
+    return located(path, (section, name))
+
+
 def sweep_from_record(record: dict[str, Any], path: str, backends: Backends) -> Sweep:
     """Rebuild a Sweep from the resolved spec kept in the store's sweep.json.
 

@@ -4,7 +4,8 @@ A user who upgrades orch mid-sweep must be able to continue it. So the record ca
 a record from an older orch is read with every field it lacks at today's default (a field added later
 is no change), and a relaunch is refused only where the runs would get something else: their commands,
 params, environment, data, shape, backend settings, store, pruning, a search's study (raising its `trials` only
-adds trials: allowed). `aws.ssh.identity` is compared as the file it names (`~` expanded), not as spelled.
+adds trials: allowed). What gives the same runs in another spelling is no change: `seeds: 2` as `[0, 1]`, a grid's
+values in another order. `aws.ssh.identity` is compared as the file it names (`~` expanded), not as spelled.
 A record from a newer orch than this one is refused: its fields may mean what this orch cannot know.
 
 Schemas: 0 — before 2026-11-30, a run's records lay in its own folder (`<sweep>/<run>/status.json`);
@@ -14,6 +15,7 @@ this orch reads them nowhere, so such a sweep cannot be continued (it would run 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import ValidationError
@@ -86,6 +88,8 @@ def changes(record: dict[str, Any], sweep: Sweep) -> list[str]:
     """The fields of `sweep` that differ from its record in a way that changes what the runs get."""
     before, after = as_today(record.get("spec") or {}, sweep.spec.backends()), sweep.resolved()
     before, after = _as_meant(before, sweep.spec.backends()), _as_meant(after, sweep.spec.backends())
+    if before.get("search") is None and after.get("search") is None:
+        before, after = _as_runs(before), _as_runs(after)
     pruned = before.get("prune") is not None or after.get("prune") is not None
     extended = _extended(before, after)
     return sorted(
@@ -104,6 +108,23 @@ def _as_meant(spec: dict[str, Any], backends: Backends) -> dict[str, Any]:
     """The spec with what two spellings may say alike written one way, as each backend's section says
     (`BackendSchema.compared`)."""
     return {k: backends[k].compared(v) if k in backends and isinstance(v, dict) else v for k, v in spec.items()}
+
+
+def _as_runs(spec: dict[str, Any]) -> dict[str, Any]:
+    """A grid sweep's runs written one way: `seeds: 2` as [0, 1], the seeds, each axis's values and the run ids in
+    one order. Their order changes only the order the runs start in, never a run's id or params (the axes' own order
+    does: it is the order of an id's parts, kept in `grid_order`)."""
+    seeds, grid, runs = spec.get("seeds"), spec.get("grid"), spec.get("runs")
+    if isinstance(seeds, int) and not isinstance(seeds, bool):
+        seeds = list(range(seeds))
+    out = {**spec}
+    if isinstance(seeds, list):
+        out["seeds"] = sorted(seeds, key=json.dumps)
+    if isinstance(grid, dict):
+        out["grid"] = {k: sorted(v, key=json.dumps) if isinstance(v, list) else v for k, v in grid.items()}
+    if isinstance(runs, list):
+        out["runs"] = sorted(runs, key=json.dumps)
+    return out
 
 
 def _inside(key: str, before: Any, after: Any) -> list[str]:

@@ -121,7 +121,28 @@ def _is_mapping(annotation: Any) -> bool:
 def _allowed_fields(loc: tuple[Any, ...], root_model: Any, sections: dict[str, Any] | None = None) -> str:
     """The fields of the section the location is in (`resources.gpu` -> nodes, gpus, procs_per_node); `sections`:
     the top-level sections validated by models of their own (a backend's, by its name)."""
-    sections = sections or {}
+    model = _section_model(loc, root_model, sections or {})
+    names = [f.alias or name for name, f in model.model_fields.items()]
+    return ", ".join(names + (list(sections or {}) if model is root_model else []))
+
+
+def _list_example(loc: tuple[Any, ...], root_model: Any, sections: dict[str, Any] | None) -> str:
+    """A list as the field at `loc` takes it: its own example or default, else two items of its items' type."""
+    model = _section_model(loc, root_model, sections or {})
+    field = next((f for n, f in model.model_fields.items() if str(loc[-1]) in (n, f.alias)), None) if loc else None
+    if field is None:
+        return "[0.1, 0.2]"
+    for given in [*(field.examples or []), field.default]:
+        if isinstance(given, list) and given:
+            return "[" + ", ".join(str(v) for v in given) + "]"
+    items = [typing.get_args(a) for a in (field.annotation, *typing.get_args(field.annotation))]
+    item = next((args[0] for args in items if args), None)
+    item = typing.get_args(item)[0] if typing.get_origin(item) is typing.Annotated else item
+    return {str: "[a, b]", int: "[1, 2]"}.get(item, "[0.1, 0.2]")  # type: ignore[arg-type]
+
+
+def _section_model(loc: tuple[Any, ...], root_model: Any, sections: dict[str, Any]) -> Any:
+    """The model of the section the location is in (the sweep's own when none fits)."""
     model: Any = root_model
     key_next = False  # the part after a mapping of models (search.space) is a key the user chose
     for part in loc[:-1]:
@@ -134,8 +155,7 @@ def _allowed_fields(loc: tuple[Any, ...], root_model: Any, sections: dict[str, A
             model = root_model
             break
         key_next = f is not None and _is_mapping(f.annotation)
-    names = [f.alias or name for name, f in model.model_fields.items()]
-    return ", ".join(names + (list(sections) if model is root_model else []))
+    return model
 
 
 def _fix_from_input(err: ErrorDetails, fix: str) -> str:
@@ -188,6 +208,8 @@ def format_errors(
         elif isinstance(given, (dict, list)) and err["type"] not in ("extra_forbidden", "missing"):
             msg += f" (got {json.dumps(given, ensure_ascii=False)[:60]})"
         fix = _FIXES.get(err["type"], "").format(allowed=_allowed_fields(loc, model, sections))
+        if err["type"] == "list_type":
+            fix = f"write a list, e.g. {_list_example(loc, model, sections)}"
         if err["type"] in ("float_type", "int_type") and _number_text(err.get("input")):
             fix = f"write the number without quotes: {err['input'].strip()}"
         fix = _fix_from_input(err, fix)

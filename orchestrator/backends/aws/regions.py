@@ -10,7 +10,7 @@ from orchestrator.aws import ec2 as api
 from orchestrator.backends.aws.settings import AwsSection
 from orchestrator.errors import OrchError
 from orchestrator.store.s3url import is_s3
-from orchestrator.sweep.load import located
+from orchestrator.sweep.load import located, located_as
 from orchestrator.sweep.spec import Sweep
 
 
@@ -37,7 +37,7 @@ def check_regions(sweep: Sweep, home: str) -> None:
     except (ClientError, BotoCoreError) as exc:
         raise api.explain(exc, "looking up the sweep's regions (DescribeRegions)") from None
     if problems:
-        where = located(sweep.path, ("aws", "regions" if len(settings(sweep).regions) > 1 else "region"))
+        where = located_as(sweep.path, "aws", ("regions", "region"))  # as the file spells it: `[a]` is a list too
         raise OrchError("\n".join(f"{where}: {p}" for p in problems) + "\nNothing was launched.", exit_code=2)
 
 

@@ -78,6 +78,7 @@ class AwsSection(Strict):
     regions: list[Annotated[str, Field(pattern=REGION_RE)]] = Field(
         default_factory=list,
         min_length=1,
+        examples=[["us-east-1", "us-west-2"]],
         description=(
             "The regions the sweep may use, in order of preference (docs/guides/regions.md); instead of `region`. "
             "Read back, it always holds the sweep's regions, first the preferred one."

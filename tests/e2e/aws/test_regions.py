@@ -137,18 +137,26 @@ def test_a_recipe_built_in_no_listed_region_is_refused_with_its_line_and_the_bui
 
 
 @pytest.mark.parametrize(
-    ("region", "says"),
+    ("region", "listed", "says"),
     [
         # moto's DescribeRegions, as AWS's, lists ap-east-1 as an opt-in region this account has not enabled
-        ("ap-east-1", "aws account enable-region --region-name ap-east-1"),
-        ("xx-nowhere-1", "xx-nowhere-1 is not an AWS region this account has"),
+        ("ap-east-1", "[us-east-1, {}]", "aws account enable-region --region-name ap-east-1"),
+        ("xx-nowhere-1", "[us-east-1, {}]", "xx-nowhere-1 is not an AWS region this account has"),
+        ("xx-nowhere-1", "[{}]", "xx-nowhere-1 is not an AWS region this account has"),  # a list of one is `regions:`
+        ("xx-nowhere-1", "", "xx-nowhere-1 is not an AWS region this account has"),  # `region:` itself
     ],
 )
-def test_a_region_the_account_cannot_use_is_refused_before_anything_is_bought(orch, cloud, identity, region, says):
-    path = orch.sweep(with_regions(cloud.sweep_yaml("optin", identity, "true"), f"[us-east-1, {region}]"))
+def test_a_region_the_account_cannot_use_is_refused_before_anything_is_bought(
+    orch, cloud, identity, region, listed, says
+):
+    text = cloud.sweep_yaml("optin", identity, "true")
+    field = "regions" if listed else "region"
+    one = text.replace(ONE_REGION, f"  region: {region}\n")
+    path = orch.sweep(with_regions(text, listed.format(region)) if listed else one)
+    assert f"  {field}: " in path.read_text()
     for args in (("--dry-run",), ()):
         r = orch("launch", str(path), *args)
-        refused(r, f"{path}:{line_of(path, 'regions:')}: aws.regions: ", says, "Nothing was launched")
+        refused(r, f"{path}:{line_of(path, field + ':')}: aws.{field}: ", says, "Nothing was launched")
     assert not cloud.instances() and not any(cloud.leftovers("optin").values())
 
 

@@ -117,3 +117,19 @@ def test_a_local_node_that_crashes_fails_the_run_at_once_with_its_code(orch):
     v = status(orch, "nodecrash")["run"]
     assert v["state"] == "failed" and v["exit_code"] == 3, v
     assert "sleep 3600" not in os.popen("ps -eo args").read()
+
+
+@pytest.mark.slow
+def test_a_local_run_of_two_nodes_keeps_each_nodes_log_in_the_store(orch):
+    path = orch.sweep("""
+        name: nodelogs
+        command: 'echo "node $ORCH_NODE_RANK of $ORCH_NODES speaks"'
+        resources: {nodes: 2}
+        max_restarts: 0
+        store: store
+    """)
+    assert finish(orch, path).code == 0
+    zero, one = orch("logs", "nodelogs/run"), orch("logs", "nodelogs/run", "--node", "1")
+    assert one.code == 0 and "node 1 of 2 speaks" in one.out and "node 0 of 2" not in one.out, one.out + one.err
+    assert "node 0 of 2 speaks" in zero.out and "node 1 of 2" not in zero.out, zero.out  # as on aws: a log per node
+    assert (orch.store("nodelogs", ".orch", "run", "node-logs", "1", "1.log")).is_file()

@@ -467,7 +467,8 @@ def test_threads_per_run_ambiguous_run_ids_and_lowest_loss(orch, script):
 def test_a_second_launch_of_a_running_sweep_launches_nothing(orch, job):
     path = running(orch, job, "twice")
     again = orch("launch", str(path))
-    assert again.code != 0 and "already being run by controller pid" in again.err and "Traceback" not in again.err, (
+    # exit 2, as a second launch refused by the lease (docs/guides/unattended.md): the same refusal, nearer home
+    assert again.code == 2 and "already being run by controller pid" in again.err and "Traceback" not in again.err, (
         again.err
     )
     dry = orch("launch", str(path), "--dry-run")

@@ -442,6 +442,10 @@ AWS = "name: x\nbackend: aws\nstore: s3://bucket/x\naws:\n  image: some-image\n"
         (AWS + "  regions: [us-west-2, US-EAST-1]\n", ["aws.regions[1]", "Fix: write us-east-1"]),
         (AWS + "  regions: [' us-west-2']\n", ["aws.regions[0]", "Fix: write us-west-2"]),
         (AWS + "  regions: []\n", ["aws.regions", "Fix: give at least one"]),
+        # a mapping where a list goes: the example fits the field, not the grid's numbers
+        (AWS + "  regions: {a: 1}\n", ["sweep.yaml:6: aws.regions", "e.g. [us-east-1, us-west-2]"]),
+        (AWS + "  instance_types: {a: 1}\n", ["aws.instance_types", "e.g. [g5.xlarge, g6.xlarge]"]),
+        ("name: x\ngrid:\n  lr: {a: 1}\n", ["grid.lr", "e.g. [0.1, 0.2]"]),
         ("name: x\nenv:\n  A: 1\n", ["env.A", "Fix:"]),
         ("name: x\nseeds: two\n", ["seeds", "a count"]),
     ],
