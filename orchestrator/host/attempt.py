@@ -15,7 +15,7 @@ from pathlib import Path
 
 from orchestrator.contract import RunTask, finite
 from orchestrator.host.env import HostFacts
-from orchestrator.store.layout import CHECKPOINTS_DIR, MANIFEST_FILE
+from orchestrator.store.layout import CHECKPOINTS_DIR, MANIFEST_FILE, NODE_LOGS_DIR
 from orchestrator.store.lifecycle import Ending, RunState, StopReason
 
 TAIL_LINES = 20
@@ -64,7 +64,7 @@ wait $tee_pid  # the pane (and tmux's SIGHUP to it) must not end before the log 
 def node_logs_dir(log_file: Path) -> Path:
     """Where the copies of a local run's other nodes write their logs: `<dir>/<node>/<attempt>.log`, beside the
     attempt's own `logs/` (node 0's), synced to the store where an aws follower's agent puts its node's log."""
-    return log_file.parent.parent / "node-logs"
+    return log_file.parent.parent / NODE_LOGS_DIR
 
 
 # N copies of the command, ORCH_NODE_RANK 0..N-1, as N node processes on one host; node 0's output is the attempt's

@@ -37,6 +37,7 @@ from collections.abc import Iterable
 RECORDS_DIR = ".orch"  # orch's records of every run of a sweep
 TOUCHED_DIR = ".orch-touched"
 CODE_DIR = ".orch-code"
+NODE_LOGS_DIR = "node-logs"  # a follower's logs: in the store beside `logs/`, and so on a local run's host
 STATUS_FILE = "status.json"
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS_DIR = "ckpt"
@@ -126,7 +127,7 @@ def logs_prefix(sweep: str, run_id: str) -> str:
 
 def node_logs_prefix(sweep: str, run_id: str, node: int) -> str:
     """Where a follower's attempt logs go (node 0's are the run's logs)."""
-    return f"{records_prefix(sweep, run_id)}/node-logs/{node}"
+    return f"{records_prefix(sweep, run_id)}/{NODE_LOGS_DIR}/{node}"
 
 
 def log_key(sweep: str, run_id: str, attempt: int, node: int = 0) -> str:
@@ -141,7 +142,7 @@ def logged_attempts(sweep: str, run_id: str, keys: Iterable[str]) -> set[int]:
     for key in keys:
         rel = key[len(base) :] if key.startswith(base) else ""
         folder, _, name = rel.rpartition("/")
-        if (folder == "logs" or folder.startswith("node-logs/")) and name.endswith(".log") and name[:-4].isdigit():
+        if (folder == "logs" or folder.startswith(f"{NODE_LOGS_DIR}/")) and name.endswith(".log") and name[:-4].isdigit():
             found.add(int(name[:-4]))
     return found
 
