@@ -142,7 +142,11 @@ def logged_attempts(sweep: str, run_id: str, keys: Iterable[str]) -> set[int]:
     for key in keys:
         rel = key[len(base) :] if key.startswith(base) else ""
         folder, _, name = rel.rpartition("/")
-        if (folder == "logs" or folder.startswith(f"{NODE_LOGS_DIR}/")) and name.endswith(".log") and name[:-4].isdigit():
+        if (
+            (folder == "logs" or folder.startswith(f"{NODE_LOGS_DIR}/"))
+            and name.endswith(".log")
+            and name[:-4].isdigit()
+        ):
             found.add(int(name[:-4]))
     return found
 
