@@ -175,6 +175,7 @@ class Notifier:
         self._closing = False  # the loop ended: send what is pending, then stop
         self._done = False  # stop now
         self._thread: threading.Thread | None = None
+        self._unsaved = 0  # deliveries recorded in memory whose record write has not returned yet
 
     def start(self) -> Notifier:
         self._thread = threading.Thread(target=self._run, name="orch-notify", daemon=True)
@@ -209,8 +210,10 @@ class Notifier:
             self._cv.notify()
         deadline = time.monotonic() + patience_s
         if self._thread is not None:
-            while self._thread.is_alive() and self.pending() and time.monotonic() < deadline:
-                self._thread.join(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+            with self._cv:  # woken by each send (`send`): the end of a launch waits for the news, not for a poll
+                # (and until the last delivery's record is written: a process that ended before would send it again)
+                while self._thread.is_alive() and (self.pending() or self._unsaved) and time.monotonic() < deadline:
+                    self._cv.wait(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
         with self._cv:
             self._done = True
             self._cv.notify()
@@ -236,12 +239,29 @@ class Notifier:
                         return
                     self._cv.wait(timeout=min(wait, 1.0) if self._closing else wait)
                     continue
-                msg, sink = self.outbox.messages[pair[0]], self.sinks[pair[1]]
-            ok, why = deliver(sink.url, msg["title"], msg["body"])  # outside the lock: observe never waits on it
-            with self._cv:
-                self._record(pair, sink, ok, why)
-                snapshot = json.dumps(self.outbox.to_json()).encode()  # in the order queued: sent in that order
+            self.send(pair)
+
+    def due(self, now: float) -> tuple[str, str] | None:
+        """The (message key, sink id) to try next at `now` (monotonic), or None."""
+        with self._cv:
+            return self._due(now)[0]
+
+    def send(self, pair: tuple[str, str]) -> None:
+        """One try of one message to one sink, recorded in the outbox record (the sender thread's step; the invariant
+        harness steps it so, without the thread)."""
+        with self._cv:
+            msg, sink = self.outbox.messages[pair[0]], self.sinks[pair[1]]
+        ok, why = deliver(sink.url, msg["title"], msg["body"])  # outside the lock: observe never waits on it
+        with self._cv:
+            self._record(pair, sink, ok, why)
+            snapshot = json.dumps(self.outbox.to_json()).encode()  # in the order queued: sent in that order
+            self._unsaved += 1
+        try:
             self._save(snapshot)
+        finally:
+            with self._cv:
+                self._unsaved -= 1
+                self._cv.notify_all()
 
     def _record(self, pair: tuple[str, str], sink: Sink, ok: bool, why: str) -> None:
         state = self.outbox.sinks[sink.id]
