@@ -178,6 +178,7 @@ class Notifier:
         self._closing = False  # the loop ended: send what is pending, then stop
         self._done = False  # stop now
         self._thread: threading.Thread | None = None
+        self._unsaved = 0  # deliveries recorded in memory whose record write has not returned yet
 
     def start(self) -> Notifier:
         self._thread = threading.Thread(target=self._run, name="orch-notify", daemon=True)
@@ -214,14 +215,15 @@ class Notifier:
             self._cv.notify()
         start = time.monotonic()
         deadline, told = start + patience_s, on_wait is None
-        while self._thread is not None and self._thread.is_alive() and self.pending() and time.monotonic() < deadline:
+        while self._sending() and time.monotonic() < deadline:
             failed, waiting = self._failed()
             if not told and (failed or time.monotonic() - start >= SLOW_S):
                 on_wait(self.pending())  # type: ignore[misc]  (told is False only with a callback)
                 told = True
-            if hand_off and waiting:
+            if hand_off and waiting and not self._unsaved:
                 break
-            self._thread.join(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+            with self._cv:  # woken by each send (`send`): the end of a launch waits for the news, not for a poll
+                self._cv.wait(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
         with self._cv:
             self._done = True
             self._cv.notify()
@@ -230,6 +232,10 @@ class Notifier:
         if left:  # a message queued since the receiver's last try is in no record yet: the hand-off reads the record
             self._save(snapshot)
         return left
+
+    def _sending(self) -> bool:
+        """The sender runs and has work: a message pending, or a delivery whose record is not written yet."""
+        return self._thread is not None and self._thread.is_alive() and bool(self.pending() or self._unsaved)
 
     def _failed(self) -> tuple[bool, bool]:
         """(a pending message's receiver failed its last try, every pending message waits for such a retry)."""
@@ -259,12 +265,29 @@ class Notifier:
                         return
                     self._cv.wait(timeout=min(wait, 1.0) if self._closing else wait)
                     continue
-                msg, sink = self.outbox.messages[pair[0]], self.sinks[pair[1]]
-            ok, why = deliver(sink.url, msg["title"], msg["body"])  # outside the lock: observe never waits on it
-            with self._cv:
-                self._record(pair, sink, ok, why)
-                snapshot = json.dumps(self.outbox.to_json()).encode()  # in the order queued: sent in that order
+            self.send(pair)
+
+    def due(self, now: float) -> tuple[str, str] | None:
+        """The (message key, sink id) to try next at `now` (monotonic), or None."""
+        with self._cv:
+            return self._due(now)[0]
+
+    def send(self, pair: tuple[str, str]) -> None:
+        """One try of one message to one sink, recorded in the outbox record (the sender thread's step; the invariant
+        harness steps it so, without the thread)."""
+        with self._cv:
+            msg, sink = self.outbox.messages[pair[0]], self.sinks[pair[1]]
+        ok, why = deliver(sink.url, msg["title"], msg["body"])  # outside the lock: observe never waits on it
+        with self._cv:
+            self._record(pair, sink, ok, why)
+            snapshot = json.dumps(self.outbox.to_json()).encode()  # in the order queued: sent in that order
+            self._unsaved += 1
+        try:
             self._save(snapshot)
+        finally:
+            with self._cv:
+                self._unsaved -= 1
+                self._cv.notify_all()
 
     def _record(self, pair: tuple[str, str], sink: Sink, ok: bool, why: str) -> None:
         state = self.outbox.sinks[sink.id]

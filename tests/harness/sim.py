@@ -62,6 +62,8 @@ class GuardedStore:
         self.inner = LocalStore(str(root))
         self.refusing = False
         self.writes: list[tuple[str, bytes]] = []  # (key, data) of study and status writes, in order
+        self.secret: bytes | None = None  # `notify:`'s sink URL secret: every write is looked at for it
+        self.leaked: list[str] = []  # the keys of writes that held it
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -69,6 +71,8 @@ class GuardedStore:
     def _guard(self, key: str = "", data: bytes | None = None) -> None:
         if self.refusing:
             raise StoreRefused(30, "Read-only file system (the harness refuses writes)")
+        if data is not None and self.secret is not None and self.secret in data:
+            self.leaked.append(key)
         if data is not None and (key.endswith("study.json") or key.endswith("status.json")):
             self.writes.append((key, data))
 
