@@ -78,3 +78,33 @@ def test_the_check_sees_a_package_that_only_the_test_extras_install():
     assert "pytest" in imported_by("tests.fakecloud.sweeps")  # through tests.conftest
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert "pytest" not in closure(project["dependencies"] + project["optional-dependencies"]["fakecloud"])
+
+
+def imported_by_package(root: str) -> set:
+    """Top-level names every module of a package imports (lazy imports inside functions too)."""
+    names: set = set()
+    for path in sorted((ROOT / root).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    return names
+
+
+# what orch imports only for a feature whose extra the docs name (`orch tensorboard`: the board extra)
+EXTRA_ONLY = {"tensorboard": "board"}
+
+
+def test_orch_itself_runs_on_its_base_dependencies():
+    """`pip install orch` (the quickstart installs it with the trainer, which adds nothing orch imports) must run
+    every command: each package orchestrator/ imports comes with orch's own dependencies (`pathspec` came only with
+    mkdocs, a dev extra: a quickstart's `orch launch` would have failed on `workdir:`)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    installed = closure(project["dependencies"])
+    by_module = metadata.packages_distributions()
+    third_party = imported_by_package("orchestrator") - set(sys.stdlib_module_names) - {"orchestrator", "trainer"}
+    assert "pathspec" in third_party and "boto3" in third_party  # lazy imports are seen
+    missing = {top: by_module.get(top, [top]) for top in sorted(third_party) if top not in EXTRA_ONLY}
+    missing = {top: dists for top, dists in missing.items() if not {_norm(d) for d in dists} & installed}
+    assert not missing, f"orchestrator/ imports these; orch's base dependencies do not install them: {missing}"
