@@ -60,7 +60,9 @@ PACKAGES = (
     "matplotlib>=3.8",
     "optuna>=5.0,<6",
     "apprise>=1.9",
+    "pathspec>=0.12",
 )
+# (pathspec: `workdir:` is read at launch, on the laptop; a controller only imports the module that names it)
 IMPORTS = "boto3, paramiko, libtmux, pydantic, click, rich, yaml, optuna, apprise"
 
 
