@@ -13,6 +13,7 @@ Every refusal names the sweep file's `workdir:` line, the files and the fix, bef
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import io
@@ -100,7 +101,7 @@ def take(folder: Path, where: str, excluded: list[Path] | None = None, max_mb: f
     for rel in _candidates(root, skipped):
         if skipped(rel):
             continue
-        if _SECRETS.match_file(rel):
+        if _secrets().match_file(rel):
             left_out.append(rel)
             continue
         names.append(rel)
@@ -124,25 +125,12 @@ def _ignore_spec(root: Path, where: str):
     return pathspec.GitIgnoreSpec.from_lines(lines)
 
 
-def _secret_spec():
+@functools.cache
+def _secrets():
+    """SECRET_PATTERNS as a spec, made on first use (pathspec imported by a launch only: `orch --help` stays quick)."""
     import pathspec
 
     return pathspec.GitIgnoreSpec.from_lines(SECRET_PATTERNS)
-
-
-class _Lazy:
-    """pathspec imported on first use (orch --help stays instant)."""
-
-    def __init__(self, make):
-        self.make, self.spec = make, None
-
-    def match_file(self, name: str) -> bool:
-        if self.spec is None:
-            self.spec = self.make()
-        return self.spec.match_file(name)
-
-
-_SECRETS = _Lazy(_secret_spec)
 
 
 def _candidates(root: Path, skipped) -> Iterator[str]:

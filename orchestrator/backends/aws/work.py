@@ -63,10 +63,13 @@ class WorkBook:
 
     def learn(self, statuses: dict[str, RunStatus]) -> None:
         """Fold the records just read into the rates; written to the store only when one changed."""
+        with self.ledger.lock:  # (run, attempt) -> its instance's entry, once a pass: not once per record
+            entries = [e for e in self.ledger.entries.values() if isinstance(e, dict)]
+        instance_of = {pair: e for e in entries for pair in attempts_on(e)}
         with self.lock:
             doc, changed = self.doc(), False
             for run_id, status in statuses.items():
-                where = self._instance_of(run_id, status.attempt)
+                where = instance_of.get((run_id, status.attempt)) if status.attempt else None
                 if where is None:
                     continue
                 key = f"{run_id}#{status.attempt}"
@@ -80,14 +83,6 @@ class WorkBook:
                     doc["boots"][key], changed = round(boot, 1), True
             if changed:
                 put_json(self.store, self.key, doc)
-
-    def _instance_of(self, run_id: str, attempt: int) -> dict | None:
-        """The ledger entry of the instance the run's attempt ran on (its type, AZ, start)."""
-        if not attempt:
-            return None
-        with self.ledger.lock:
-            entries = list(self.ledger.entries.values())
-        return next((e for e in entries if isinstance(e, dict) and (run_id, attempt) in attempts_on(e)), None)
 
     def ranked(self, pools: list[tuple[str, str]], price_of) -> list[worth.PoolWorth]:
         """Every pool's worth now, best first (aws/worth.py)."""
