@@ -36,6 +36,7 @@ from orchestrator.backends.aws.settings import AwsSection
 from orchestrator.backends.base import Backend
 from orchestrator.backends.local_settings import LocalSection
 from orchestrator.backends.local_settings import check as local_checks
+from orchestrator.backends.ssh import settings as ssh_settings
 from orchestrator.errors import OrchError
 from orchestrator.sweep import load
 from orchestrator.sweep.sections import BackendSchema
@@ -96,6 +97,17 @@ def _aws(sweep: Sweep) -> Backend:
     from orchestrator.backends.aws.backend import AwsBackend
 
     return AwsBackend(sweep)
+
+
+def _ssh(sweep: Sweep) -> Backend:
+    from orchestrator.backends.ssh.backend import SshBackend
+
+    return SshBackend(sweep)
+
+
+def _ssh_python(spec: Any) -> str | None:
+    ssh = spec.section("ssh")
+    return ssh.python if ssh is not None else None
 
 
 def _aws_costs() -> Costs:
@@ -165,6 +177,7 @@ BACKENDS: tuple[Entry, ...] = (
         _aws_plan_lines,
         _aws_leftovers,
     ),
+    Entry(BackendSchema("ssh", ssh_settings.SshSection, ssh_settings.check, _ssh_python), _ssh),
 )
 
 

@@ -169,6 +169,66 @@ def connect(target: Target, timeout: float, interval: float = 2.0) -> Connection
         ) from None
 
 
+class UnknownHost(OrchError):
+    """A machine the user's known_hosts does not vouch for (absent, or with another key): never trusted on first use."""
+
+
+def connect_known(target: Target, known_hosts: str, timeout: float = 10.0) -> Connection:
+    """A machine the user already has (`backend: ssh`), its host key checked against the user's known_hosts file;
+    `target.identity` "" lets paramiko use the SSH agent and ~/.ssh/id_* as ssh does. One try, no retry: a host that
+    does not answer is the caller's to count as down."""
+    import paramiko
+
+    where = target.address if target.port == 22 else f"[{target.address}]:{target.port}"
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    path = os.path.expanduser(known_hosts)
+    if os.path.isfile(path):
+        client.load_host_keys(path)
+    scan = f"ssh-keyscan -p {target.port} {target.address}"
+    try:
+        client.connect(
+            target.address,
+            port=target.port,
+            username=target.user,
+            pkey=_load_identity(target.identity) if target.identity else None,
+            timeout=timeout,
+            banner_timeout=timeout,
+            auth_timeout=timeout,
+            allow_agent=not target.identity,
+            look_for_keys=not target.identity,
+        )
+        return Connection(client)
+    except paramiko.BadHostKeyException as exc:
+        client.close()
+        raise UnknownHost(
+            f"{where} answered with host key {exc.key.get_name()} {exc.key.get_base64()[:24]}..., not the one "
+            f"{path} has for it: the machine was reinstalled, or another machine answers. Refused. If you know why it "
+            f"changed, remove the old line (ssh-keygen -R '{where}' -f {path}) and add the new key after checking its "
+            f"fingerprint with the machine's owner ({scan})."
+        ) from None
+    except paramiko.AuthenticationException:
+        client.close()
+        key = target.identity or "the SSH agent and ~/.ssh/id_*"
+        raise OrchError(
+            f"{where}: {target.user} was refused with {key}. Put its public key in {target.user}'s "
+            f"~/.ssh/authorized_keys there (ssh-copy-id -p {target.port} {target.user}@{target.address}), or name the "
+            "right one in `ssh.key`."
+        ) from None
+    except paramiko.SSHException as exc:
+        client.close()
+        if "not found in known_hosts" in str(exc):
+            raise UnknownHost(
+                f"{where} is not in {path}: orch never trusts a host key on first use. Log in once with "
+                f"`ssh -p {target.port} {target.user}@{target.address}` and check the fingerprint it shows, or add it "
+                f"with `{scan} >> {path}` after checking it (`ssh.known_hosts` names another file)."
+            ) from None
+        raise OrchError(f"{where}: SSH refused: {exc}") from None
+    except (TimeoutError, OSError, EOFError) as exc:
+        client.close()
+        raise OrchError(f"{where}: cannot reach sshd ({type(exc).__name__}: {exc})") from None
+
+
 def _key_blob(public_line: str) -> bytes:
     import base64
 

@@ -1,0 +1,344 @@
+"""The ssh backend: runs on machines the user already has, each run an agent in a tmux session there.
+
+orch makes no host and only connects out: one SSH connection per host (link.py), host keys checked against the
+user's known_hosts. A run takes a slot of a host: its GPUs / the run's `resources.gpus` (one CUDA_VISIBLE_DEVICES
+set per slot), or `runs:` slots for runs that ask for no GPU. The agents reach the store through a port their sshd
+forwards back over the controller's connection (server.py, store/tunneled.py), so a host never dials the
+controller's machine and gets no cloud credentials. A host that stops answering is lost: its runs' agents stop
+heartbeating, and after `stale_s` the controller starts them elsewhere from their newest checkpoint in the store.
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import os
+import shlex
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from queue import SimpleQueue
+
+from orchestrator import contract
+from orchestrator.backends import bundle as code_bundle
+from orchestrator.backends.base import ACQUIRING, BackendBase, Host, Outcome
+from orchestrator.backends.ssh import probe
+from orchestrator.backends.ssh.link import HostDown, Link, tunnel_file
+from orchestrator.backends.ssh.settings import SshSection, host_specs
+from orchestrator.contract import RunTask
+from orchestrator.errors import OrchError
+from orchestrator.store.lifecycle import StopReason
+from orchestrator.store.status import QUEUED
+from orchestrator.sweep.spec import Sweep, orch_home
+from orchestrator.sweep.tasks import new_task, on_host
+
+log = logging.getLogger("orch.ssh")
+
+BASE = contract.REMOTE_BASE  # ~/orch/runs on each host, as on an instance
+SOCKET = contract.REMOTE_TMUX_SOCKET
+STOP_WAIT_S = 20.0
+LIST_FORMAT = "#{session_name} #{@orch_attempt} #{@orch_slot}"
+
+
+class SshBackend(BackendBase):
+    name = "ssh"
+    poll_s = 2.0
+    stale_s = 30.0  # agents heartbeat every 2 s through the tunnel; a host silent this long is lost
+    start_timeout_s = 120.0
+    releases_interrupted_host = False  # the agent ends its own session
+
+    def __init__(self, sweep: Sweep):
+        self.sweep = sweep
+        self.settings: SshSection = sweep.spec.section_as("ssh", SshSection)
+        self.links = {h.label: Link(h, self.settings.key, self.settings.known_hosts) for h in host_specs(self.settings)}
+        self.facts: dict[str, probe.Facts] = {}  # what each host has, probed once per process
+        self.refused: dict[str, str] = {}  # hosts this sweep cannot use, and why (with the fix)
+        self.seen: dict[str, dict[str, tuple[int, int]]] = {}  # host -> {run: (attempt, slot)}, as last listed
+        self.outcomes: SimpleQueue[Outcome] = SimpleQueue()
+        self.server = None
+        self.bundle: code_bundle.Bundle | None = None
+        self.installed: set[str] = set()
+        self.gpus_per_run: int = (sweep.spec.resources.gpus or 0) if sweep.spec.resources else 0
+
+    # --- what runs where ------------------------------------------------------------------------------------------
+
+    def session(self, run_id: str) -> str:
+        return contract.session_name(self.sweep.spec.name, run_id)
+
+    def list(self) -> builtins.list[Host]:
+        """One command per host (`tmux ls`); a host that does not answer keeps what it last showed, so its runs are
+        lost only when their records stop beating (stale_s), not at the first dropped packet."""
+        by_session = {self.session(r.run_id): r.run_id for r in self.sweep.runs}
+        with ThreadPoolExecutor(min(16, len(self.links))) as pool:
+            listed = dict(zip(self.links, pool.map(self._sessions, self.links.values())))
+        out = []
+        for label, sessions in listed.items():
+            if sessions is not None:
+                self.seen[label] = {by_session[s]: v for s, v in sessions.items() if s in by_session}
+            for run_id, (attempt, _slot) in self.seen.get(label, {}).items():
+                out.append(Host(run_id, label, self.links[label].spec.address, attempt=attempt or None))
+        return out
+
+    def _sessions(self, link: Link) -> dict[str, tuple[int, int]] | None:
+        prefix = contract.session_prefix(self.sweep.spec.name)
+        try:
+            r = link.run(f"tmux -L {SOCKET} ls -F {shlex.quote(LIST_FORMAT)} 2>/dev/null; true", timeout=15)
+        except (HostDown, OrchError) as exc:
+            log.debug("%s: not listed: %s", link.spec.label, exc)
+            return None
+        out = {}
+        for line in r.out.splitlines():
+            name, _, rest = line.partition(" ")
+            if name.startswith(prefix):
+                attempt, _, slot = rest.partition(" ")
+                out[name] = (int(attempt) if attempt.isdigit() else 0, int(slot) if slot.isdigit() else 0)
+        return out
+
+    def run_of_instance(self, host_id: str) -> str | None:
+        runs = [r for r in self.seen.get(host_id, {})]
+        return runs[0] if len(runs) == 1 else None
+
+    # --- starting ---------------------------------------------------------------------------------------------------
+
+    def new_task(self, run_id: str, attempt: int, command: str, params_json: str, replaces: str = "") -> RunTask:
+        return new_task(
+            self.sweep,
+            run_id,
+            attempt,
+            command,
+            params_json,
+            BASE,
+            heartbeat_s=2.0,
+            sync_s=5.0,
+            notice_poll_s=2.0,
+            host="",
+            replaces=replaces,
+        )
+
+    def start(self, task: RunTask) -> Host:
+        if any(task.run_id in runs for runs in self.seen.values()):
+            raise OrchError(f"run {task.run_id} already runs on a host; not starting it twice.")
+        tried = []
+        for link, slot in self._free_slots(task.replaces):
+            try:
+                self._start_on(link, slot, task)
+                self.seen.setdefault(link.spec.label, {})[task.run_id] = (task.attempt, slot)
+                return Host(task.run_id, link.spec.label, link.spec.address, attempt=task.attempt)
+            except HostDown as exc:
+                tried.append(str(exc))
+            except OrchError as exc:  # not asked again for a while (DOWN_S); its other runs go on
+                link.down(str(exc))
+                log.warning("%s: could not start %s there: %s", link.spec.label, task.run_id, exc)
+                tried.append(str(exc))
+        why = "; ".join(tried) or self._busy()
+        self.outcomes.put(Outcome(task.run_id, task.attempt, QUEUED, f"no free slot on a host now ({why})"))
+        return Host(task.run_id, ACQUIRING, "", attempt=task.attempt, provisioning=True)
+
+    def _busy(self) -> str:
+        down = [lk.spec.label for lk in self.links.values() if lk.down_until > time.time()]
+        return f"{len(self.links) - len(down) - len(self.refused)} host(s) busy" + (
+            f", down: {', '.join(down)}" if down else ""
+        )
+
+    def _free_slots(self, avoid: str) -> builtins.list[tuple[Link, int]]:
+        """(host, free slot) for each usable host, the least busy first, the previous attempt's host last."""
+        found = []
+        for label, link in self.links.items():
+            if label in self.refused or link.down_until > time.time():
+                continue
+            facts = self._facts(link)
+            if facts is None:
+                continue
+            taken = {slot for _a, slot in self.seen.get(label, {}).values()}
+            free = [s for s in range(probe.slots(link.spec, facts, self.gpus_per_run)) if s not in taken]
+            if free:
+                found.append((label == avoid, len(taken), label, link, free[0]))
+        return [(link, slot) for *_k, link, slot in sorted(found, key=lambda f: f[:3])]
+
+    def _facts(self, link: Link) -> probe.Facts | None:
+        label = link.spec.label
+        if label not in self.facts:
+            try:
+                self.facts[label] = probe.probe(link, self.gpus_per_run)
+            except HostDown:
+                return None
+            except OrchError as exc:
+                self.refused[label] = str(exc)
+                log.warning("%s", exc)
+                return None
+        return self.facts[label]
+
+    def _start_on(self, link: Link, slot: int, task: RunTask) -> None:
+        facts = self.facts[link.spec.label]
+        self._serve(link)
+        bundle = self._install(link)
+        env = {"ORCH_PYTHON": facts.python}
+        if self.gpus_per_run:
+            first = slot * self.gpus_per_run
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(first + i) for i in range(self.gpus_per_run))
+        task = on_host(task, link.spec.label, env=env)
+        task = RunTask(**{**task.__dict__, "store_url": "tunnel:" + tunnel_file(self.sweep.spec.name)})
+        task_path = contract.task_file(task.ctl_dir, task.attempt)
+        link.put_bytes(task.to_json(), task_path)
+        agent = contract.agent_command(facts.python, task_path, task.ctl_dir, pythonpath=bundle.remote_dir)
+        s = shlex.quote(task.session)
+        link.check(  # one tmux command sequence: the options land on the session it just made
+            f'cd "$HOME" && tmux -L {SOCKET} new-session -d -s {s} -n agent -x 200 -y 50 {shlex.quote(agent)} '
+            f"';' set-option @orch_attempt {task.attempt} ';' set-option @orch_slot {slot}"
+        )
+        log.info("%s: attempt %s on %s (slot %s)", task.run_id, task.attempt, link.spec.label, slot)
+
+    def _install(self, link: Link) -> code_bundle.Bundle:
+        if self.bundle is None:
+            self.bundle = code_bundle.build()
+        b = self.bundle
+        if link.spec.label not in self.installed:
+            if link.run(f'test -f "{b.remote_dir.replace("~/", "$HOME/")}/.complete"').code != 0:
+                link.check(code_bundle.install_command(b), timeout=120, stdin=b.data)
+            self.installed.add(link.spec.label)
+        return b
+
+    def _serve(self, link: Link) -> None:
+        """The store server (once per controller) and this host's way to it (once per connection)."""
+        if self.server is None:
+            from orchestrator.backends.ssh.server import StoreServer
+            from orchestrator.store import open_store
+
+            mirror = orch_home() / "ssh-mirror" / self.sweep.spec.name
+            self.server = StoreServer(open_store(self.sweep.store_url), self.sweep.spec.name, mirror)
+        link.tunnel(self.sweep.spec.name, self.server.port, self.server.token)
+
+    def learn(self, statuses) -> None:
+        """Each pass of the controller: every host with live runs has its way to the store (a relaunched controller,
+        a host that came back)."""
+        for label, runs in self.seen.items():
+            link = self.links[label]
+            if runs and link.down_until <= time.time():
+                try:
+                    self._serve(link)
+                except (HostDown, OrchError) as exc:
+                    log.debug("%s: no tunnel now: %s", label, exc)
+
+    def drain_outcomes(self) -> builtins.list[Outcome]:
+        out = []
+        while not self.outcomes.empty():
+            out.append(self.outcomes.get())
+        return out
+
+    # --- stopping -------------------------------------------------------------------------------------------------
+
+    def _where(self, run_id: str) -> Link | None:
+        for label, runs in self.seen.items():
+            if run_id in runs:
+                return self.links[label]
+        if not self.seen:
+            self.list()
+            return self._where(run_id) if self.seen and any(run_id in r for r in self.seen.values()) else None
+        return None
+
+    def release(self, host: Host) -> None:
+        if host.host_id == ACQUIRING or host.host_id not in self.links:
+            return
+        link = self.links[host.host_id]
+        # forgotten here either way: a host that does not answer shows its runs again only once it answers (then an
+        # old attempt's session is released again, and ends)
+        self.seen.get(host.host_id, {}).pop(host.run_id, None)
+        try:
+            link.run(kill_script(self.session(host.run_id)))
+        except (HostDown, OrchError) as exc:
+            log.info("%s: could not end %s there now: %s", host.host_id, host.run_id, exc)
+
+    def stop(self, run_id: str, reason: StopReason) -> bool:
+        link = self._where(run_id)
+        if link is None:
+            return False
+        ctl = contract.ctl_dir(BASE, self.sweep.spec.name, run_id)
+        try:
+            self._serve(link)  # its agent's last record and checkpoint go to the store through this process now
+            r = link.run(
+                contract.stop_script(ctl, self.session(run_id), reason, STOP_WAIT_S, SOCKET), timeout=STOP_WAIT_S + 15
+            )
+            if r.code != 0:
+                link.run(kill_script(self.session(run_id)))
+        except (HostDown, OrchError) as exc:
+            log.warning("could not stop %s on %s: %s", run_id, link.spec.label, exc)
+            return False
+        self.seen.get(link.spec.label, {}).pop(run_id, None)
+        return True
+
+    def notify_interruption(self, run_id: str) -> bool:
+        link = self._where(run_id)
+        if link is None:
+            return False
+        link.put_bytes(b"chaos\n", contract.notice_path(contract.ctl_dir(BASE, self.sweep.spec.name, run_id)), 0o644)
+        return True
+
+    def attach(self, run_id: str, node: int = 0) -> int:
+        link = self._where(run_id)
+        if link is None:
+            raise OrchError(f"run {run_id} is not running on any host now. See its log with `orch logs {run_id}`.")
+        remote = f"tmux -L {SOCKET} attach-session -t {shlex.quote('=' + self.session(run_id) + ':run')}"
+        if shutil.which("ssh") is None:
+            raise OrchError("`orch attach` on ssh hosts needs the ssh command (apt-get install openssh-client).")
+        s = link.spec
+        argv = [
+            "ssh",
+            "-t",
+            "-p",
+            str(s.port),
+            "-o",
+            f"UserKnownHostsFile={os.path.expanduser(self.settings.known_hosts)}",
+        ]
+        argv += ["-o", "StrictHostKeyChecking=yes"] + (
+            ["-i", os.path.expanduser(self.settings.key)] if self.settings.key else []
+        )
+        os.execvp("ssh", [*argv, f"{s.user}@{s.address}", remote])
+        return 0
+
+    # --- the sweep's lifetime ------------------------------------------------------------------------------------
+
+    def preflight(self) -> None:
+        """Every host probed at launch (in parallel): those that cannot serve are named with the fix and left out;
+        none usable: nothing starts."""
+        links = list(self.links.values())
+        with ThreadPoolExecutor(min(16, len(links))) as pool:
+            list(pool.map(self._facts, links))
+        for label, link in self.links.items():
+            if label not in self.facts and label not in self.refused:
+                self.refused[label] = f"{label}: {link.why_down or 'did not answer'}"
+        usable = [h for h in self.links if h in self.facts and h not in self.refused]
+        if not usable:
+            raise OrchError("no host can run this sweep:\n  " + "\n  ".join(self.refused.values()), exit_code=2)
+        for why in self.refused.values():
+            log.warning("left out: %s", why)
+
+    def teardown(self) -> builtins.list[str]:
+        """What orch put on each host for this sweep: its runs' folders and its tunnel file (the code caches
+        ~/orch/code and ~/orch/runs/.code stay, shared by sweeps; see docs/ssh.md)."""
+        gone = []
+        name = self.sweep.spec.name
+        for label, link in self.links.items():
+            script = kill_script(contract.session_prefix(name), every=True) + (
+                f'; rm -rf "$HOME/orch/runs/{name}" "$HOME/orch/tunnels/{name}.json"'
+            )
+            try:
+                link.check(script, timeout=60)
+                gone.append(f"{label}: ~/orch/runs/{name}")
+            except (HostDown, OrchError) as exc:
+                log.warning("%s: could not remove what the sweep left there: %s", label, exc)
+        if self.server is not None:
+            self.server.forget()
+        return gone
+
+
+def kill_script(session: str, every: bool = False) -> str:
+    """End a run's session (every: each session whose name starts with `session`) and every process of its panes at
+    once: each pane's command leads a process group of its own, killed whole (an agent busy writing its last record
+    would otherwise outlive its session). Touches nothing else on the host."""
+    pick = f"grep '^{session}'" if every else f"grep -Fx {shlex.quote(session)}"
+    return (
+        f"for s in $(tmux -L {SOCKET} ls -F '#{{session_name}}' 2>/dev/null | {pick}); do "
+        f'for p in $(tmux -L {SOCKET} list-panes -s -t "=$s" -F "#{{pane_pid}}" 2>/dev/null); do '
+        f'kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; done; '
+        f'tmux -L {SOCKET} kill-session -t "=$s" 2>/dev/null; done; true'
+    )

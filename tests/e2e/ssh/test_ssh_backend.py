@@ -1,0 +1,127 @@
+"""`backend: ssh` end to end through `orch launch`, on real sshd hosts on loopback (tests/fakessh.py) that orch did
+not make: runs spread over the hosts' slots, the store reached through the controller's connection, a host's key
+checked against known_hosts, and `orch down` leaving nothing of orch's (and everything of anyone else's)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator.wait import retry_until
+from tests.conftest import finish, no_traceback, starts
+from tests.conftest import run_states as status
+from tests.fakessh import SshHosts
+
+pytestmark = pytest.mark.slow
+
+
+def hosts_of(orch, sweep: str) -> dict[str, str]:
+    """run -> the host its record names (as `orch status --all` shows it in its table)."""
+    records = orch.store(sweep, ".orch").glob("*/status.json")
+    return {p.parent.name: json.loads(p.read_text())["host"] for p in records}
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    with SshHosts(tmp_path / "machines", 2) as h:
+        yield h
+
+
+def test_four_runs_over_two_hosts_with_a_folder_store(orch, hosts, job):
+    path = orch.sweep(
+        f'name: lab\ncommand: "{job(steps=5)}"\nworkdir: null\nstore: store\nmax_parallel: 4\n'
+        f"backend: ssh\ngrid:\n  lr: [1, 2, 3, 4]\n{hosts.section()}"
+    )
+    r = orch("launch", str(path))
+    assert r.code == 0, r.out + r.err
+    runs = status(orch, "lab")
+    assert len(runs) == 4 and {v["state"] for v in runs.values()} == {"succeeded"}, runs
+    assert set(hosts_of(orch, "lab").values()) == {h.label for h in hosts.hosts}, runs  # both hosts served
+    assert not (job.marks / "DUPLICATE").exists()
+    assert orch.store("lab").joinpath(next(iter(runs)), "metrics.jsonl").exists()
+    assert "tick 4" in orch("logs", next(iter(runs))).out
+
+
+def test_a_host_with_a_changed_key_is_refused_and_the_sweep_runs_on_the_other(orch, hosts, job):
+    hosts.hosts[1].kill()
+    hosts.hosts[1].rekey()  # reinstalled: known_hosts still has its old key
+    hosts.restart(1)
+    path = orch.sweep(
+        f'name: rekeyed\ncommand: "{job(steps=2)}"\nworkdir: null\nstore: store\nmax_parallel: 2\n'
+        f"backend: ssh\ngrid:\n  lr: [1, 2]\n{hosts.section()}"
+    )
+    r = orch("launch", str(path))
+    assert r.code == 0, r.out + r.err
+    assert "not the one" in r.err and hosts.hosts[1].label.split("@")[1].split(":")[0] in r.err, r.err
+    assert "ssh-keygen -R" in r.err, r.err  # the fix
+    runs = status(orch, "rekeyed")
+    assert set(hosts_of(orch, "rekeyed").values()) == {hosts.hosts[0].label}, runs
+    assert not list(hosts.hosts[1].home.glob("orch/runs/*")), "nothing was started on the refused host"
+
+
+def test_no_usable_host_starts_nothing(orch, hosts, job):
+    hosts.known_hosts.write_text("")  # the user never checked these machines' keys
+    path = orch.sweep(
+        f'name: unknown\ncommand: "{job(steps=2)}"\nworkdir: null\nstore: store\nbackend: ssh\n{hosts.section()}'
+    )
+    r = orch("launch", str(path))
+    assert r.code == 2, r.out + r.err
+    no_traceback(r)
+    assert "no host can run this sweep" in r.err and "ssh-keyscan" in r.err, r.err
+    assert not starts(job.marks) and not list(hosts.hosts[0].home.glob("orch/runs/*"))
+
+
+def test_orch_down_leaves_nothing_of_orchs_and_everything_of_anyone_elses(orch, hosts, job):
+    others = [h.foreign() for h in hosts.hosts]
+    try:
+        path = orch.sweep(
+            f'name: downed\ncommand: "{job(release=True)}"\nworkdir: null\nstore: store\nmax_parallel: 2\n'
+            f"backend: ssh\ngrid:\n  lr: [1, 2]\n{hosts.section()}"
+        )
+        assert orch("launch", str(path), "--detach").code == 0
+        retry_until(lambda: len(starts(job.marks)) == 2, 60, 0.2, "both runs started")
+        r = orch("down", "downed")
+        assert r.code == 0, r.out + r.err
+        for h, other in zip(hosts.hosts, others):
+            assert other.poll() is None, "someone else's process on the host was killed"
+            left = [p for p in h.processes() if p != other.pid]
+            what = [open(f"/proc/{p}/cmdline", "rb").read().replace(b"\0", b" ")[:120] for p in left]
+            assert not left, f"{h.label}: processes of orch's left: {what}"
+            assert not list(h.home.glob("orch/runs/downed")) and not list(h.home.glob("orch/tunnels/downed*"))
+    finally:
+        for other in others:
+            other.kill()
+
+
+@pytest.mark.timeout(600)
+def test_a_host_powered_off_mid_run_loses_nothing_but_time(orch, hosts, tmp_path):
+    """The host a run trains on is killed (its sshd and every process): the run resumes on the other host from its
+    newest checkpoint in the store, and ends with the weights of a run never interrupted."""
+    from tests.e2e.local.test_spot import LONGER, TRAIN
+    from tests.unit.trainer.test_train import final_weights, run_trainer, same
+
+    reference = tmp_path / "reference"
+    run_trainer([*LONGER, "--out", str(reference)])
+    path = orch.sweep(
+        f'name: power\ncommand: "{TRAIN}"\nworkdir: null\nstore: store\nmax_restarts: 0\n'
+        f"backend: ssh\n{hosts.section()}"
+    )
+    assert orch("launch", str(path), "--detach").code == 0
+    ckpts = orch.store("power", "run")
+
+    def first_host():
+        stored = list(ckpts.glob("ckpt/*/MANIFEST.json"))
+        return hosts_of(orch, "power").get("run") if stored else None
+
+    label = retry_until(first_host, 180, 0.2, "a checkpoint in the store")
+    victim = next(h for h in hosts.hosts if h.label == label)
+    victim.kill()
+    retry_until(
+        lambda: status(orch, "power").get("run", {}).get("state") in ("succeeded", "failed"), 300, 1, "the run's end"
+    )
+    final = status(orch, "power")["run"]
+    assert (final["state"], final["attempt"], final["failures"]) == ("succeeded", 2, 0), final
+    assert hosts_of(orch, "power")["run"] != label
+    assert "resumed from" in orch("logs", "run", "--attempt", "2").out
+    assert same(final_weights(reference), final_weights(ckpts))
