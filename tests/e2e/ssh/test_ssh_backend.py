@@ -9,7 +9,7 @@ import json
 import pytest
 
 from orchestrator.wait import retry_until
-from tests.conftest import finish, no_traceback, starts
+from tests.conftest import no_traceback, starts
 from tests.conftest import run_states as status
 from tests.fakessh import SshHosts
 
