@@ -125,3 +125,91 @@ def test_a_host_powered_off_mid_run_loses_nothing_but_time(orch, hosts, tmp_path
     assert hosts_of(orch, "power")["run"] != label
     assert "resumed from" in orch("logs", "run", "--attempt", "2").out
     assert same(final_weights(reference), final_weights(ckpts))
+
+
+def _controller_pid(orch, sweep: str) -> int:
+    lock = orch.home / "locks" / f"{sweep}.lock"
+    return int(retry_until(lambda: lock.exists() and lock.read_text().strip(), 30, 0.1, "the controller's lock"))
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_controller_relaunched_adopts_what_runs(orch, hosts, job):
+    """The agents lose their way to the store with the controller; the next one serves it anew (another port, another
+    token in the hosts' endpoint files) and adopts the runs where they are: no second attempt, no duplicate."""
+    import os
+    import signal
+
+    path = orch.sweep(
+        f'name: adopt\ncommand: "{job(release=True)}"\nworkdir: null\nstore: store\nmax_parallel: 2\n'
+        f"backend: ssh\ngrid:\n  lr: [1, 2]\n{hosts.section()}"
+    )
+    assert orch("launch", str(path), "--detach").code == 0
+    retry_until(lambda: len(starts(job.marks)) == 2, 60, 0.2, "both runs started")
+    os.kill(_controller_pid(orch, "adopt"), signal.SIGKILL)
+    relaunch = orch.popen("launch", str(path))
+    try:
+        retry_until(lambda: _controller_pid(orch, "adopt") == relaunch.pid, 60, 0.2, "the new controller")
+        job.release.touch()
+        assert relaunch.wait(120) == 0, relaunch.stdout.read() if relaunch.stdout else ""
+    finally:
+        relaunch.kill()
+    runs = status(orch, "adopt")
+    assert {(v["state"], v["attempt"]) for v in runs.values()} == {("succeeded", 1)}, runs
+    assert len(starts(job.marks)) == 2 and not (job.marks / "DUPLICATE").exists()
+
+
+@pytest.mark.timeout(300)
+def test_chaos_interrupt_resumes_on_a_host(orch, hosts):
+    from tests.e2e.local.test_spot import TRAIN
+
+    path = orch.sweep(
+        f'name: chaos\ncommand: "{TRAIN}"\nworkdir: null\nstore: store\nmax_restarts: 0\n'
+        f"backend: ssh\n{hosts.section()}"
+    )
+    assert orch("launch", str(path), "--detach").code == 0
+    metrics = orch.store("chaos", "run", "metrics.jsonl")
+    retry_until(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 20, 120, 0.2, "training")
+    r = orch("chaos", "interrupt", "run")
+    assert r.code == 0 and "spot interruption notice" in r.out, r.out + r.err
+    retry_until(lambda: status(orch, "chaos")["run"]["state"] in ("succeeded", "failed"), 240, 1, "the run's end")
+    final = status(orch, "chaos")["run"]
+    assert (final["state"], final["attempt"], final["preemptions"], final["failures"]) == ("succeeded", 2, 1, 0)
+    assert "resumed from" in orch("logs", "run", "--attempt", "2").out
+
+
+def test_the_users_own_code_reaches_the_hosts_through_the_controller(orch, hosts, tmp_path):
+    """`workdir:` (the sweep file's folder by default): a user's train.py beside the sweep file runs on the hosts,
+    its snapshot fetched through the tunnel (the hosts cannot reach this machine's folder store otherwise)."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text(
+        "import os, helper\nopen(os.path.join(os.environ['ORCH_RUN_DIR'], 'out.txt'), 'w').write(helper.WORD)\n"
+    )
+    (project / "helper.py").write_text("WORD = 'from the project'\n")
+    (project / "sweep.yaml").write_text(
+        f'name: mine\ncommand: "{{python}} train.py"\nstore: {tmp_path / "store"}\nbackend: ssh\n{hosts.section()}'
+    )
+    r = orch("launch", str(project / "sweep.yaml"))
+    assert r.code == 0, r.out + r.err
+    assert (tmp_path / "store" / "mine" / "run" / "out.txt").read_text() == "from the project"
+
+
+def test_an_s3_store_is_reached_by_the_controller_alone(orch, hosts, job, cloud):
+    """With `store: s3://...` the hosts still get no AWS credentials: the controller carries their writes to S3
+    with the S3 store's own index and checksums, and a sweep on it reads as any other."""
+    from tests.fakecloud import BUCKET
+
+    path = orch.sweep(
+        f'name: clouded\ncommand: "{job(steps=3)}"\nworkdir: null\nstore: s3://{BUCKET}/lab\nmax_parallel: 2\n'
+        f"backend: ssh\ngrid:\n  lr: [1, 2]\n{hosts.section()}"
+    )
+    r = orch("launch", str(path))
+    assert r.code == 0, r.out + r.err
+    runs = status(orch, "clouded")
+    assert {v["state"] for v in runs.values()} == {"succeeded"}, runs
+    keys = [o["Key"] for o in cloud.client("s3").list_objects_v2(Bucket=BUCKET, Prefix="lab/clouded/")["Contents"]]
+    assert {"lab/clouded/lr=1/metrics.jsonl", "lab/clouded/lr=1/.orch-sync.json"} <= set(keys), keys
+    assert "tick 2" in orch("logs", "lr=1").out
+    tasks = [json.loads(t.read_text()) for h in hosts.hosts for t in h.home.glob("orch/runs/clouded/*/ctl/task-*.json")]
+    assert len(tasks) == 2 and all(t["store_url"].startswith("tunnel:") for t in tasks), tasks
+    assert not any(k.startswith("AWS_") for t in tasks for k in t["env"]), "a host got AWS settings"
