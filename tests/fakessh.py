@@ -158,6 +158,10 @@ class SshHosts:
             shutil.rmtree(h.tmux_dir, ignore_errors=True)
         self._lock.close()
 
-    def section(self, extra: str = "") -> str:
-        hosts = "".join(f"\n    - {h.label}" for h in self.hosts)
+    def section(self, extra: str = "", gpus: int | None = None) -> str:
+        """The sweep's `ssh:` section for these hosts (`gpus`: each as a mapping that says it has so many)."""
+        if gpus is None:
+            hosts = "".join(f"\n    - {h.label}" for h in self.hosts)
+        else:
+            hosts = "".join(f"\n    - host: {h.label}\n      gpus: {gpus}" for h in self.hosts)
         return f"ssh:\n  hosts:{hosts}\n  key: {self.identity}\n  known_hosts: {self.known_hosts}\n{extra}"

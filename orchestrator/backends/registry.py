@@ -110,6 +110,16 @@ def _ssh_python(spec: Any) -> str | None:
     return ssh.python if ssh is not None else None
 
 
+def _ssh_costs() -> Costs:
+    from orchestrator.backends.ssh import ledger
+
+    return Costs(ledger.total, ledger.per_run, lambda _: 0.0, lambda *_a, **_k: None, ledger.places, _no_transfer)
+
+
+def _no_transfer(ledger: dict, run: str, moved: dict) -> tuple[float, int]:
+    return 0.0, 0
+
+
 def _aws_costs() -> Costs:
     from orchestrator.aws import pricing, worth
 
@@ -177,7 +187,11 @@ BACKENDS: tuple[Entry, ...] = (
         _aws_plan_lines,
         _aws_leftovers,
     ),
-    Entry(BackendSchema("ssh", ssh_settings.SshSection, ssh_settings.check, _ssh_python), _ssh),
+    Entry(
+        BackendSchema("ssh", ssh_settings.SshSection, ssh_settings.check, _ssh_python, counts_dollars=True),
+        _ssh,
+        _ssh_costs,
+    ),
 )
 
 

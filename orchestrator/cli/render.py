@@ -137,9 +137,11 @@ def results_table(res: Results, width: int = 200, wide: bool = False) -> SizedTa
     unless `wide` (`orch collect --wide`)."""
     metrics = ranked(res.metric_names())[:4]
     costs = any(r.cost_usd is not None for r in res.runs)
+    # machines of your own with no price given (ssh): GPU-hours, and no dollar column of zeros
+    dollars = costs and bool(res.spend_usd or any(r.cost_usd for r in res.runs))
     moved = any(r.transfer_bytes for r in res.runs)  # some attempt ran outside the store's region
     title = f"results of sweep {res.sweep}" + (
-        f" (spent {usd(res.spend_usd)} in all)" if res.spend_usd is not None else ""
+        f" (spent {usd(res.spend_usd)} in all)" if res.spend_usd is not None and dollars else ""
     )
     rows = []
     for r in res.runs:
@@ -148,7 +150,9 @@ def results_table(res: Results, width: int = 200, wide: bool = False) -> SizedTa
         cells.update({m: fmt_value(r.final.get(m, "-")) for m in metrics})
         cells.update({f"best {m}": fmt_value(r.best.get(m, "-")) for m in metrics if m.endswith("acc")})
         if costs:
-            cells.update({"GPU-h": f"{r.gpu_hours or 0.0:.2f}", "$": usd(r.cost_usd or 0.0)[1:]})
+            cells.update(
+                {"GPU-h": f"{r.gpu_hours or 0.0:.2f}"} | ({"$": usd(r.cost_usd or 0.0)[1:]} if dollars else {})
+            )
             cells["region"] = ",".join(dict.fromkeys(r.regions)) or "-"
             if moved:
                 cells["transfer $"] = f"{r.transfer_usd or 0.0:.4f}"
@@ -172,7 +176,8 @@ def results_table(res: Results, width: int = 200, wide: bool = False) -> SizedTa
         *[f"best {m}" for m in metrics if m.endswith("acc")],
         *to_target,
         "time",
-        *(["region", "GPU-h", "$"] if costs else []),
+        *(["region", "GPU-h"] if costs else []),
+        *(["$"] if dollars else []),
         *(["transfer $"] if moved else []),
     ]
     optional = [

@@ -23,6 +23,7 @@ from orchestrator import contract
 from orchestrator.backends import bundle as code_bundle
 from orchestrator.backends.base import ACQUIRING, BackendBase, Host, Outcome
 from orchestrator.backends.ssh import probe
+from orchestrator.backends.ssh.ledger import Ledger
 from orchestrator.backends.ssh.link import HostDown, Link, tunnel_file
 from orchestrator.backends.ssh.settings import SshSection, host_specs
 from orchestrator.contract import RunTask
@@ -59,6 +60,7 @@ class SshBackend(BackendBase):
         self.bundle: code_bundle.Bundle | None = None
         self.installed: set[str] = set()
         self.gpus_per_run: int = (sweep.spec.resources.gpus or 0) if sweep.spec.resources else 0
+        self.ledger = Ledger(None, sweep.spec.name, self.settings.price_per_hour, self.gpus_per_run)
 
     # --- what runs where ------------------------------------------------------------------------------------------
 
@@ -75,6 +77,7 @@ class SshBackend(BackendBase):
         for label, sessions in listed.items():
             if sessions is not None:
                 self.seen[label] = {by_session[s]: v for s, v in sessions.items() if s in by_session}
+                self._ledger().ended(label, set(self.seen[label]))
             for run_id, (attempt, _slot) in self.seen.get(label, {}).items():
                 out.append(Host(run_id, label, self.links[label].spec.address, attempt=attempt or None))
         return out
@@ -123,6 +126,8 @@ class SshBackend(BackendBase):
             try:
                 self._start_on(link, slot, task)
                 self.seen.setdefault(link.spec.label, {})[task.run_id] = (task.attempt, slot)
+                slots = probe.slots(link.spec, self.facts[link.spec.label], self.gpus_per_run)
+                self._ledger().started(link.spec.label, task.run_id, task.attempt, slots)
                 return Host(task.run_id, link.spec.label, link.spec.address, attempt=task.attempt)
             except HostDown as exc:
                 tried.append(str(exc))
@@ -208,9 +213,23 @@ class SshBackend(BackendBase):
             self.server = StoreServer(open_store(self.sweep.store_url), self.sweep.spec.name, mirror)
         link.tunnel(self.sweep.spec.name, self.server.port, self.server.token)
 
+    def _ledger(self) -> Ledger:
+        if self.ledger.store is None:
+            from orchestrator.store import open_store
+
+            self.ledger.store = open_store(self.sweep.store_url)
+        return self.ledger
+
+    def spend(self) -> float:
+        return self._ledger().spend()
+
+    def flush(self) -> None:
+        self._ledger().flush()
+
     def learn(self, statuses) -> None:
         """Each pass of the controller: every host with live runs has its way to the store (a relaunched controller,
-        a host that came back)."""
+        a host that came back); what the runs held is written when it changed."""
+        self.flush()
         for label, runs in self.seen.items():
             link = self.links[label]
             if runs and link.down_until <= time.time():
@@ -328,6 +347,8 @@ class SshBackend(BackendBase):
                 log.warning("%s: could not remove what the sweep left there: %s", label, exc)
         if self.server is not None:
             self.server.forget()
+        self.list()  # what ended on the hosts that answered is in the ledger
+        self.flush()
         return gone
 
 

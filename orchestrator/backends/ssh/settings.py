@@ -125,6 +125,14 @@ def check(spec: Any, base: Path) -> Problems:
                 "once with ssh (it asks you to check the key and keeps it there), or name your file",
             )
         )
+    if spec.budget_usd is not None and section.price_per_hour is None:
+        out.append(
+            (
+                ("budget_usd",),
+                "on your own machines orch counts dollars only at the price you give: set `ssh.price_per_hour` "
+                "(dollars per host-hour), or leave `budget_usd:` out",
+            )
+        )
     r = spec.resources
     if r is not None and r.nodes > 1:
         out.append((("resources", "nodes"), "runs spanning several hosts are not built for `backend: ssh` yet; use 1"))

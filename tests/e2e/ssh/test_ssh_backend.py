@@ -41,6 +41,8 @@ def test_four_runs_over_two_hosts_with_a_folder_store(orch, hosts, job):
     assert not (job.marks / "DUPLICATE").exists()
     assert orch.store("lab").joinpath(next(iter(runs)), "metrics.jsonl").exists()
     assert "tick 4" in orch("logs", next(iter(runs))).out
+    r = orch("collect", "lab")
+    assert r.code == 0 and "GPU-h" in r.out and "$" not in r.out, r.out  # no price given: no dollars
 
 
 def test_a_host_with_a_changed_key_is_refused_and_the_sweep_runs_on_the_other(orch, hosts, job):
@@ -213,3 +215,46 @@ def test_an_s3_store_is_reached_by_the_controller_alone(orch, hosts, job, cloud)
     tasks = [json.loads(t.read_text()) for h in hosts.hosts for t in h.home.glob("orch/runs/clouded/*/ctl/task-*.json")]
     assert len(tasks) == 2 and all(t["store_url"].startswith("tunnel:") for t in tasks), tasks
     assert not any(k.startswith("AWS_") for t in tasks for k in t["env"]), "a host got AWS settings"
+
+
+def test_runs_share_a_host_by_its_gpus_and_collect_counts_gpu_hours_and_dollars(orch, hosts, script):
+    """Two GPUs a host, one a run: two runs at once on each, each its own CUDA_VISIBLE_DEVICES; `orch collect`
+    gives GPU-hours, and dollars at the host-hour's price (shared by the runs the host held)."""
+    seen = orch.tmp / "devices"
+    seen.mkdir()
+    job = script(
+        f"""
+        import os, time
+        open(os.path.join({str(seen)!r}, os.environ["ORCH_RUN_ID"]), "w").write(os.environ["CUDA_VISIBLE_DEVICES"])
+        while len(os.listdir({str(seen)!r})) < 4:  # all four at once, or none ends
+            time.sleep(0.1)
+        """
+    )
+    path = orch.sweep(
+        f'name: packed\ncommand: "{{python}} {job}"\nworkdir: null\nstore: store\nmax_parallel: 4\n'
+        f"resources:\n  gpus: 1\nbackend: ssh\ngrid:\n  lr: [1, 2, 3, 4]\n"
+        f"{hosts.section(gpus=2, extra='  price_per_hour: 3.6')}"
+    )
+    r = orch("launch", str(path))
+    assert r.code == 0, r.out + r.err
+    by_host: dict[str, list[str]] = {}
+    for run, host in hosts_of(orch, "packed").items():
+        by_host.setdefault(host, []).append((seen / run).read_text())
+    assert sorted(sorted(v) for v in by_host.values()) == [["0", "1"], ["0", "1"]], by_host
+    r = orch("collect", "packed")
+    assert r.code == 0 and "GPU-h" in r.out and "$" in r.out, r.out + r.err
+    rows = {row["run_id"]: row for row in csv_rows(orch.tmp / "results" / "packed" / "runs.csv")}
+    assert all(float(row["gpu_hours"]) > 0 and float(row["cost_usd"]) > 0 for row in rows.values()), rows
+    # the host-hour at 3.6 $ is shared by its 2 slots: each attempt holds 1 GPU at 1.8 $/h, and has ended
+    ledger = json.loads(orch.store("packed", "cost.json").read_text())
+    assert sorted((e["run"], e["gpus"], e["price_per_h"]) for e in ledger.values()) == [
+        (f"lr={k}", 1, 1.8) for k in (1, 2, 3, 4)
+    ], ledger
+    assert all(e["end"] and e["end"] >= e["start"] for e in ledger.values()), ledger
+
+
+def csv_rows(path):
+    import csv
+
+    with open(path) as f:
+        return list(csv.DictReader(f))
