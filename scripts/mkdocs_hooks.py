@@ -187,7 +187,7 @@ def call_table() -> str:
 
 
 def aws_calls_page() -> str:
-    from orchestrator.aws import policy
+    from orchestrator.backends.aws.cloud import policy
 
     bucket = "YOUR-BUCKET"
     return "\n".join(
@@ -195,9 +195,9 @@ def aws_calls_page() -> str:
             "# AWS calls and permissions (generated)",
             "",
             "Every AWS call orch makes (the table of [orch on AWS](../aws.md), kept complete against the code by "
-            "`tests/unit/aws/test_call_table.py`), and the policy and boundary exactly as `orch aws policy` and "
-            "`orch aws boundary` print them (`orchestrator/aws/policy.py`). How to create them: "
-            "[the admin's part](../getting-started/admin.md).",
+            "`tests/unit/backends/aws/cloud/test_call_table.py`), and the policy and boundary exactly as "
+            "`orch aws policy` and `orch aws boundary` print them (`orchestrator/backends/aws/cloud/policy.py`). "
+            "How to create them: [the admin's part](../getting-started/admin.md).",
             "",
             "## The calls",
             call_table().rstrip(),

@@ -18,7 +18,8 @@ Each entry declares what the layers above and below need of its backend, so that
   launched here, for `orch gc` and `orch down --all` (and `orch down NAME` of a name it makes that is no sweep's).
 
 Host-side parts (spot notices from the metadata service, self-termination, rung tags) are switched on by name in
-the tasks a backend builds (`RunTask.host_parts`, one of `contract.HOST_PARTS`); the agent (host/) has them all.
+the tasks a backend builds (`RunTask.host_parts`, one of `contract.HOST_PARTS`); the agent (host/; the aws backend's
+parts in host/aws/) has them all.
 Adding a backend: docs/backends.md.
 """
 
@@ -121,7 +122,7 @@ def _no_transfer(ledger: dict, run: str, moved: dict) -> tuple[float, int]:
 
 
 def _aws_costs() -> Costs:
-    from orchestrator.aws import pricing, worth
+    from orchestrator.backends.aws.cloud import pricing, worth
 
     return Costs(
         pricing.ledger_cost,
@@ -146,7 +147,7 @@ def _aws_compared(section: dict) -> dict:
 def _aws_explain(exc: BaseException) -> OrchError | None:
     if not type(exc).__module__.startswith("botocore"):
         return None
-    from orchestrator.aws.ec2 import explain
+    from orchestrator.backends.aws.cloud.ec2 import explain
 
     return explain(exc, "an AWS call")
 

@@ -1,5 +1,5 @@
-"""`orch ami`: build, list and remove images made from recipes (aws/images.py and backends/aws/image_build.py do the
-work)."""
+"""`orch ami`: build, list and remove images made from recipes (backends/aws/cloud/images.py and
+backends/aws/image_build.py do the work)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import click
 
-from orchestrator.aws import ec2 as api
-from orchestrator.aws import images
 from orchestrator.backends.aws import image_build
+from orchestrator.backends.aws.cloud import ec2 as api
+from orchestrator.backends.aws.cloud import images
 from orchestrator.backends.aws.recipe import load_recipe
 from orchestrator.cli.common import expected_errors
 from orchestrator.errors import OrchError

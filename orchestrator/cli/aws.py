@@ -9,7 +9,7 @@ import re
 
 import click
 
-from orchestrator.aws.policy import DEFAULT_IMAGE_OWNERS, boundary_policy, controller_policy
+from orchestrator.backends.aws.cloud.policy import DEFAULT_IMAGE_OWNERS, boundary_policy, controller_policy
 from orchestrator.backends.aws.settings import REGION_RE
 from orchestrator.cli.common import expected_errors
 from orchestrator.contract import bucket_problem

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import click
 
-from orchestrator.aws import ec2 as api
-from orchestrator.aws.ec2 import terminate
-from orchestrator.aws.pricing import on_demand_price
 from orchestrator.backends.aws.backend import AwsBackend
+from orchestrator.backends.aws.cloud import ec2 as api
+from orchestrator.backends.aws.cloud.ec2 import terminate
+from orchestrator.backends.aws.cloud.pricing import on_demand_price
 from orchestrator.backends.aws.regions import home_region
 from orchestrator.backends.aws.regions import settings as aws_settings
 from orchestrator.backends.aws.remote import (
@@ -37,7 +37,7 @@ from orchestrator.control.supervisor import Supervisor
 from orchestrator.control.views import usd
 from orchestrator.control.watchdog import Watchdog
 from orchestrator.errors import OrchError
-from orchestrator.host.imds import ask_imds_patiently
+from orchestrator.host.aws.imds import ask_imds_patiently
 from orchestrator.store import layout, open_store
 from orchestrator.store.base import Store
 from orchestrator.sweep.spec import Sweep

@@ -1,4 +1,5 @@
-"""What `orch collect` says of the work bought per instance type (aws: `aws.choose`, aws/worth.py realized)."""
+"""What `orch collect` says of the work bought per instance type (aws: `aws.choose`, backends/aws/cloud/worth.py
+realized)."""
 
 from __future__ import annotations
 

@@ -4,6 +4,6 @@ raises the budget or max_restarts gives back in raised.py), the local state cach
 and lock, `collect` (results, CSVs, plots, cost), and `orch launch` as process control (launch.py: the lock,
 the lease, signals, the hand-off, the background controller; it tells the CLI what happens through events).
 
-May import `backends`, `aws`, `store`, `sweep`, `contract`, `errors`, `wait`; never `cli`; nothing
-here prints (the CLI renders what these return).
+May import `backends` (a backend's parts only through its registry entry), `store`, `sweep`, `contract`, `errors`,
+`wait`; never `cli`; nothing here prints (the CLI renders what these return).
 """

@@ -98,7 +98,8 @@ class Results:
     search: SearchInfo | None = None  # with `search:`
     goals: list[tuple[str, str]] = field(default_factory=list)  # (metric, max|min) of target, search and prune
     left_out: list[str] = field(default_factory=list)  # metrics curves.png does not draw (runs.csv has them all)
-    work: dict | None = None  # aws: the work bought per instance type (aws/worth.py realized), when measured
+    # aws: the work bought per instance type (backends/aws/cloud/worth.py realized), when measured
+    work: dict | None = None
     figure: Figure | None = None  # what curves.png shows, once written
 
     def metric_names(self) -> list[str]:

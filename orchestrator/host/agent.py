@@ -43,15 +43,15 @@ from orchestrator.host.attempt import (
     wrapper_script,
     write_private,
 )
+from orchestrator.host.aws.imds import ask_imds_patiently
+from orchestrator.host.aws.slots import slot_value
+from orchestrator.host.aws.tags import RungTags
 from orchestrator.host.env import HostFacts
-from orchestrator.host.imds import ask_imds_patiently
 from orchestrator.host.leftovers import stop_leftovers
 from orchestrator.host.nodes import FollowerReporter, Relay, await_node0, end_attempt, follower_done
 from orchestrator.host.notices import NoticeSource, stop_reason
 from orchestrator.host.policy import HostPolicy
 from orchestrator.host.reporter import Reporter
-from orchestrator.host.slots import slot_value
-from orchestrator.host.tags import RungTags
 from orchestrator.host.watch import POLL_S
 from orchestrator.store import layout, open_store
 from orchestrator.store import lifecycle as life

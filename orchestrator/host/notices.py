@@ -37,7 +37,7 @@ class NoticeSource:
     def _imds(self, path: str) -> bool:
         if not self.imds:
             return False
-        from orchestrator.host.imds import imds_get
+        from orchestrator.host.aws.imds import imds_get
 
         try:
             return imds_get(path) is not None

@@ -32,7 +32,7 @@ class HostPolicy:
 
     def _leave_slot(self) -> bool:
         """Give the slot back (tag and host register); True when this was the instance's last run."""
-        from orchestrator.host.slots import leave, untag
+        from orchestrator.host.aws.slots import leave, untag
 
         try:
             untag(self.slot, self.slot_value)
@@ -61,7 +61,7 @@ class HostPolicy:
 
     def _terminate(self) -> None:
         """The run is over and nothing else needs this machine: stop paying for it."""
-        from orchestrator.host.imds import own_instance_id, terminate_self
+        from orchestrator.host.aws.imds import own_instance_id, terminate_self
 
         try:  # logged first: the instance (this process with it) may be gone before the call returns
             instance_id = own_instance_id()

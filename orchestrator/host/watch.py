@@ -23,9 +23,9 @@ from typing import Protocol
 from orchestrator.contract import RunTask
 from orchestrator.host import tmux
 from orchestrator.host.attempt import RungWatch, newest_checkpoint
+from orchestrator.host.aws.slots import doom
 from orchestrator.host.nodes import attempt_ending, failed_node
 from orchestrator.host.notices import NoticeSource
-from orchestrator.host.slots import doom
 from orchestrator.store import layout
 from orchestrator.store.base import Store
 from orchestrator.store.lifecycle import RunStatus, StopReason

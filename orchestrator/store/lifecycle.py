@@ -85,7 +85,8 @@ class RunStatus:
     # first line at or past it that carries it}, read from the run's own file (so never from a later line)
     metric_seen: bool | None = None  # `prune:`: whether any line carried the metric (None: not reported)
     # bytes each attempt's agent moved to and from the store: {attempt: [up, down]} (checkpoints, metrics, logs, `data:`
-    # staging); carried from attempt to attempt, it prices inter-region transfer (aws/pricing.py transfer_usd)
+    # staging); carried from attempt to attempt, it prices inter-region transfer (backends/aws/cloud/pricing.py
+    # transfer_usd)
     moved: dict[str, list[int]] = field(default_factory=dict)
     code: str = ""  # `workdir:`: the digest of the code snapshot the current (or last) attempt runs
     # the attempt's [work, seconds] at its first and newest metrics line (a RunTask's work_key): its work rate

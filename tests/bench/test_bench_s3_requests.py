@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.aws.ec2 import rungs_left
+from orchestrator.backends.aws.cloud.ec2 import rungs_left
 from orchestrator.backends.base import BackendBase, Host
 from orchestrator.backends.registry import load_sweep
 from orchestrator.contract import RUNG_TAG, RUNG_TAGS, RUNGS_TAG, rung_tag
@@ -178,7 +178,7 @@ class SimRun:
         self.next_line = now + offset
         self.epoch = 0
         self.quality = sim.quality(task.run_id)
-        self.tags = None  # aws, `prune:`: the instance's tags, played; the agent removes rung tags (host/tags.py)
+        self.tags = None  # aws, `prune:`: the instance's tags, played; the agent removes rung tags (host/aws/tags.py)
         if task.uses(RUNG_TAGS):
             self.tags = {RUNGS_TAG: str(len(task.rungs)), **{rung_tag(r): "" for r in task.rungs}}
             agent.reporter.rungs_recorded = self.untag

@@ -1,12 +1,12 @@
-"""Benchmark: buying work vs buying hours (aws/worth.py), on a simulated sweep of 40 runs over 4 pools with known
-prices, work rates and reclaim rates, both policies on the same seeded reclaims, in one run.
+"""Benchmark: buying work vs buying hours (backends/aws/cloud/worth.py), on a simulated sweep of 40 runs over 4 pools
+with known prices, work rates and reclaim rates, both policies on the same seeded reclaims, in one run.
 
 Each pool gives an attempt its instance at once (capacity never runs out here); an attempt works at its pool's rate
 until its run is done or the pool reclaims it (exponential, per pool's rate); a reclaim loses the work since the last
 checkpoint, and every attempt pays a boot and restore. `price` takes the cheapest pool by the hour (EC2's own
-ranking); `work` asks aws/worth.py what each pool is worth given only what the sweep has measured so far (its
-finished attempts' rates per type, the ledger's reclaims) and takes the lowest price per weight, as EC2 does with
-WeightedCapacity. Prints dollars and wall time of each, and the ratio. Run it with:
+ranking); `work` asks backends/aws/cloud/worth.py what each pool is worth given only what the sweep has measured so
+far (its finished attempts' rates per type, the ledger's reclaims) and takes the lowest price per weight, as EC2 does
+with WeightedCapacity. Prints dollars and wall time of each, and the ratio. Run it with:
 
     .venv/bin/python -m pytest tests/bench/test_bench_work.py -s -m bench
 """
@@ -19,7 +19,7 @@ import random
 
 import pytest
 
-from orchestrator.aws import worth
+from orchestrator.backends.aws.cloud import worth
 
 pytestmark = pytest.mark.bench
 

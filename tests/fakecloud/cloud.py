@@ -17,7 +17,7 @@
   IMDSv2 (token PUT included) that serves its instance id, placement, its instance profile's role
   credentials (the only credentials a host has, as on EC2), and on demand a spot interruption
   notice or a rebalance recommendation. write_files and runcmd are recorded, never executed (the safety net
-  holds `shutdown`; tests/unit/aws/test_userdata.py runs it in a sandbox).
+  holds `shutdown`; tests/unit/backends/aws/cloud/test_userdata.py runs it in a sandbox).
 - The image is shaped like the AWS Deep Learning AMI (OSS PyTorch, Ubuntu): plain `python3` cannot
   import torch; `/opt/pytorch/bin/python` can. DescribeImages gives root device `/dev/sda1` and a
   75 GB snapshot. The first interpreter start on a host takes `cold_s` longer (a cold EBS volume).
@@ -432,7 +432,7 @@ class FakeCloud:
         self.endpoint = f"http://127.0.0.1:{port}"
         self.gate.policy_source = policies_from_moto(self.endpoint, self.secret)
         self.gate.boundary_source = boundaries_from_moto()
-        from orchestrator.aws.policy import BOUNDARY_NAME, boundary_policy, controller_policy
+        from orchestrator.backends.aws.cloud.policy import BOUNDARY_NAME, boundary_policy, controller_policy
 
         # orch's own calls: exactly what docs/aws.md asks users to grant
         self.gate.controller_policy = controller_policy(BUCKET, DATA_BUCKETS)
@@ -792,7 +792,7 @@ class FakeCloud:
 
     def all_leftovers(self) -> dict[str, list]:
         """Whatever orch made and left, in every region of this cloud."""
-        from orchestrator.aws.teardown import orch_profiles, orch_resources
+        from orchestrator.backends.aws.cloud.teardown import orch_profiles, orch_resources
 
         out: dict[str, list] = {}
         for found in [orch_resources(self.client("ec2", r)) for r in self.regions] + [

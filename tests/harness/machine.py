@@ -40,7 +40,7 @@ import yaml
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from orchestrator.aws.pricing import ledger_cost
+from orchestrator.backends.aws.cloud.pricing import ledger_cost
 from orchestrator.backends.registry import load_sweep
 from orchestrator.contract import finite
 from orchestrator.control.actions import cancel_run, stop_sweep

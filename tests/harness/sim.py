@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from orchestrator.aws.pricing import CostLedger, PriceBook
+from orchestrator.backends.aws.cloud.pricing import CostLedger, PriceBook
 from orchestrator.backends.base import BackendBase, Host
 from orchestrator.contract import NOTICE_FILE, STOP_REASON_FILE, RunTask
 from orchestrator.errors import OrchError

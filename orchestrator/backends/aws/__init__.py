@@ -4,5 +4,7 @@ worker threads (`provision`), shared by several runs when they fit on one instan
 (`listing`; what a controller that died had bought: `adopt`); and image builds (`image_build`, `orch ami build`),
 which launch and provision a builder the same way.
 
-Composes `aws` (the EC2/IAM API), `remote` (SSH), `host` (what the agent expects) and `sweep`.
+Composes `cloud/` (every EC2/IAM call: the subpackage below it, which imports nothing of the rest), `remote`
+(SSH), `host` (what the agent expects; its host-side parts, which it switches on in its tasks, are host/aws/) and
+`sweep`.
 """

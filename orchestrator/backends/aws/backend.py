@@ -22,9 +22,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from orchestrator import contract
-from orchestrator.aws import ec2 as api
-from orchestrator.aws.images import ImageNotReady
 from orchestrator.backends.aws import listing
+from orchestrator.backends.aws.cloud import ec2 as api
+from orchestrator.backends.aws.cloud.images import ImageNotReady
 from orchestrator.backends.aws.pack import Packer
 from orchestrator.backends.aws.provision import Provisioner
 from orchestrator.backends.aws.regions import check_regions, home_region, settings
@@ -34,7 +34,7 @@ from orchestrator.backends.aws.state import ProvisioningState, work_key
 from orchestrator.backends.base import ACQUIRING, BackendBase, Host, Outcome
 from orchestrator.contract import RunTask
 from orchestrator.errors import OrchError
-from orchestrator.host.slots import slot_attempt, slot_run
+from orchestrator.host.aws.slots import slot_attempt, slot_run
 from orchestrator.remote.ssh import attach_argv, connect, interactive, known_hosts_file, public_key_of
 from orchestrator.store.lifecycle import RunStatus, StopReason
 from orchestrator.store.s3 import S3Store
@@ -240,7 +240,7 @@ class AwsBackend(BackendBase):
         return 0
 
     def teardown(self) -> builtins.list[str]:
-        from orchestrator.aws.teardown import teardown
+        from orchestrator.backends.aws.cloud.teardown import teardown
 
         iam = api.client("iam", self.cfg.region)
         # every region the sweep may use, and its home (a --remote controller's): one it never used holds nothing

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from orchestrator.aws.gpus import GPUS_OF_TYPE
+from orchestrator.backends.aws.cloud.gpus import GPUS_OF_TYPE
 from orchestrator.backends.aws.settings import BEATS_IN_SILENCE, LOST_AFTER_S, AwsSection
 from orchestrator.sweep.sections import Problems
 

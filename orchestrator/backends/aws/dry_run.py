@@ -4,7 +4,7 @@ moving data between regions would cost. Builds lines from `plan()`'s dict, never
 
 from __future__ import annotations
 
-from orchestrator.aws.pricing import GB, REGION_UPLIFT
+from orchestrator.backends.aws.cloud.pricing import GB, REGION_UPLIFT
 from orchestrator.money import usd
 from orchestrator.sweep.shapes import describe
 from orchestrator.sweep.spec import Sweep
@@ -23,7 +23,7 @@ def plan_lines(sweep: Sweep, plan: dict) -> list[str]:
 
 
 def worth_lines(worth: dict) -> list[str]:
-    """How the pools rank (aws/worth.py): by expected $ per unit of work, or by the hour (`aws.choose: price`)."""
+    """How the pools rank (cloud/worth.py): by expected $ per unit of work, or by the hour (`aws.choose: price`)."""
     if worth.get("choose") != "work":
         return ["pools: ranked by EC2 by the hour (aws.choose: price)"]
     pools, key = worth.get("pools") or [], worth.get("work_key", "epoch")
@@ -81,7 +81,8 @@ def bound_lines(plan: dict) -> list[str]:
     for region in plan.get("uplifted") or []:
         lines.append(
             f"  {region}: no published on-demand prices in orch's table; priced at us-east-1's x {REGION_UPLIFT} "
-            "(an upper estimate: orchestrator/aws/pricing.py ON_DEMAND_BY_REGION takes the region's own figures)"
+            "(an upper estimate: orchestrator/backends/aws/cloud/pricing.py ON_DEMAND_BY_REGION takes the region's "
+            "own figures)"
         )
     return lines + transfer_lines(plan.get("transfer"))
 

@@ -15,9 +15,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from orchestrator.aws import ec2 as api
-from orchestrator.aws import fleet, groups
-from orchestrator.aws.images import (
+from orchestrator.backends import bundle as code_bundle
+from orchestrator.backends.aws.cloud import ec2 as api
+from orchestrator.backends.aws.cloud import fleet, groups
+from orchestrator.backends.aws.cloud.images import (
     BASE_TAG,
     RECIPE_TAG,
     SHA_TAG,
@@ -26,7 +27,6 @@ from orchestrator.aws.images import (
     resolve_image,
     wait_available,
 )
-from orchestrator.backends import bundle as code_bundle
 from orchestrator.backends.aws.recipe import Recipe
 from orchestrator.errors import OrchError
 
@@ -60,7 +60,7 @@ def build(
 
 def _build_once(ec2, recipe: Recipe, sha: str, recipe_dir: Path, say: Callable[[str], None]) -> str:
     """A builder instance, provisioned over SSH, snapshotted; the builder and its set-up removed whatever happens."""
-    from orchestrator.aws.teardown import teardown
+    from orchestrator.backends.aws.cloud.teardown import teardown
     from orchestrator.remote.ssh import Target, connect
 
     cfg = recipe.aws
@@ -97,7 +97,7 @@ def _build_once(ec2, recipe: Recipe, sha: str, recipe_dir: Path, say: Callable[[
 
 def _launch_builder(ec2, recipe: Recipe, name: str, launched: list[str]):
     """(base image, the acquired builder, its pinned host key); the builder's id goes into `launched` at once."""
-    from orchestrator.aws.userdata import cloud_config
+    from orchestrator.backends.aws.cloud.userdata import cloud_config
     from orchestrator.remote.ssh import new_host_key
 
     cfg = recipe.aws

@@ -4,8 +4,8 @@ here, `orch down ami-RECIPE` what an interrupted image build left."""
 
 from __future__ import annotations
 
-from orchestrator.aws import ec2 as api
-from orchestrator.aws.teardown import orch_profiles, orch_resources, remove_profiles, teardown
+from orchestrator.backends.aws.cloud import ec2 as api
+from orchestrator.backends.aws.cloud.teardown import orch_profiles, orch_resources, remove_profiles, teardown
 from orchestrator.backends.aws.regions import settings
 from orchestrator.sweep.spec import Sweep, orch_home
 

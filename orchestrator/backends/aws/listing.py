@@ -8,7 +8,7 @@ from __future__ import annotations
 from orchestrator.backends.aws.adopt import orphan_deadline
 from orchestrator.backends.aws.state import ProvisioningState
 from orchestrator.backends.base import ACQUIRING, Host
-from orchestrator.host.slots import slot_run
+from orchestrator.host.aws.slots import slot_run
 
 ADOPTED_REPORT_S = 60.0  # the boot allowance's margin for an instance this controller did not provision
 

@@ -19,9 +19,9 @@ import shlex
 import time
 
 from orchestrator import contract
-from orchestrator.aws import ec2 as api
-from orchestrator.aws import fleet
-from orchestrator.aws.userdata import cloud_config
+from orchestrator.backends.aws.cloud import ec2 as api
+from orchestrator.backends.aws.cloud import fleet
+from orchestrator.backends.aws.cloud.userdata import cloud_config
 from orchestrator.backends.aws.listing import live_instance
 from orchestrator.backends.aws.provision import Provisioner, first_region_with_capacity
 from orchestrator.backends.aws.setup import bootstrap
@@ -29,7 +29,7 @@ from orchestrator.backends.aws.state import ProvisioningState
 from orchestrator.backends.base import Host
 from orchestrator.contract import RunTask
 from orchestrator.errors import OrchError
-from orchestrator.host.slots import CLAIM, slot_run, slot_value
+from orchestrator.host.aws.slots import CLAIM, slot_run, slot_value
 from orchestrator.remote.ssh import Target, authorized_keys, connect, new_host_key
 from orchestrator.store.lifecycle import StopReason
 from orchestrator.sweep.packing import SLOT_TAG, SLOTS_TAG, packed_gpus, visible_devices
@@ -239,7 +239,7 @@ class Packer:
     ) -> None:
         """Give a run's slot back from here: stop its session, remove its tag and its claim on the host (best effort).
         `inst`: the instance as just listed, when the caller has it (else it is looked up)."""
-        from orchestrator.host.slots import SLOTS_DIR
+        from orchestrator.host.aws.slots import SLOTS_DIR
 
         st = self.state
         inst = inst or live_instance(st, iid)

@@ -19,11 +19,11 @@ from dataclasses import replace
 from typing import TypeVar
 
 from orchestrator import contract
-from orchestrator.aws import ec2 as api
-from orchestrator.aws import fleet
-from orchestrator.aws.placement import ensure_group
-from orchestrator.aws.userdata import cloud_config
 from orchestrator.backends import bundle as code_bundle
+from orchestrator.backends.aws.cloud import ec2 as api
+from orchestrator.backends.aws.cloud import fleet
+from orchestrator.backends.aws.cloud.placement import ensure_group
+from orchestrator.backends.aws.cloud.userdata import cloud_config
 from orchestrator.backends.aws.setup import bootstrap
 from orchestrator.backends.aws.state import ProvisioningState
 from orchestrator.backends.base import Outcome
@@ -265,7 +265,7 @@ class Provisioner:
         """The (type, AZ) of the previous attempt's instance just took it back: avoid it for a while."""
         from botocore.exceptions import BotoCoreError, ClientError
 
-        self.state.ledger.reclaimed(instance_id)  # its pool's reclaims per hour (aws/worth.py)
+        self.state.ledger.reclaimed(instance_id)  # its pool's reclaims per hour (cloud/worth.py)
         try:
             prev = api.instance_placement(self.state.ec2_of(instance_id), instance_id)
         except (ClientError, BotoCoreError):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from orchestrator.aws import ec2 as api
+from orchestrator.backends.aws.cloud import ec2 as api
 from orchestrator.backends.aws.settings import AwsSection
 from orchestrator.errors import OrchError
 from orchestrator.store.s3url import is_s3

@@ -28,13 +28,13 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from orchestrator.aws import ec2 as api
-from orchestrator.aws import fleet, groups, iam
-from orchestrator.aws.controller_host import DEFAULT_USER, controller_tags, controllers, default_image
-from orchestrator.aws.images import resolve_image
-from orchestrator.aws.pricing import CONTROLLER_ROLE
-from orchestrator.aws.userdata import cloud_config
 from orchestrator.backends import bundle as code_bundle
+from orchestrator.backends.aws.cloud import ec2 as api
+from orchestrator.backends.aws.cloud import fleet, groups, iam
+from orchestrator.backends.aws.cloud.controller_host import DEFAULT_USER, controller_tags, controllers, default_image
+from orchestrator.backends.aws.cloud.images import resolve_image
+from orchestrator.backends.aws.cloud.pricing import CONTROLLER_ROLE
+from orchestrator.backends.aws.cloud.userdata import cloud_config
 from orchestrator.backends.aws.regions import home_region
 from orchestrator.backends.aws.remote_units import START_SCRIPT, start_script, units
 from orchestrator.backends.aws.setup import regions_of, shared_parts

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import logging
 
-from orchestrator.aws import ec2 as api
-from orchestrator.aws import fleet, groups, iam
-from orchestrator.aws import images as orch_images
-from orchestrator.aws.images import resolve_image
-from orchestrator.aws.pricing import on_demand_quote, transfer_rate
+from orchestrator.backends.aws.cloud import ec2 as api
+from orchestrator.backends.aws.cloud import fleet, groups, iam
+from orchestrator.backends.aws.cloud import images as orch_images
+from orchestrator.backends.aws.cloud.images import resolve_image
+from orchestrator.backends.aws.cloud.pricing import on_demand_quote, transfer_rate
 from orchestrator.backends.aws.regions import check_regions, check_types_offered, home_region, settings
 from orchestrator.backends.aws.state import ProvisioningState
 from orchestrator.errors import OrchError

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator import contract
-from orchestrator.aws import ec2 as api
-from orchestrator.aws import fleet, worth
-from orchestrator.aws.pricing import CostLedger, PriceBook, region_of_az
 from orchestrator.backends import bundle as code_bundle
+from orchestrator.backends.aws.cloud import ec2 as api
+from orchestrator.backends.aws.cloud import fleet, worth
+from orchestrator.backends.aws.cloud.pricing import CostLedger, PriceBook, region_of_az
 from orchestrator.backends.aws.regions import home_region, settings
 from orchestrator.backends.aws.settings import AwsSection
 from orchestrator.backends.aws.work import WorkBook
@@ -29,7 +29,7 @@ from orchestrator.sweep.spec import Sweep
 
 
 def work_key(sweep: Sweep) -> str:
-    """The metrics key that counts work: `aws.work_key`, else `prune.at`, else epoch (aws/worth.py)."""
+    """The metrics key that counts work: `aws.work_key`, else `prune.at`, else epoch (cloud/worth.py)."""
     spec = sweep.spec
     return settings(sweep).work_key or (spec.prune.at if spec.prune else "") or worth.DEFAULT_WORK_KEY
 

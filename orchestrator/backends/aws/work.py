@@ -4,7 +4,7 @@ The controller hands the aws backend every record it reads (`Backend.learn`): an
 first and newest (work, seconds) (RunTask.work_key) is one measurement of its instance type, kept per attempt in
 `<sweep>/rates.json` (written when one changes; an attempt's newest measurement replaces its older one, so a record
 read twice counts once), with the attempt's boot and restore (its command's start less its instance's). A relaunch
-and `--remote`'s controller read the same file. Each acquisition then weighs its choices (aws/worth.py): EC2 picks
+and `--remote`'s controller read the same file. Each acquisition then weighs its choices (cloud/worth.py): EC2 picks
 the lowest expected $ per unit of work among the pools it has capacity in. `aws.choose: price` leaves the choices
 unweighted (EC2 ranks by the hour). A rates.json that is not what orch writes is set aside and rebuilt, never
 trusted and never a crash.
@@ -18,9 +18,9 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from orchestrator.aws import worth
-from orchestrator.aws.pools import Choice
-from orchestrator.aws.pricing import CostLedger, attempts_on
+from orchestrator.backends.aws.cloud import worth
+from orchestrator.backends.aws.cloud.pools import Choice
+from orchestrator.backends.aws.cloud.pricing import CostLedger, attempts_on
 from orchestrator.store import layout
 from orchestrator.store.base import Store, get_json, put_json
 from orchestrator.store.lifecycle import RunStatus
@@ -85,7 +85,7 @@ class WorkBook:
                 put_json(self.store, self.key, doc)
 
     def ranked(self, pools: list[tuple[str, str]], price_of) -> list[worth.PoolWorth]:
-        """Every pool's worth now, best first (aws/worth.py)."""
+        """Every pool's worth now, best first (cloud/worth.py)."""
         with self.lock:
             doc = self.doc()
             measured = worth.rates(doc["attempts"])
@@ -113,5 +113,5 @@ class WorkBook:
             for k, w in enumerate(ranked)
         }
         weighed = [replace(c, weight=weights.get((c.instance_type, c.az))) for c in choices]
-        # the best pool first: a run of several nodes asks one pool at a time, in this order (aws/fleet.py)
+        # the best pool first: a run of several nodes asks one pool at a time, in this order (cloud/fleet.py)
         return sorted(weighed, key=lambda c: order.get((c.instance_type, c.az), len(order)))

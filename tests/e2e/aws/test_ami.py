@@ -211,7 +211,7 @@ def test_a_failed_image_is_an_error_and_stays_listed_for_rm(orch, cloud, identit
 def test_the_controller_runs_under_the_documented_policy_only(cloud):
     from botocore.exceptions import ClientError
 
-    from orchestrator.aws import ec2 as api
+    from orchestrator.backends.aws.cloud import ec2 as api
 
     ec2 = api.client("ec2", "us-east-1")  # the controller's credentials, as every orch command has them
     assert ec2.describe_images(Owners=["self"])["Images"]  # in the policy

@@ -82,7 +82,7 @@ def test_sweep_runs_on_fake_spot_instances_and_leaves_nothing(orch, cloud, ident
     # every instance ended (the agents terminated their own hosts), after recording the safety net
     assert cloud.instances("fc") == []
     assert len(cloud.gone) == 3
-    from orchestrator.aws.userdata import SAFETY_NET
+    from orchestrator.backends.aws.cloud.userdata import SAFETY_NET
 
     nets = [
         [f for f in yaml.safe_load(h.user_data.split("\n", 1)[1])["write_files"] if f["path"] == SAFETY_NET]

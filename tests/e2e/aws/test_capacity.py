@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from orchestrator.aws import ec2 as api
+from orchestrator.backends.aws.cloud import ec2 as api
 from orchestrator.wait import retry_until
 from tests.conftest import ENDED_GAP_S
 from tests.conftest import run_states as status
@@ -99,7 +99,7 @@ def test_d_spot_then_on_demand_falls_back_on_the_fake_cloud(orch, cloud, identit
     assert [e["market"] for e in ledger.values()] == ["on-demand"]
     # on-demand is priced at the type's published price where orch knows it, else 3x the newest spot price of
     # that (type, AZ), as the README says
-    from orchestrator.aws.pricing import ON_DEMAND_USD_PER_H
+    from orchestrator.backends.aws.cloud.pricing import ON_DEMAND_USD_PER_H
 
     (entry,) = ledger.values()
     spot = api.spot_prices(cloud.client("ec2"), [entry["type"]], [entry["az"]])[(entry["type"], entry["az"])]

@@ -10,8 +10,8 @@ import math
 
 import pytest
 
-from orchestrator.aws import pricing
-from orchestrator.aws.pricing import GB, CostLedger, PriceBook
+from orchestrator.backends.aws.cloud import pricing
+from orchestrator.backends.aws.cloud.pricing import GB, CostLedger, PriceBook
 from orchestrator.backends.aws.state import spot_prices_by_region
 from orchestrator.store.status import RunStatus, write_status
 from tests.fakecloud import BUCKET

@@ -15,7 +15,7 @@ from datetime import datetime
 import pytest
 import torch
 
-from orchestrator.aws.images import resolve_image
+from orchestrator.backends.aws.cloud.images import resolve_image
 from orchestrator.contract import AGENT_LOG_FILE
 from orchestrator.host.attempt import pid_file, usr1_targets
 from orchestrator.wait import retry_until
@@ -347,7 +347,7 @@ def test_an_instance_metadata_service_slow_to_answer_first_costs_no_attempt(orch
 def test_throttling_is_retried_with_backoff(cloud):
     from botocore.awsrequest import AWSResponse
 
-    from orchestrator.aws import ec2 as api
+    from orchestrator.backends.aws.cloud import ec2 as api
 
     client = api.client("ec2", "us-east-1")
     calls = []
@@ -375,10 +375,10 @@ def test_throttling_is_retried_with_backoff(cloud):
 def test_teardown_failing_halfway_is_finished_by_a_rerun(cloud):
     from botocore.exceptions import ClientError
 
-    from orchestrator.aws import ec2 as api
-    from orchestrator.aws import groups
-    from orchestrator.aws import iam as iam_api
-    from orchestrator.aws.teardown import teardown
+    from orchestrator.backends.aws.cloud import ec2 as api
+    from orchestrator.backends.aws.cloud import groups
+    from orchestrator.backends.aws.cloud import iam as iam_api
+    from orchestrator.backends.aws.cloud.teardown import teardown
 
     ec2, iam = api.client("ec2", "us-east-1"), api.client("iam", "us-east-1")
     sg = groups.ensure_security_group(ec2, "half", cloud.vpc, "127.0.0.1/32")
@@ -403,7 +403,7 @@ def test_teardown_failing_halfway_is_finished_by_a_rerun(cloud):
 
 @pytest.mark.timeout(700)
 def test_gc_lists_and_down_all_removes_everything(orch, cloud, identity, job):
-    from orchestrator.aws import groups
+    from orchestrator.backends.aws.cloud import groups
 
     for name in ("gca", "gcb"):
         path = orch.sweep(

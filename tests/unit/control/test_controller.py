@@ -1,11 +1,12 @@
 """The controller's loop (control/controller.py) with a backend of the test's own over a real folder store and a real
-cost ledger (aws/pricing.py): what the loop leaves in the store when it ends. (`decide()`'s table: test_decide.py.)"""
+cost ledger (backends/aws/cloud/pricing.py): what the loop leaves in the store when it ends. (`decide()`'s table:
+test_decide.py.)"""
 
 from __future__ import annotations
 
 import time
 
-from orchestrator.aws.pricing import CostLedger, PriceBook, ledger_cost
+from orchestrator.backends.aws.cloud.pricing import CostLedger, PriceBook, ledger_cost
 from orchestrator.backends.base import BackendBase, Host
 from orchestrator.backends.registry import load_sweep
 from orchestrator.contract import RunTask

@@ -156,7 +156,7 @@ AWS_CURVE = textwrap.dedent("""
 def test_on_the_fake_cloud_a_pruned_run_loses_its_instance_and_dollars_match_the_ledger(
     orch, cloud, identity, tmp_path
 ):
-    from orchestrator.aws.pricing import ledger_cost
+    from orchestrator.backends.aws.cloud.pricing import ledger_cost
     from tests.conftest import ENDED_GAP_S, run_states
     from tests.fakecloud import BUCKET
 

@@ -161,7 +161,7 @@ def test_an_unchanged_resync_makes_no_request_and_the_logs_keep_no_index(tmp_pat
 
 def test_boto3_clients_are_made_once_per_process_and_environment(monkeypatch):
     """Each client costs 0.13-0.26 s of CPU (its model, the session's hooks): `orch status` made four."""
-    from orchestrator.aws.ec2 import client as ec2_client
+    from orchestrator.backends.aws.cloud.ec2 import client as ec2_client
     from orchestrator.store import clients
     from orchestrator.store.s3 import S3Store
 
@@ -180,7 +180,7 @@ def test_boto3_clients_are_made_once_per_process_and_environment(monkeypatch):
 def test_a_hosts_ec2_client_waits_seconds_not_botocores_minute(monkeypatch):
     """An ending agent removes its slot tag before it leaves its slot: a hung EC2 call must not keep its instance
     (and its bill) for botocore's 60 s per try."""
-    from orchestrator.host import tags
+    from orchestrator.host.aws import tags
     from orchestrator.store import clients
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "a")

@@ -61,8 +61,8 @@ def test_bucket_keys_named_by_alias_or_key_id_are_granted_by_key_arn(cloud):
     """KMS developer guide, "Specifying KMS keys in IAM policy statements": no key id, alias name or alias ARN in
     an IAM Resource. A bucket's default key given any of those ways reaches the instance role as the key's ARN,
     resolved with kms:DescribeKey under the documented policy (the gate checks the controller's calls)."""
-    from orchestrator.aws import ec2 as api
-    from orchestrator.aws.iam import bucket_kms_keys, instance_profile_policy
+    from orchestrator.backends.aws.cloud import ec2 as api
+    from orchestrator.backends.aws.cloud.iam import bucket_kms_keys, instance_profile_policy
 
     kms = cloud.client("kms")
     one = kms.create_key()["KeyMetadata"]

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from orchestrator.host.slots import CLAIM, doom, leave
+from orchestrator.host.aws.slots import CLAIM, doom, leave
 from orchestrator.sweep.packing import PackChoice, rank, visible_devices
 from orchestrator.wait import retry_until
 from tests.conftest import ENDED_GAP_S

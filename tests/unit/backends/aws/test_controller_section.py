@@ -71,7 +71,7 @@ def test_the_packages_a_remote_controller_installs_are_orchs_dependencies():
 def test_the_controller_role_may_touch_only_its_own_sweep():
     import re
 
-    from orchestrator.aws.iam import controller_iam_name, controller_role_policy
+    from orchestrator.backends.aws.cloud.iam import controller_iam_name, controller_role_policy
     from orchestrator.sweep.spec import NAME_RE
 
     assert controller_iam_name("away") == "orch-away.controller"

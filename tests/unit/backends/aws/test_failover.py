@@ -1,13 +1,13 @@
 """Region failover (docs/guides/regions.md): which refusals hand a run to the next region in the sweep's order, and
 which one is reported when every region refused. The real `first_region_with_capacity` and the real refusals of
-aws/fleet.py; each region's attempt answers as CreateFleet's outcome would be read."""
+backends/aws/cloud/fleet.py; each region's attempt answers as CreateFleet's outcome would be read."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.aws import ec2 as api
-from orchestrator.aws import fleet
+from orchestrator.backends.aws.cloud import ec2 as api
+from orchestrator.backends.aws.cloud import fleet
 from orchestrator.backends.aws.provision import first_region_with_capacity
 
 REGIONS = ["us-east-1", "us-west-2", "eu-west-1"]

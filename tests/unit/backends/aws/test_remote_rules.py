@@ -3,7 +3,7 @@ home region and of every listed region, where its hosts may be launched (its own
 
 from __future__ import annotations
 
-from orchestrator.aws import groups
+from orchestrator.backends.aws.cloud import groups
 from tests.e2e.aws.test_regions import WEST, with_regions
 from tests.fakecloud import REGION
 

@@ -5,7 +5,7 @@ mark changes). The agent's removal of a tag is tested end to end on the fake clo
 
 from __future__ import annotations
 
-from orchestrator.aws.ec2 import rungs_left
+from orchestrator.backends.aws.cloud.ec2 import rungs_left
 from orchestrator.backends.aws.listing import hosts
 from orchestrator.backends.aws.provision import Provisioner
 from orchestrator.backends.aws.state import ProvisioningState

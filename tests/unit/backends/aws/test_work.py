@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.aws.pools import Choice
-from orchestrator.aws.pricing import CostLedger, PriceBook
+from orchestrator.backends.aws.cloud.pools import Choice
+from orchestrator.backends.aws.cloud.pricing import CostLedger, PriceBook
 from orchestrator.backends.aws.work import WorkBook
 from orchestrator.store.folder import LocalStore
 from orchestrator.store.lifecycle import RunStatus

@@ -348,7 +348,7 @@ class CostLedger:
             self._live = live
 
     def reclaimed(self, instance_id: str) -> None:
-        """The instance was taken back (or lost): its pool's reclaims count it (aws/worth.py)."""
+        """The instance was taken back (or lost): its pool's reclaims count it (cloud/worth.py)."""
         with self.lock:
             entry = self.entries.get(instance_id)
             if entry is not None and "reclaimed" not in entry:

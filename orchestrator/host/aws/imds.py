@@ -1,7 +1,7 @@
 """What runs on an instance and asks EC2 about itself: IMDSv2 and terminating itself.
 
 Imported by the agent on hosts; it needs only the standard library and, to terminate, boto3 —
-none of the control plane (orchestrator/aws/).
+none of the control plane (orchestrator/backends/aws/cloud/).
 """
 
 from __future__ import annotations

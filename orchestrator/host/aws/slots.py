@@ -6,7 +6,7 @@ host whose last run has left. Both the controller (claiming a slot over SSH, `CL
 the agents (leaving one) change it only under the same lock (`flock` on `~/orch/slots/.lock`), so
 a run is never placed on a host that is about to terminate.
 
-Runs on the host (the agent imports it): standard library, and host/tags.py to untag its slot.
+Runs on the host (the agent imports it): standard library, and host/aws/tags.py to untag its slot.
 """
 
 from __future__ import annotations
@@ -66,6 +66,6 @@ def doom(home: Path | None = None) -> None:
 
 def untag(slot: int, value: str) -> None:
     """Remove this run's `orch:slot:<k>` tag from its instance (only while it still names this run)."""
-    from orchestrator.host.tags import remove_own
+    from orchestrator.host.aws.tags import remove_own
 
     remove_own({f"orch:slot:{slot}": value})

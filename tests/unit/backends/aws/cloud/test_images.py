@@ -1,5 +1,5 @@
-"""Images (aws/images.py) and the launch templates that carry them: `image:` resolved to the newest match at
-each launch, the root volume named and sized by the image."""
+"""Images (backends/aws/cloud/images.py) and the launch templates that carry them: `image:` resolved to the newest match
+at each launch, the root volume named and sized by the image."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from orchestrator.aws import ec2 as api
-from orchestrator.aws.images import resolve_image
 from orchestrator.backends.aws.backend import AwsBackend
+from orchestrator.backends.aws.cloud import ec2 as api
+from orchestrator.backends.aws.cloud.images import resolve_image
 from orchestrator.backends.registry import load_sweep
 from tests.fakecloud import IMAGE_NAME, REGION
 
@@ -28,8 +28,8 @@ def test_a_relaunch_uses_todays_image_not_the_templates_first(orch, cloud, ident
         again["base"]
     )  # request fields only, never a describe answer
     first.pool.shutdown(wait=False)
-    from orchestrator.aws import ec2 as api
-    from orchestrator.aws.teardown import teardown
+    from orchestrator.backends.aws.cloud import ec2 as api
+    from orchestrator.backends.aws.cloud.teardown import teardown
 
     teardown(api.client("ec2", "us-east-1"), api.client("iam", "us-east-1"), "tpl")  # what the two bootstraps made
 

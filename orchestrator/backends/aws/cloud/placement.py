@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 
-from orchestrator.aws.ec2 import error_code, sweep_tags
+from orchestrator.backends.aws.cloud.ec2 import error_code, sweep_tags
 
 _lock = threading.Lock()
 

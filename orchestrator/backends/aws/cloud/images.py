@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.aws.ec2 import NOT_FOUND_S, error_code, explain
-from orchestrator.aws.fleet import CapacityUnavailable
+from orchestrator.backends.aws.cloud.ec2 import NOT_FOUND_S, error_code, explain
+from orchestrator.backends.aws.cloud.fleet import CapacityUnavailable
 from orchestrator.errors import OrchError
 from orchestrator.wait import Timeout, retry_until
 
@@ -205,7 +205,7 @@ def resolve_image(ec2, image: str, owner: str, region: str) -> dict:
 
     try:
         if image.startswith("recipe:"):  # the newest image orch built from that recipe here
-            from orchestrator.aws.images import resolve_recipe_image
+            from orchestrator.backends.aws.cloud.images import resolve_recipe_image
 
             image = resolve_recipe_image(ec2, image, region)
         if image.startswith("ami-"):

@@ -12,8 +12,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from orchestrator.aws.ec2 import AwsFatal, error_code, error_message, explain
-from orchestrator.aws.policy import (
+from orchestrator.backends.aws.cloud.ec2 import AwsFatal, error_code, error_message, explain
+from orchestrator.backends.aws.cloud.policy import (
     CONTROLLER_EC2_CREATE,
     CONTROLLER_ON_SWEEP,
     INSTANCES,
@@ -62,7 +62,7 @@ def bucket_kms_keys(s3, buckets: Sequence[str], kms=None) -> list[str]:
     (DescribeKey); one it cannot resolve is kept as it is and granted through S3 only (kms_statements)."""
     from botocore.exceptions import ClientError
 
-    from orchestrator.aws.ec2 import client
+    from orchestrator.backends.aws.cloud.ec2 import client
 
     keys: list[str] = []
     for b in dict.fromkeys(buckets):

@@ -11,11 +11,11 @@ import boto3
 import pytest
 from botocore.stub import ANY, Stubber
 
-from orchestrator.aws import ec2 as api
-from orchestrator.aws import fleet, groups
-from orchestrator.aws import iam as iam_api
-from orchestrator.aws.images import resolve_image
-from orchestrator.aws.teardown import teardown
+from orchestrator.backends.aws.cloud import ec2 as api
+from orchestrator.backends.aws.cloud import fleet, groups
+from orchestrator.backends.aws.cloud import iam as iam_api
+from orchestrator.backends.aws.cloud.images import resolve_image
+from orchestrator.backends.aws.cloud.teardown import teardown
 from tests.fakecloud.sweeps import smoke
 
 CHOICES = [
@@ -473,7 +473,7 @@ def test_a_pool_the_az_does_not_offer_is_skipped_and_a_multi_node_run_gets_the_n
     """EC2 does not offer every type in every AZ. DescribeInstanceTypeOfferings leaves such a pool out before any
     CreateFleet; and where CreateFleet is asked for it anyway, its `InvalidFleetConfiguration` ("not supported in
     your requested Availability Zone") blocks that pool for the sweep and the next one is asked, never fatal."""
-    from orchestrator.aws.placement import ensure_group
+    from orchestrator.backends.aws.cloud.placement import ensure_group
 
     ec2 = api.client("ec2", "us-east-1")  # the controller's own credentials: the documented policy is checked
     cloud.gate.unoffered = {("g5.xlarge", "us-east-1a")}
@@ -517,7 +517,7 @@ def test_spot_prices_are_those_in_effect_now_and_on_demand_hours_have_their_publ
     """DescribeSpotPriceHistory lists the price in effect at StartTime only when EndTime is given too (the fake
     lists its last change 0-12 h ago, as EC2 may); an on-demand hour is priced even where a pool has no spot
     history, else the ledger counts it $0 and `budget_usd` never stops the sweep."""
-    from orchestrator.aws.pricing import ON_DEMAND_USD_PER_H, PriceBook
+    from orchestrator.backends.aws.cloud.pricing import ON_DEMAND_USD_PER_H, PriceBook
     from tests.fakecloud.gate import spot_price
 
     ec2 = api.client("ec2", "us-east-1")
@@ -532,7 +532,7 @@ def test_spot_prices_are_those_in_effect_now_and_on_demand_hours_have_their_publ
 
 def test_the_ledger_saved_at_the_end_is_the_spend_the_controller_printed(tmp_path):
     """Passes save the ledger only on a change or every 30 s; the loop's end saves the newest times too."""
-    from orchestrator.aws.pricing import CostLedger, PriceBook, ledger_cost
+    from orchestrator.backends.aws.cloud.pricing import CostLedger, PriceBook, ledger_cost
     from orchestrator.store.base import get_json
     from orchestrator.store.folder import LocalStore
     from orchestrator.store.layout import cost_key
@@ -598,7 +598,7 @@ def test_the_spot_service_linked_role_refusal_is_a_permission_error_that_names_t
 def test_gc_and_teardown_read_every_page_of_each_describe():
     """EC2 pages DescribeLaunchTemplates and DescribeSecurityGroups: what sits past the first page is still orch's,
     and `orch gc` lists it (teardown reads the same pages)."""
-    from orchestrator.aws.teardown import orch_profiles, orch_resources
+    from orchestrator.backends.aws.cloud.teardown import orch_profiles, orch_resources
 
     ec2 = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
     iam = boto3.client("iam", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
@@ -667,6 +667,6 @@ def test_j_reused_group_gets_the_current_cidr_and_public_ip_is_asked_for(orch, c
             and "SecurityGroupIds" not in setup["base"]
         )
     finally:
-        from orchestrator.aws.teardown import teardown
+        from orchestrator.backends.aws.cloud.teardown import teardown
 
         teardown(ec2, cloud.client("iam"), "netw")

@@ -1,11 +1,11 @@
-"""aws/worth.py: a pool's expected dollars per unit of work from measured rates, reclaims and price; exploration of
-a type never measured; the weights that make EC2's per-unit price choose as the ranking does."""
+"""backends/aws/cloud/worth.py: a pool's expected dollars per unit of work from measured rates, reclaims and price;
+exploration of a type never measured; the weights that make EC2's per-unit price choose as the ranking does."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.aws import worth
+from orchestrator.backends.aws.cloud import worth
 
 PRICES = {("slow", "a"): 0.30, ("fast", "a"): 0.45, ("fast", "b"): 0.46}
 

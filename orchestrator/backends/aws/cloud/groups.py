@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator.aws.ec2 import NOT_FOUND_S, error_code, sweep_tags
+from orchestrator.backends.aws.cloud.ec2 import NOT_FOUND_S, error_code, sweep_tags
 
 
 def ensure_security_group(ec2, sweep: str, vpc_id: str, cidr: str) -> str:

@@ -8,7 +8,7 @@ a run's host: it carries no `orch:run`).
 
 from __future__ import annotations
 
-from orchestrator.aws.ec2 import sweep_instances, sweep_tags
+from orchestrator.backends.aws.cloud.ec2 import sweep_instances, sweep_tags
 
 ROLE_TAG, CONTROLLER_ROLE = "orch:role", "controller"
 # Amazon Linux 2023, the newest of the type's architecture (owner amazon): what `aws.controller.image` defaults to.

@@ -1,5 +1,5 @@
 """The pools a sweep may ask CreateFleet for — (instance type, subnet) choices — and which of them are blocked for a
-while after EC2 refused them (aws/fleet.py asks; aws/worth.py weighs them)."""
+while after EC2 refused them (cloud/fleet.py asks; cloud/worth.py weighs them)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ class Choice:
     instance_type: str
     subnet_id: str
     az: str
-    # CreateFleet's WeightedCapacity (aws/worth.py: the pool's effective work rate, the slowest 1); None: unweighted
+    # CreateFleet's WeightedCapacity (cloud/worth.py: the pool's effective work rate, the slowest 1); None: unweighted
     weight: float | None = None
 
 

@@ -1,13 +1,13 @@
-"""Prices and the cost ledger per region (orchestrator/aws/pricing.py; docs/guides/costs.md): an AZ's region, on-demand
-hours from the region's own table (a region missing from it priced high), inter-region transfer rates, spot prices from
-each region's own history, and a ledger of attempts in two regions."""
+"""Prices and the cost ledger per region (orchestrator/backends/aws/cloud/pricing.py; docs/guides/costs.md): an AZ's
+region, on-demand hours from the region's own table (a region missing from it priced high), inter-region transfer
+rates, spot prices from each region's own history, and a ledger of attempts in two regions."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.aws import pricing
-from orchestrator.aws.pricing import CostLedger, PriceBook, ledger_cost, region_of_az
+from orchestrator.backends.aws.cloud import pricing
+from orchestrator.backends.aws.cloud.pricing import CostLedger, PriceBook, ledger_cost, region_of_az
 from orchestrator.backends.aws.state import spot_prices_by_region
 from orchestrator.wait import retry_until
 from tests.fakecloud.gate import spot_price

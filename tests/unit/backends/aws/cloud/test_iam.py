@@ -1,16 +1,16 @@
-"""Instance profiles and their role (aws/iam.py) on the fake cloud: what the role may read and write, a new
-profile that EC2 does not see yet, and the KMS key of an encrypted bucket granted to the role."""
+"""Instance profiles and their role (backends/aws/cloud/iam.py) on the fake cloud: what the role may read and write, a
+new profile that EC2 does not see yet, and the KMS key of an encrypted bucket granted to the role."""
 
 from __future__ import annotations
 
 import boto3
 import pytest
 
-from orchestrator.aws import ec2 as api
-from orchestrator.aws import fleet, groups
-from orchestrator.aws import iam as iam_api
-from orchestrator.aws.images import resolve_image
 from orchestrator.backends.aws.backend import AwsBackend
+from orchestrator.backends.aws.cloud import ec2 as api
+from orchestrator.backends.aws.cloud import fleet, groups
+from orchestrator.backends.aws.cloud import iam as iam_api
+from orchestrator.backends.aws.cloud.images import resolve_image
 from orchestrator.backends.registry import load_sweep
 from orchestrator.store.s3 import S3Store
 from tests.fakecloud import BUCKET, REGION, FakeCloud, Strictness
@@ -71,7 +71,7 @@ def test_b_role_credentials_read_missing_keys_as_missing_and_nothing_else(cloud)
 
     with pytest.raises(ClientError):  # another sweep's prefix stays closed
         mine.put_bytes("other/run/status.json", b"{}")
-    from orchestrator.aws.teardown import teardown
+    from orchestrator.backends.aws.cloud.teardown import teardown
 
     assert f"instance-profile/{profile}" in teardown(cloud.client("ec2"), iam, long_sweep)
 

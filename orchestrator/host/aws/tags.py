@@ -19,7 +19,7 @@ CALL_TIMEOUT_S = 10.0  # a slow EC2 must not hold an ending agent (and its insta
 @functools.lru_cache(maxsize=1)
 def _instance() -> tuple[str, str]:
     """(instance id, region) of this host, from its metadata service (asked once)."""
-    from orchestrator.host.imds import imds_get, own_instance_id
+    from orchestrator.host.aws.imds import imds_get, own_instance_id
 
     region = imds_get("placement/region") or os.environ.get("AWS_DEFAULT_REGION", "us-east-1")
     return own_instance_id(), region

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.aws.userdata import SAFETY_NET, SAFETY_NET_OWNER, cloud_config
+from orchestrator.backends.aws.cloud.userdata import SAFETY_NET, SAFETY_NET_OWNER, cloud_config
 
 
 class Instance:

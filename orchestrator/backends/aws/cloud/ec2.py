@@ -1,10 +1,10 @@
-"""EC2 control-plane calls: with fleet.py, the only code (with the rest of aws/) that talks to the EC2 API
+"""EC2 control-plane calls: with fleet.py, the only code (with the rest of cloud/) that talks to the EC2 API
 (IAM: iam.py).
 
 Plain functions over a boto3 client; what crosses out of here is dicts of plain values, never a
 boto3 object. Throttling is retried by botocore's standard mode. EC2 is eventually consistent: an
 instance id fresh from CreateFleet can be NotFound for a few seconds, so every call by id treats
-NotFound as "not yet". Code that runs on the instance itself is in host/imds.py.
+NotFound as "not yet". Code that runs on the instance itself is in host/aws/imds.py.
 """
 
 from __future__ import annotations
@@ -375,7 +375,7 @@ def terminate(ec2, instance_ids: list[str], patience_s: float = NOT_FOUND_S) -> 
 
 def gpu_counts(ec2, instance_types: list[str]) -> dict[str, int]:
     """GPUs per instance type: DescribeInstanceTypes' GpuInfo, else orch's table (gpus.GPUS_OF_TYPE), else 0."""
-    from orchestrator.aws.gpus import GPUS_OF_TYPE
+    from orchestrator.backends.aws.cloud.gpus import GPUS_OF_TYPE
 
     counts = {t: GPUS_OF_TYPE.get(t, 0) for t in instance_types}
     try:

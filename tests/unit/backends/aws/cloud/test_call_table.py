@@ -6,7 +6,7 @@ import ast
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[5]
 SERVICES = ("ec2", "iam", "s3", "kms", "sts")
 # The S3 transfer manager's calls (s3transfer): uploads above the multipart threshold in parts, downloads as a
 # HEAD and (ranged) GETs.
@@ -69,7 +69,7 @@ def test_the_retry_counts_this_page_gives_are_the_clients():
     """botocore's `max_attempts` counts retries after the first try (`total_max_attempts` counts tries): orch's EC2
     and IAM clients ask for 8 retries, 9 tries in all; the store's S3 client keeps botocore's default, standard mode's
     3 tries. The call table's preamble says so."""
-    from orchestrator.aws import ec2 as api
+    from orchestrator.backends.aws.cloud import ec2 as api
     from orchestrator.store.s3 import S3Store
 
     ec2 = api.client("ec2", "us-east-1")

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from orchestrator.aws.ec2 import (
+from orchestrator.backends.aws.cloud.ec2 import (
     QUOTA_ERRORS,
     AwsFatal,
     error_code,
@@ -25,7 +25,7 @@ from orchestrator.aws.ec2 import (
     explain,
     is_permission,
 )
-from orchestrator.aws.pools import BLOCK_S, NEVER_S, QUOTA_BLOCK_S, Blocklist, Choice  # noqa: F401 (re-exported)
+from orchestrator.backends.aws.cloud.pools import BLOCK_S, NEVER_S, QUOTA_BLOCK_S, Blocklist, Choice  # noqa: F401 (re-exported)
 from orchestrator.errors import OrchError
 
 log = logging.getLogger("orch.fleet")
@@ -92,7 +92,7 @@ def offered(choices: list[Choice], pools: set | None) -> list[Choice]:
 
 def offered_choices(ec2, instance_types: list[str], subnets: list[dict], region: str) -> list[Choice]:
     """Every (type, subnet) pair whose AZ offers the type (one DescribeInstanceTypeOfferings); none is fatal."""
-    from orchestrator.aws.ec2 import offered_pools
+    from orchestrator.backends.aws.cloud.ec2 import offered_pools
 
     azs = sorted({s["AvailabilityZone"] for s in subnets})
     kept = offered(choices(instance_types, subnets), offered_pools(ec2, instance_types, azs))

@@ -57,9 +57,9 @@ def test_a_hostile_holder_of_the_documented_policy_cannot_escalate_or_touch_what
     """Every way the old policy made its holder an administrator, or let it destroy or open up someone else's
     resources, is refused; what orch itself does (a role under the boundary, tagging at creation, terminating its
     own instance) is allowed."""
-    from orchestrator.aws import ec2 as api
-    from orchestrator.aws.iam import account_boundary
-    from orchestrator.aws.policy import boundary_arn
+    from orchestrator.backends.aws.cloud import ec2 as api
+    from orchestrator.backends.aws.cloud.iam import account_boundary
+    from orchestrator.backends.aws.cloud.policy import boundary_arn
 
     iam, ec2 = api.client("iam", "us-east-1"), api.client("ec2", "us-east-1")  # the controller's credentials
     admin_iam, admin_ec2 = cloud.client("iam"), cloud.client("ec2")  # someone else in the account
@@ -186,8 +186,8 @@ def _instance(cloud, **tags) -> str:
 
 def _capped_role(name: str, trust: str = TRUST) -> None:
     """A role the holder of the documented policy makes: orch's boundary (the only kind it may make), a `*` policy."""
-    from orchestrator.aws import ec2 as api
-    from orchestrator.aws.iam import account_boundary
+    from orchestrator.backends.aws.cloud import ec2 as api
+    from orchestrator.backends.aws.cloud.iam import account_boundary
 
     iam = api.client("iam", "us-east-1")
     iam.create_role(
@@ -237,9 +237,9 @@ def test_a_role_under_the_boundary_terminates_and_untags_only_instances_orch_tag
 def test_a_hosts_role_terminates_and_untags_only_its_own_instance(cloud):
     """Code on a run's host (it holds the host role's credentials) may end its own instance, never another run's host
     of the sweep nor the sweep's remote controller, which carry the same `orch:sweep` tag."""
-    from orchestrator.aws import ec2 as api
-    from orchestrator.aws.iam import ensure_instance_profile
-    from orchestrator.aws.teardown import teardown
+    from orchestrator.backends.aws.cloud import ec2 as api
+    from orchestrator.backends.aws.cloud.iam import ensure_instance_profile
+    from orchestrator.backends.aws.cloud.teardown import teardown
 
     iam = api.client("iam", "us-east-1")
     ensure_instance_profile(iam, "mine", BUCKET, "sweeps")
@@ -259,8 +259,8 @@ def test_a_hosts_role_terminates_and_untags_only_its_own_instance(cloud):
 def test_the_boundary_stays_as_the_admin_made_it_even_for_a_holder_with_more_iam_rights(cloud):
     """AWS's delegation example: explicit Denies, so a holder who also has `*` (another policy of theirs) still
     cannot change or delete the boundary policy, nor remove or swap a role's boundary."""
-    from orchestrator.aws import ec2 as api
-    from orchestrator.aws.iam import account_boundary
+    from orchestrator.backends.aws.cloud import ec2 as api
+    from orchestrator.backends.aws.cloud.iam import account_boundary
 
     documented = cloud.gate.controller_policy
     cloud.gate.controller_policy = {
@@ -401,8 +401,8 @@ def check_grammar(doc: dict) -> None:
 
 
 def test_the_documented_policy_and_boundary_are_valid_iam_grammar():
-    from orchestrator.aws.iam import instance_profile_policy
-    from orchestrator.aws.policy import boundary_policy, controller_policy
+    from orchestrator.backends.aws.cloud.iam import instance_profile_policy
+    from orchestrator.backends.aws.cloud.policy import boundary_policy, controller_policy
 
     for doc in (
         controller_policy(),
@@ -436,7 +436,7 @@ def test_a_policy_variable_fills_only_the_resource_part_of_an_arn_so_the_boundar
     parts of the ARN before the fifth colon, such as the service or account". DenyChangingTheBoundary named
     `arn:aws:iam::${aws:PrincipalAccount}:policy/orch-boundary`, which no policy matches: its Deny denied nothing to
     a holder an admin also gave `iam:*` (the gate filled the account in, kinder than IAM, so no test saw it)."""
-    from orchestrator.aws.policy import BOUNDARY_POLICY_CHANGES, controller_policy
+    from orchestrator.backends.aws.cloud.policy import BOUNDARY_POLICY_CHANGES, controller_policy
     from tests.fakecloud.gate import evaluate
 
     ctx = {"aws:PrincipalAccount": "123456789012"}
@@ -463,8 +463,12 @@ def test_a_policy_variable_fills_only_the_resource_part_of_an_arn_so_the_boundar
 def test_a_remote_controllers_role_reaches_only_its_own_sweep(cloud):
     """The role `orch launch --remote` gives a sweep's controller, evaluated with orch's boundary as IAM would:
     its sweep's prefix and tagged resources, passing only its sweep's host role, no IAM write."""
-    from orchestrator.aws import ec2 as api
-    from orchestrator.aws.iam import controller_iam_name, ensure_controller_profile, ensure_instance_profile
+    from orchestrator.backends.aws.cloud import ec2 as api
+    from orchestrator.backends.aws.cloud.iam import (
+        controller_iam_name,
+        ensure_controller_profile,
+        ensure_instance_profile,
+    )
 
     iam = api.client("iam", "us-east-1")  # the laptop's credentials make both roles, under the boundary
     ensure_instance_profile(iam, "mine", BUCKET, "sweeps")
@@ -497,7 +501,7 @@ def test_a_remote_controllers_role_reaches_only_its_own_sweep(cloud):
         assert not allowed(role, action, f"{acct}:role/orch-mine", {})
     for action in ("ec2:AuthorizeSecurityGroupIngress", "ec2:CreateSecurityGroup", "ec2:DeleteSecurityGroup"):
         assert not allowed(role, action, "*", {"aws:ResourceTag/orch:sweep": "mine"})
-    from orchestrator.aws.teardown import teardown
+    from orchestrator.backends.aws.cloud.teardown import teardown
 
     teardown(api.client("ec2", "us-east-1"), iam, "mine")
 
@@ -506,8 +510,8 @@ def test_a_hosts_role_removes_only_the_slot_and_rung_tags_of_its_sweeps_instance
     """What code on a host (the user's command has its role's credentials) may untag: its sweep's instances' slot
     and rung tags, named. Not `orch:sweep` or `orch:run` (the instance would vanish from the controller's listing
     and bill until its safety net), not a DeleteTags without tags (which removes every tag), not another sweep's."""
-    from orchestrator.aws import ec2 as api
-    from orchestrator.aws.iam import ensure_instance_profile
+    from orchestrator.backends.aws.cloud import ec2 as api
+    from orchestrator.backends.aws.cloud.iam import ensure_instance_profile
     from tests.fakecloud.gate import on_instance
 
     iam = api.client("iam", "us-east-1")
@@ -523,7 +527,7 @@ def test_a_hosts_role_removes_only_the_slot_and_rung_tags_of_its_sweeps_instance
     assert not untag([])  # no Tag.N: every tag would go
     assert not untag(["orch:rung:2"], sweep="other")
     assert not untag(["orch:slot:0"], target="i-2")  # another instance of the sweep: only its own host gives it back
-    from orchestrator.aws.teardown import teardown
+    from orchestrator.backends.aws.cloud.teardown import teardown
 
     teardown(api.client("ec2", "us-east-1"), iam, "mine")
 
@@ -531,7 +535,7 @@ def test_a_hosts_role_removes_only_the_slot_and_rung_tags_of_its_sweeps_instance
 def test_the_policy_and_boundary_help_say_how_to_create_them_as_they_are_now(orch):
     """The printed policy is longer than a user's inline policies may be (2,048 characters): the help says to create
     a managed policy and attach it, as README and docs/aws.md do; the boundary's help covers the remote controller."""
-    from orchestrator.aws.policy import controller_policy
+    from orchestrator.backends.aws.cloud.policy import controller_policy
 
     assert len(re.sub(r"\s", "", json.dumps(controller_policy()))) > 2048
     policy = orch("aws", "policy", "--help")
@@ -578,9 +582,9 @@ def _unexplained(doc: dict, page: str) -> list:
 def test_parliament_finds_nothing_in_the_policy_and_boundary_that_docs_aws_md_does_not_explain():
     from pathlib import Path
 
-    from orchestrator.aws.policy import boundary_policy, controller_policy
+    from orchestrator.backends.aws.cloud.policy import boundary_policy, controller_policy
 
-    page = (Path(__file__).resolve().parents[3] / "docs" / "aws.md").read_text()
+    page = (Path(__file__).resolve().parents[5] / "docs" / "aws.md").read_text()
     for doc in (controller_policy(), controller_policy("my-bucket", ["my-data"]), boundary_policy("my-bucket")):
         assert not _unexplained(doc, page)
     wild = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:GetObject", "Resource": "*"}]}
@@ -598,7 +602,7 @@ def test_a_holder_launches_only_tagged_instances_with_orchs_groups_images_and_sn
     """What a holder of the documented policy may launch: everything it creates tagged orch:sweep (and only orch's
     tag keys), with a security group and launch template orch tagged, from an image of an allowed owner whose
     snapshots are not the account's untagged data. Each other way is refused, through RunInstances and CreateFleet."""
-    from orchestrator.aws import ec2 as api
+    from orchestrator.backends.aws.cloud import ec2 as api
 
     ec2, admin = api.client("ec2", "us-east-1"), cloud.client("ec2")
     group = _orch_group(ec2, cloud, "mine")
@@ -666,14 +670,14 @@ def test_a_holder_launches_only_tagged_instances_with_orchs_groups_images_and_sn
 def test_a_remote_controllers_role_launches_only_its_sweeps_types_with_its_tag_in_its_vpc(cloud):
     """The role `--remote` gives a sweep's controller, on its instance, evaluated with orch's boundary: a launch of
     another instance type, for another sweep, or into a subnet of another VPC is refused; its own is not."""
-    from orchestrator.aws import ec2 as api
-    from orchestrator.aws.iam import (
+    from orchestrator.backends.aws.cloud import ec2 as api
+    from orchestrator.backends.aws.cloud.iam import (
         LaunchScope,
         controller_iam_name,
         ensure_controller_profile,
         ensure_instance_profile,
     )
-    from orchestrator.aws.teardown import teardown
+    from orchestrator.backends.aws.cloud.teardown import teardown
 
     iam, admin = api.client("iam", "us-east-1"), cloud.client("ec2")
     ensure_instance_profile(iam, "mine", BUCKET, "sweeps")
@@ -717,14 +721,14 @@ def test_a_remote_controllers_role_launches_only_its_sweeps_types_with_its_tag_i
 def test_ec2_outside_the_regions_given_is_refused_to_the_holder_and_to_every_role_orch_makes(cloud, orch):
     """`orch aws policy --region` / `orch aws boundary --region`, and the roles orch makes for a sweep (its region):
     EC2 in a region not listed is refused (aws:RequestedRegion); the listed ones and IAM (global) still answer."""
-    from orchestrator.aws import ec2 as api
-    from orchestrator.aws.iam import (
+    from orchestrator.backends.aws.cloud import ec2 as api
+    from orchestrator.backends.aws.cloud.iam import (
         LaunchScope,
         controller_iam_name,
         ensure_controller_profile,
         ensure_instance_profile,
     )
-    from orchestrator.aws.policy import boundary_policy, controller_policy
+    from orchestrator.backends.aws.cloud.policy import boundary_policy, controller_policy
     from tests.fakecloud.cloud import DATA_BUCKETS
     from tests.fakecloud.gate import evaluate
 
@@ -760,7 +764,7 @@ def test_ec2_outside_the_regions_given_is_refused_to_the_holder_and_to_every_rol
     _refused(lambda: on_host.terminate_instances(InstanceIds=[host]), "UnauthorizedOperation")
     _as_role(cloud, "orch-mine", "ec2", instance=host).terminate_instances(InstanceIds=[host])
     cloud.client("ec2").terminate_instances(InstanceIds=[ctl])
-    from orchestrator.aws.teardown import teardown
+    from orchestrator.backends.aws.cloud.teardown import teardown
 
     teardown(api.client("ec2", "us-east-1"), iam, "mine")
 
@@ -825,7 +829,7 @@ def test_a_remote_controllers_role_in_a_home_region_outside_its_list_may_only_en
     """`--remote` runs the controller in the sweep's home region (its bucket's), which the sweep need not list: there
     its role may read EC2 and end its own instance (what the supervisor and watchdog do), and launch nothing; in the
     listed regions it launches as before; elsewhere nothing."""
-    from orchestrator.aws.iam import LaunchScope, controller_role_policy
+    from orchestrator.backends.aws.cloud.iam import LaunchScope, controller_role_policy
     from tests.fakecloud.gate import evaluate
 
     scope = LaunchScope(regions=("us-east-1", "us-west-2"), home="eu-west-1")

@@ -5,7 +5,7 @@ Part of the control plane with ec2.py, whose helpers it uses; nothing here runs 
 
 from __future__ import annotations
 
-from orchestrator.aws.ec2 import (
+from orchestrator.backends.aws.cloud.ec2 import (
     LIVE_STATES,
     NOT_GONE,
     error_code,
@@ -13,8 +13,8 @@ from orchestrator.aws.ec2 import (
     sweep_instances,
     terminate,
 )
-from orchestrator.aws.iam import controller_iam_name, iam_name
-from orchestrator.aws.placement import delete_group, sweep_groups
+from orchestrator.backends.aws.cloud.iam import controller_iam_name, iam_name
+from orchestrator.backends.aws.cloud.placement import delete_group, sweep_groups
 from orchestrator.errors import OrchError
 
 TEARDOWN_WAIT_S = 900.0  # GPU instances can stay in shutting-down for minutes
