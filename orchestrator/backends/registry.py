@@ -35,8 +35,8 @@ from typing import Any
 from orchestrator.backends.aws import checks as aws_checks
 from orchestrator.backends.aws.settings import AwsSection
 from orchestrator.backends.base import Backend
-from orchestrator.backends.local_settings import LocalSection
-from orchestrator.backends.local_settings import check as local_checks
+from orchestrator.backends.local.settings import LocalSection
+from orchestrator.backends.local.settings import check as local_checks
 from orchestrator.backends.ssh import settings as ssh_settings
 from orchestrator.errors import OrchError
 from orchestrator.sweep import load
@@ -89,7 +89,7 @@ class Entry:
 
 
 def _local(sweep: Sweep) -> Backend:
-    from orchestrator.backends.local import LocalBackend
+    from orchestrator.backends.local.backend import LocalBackend
 
     return LocalBackend(sweep)
 

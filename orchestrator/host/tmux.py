@@ -2,7 +2,7 @@
 attached), through the tmux binary alone, so an instance's Python needs no libtmux.
 
 orch's own server: socket `orch`, or $ORCH_TMUX_SOCKET. The controller's machine drives tmux
-through libtmux's objects instead (`backends/tmux_server.py`).
+through libtmux's objects instead (`backends/local/tmux_server.py`).
 """
 
 from __future__ import annotations

@@ -384,7 +384,7 @@ def real_backend(sweep):
         from orchestrator.backends.aws.backend import AwsBackend
 
         return AwsBackend(sweep)
-    from orchestrator.backends.local import LocalBackend
+    from orchestrator.backends.local.backend import LocalBackend
 
     return LocalBackend(sweep)
 

@@ -243,7 +243,7 @@ def test_the_agent_reports_a_line_at_a_rung_at_once_not_at_the_next_heartbeat(or
     record when it appears, so a losing run is stopped without waiting for a heartbeat (here an hour)."""
     from dataclasses import replace
 
-    from orchestrator.backends.local import LocalBackend
+    from orchestrator.backends.local.backend import LocalBackend
     from orchestrator.store.status import RUNNING, STARTING, RunStatus, read_status, write_if
     from orchestrator.wait import retry_until
 

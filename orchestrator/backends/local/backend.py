@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 from orchestrator import contract
-from orchestrator.backends import tmux_server
 from orchestrator.backends.base import BackendBase, Host
-from orchestrator.backends.local_settings import LocalSection
+from orchestrator.backends.local import tmux_server
+from orchestrator.backends.local.settings import LocalSection
 from orchestrator.contract import RunTask
 from orchestrator.errors import OrchError
 from orchestrator.host import tmux
@@ -151,4 +151,4 @@ class LocalBackend(BackendBase):
 
 
 def _package_root() -> str:
-    return str(Path(__file__).resolve().parents[2])
+    return str(Path(__file__).resolve().parents[3])
