@@ -24,7 +24,7 @@ from orchestrator.backends import bundle as code_bundle
 from orchestrator.backends.base import ACQUIRING, BackendBase, Host, Outcome
 from orchestrator.backends.ssh import probe
 from orchestrator.backends.ssh.ledger import Ledger
-from orchestrator.backends.ssh.link import HostDown, Link, tunnel_file
+from orchestrator.backends.ssh.link import DOWN_S, HostDown, Link, tunnel_file
 from orchestrator.backends.ssh.settings import SshSection, host_specs
 from orchestrator.contract import RunTask
 from orchestrator.errors import OrchError
@@ -317,19 +317,26 @@ class SshBackend(BackendBase):
     # --- the sweep's lifetime ------------------------------------------------------------------------------------
 
     def preflight(self) -> None:
-        """Every host probed at launch (in parallel): those that cannot serve are named with the fix and left out;
-        none usable: nothing starts."""
+        """Every host probed at launch (in parallel). One that cannot serve (a wrong key, no Python or tmux, a full
+        disk) is named with the fix and left out; one that does not answer is named and asked again later (it may be
+        booting). None usable now: nothing starts."""
         links = list(self.links.values())
         with ThreadPoolExecutor(min(16, len(links))) as pool:
             list(pool.map(self._facts, links))
-        for label, link in self.links.items():
-            if label not in self.facts and label not in self.refused:
-                self.refused[label] = f"{label}: {link.why_down or 'did not answer'}"
-        usable = [h for h in self.links if h in self.facts and h not in self.refused]
-        if not usable:
-            raise OrchError("no host can run this sweep:\n  " + "\n  ".join(self.refused.values()), exit_code=2)
+        quiet = {
+            label: f"{label}: {link.why_down or 'did not answer'}; asked again every {DOWN_S:.0f} s"
+            for label, link in self.links.items()
+            if label not in self.facts and label not in self.refused
+        }
+        if not self.facts:
+            raise OrchError(
+                "no host can run this sweep:\n  " + "\n  ".join([*self.refused.values(), *quiet.values()]),
+                exit_code=2,
+            )
         for why in self.refused.values():
             log.warning("left out: %s", why)
+        for why in quiet.values():
+            log.warning("not answering: %s", why)
 
     def teardown(self) -> builtins.list[str]:
         """What orch put on each host for this sweep: its runs' folders and its tunnel file (the code caches

@@ -258,3 +258,46 @@ def csv_rows(path):
 
     with open(path) as f:
         return list(csv.DictReader(f))
+
+
+@pytest.mark.timeout(300)
+def test_a_host_down_at_launch_is_used_once_it_answers(orch, hosts, job):
+    hosts.hosts[1].kill()
+    path = orch.sweep(
+        f'name: later\ncommand: "{job(release=True)}"\nworkdir: null\nstore: store\nmax_parallel: 2\n'
+        f"backend: ssh\ngrid:\n  lr: [1, 2]\n{hosts.section()}"
+    )
+    r = orch("launch", str(path), "--detach")
+    assert r.code == 0 and "not answering" in r.err and hosts.hosts[1].ip in r.err, r.out + r.err
+    retry_until(lambda: len(starts(job.marks)) == 1, 60, 0.2, "the first run on the host that answers")
+    hosts.restart(1)
+    retry_until(lambda: len(starts(job.marks)) == 2, 90, 0.5, "the second run, on the host that came back")
+    assert set(hosts_of(orch, "later").values()) == {h.label for h in hosts.hosts}
+    job.release.touch()
+    retry_until(lambda: {v["state"] for v in status(orch, "later").values()} == {"succeeded"}, 60, 1, "the end")
+
+
+def test_attach_opens_the_runs_window_on_its_host(orch, hosts, job):
+    path = orch.sweep(
+        f'name: peek\ncommand: "{job(release=True)}"\nworkdir: null\nstore: store\nbackend: ssh\n{hosts.section()}'
+    )
+    assert orch("launch", str(path), "--detach").code == 0
+    retry_until(lambda: len(starts(job.marks)) == 1, 60, 0.2, "the run started")
+    with orch.in_a_terminal("attach", "run") as (screen, _):
+        retry_until(lambda: "tick" in screen() and "of run" in screen(), 20, 0.2, "the run's output over ssh")
+    job.release.touch()
+    retry_until(lambda: status(orch, "peek")["run"]["state"] == "succeeded", 60, 1, "the run's end")
+
+
+def test_a_host_without_the_python_it_names_is_left_out_with_the_fix(orch, hosts, job):
+    section = hosts.section().replace(
+        f"    - {hosts.hosts[1].label}", f"    - host: {hosts.hosts[1].label}\n      python: /opt/none/python3"
+    )
+    path = orch.sweep(
+        f'name: nopy\ncommand: "{job(steps=1)}"\nworkdir: null\nstore: store\nmax_parallel: 2\n'
+        f"backend: ssh\ngrid:\n  lr: [1, 2]\n{section}"
+    )
+    r = orch("launch", str(path))
+    assert r.code == 0, r.out + r.err
+    assert "left out" in r.err and "no /opt/none/python3 there" in r.err and "`python:` of the host" in r.err, r.err
+    assert set(hosts_of(orch, "nopy").values()) == {hosts.hosts[0].label}
