@@ -117,6 +117,12 @@ def _ssh_costs() -> Costs:
     return Costs(ledger.total, ledger.per_run, lambda _: 0.0, lambda *_a, **_k: None, ledger.places, _no_transfer)
 
 
+def _ssh_plan_lines(sweep: Sweep, plan: dict) -> list[str]:
+    from orchestrator.backends.ssh.dry_run import plan_lines
+
+    return plan_lines(sweep, plan)
+
+
 def _no_transfer(ledger: dict, run: str, moved: dict) -> tuple[float, int]:
     return 0.0, 0
 
@@ -192,6 +198,7 @@ BACKENDS: tuple[Entry, ...] = (
         BackendSchema("ssh", ssh_settings.SshSection, ssh_settings.check, _ssh_python, counts_dollars=True),
         _ssh,
         _ssh_costs,
+        plan_lines=_ssh_plan_lines,
     ),
 )
 

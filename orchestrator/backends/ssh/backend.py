@@ -316,6 +316,21 @@ class SshBackend(BackendBase):
 
     # --- the sweep's lifetime ------------------------------------------------------------------------------------
 
+    def plan(self) -> dict | None:
+        """`--dry-run`: every host probed (read-only: one command each), what it offers this sweep or why not."""
+        links = list(self.links.values())
+        with ThreadPoolExecutor(min(16, len(links))) as pool:
+            list(pool.map(self._facts, links))
+        hosts = []
+        for label, link in self.links.items():
+            facts = self.facts.get(label)
+            if facts is not None and label not in self.refused:
+                slots = probe.slots(link.spec, facts, self.gpus_per_run)
+                hosts.append({"host": label, "gpus": facts.gpus, "slots": slots, "python": facts.python})
+            else:
+                hosts.append({"host": label, "why": self.refused.get(label) or link.why_down or "did not answer"})
+        return {"hosts": hosts, "price_per_hour": self.settings.price_per_hour}
+
     def preflight(self) -> None:
         """Every host probed at launch (in parallel). One that cannot serve (a wrong key, no Python or tmux, a full
         disk) is named with the fix and left out; one that does not answer is named and asked again later (it may be

@@ -301,3 +301,16 @@ def test_a_host_without_the_python_it_names_is_left_out_with_the_fix(orch, hosts
     assert r.code == 0, r.out + r.err
     assert "left out" in r.err and "no /opt/none/python3 there" in r.err and "`python:` of the host" in r.err, r.err
     assert set(hosts_of(orch, "nopy").values()) == {hosts.hosts[0].label}
+
+
+def test_the_dry_run_lists_each_host_with_its_slots_or_why_not(orch, hosts, job):
+    hosts.hosts[1].kill()
+    path = orch.sweep(
+        f'name: dry\ncommand: "{job(steps=1)}"\nworkdir: null\nstore: store\nresources:\n  gpus: 1\n'
+        f"backend: ssh\n{hosts.section(gpus=2)}"
+    )
+    r = orch("launch", str(path), "--dry-run")
+    assert r.code == 0, r.out + r.err
+    assert "hosts: 1 of 2 can run this sweep, 2 run(s) at once" in r.out, r.out
+    assert f"{hosts.hosts[0].label}: 2 GPU(s), 2 slot(s)" in r.out and f"{hosts.hosts[1].label}: left out" in r.out
+    assert "counts GPU-hours, not dollars" in r.out and not starts(job.marks)
