@@ -11,20 +11,23 @@ heartbeating, and after `stale_s` the controller starts them elsewhere from thei
 from __future__ import annotations
 
 import builtins
+import contextlib
 import logging
 import os
 import shlex
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from queue import SimpleQueue
 
 from orchestrator import contract
 from orchestrator.backends import bundle as code_bundle
 from orchestrator.backends.base import ACQUIRING, BackendBase, Host, Outcome
-from orchestrator.backends.ssh import probe
+from orchestrator.backends.ssh import probe, sessions
 from orchestrator.backends.ssh.ledger import Ledger
 from orchestrator.backends.ssh.link import DOWN_S, HostDown, Link, tunnel_file
+from orchestrator.backends.ssh.sessions import Placed
 from orchestrator.backends.ssh.settings import SshSection, host_specs
 from orchestrator.contract import RunTask
 from orchestrator.errors import OrchError
@@ -38,7 +41,7 @@ log = logging.getLogger("orch.ssh")
 BASE = contract.REMOTE_BASE  # ~/orch/runs on each host, as on an instance
 SOCKET = contract.REMOTE_TMUX_SOCKET
 STOP_WAIT_S = 20.0
-LIST_FORMAT = "#{session_name} #{@orch_attempt} #{@orch_slot}"
+FREE_PORT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
 
 
 class SshBackend(BackendBase):
@@ -54,12 +57,13 @@ class SshBackend(BackendBase):
         self.links = {h.label: Link(h, self.settings.key, self.settings.known_hosts) for h in host_specs(self.settings)}
         self.facts: dict[str, probe.Facts] = {}  # what each host has, probed once per process
         self.refused: dict[str, str] = {}  # hosts this sweep cannot use, and why (with the fix)
-        self.seen: dict[str, dict[str, tuple[int, int]]] = {}  # host -> {run: (attempt, slot)}, as last listed
+        self.seen: dict[str, dict[str, Placed]] = {}  # host -> {run: where it runs there}, as last listed
         self.outcomes: SimpleQueue[Outcome] = SimpleQueue()
         self.server = None
         self.bundle: code_bundle.Bundle | None = None
         self.installed: set[str] = set()
         self.gpus_per_run: int = (sweep.spec.resources.gpus or 0) if sweep.spec.resources else 0
+        self.nodes = sweep.spec.resources.nodes if sweep.spec.resources else 1
         self.ledger = Ledger(None, sweep.spec.name, self.settings.price_per_hour, self.gpus_per_run)
 
     # --- what runs where ------------------------------------------------------------------------------------------
@@ -74,31 +78,25 @@ class SshBackend(BackendBase):
         with ThreadPoolExecutor(min(16, len(self.links))) as pool:
             listed = dict(zip(self.links, pool.map(self._sessions, self.links.values())))
         out = []
-        for label, sessions in listed.items():
-            if sessions is not None:
-                self.seen[label] = {by_session[s]: v for s, v in sessions.items() if s in by_session}
+        for label, found in listed.items():
+            if found is not None:
+                self.seen[label] = {by_session[s]: v for s, v in found.items() if s in by_session}
                 self._ledger().ended(label, set(self.seen[label]))
-            for run_id, (attempt, _slot) in self.seen.get(label, {}).items():
-                out.append(Host(run_id, label, self.links[label].spec.address, attempt=attempt or None))
+            for run_id, p in self.seen.get(label, {}).items():
+                spec = self.links[label].spec
+                out.append(Host(run_id, label, spec.address, attempt=p.attempt or None, node=p.node, nodes=p.nodes))
         return out
 
-    def _sessions(self, link: Link) -> dict[str, tuple[int, int]] | None:
-        prefix = contract.session_prefix(self.sweep.spec.name)
+    def _sessions(self, link: Link) -> dict[str, Placed] | None:
         try:
-            r = link.run(f"tmux -L {SOCKET} ls -F {shlex.quote(LIST_FORMAT)} 2>/dev/null; true", timeout=15)
+            r = link.run(sessions.LIST, timeout=15)
         except (HostDown, OrchError) as exc:
             log.debug("%s: not listed: %s", link.spec.label, exc)
             return None
-        out = {}
-        for line in r.out.splitlines():
-            name, _, rest = line.partition(" ")
-            if name.startswith(prefix):
-                attempt, _, slot = rest.partition(" ")
-                out[name] = (int(attempt) if attempt.isdigit() else 0, int(slot) if slot.isdigit() else 0)
-        return out
+        return sessions.parse(r.out, contract.session_prefix(self.sweep.spec.name))
 
     def run_of_instance(self, host_id: str) -> str | None:
-        runs = [r for r in self.seen.get(host_id, {})]
+        runs = list(self.seen.get(host_id, {}))
         return runs[0] if len(runs) == 1 else None
 
     # --- starting ---------------------------------------------------------------------------------------------------
@@ -121,23 +119,52 @@ class SshBackend(BackendBase):
     def start(self, task: RunTask) -> Host:
         if any(task.run_id in runs for runs in self.seen.values()):
             raise OrchError(f"run {task.run_id} already runs on a host; not starting it twice.")
-        tried = []
-        for link, slot in self._free_slots(task.replaces):
-            try:
-                self._start_on(link, slot, task)
-                self.seen.setdefault(link.spec.label, {})[task.run_id] = (task.attempt, slot)
-                slots = probe.slots(link.spec, self.facts[link.spec.label], self.gpus_per_run)
-                self._ledger().started(link.spec.label, task.run_id, task.attempt, slots)
-                return Host(task.run_id, link.spec.label, link.spec.address, attempt=task.attempt)
-            except HostDown as exc:
-                tried.append(str(exc))
-            except OrchError as exc:  # not asked again for a while (DOWN_S); its other runs go on
-                link.down(str(exc))
-                log.warning("%s: could not start %s there: %s", link.spec.label, task.run_id, exc)
-                tried.append(str(exc))
+        tried, free = [], self._free_slots(task.replaces)
+        while len(free) >= self.nodes:  # a run of N nodes takes a slot on each of N hosts, all at once
+            group = free[: self.nodes]
+            failed = self._start_group(group, task)
+            if failed is None:
+                lead = group[0][0].spec
+                return Host(task.run_id, lead.label, lead.address, attempt=task.attempt, nodes=self.nodes)
+            tried.append(failed[1])
+            free = [f for f in free if f[0] is not failed[0]]
         why = "; ".join(tried) or self._busy()
         self.outcomes.put(Outcome(task.run_id, task.attempt, QUEUED, f"no free slot on a host now ({why})"))
         return Host(task.run_id, ACQUIRING, "", attempt=task.attempt, provisioning=True)
+
+    def _start_group(self, group: builtins.list[tuple[Link, int]], task: RunTask) -> tuple[Link, str] | None:
+        """One agent per node, followers first (node 0 reports once all are there); None when all started, else
+        (the host that failed, why), with the nodes already started ended again."""
+        env: dict[str, str] = {}
+        if len(group) > 1:  # node 0's address as the controller reaches it, and a free port there: the rendezvous
+            lead = group[0][0]
+            try:
+                port = lead.check(f"{shlex.quote(self.facts[lead.spec.label].python)} -c {shlex.quote(FREE_PORT)}")
+            except (HostDown, OrchError) as exc:
+                return self._failed(lead, task, exc)
+            env = {"ORCH_MASTER_ADDR": lead.spec.address, "ORCH_MASTER_PORT": port.strip()}
+        started: builtins.list[Link] = []
+        for rank in sorted(range(len(group)), reverse=True):
+            link, slot = group[rank]
+            try:
+                self._start_on(link, slot, on_host(task, link.spec.label, rank, len(group), env))
+            except (HostDown, OrchError) as exc:
+                for other in started:
+                    with contextlib.suppress(HostDown, OrchError):
+                        other.run(sessions.kill_script(task.session))
+                return self._failed(link, task, exc)
+            started.append(link)
+        for rank, (link, slot) in enumerate(group):
+            self.seen.setdefault(link.spec.label, {})[task.run_id] = Placed(task.attempt, slot, rank, len(group))
+            slots = probe.slots(link.spec, self.facts[link.spec.label], self.gpus_per_run)
+            self._ledger().started(link.spec.label, task.run_id, task.attempt, slots)
+        return None
+
+    def _failed(self, link: Link, task: RunTask, exc: Exception) -> tuple[Link, str]:
+        if not isinstance(exc, HostDown):  # not asked again for a while (DOWN_S); its other runs go on
+            link.down(str(exc))
+        log.warning("%s: could not start %s there: %s", link.spec.label, task.run_id, exc)
+        return link, str(exc)
 
     def _busy(self) -> str:
         down = [lk.spec.label for lk in self.links.values() if lk.down_until > time.time()]
@@ -154,7 +181,7 @@ class SshBackend(BackendBase):
             facts = self._facts(link)
             if facts is None:
                 continue
-            taken = {slot for _a, slot in self.seen.get(label, {}).values()}
+            taken = {p.slot for p in self.seen.get(label, {}).values()}
             free = [s for s in range(probe.slots(link.spec, facts, self.gpus_per_run)) if s not in taken]
             if free:
                 found.append((label == avoid, len(taken), label, link, free[0]))
@@ -177,21 +204,18 @@ class SshBackend(BackendBase):
         facts = self.facts[link.spec.label]
         self._serve(link)
         bundle = self._install(link)
-        env = {"ORCH_PYTHON": facts.python}
+        env = {**task.env, "ORCH_PYTHON": facts.python}
         if self.gpus_per_run:
             first = slot * self.gpus_per_run
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(first + i) for i in range(self.gpus_per_run))
-        task = on_host(task, link.spec.label, env=env)
-        task = RunTask(**{**task.__dict__, "store_url": "tunnel:" + tunnel_file(self.sweep.spec.name)})
+        task = replace(task, env=env, store_url="tunnel:" + tunnel_file(self.sweep.spec.name))
         task_path = contract.task_file(task.ctl_dir, task.attempt)
         link.put_bytes(task.to_json(), task_path)
         agent = contract.agent_command(facts.python, task_path, task.ctl_dir, pythonpath=bundle.remote_dir)
-        s = shlex.quote(task.session)
-        link.check(  # one tmux command sequence: the options land on the session it just made
-            f'cd "$HOME" && tmux -L {SOCKET} new-session -d -s {s} -n agent -x 200 -y 50 {shlex.quote(agent)} '
-            f"';' set-option @orch_attempt {task.attempt} ';' set-option @orch_slot {slot}"
+        link.check(sessions.start_command(task, agent, Placed(task.attempt, slot, task.node_rank, task.node_hosts)))
+        log.info(
+            "%s: attempt %s node %s on %s (slot %s)", task.run_id, task.attempt, task.node_rank, link.spec.label, slot
         )
-        log.info("%s: attempt %s on %s (slot %s)", task.run_id, task.attempt, link.spec.label, slot)
 
     def _install(self, link: Link) -> code_bundle.Bundle:
         if self.bundle is None:
@@ -246,14 +270,19 @@ class SshBackend(BackendBase):
 
     # --- stopping -------------------------------------------------------------------------------------------------
 
-    def _where(self, run_id: str) -> Link | None:
-        for label, runs in self.seen.items():
-            if run_id in runs:
-                return self.links[label]
+    def _holders(self, run_id: str) -> builtins.list[Link]:
+        """The hosts of the run's newest attempt, node 0 first (listed now when this process has not yet)."""
         if not self.seen:
             self.list()
-            return self._where(run_id) if self.seen and any(run_id in r for r in self.seen.values()) else None
-        return None
+        found = [
+            (p.attempt, -p.node, label) for label, runs in self.seen.items() for r, p in runs.items() if r == run_id
+        ]
+        newest = max((a for a, _n, _l in found), default=0)
+        return [self.links[label] for a, _n, label in sorted(found, reverse=True) if a == newest]
+
+    def _where(self, run_id: str) -> Link | None:
+        holders = self._holders(run_id)
+        return holders[0] if holders else None
 
     def release(self, host: Host) -> None:
         if host.host_id == ACQUIRING or host.host_id not in self.links:
@@ -263,27 +292,28 @@ class SshBackend(BackendBase):
         # old attempt's session is released again, and ends)
         self.seen.get(host.host_id, {}).pop(host.run_id, None)
         try:
-            link.run(kill_script(self.session(host.run_id)))
+            link.run(sessions.kill_script(self.session(host.run_id)))
         except (HostDown, OrchError) as exc:
             log.info("%s: could not end %s there now: %s", host.host_id, host.run_id, exc)
 
     def stop(self, run_id: str, reason: StopReason) -> bool:
-        link = self._where(run_id)
-        if link is None:
-            return False
+        """Every node's agent stops its command, node 0 first (it records the reason)."""
+        holders = self._holders(run_id)
         ctl = contract.ctl_dir(BASE, self.sweep.spec.name, run_id)
-        try:
-            self._serve(link)  # its agent's last record and checkpoint go to the store through this process now
-            r = link.run(
-                contract.stop_script(ctl, self.session(run_id), reason, STOP_WAIT_S, SOCKET), timeout=STOP_WAIT_S + 15
-            )
-            if r.code != 0:
-                link.run(kill_script(self.session(run_id)))
-        except (HostDown, OrchError) as exc:
-            log.warning("could not stop %s on %s: %s", run_id, link.spec.label, exc)
-            return False
-        self.seen.get(link.spec.label, {}).pop(run_id, None)
-        return True
+        for link in holders:
+            try:
+                self._serve(link)  # its agent's last record and checkpoint go to the store through this process now
+                r = link.run(
+                    contract.stop_script(ctl, self.session(run_id), reason, STOP_WAIT_S, SOCKET),
+                    timeout=STOP_WAIT_S + 15,
+                )
+                if r.code != 0:
+                    link.run(sessions.kill_script(self.session(run_id)))
+            except (HostDown, OrchError) as exc:
+                log.warning("could not stop %s on %s: %s", run_id, link.spec.label, exc)
+                continue
+            self.seen.get(link.spec.label, {}).pop(run_id, None)
+        return bool(holders)
 
     def notify_interruption(self, run_id: str) -> bool:
         link = self._where(run_id)
@@ -293,25 +323,17 @@ class SshBackend(BackendBase):
         return True
 
     def attach(self, run_id: str, node: int = 0) -> int:
-        link = self._where(run_id)
-        if link is None:
+        holders = self._holders(run_id)
+        if not holders:
             raise OrchError(f"run {run_id} is not running on any host now. See its log with `orch logs {run_id}`.")
+        if node >= len(holders):
+            raise OrchError(f"run {run_id} runs on {len(holders)} node(s) now: --node takes 0 to {len(holders) - 1}.")
+        link = holders[node]
         remote = f"tmux -L {SOCKET} attach-session -t {shlex.quote('=' + self.session(run_id) + ':run')}"
         if shutil.which("ssh") is None:
             raise OrchError("`orch attach` on ssh hosts needs the ssh command (apt-get install openssh-client).")
-        s = link.spec
-        argv = [
-            "ssh",
-            "-t",
-            "-p",
-            str(s.port),
-            "-o",
-            f"UserKnownHostsFile={os.path.expanduser(self.settings.known_hosts)}",
-        ]
-        argv += ["-o", "StrictHostKeyChecking=yes"] + (
-            ["-i", os.path.expanduser(self.settings.key)] if self.settings.key else []
-        )
-        os.execvp("ssh", [*argv, f"{s.user}@{s.address}", remote])
+        argv = sessions.attach_argv(link.spec, self.settings.known_hosts, self.settings.key, remote)
+        os.execvp(argv[0], argv)
         return 0
 
     # --- the sweep's lifetime ------------------------------------------------------------------------------------
@@ -359,7 +381,7 @@ class SshBackend(BackendBase):
         gone = []
         name = self.sweep.spec.name
         for label, link in self.links.items():
-            script = kill_script(contract.session_prefix(name), every=True) + (
+            script = sessions.kill_script(contract.session_prefix(name), every=True) + (
                 f'; rm -rf "$HOME/orch/runs/{name}" "$HOME/orch/tunnels/{name}.json"'
             )
             try:
@@ -372,16 +394,3 @@ class SshBackend(BackendBase):
         self.list()  # what ended on the hosts that answered is in the ledger
         self.flush()
         return gone
-
-
-def kill_script(session: str, every: bool = False) -> str:
-    """End a run's session (every: each session whose name starts with `session`) and every process of its panes at
-    once: each pane's command leads a process group of its own, killed whole (an agent busy writing its last record
-    would otherwise outlive its session). Touches nothing else on the host."""
-    pick = f"grep '^{session}'" if every else f"grep -Fx {shlex.quote(session)}"
-    return (
-        f"for s in $(tmux -L {SOCKET} ls -F '#{{session_name}}' 2>/dev/null | {pick}); do "
-        f'for p in $(tmux -L {SOCKET} list-panes -s -t "=$s" -F "#{{pane_pid}}" 2>/dev/null); do '
-        f'kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; done; '
-        f'tmux -L {SOCKET} kill-session -t "=$s" 2>/dev/null; done; true'
-    )

@@ -134,8 +134,14 @@ def check(spec: Any, base: Path) -> Problems:
             )
         )
     r = spec.resources
-    if r is not None and r.nodes > 1:
-        out.append((("resources", "nodes"), "runs spanning several hosts are not built for `backend: ssh` yet; use 1"))
+    if r is not None and r.nodes > len(section.hosts):
+        out.append(
+            (
+                ("resources", "nodes"),
+                f"a run of {r.nodes} nodes needs {r.nodes} hosts at once (one node each); `ssh.hosts` names "
+                f"{len(section.hosts)}. Name more hosts, or lower `nodes:`",
+            )
+        )
     for i, entry in enumerate(spec.data or []):
         if entry.source.startswith("s3://"):
             out.append(

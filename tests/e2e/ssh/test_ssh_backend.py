@@ -314,3 +314,36 @@ def test_the_dry_run_lists_each_host_with_its_slots_or_why_not(orch, hosts, job)
     assert "hosts: 1 of 2 can run this sweep, 2 run(s) at once" in r.out, r.out
     assert f"{hosts.hosts[0].label}: 2 GPU(s), 2 slot(s)" in r.out and f"{hosts.hosts[1].label}: left out" in r.out
     assert "counts GPU-hours, not dollars" in r.out and not starts(job.marks)
+
+
+@pytest.mark.timeout(600)
+def test_a_run_of_two_nodes_spans_two_hosts_and_trains_as_one(orch, hosts, tmp_path):
+    """`resources: nodes: 2`: a slot on each of two hosts at once, a real torchrun rendezvous at node 0's address;
+    the weights are those of the same training as one node of two processes, launched by hand."""
+    import subprocess
+    import sys
+
+    from tests.unit.trainer.test_train import SMALL, _free_port, final_weights, same, trainer_env
+
+    args = [*SMALL, "--epochs", "2"]
+    ref = tmp_path / "ref"
+    p = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+         "--master_port", str(_free_port()), "-m", "trainer", *args, "--out", str(ref)],
+        env=trainer_env(), capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    command = " ".join(["{torchrun}", "-m", "trainer", *args])
+    path = orch.sweep(
+        f'name: span\ncommand: "{command}"\nworkdir: null\nstore: store\nmax_restarts: 0\n'
+        f"resources:\n  nodes: 2\n  procs_per_node: 1\nbackend: ssh\n{hosts.section()}"
+    )
+    r = orch("launch", str(path))
+    assert r.code == 0, r.out + r.err
+    v = status(orch, "span")["run"]
+    assert (v["state"], v["attempt"]) == ("succeeded", 1), v
+    tasks = [json.loads(t.read_text()) for h in hosts.hosts for t in h.home.glob("orch/runs/span/run/ctl/task-1.json")]
+    assert sorted(t["node_rank"] for t in tasks) == [0, 1] and len({t["host"] for t in tasks}) == 2, tasks
+    lead = next(t for t in tasks if t["node_rank"] == 0)
+    assert {t["env"]["ORCH_MASTER_ADDR"] for t in tasks} == {lead["host"].split("@")[1].split(":")[0]}
+    assert same(final_weights(ref), final_weights(orch.store("span", "run")))

@@ -17,7 +17,7 @@ from tests.conftest import no_traceback
         ("ssh:\n  hosts: [gpu1]\n  known_hosts: /nonexistent/known\n", 6, "orch checks every host's key against it"),
         ("ssh:\n  hosts: [gpu1]\n  key: /nonexistent/id\n  known_hosts: KNOWN\n", 6, "no such file"),
         ("ssh:\n  hosts: [gpu1]\n  known_hosts: KNOWN\nbudget_usd: 5\n", 7, "ssh.price_per_hour"),
-        ("resources:\n  nodes: 2\nssh:\n  hosts: [gpu1, gpu2]\n  known_hosts: KNOWN\n", 5, "several hosts"),
+        ("resources:\n  nodes: 3\nssh:\n  hosts: [gpu1, gpu2]\n  known_hosts: KNOWN\n", 5, "needs 3 hosts at once"),
         ("ssh:\n  hosts: [gpu1]\n  known_hosts: KNOWN\n  identity: ~/.ssh/x\n", 7, "identity"),
     ],
 )
