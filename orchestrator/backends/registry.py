@@ -123,6 +123,12 @@ def _ssh_plan_lines(sweep: Sweep, plan: dict) -> list[str]:
     return plan_lines(sweep, plan)
 
 
+def _ssh_leftovers() -> Leftovers:
+    from orchestrator.backends.ssh import leftovers
+
+    return Leftovers(leftovers.scan, leftovers.remove, leftovers.NAMES)
+
+
 def _no_transfer(ledger: dict, run: str, moved: dict) -> tuple[float, int]:
     return 0.0, 0
 
@@ -199,6 +205,7 @@ BACKENDS: tuple[Entry, ...] = (
         _ssh,
         _ssh_costs,
         plan_lines=_ssh_plan_lines,
+        leftovers=_ssh_leftovers,
     ),
 )
 

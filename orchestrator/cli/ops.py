@@ -13,7 +13,7 @@ import click
 
 from orchestrator.backends import registry
 from orchestrator.cli.common import as_launched, expected_errors, explained, load_sweep_arg, resolve_run, sweep_parts
-from orchestrator.control.actions import chaos_interrupt, stop_sweep
+from orchestrator.control.actions import chaos_drop, chaos_interrupt, stop_sweep
 from orchestrator.control.lease import RENEW_S, request_stop, wait_released
 from orchestrator.control.state import State, SweepLock
 from orchestrator.errors import OrchError
@@ -53,6 +53,26 @@ def chaos_interrupt_cmd(run: str, grace: float):
     backend, store, _ = sweep_parts(sweep)
     st = chaos_interrupt(sweep, backend, store, run_id, grace)
     click.echo(f"interrupted {sweep.spec.name}/{run_id}: {st.reason or st.state}")
+
+
+@chaos.command("drop")
+@click.argument("run")
+@expected_errors
+def chaos_drop_cmd(run: str):
+    """Take RUN's host away without warning: no notice, no checkpoint (a power cut, a
+    network gone). Locally its tmux session is killed; on AWS its instance terminated; on
+    ssh hosts its session there ended (the machine itself stays yours). The controller
+    resumes the run from its newest checkpoint in the store; the work since is lost.
+
+    \b
+    Example:
+      orch chaos drop 'lr=0.1,seed=0'
+    """
+
+    sweep, run_id = resolve_run(run)
+    backend, _, _ = sweep_parts(sweep)
+    dropped = chaos_drop(sweep, backend, run_id)
+    click.echo(f"dropped the host(s) of {sweep.spec.name}/{run_id} without warning: {', '.join(dropped)}")
 
 
 @click.command()

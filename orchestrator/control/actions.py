@@ -132,3 +132,16 @@ def chaos_interrupt(sweep: Sweep, backend: Backend, store: Store, run_id: str, g
         for h in hosts:
             backend.release(h)
     return read_status(store, sweep.spec.name, run_id)
+
+
+def chaos_drop(sweep: Sweep, backend: Backend, run_id: str) -> list[str]:
+    """The run's host(s) go away without warning (a power cut, a network gone, a reclaim with no notice): nothing
+    checkpoints; the controller finds the run hostless and resumes it from its newest checkpoint in the store."""
+    from orchestrator.errors import NotFound
+
+    hosts = [h for h in backend.list() if h.run_id == run_id]
+    if not hosts:
+        raise NotFound(f"run {run_id} has no live host to drop. `orch status {sweep.spec.name}` shows what runs.")
+    for h in hosts:
+        backend.release(h)
+    return [h.host_id for h in hosts]

@@ -152,3 +152,16 @@ def test_killing_a_runs_tmux_session_restarts_it_and_the_old_agent_leaves_the_ne
     v = status(orch, "killed")["run"]
     assert v["state"] == "succeeded" and v["attempt"] == 2 and v["failures"] == 0, v
     assert [a for _, a in starts(job.marks)] == ["1", "2"]
+
+
+@pytest.mark.timeout(300)
+def test_chaos_drop_kills_the_session_and_the_run_resumes_from_its_checkpoint(orch):
+    path = orch.sweep(f'name: drop\ncommand: "{TRAIN}"\nmax_restarts: 0\nstore: store\nworkdir: null\n')
+    assert orch("launch", str(path), "--detach").code == 0
+    retry_until(lambda: list(orch.store("drop", "run").glob("ckpt/*/MANIFEST.json")), 120, 0.2, "a checkpoint")
+    r = orch("chaos", "drop", "run")
+    assert r.code == 0 and "without warning" in r.out, r.out + r.err
+    retry_until(lambda: status(orch, "drop")["run"]["state"] in ("succeeded", "failed"), 240, 1, "the run's end")
+    final = status(orch, "drop")["run"]
+    assert (final["state"], final["attempt"], final["failures"]) == ("succeeded", 2, 0), final
+    assert "resumed from" in orch("logs", "run", "--attempt", "2").out

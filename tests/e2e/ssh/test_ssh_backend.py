@@ -347,3 +347,39 @@ def test_a_run_of_two_nodes_spans_two_hosts_and_trains_as_one(orch, hosts, tmp_p
     lead = next(t for t in tasks if t["node_rank"] == 0)
     assert {t["env"]["ORCH_MASTER_ADDR"] for t in tasks} == {lead["host"].split("@")[1].split(":")[0]}
     assert same(final_weights(ref), final_weights(orch.store("span", "run")))
+
+
+def test_gc_lists_what_a_finished_sweep_left_on_the_hosts_and_down_removes_it(orch, hosts, job):
+    path = orch.sweep(
+        f'name: tidy\ncommand: "{job(steps=1)}"\nworkdir: null\nstore: store\nbackend: ssh\n{hosts.section()}'
+    )
+    assert orch("launch", str(path)).code == 0
+    h = next(h for h in hosts.hosts if h.label in set(hosts_of(orch, "tidy").values()))
+    r = orch("gc")
+    assert r.code == 0, r.out + r.err
+    assert f"{h.label} tidy:" in r.out and "~/orch/runs/tidy/" in r.out, r.out  # the run folders stay until down
+    assert f"{h.label} orch-code" in r.out and "remove with `orch down orch-code`" in r.out, r.out
+    r = orch("down", "orch-code")
+    assert r.code == 0 and not (h.home / "orch" / "code").exists(), r.out + r.err
+    assert orch("down", "tidy").code == 0
+    assert not (h.home / "orch" / "runs" / "tidy").exists()
+    assert "tidy" not in orch("gc").out
+
+
+@pytest.mark.timeout(300)
+def test_chaos_drop_takes_the_host_away_and_the_run_resumes(orch, hosts):
+    from tests.e2e.local.test_spot import TRAIN
+
+    path = orch.sweep(
+        f'name: dropped\ncommand: "{TRAIN}"\nworkdir: null\nstore: store\nmax_restarts: 0\n'
+        f"backend: ssh\n{hosts.section()}"
+    )
+    assert orch("launch", str(path), "--detach").code == 0
+    ckpts = orch.store("dropped", "run")
+    retry_until(lambda: list(ckpts.glob("ckpt/*/MANIFEST.json")), 120, 0.2, "a checkpoint in the store")
+    r = orch("chaos", "drop", "run")
+    assert r.code == 0 and "without warning" in r.out, r.out + r.err
+    retry_until(lambda: status(orch, "dropped")["run"]["state"] in ("succeeded", "failed"), 240, 1, "the run's end")
+    final = status(orch, "dropped")["run"]
+    assert (final["state"], final["attempt"], final["failures"]) == ("succeeded", 2, 0), final
+    assert "resumed from" in orch("logs", "run", "--attempt", "2").out
