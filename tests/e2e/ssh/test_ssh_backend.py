@@ -383,3 +383,41 @@ def test_chaos_drop_takes_the_host_away_and_the_run_resumes(orch, hosts):
     final = status(orch, "dropped")["run"]
     assert (final["state"], final["attempt"], final["failures"]) == ("succeeded", 2, 0), final
     assert "resumed from" in orch("logs", "run", "--attempt", "2").out
+
+
+@pytest.mark.timeout(300)
+def test_prune_and_search_work_on_ssh_hosts_as_anywhere(orch, hosts, tmp_path):
+    """The generic parts through the hosts' tunnel: a `prune:` run below the cutoff is stopped at its rung and keeps
+    what it wrote; a search's trials are asked and told, and the target is met."""
+    from tests.e2e.local.test_stopped_runs import SCRIPT
+
+    script = tmp_path / "curve.py"
+    script.write_text(SCRIPT)
+    path = orch.sweep(
+        f'name: pruny\ncommand: "{{python}} {script} {{x}} {tmp_path / "ready"}"\nworkdir: null\nstore: store\n'
+        "grid:\n  x: [9, 1]\nmax_parallel: 1\nprune:\n  metric: acc\n  rungs: [1]\n  keep: 0.5\n  min_runs: 2\n"
+        f"backend: ssh\n{hosts.section()}"
+    )
+    r = orch("launch", str(path), timeout=240)
+    assert r.code == 0, r.out + r.err
+    states = status(orch, "pruny")
+    assert states["x=1"]["state"] == "pruned" and states["x=9"]["state"] == "succeeded", states
+    assert "last words of x=1" in orch("logs", "pruny/x=1").out
+
+    trial = tmp_path / "trial.py"
+    trial.write_text(
+        "import json, os\nacc = float(json.loads(os.environ['ORCH_PARAMS_JSON'])['lr'])\n"
+        "open(os.path.join(os.environ['ORCH_RUN_DIR'], 'metrics.jsonl'), 'a').write(json.dumps({'acc': acc}) + '\\n')\n"
+    )
+    path = orch.sweep(
+        f'name: searchy\ncommand: "{{python}} {trial}"\nworkdir: null\nstore: store\nmax_parallel: 2\n'
+        "target: {metric: acc, value: 0.5}\nsearch:\n  sampler: random\n  trials: 4\n  space:\n"
+        f"    lr: {{low: 0.0, high: 1.0}}\nbackend: ssh\n{hosts.section()}",
+        name="search.yaml",
+    )
+    r = orch("launch", str(path), timeout=240)
+    assert r.code == 0, r.out + r.err
+    runs = status(orch, "searchy")
+    assert len(runs) == 4 and {v["state"] for v in runs.values()} == {"succeeded"}, runs
+    c = orch("collect", "searchy")
+    assert c.code == 0 and "target" in c.out, c.out + c.err
