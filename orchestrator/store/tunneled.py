@@ -23,6 +23,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from orchestrator.store.base import HashCache, Select, SyncResult, atomic_write, files_under, sha256_file
+from orchestrator.store.layout import MANIFEST_FILE
 
 SCHEME = "tunnel:"
 TIMEOUT_S = 120.0  # a checkpoint's upload over a slow link may take a while; a dead link fails at connect
@@ -126,7 +127,8 @@ class TunnelStore:
             known = self._index(prefix, fresh=False)
         result, have = SyncResult(), dict(known)
         local: set[str] = set()
-        for path in files_under(local_dir):
+        # a checkpoint's manifest after its files: a manifest in the store names files that are there
+        for path in sorted(files_under(local_dir), key=lambda p: (p.name == MANIFEST_FILE, str(p))):
             rel = str(path.relative_to(local_dir))
             try:
                 digest = self.hashes.digest(path)

@@ -107,3 +107,23 @@ def test_no_controller_is_an_oserror_the_agent_retries(tmp_path):
     client = TunnelStore(f"tunnel:{tmp_path / 'absent.json'}")
     with pytest.raises(OSError, match="no controller serves"):
         client.put_bytes("lab/a", b"1")
+
+
+def test_a_checkpoints_manifest_reaches_the_store_after_its_files(served, tmp_path):
+    """The manifest is a checkpoint's commit marker: a host lost mid-sync must not leave one naming files that never
+    came (in name order `MANIFEST.json` sorts before `state.pt`)."""
+    store, server, client, _ = served
+    run = tmp_path / "run"
+    (run / "ckpt" / "8").mkdir(parents=True)
+    (run / "ckpt" / "8" / "state.pt").write_bytes(b"weights")
+    (run / "ckpt" / "8" / "MANIFEST.json").write_text("{}")
+    order = []
+    put = server.httpd.RequestHandlerClass.do_PUT
+
+    def spy(handler):
+        order.append(handler.path.rsplit("/", 1)[-1])
+        return put(handler)
+
+    server.httpd.RequestHandlerClass.do_PUT = spy
+    client.sync_up(run, layout.run_prefix("lab", "a"))
+    assert order == ["state.pt", "MANIFEST.json"], order
