@@ -160,25 +160,6 @@ def test_a_killed_controller_relaunched_adopts_what_runs(orch, hosts, job):
     assert len(starts(job.marks)) == 2 and not (job.marks / "DUPLICATE").exists()
 
 
-@pytest.mark.timeout(300)
-def test_chaos_interrupt_resumes_on_a_host(orch, hosts):
-    from tests.e2e.local.test_spot import TRAIN
-
-    path = orch.sweep(
-        f'name: chaos\ncommand: "{TRAIN}"\nworkdir: null\nstore: store\nmax_restarts: 0\n'
-        f"backend: ssh\n{hosts.section()}"
-    )
-    assert orch("launch", str(path), "--detach").code == 0
-    metrics = orch.store("chaos", "run", "metrics.jsonl")
-    retry_until(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 20, 120, 0.2, "training")
-    r = orch("chaos", "interrupt", "run")
-    assert r.code == 0 and "spot interruption notice" in r.out, r.out + r.err
-    retry_until(lambda: status(orch, "chaos")["run"]["state"] in ("succeeded", "failed"), 240, 1, "the run's end")
-    final = status(orch, "chaos")["run"]
-    assert (final["state"], final["attempt"], final["preemptions"], final["failures"]) == ("succeeded", 2, 1, 0)
-    assert "resumed from" in orch("logs", "run", "--attempt", "2").out
-
-
 def test_the_users_own_code_reaches_the_hosts_through_the_controller(orch, hosts, tmp_path):
     """`workdir:` (the sweep file's folder by default): a user's train.py beside the sweep file runs on the hosts,
     its snapshot fetched through the tunnel (the hosts cannot reach this machine's folder store otherwise)."""
@@ -366,8 +347,10 @@ def test_gc_lists_what_a_finished_sweep_left_on_the_hosts_and_down_removes_it(or
     assert "tidy" not in orch("gc").out
 
 
-@pytest.mark.timeout(300)
-def test_chaos_drop_takes_the_host_away_and_the_run_resumes(orch, hosts):
+@pytest.mark.timeout(400)
+def test_chaos_drop_and_interrupt_each_resume_the_run_on_a_host(orch, hosts):
+    """`orch chaos drop`: the host goes without notice, the run resumes from its newest stored checkpoint; then
+    `orch chaos interrupt`: the notice, a checkpoint, and the run resumes again (a preemption, not a failure)."""
     from tests.e2e.local.test_spot import TRAIN
 
     path = orch.sweep(
@@ -379,10 +362,17 @@ def test_chaos_drop_takes_the_host_away_and_the_run_resumes(orch, hosts):
     retry_until(lambda: list(ckpts.glob("ckpt/*/MANIFEST.json")), 120, 0.2, "a checkpoint in the store")
     r = orch("chaos", "drop", "run")
     assert r.code == 0 and "without warning" in r.out, r.out + r.err
+    retry_until(lambda: status(orch, "dropped")["run"]["attempt"] == 2, 120, 0.5, "the second attempt")
+    metrics = orch.store("dropped", "run", "metrics.jsonl")
+    seen = len(metrics.read_text().splitlines()) if metrics.exists() else 0
+    retry_until(lambda: len(metrics.read_text().splitlines()) > seen + 5, 120, 0.2, "the second attempt training")
+    r = orch("chaos", "interrupt", "run")
+    assert r.code == 0 and "interrupted dropped/run" in r.out, r.out + r.err
     retry_until(lambda: status(orch, "dropped")["run"]["state"] in ("succeeded", "failed"), 240, 1, "the run's end")
     final = status(orch, "dropped")["run"]
-    assert (final["state"], final["attempt"], final["failures"]) == ("succeeded", 2, 0), final
+    assert (final["state"], final["attempt"], final["failures"], final["preemptions"]) == ("succeeded", 3, 0, 2), final
     assert "resumed from" in orch("logs", "run", "--attempt", "2").out
+    assert "resumed from" in orch("logs", "run", "--attempt", "3").out
 
 
 @pytest.mark.timeout(300)
