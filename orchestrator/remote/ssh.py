@@ -6,9 +6,12 @@ instance, hands it over in the cloud-config user data, and accepts only that key
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
+import socket
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,6 +108,35 @@ class Connection(Runner):
             out.append(pending.decode(errors="replace"))
             on_line(out[-1])
         return Result(chan.recv_exit_status(), "\n".join(out), "")
+
+    def alive(self) -> bool:
+        transport = self.client.get_transport()
+        return transport is not None and transport.is_active()
+
+    def keepalive(self, seconds: int) -> None:
+        """A keep-alive packet every `seconds`: a host that went away is noticed by the connection itself."""
+        transport = self.client.get_transport()
+        if transport is not None:
+            transport.set_keepalive(seconds)
+
+    def forward_back(self, local_port: int) -> int:
+        """A port on the host's loopback that its sshd forwards, over this connection, to `local_port` on this
+        machine's loopback (ssh -R 0:127.0.0.1:local_port); returns the host's port. The host dials nothing."""
+        transport = self.client.get_transport()
+        if transport is None:
+            raise OrchError("the connection is closed")
+        try:
+            return transport.request_port_forward("127.0.0.1", 0, handler=_forwarder(local_port))
+        except Exception as exc:  # noqa: BLE001 - paramiko's SSHException: sshd refused (AllowTcpForwarding no)
+            raise OrchError(f"sshd refused to forward a port back ({exc})") from None
+
+    def bytes_moved(self) -> int:
+        """Bytes sent and received on this connection so far (paramiko's packet counters; they restart at a rekey)."""
+        transport = self.client.get_transport()
+        if transport is None:
+            return 0
+        p = transport.packetizer
+        return p._Packetizer__sent_bytes + p._Packetizer__received_bytes  # noqa: SLF001 - no public counter
 
     def put_bytes(self, data: bytes, remote: str, mode: int = 0o600) -> None:
         """Write a file atomically on the host (~ allowed)."""
@@ -227,6 +259,38 @@ def connect_known(target: Target, known_hosts: str, timeout: float = 10.0) -> Co
     except (TimeoutError, OSError, EOFError) as exc:
         client.close()
         raise OrchError(f"{where}: cannot reach sshd ({type(exc).__name__}: {exc})") from None
+
+
+def _forwarder(local_port: int):
+    """paramiko's handler for a forwarded connection: pump it both ways to `local_port`, on threads of its own (the
+    handler runs on the transport's thread and must not block)."""
+
+    def handle(channel, origin, server) -> None:
+        try:
+            sock = socket.create_connection(("127.0.0.1", local_port), timeout=10)
+        except OSError:
+            channel.close()
+            return
+        sock.settimeout(None)
+        threading.Thread(target=_pump, args=(channel, sock), daemon=True, name="forward-in").start()
+        threading.Thread(target=_pump, args=(sock, channel), daemon=True, name="forward-out").start()
+
+    return handle
+
+
+def _pump(src, dst) -> None:
+    try:
+        while True:
+            data = src.recv(65536)
+            if not data:
+                break
+            dst.sendall(data)
+    except (OSError, EOFError):
+        pass
+    finally:
+        for end in (src, dst):
+            with contextlib.suppress(OSError):
+                end.close()
 
 
 def _key_blob(public_line: str) -> bytes:

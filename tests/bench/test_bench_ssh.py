@@ -43,13 +43,7 @@ GAP_S = 2.0  # the ssh backend's poll_s
 
 
 def _bytes(backend: SshBackend) -> int:
-    total = 0
-    for link in backend.links.values():
-        transport = link.conn.client.get_transport() if link.conn else None
-        if transport is not None:
-            p = transport.packetizer
-            total += p._Packetizer__sent_bytes + p._Packetizer__received_bytes  # noqa: SLF001 - paramiko's counters
-    return total
+    return sum(link.conn.bytes_moved() for link in backend.links.values() if link.conn is not None)
 
 
 def _measure(tmp: Path, n: int) -> dict:

@@ -7,10 +7,8 @@ the host, which the agents read (store/tunneled.py). Only the controller connect
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import socket
 import threading
 import time
 
@@ -49,9 +47,8 @@ class Link:
 
     def connection(self) -> Connection:
         with self.lock:
-            if self.conn is not None and self.conn.client.get_transport() is not None:
-                if self.conn.client.get_transport().is_active():
-                    return self.conn
+            if self.conn is not None and self.conn.alive():
+                return self.conn
             self._drop()
             if time.time() < self.down_until:
                 raise HostDown(f"{self.spec.label}: {self.why_down}")
@@ -62,9 +59,7 @@ class Link:
             except OrchError as exc:
                 self.down(str(exc))
                 raise HostDown(str(exc)) from None
-            transport = self.conn.client.get_transport()
-            if transport is not None:
-                transport.set_keepalive(5)
+            self.conn.keepalive(5)
             return self.conn
 
     def down(self, why: str) -> None:
@@ -113,14 +108,12 @@ class Link:
         with self.lock:
             if self.port is not None:
                 return
-            transport = conn.client.get_transport()
-            assert transport is not None
             try:
-                port = transport.request_port_forward("127.0.0.1", 0, handler=_forwarder(server_port))
-            except Exception as exc:  # noqa: BLE001 - paramiko's SSHException: sshd refused (AllowTcpForwarding no)
+                port = conn.forward_back(server_port)
+            except OrchError as exc:
                 raise OrchError(
-                    f"{self.spec.label}: its sshd refused to forward a port back to orch ({exc}); the agents reach "
-                    "the store that way. Allow it in its sshd_config: `AllowTcpForwarding remote` (or yes)"
+                    f"{self.spec.label}: {exc}; the agents reach the store that way. Allow it in its sshd_config: "
+                    "`AllowTcpForwarding remote` (or yes)"
                 ) from None
         self.put_bytes(json.dumps({"port": port, "token": token}).encode(), tunnel_file(sweep))
         self.port = port
@@ -129,35 +122,3 @@ class Link:
     def close(self) -> None:
         with self.lock:
             self._drop()
-
-
-def _forwarder(server_port: int):
-    """paramiko's handler for a forwarded connection: pump it both ways to the store server, on threads of its own
-    (the handler runs on the transport's thread and must not block)."""
-
-    def handle(channel, origin, server) -> None:
-        try:
-            sock = socket.create_connection(("127.0.0.1", server_port), timeout=10)
-        except OSError:
-            channel.close()
-            return
-        sock.settimeout(None)
-        threading.Thread(target=_pump, args=(channel, sock), daemon=True, name="tunnel-in").start()
-        threading.Thread(target=_pump, args=(sock, channel), daemon=True, name="tunnel-out").start()
-
-    return handle
-
-
-def _pump(src, dst) -> None:
-    try:
-        while True:
-            data = src.recv(65536)
-            if not data:
-                break
-            dst.sendall(data)
-    except (OSError, EOFError):
-        pass
-    finally:
-        for end in (src, dst):
-            with contextlib.suppress(OSError):
-                end.close()
