@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from orchestrator.control.notify_events import Facts, Message, messages_of, title_of
+from orchestrator.control.notify_events import ENDED, Facts, Message, keyed_end, messages_of, title_of
 from orchestrator.control.views import Progress
 from orchestrator.errors import OrchError
 from orchestrator.store.base import Store
@@ -192,13 +192,12 @@ class Notifier:
         self.queue(messages_of(progress, facts))
 
     def queue(self, messages: list[Message]) -> None:
-        new = [m for m in messages if m.key not in self.outbox.messages]
-        if not new:
-            return
+        """What no sink was told yet, the end last (keyed_end: an end after news told after an earlier end is new)."""
         with self._cv:
-            for m in new:
+            for m in [m for m in messages if m.key != ENDED] + [m for m in messages if m.key == ENDED]:
+                m = keyed_end(m, list(self.outbox.messages)) if m.key == ENDED else m
                 to = {s.id: None for s in self.sinks.values() if m.event in s.events}
-                if to:
+                if to and m.key not in self.outbox.messages:
                     self.outbox.messages[m.key] = {"event": m.event.value, "title": m.title, "body": m.body, "to": to}
             self._cv.notify()
 

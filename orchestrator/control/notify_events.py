@@ -21,6 +21,7 @@ from orchestrator.sweep.spec import Sweep
 
 log = logging.getLogger("orch.notify")
 
+ENDED = "ended"  # the key of the sweep's end (`ended:N` for an end told again: keyed_end)
 LOG_LINES = 15  # of a failed run's log tail, in its message
 BODY_MAX = 3500  # characters of a message body (Slack and Discord cut longer ones)
 
@@ -65,8 +66,19 @@ def messages_of(progress: Progress, facts: Facts) -> list[Message]:
         out.append(Message(f"best:{number}", Event.BEST, title_of(sweep, "new best trial"), text))
     out += _budget(progress)
     if progress.done:
-        out.append(Message("ended", Event.ENDED, title_of(sweep, "ended"), _ended(progress, facts)))
+        out.append(Message(ENDED, Event.ENDED, title_of(sweep, "ended"), _ended(progress, facts)))
     return out
+
+
+def keyed_end(end: Message, queued: list[str]) -> Message:
+    """The sweep's end, keyed so that it is news when it is (`queued`: the outbox's keys in the order queued): a
+    sweep that went on after its end was told (a relaunch that found a run to do again, its record damaged, say)
+    ends again, and that end is told again after what came since, as `ended again (N)`: an end is the last word."""
+    ends = [k for k in queued if k == ENDED or k.startswith(ENDED + ":")]
+    if not ends or queued[-1] in ends:
+        return Message(ends[-1], end.event, end.title, end.body) if ends else end
+    n = len(ends) + 1
+    return Message(f"{ENDED}:{n}", end.event, f"{end.title} again ({n})", end.body)
 
 
 def facts_of(sweep: Sweep, store: Store, trials: Trials | None, progress: Progress) -> Facts:

@@ -440,3 +440,19 @@ def test_a_receiver_down_at_the_end_is_named_and_the_launch_hands_off_without_wa
     assert 1 <= hook.posts <= 2, f"{hook.posts} posts before the launch returned"
     hook.down = False
     retry_until(lambda: "orch: sweep quick: ended" in hook.titles(), 120, 0.5, "the news from the background sender")
+
+
+def test_an_end_is_the_last_word_even_when_a_sweep_goes_on_after_it():
+    """A relaunch that finds a run to do again after the end was told (its record damaged): what comes of it is told
+    after that end, and then the sweep's new end, under a title of its own; an end with nothing new is not told
+    again (the invariant harness found an 'interrupted' delivered after 'ended')."""
+    from orchestrator.control.notify_events import Message, keyed_end
+    from orchestrator.sweep.notify import Event
+
+    end = Message("ended", Event.ENDED, "orch: sweep s: ended", "the end")
+    assert keyed_end(end, []).key == "ended"
+    assert keyed_end(end, ["failed:a", "ended"]).key == "ended"  # nothing since: the same end, already told
+    again = keyed_end(end, ["ended", "interrupted:a:2"])
+    assert (again.key, again.title) == ("ended:2", "orch: sweep s: ended again (2)")
+    assert keyed_end(end, ["ended", "interrupted:a:2", "ended:2"]).key == "ended:2"
+    assert keyed_end(end, ["ended", "x", "ended:2", "y"]).key == "ended:3"
