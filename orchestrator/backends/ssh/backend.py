@@ -1,11 +1,9 @@
 """The ssh backend: runs on machines the user already has, each run an agent in a tmux session there.
 
-orch makes no host and only connects out: one SSH connection per host (link.py), host keys checked against the
-user's known_hosts. A run takes a slot of a host: its GPUs / the run's `resources.gpus` (one CUDA_VISIBLE_DEVICES
-set per slot), or `runs:` slots for runs that ask for no GPU. The agents reach the store through a port their sshd
-forwards back over the controller's connection (server.py, store/tunneled.py), so a host never dials the
-controller's machine and gets no cloud credentials. A host that stops answering is lost: its runs' agents stop
-heartbeating, and after `stale_s` the controller starts them elsewhere from their newest checkpoint in the store.
+orch makes no host and only connects out (link.py; host keys checked against the user's known_hosts). A run takes a
+slot of a host (its GPUs / `resources.gpus`, or `runs:`); the agents reach the store through a port their sshd
+forwards back over the controller's connection (server.py, store/tunneled.py). A host silent for `stale_s` is lost:
+its runs start elsewhere from their newest checkpoint in the store.
 """
 
 from __future__ import annotations
@@ -72,19 +70,27 @@ class SshBackend(BackendBase):
         return contract.session_name(self.sweep.spec.name, run_id)
 
     def list(self) -> builtins.list[Host]:
-        """One command per host (`tmux ls`); a host that does not answer keeps what it last showed, so its runs are
-        lost only when their records stop beating (stale_s), not at the first dropped packet."""
+        """One command per host (`tmux ls`). A host that does not answer keeps what it last showed for `stale_s`, so
+        a dropped packet loses nothing; silent longer, it is lost: its runs are no longer listed (a run spanning
+        hosts then misses that node, and its attempt ends on every node, as on AWS)."""
         by_session = {self.session(r.run_id): r.run_id for r in self.sweep.runs}
         with ThreadPoolExecutor(min(16, len(self.links))) as pool:
             listed = dict(zip(self.links, pool.map(self._sessions, self.links.values())))
-        out = []
+        out, now = [], time.time()
         for label, found in listed.items():
+            link = self.links[label]
             if found is not None:
+                link.silent_since = None
                 self.seen[label] = {by_session[s]: v for s, v in found.items() if s in by_session}
                 self._ledger().ended(label, set(self.seen[label]))
+            elif link.silent_since is None:
+                link.silent_since = now
+            elif now - link.silent_since > self.stale_s and self.seen.pop(label, None):
+                log.warning("%s: silent for %.0f s: lost, with the runs it held", label, now - link.silent_since)
             for run_id, p in self.seen.get(label, {}).items():
-                spec = self.links[label].spec
-                out.append(Host(run_id, label, spec.address, attempt=p.attempt or None, node=p.node, nodes=p.nodes))
+                out.append(
+                    Host(run_id, label, link.spec.address, attempt=p.attempt or None, node=p.node, nodes=p.nodes)
+                )
         return out
 
     def _sessions(self, link: Link) -> dict[str, Placed] | None:
@@ -94,10 +100,6 @@ class SshBackend(BackendBase):
             log.debug("%s: not listed: %s", link.spec.label, exc)
             return None
         return sessions.parse(r.out, contract.session_prefix(self.sweep.spec.name))
-
-    def run_of_instance(self, host_id: str) -> str | None:
-        runs = list(self.seen.get(host_id, {}))
-        return runs[0] if len(runs) == 1 else None
 
     # --- starting ---------------------------------------------------------------------------------------------------
 

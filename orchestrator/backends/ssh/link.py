@@ -39,6 +39,7 @@ class Link:
         self.port: int | None = None  # the forwarded port on the host, while this connection lives
         self.down_until = 0.0
         self.why_down = ""
+        self.silent_since: float | None = None  # since when listings got no answer (backend.list)
         self.lock = threading.Lock()
 
     @property
