@@ -133,7 +133,7 @@ class SweepSpec(Strict):
     _backends: dict[str, BackendSchema] = PrivateAttr(default_factory=dict)
 
     backend: str = Field(
-        "local", description="Where runs execute: a backend's name (local, aws; docs/backends.md lists them)."
+        "local", description="Where runs execute: a backend's name (local, aws, ssh; docs/backends.md lists them)."
     )
     command: str = Field(
         DEFAULT_COMMAND,
