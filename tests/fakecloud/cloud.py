@@ -720,6 +720,17 @@ class FakeCloud:
 
     # fault injection (spot reliability tests use these)
 
+    def step_on_hosts(self, sweep: str, run: str) -> int:
+        """The run's newest step, read on its hosts' own disks: at once, where `orch status` (a process a call, spaced
+        apart) once saw step 60 only after the runs had ended, on a machine loaded beyond its two cores."""
+        steps = [0]
+        for metrics in (self.root / "hosts").glob(f"*/home/orch/runs/{sweep}/{run}/run/metrics.jsonl"):
+            try:
+                steps.append(int(json.loads(metrics.read_text().splitlines()[-1]).get("step", 0)))
+            except (OSError, ValueError, IndexError):  # not there yet, or a line being written
+                continue
+        return max(steps)
+
     def spot_notice(self, instance_id: str, action: str = "terminate") -> None:
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 120))
         self.hosts[instance_id].spot_notice = json.dumps({"action": action, "time": when})

@@ -272,9 +272,7 @@ def test_a_run_interrupted_in_one_region_resumes_in_another_from_its_checkpoint(
     text = clouds.sweep_yaml("moves", identity, TRAIN.replace("{seed}", "5"), extra="max_restarts: 0", **FAST_SYNC)
     path = orch.sweep(with_regions(text, f"[{REGION}, {WEST}]"))
     assert orch("launch", str(path), "--detach").code == 0
-    retry_until(
-        lambda: status(orch, "moves").get("run", {}).get("metrics", {}).get("step", 0) >= 60, 300, 0.2, "step 60"
-    )
+    retry_until(lambda: clouds.step_on_hosts("moves", "run") >= 60, 300, 0.2, "step 60")
     first = instance_of(clouds, "moves", "run", 1)
     assert [i["region"] for i in clouds.instances("moves") if i["id"] == first] == [WEST]
     no_capacity(clouds, REGION, on=False)  # us-east-1's capacity returns ...

@@ -45,12 +45,7 @@ def test_a_reclaimed_shared_instance_resumes_its_runs_in_another_region(orch, cl
     path = orch.sweep(with_regions(text, f"[{REGION}, {WEST}]"))
     assert orch("launch", str(path), "--detach").code == 0
     runs = ("seed=0", "seed=1")
-    retry_until(
-        lambda: all(status(orch, "packmove").get(r, {}).get("metrics", {}).get("step", 0) >= 60 for r in runs),
-        300,
-        0.2,
-        "both runs at step 60",
-    )
+    retry_until(lambda: all(clouds.step_on_hosts("packmove", r) >= 60 for r in runs), 300, 0.2, "both at step 60")
     (shared,) = clouds.instances("packmove")
     assert shared["region"] == WEST and shared["tags"]["orch:slots"] == "4", shared
     held = sorted(v for k, v in shared["tags"].items() if k.startswith("orch:slot:"))

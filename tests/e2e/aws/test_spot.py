@@ -212,9 +212,7 @@ def test_host_lost_without_notice_resumes(orch, cloud, identity, tmp_path):
         cloud.sweep_yaml("lost1", identity, TRAIN.replace("{seed}", "5"), extra="max_restarts: 0", **FAST_SYNC)
     )
     assert orch("launch", str(path), "--detach").code == 0
-    retry_until(
-        lambda: status(orch, "lost1").get("run", {}).get("metrics", {}).get("step", 0) >= 60, 300, 0.2, "step 60"
-    )
+    retry_until(lambda: cloud.step_on_hosts("lost1", "run") >= 60, 300, 0.2, "step 60")
     cloud.reclaim(instance_of(cloud, "lost1", "run", 1))  # no notice: gone
     retry_until(
         lambda: status(orch, "lost1", gap=ENDED_GAP_S)["run"]["state"] in ("succeeded", "failed"),
