@@ -89,7 +89,7 @@ class SshHost:
         disk stays). A connection's own sshd process is not in the marked environment: it goes as sshd's child."""
         doomed = set(processes_of(self.marker))
         if self.sshd and self.sshd.poll() is None:
-            doomed |= _descendants(self.sshd.pid)
+            doomed |= descendants(self.sshd.pid)
             self.sshd.kill()
             self.sshd.wait(5)
         for pid in doomed | set(processes_of(self.marker)):
@@ -109,7 +109,7 @@ class SshHost:
         return subprocess.Popen(["sleep", "600"], env=env)
 
 
-def _descendants(pid: int) -> set[int]:
+def descendants(pid: int) -> set[int]:
     children: dict[int, list[int]] = {}
     for d in Path("/proc").iterdir():
         if d.name.isdigit():

@@ -300,11 +300,17 @@ class FakeHost:
         )
 
     def stop(self) -> None:
-        """The instance is gone: its sshd, its IMDS and everything that ran on it stop."""
+        """The instance is gone: its sshd with every connection it serves, its IMDS and everything that ran on it
+        stop (a connection's own sshd process is not in the host's marked environment: it goes as sshd's child, so a
+        client mid-command sees its connection drop, as when an instance ends)."""
+        from tests.fakessh import descendants
+
+        doomed = set(processes_of(self.instance_id))
         if self.sshd and self.sshd.poll() is None:
+            doomed |= descendants(self.sshd.pid)
             self.sshd.kill()
             self.sshd.wait(5)
-        for pid in processes_of(self.instance_id):
+        for pid in doomed | set(processes_of(self.instance_id)):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         if self.imds:

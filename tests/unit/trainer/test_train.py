@@ -275,11 +275,12 @@ def test_resume_after_sigusr1_then_sigkill_is_bitwise_identical(tmp_path, extra)
     )
     try:
 
-        def step_now():
+        def step_now():  # the file may exist with no whole line yet (seen once in a fresh-clone run)
             try:
-                return metrics(cut)[-1]["step"] if (cut / "metrics.jsonl").exists() else 0
+                rows = metrics(cut) if (cut / "metrics.jsonl").exists() else []
             except ValueError:
                 return 0
+            return rows[-1]["step"] if rows else 0
 
         retry_until(lambda: step_now() >= STEPS_PER_EPOCH + 3, 120, 0.05, "training to pass into epoch 2")
         at = step_now()
