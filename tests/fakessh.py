@@ -21,7 +21,7 @@ from pathlib import Path
 
 from orchestrator.remote.ssh import new_host_key
 from orchestrator.wait import retry_until
-from tests.fakecloud.cloud import SSH_PORT, SSHD, claim_net, processes_of
+from tests.fakecloud.cloud import SSH_PORT, SSHD, claim_net, descendants, processes_of
 
 
 class SshHost:
@@ -107,22 +107,6 @@ class SshHost:
         """A process of someone else's on the host (same marker, not started by orch)."""
         env = dict(os.environ, ORCH_FAKE_HOST=self.marker, HOME=str(self.home))
         return subprocess.Popen(["sleep", "600"], env=env)
-
-
-def descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                children.setdefault(ppid, []).append(int(d.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
 
 
 class SshHosts:

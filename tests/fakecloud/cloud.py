@@ -303,8 +303,6 @@ class FakeHost:
         """The instance is gone: its sshd with every connection it serves, its IMDS and everything that ran on it
         stop (a connection's own sshd process is not in the host's marked environment: it goes as sshd's child, so a
         client mid-command sees its connection drop, as when an instance ends)."""
-        from tests.fakessh import descendants
-
         doomed = set(processes_of(self.instance_id))
         if self.sshd and self.sshd.poll() is None:
             doomed |= descendants(self.sshd.pid)
@@ -323,6 +321,22 @@ class FakeHost:
 def _not_files(folder: str, names: list[str]) -> list[str]:
     """What a snapshot of a home leaves out: sockets and other special files (a volume snapshot holds no live ones)."""
     return [n for n in names if not (os.path.isdir(os.path.join(folder, n)) or os.path.isfile(os.path.join(folder, n)))]
+
+
+def descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(d.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
 
 
 def processes_of(instance_id: str) -> list[int]:
