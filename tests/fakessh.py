@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -21,7 +20,7 @@ from pathlib import Path
 
 from orchestrator.remote.ssh import new_host_key
 from orchestrator.wait import retry_until
-from tests.fakecloud.cloud import SSH_PORT, SSHD, claim_net, descendants, processes_of
+from tests.fakecloud.cloud import SSH_PORT, SSHD, claim_net, power_off, processes_of
 
 
 class SshHost:
@@ -87,14 +86,7 @@ class SshHost:
     def kill(self) -> None:
         """Powered off: sshd with every connection it serves, and everything that ran on the host, stop at once (its
         disk stays). A connection's own sshd process is not in the marked environment: it goes as sshd's child."""
-        doomed = set(processes_of(self.marker))
-        if self.sshd and self.sshd.poll() is None:
-            doomed |= descendants(self.sshd.pid)
-            self.sshd.kill()
-            self.sshd.wait(5)
-        for pid in doomed | set(processes_of(self.marker)):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        power_off(self.sshd, self.marker)
 
     def rekey(self) -> None:
         """Reinstalled: a new host key (the next start() presents it)."""

@@ -303,14 +303,7 @@ class FakeHost:
         """The instance is gone: its sshd with every connection it serves, its IMDS and everything that ran on it
         stop (a connection's own sshd process is not in the host's marked environment: it goes as sshd's child, so a
         client mid-command sees its connection drop, as when an instance ends)."""
-        doomed = set(processes_of(self.instance_id))
-        if self.sshd and self.sshd.poll() is None:
-            doomed |= descendants(self.sshd.pid)
-            self.sshd.kill()
-            self.sshd.wait(5)
-        for pid in doomed | set(processes_of(self.instance_id)):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        power_off(self.sshd, self.instance_id)
         if self.imds:
             self.imds.shutdown()
             self.imds.server_close()
@@ -337,6 +330,19 @@ def descendants(pid: int) -> set[int]:
                 found.add(child)
                 todo.append(child)
     return found
+
+
+def power_off(sshd: subprocess.Popen | None, marker: str) -> None:
+    """A host ends at once: its sshd with every connection it serves (their sshd processes, its children) and every
+    process marked ORCH_FAKE_HOST=marker."""
+    doomed = set(processes_of(marker))
+    if sshd and sshd.poll() is None:
+        doomed |= descendants(sshd.pid)
+        sshd.kill()
+        sshd.wait(5)
+    for pid in doomed | set(processes_of(marker)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def processes_of(instance_id: str) -> list[int]:
