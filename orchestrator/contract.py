@@ -179,7 +179,10 @@ def rung_tag(rung: float) -> str:
 HOST_NOTICES = "host_notices"  # interruption notices from the host's metadata service too, not only ctl/spot-notice
 SELF_TERMINATE = "self_terminate"  # the agent ends its own host when the attempt ends
 RUNG_TAGS = "rung_tags"  # the host carries rung_tag(r) per rung; the agent removes each once its value is reported
-HOST_PARTS = (HOST_NOTICES, SELF_TERMINATE, RUNG_TAGS)
+# a SIGTERM without orch's stop file is the scheduler taking the host back (Slurm: a requeue, a preemption, a node
+# going down): the attempt ends interrupted (resumable, never a failure), not stopped
+SCHEDULED = "scheduled"
+HOST_PARTS = (HOST_NOTICES, SELF_TERMINATE, RUNG_TAGS, SCHEDULED)
 
 
 @dataclass(frozen=True)

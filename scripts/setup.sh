@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Shared setup: system packages when missing, a virtualenv in .venv, orch installed with extras.
+# Shared setup: system packages when missing (tmux; for the tests sshd, Slurm and munge), a virtualenv in .venv, orch installed with extras.
 # Usage: scripts/setup.sh [EXTRAS]   (default: trainer)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +9,10 @@ need=()
 command -v tmux >/dev/null 2>&1 || need+=(tmux)
 if [[ ",$extras," == *",dev,"* || ",$extras," == *",fakecloud,"* ]]; then  # the fake cloud's hosts are sshd
   command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
+fi
+if [[ ",$extras," == *",dev,"* ]]; then  # the slurm backend's tests run a real slurmctld, slurmd and munged
+  command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ] || need+=(slurm-wlm)
+  command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || need+=(munge)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]} with apt-get"

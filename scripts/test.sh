@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# README command 2: set up (tmux, sshd, orch with trainer+dev extras) and run the whole test suite
+# README command 2: set up (tmux, sshd, Slurm + munge, orch with trainer+dev extras) and run the whole test suite
 # (benchmarks excluded; `scripts/test.sh -m bench -s` runs them). Extra arguments go to pytest, e.g. scripts/test.sh -k spec
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1

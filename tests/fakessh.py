@@ -24,8 +24,9 @@ from tests.fakecloud.cloud import SSH_PORT, SSHD, claim_net, power_off, processe
 
 
 class SshHost:
-    def __init__(self, root: Path, ip: str, name: str):
+    def __init__(self, root: Path, ip: str, name: str, env: dict[str, str] | None = None):
         self.root, self.ip, self.name = root, ip, name
+        self.extra_env = env or {}
         self.home = root / "home"
         self.home.mkdir(parents=True, exist_ok=True)
         self.tmux_dir = Path(tempfile.mkdtemp(prefix="ofs-"))
@@ -52,6 +53,7 @@ class SshHost:
             "ORCH_FAKE_HOST": self.marker,
             "OMP_NUM_THREADS": "1",
             "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+            **self.extra_env,
         }
         config = [
             f"ListenAddress {self.ip}",
@@ -104,14 +106,16 @@ class SshHost:
 class SshHosts:
     """n hosts, a login key for them and a known_hosts file that vouches for them (as a user's own files)."""
 
-    def __init__(self, folder: Path, n: int):
+    def __init__(self, folder: Path, n: int, env: dict[str, str] | None = None):
         from tests.conftest import make_identity
 
         self.folder = folder
         self.net, self._lock = claim_net()
         self.identity = make_identity(folder / "user", "orch-user")
         self.known_hosts = folder / "user" / "known_hosts"
-        self.hosts = [SshHost(folder / f"host{k}", f"127.{self.net}.0.{k + 1}", f"{self.net}-{k}") for k in range(n)]
+        self.hosts = [
+            SshHost(folder / f"host{k}", f"127.{self.net}.0.{k + 1}", f"{self.net}-{k}", env) for k in range(n)
+        ]
 
     def __enter__(self) -> SshHosts:
         for h in self.hosts:

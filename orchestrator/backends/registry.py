@@ -37,6 +37,7 @@ from orchestrator.backends.aws.settings import AwsSection
 from orchestrator.backends.base import Backend
 from orchestrator.backends.local.settings import LocalSection
 from orchestrator.backends.local.settings import check as local_checks
+from orchestrator.backends.slurm import settings as slurm_settings
 from orchestrator.backends.ssh import settings as ssh_settings
 from orchestrator.errors import OrchError
 from orchestrator.sweep import load
@@ -129,6 +130,37 @@ def _ssh_leftovers() -> Leftovers:
     return Leftovers(leftovers.scan, leftovers.remove, leftovers.NAMES)
 
 
+def _slurm(sweep: Sweep) -> Backend:
+    from orchestrator.backends.slurm.backend import SlurmBackend
+
+    return SlurmBackend(sweep)
+
+
+def _slurm_python(spec: Any) -> str | None:
+    section = spec.section("slurm")
+    return section.python if section is not None else "python3"
+
+
+def _slurm_costs() -> Costs:
+    from orchestrator.backends.slurm import ledger
+
+    return Costs(
+        ledger.total,
+        ledger.per_run,
+        lambda _: 0.0,
+        lambda *_a, **_k: None,
+        ledger.places,
+        _no_transfer,
+        whys=ledger.whys,
+    )
+
+
+def _slurm_plan_lines(sweep: Sweep, plan: dict) -> list[str]:
+    from orchestrator.backends.slurm.dry_run import plan_lines
+
+    return plan_lines(sweep, plan)
+
+
 def _no_transfer(ledger: dict, run: str, moved: dict) -> tuple[float, int]:
     return 0.0, 0
 
@@ -206,6 +238,12 @@ BACKENDS: tuple[Entry, ...] = (
         _ssh_costs,
         plan_lines=_ssh_plan_lines,
         leftovers=_ssh_leftovers,
+    ),
+    Entry(
+        BackendSchema("slurm", slurm_settings.SlurmSection, slurm_settings.check, _slurm_python, counts_dollars=True),
+        _slurm,
+        _slurm_costs,
+        plan_lines=_slurm_plan_lines,
     ),
 )
 

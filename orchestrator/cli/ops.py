@@ -61,7 +61,8 @@ def chaos_interrupt_cmd(run: str, grace: float):
 def chaos_drop_cmd(run: str):
     """Take RUN's host away without warning: no notice, no checkpoint (a power cut, a
     network gone). Locally its tmux session is killed; on AWS its instance terminated; on
-    ssh hosts its session there ended (the machine itself stays yours). The controller
+    ssh hosts its session there ended (the machine itself stays yours); on Slurm its job
+    cancelled. The controller
     resumes the run from its newest checkpoint in the store; the work since is lost.
 
     \b

@@ -29,6 +29,7 @@ from orchestrator.contract import (
     NOTICE_FILE,
     REPORTED_FILE,
     RUNG_TAGS,
+    SCHEDULED,
     SELF_TERMINATE,
     STOP_REASON_FILE,
     RunTask,
@@ -95,8 +96,7 @@ class Agent:
         # A run spanning several hosts: node 0 reports; the others follow its record (host/nodes.py).
         self.follower = task.node_rank > 0
         self.relay = Relay(self.store, layout.relay_key(task.sweep, task.run_id, task.attempt))
-        metrics = self.run_dir / layout.METRICS_FILE
-        rungs = [] if self.follower else task.rungs
+        metrics, rungs = self.run_dir / layout.METRICS_FILE, [] if self.follower else task.rungs
         self.rungs = RungWatch(metrics, task.rungs_at, rungs, task.rungs_metric, task.work_key)
         self.reporter = (
             FollowerReporter(self.store, task.sweep, task.run_id, task.attempt)
@@ -128,7 +128,7 @@ class Agent:
     def _on_signal(self, signum, _frame) -> None:
         if self.stop_requested is None:
             path = self.ctl / STOP_REASON_FILE
-            self.stop_requested = stop_reason(path)
+            self.stop_requested = stop_reason(path, self.task.uses(SCHEDULED))
             self.stopped_by_orch = self.stop_requested in KEPT_ON_STOP and path.exists()
 
     def relay_notice(self) -> None:

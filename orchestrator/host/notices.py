@@ -46,14 +46,15 @@ class NoticeSource:
             return False
 
 
-def stop_reason(path: Path) -> StopReason:
-    """Why the agent is asked to stop: the stop file's reason. No file: `stopped` (a SIGTERM from someone
-    else, e.g. a user's kill). A reason this agent does not know (an orch of another version wrote it)
-    is an error, logged, and then taken as `stopped`: resumable, never counted as a failure."""
+def stop_reason(path: Path, scheduled: bool = False) -> StopReason:
+    """Why the agent is asked to stop: the stop file's reason. No file: `stopped` (a SIGTERM from someone else, e.g.
+    a user's kill), or with `scheduled` `interrupted` (a scheduler ends jobs that way: contract.SCHEDULED). A reason
+    this agent does not know (an orch of another version wrote it) is an error, logged, and then taken as `stopped`:
+    resumable, never counted as a failure."""
     try:
         text = path.read_text()
     except FileNotFoundError:
-        return StopReason.STOPPED
+        return StopReason.INTERRUPTED if scheduled else StopReason.STOPPED
     try:
         return StopReason.parse(text)
     except ValueError as exc:

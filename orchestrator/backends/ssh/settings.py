@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import getpass
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
 from pydantic import Field, field_validator
 
+from orchestrator.remote.ssh_names import HOST_RE
 from orchestrator.sweep.sections import Problems
 from orchestrator.sweep.spec_types import Amount, Count, Strict
-
-HOST_RE = re.compile(
-    r"^(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])(?::(?P<port>\d+))?$"
-)
 
 
 class HostEntry(Strict):
