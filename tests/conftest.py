@@ -38,6 +38,7 @@ LONGEST_FIRST = (
     "test_every_run_interrupted_once_finishes_with_uninterrupted_results",
     "test_two_nodes_of_two_processes_interrupted_on_node_1_end_as_one_node_of_four",
     "test_acceptance_three_runs_with_realistic_boot_use_exactly_three_instances",
+    "test_a_run_longer_than_the_time_limit_finishes_across_jobs",
     "test_a_lost_controller_instance_is_reported_and_a_second_remote_adopts_the_runs",
     "test_host_lost_without_notice_resumes",
     "test_compile_trains_and_matches_eager_closely",

@@ -116,7 +116,7 @@ while n < total:
     n += 1
     with open(os.path.join(folder, "metrics.jsonl"), "a") as f:
         f.write(json.dumps({"step": n}) + "\\n")
-    if n % 20 == 0:
+    if n % 10 == 0:
         save()
 print("done at", n, flush=True)
 """
@@ -125,17 +125,18 @@ print("done at", n, flush=True)
 @pytest.mark.timeout(600)
 def test_a_run_longer_than_the_time_limit_finishes_across_jobs(orch, cluster, slurm_section, script):
     """The partition `short` gives each job one minute: Slurm tells the job to checkpoint (USR1, `warn_s` before its
-    end), and the run, 75 s of work, goes on in a new job from where it was."""
+    end: at slurmctld's first time-limit check, within 30 s), and the run, 35 s of work, goes on in a new job from
+    where it was."""
     counter = script(COUNTER, "counter.py")
     path = orch.sweep(
-        f'name: limited\ncommand: "{{python}} {counter} 150"\nworkdir: null\nstore: store\nmax_restarts: 0\n'
-        f"{slurm_section(partition='short', warn_s=40)}"
+        f'name: limited\ncommand: "{{python}} {counter} 70"\nworkdir: null\nstore: store\nmax_restarts: 0\n'
+        f"{slurm_section(partition='short', warn_s=59)}"
     )
     r = orch("launch", str(path), timeout=290)
     assert r.code == 0, r.out + r.err
     final = status(orch, "limited")["run"]
     assert final["state"] == "succeeded" and final["attempt"] >= 2 and final["failures"] == 0, final
-    assert orch.store("limited", "run", "metrics.jsonl").read_text().splitlines()[-1] == '{"step": 150}'
+    assert orch.store("limited", "run", "metrics.jsonl").read_text().splitlines()[-1] == '{"step": 70}'
     assert "done at" not in orch("logs", "run", "--attempt", "1").out  # told before its end, it stopped there
     assert "resumed from step" in orch("logs", "run", "--attempt", str(final["attempt"])).out
     jobs = [j for j in cluster.jobs() if j["name"].startswith("orch_limited_")]
@@ -311,3 +312,52 @@ def test_nodes_that_cannot_start_a_job_fail_the_run_instead_of_resubmitting_fore
         assert (final["state"], final["attempt"], final["failures"]) == ("failed", 2, 2), final
         assert "requeued by Slurm before orch's agent started" in final["reason"], final
         assert not starts(job.marks) and not broken.queued(), broken.jobs()
+
+
+def test_prune_search_and_seeds_on_slurm_as_anywhere(orch, cluster, slurm_section, tmp_path):
+    """The generic parts through jobs: a `prune:` run below the cutoff is stopped at its rung (its job cancelled,
+    nothing of it left in the queue) and keeps what it wrote; a search's trials are jobs, asked and told; seeds."""
+    from tests.e2e.local.test_stopped_runs import SCRIPT
+
+    script = tmp_path / "curve.py"
+    script.write_text(SCRIPT)
+    path = orch.sweep(
+        f'name: pruny\ncommand: "{{python}} {script} {{x}} {tmp_path / "ready"}"\nworkdir: null\nstore: store\n'
+        "grid:\n  x: [9, 1]\nmax_parallel: 1\nprune:\n  metric: acc\n  rungs: [1]\n  keep: 0.5\n  min_runs: 2\n"
+        f"{slurm_section()}"
+    )
+    r = orch("launch", str(path), timeout=240)
+    assert r.code == 0, r.out + r.err
+    states = status(orch, "pruny")
+    assert states["x=1"]["state"] == "pruned" and states["x=9"]["state"] == "succeeded", states
+    assert "last words of x=1" in orch("logs", "pruny/x=1").out
+    assert not cluster.queued(), cluster.jobs()
+
+    trial = tmp_path / "trial.py"
+    trial.write_text(
+        "import json, os\nacc = float(json.loads(os.environ['ORCH_PARAMS_JSON'])['lr'])\n"
+        "open(os.path.join(os.environ['ORCH_RUN_DIR'], 'metrics.jsonl'), 'a').write(json.dumps({'acc': acc}) + '\\n')\n"
+    )
+    path = orch.sweep(
+        f'name: searchy\ncommand: "{{python}} {trial}"\nworkdir: null\nstore: store\nmax_parallel: 2\nseeds: 2\n'
+        "target: {metric: acc, value: 0.5}\nsearch:\n  sampler: random\n  trials: 3\n  space:\n"
+        f"    lr: {{low: 0.0, high: 1.0}}\n{slurm_section()}",
+        name="search.yaml",
+    )
+    r = orch("launch", str(path), timeout=240)
+    assert r.code == 0, r.out + r.err
+    runs = status(orch, "searchy")
+    assert len(runs) == 6 and {v["state"] for v in runs.values()} == {"succeeded"}, runs
+    assert len([j for j in cluster.jobs() if j["name"].startswith("orch_searchy_")]) == 6
+    c = orch("collect", "searchy")
+    assert c.code == 0 and "target" in c.out, c.out + c.err
+
+
+def test_attach_shows_the_run_live_on_its_node_through_srun(orch, cluster, slurm_section, job):
+    path = orch.sweep(f'name: peek\ncommand: "{job(release=True)}"\nworkdir: null\nstore: store\n{slurm_section()}')
+    assert orch("launch", str(path), "--detach").code == 0
+    retry_until(lambda: starts(job.marks), 120, 0.2, "the run started")
+    with orch.in_a_terminal("attach", "run") as (screen, _):
+        retry_until(lambda: "tick" in screen() and "of run" in screen(), 30, 0.2, "the run's output through srun")
+    job.release.touch()
+    retry_until(lambda: status(orch, "peek")["run"]["state"] == "succeeded", 60, 1, "the run's end")
