@@ -32,7 +32,8 @@ def free_port() -> int:
 
 def complete_on_host(env: dict[str, str]) -> dict[str, str]:
     """What only the host knows, filled in by the agent at the start of an attempt: its GPUs (for
-    `auto`) and a free rendezvous port on node 0."""
+    `auto`), the rendezvous where the task leaves it "" and the agent's environment has it (a Slurm job's first node),
+    else a free port on node 0."""
     done = dict(env)
     if "ORCH_NODES" not in done:
         return done
@@ -42,6 +43,9 @@ def complete_on_host(env: dict[str, str]) -> dict[str, str]:
             done["ORCH_GPUS"] = str(gpus)
         if done.get("ORCH_PROCS_PER_NODE") == AUTO:
             done["ORCH_PROCS_PER_NODE"] = str(max(1, int(done["ORCH_GPUS"])))
+    for key in ("ORCH_MASTER_ADDR", "ORCH_MASTER_PORT"):  # "": the host's scheduler says (Slurm: the job's script)
+        if done.get(key) == "" and os.environ.get(key):
+            done[key] = os.environ[key]
     if not done.get("ORCH_MASTER_PORT"):
         done["ORCH_MASTER_PORT"] = str(free_port())
     return done

@@ -14,6 +14,7 @@ import logging
 import os
 import shlex
 import time
+from dataclasses import replace
 from queue import SimpleQueue
 
 from orchestrator import contract
@@ -29,13 +30,14 @@ from orchestrator.errors import OrchError
 from orchestrator.store.lifecycle import RunStatus, StopReason
 from orchestrator.store.status import FAILED, QUEUED
 from orchestrator.sweep.spec import Sweep
-from orchestrator.sweep.tasks import new_task
+from orchestrator.sweep.tasks import new_task, on_host
 
 log = logging.getLogger("orch.slurm")
 
 STOP_WAIT_S = 30.0  # a stopped job's agent syncs its last checkpoint; then the job is cancelled whatever it does
-# sbatch refusals that pass with time (a per-user limit, a busy controller): the run waits; any other fails it
-LIMITS = ("limit", "QOSMax", "AssocMax", "temporarily", "busy", "Unable to contact")
+# sbatch refusals that pass with time (the user's job submit limit, a busy controller): the run waits; any other
+# fails the attempt (counted: a permanent refusal, such as a QOS with DenyOnLimit, ends the run after max_restarts)
+LIMITS = ("job submit limit", "temporarily", "busy", "Unable to contact", "Socket timed out")
 
 
 class SlurmBackend(BackendBase):
@@ -51,6 +53,7 @@ class SlurmBackend(BackendBase):
         self.shell = shell_for(self.settings)
         self.slurm = Slurm(self.shell)
         self.gpus = gpus_of(sweep.spec)
+        self.nodes = sweep.spec.resources.nodes if sweep.spec.resources else 1
         self.home: str | None = None
         self.jobs: dict[str, tuple[str, int, Job]] = {}  # job id -> (run, attempt, job): the live ones, as listed
         self.running_since: dict[str, float] = {}
@@ -94,7 +97,8 @@ class SlurmBackend(BackendBase):
         for jid, (run_id, attempt, job) in self.jobs.items():
             since = self.running_since.setdefault(jid, now) if not job.pending else None
             deadline = since + self.start_timeout_s if since is not None else None
-            out.append(Host(run_id, jid, job.nodes, attempt=attempt, provisioning=job.pending, start_deadline=deadline))
+            for node in range(1 if job.pending else self.nodes):  # a job holds all its nodes, or none yet
+                out.append(Host(run_id, jid, job.nodes, attempt, job.pending, deadline, node=node, nodes=self.nodes))
         return out
 
     def _take(self, listed: builtins.list[Job]) -> None:
@@ -189,14 +193,21 @@ class SlurmBackend(BackendBase):
         return Host(task.run_id, ACQUIRING, "", attempt=task.attempt, provisioning=True)
 
     def _submit(self, task: RunTask) -> str:
+        """Each node's task and the job's node.sh in the run's folders, then the job (script.py)."""
         b = self._install()
-        task_path = contract.task_file(task.ctl_dir, task.attempt)
-        self.shell.put_bytes(task.to_json(), task_path)
-        agent = contract.agent_command(self.settings.python, task_path, task.ctl_dir, pythonpath=b.remote_dir)
-        options = script.options(
-            self.settings, script.job_name(task.session, task.attempt), self.gpus, f"{task.ctl_dir}/slurm-%j.out"
-        )
-        return self.slurm.submit([*options, f"--chdir={self.base}"], script.batch_script(task, agent))
+        agents = []
+        for rank in range(self.nodes):
+            run_dir, ctl_dir = script.node_dirs(task, rank)
+            shape = {"ORCH_MASTER_ADDR": "", "ORCH_MASTER_PORT": ""} if self.nodes > 1 else {}  # the job's, at start
+            mine = replace(on_host(task, "", rank, self.nodes, shape), run_dir=run_dir, ctl_dir=ctl_dir)
+            path = contract.task_file(ctl_dir, task.attempt)
+            self.shell.put_bytes(mine.to_json(), path)
+            agents.append(contract.agent_command(self.settings.python, path, ctl_dir, pythonpath=b.remote_dir))
+        node_sh = f"{task.ctl_dir}/node-{task.attempt}.sh"
+        self.shell.put_bytes(script.node_script(task, agents).encode(), node_sh, 0o700)
+        name = script.job_name(task.session, task.attempt)
+        opts = script.options(self.settings, name, self.gpus, f"{task.ctl_dir}/slurm-%j.out", self.nodes)
+        return self.slurm.submit([*opts, f"--chdir={self.base}"], script.batch_script(task, node_sh, self.nodes))
 
     def _install(self) -> code_bundle.Bundle:
         """orch's host code in ~/orch/code/DIGEST, once per controller (the nodes share the login node's home)."""
@@ -225,8 +236,9 @@ class SlurmBackend(BackendBase):
         mine = self._of_run(run_id)
         for jid, _attempt, job in mine:
             if not job.pending:
-                path = f"{self.ctl(run_id)}/{contract.STOP_REASON_FILE}"
-                self.shell.put_bytes(f"{reason}\n".encode(), path, 0o644)
+                for rank in range(self.nodes):  # every node's agent reads why (node 0 records it)
+                    ctl = script.node_ctl(self.ctl(run_id), rank)
+                    self.shell.put_bytes(f"{reason}\n".encode(), f"{ctl}/{contract.STOP_REASON_FILE}", 0o644)
                 if self.slurm.signal_batch(jid, "USR2"):
                     self._wait_gone(jid)
             self.jobs.pop(jid, None)
@@ -252,10 +264,11 @@ class SlurmBackend(BackendBase):
         running = [jid for jid, _a, job in self._of_run(run_id) if not job.pending]
         if not running:
             raise OrchError(f"run {run_id} has no running job now. See its log with `orch logs {run_id}`.")
-        if node:
-            raise OrchError(f"--node {node}: a run on Slurm is one node; attach without --node.")
+        if node >= self.nodes:
+            raise OrchError(f"run {run_id} runs on {self.nodes} node(s): --node takes 0 to {self.nodes - 1}.")
         jid = running[0]
-        argv = ["srun", f"--jobid={jid}", "--overlap", "--pty", "tmux", "-L", f"orch-job{jid}", "attach-session"]
+        argv = ["srun", f"--jobid={jid}", "--overlap", f"--relative={node}", "--nodes=1", "--ntasks=1", "--pty"]
+        argv += ["tmux", "-L", f"orch-job{jid}.{node}", "attach-session"]
         argv += ["-t", f"={self.session(run_id)}:run"]
         target = login_target(self.settings)
         if target is not None:

@@ -32,9 +32,9 @@ class Cluster:
 
 
 # Slurm's refusal -> the field of sweep.yaml that said it
-FIELDS = (
-    ("partition", ("slurm", "partition")),
+FIELDS = (  # account first: "Invalid account or account/partition combination specified" is about the account
     ("account", ("slurm", "account")),
+    ("partition", ("slurm", "partition")),
     ("qos", ("slurm", "qos")),
     ("time", ("slurm", "time")),
     ("gres", ("resources", "gpus")),
@@ -48,7 +48,8 @@ def _field(verdict: str) -> tuple[str, str]:
 
 
 def _options(b: Cluster) -> list[str]:
-    return script.options(b.settings, "orch-check", b.gpus, "/dev/null")
+    r = b.sweep.spec.resources
+    return script.options(b.settings, "orch-check", b.gpus, "/dev/null", r.nodes if r is not None else 1)
 
 
 def verdict(b: Cluster) -> str:
@@ -58,13 +59,6 @@ def verdict(b: Cluster) -> str:
 def preflight(b: Cluster) -> None:
     path = b.sweep.path
     b.slurm.version()
-    r = b.sweep.spec.resources
-    if r is not None and r.nodes > 1:
-        raise OrchError(
-            f"{located(path, ('resources', 'nodes'))}: runs spanning several nodes are not supported on Slurm yet; "
-            "use `nodes: 1` (a node's GPUs: `resources.gpus`), or the aws or ssh backend",
-            exit_code=2,
-        )
     said = verdict(b)
     if said:
         raise OrchError(
@@ -114,4 +108,5 @@ def plan(b: Cluster) -> dict:
         "price": s.price_per_gpu_hour,
         "verdict": verdict(b),
         "sbatch": _options(b)[3:],
+        "nodes": b.sweep.spec.resources.nodes if b.sweep.spec.resources else 1,
     }

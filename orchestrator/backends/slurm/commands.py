@@ -21,7 +21,9 @@ log = logging.getLogger("orch.slurm")
 
 OLDEST = (22, 5)  # the oldest Slurm orch reads (squeue -O's RestartCnt, --me)
 FIELDS = ("JobID", "Name", "State", "Reason", "NodeList", "RestartCnt", "StartTime")
-SQUEUE = "squeue --me --noheader --states=all -O " + shlex.quote(",".join(f"{f}:|" for f in FIELDS))
+# `--all`: jobs in hidden partitions too. `FIELD:|`: width 0 (squeue then prints the whole value, unpadded: its
+# source, src/squeue/opts.c, not its manual) and `|` after it; without a width a field is cut at 20 characters.
+SQUEUE = "squeue --me --all --noheader --states=all -O " + shlex.quote(",".join(f"{f}:|" for f in FIELDS))
 # what a command prints when slurmctld does not answer now: worth another try
 UNREACHABLE = re.compile(
     r"Unable to contact slurm controller|Socket timed out|Connection refused|Zero Bytes were transmitted|"
@@ -59,7 +61,9 @@ def parse_jobs(out: str) -> list[Job]:
         if not line.strip():
             continue
         parts = line.split("|")
-        if len(parts) < len(FIELDS) or not parts[0].strip().isdigit() or not parts[5].strip().isdigit():
+        if len(parts) > 1 and not parts[0].strip().isdigit():  # an array's or a heterogeneous job's (123_4, 123+0)
+            continue  # orch submits neither: not one of its jobs
+        if len(parts) < len(FIELDS) or not parts[5].strip().isdigit():
             log.warning("squeue printed a line orch cannot read; left out: %r", line[:200])
             continue
         jid, name, state, reason, nodes, restarts, start = (p.strip() for p in parts[: len(FIELDS)])
@@ -91,7 +95,8 @@ class Slurm:
         r = self._run(command, stdin, retry=retry)
         if r.code != 0:
             said = " ".join(line.removeprefix("sbatch: error: ") for line in (r.err or r.out).strip().splitlines())
-            raise OrchError(f"`{command.split()[0]}` refused: {said[-600:] or f'exit code {r.code}'}")
+            word = next((w for w in command.split() if w in ("sbatch", "squeue", "scancel", "scontrol")), "Slurm")
+            raise OrchError(f"`{word}` refused: {said[-600:] or f'exit code {r.code}'}")
         return r.out
 
     def version(self) -> tuple[int, int]:
@@ -113,7 +118,9 @@ class Slurm:
 
     def submit(self, options: list[str], script: str) -> str:
         """The job id of a new job running `script` (sbatch reads it from its standard input)."""
-        out = self.check("sbatch --parsable " + " ".join(shlex.quote(o) for o in options), script.encode())
+        # the job gets this shell's environment (sbatch --export=ALL): not a restart count of a job orch runs in
+        command = "env -u SLURM_RESTART_COUNT sbatch --parsable " + " ".join(shlex.quote(o) for o in options)
+        out = self.check(command, script.encode())
         jid = out.strip().split(";")[0]
         if not jid.isdigit():
             raise OrchError(f"sbatch answered {out.strip()[:80]!r}, not a job id")

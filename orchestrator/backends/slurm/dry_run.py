@@ -8,10 +8,11 @@ from orchestrator.sweep.spec import Sweep
 def plan_lines(sweep: Sweep, plan: dict) -> list[str]:
     where = f"through {plan['login']}" if plan.get("login") else "with Slurm's commands here"
     lines = [f"Slurm {plan['version']} {where}: one job per run, at most {plan['jobs']} queued or running at once"]
-    asks = [f"partition {plan['partition'] or '(the default)'}", f"time {plan['time'] or '(the partition limit)'}"]
+    asks = [f"{plan.get('nodes', 1)} node(s)", f"partition {plan['partition'] or '(the default)'}"]
+    asks.append(f"time {plan['time'] or '(the partition limit)'}")
     asks += [f"account {plan['account']}"] if plan.get("account") else []
     asks += [f"qos {plan['qos']}"] if plan.get("qos") else []
-    asks.append(f"{plan['gpus']} GPU(s)" if plan["gpus"] else "no GPU")
+    asks.append(f"{plan['gpus']} GPU(s) per node" if plan["gpus"] else "no GPU")
     lines.append("each job: " + ", ".join(asks) + f"; told to checkpoint {plan['warn_s']} s before its time limit")
     lines.append("sbatch " + " ".join(plan["sbatch"]))
     lines.append(

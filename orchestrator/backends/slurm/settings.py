@@ -90,6 +90,7 @@ class SlurmSection(Strict):
     warn_s: Count = Field(
         180,
         ge=10,
+        le=65535,  # sbatch's limit
         description="Seconds before the time limit at which a job is told to checkpoint and end (Slurm may tell it up "
         "to 60 s early).",
     )

@@ -361,3 +361,34 @@ def test_attach_shows_the_run_live_on_its_node_through_srun(orch, cluster, slurm
         retry_until(lambda: "tick" in screen() and "of run" in screen(), 30, 0.2, "the run's output through srun")
     job.release.touch()
     retry_until(lambda: status(orch, "peek")["run"]["state"] == "succeeded", 60, 1, "the run's end")
+
+
+@pytest.mark.timeout(600)
+def test_a_run_of_two_nodes_is_one_job_and_trains_as_one(orch, cluster, slurm_section, tmp_path):
+    """`resources: nodes: 2`: one job of two nodes, an agent on each (srun), torchrun's rendezvous at the job's first
+    node as Slurm reaches it; the weights are those of the same training as one node of two processes."""
+    import subprocess
+    import sys
+
+    from tests.unit.trainer.test_train import SMALL, _free_port, final_weights, same, trainer_env
+
+    args = [*SMALL, "--epochs", "2"]
+    ref = tmp_path / "ref"
+    p = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+         "--master_port", str(_free_port()), "-m", "trainer", *args, "--out", str(ref)],
+        env=trainer_env(), capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    command = " ".join(["{torchrun}", "-m", "trainer", *args])
+    path = orch.sweep(
+        f'name: span\ncommand: "{command}"\nworkdir: null\nstore: store\nmax_restarts: 0\n'
+        f"resources:\n  nodes: 2\n  procs_per_node: 1\n{slurm_section()}"
+    )
+    r = orch("launch", str(path))
+    assert r.code == 0, r.out + r.err
+    v = status(orch, "span")["run"]
+    assert (v["state"], v["attempt"]) == ("succeeded", 1), v
+    jobs = [j for j in cluster.jobs() if j["name"].startswith("orch_span_")]
+    assert len(jobs) == 1 and jobs[0]["nodes"] == "n[1-2]", jobs
+    assert same(final_weights(ref), final_weights(orch.store("span", "run")))

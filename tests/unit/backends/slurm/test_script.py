@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator.backends.slurm.script import batch_script, options
+from orchestrator.backends.slurm.script import batch_script, node_dirs, node_script, options
 from orchestrator.backends.slurm.settings import SlurmSection
 from orchestrator.contract import RunTask
 
@@ -19,15 +19,27 @@ def _task(**kw) -> RunTask:
     return RunTask(**{**base, **kw})
 
 
-def test_the_batch_script_is_valid_shell_and_quotes_what_it_is_given(tmp_path):
-    path = tmp_path / "job.sh"
-    path.write_text(batch_script(_task(), "python3 -m orchestrator.host.agent '/w/s/r 1/ctl/task-2.json'"))
+def _shellcheck(path: Path) -> None:
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
     shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
     r = subprocess.run([shellcheck, "-S", "warning", str(path)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
-    text = path.read_text()  # the run's name only inside single quotes: as the session's name, and as its target
+
+
+def test_the_job_scripts_are_valid_shell_and_quote_what_they_are_given(tmp_path):
+    task = _task()
+    agents = [f"python3 -m orchestrator.host.agent {node_dirs(task, k)[1]!r}/task-2.json" for k in range(2)]
+    node = tmp_path / "node.sh"
+    node.write_text(node_script(task, agents))
+    _shellcheck(node)
+    text = node.read_text()  # the run's name only inside single quotes: as the session's name, and as its target
     assert text.count("$(x)") == 2 == text.count("orch_s_r'\"'\"'1 $(x)'"), text
+    for nodes in (1, 2):
+        batch = tmp_path / f"batch{nodes}.sh"
+        batch.write_text(batch_script(task, "/w/s/r 1/ctl/node-2.sh", nodes))
+        _shellcheck(batch)
+    assert "srun --ntasks=2 --ntasks-per-node=1" in batch.read_text()
+    assert node_dirs(task, 1) == ("/w/s/r 1/node1/run", "/w/s/r 1/node1/ctl") and node_dirs(task, 0)[1] == task.ctl_dir
 
 
 def test_options_are_orchs_then_the_sections_then_the_users():
