@@ -49,7 +49,7 @@ class Ledger(HeldLedger):
     def seen(self, job: Job, run: str, attempt: int, now: float | None = None) -> None:
         """A listing showed the job: when it started running, ended, and its state and reason now."""
         self._load()
-        now = now or time.time()
+        now = time.time() if now is None else now
         entry = self.entries.get(job.id)
         if entry is None:  # submitted by a controller that died before it wrote its ledger
             self.submitted(job.id, run, attempt)
@@ -71,7 +71,7 @@ class Ledger(HeldLedger):
         self._load()
         for key, entry in self.entries.items():
             if isinstance(entry, dict) and entry.get("end") is None and key not in listed:
-                entry["end"] = now or time.time()
+                entry["end"] = time.time() if now is None else now
                 self.dirty = True
 
     def by_orch(self, job: str) -> None:

@@ -83,20 +83,6 @@ def test_a_job_requeued_by_scontrol_resumes_from_its_checkpoint(orch, cluster, s
     assert r.code == 0, r.err
 
 
-@pytest.mark.timeout(600)
-def test_a_node_set_down_mid_run_resumes_on_the_other(orch, cluster, slurm_section, tmp_path):
-    downed = []
-
-    def down(job):
-        downed.append(job["nodes"])
-        r = cluster.run("scontrol", "update", f"NodeName={job['nodes']}", "State=DOWN", "Reason=orch-test")
-        assert r.returncode == 0, r.stderr
-
-    _resumed(orch, cluster, tmp_path, "downed", down, slurm_section())
-    last = [j for j in cluster.jobs() if j["name"].startswith("orch_downed_") and j["state"] == "COMPLETED"]
-    assert last and all(j["nodes"] != downed[0] for j in last), (last, downed)
-
-
 COUNTER = """
 import glob, json, os, signal, sys, time
 folder, total = os.environ["ORCH_RUN_DIR"], int(sys.argv[1])
@@ -141,6 +127,29 @@ def test_a_run_longer_than_the_time_limit_finishes_across_jobs(orch, cluster, sl
     assert "resumed from step" in orch("logs", "run", "--attempt", str(final["attempt"])).out
     jobs = [j for j in cluster.jobs() if j["name"].startswith("orch_limited_")]
     assert len(jobs) >= 2 and not cluster.queued(), jobs
+
+
+@pytest.mark.timeout(300)
+def test_a_node_set_down_mid_run_resumes_on_the_other(orch, cluster, slurm_section, script):
+    """`scontrol update NodeName=... State=DOWN` kills the job on it: the run resumes on the other node from its
+    newest checkpoint (the counter's: the trainer's weights are checked by the requeue test)."""
+    counter = script(COUNTER, "counter.py")
+    path = orch.sweep(
+        f'name: downed\ncommand: "{{python}} {counter} 40"\nworkdir: null\nstore: store\nmax_restarts: 0\n'
+        f"{slurm_section()}"
+    )
+    assert orch("launch", str(path), "--detach").code == 0
+    retry_until(lambda: list(orch.store("downed", "run").glob("ckpt/*/MANIFEST.json")), 120, 0.2, "a checkpoint")
+    job = _job_of(cluster, "downed")
+    r = cluster.run("scontrol", "update", f"NodeName={job['nodes']}", "State=DOWN", "Reason=orch-test")
+    assert r.returncode == 0, r.stderr
+    retry_until(lambda: status(orch, "downed").get("run", {}).get("state") in ("succeeded", "failed"), 120, 1, "end")
+    final = status(orch, "downed")["run"]
+    assert final["state"] == "succeeded" and final["attempt"] >= 2 and final["failures"] == 0, final
+    assert "resumed from step" in orch("logs", "run", "--attempt", str(final["attempt"])).out
+    assert orch.store("downed", "run", "metrics.jsonl").read_text().splitlines()[-1] == '{"step": 40}'
+    last = [j for j in cluster.jobs() if j["name"].startswith("orch_downed_") and j["state"] == "COMPLETED"]
+    assert last and all(j["nodes"] != job["nodes"] for j in last), (last, job)
 
 
 def test_orch_down_empties_the_queue_and_status_shows_why_a_job_waits(orch, cluster, slurm_section, job):
