@@ -2,7 +2,8 @@
 Debian's slurm-wlm 22.05 allows several slurmd on one host), each on free ports, in a folder of its own, with no
 systemd; stopped by pid. Clients find it through SLURM_CONF (`env`).
 
-Faults come through Slurm itself: `scontrol requeue`, a node set DOWN, slurmctld stopped and started again.
+Faults come through Slurm itself: `scontrol requeue`, a node set DOWN, slurmctld stopped and started again, and a
+job in the partition `high` (PriorityTier=2) preempting those of the others (PreemptMode=REQUEUE).
 """
 
 from __future__ import annotations
@@ -117,9 +118,12 @@ FirstJobId={random.randrange(10_000, 900_000)}
 KillWait=5
 MinJobAge=600
 SchedulerParameters=sched_interval=1
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
 {nodes}
 PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime={self.time_limit} State=UP
 PartitionName=short Nodes={",".join(NODES)} MaxTime=1 State=UP
+PartitionName=high Nodes={",".join(NODES)} MaxTime=INFINITE PriorityTier=2 State=UP
 """
         )
 

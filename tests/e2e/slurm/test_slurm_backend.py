@@ -401,3 +401,28 @@ def test_a_run_of_two_nodes_is_one_job_and_trains_as_one(orch, cluster, slurm_se
     jobs = [j for j in cluster.jobs() if j["name"].startswith("orch_span_")]
     assert len(jobs) == 1 and jobs[0]["nodes"] == "n[1-2]", jobs
     assert same(final_weights(ref), final_weights(orch.store("span", "run")))
+
+
+@pytest.mark.timeout(300)
+def test_a_job_preempted_by_a_higher_partitions_job_resumes_after_it(orch, cluster, slurm_section, script):
+    """PreemptMode=REQUEUE: someone's job in the partition `high` takes the node; Slurm requeues orch's job, and the
+    run resumes in a new job (waiting for the node) from its newest checkpoint, no failure counted."""
+    counter = script(COUNTER, "counter.py")
+    path = orch.sweep(
+        f'name: preempted\ncommand: "{{python}} {counter} 30"\nworkdir: null\nstore: store\nmax_restarts: 0\n'
+        f"{slurm_section(sbatch='[--nodelist=n1]')}"
+    )
+    assert orch("launch", str(path), "--detach").code == 0
+    retry_until(lambda: list(orch.store("preempted", "run").glob("ckpt/*/MANIFEST.json")), 120, 0.2, "a checkpoint")
+    first = _job_of(cluster, "preempted")
+    r = cluster.run(
+        "sbatch", "--parsable", "-p", "high", "--nodelist=n1", "--exclusive", "-J", "theirs", "--wrap", "sleep 3"
+    )
+    assert r.returncode == 0, r.stderr
+    retry_until(lambda: status(orch, "preempted").get("run", {}).get("state") in ("succeeded", "failed"), 180, 1, "end")
+    final = status(orch, "preempted")["run"]
+    assert final["state"] == "succeeded" and final["attempt"] >= 2 and final["failures"] == 0, final
+    assert "resumed from step" in orch("logs", "run", "--attempt", str(final["attempt"])).out
+    theirs = next(j for j in cluster.jobs() if j["name"] == "theirs")
+    assert theirs["state"] == "COMPLETED", theirs  # theirs ran, ours made room
+    assert first["id"] not in {j["id"] for j in cluster.queued()}
