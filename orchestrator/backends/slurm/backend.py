@@ -60,6 +60,7 @@ class SlurmBackend(BackendBase):
         self.outcomes: SimpleQueue[Outcome] = SimpleQueue()
         self.bundle: code_bundle.Bundle | None = None
         self.cancelled: set[str] = set()  # jobs this controller cancelled (asked once)
+        self.ended: dict[str, tuple[str, int, Job]] = {}  # ended or requeued since the last pass, for learn()
         self.ledger = Ledger(None, sweep.spec.name, self.settings.price_per_gpu_hour, self.gpus)
 
     # --- where things are ------------------------------------------------------------------------------------------
@@ -88,52 +89,65 @@ class SlurmBackend(BackendBase):
     # --- listing --------------------------------------------------------------------------------------------------
 
     def list(self) -> builtins.list[Host]:
-        """One squeue. Slurm not answering keeps the last listing (a slurmctld restart loses no run); a job Slurm
-        requeued is cancelled (its attempt ended when Slurm took it; the run goes on in a new job)."""
+        """One squeue. Slurm not answering keeps the last listing (a slurmctld restart loses no run). A job that
+        ended or that Slurm requeued since the last pass stays listed until learn() has judged it (_judge)."""
         listed = self.slurm.jobs()
         if listed is not None:
             self._take(listed)
         now, out = time.time(), []
         for jid, (run_id, attempt, job) in self.jobs.items():
-            since = self.running_since.setdefault(jid, now) if not job.pending else None
+            waiting = job.pending or not job.live  # not started yet, or ended and not judged yet (learn)
+            since = self.running_since.setdefault(jid, now) if not waiting else None
             deadline = since + self.start_timeout_s if since is not None else None
-            for node in range(1 if job.pending else self.nodes):  # a job holds all its nodes, or none yet
-                out.append(Host(run_id, jid, job.nodes, attempt, job.pending, deadline, node=node, nodes=self.nodes))
+            for node in range(1 if waiting else self.nodes):  # a job holds all its nodes, or none yet
+                out.append(Host(run_id, jid, job.nodes, attempt, waiting, deadline, node=node, nodes=self.nodes))
         return out
 
     def _take(self, listed: builtins.list[Job]) -> None:
         by_session = {self.session(r.run_id): r.run_id for r in self.sweep.runs}
-        ledger, jobs = self._store(), {}
+        ledger, jobs, seen = self._store(), {}, set()
         for job in listed:
             parsed = script.parse_name(job.name)
             if parsed is None or parsed[0] not in by_session:
                 continue
             run_id, attempt = by_session[parsed[0]], parsed[1]
             ledger.seen(job, run_id, attempt)
+            seen.add(job.id)
             if job.live and job.id not in self.cancelled:
                 jobs[job.id] = (run_id, attempt, job)  # a requeued one too, until learn() has read its run's record
-        ledger.gone({j.id for j in listed})
+            if job.restarts and job.live or not job.live and job.id in self.jobs:
+                self.ended[job.id] = (run_id, attempt, job)  # judged by learn(), with its run's record: listed till
+                jobs[job.id] = (run_id, attempt, job)  # then, so that no new attempt starts before the verdict
+        for jid, (run_id, attempt, job) in self.jobs.items():  # gone from squeue altogether since the last pass
+            if jid not in seen and jid not in self.cancelled:
+                self.ended[jid] = jobs[jid] = (run_id, attempt, replace(job, state="GONE"))
+        ledger.gone(seen)
         self.jobs = jobs
 
-    def _requeued(self, statuses: dict[str, RunStatus]) -> None:
-        """Jobs Slurm requeued are cancelled: the run goes on in a new job (Slurm would hold a requeued one back for
-        minutes). One requeued before its agent ever reported (its node could not start it) is also the attempt's
-        failure, counted against max_restarts: else orch would submit it again every pass."""
-        requeued = [(jid, r, a, job) for jid, (r, a, job) in self.jobs.items() if job.restarts]
-        for jid, run_id, attempt, job in requeued:
+    def _judge(self, statuses: dict[str, RunStatus]) -> None:
+        """The jobs that ended, or that Slurm requeued, since the last pass. One whose attempt's agent never reported
+        (its node could not launch it, no Python or tmux there...) is the attempt's failure, counted against
+        max_restarts, with what the job printed: else orch would submit it again every pass. A requeued job is
+        cancelled: the run goes on in a new job (Slurm would hold a requeued one back about 2 minutes)."""
+        for jid, (run_id, attempt, job) in self.ended.items():
             record = statuses.get(run_id)
-            if record is not None and record.attempt == attempt and not record.heartbeat:
-                why = (
-                    f"job {jid} was requeued by Slurm before orch's agent started in it ({job.reason}): its node "
-                    f"{job.nodes or '?'} could not start it; `scontrol show job {jid}` and its slurmd log say why"
-                )
-                self.outcomes.put(Outcome(run_id, attempt, FAILED, why))
+            if record is not None and record.attempt == attempt and record.state.active and not record.heartbeat:
+                self.outcomes.put(Outcome(run_id, attempt, FAILED, self._unstarted(jid, job, run_id)))
+        requeued = [jid for jid, (_r, _a, job) in self.ended.items() if job.live and jid not in self.cancelled]
+        for jid in self.ended:
             self.jobs.pop(jid, None)
+        self.ended = {}
         if requeued:
-            log.info(
-                "Slurm requeued job(s) %s: cancelled; their runs go on in new jobs", ", ".join(j[0] for j in requeued)
-            )
-            self._cancel([j[0] for j in requeued])
+            log.info("Slurm requeued job(s) %s: cancelled; their runs go on in new jobs", ", ".join(requeued))
+            self._cancel(requeued)
+
+    def _unstarted(self, jid: str, job: Job, run_id: str) -> str:
+        how = "was requeued by Slurm" if job.live else f"ended ({job.state.lower()})"
+        out = self.shell.run(f"tail -c 400 {shlex.quote(f'{self.ctl(run_id)}/slurm-{jid}.out')}", timeout=30).out
+        said = " ".join(out.split())[-300:]
+        return f"job {jid} {how} before orch's agent started in it, on {job.nodes or 'its node'}" + (
+            f"; it printed: {said}" if said else f"; see `scontrol show job {jid}` and the node's slurmd log"
+        )
 
     def _cancel(self, job_ids: builtins.list[str]) -> None:
         for jid in job_ids:
@@ -204,7 +218,7 @@ class SlurmBackend(BackendBase):
             self.shell.put_bytes(mine.to_json(), path)
             agents.append(contract.agent_command(self.settings.python, path, ctl_dir, pythonpath=b.remote_dir))
         node_sh = f"{task.ctl_dir}/node-{task.attempt}.sh"
-        self.shell.put_bytes(script.node_script(task, agents).encode(), node_sh, 0o700)
+        self.shell.put_bytes(script.node_script(task, agents, self.settings.python).encode(), node_sh, 0o700)
         name = script.job_name(task.session, task.attempt)
         opts = script.options(self.settings, name, self.gpus, f"{task.ctl_dir}/slurm-%j.out", self.nodes)
         return self.slurm.submit([*opts, f"--chdir={self.base}"], script.batch_script(task, node_sh, self.nodes))
@@ -291,7 +305,7 @@ class SlurmBackend(BackendBase):
         self._store().flush()
 
     def learn(self, statuses: dict[str, RunStatus]) -> None:
-        self._requeued(statuses)
+        self._judge(statuses)
         self.flush()
 
     def _cluster(self) -> checks.Cluster:

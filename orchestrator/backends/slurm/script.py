@@ -74,7 +74,7 @@ def node_ctl(ctl_dir: str, rank: int) -> str:
     return f"{ctl_dir.rstrip('/').rsplit('/', 1)[0]}/node{rank}/ctl"
 
 
-def node_script(task: RunTask, agents: list[str]) -> str:
+def node_script(task: RunTask, agents: list[str], python: str = "python3") -> str:
     """What runs on each node of the job (node.sh): the agent of node $SLURM_PROCID in a tmux server of its own, and
     Slurm's signals passed on to it (module doc). `agents`: each node's agent command, node 0's first."""
     cases = "\n".join(
@@ -89,6 +89,10 @@ case "$RANK" in
 {cases}
   *) echo "[orch] no node $RANK in this attempt" >&2; exit 1 ;;
 esac
+for need in {shlex.quote(python)} tmux; do
+  command -v "$need" >/dev/null && continue
+  echo "[orch] no $need on $(hostname): install it there (the python: set slurm.python)" >&2; exit 1
+done
 S="orch-job$SLURM_JOB_ID.$RANK"
 export {SOCKET_ENV}="$S"
 T="tmux -L $S"

@@ -426,3 +426,18 @@ def test_a_job_preempted_by_a_higher_partitions_job_resumes_after_it(orch, clust
     theirs = next(j for j in cluster.jobs() if j["name"] == "theirs")
     assert theirs["state"] == "COMPLETED", theirs  # theirs ran, ours made room
     assert first["id"] not in {j["id"] for j in cluster.queued()}
+
+
+def test_a_node_without_the_python_it_names_fails_the_run_saying_so(orch, cluster, slurm_section, job):
+    """The job ends before orch's agent could start (no such interpreter on the node): each such attempt counts as
+    a failure, with what the job printed, instead of a new job every pass."""
+    path = orch.sweep(
+        f'name: nopy\ncommand: "{job(steps=1)}"\nworkdir: null\nstore: store\nmax_restarts: 1\n'
+        f"{slurm_section(python='/opt/none/python3')}"
+    )
+    r = orch("launch", str(path), timeout=200)
+    assert r.code != 0, r.out + r.err
+    final = status(orch, "nopy")["run"]
+    assert (final["state"], final["attempt"], final["failures"]) == ("failed", 2, 2), final
+    assert "before orch's agent started" in final["reason"] and "no /opt/none/python3 on" in final["reason"], final
+    assert len([j for j in cluster.jobs() if j["name"].startswith("orch_nopy_")]) == 2
