@@ -54,7 +54,17 @@ from orchestrator.control.state import State
 from orchestrator.control.study import Outcome, parse_record, rebuild
 from orchestrator.store import layout
 from orchestrator.store.base import get_json, read_jsonl
-from orchestrator.store.status import CANCELLED, CORRUPT, FAILED, PRUNED, RUNNING, SUCCEEDED, read_status
+from orchestrator.store.status import (
+    CANCELLED,
+    CORRUPT,
+    FAILED,
+    INTERRUPTED,
+    PRUNED,
+    RUNNING,
+    STARTING,
+    SUCCEEDED,
+    read_status,
+)
 from orchestrator.sweep.search import resolved_metric, trial_of
 from tests.harness.sim import PRICES, Cloud, Plan, SimAgent, SimBackend, default_plan
 
@@ -334,6 +344,20 @@ class Harness(RuleBasedStateMachine):
     def spot_notice(self, data) -> None:
         run = data.draw(st.sampled_from(sorted({h.run_id for h in self.cloud.hosts.values()})))
         self.backend.notify_interruption(run)
+        self._advance()
+
+    @precondition(lambda self: self.backend is not None and self.cloud.hosts)
+    @rule(data=st.data())
+    def scheduler_takes_back(self, data) -> None:
+        """A scheduler ends a run's job (Slurm: a requeue, a preemption, a node set DOWN): its agents get SIGTERM
+        and no stop file. The attempt ends interrupted (resumable), never as a failure of the command."""
+        run = data.draw(st.sampled_from(sorted({h.run_id for h in self.cloud.hosts.values()})))
+        before = read_status(self.store, self.sweep.spec.name, run)
+        ended = self.backend.take_back(run)
+        after = read_status(self.store, self.sweep.spec.name, run)
+        if before.attempt in ended and before.state in (STARTING, RUNNING):
+            assert after.failures == before.failures, (before, after)
+            assert after.attempt != before.attempt or after.state in (INTERRUPTED, SUCCEEDED, PRUNED), (before, after)
         self._advance()
 
     @precondition(lambda self: self.controller is not None)

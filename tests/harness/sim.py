@@ -33,7 +33,7 @@ from pathlib import Path
 
 from orchestrator.backends.aws.cloud.pricing import CostLedger, PriceBook
 from orchestrator.backends.base import BackendBase, Host
-from orchestrator.contract import NOTICE_FILE, STOP_REASON_FILE, RunTask
+from orchestrator.contract import NOTICE_FILE, SCHEDULED, STOP_REASON_FILE, RunTask
 from orchestrator.errors import OrchError
 from orchestrator.host import watch
 from orchestrator.host.agent import Agent
@@ -237,6 +237,7 @@ class SimBackend(BackendBase):
             sync_s=3.0,
             host="sim",
             replaces=replaces,
+            host_parts=[SCHEDULED],  # a SIGTERM without a stop file is a scheduler's (take_back), as on Slurm
         )
 
     def start(self, task: RunTask) -> Host:
@@ -301,6 +302,24 @@ class SimBackend(BackendBase):
         for host in hosts:  # its session ended: the hosts of the run go
             self.cloud.remove_host(host.host_id)
         return True
+
+    def take_back(self, run_id: str) -> list[int]:
+        """A scheduler ends the run's job (Slurm: a requeue, a preemption, a node set DOWN): SIGTERM to every node's
+        agent with no stop file, each ticked until it ended; then the job's hosts go. The attempts it ended."""
+        ended = []
+        for host in self.cloud.hosts_of(run_id):
+            agent = host.agent
+            if agent is not None and agent.phase not in (SimAgent.DONE, SimAgent.BOOTING):
+                ended.append(agent.agent.task.attempt)
+                agent.agent._on_signal(signal.SIGTERM, None)
+                for _ in range(50):
+                    if agent.phase == SimAgent.DONE:
+                        break
+                    self.cloud.now += 0.1
+                    agent.tick(self.cloud.now, stopping=True)
+        for host in self.cloud.hosts_of(run_id):
+            self.cloud.remove_host(host.host_id)
+        return ended
 
     def notify_interruption(self, run_id: str) -> bool:
         agents = [h.agent for h in self.cloud.hosts_of(run_id) if h.agent is not None]
