@@ -120,7 +120,7 @@ class SlurmBackend(BackendBase):
                 jobs[job.id] = (run_id, attempt, job)  # then, so that no new attempt starts before the verdict
         for jid, (run_id, attempt, job) in self.jobs.items():  # gone from squeue altogether since the last pass
             if jid not in seen and jid not in self.cancelled:
-                self.ended[jid] = jobs[jid] = (run_id, attempt, replace(job, state="GONE"))
+                self.ended[jid] = jobs[jid] = (run_id, attempt, job.forgotten())
         ledger.gone(seen)
         self.jobs = jobs
 

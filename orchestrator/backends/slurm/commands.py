@@ -50,6 +50,10 @@ class Job:
     def pending(self) -> bool:
         return self.state in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "SUSPENDED")
 
+    def forgotten(self) -> Job:
+        """The job as orch last saw it, gone from squeue altogether (Slurm forgets an ended job after MinJobAge)."""
+        return Job(self.id, self.name, "GONE", self.reason, self.nodes, self.restarts, self.start)
+
     @property
     def live(self) -> bool:
         return self.pending or self.state in ("RUNNING", "COMPLETING", "RESIZING", "SIGNALING", "STAGE_OUT")
