@@ -60,6 +60,7 @@ class SlurmBackend(BackendBase):
         self.outcomes: SimpleQueue[Outcome] = SimpleQueue()
         self.bundle: code_bundle.Bundle | None = None
         self.cancelled: set[str] = set()  # jobs this controller cancelled (asked once)
+        self.listed = False  # squeue answered this process at least once
         self.ended: dict[str, tuple[str, int, Job]] = {}  # ended or requeued since the last pass, for learn()
         self.ledger = Ledger(None, sweep.spec.name, self.settings.price_per_gpu_hour, self.gpus)
 
@@ -94,6 +95,7 @@ class SlurmBackend(BackendBase):
         listed = self.slurm.jobs()
         if listed is not None:
             self._take(listed)
+            self.listed = True
         now, out = time.time(), []
         for jid, (run_id, attempt, job) in self.jobs.items():
             waiting = job.pending or not job.live  # not started yet, or ended and not judged yet (learn)
@@ -159,7 +161,9 @@ class SlurmBackend(BackendBase):
             log.warning("could not cancel job(s) %s now: %s", ", ".join(job_ids), exc)
 
     def _of_run(self, run_id: str) -> builtins.list[tuple[str, int, Job]]:
-        if not self.jobs:
+        """The run's jobs, newest attempt first, as this process last listed them (listed now if it never has: `orch
+        down`, `attach`); the controller lists once at the start of each pass."""
+        if not self.listed:
             self.list()
         return sorted(((jid, a, j) for jid, (r, a, j) in self.jobs.items() if r == run_id), key=lambda x: -x[1])
 
