@@ -128,7 +128,7 @@ class Agent:
     def _on_signal(self, signum, _frame) -> None:
         if self.stop_requested is None:
             path = self.ctl / STOP_REASON_FILE
-            self.stop_requested = stop_reason(path, self.task.uses(SCHEDULED))
+            self.stop_requested = stop_reason(path, self.task.uses(SCHEDULED), signum == signal.SIGHUP)
             self.stopped_by_orch = self.stop_requested in KEPT_ON_STOP and path.exists()
 
     def relay_notice(self) -> None:

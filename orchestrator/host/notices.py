@@ -46,14 +46,17 @@ class NoticeSource:
             return False
 
 
-def stop_reason(path: Path, scheduled: bool = False) -> StopReason:
-    """Why the agent is asked to stop: the stop file's reason. No file: `stopped` (a SIGTERM from someone else, e.g.
-    a user's kill), or with `scheduled` `interrupted` (a scheduler ends jobs that way: contract.SCHEDULED). A reason
-    this agent does not know (an orch of another version wrote it) is an error, logged, and then taken as `stopped`:
-    resumable, never counted as a failure."""
+def stop_reason(path: Path, scheduled: bool = False, hangup: bool = False) -> StopReason:
+    """Why the agent is asked to stop: the stop file's reason. No file: `lost` on a SIGHUP (its tmux session was
+    killed: the host is gone, as a crash would take it, and it counts toward the quick losses that end a run), else
+    `stopped` (a SIGTERM from someone else, e.g. a user's kill), or with `scheduled` `interrupted` (a scheduler ends
+    jobs that way: contract.SCHEDULED). A reason this agent does not know (an orch of another version wrote it) is an
+    error, logged, and then taken as `stopped`: resumable, never counted as a failure."""
     try:
         text = path.read_text()
     except FileNotFoundError:
+        if hangup:
+            return StopReason.LOST
         return StopReason.INTERRUPTED if scheduled else StopReason.STOPPED
     try:
         return StopReason.parse(text)

@@ -229,6 +229,8 @@ def test_the_agent_reads_the_stop_files_reason_and_names_an_unknown_one(tmp_path
 
     stop_file = tmp_path / "stop-reason"
     assert stop_reason(stop_file) is StopReason.STOPPED  # a SIGTERM without a stop file: someone ended the agent
+    assert stop_reason(stop_file, hangup=True) is StopReason.LOST  # its session killed: its host is gone
+    assert stop_reason(stop_file, scheduled=True) is StopReason.INTERRUPTED  # a scheduler took the job back
     stop_file.write_text("pruned\n")
     assert stop_reason(stop_file) is StopReason.PRUNED
     stop_file.write_text("reboot\n")
