@@ -293,15 +293,19 @@ class SimBackend(BackendBase):
             if agent.received is not None and agent.received.ended_by is None:
                 agent.received.ended_by = reason
             (agent.agent.ctl / STOP_REASON_FILE).write_text(str(reason))
-            agent.agent._on_signal(signal.SIGTERM, None)
-            for _ in range(50):
-                if agent.phase == SimAgent.DONE:
-                    break
-                self.cloud.now += 0.1
-                agent.tick(self.cloud.now, stopping=True)
+            self._terminate(agent)
         for host in hosts:  # its session ended: the hosts of the run go
             self.cloud.remove_host(host.host_id)
         return True
+
+    def _terminate(self, agent: SimAgent) -> None:
+        """SIGTERM to the agent (its own handler), then tick it until it has ended."""
+        agent.agent._on_signal(signal.SIGTERM, None)
+        for _ in range(50):
+            if agent.phase == SimAgent.DONE:
+                break
+            self.cloud.now += 0.1
+            agent.tick(self.cloud.now, stopping=True)
 
     def take_back(self, run_id: str) -> list[int]:
         """A scheduler ends the run's job (Slurm: a requeue, a preemption, a node set DOWN): SIGTERM to every node's
@@ -311,12 +315,7 @@ class SimBackend(BackendBase):
             agent = host.agent
             if agent is not None and agent.phase not in (SimAgent.DONE, SimAgent.BOOTING):
                 ended.append(agent.agent.task.attempt)
-                agent.agent._on_signal(signal.SIGTERM, None)
-                for _ in range(50):
-                    if agent.phase == SimAgent.DONE:
-                        break
-                    self.cloud.now += 0.1
-                    agent.tick(self.cloud.now, stopping=True)
+                self._terminate(agent)
         for host in self.cloud.hosts_of(run_id):
             self.cloud.remove_host(host.host_id)
         return ended
