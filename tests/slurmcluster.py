@@ -170,7 +170,9 @@ PartitionName=high Nodes={",".join(NODES)} MaxTime=INFINITE PriorityTier=2 State
     # --- asking it -------------------------------------------------------------------------------------------------
 
     def run(self, *argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=60)
+        """A Slurm command as a user types it, in the cluster's folder: a job it submits writes its slurm-N.out there,
+        never into the folder pytest was started from (the repository: three such files were once committed)."""
+        return subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=60, cwd=self.root)
 
     def node_states(self) -> dict[str, str]:
         r = self.run("sinfo", "-h", "-N", "-o", "%N %t")
