@@ -136,6 +136,19 @@ class Backend(Protocol):
         that one was starting (before the first list())."""
         ...
 
+    def buy_on_demand(self, runs: frozenset[str]) -> None:
+        """`deadline:` — the runs whose next host must be on-demand whatever `market` says (control/schedule.py);
+        each pass replaces the last pass's set. Only a backend that buys markets (aws) acts on it."""
+        ...
+
+    def markets(self) -> dict[str, str]:
+        """run -> the market of the host it runs on now (spot, on-demand); {} where nothing is bought."""
+        ...
+
+    def switch_s(self) -> float | None:
+        """The sweep's measured boot + restore of an attempt (seconds), None before one was measured."""
+        ...
+
 
 class BackendBase:
     """Defaults for the optional parts of the Backend interface."""
@@ -174,4 +187,13 @@ class BackendBase:
         pass
 
     def took_over(self) -> None:
+        return None
+
+    def buy_on_demand(self, runs: frozenset[str]) -> None:
+        return None
+
+    def markets(self) -> dict[str, str]:
+        return {}
+
+    def switch_s(self) -> float | None:
         return None

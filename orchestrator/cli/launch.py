@@ -48,9 +48,11 @@ def launch(sweep_file: str, dry_run: bool, detach: bool, every: bool, remote: bo
         freed = control.check_like_launch(sweep)
         if freed:
             con.print(freed, markup=False)
-        plan = backend_for(sweep).plan()
+        backend = backend_for(sweep)
+        plan = backend.plan()
         words = entry(sweep.spec.backend).plan_lines
         more = (remote_controller.controller_line(sweep, plan),) if remote and plan else ()
+        more += tuple(control.check_deadline(sweep, backend, control.existing_store(sweep)))
         note = control.code_note(sweep)
         for line in dry_run_lines(sweep, words(sweep, plan) if plan and words else None, every, more):
             if note and line.startswith("code: "):  # the snapshot taken now is not what the runs get: say which is
@@ -74,6 +76,9 @@ def _tell(con, sweep, event: control.Event, note: str | None = None) -> None:
         _say(con, f"took the sweep over from a controller on {event.where} (silent for {event.silent_s:.0f} s)")
     elif isinstance(event, control.NameFreed):
         con.print(event.text, markup=False)
+    elif isinstance(event, control.DeadlineNote):
+        for line in event.lines:
+            con.print(line, markup=False)
     elif isinstance(event, control.Started):
         con.print(
             f"{'launching' if event.new else 'continuing'} sweep [bold]{name}[/]: {len(sweep.runs)} runs, "

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.cli.code_words import code_lines
-from orchestrator.cli.work_words import work_words
+from orchestrator.cli.work_words import deadline_words, work_words
 from orchestrator.control.collect import Results, SearchInfo, best_trial, ranked
 from orchestrator.control.curves import Figure
 from orchestrator.control.prune import rule
@@ -84,7 +84,8 @@ def runs_table(p: Progress, every: bool = False) -> Table:
     hidden = len(p.runs) - len(rows)
     whys = [f"{r.run_id}: {r.why}" for r in rows if r.why and r.live][:WHYS_SHOWN]  # aws: where each went, why
     more = f"{hidden} more runs not shown (queued or finished earlier): `orch status {p.sweep} --all` lists every run"
-    caption = "\n".join(([more] if hidden else []) + whys) or None
+    timely = [p.deadline.line(p.deadline.now)] if p.deadline is not None else []  # `deadline:`'s schedule
+    caption = "\n".join(timely + ([more] if hidden else []) + whys) or None
     table = Table(
         title=f"sweep {p.sweep} — {summary_line(p)}" + (f" — {spend}" if spend else ""),
         title_justify="left",
@@ -222,6 +223,7 @@ def results_notes(res: Results) -> list[str]:
     if res.economics is not None:
         out += res.economics.words()
     out += work_words(res.work)
+    out += deadline_words(res.deadline)
     if res.search is not None:
         out.append(best_trial_words(res, res.search))
     return out

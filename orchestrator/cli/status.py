@@ -112,6 +112,7 @@ def status(sweep: str | None, as_json: bool, watch: bool, every: bool):
                     "done": p.done,
                     "spend_usd": p.spend_usd,
                     "budget_usd": p.budget_usd,
+                    **({"deadline": asdict(p.deadline)} if p.deadline is not None else {}),
                     "runs": [asdict(r) for r in p.runs],
                     "controller": None if lease is None else {**lease.to_json(), "alive": lease.alive()},
                 },

@@ -29,3 +29,18 @@ def work_words(work: dict | None) -> list[str]:
             "measurements: docs/guides/costs.md)"
         )
     return out
+
+
+def deadline_words(d: dict | None) -> list[str]:
+    """`deadline:` — met or not, and what the markets cost against all-spot and all-on-demand estimates."""
+    if not d:
+        return []
+    out = [f"deadline: {d['outcome']}"]
+    if "usd" in d:
+        usd_by, hours = d["usd"], d["hours"]
+        out.append(
+            f"  on-demand {hours['on-demand']:.2f} instance-h for {usd(usd_by['on-demand'])}, spot "
+            f"{hours['spot']:.2f} instance-h for {usd(usd_by['spot'])}; the same hours all on spot about "
+            f"{usd(d['all_spot_usd'])}, all on-demand about {usd(d['all_on_demand_usd'])}"
+        )
+    return out

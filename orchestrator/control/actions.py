@@ -8,7 +8,7 @@ import time
 
 from orchestrator.backends.base import Backend
 from orchestrator.backends.registry import costs_of
-from orchestrator.control import summary
+from orchestrator.control import deadline, summary
 from orchestrator.control.decide import DONE, decide, live_hosts
 from orchestrator.control.table import read_many
 from orchestrator.control.views import Progress, view_of, with_places, with_whys
@@ -59,7 +59,14 @@ def observe(sweep: Sweep, backend: Backend, store: Store, every: bool = False) -
     spend = costs.total(ledger) if costs is not None else 0.0
     with_places(list(views.values()), costs.places(ledger) if costs is not None else {})
     with_whys(list(views.values()), costs.whys(ledger) if costs is not None and costs.whys is not None else {})
-    return Progress(sweep=name, runs=[views[rid] for rid in order], spend_usd=spend, budget_usd=sweep.spec.budget_usd)
+    timely = deadline.read(summary.deadline_of(store, name)) if sweep.spec.deadline else None
+    return Progress(
+        sweep=name,
+        runs=[views[rid] for rid in order],
+        spend_usd=spend,
+        budget_usd=sweep.spec.budget_usd,
+        deadline=timely,
+    )
 
 
 def cancel_run(sweep: Sweep, backend: Backend, store: Store, run_id: str) -> str:

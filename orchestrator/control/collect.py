@@ -100,6 +100,7 @@ class Results:
     left_out: list[str] = field(default_factory=list)  # metrics curves.png does not draw (runs.csv has them all)
     # aws: the work bought per instance type (backends/aws/cloud/worth.py realized), when measured
     work: dict | None = None
+    deadline: dict | None = None  # `deadline:` — met or not, dollars per market and the two estimates (deadline.py)
     figure: Figure | None = None  # what curves.png shows, once written
 
     def metric_names(self) -> list[str]:
@@ -209,7 +210,30 @@ def collect(sweep: Sweep, store: Store) -> Results:
         search=search,
         goals=goals_of(sweep.spec),
         work=_work(sweep, store, reader, ledger),
+        deadline=_deadline(sweep, store, reader, ledger, statuses),
     )
+
+
+def _deadline(sweep: Sweep, store: Store, reader, ledger: dict | None, statuses: dict) -> dict | None:
+    """`deadline:`: whether it was met, and the dollars per market against all-spot and all-on-demand estimates."""
+    import time
+
+    from orchestrator.control import deadline
+    from orchestrator.store.base import get_json
+    from orchestrator.store.lifecycle import FINAL
+    from orchestrator.store.status import FAILED
+
+    if not sweep.spec.deadline:
+        return None
+    record = get_json(store, layout.sweep_key(sweep.spec.name))
+    launched = record.get("launched_at") if isinstance(record, dict) else None
+    at = deadline.moment(sweep.spec, float(launched) if isinstance(launched, (int, float)) else time.time())
+    done = all(st.state in FINAL or st.state == FAILED for st in statuses.values())
+    ends = [st.finished_at for st in statuses.values()]
+    out = {"deadline": at, "outcome": deadline.outcome(at or 0.0, ends, done, time.time())}
+    if reader is not None and ledger is not None:
+        out |= deadline.markets_bought(ledger, reader.on_demand)
+    return out
 
 
 def _work(sweep: Sweep, store: Store, reader, ledger: dict | None) -> dict | None:
@@ -307,6 +331,8 @@ def _write(results: Results, out_dir: Path, draw: bool, wanted: list[str] | None
     }
     if results.work is not None:
         doc["work"] = results.work
+    if results.deadline is not None:
+        doc["deadline"] = results.deadline
     if results.economics is not None:
         doc["summary"] = {**asdict(results.economics), "words": results.economics.words()}
     best = best_trial(results)

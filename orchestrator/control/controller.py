@@ -16,6 +16,8 @@ from collections.abc import Callable
 
 from orchestrator.backends.base import Backend, Host
 from orchestrator.control import code, notify, raised, summary
+from orchestrator.control.deadline import DeadlineView, schedule
+from orchestrator.control.deadline import moment as deadline_moment
 from orchestrator.control.decide import DONE, REPLACE, START, WAIT, Row, decide, host_key, live_hosts
 from orchestrator.control.lease import Lease
 from orchestrator.control.notify_events import facts_of
@@ -30,7 +32,7 @@ from orchestrator.control.views import Progress, RunView, usd, with_places
 from orchestrator.errors import OrchError
 from orchestrator.store import layout
 from orchestrator.store import lifecycle as life
-from orchestrator.store.base import Store, put_json
+from orchestrator.store.base import Store, get_json, put_json
 from orchestrator.store.status import CORRUPT, QUEUED
 from orchestrator.sweep import record as sweep_record
 from orchestrator.sweep.spec import Sweep
@@ -65,6 +67,8 @@ class Controller(Verdicts):
         self.notify_patience_s = notify.PATIENCE_S  # at the loop's end; a remote controller waits longer
         self.notify_hand_off = True  # what is still pending then goes to a background sender (not on a remote one)
         self.on_notify_wait: Callable[[int], None] | None = None  # told when a receiver keeps the loop's end waiting
+        self.launched_at: float | None = None  # the sweep's first launch (`deadline:` durations count from it)
+        self._moved: set[tuple[str, int]] = set()  # `deadline:`: (run, attempt) told to move to on-demand
 
     def prepare(self) -> bool:
         """Record the sweep in the store; refuse if a different sweep of that name is already there.
@@ -124,6 +128,7 @@ class Controller(Verdicts):
             elif self.rungs is not None:
                 self._rung(row, self.rungs)
         self._release_unclaimed(every, table.status)
+        timely = self._schedule(set(hosts), now)  # `deadline:`: which waiting runs the backend buys on-demand
         self._tell_trials()  # before any start asks: each ask knows every outcome so far (docs/guides/search.md)
         free = self.sweep.spec.max_parallel - len(hosts)
         started: list[str] = []
@@ -154,11 +159,38 @@ class Controller(Verdicts):
             spend_usd=spend,
             budget_usd=budget,
             target=summary.target_of(self.sweep.spec.target),
+            deadline=timely,
         )
         self._publish(progress, now)
         if self.notifier is not None:
             self.notifier.observe(progress, facts_of(self.sweep, self.store, self.trials, progress))
         return progress
+
+    def _schedule(self, hosted: set[str], now: float) -> DeadlineView | None:
+        """`deadline:` — this pass's schedule (control/deadline.py), told to the backend: None without a deadline."""
+        if not self.sweep.spec.deadline:
+            return None
+        if self.launched_at is None:
+            found = get_json(self.store, layout.sweep_key(self.name)) or {}
+            at = found.get("launched_at") if isinstance(found, dict) else None
+            self.launched_at = float(at) if isinstance(at, (int, float)) else now
+        at = deadline_moment(self.sweep.spec, self.launched_at)
+        markets = self.backend.markets()
+        views = self.table.all_views()
+        plan, view = schedule(self.sweep.spec, at or now, views, hosted, markets, self.backend.switch_s(), now)
+        self.backend.buy_on_demand(plan.on_demand | plan.move)
+        if plan.on_demand:
+            log.info("deadline: %s on on-demand (%s)", ", ".join(sorted(plan.on_demand)), view.line(now))
+        for rid in sorted(plan.move):  # a reclaim of it on spot would make the sweep late: it checkpoints and moves
+            attempt = self.table.status[rid].attempt if rid in self.table.status else 0
+            if (rid, attempt) not in self._moved:
+                self._moved.add((rid, attempt))
+                log.info("deadline: moving %s to on-demand (%s)", rid, view.line(now))
+                try:
+                    self.backend.notify_interruption(rid)
+                except Exception as exc:  # its host may be going: the next pass sees it
+                    log.warning("deadline: could not tell %s to move: %s", rid, exc)
+        return view
 
     def _due_every(self, what: str, period: float, now: float) -> bool:
         """On a metered store, whether `what` is due (read at most every `period`); always on a folder."""

@@ -15,20 +15,24 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.backends.base import Backend
+from orchestrator.control import deadline, summary
 from orchestrator.control.controller import Controller
+from orchestrator.control.deadline import DEFAULT_SWITCH_S
 from orchestrator.control.lease import Finished, Lease, LeaseLost
 from orchestrator.control.notify import REMOTE_PATIENCE_S
 from orchestrator.control.recorded import check_recorded, read_record
 from orchestrator.control.state import State, SweepLock
-from orchestrator.control.views import Progress
+from orchestrator.control.views import Progress, RunView
 from orchestrator.errors import OrchError
 from orchestrator.store import open_store
 from orchestrator.store.base import Store
+from orchestrator.store.status import QUEUED
 from orchestrator.sweep.spec import Sweep, orch_home
 from orchestrator.wait import Timeout, retry_until
 
@@ -96,7 +100,14 @@ class NotStarting:
     """The background controller found the sweep stopped by `orch down` while the loop was handed to it."""
 
 
-Event = TookOver | NameFreed | Started | Detached | HandedOff | Stopped | NotStarting | NotifyWaiting
+@dataclass
+class DeadlineNote:
+    """`deadline:` — what the launch says of it (when it is, the work left, a move): control/deadline.py."""
+
+    lines: list[str]
+
+
+Event = DeadlineNote | TookOver | NameFreed | Started | Detached | HandedOff | Stopped | NotStarting | NotifyWaiting
 OnEvent = Callable[[Event], None]
 RunFn = Callable[[Callable[[Progress], None]], Progress]
 Watch = Callable[[RunFn], Progress]  # drives the loop's run function with a table (the CLI's)
@@ -119,6 +130,7 @@ class Launch:
         A stop by `orch down` ends the process (exit 143) once its event is out."""
         check_recorded(self.sweep, self.store, self.state)  # a relaunch refused by the record touches nothing: no
         # stop mark cleared, no lease taken (and no "took the sweep over"); prepare() checks again under the lease
+        timely = check_deadline(self.sweep, self.backend, self.store)  # a past or impossible one: refused here
         self.lock.acquire()
         self.lock.clear_stop()  # a launch after `orch down` runs the sweep again
         self.lease = take_lease(self.sweep, self.store, self.state, self.on_event)  # before preflight: a sweep
@@ -127,6 +139,8 @@ class Launch:
         freed = self.state.check_same_store(spec.name, str(self.sweep.path), self.sweep.store_url)
         if freed:
             self.on_event(NameFreed(freed))
+        if timely:
+            self.on_event(DeadlineNote(timely))
         self.state.remember(spec.name, str(self.sweep.path), self.sweep.store_url, spec.backend)  # `orch down NAME`
         # finds the sweep while preflight runs (seconds on AWS), before the store has its record
         # SIGTERM or a closed terminal in the first seconds (preflight makes the security group, template and
@@ -288,10 +302,33 @@ def code_note(sweep: Sweep) -> str | None:
     return note(sweep, open_store(sweep.store_url))
 
 
+def check_deadline(sweep: Sweep, backend: Backend, store: Store | None) -> list[str]:
+    """`deadline:` as the launch sees it (control/deadline.py: at_launch): its lines, or OrchError (exit 2) for a
+    deadline in the past or one that even all on-demand cannot meet. `store` None: a new sweep's store not made yet."""
+    if not sweep.spec.deadline:
+        return []
+    record = read_record(store, sweep.spec.name, str(sweep.path)) if store is not None else None
+    order = [run.run_id for run in sweep.runs]
+    rows = summary.read(store, sweep.spec.name, order) if store is not None and record is not None else None
+    views = list(rows.values()) if rows else [RunView(rid, QUEUED, 0, 0, 0, None, {}) for rid in order]
+    lines, problem = deadline.at_launch(sweep, record, views, backend.switch_s() or DEFAULT_SWITCH_S, time.time())
+    if problem:
+        raise OrchError(problem, exit_code=2)
+    return lines
+
+
+def existing_store(sweep: Sweep) -> Store | None:
+    """The sweep's store when it exists (an S3 URL always does here), without creating a folder; None otherwise."""
+    return (
+        open_store(sweep.store_url) if sweep.store_url.startswith("s3://") or Path(sweep.store_url).is_dir() else None
+    )
+
+
 def check_like_launch(sweep: Sweep) -> str | None:
     """A dry run refuses what the launch would refuse, without creating anything. Returns the line the launch would
     say when it takes the sweep's name over from a store that no longer holds it."""
     freed = State().check_same_store(sweep.spec.name, str(sweep.path), sweep.store_url)
-    if sweep.store_url.startswith("s3://") or Path(sweep.store_url).is_dir():
-        check_recorded(sweep, open_store(sweep.store_url), State())
+    store = existing_store(sweep)
+    if store is not None:
+        check_recorded(sweep, store, State())
     return freed

@@ -65,6 +65,7 @@ def messages_of(progress: Progress, facts: Facts) -> list[Message]:
         text = f"trial {number}: {facts.metric} = {value:.6g} with {_params(params)}"
         out.append(Message(f"best:{number}", Event.BEST, title_of(sweep, "new best trial"), text))
     out += _budget(progress)
+    out += _deadline(progress)
     if progress.done:
         out.append(Message(ENDED, Event.ENDED, title_of(sweep, "ended"), _ended(progress, facts)))
     return out
@@ -138,6 +139,21 @@ def _budget(progress: Progress) -> list[Message]:
             text = f"{usd(spend)} of the budget of {usd(budget)} spent ({what})."
             title = title_of(progress.sweep, "budget reached" if share >= 1 else "80% of the budget spent")
             out.append(Message(key, Event.BUDGET, title, text))
+    return out
+
+
+def _deadline(progress: Progress) -> list[Message]:
+    """`deadline:` — behind its schedule (told once: the runs that must go on-demand now do), and missed."""
+    d = progress.deadline
+    if d is None:
+        return []
+    out = []
+    if not d.on_schedule:
+        text = f"{d.line(d.now)}. Runs that would be late are bought on-demand."
+        out.append(Message("deadline:behind", Event.DEADLINE, title_of(progress.sweep, "behind its deadline"), text))
+    if d.now > d.deadline and not progress.done:
+        text = f"{d.line(d.now)}; the runs left go on as before."
+        out.append(Message("deadline:missed", Event.DEADLINE, title_of(progress.sweep, "deadline missed"), text))
     return out
 
 

@@ -41,12 +41,19 @@ def build(progress: Progress) -> dict:
         "spend_usd": progress.spend_usd,
         "budget_usd": progress.budget_usd,
         "runs": [asdict(r) for r in progress.runs],
+        **({"deadline": asdict(progress.deadline)} if progress.deadline is not None else {}),
     }
 
 
 def write(store: Store, progress: Progress) -> None:
     data = json.dumps(build(progress), separators=(",", ":"), sort_keys=True, allow_nan=False, default=str)
     store.put_bytes(summary_key(progress.sweep), data.encode() + b"\n")
+
+
+def deadline_of(store: Store, sweep: str) -> dict | None:
+    """The `deadline` the controller's last pass published (control/deadline.py reads it), None without one."""
+    doc = get_json(store, summary_key(sweep))
+    return doc.get("deadline") if isinstance(doc, dict) and doc.get("sweep") == sweep else None
 
 
 def read(store: Store, sweep: str, run_ids: list[str], target=None) -> dict[str, RunView] | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from orchestrator.money import usd as usd  # re-exported: the control layer and the CLI read it here
 from orchestrator.store.status import ACTIVE, FAILED, LOST, QUEUED, RunState, RunStatus
@@ -50,6 +51,7 @@ class Progress:
     spend_usd: float = 0.0  # realized cost so far (aws)
     budget_usd: float | None = None  # the sweep's budget, if any
     target: dict | None = None  # the `target:` the runs' `reached` marks were computed against (summary.target_of)
+    deadline: Any = None  # `deadline:`: the pass's schedule as shown (control/deadline.py: DeadlineView)
 
     @property
     def done(self) -> bool:

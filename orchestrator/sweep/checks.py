@@ -200,6 +200,23 @@ def _backend_problems(spec: SweepSpec) -> Problems:
                 "orch can count; remove it",
             )
         )
+    if spec.deadline is not None and not known[spec.backend].buys_markets:
+        buying = ", ".join(n for n, b in known.items() if b.buys_markets) or "none"
+        out.append(
+            (
+                ("deadline",),
+                f"backend {spec.backend} buys no machines, so a deadline has nothing to buy to keep it (it moves runs "
+                f"from spot to on-demand: {buying}); remove `deadline:`",
+            )
+        )
+    elif spec.deadline is not None and spec.timeout_minutes is None:
+        out.append(
+            (
+                ("deadline",),
+                "a deadline needs `timeout_minutes:` (the longest one run may take): orch plans with it until runs "
+                "of this sweep have finished and their own length is known; add it",
+            )
+        )
     for name, schema in known.items():
         # a section with a required field is given or absent; given for another backend, it is a mistake
         if name != spec.backend and schema.default() is None and spec.section(name) is not None:

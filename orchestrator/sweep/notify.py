@@ -26,11 +26,20 @@ class Event(str, Enum):
     BUDGET = "budget"  # 80% of budget_usd spent, and reached
     INTERRUPTED = "interrupted"  # a spot interruption (off by default: a sweep can have many)
     CONTROLLER = "controller"  # a remote controller restarted by its supervisor, or gone
+    DEADLINE = "deadline"  # `deadline:` — the sweep fell behind its schedule (runs go on-demand), or missed it
     TEST = "test"  # `orch notify test` only
 
 
 # Every event but `interrupted` (and `test`, which only `orch notify test` sends).
-DEFAULT_EVENTS = (Event.ENDED, Event.FAILED, Event.TARGET, Event.BEST, Event.BUDGET, Event.CONTROLLER)
+DEFAULT_EVENTS = (
+    Event.ENDED,
+    Event.FAILED,
+    Event.TARGET,
+    Event.BEST,
+    Event.BUDGET,
+    Event.CONTROLLER,
+    Event.DEADLINE,
+)
 CHOOSABLE = [e.value for e in Event if e is not Event.TEST]
 
 

@@ -28,7 +28,16 @@ SWEEP_SCHEMA = 2
 # Change nothing a run gets (its command, params, env, shape, data): a relaunch may change them, and the record is
 # brought up to date. `budget_usd` and `max_restarts` raised give back what the old ones ended (control/raised.py);
 # `timeout_minutes` holds for attempts started after the relaunch. `target` only while `prune:` does not compare by it.
-FREE = ("description", "max_parallel", "max_runs", "workdir_max_mb", "budget_usd", "max_restarts", "timeout_minutes")
+FREE = (
+    "description",
+    "max_parallel",
+    "max_runs",
+    "workdir_max_mb",
+    "budget_usd",
+    "max_restarts",
+    "timeout_minutes",
+    "deadline",
+)
 REPORT_ONLY = ("target",)
 
 

@@ -49,6 +49,7 @@ class BackendSchema:
     checks: Callable[[Any, Path], Problems] = _no_problems
     python: Callable[[Any], str | None] = _no_python  # the interpreter `{python}` means on its hosts (None: ours)
     counts_dollars: bool = False  # it keeps a cost ledger: `budget_usd:` is allowed
+    buys_markets: bool = False  # it buys spot or on-demand machines: `deadline:` is allowed (control/schedule.py)
     # a path as its hosts read it (local: `~` is this machine's home; elsewhere the host's, unknown here)
     host_path: Callable[[str], str] = _as_written
     unrecorded: tuple[

@@ -27,6 +27,7 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 
 from orchestrator.contract import default_mode, finite
 from orchestrator.errors import OrchError
+from orchestrator.sweep import deadline as deadlines
 from orchestrator.sweep.notify import NotifySink
 from orchestrator.sweep.search import SearchSection
 from orchestrator.sweep.sections import Backends, BackendSchema, backends_of, raise_errors, section_errors
@@ -157,6 +158,13 @@ class SweepSpec(Strict):
         gt=0,
         description="Backends that count dollars: once the realized cost reaches this, no new run or attempt starts.",
     )
+    deadline: str | None = Field(
+        None,
+        description=(
+            "aws: when every run must be done — a time with its zone (2026-12-11T18:00Z) or a duration from the first "
+            "launch (90m, 36h, 2d); spot buys on-demand only when the schedule needs it (docs/guides/deadline.md)."
+        ),
+    )
     store: str = Field(
         "",
         description=(
@@ -202,6 +210,16 @@ class SweepSpec(Strict):
     notify: list[NotifySink] | None = Field(
         None, description="Where the sweep tells what matters (failed, ended, target, best, budget, …): Apprise URLs."
     )
+
+    @field_validator("deadline", mode="before")
+    @classmethod
+    def _deadline(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return deadlines.parse(value).text
+        except deadlines.BadDeadline as exc:
+            raise PydanticCustomError("deadline", "{why}", {"why": str(exc)}) from None
 
     @field_validator("backend")
     @classmethod

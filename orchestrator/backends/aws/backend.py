@@ -263,6 +263,15 @@ class AwsBackend(BackendBase):
     def learn(self, statuses: dict[str, RunStatus]) -> None:
         self.state.work.learn(statuses)  # the attempts' work rates (backends/aws/work.py)
 
+    def buy_on_demand(self, runs: frozenset[str]) -> None:
+        self.state.on_demand = runs  # one assignment: the provisioning threads read it (state.markets_for)
+
+    def markets(self) -> dict[str, str]:
+        return self.state.ledger.markets()
+
+    def switch_s(self) -> float | None:
+        return self.state.work.switch_s() or self.cfg.switch_s  # measured, else `aws.switch_s` (assumed)
+
     def run_of_instance(self, host_id: str) -> str | None:
         inst = listing.instance_of(self.state, host_id)
         return inst["run"] if inst else None

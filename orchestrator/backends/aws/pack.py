@@ -160,7 +160,7 @@ class Packer:
         region, (got, slots) = first_region_with_capacity(
             cfg.regions,
             lambda r: self._acquire_in(
-                r, setup if r == cfg.regions[0] else bootstrap(st, r), user_data, host_public, value
+                r, setup if r == cfg.regions[0] else bootstrap(st, r), user_data, host_public, value, task.run_id
             ),
         )
         st.where[got.instance_id] = region
@@ -184,7 +184,7 @@ class Packer:
         )
         return got.instance_id, 0, host_public
 
-    def _acquire_in(self, region: str, setup: dict, user_data: str, host_public: str, value: str):
+    def _acquire_in(self, region: str, setup: dict, user_data: str, host_public: str, value: str, run_id: str):
         """(instance, its slots) of the best type with capacity in `region`, in the order that region's own spot
         prices rank them (setup's pack_order); the last type's refusal when none has any."""
         st = self.state
@@ -196,7 +196,7 @@ class Packer:
                 {"Key": f"{SLOT_TAG}0", "Value": value},
                 {"Key": "Name", "Value": f"orch {st.name} shared ({choice.slots} runs)"},
             ]
-            base = (setup["template"], setup["base"], user_data, pools, fleet.markets(st.cfg.market), tags)
+            base = (setup["template"], setup["base"], user_data, pools, st.markets_for(run_id), tags)
             try:
                 return fleet.acquire(st.part(region).ec2, *base, st.blocklist), choice.slots
             except fleet.CapacityUnavailable as exc:

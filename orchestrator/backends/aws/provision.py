@@ -67,7 +67,7 @@ class Provisioner:
                 {"Key": "Name", "Value": f"orch {st.name} {task.run_id} #{task.attempt}"}
             ]
             task = self._with_rung_tags(task, tags)
-            region, got = self.acquire_anywhere(user_data, tags)
+            region, got = self.acquire_anywhere(user_data, tags, st.markets_for(task.run_id))
             ec2 = st.part(region).ec2
             got.sort(key=lambda g: g.instance_id)  # node ranks: the order list() sees them in
             ids = [g.instance_id for g in got]
@@ -102,7 +102,7 @@ class Provisioner:
             if not reported:  # else it stays pending until the controller took the outcome (never looks hostless)
                 st.provisioned(task.run_id)
 
-    def acquire_anywhere(self, user_data: str, tags: list[dict]) -> tuple[str, list]:
+    def acquire_anywhere(self, user_data: str, tags: list[dict], markets: list[str]) -> tuple[str, list]:
         """(region, instances) from the first region, in the sweep's order, that has capacity: a region whose every
         pool answers a capacity error (or its quota) hands over to the next one in the same pass. Raises the first
         region's refusal when none has any."""
@@ -117,7 +117,7 @@ class Provisioner:
                 setup["base"],
                 user_data,
                 st.work.weigh(setup["choices"], lambda t, az: st.ledger.prices.price(t, az, "spot")),
-                fleet.markets(cfg.market),
+                markets,
                 tags,
                 st.blocklist,
             )

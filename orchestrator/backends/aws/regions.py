@@ -9,7 +9,7 @@ from collections.abc import Callable
 from orchestrator.backends.aws.cloud import ec2 as api
 from orchestrator.backends.aws.settings import AwsSection
 from orchestrator.errors import OrchError
-from orchestrator.store.s3url import is_s3
+from orchestrator.store.s3url import is_s3, parse_s3
 from orchestrator.sweep.load import located, located_as
 from orchestrator.sweep.spec import Sweep
 
@@ -64,3 +64,26 @@ def check_types_offered(sweep: Sweep, ec2_of: Callable[[str], object]) -> None:
             "--region REGION --location-type availability-zone`). Nothing was launched.",
             exit_code=2,
         )
+
+
+def data_bytes(sweep: Sweep, region: str) -> int | None:
+    """The bytes of the sweep's `data:` a host stages (S3 sources, as on aws), from the index `orch data push` leaves
+    in the prefix (one GET each); None when any is unknown (not pushed by orch, or not readable)."""
+    import json
+
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from orchestrator.store.s3 import SYNC_INDEX
+
+    total = 0
+    for e in sweep.spec.data or []:
+        if not is_s3(e.source):
+            return None
+        where = parse_s3(e.source)
+        try:
+            s3 = api.client("s3", region)
+            body = s3.get_object(Bucket=where.bucket, Key=where.folder + SYNC_INDEX)["Body"].read()
+            total += sum(int(v.get("size", 0)) for v in json.loads(body).values())
+        except (ClientError, BotoCoreError, ValueError, AttributeError, TypeError):
+            return None
+    return total

@@ -142,6 +142,14 @@ class AwsSection(Strict):
         ),
     )
     boot_timeout_s: Amount = Field(600, gt=0, description="How long to wait for an instance's sshd.")
+    switch_s: Amount = Field(
+        300,
+        gt=0,
+        description=(
+            "`deadline:` — seconds a run needs to move to a new instance (boot + restore), assumed until the sweep "
+            "has measured its own; also the schedule's margin."
+        ),
+    )
     heartbeat_s: Amount = Field(
         60,
         gt=0,

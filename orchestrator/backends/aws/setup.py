@@ -12,7 +12,7 @@ from orchestrator.backends.aws.cloud import fleet, groups, iam
 from orchestrator.backends.aws.cloud import images as orch_images
 from orchestrator.backends.aws.cloud.images import resolve_image
 from orchestrator.backends.aws.cloud.pricing import on_demand_quote, transfer_rate
-from orchestrator.backends.aws.regions import check_regions, check_types_offered, home_region, settings
+from orchestrator.backends.aws.regions import check_regions, check_types_offered, data_bytes, home_region, settings
 from orchestrator.backends.aws.state import ProvisioningState
 from orchestrator.errors import OrchError
 from orchestrator.store.s3url import is_s3, parse_s3
@@ -269,6 +269,11 @@ def _hour(market: str, instance_type: str, spot: float | None, region: str) -> t
     return max(spot, demand), how
 
 
+def bought(state: ProvisioningState) -> str:
+    """The markets a launch may buy: `aws.market`'s, and on-demand too with a `deadline:` (control/schedule.py)."""
+    return "spot-then-on-demand" if state.sweep.spec.deadline and state.cfg.market == "spot" else state.cfg.market
+
+
 def _region_rows(state: ProvisioningState, region: str) -> list[dict]:
     """The (type, AZ) choices of one region with its own spot prices and on-demand prices."""
     cfg = state.cfg
@@ -280,7 +285,7 @@ def _region_rows(state: ProvisioningState, region: str) -> list[dict]:
     rows = []
     for t in cfg.instance_types:
         for az in azs:
-            hour, how = _hour(cfg.market, t, prices.get((t, az)), region)
+            hour, how = _hour(bought(state), t, prices.get((t, az)), region)
             rows.append(
                 {"type": t, "az": az, "region": region, "spot_usd_per_h": prices.get((t, az)), "gpus": gpus.get(t)}
                 | {"usd_per_h": hour, "on_demand_priced": how}
@@ -345,7 +350,7 @@ def plan(state: ProvisioningState) -> dict:
         "image_asked": cfg.image,  # as the sweep names it (an id, a name pattern, recipe:NAME)
         "nodes_per_run": state.nodes,
         "packing": packing,
-        "market": cfg.market,
+        "market": bought(state),
         # unrounded: the words round it up (money.usd at_most); rounded here it fell below the dearest choice's cost
         "estimate_usd_max": dearest * hours * instances if dearest is not None else None,
         "unpriced_choices": len(rows) - len(known),
@@ -375,26 +380,3 @@ def transfer_plan(state: ProvisioningState, home: str) -> dict:
         "rates": {r: {"up": transfer_rate(r, home), "down": transfer_rate(home, r)} for r in away},
         "data_bytes": data_bytes(state.sweep, home) if away else 0,
     }
-
-
-def data_bytes(sweep: Sweep, region: str) -> int | None:
-    """The bytes of the sweep's `data:` a host stages (S3 sources, as on aws), from the index `orch data push` leaves
-    in the prefix (one GET each); None when any is unknown (not pushed by orch, or not readable)."""
-    import json
-
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    from orchestrator.store.s3 import SYNC_INDEX
-
-    total = 0
-    for e in sweep.spec.data or []:
-        if not is_s3(e.source):
-            return None
-        where = parse_s3(e.source)
-        try:
-            s3 = api.client("s3", region)
-            body = s3.get_object(Bucket=where.bucket, Key=where.folder + SYNC_INDEX)["Body"].read()
-            total += sum(int(v.get("size", 0)) for v in json.loads(body).values())
-        except (ClientError, BotoCoreError, ValueError, AttributeError, TypeError):
-            return None
-    return total

@@ -88,6 +88,8 @@ class ProvisioningState:
     packing: bool = False  # runs share multi-GPU instances (decided at bootstrap: orchestrator/sweep/packing.py)
     recipe_sha: str = ""  # `image: recipe:NAME` over several regions: the build every region's hosts use (setup.py)
     work: Any = None  # the sweep's work rates (backends/aws/work.py: WorkBook), made with the state
+    # `deadline:`: runs whose next host must be on-demand (the controller's schedule, replaced each pass)
+    on_demand: frozenset[str] = frozenset()
 
     # Guarded by `pack_lock`: one placement on a shared instance at a time (pack.py).
     pack_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -119,6 +121,11 @@ class ProvisioningState:
         """The EC2 client of the region the instance is in (the first region's when unknown)."""
         region = self.where.get(instance_id)
         return self.parts[region].ec2 if region in self.parts else self.ec2
+
+    def markets_for(self, run_id: str) -> list[str]:
+        """The markets an acquisition for `run_id` asks, in order: `aws.market`'s, or on-demand alone when the
+        deadline's schedule needs this run on on-demand now (control/schedule.py)."""
+        return ["on-demand"] if run_id in self.on_demand else fleet.markets(self.cfg.market)
 
     @property
     def cfg(self) -> AwsSection:

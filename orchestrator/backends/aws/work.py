@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from dataclasses import replace
+from statistics import median
 from typing import Any
 
 from orchestrator.backends.aws.cloud import worth
@@ -83,6 +84,12 @@ class WorkBook:
                     doc["boots"][key], changed = round(boot, 1), True
             if changed:
                 put_json(self.store, self.key, doc)
+
+    def switch_s(self) -> float | None:
+        """The median measured boot + restore of the sweep's attempts (what moving a run costs), None before one."""
+        with self.lock:
+            boots = [float(b) for b in self.doc()["boots"].values() if isinstance(b, (int, float))]
+        return median(boots) if boots else None
 
     def ranked(self, pools: list[tuple[str, str]], price_of) -> list[worth.PoolWorth]:
         """Every pool's worth now, best first (cloud/worth.py)."""

@@ -364,6 +364,18 @@ class CostLedger:
         with self.lock:
             return ledger_cost(self.entries, now=time.time())
 
+    def markets(self) -> dict[str, str]:
+        """run -> the market of the instance of its newest attempt (a shared instance: each of its runs)."""
+        newest: dict[str, tuple[int, str]] = {}
+        with self.lock:
+            for e in self.entries.values():
+                if not isinstance(e, dict) or e.get("role"):
+                    continue
+                for run, attempt in attempts_on(e):
+                    if attempt >= newest.get(run, (-1, ""))[0]:
+                        newest[run] = (attempt, str(e.get("market") or ""))
+        return {run: market for run, (_, market) in newest.items()}
+
     def places(self) -> dict[str, dict[int, str]]:
         """run -> {attempt: region} of what this ledger holds (attempt_regions)."""
         with self.lock:

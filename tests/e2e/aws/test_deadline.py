@@ -1,0 +1,100 @@
+"""`deadline:` through `orch launch` on the fake cloud: with spot refused, the runs wait on spot until the schedule
+needs them and are then bought on-demand, finishing before the deadline; an easy deadline buys no on-demand; a
+deadline the work cannot meet even all on-demand is refused by the dry run with the shortfall, and one in the past by
+the launch, before anything is made."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.conftest import run_states
+from tests.fakecloud import BUCKET
+from tests.fakecloud.sweeps import smoke
+
+pytestmark = pytest.mark.slow
+
+
+def _ledger(cloud, name: str) -> dict:
+    key = f"sweeps/{name}/cost.json"
+    return json.loads(cloud.client("s3").get_object(Bucket=BUCKET, Key=key)["Body"].read())
+
+
+def _launched_at(cloud, name: str) -> float:
+    key = f"sweeps/{name}/sweep.json"
+    return json.loads(cloud.client("s3").get_object(Bucket=BUCKET, Key=key)["Body"].read())["launched_at"]
+
+
+@pytest.mark.timeout(400)
+def test_spot_refused_moves_runs_to_on_demand_only_when_the_schedule_needs_it_and_meets_the_deadline(
+    orch, cloud, identity
+):
+    cloud.gate.fleet_errors[("spot", "*", "*")] = "InsufficientInstanceCapacity"  # spot never there
+    path = smoke(
+        orch,
+        identity,
+        "due",
+        command="sleep 2",
+        grid={"lr": [1, 2]},
+        timeout_minutes=0.5,  # each run: 30 s at most, assumed until one finished
+        deadline="80s",
+        aws_switch_s=10,
+    )
+    dry = orch("launch", str(path), "--dry-run")
+    assert dry.code == 0, dry.out + dry.err
+    assert re.search(r"deadline \S+ \(\d+s from now\): 2 runs left, 0\.5 min each, assumed", dry.out), dry.out
+    assert "would move to on-demand" in dry.out and "spot-then-on-demand price" in dry.out, dry.out
+    r = orch("launch", str(path), timeout=300)
+    assert r.code == 0, r.out + r.err
+    states = run_states(orch, "due")
+    assert all(s["state"] == "succeeded" for s in states.values()), states
+    at = _launched_at(cloud, "due")
+    deadline = at + 80
+    ledger = _ledger(cloud, "due")
+    assert sorted(e["market"] for e in ledger.values()) == ["on-demand", "on-demand"], ledger
+    # the latest start of each: 80 s less the 10 s margin, less 30 s of work and a 10 s switch = 30 s after the
+    # launch; a pass buys up to 10 s ahead (schedule.PASS_SLACK_S): no on-demand hour before the schedule needed it
+    starts = sorted(e["start"] - at for e in ledger.values())
+    assert all(s >= 30 - 10 - 0.5 for s in starts), starts
+    assert all(s["finished_at"] < deadline for s in states.values()), (deadline, states)
+    shown = json.loads(orch("status", "due", "--json").out)["deadline"]
+    assert shown["deadline"] == pytest.approx(deadline) and shown["work_left_s"] == 0
+    c = orch("collect", "due", "--out", str(orch.tmp / "due-results"))
+    assert c.code == 0, c.out + c.err
+    assert re.search(r"deadline: met, \d+s to spare", c.out), c.out
+    bought = json.loads((orch.tmp / "due-results" / "runs.json").read_text())["deadline"]
+    assert bought["usd"]["spot"] == 0 and bought["usd"]["on-demand"] > 0
+    assert bought["all_spot_usd"] < bought["usd"]["on-demand"] == pytest.approx(bought["all_on_demand_usd"])
+    orch("down", "due")
+
+
+@pytest.mark.timeout(300)
+def test_an_easy_deadline_buys_no_on_demand_and_one_that_cannot_be_met_is_refused_with_the_shortfall(
+    orch, cloud, identity
+):
+    easy = smoke(orch, identity, "easy", command="true", grid={"lr": [1]}, timeout_minutes=1, deadline="2d")
+    r = orch("launch", str(easy), timeout=200)
+    assert r.code == 0, r.out + r.err
+    assert [e["market"] for e in _ledger(cloud, "easy").values()] == ["spot"]
+    assert "on schedule" in orch("status", "easy").out
+    # 4 runs of 15 min on 2 slots need 2 x (15 min + 5 min to start) = 40 min: an hour's deadline is met...
+    fits = smoke(orch, identity, "fits", command="true", grid={"lr": [1, 2, 3, 4]}, timeout_minutes=15, deadline="1h")
+    ok = orch("launch", str(fits), "--dry-run")
+    assert ok.code == 0 and "4 runs left, 15.0 min each" in ok.out, ok.out + ok.err
+    # ... 30 minutes is not: 10 min short (the dry run says by how much, at the field's line)
+    hard = smoke(orch, identity, "hard", command="true", grid={"lr": [1, 2, 3, 4]}, timeout_minutes=15, deadline="30m")
+    no = orch("launch", str(hard), "--dry-run")
+    assert no.code == 2 and "Traceback" not in no.err, no.out + no.err
+    assert re.search(r"hard\.yaml:\d+: deadline: cannot be met even with every run on on-demand", no.err), no.err
+    assert "about 10m after it" in no.err, no.err
+    past = smoke(
+        orch, identity, "past", command="true", grid={"lr": [1]}, timeout_minutes=1, deadline="2020-01-01T00:00Z"
+    )
+    late = orch("launch", str(past))
+    assert late.code == 2 and "in the past" in late.err, late.out + late.err
+    assert not cloud.client("ec2").describe_launch_templates(
+        Filters=[{"Name": "launch-template-name", "Values": ["orch-past"]}]
+    )["LaunchTemplates"]  # refused before anything was made
+    orch("down", "easy")
