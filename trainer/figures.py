@@ -9,8 +9,8 @@ fast` end to end, `fast` compiled with CUDA graphs (`--compile true --compile-mo
 reduce-overhead`, compilation outside the clock), `fast-muon`, `resnet9` and `dawnbench-rn18` end
 to end, then the achieved TFLOP/s of the fast, resnet9 and dawnbench-rn18 steps
 (`python -m trainer.bench`). Prints a Markdown table; `--json FILE` keeps every figure. A row
-that cannot run here (airbench without CUDA) says why and the others still run. `--small`: 1,000 +
-200 images, one epoch, narrow nets, no compiled row: it checks the command, not the speed.
+that cannot run here (airbench without CUDA) says why and the others still run. `--small`: 400 +
+100 images, one epoch, narrow nets, one thread, no compiled row: it checks the command, not the speed.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from pathlib import Path
 
 from . import bench, bench_reference
 
-SMALL_ARGS = ["--epochs", "1", "--width", "0.25", "--batch-size", "100", "--threads", "2"]
+SMALL_ARGS = ["--epochs", "1", "--width", "0.25", "--batch-size", "100", "--threads", "1"]
 GRAPHS = ["--compile", "true", "--compile-mode", "reduce-overhead"]
 
 
 def rows(data_dir: str | None, small: bool) -> list[dict]:
-    n_train, n_test = (1000, 200) if small else (50_000, 10_000)
+    n_train, n_test = (400, 100) if small else (50_000, 10_000)
     root = bench_reference.prepare_data(data_dir, n_train, n_test)
     try:
         return _measure(root, small)

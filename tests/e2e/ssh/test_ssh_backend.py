@@ -348,13 +348,20 @@ def test_gc_lists_what_a_finished_sweep_left_on_the_hosts_and_down_removes_it(or
 
 
 @pytest.mark.timeout(400)
-def test_chaos_drop_and_interrupt_each_resume_the_run_on_a_host(orch, hosts):
+def test_chaos_drop_and_interrupt_each_resume_the_run_on_a_host(orch, hosts, tmp_path):
     """`orch chaos drop`: the host goes without notice, the run resumes from its newest stored checkpoint; then
-    `orch chaos interrupt`: the notice, a checkpoint, and the run resumes again (a preemption, not a failure)."""
-    from tests.e2e.local.test_spot import TRAIN
+    `orch chaos interrupt`: the notice, a checkpoint, and the run resumes again (a preemption, not a failure).
 
+    The run is a counter of half-second steps that checkpoints every 10 and on SIGUSR1, not the trainer: what is
+    tested is orch's path, and a trainer run resumed near its end once finished before the notice was handled
+    (beside two CPU hogs: attempt 2 succeeded, `chaos interrupt` waited its 120 s). 80 steps leave the interrupt
+    half a minute of wall time whatever the load."""
+    from tests.e2e.slurm.test_slurm_backend import COUNTER
+
+    counter = tmp_path / "counter.py"
+    counter.write_text(COUNTER)
     path = orch.sweep(
-        f'name: dropped\ncommand: "{TRAIN}"\nworkdir: null\nstore: store\nmax_restarts: 0\n'
+        f'name: dropped\ncommand: "{{python}} {counter} 80"\nworkdir: null\nstore: store\nmax_restarts: 0\n'
         f"backend: ssh\n{hosts.section()}"
     )
     assert orch("launch", str(path), "--detach").code == 0

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator.backends.registry import load_sweep
 from orchestrator.backends.slurm.settings import time_seconds
+from orchestrator.errors import SpecError
 from tests.conftest import no_traceback
 
 
@@ -28,12 +30,20 @@ from tests.conftest import no_traceback
         ("slurm:\n  partitions: gpu\n", 5, "partitions"),
     ],
 )
-def test_a_wrong_slurm_section_is_refused_with_where_and_the_fix(orch, section, line, says):
-    path = orch.sweep('name: bad\ncommand: "true"\nbackend: slurm\n' + section)
+def test_a_wrong_slurm_section_is_refused_with_where_and_the_fix(tmp_path, section, line, says):
+    path = tmp_path / "sweep.yaml"
+    path.write_text('name: bad\ncommand: "true"\nbackend: slurm\n' + section)
+    with pytest.raises(SpecError) as refused:  # what `orch launch` loads a sweep file with (the CLI's refusal below)
+        load_sweep(path)
+    assert f"sweep.yaml:{line}:" in str(refused.value) and says in str(refused.value), str(refused.value)
+
+
+def test_the_cli_refuses_a_wrong_slurm_section_with_exit_2_and_no_traceback(orch):
+    path = orch.sweep('name: bad\ncommand: "true"\nbackend: slurm\nslurm:\n  time: 90 minutes\n')
     r = orch("launch", str(path), "--dry-run")
     assert r.code == 2, r.out + r.err
     no_traceback(r)
-    assert f"sweep.yaml:{line}:" in r.err and says in r.err, r.err
+    assert "sweep.yaml:5:" in r.err and "`H:MM:SS`" in r.err, r.err
 
 
 @pytest.mark.parametrize(
