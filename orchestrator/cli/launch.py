@@ -59,7 +59,9 @@ def launch(sweep_file: str, dry_run: bool, detach: bool, every: bool, remote: bo
                 line, note = note, None
             con.print(line, markup=False)
         return
-    if remote:
+    if remote:  # a deadline in the past or out of reach is refused here too, before anything is bought
+        for line in control.check_deadline(sweep, backend_for(sweep), control.existing_store(sweep)):
+            con.print(line, markup=False)
         remote_controller.launch_remote(con, sweep)
         return
     note = control.code_note(sweep)  # before the launch records a new sweep's code

@@ -33,7 +33,7 @@ from orchestrator.errors import OrchError
 from orchestrator.store import layout
 from orchestrator.store import lifecycle as life
 from orchestrator.store.base import Store, get_json, put_json
-from orchestrator.store.status import CORRUPT, QUEUED
+from orchestrator.store.status import CORRUPT, QUEUED, RUNNING
 from orchestrator.sweep import record as sweep_record
 from orchestrator.sweep.spec import Sweep
 from orchestrator.wait import retry_until
@@ -181,16 +181,24 @@ class Controller(Verdicts):
         self.backend.buy_on_demand(plan.on_demand | plan.move)
         if plan.on_demand:
             log.info("deadline: %s on on-demand (%s)", ", ".join(sorted(plan.on_demand)), view.line(now))
-        for rid in sorted(plan.move):  # a reclaim of it on spot would make the sweep late: it checkpoints and moves
-            attempt = self.table.status[rid].attempt if rid in self.table.status else 0
-            if (rid, attempt) not in self._moved:
-                self._moved.add((rid, attempt))
-                log.info("deadline: moving %s to on-demand (%s)", rid, view.line(now))
-                try:
-                    self.backend.notify_interruption(rid)
-                except Exception as exc:  # its host may be going: the next pass sees it
-                    log.warning("deadline: could not tell %s to move: %s", rid, exc)
+        for rid, where in [(r, "to on-demand") for r in sorted(plan.move)] + [(r, "back to spot") for r in plan.back]:
+            self._move(rid, where, view.line(now))  # it checkpoints (as on a spot notice); its next host is there
         return view
+
+    def _move(self, rid: str, where: str, why: str) -> None:
+        """`deadline:` — a run's agent told to checkpoint and end its attempt, once per attempt (schedule.py)."""
+        status = self.table.status.get(rid)
+        if status is None or status.state != RUNNING or (rid, status.attempt) in self._moved:
+            return  # its agent has not started (a notice before it would be lost), or it was told already
+        attempt = status.attempt
+        try:
+            told = self.backend.notify_interruption(rid)  # False: no host listed yet (still being bought)
+        except Exception as exc:  # its host may be going: the next pass sees it
+            log.warning("deadline: could not tell %s to move: %s", rid, exc)
+            return
+        if told:
+            self._moved.add((rid, attempt))
+            log.info("deadline: moving %s %s (%s)", rid, where, why)
 
     def _due_every(self, what: str, period: float, now: float) -> bool:
         """On a metered store, whether `what` is due (read at most every `period`); always on a folder."""

@@ -19,8 +19,9 @@ before the deadline if it all went on-demand from now, on-demand once waiting lo
 - A run on spot is moved to on-demand (it checkpoints, as on a spot notice, and its next host is on-demand) when a
   reclaim of it now — `loss_s` of its work lost (default: `switch_s`) and a move — would leave the sweep behind:
   the benchmark missed deadlines without these moves. The MOVE_CHECKS runs with most work left are asked.
-- A run on on-demand stays there until it ends: moving it back to spot costs a restore, and a reclaim after that
-  could make it late. Each pass starts over from the records, so a sweep that spot put ahead waits on spot again.
+- A run on on-demand goes back to spot (the same notice; its next host is bought as `aws.market` says) when the
+  sweep would still be a move ahead of its switch moment with that run waiting again, and its work left is worth
+  BACK_MIN_SWITCHES moves; one a pass, the one with most work left. Each pass starts over from the records.
 - Behind: the switch moment has passed. The deadline cannot be met when, even all on-demand from now with nothing
   reclaimed, the last run would end after it (the shortfall says by how much).
 """
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 
 PASS_SLACK_S = 10.0  # a switch moment before the next passes is now
 SEARCH_STEPS = 20  # bisection steps for the switch moment (the window / 2**20: a second for 12 days)
+BACK_MIN_SWITCHES = 3  # a run on on-demand goes back to spot only with at least this many moves' work left
 MOVE_CHECKS = 8  # runs on spot asked "would a reclaim now make the sweep late?" each pass: those with most work left
 
 
@@ -55,6 +57,7 @@ class Schedule:
     switch_at: float | None  # the latest moment the waiting runs may still wait on spot (None: none waits)
     on_demand: frozenset[str] = frozenset()  # runs waiting for a host that must get an on-demand one now
     move: frozenset[str] = frozenset()  # runs on spot that a reclaim now would make late: moved to on-demand
+    back: frozenset[str] = frozenset()  # a run on on-demand the sweep is far enough ahead to move back to spot
     behind_s: float = 0.0  # how long the switch moment has passed (0: on schedule)
     shortfall_s: float = 0.0  # > 0: even all on-demand from now, the last run ends this long after the deadline
 
@@ -116,9 +119,24 @@ def plan(
         switch_at=at,
         on_demand=waiting if due else frozenset(),
         move=move,
+        back=frozenset() if due or move else _back_to_spot(runs, slots, now, switch_s, end),
         behind_s=max(0.0, now - at) if at is not None else 0.0,
         shortfall_s=max(0.0, finish(runs, slots, now, switch_s, now, keep=True) - deadline),
     )
+
+
+def _back_to_spot(runs: list[RunWork], slots: int, now: float, switch_s: float, end: float) -> frozenset[str]:
+    """The run on on-demand with most work left, when the sweep stays a move ahead of its switch moment with that run
+    waiting for spot again (and its work left is worth a move: BACK_MIN_SWITCHES of them); at most one a pass."""
+    on_demand = sorted((r for r in runs if r.hosted and r.on_demand), key=lambda r: (-r.left_s, r.run_id))
+    for r in on_demand[:1]:
+        if r.left_s < BACK_MIN_SWITCHES * switch_s:
+            continue
+        waiting = [RunWork(x.run_id, x.left_s) if x is r else x for x in runs]
+        at = switch_moment(waiting, slots, now, switch_s, end)
+        if at is not None and at >= now + PASS_SLACK_S + switch_s:
+            return frozenset({r.run_id})
+    return frozenset()
 
 
 def _late_if_reclaimed(

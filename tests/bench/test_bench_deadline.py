@@ -77,11 +77,12 @@ def simulate(policy: str, seed: int, deadline_min: float) -> tuple[bool, float]:
             if r.where == "spot" and (not spot[minute] or rng.random() < reclaims_h / 60):
                 r.left = min(WORK_MIN, r.left + r.since_ckpt)
                 r.where, r.since_ckpt, r.booting = "", 0.0, 0.0
-        must, move = _on_demand_now(policy, live, minute, deadline_min)
-        for r in live:  # a spot run whose latest start came checkpoints and moves to on-demand
-            if id(r) in move:
+        must, move, back = _on_demand_now(policy, live, minute, deadline_min)
+        for r in live:  # told to move (to on-demand, or back to spot): it checkpoints and waits for its next host
+            if id(r) in move or id(r) in back:
                 r.where, r.since_ckpt, r.booting = "", 0.0, 0.0
-                must.add(id(r))
+                if id(r) in move:
+                    must.add(id(r))
         waiting = [r for r in live if not r.where]
         free = SLOTS - (len(live) - len(waiting))
         # as orch's controller: the runs it must buy on-demand, then those with progress (retried) before new ones
@@ -107,10 +108,11 @@ def simulate(policy: str, seed: int, deadline_min: float) -> tuple[bool, float]:
     return False, dollars
 
 
-def _on_demand_now(policy: str, live: list[Run], minute: int, deadline_min: float) -> tuple[set[int], set[int]]:
-    """(waiting runs to buy on-demand, spot runs to move there) as the controller's plan() says this minute."""
+def _on_demand_now(policy: str, live: list[Run], minute: int, deadline_min: float) -> tuple[set, set, set]:
+    """(waiting runs to buy on-demand, spot runs to move there, an on-demand run to move back to spot) as the
+    controller's plan() says this minute."""
     if policy != "deadline":
-        return set(), set()
+        return set(), set(), set()
     # what the controller knows: a run's work left; an on-demand one's boot is part of it, a spot one's is the
     # move the schedule already counts for it
     works = [
@@ -118,9 +120,10 @@ def _on_demand_now(policy: str, live: list[Run], minute: int, deadline_min: floa
         for r in live
     ]
     s = plan(works, SLOTS, deadline_min * 60, minute * 60, SWITCH_MIN * 60)  # as the controller calls it
-    return {int(rid) for rid in s.on_demand}, {int(rid) for rid in s.move}
+    return {int(rid) for rid in s.on_demand}, {int(rid) for rid in s.move}, {int(rid) for rid in s.back}
 
 
+@pytest.mark.timeout(1800)  # 3 slacks x 120 traces x 3 policies: ~5 minutes alone on one core
 def test_the_deadline_rule_meets_every_deadline_at_a_fraction_of_on_demand():
     figures = {}
     for slack in SLACKS:

@@ -92,9 +92,48 @@ def test_an_easy_deadline_buys_no_on_demand_and_one_that_cannot_be_met_is_refuse
     past = smoke(
         orch, identity, "past", command="true", grid={"lr": [1]}, timeout_minutes=1, deadline="2020-01-01T00:00Z"
     )
-    late = orch("launch", str(past))
-    assert late.code == 2 and "in the past" in late.err, late.out + late.err
-    assert not cloud.client("ec2").describe_launch_templates(
-        Filters=[{"Name": "launch-template-name", "Values": ["orch-past"]}]
-    )["LaunchTemplates"]  # refused before anything was made
+    for how in ((), ("--remote",)):  # on this machine, and before a remote controller is bought
+        late = orch("launch", str(past), *how)
+        assert late.code == 2 and "in the past" in late.err and "Traceback" not in late.err, late.out + late.err
+    ec2 = cloud.client("ec2")
+    assert not ec2.describe_launch_templates(Filters=[{"Name": "launch-template-name", "Values": ["orch-past"]}])[
+        "LaunchTemplates"
+    ]  # refused before anything was made
+    assert not [
+        i
+        for r in ec2.describe_instances()["Reservations"]
+        for i in r["Instances"]
+        if i["State"]["Name"] in ("pending", "running") and any(t["Value"] == "past" for t in i.get("Tags", []))
+    ]
     orch("down", "easy")
+
+
+@pytest.mark.timeout(400)
+def test_a_run_on_spot_that_a_reclaim_would_make_late_is_moved_to_on_demand_from_its_checkpoint(orch, cloud, identity):
+    """Spot is there and the deadline leaves room to start on spot; as the run goes on without reporting progress
+    (its lines carry no `elapsed_s`: its work left stays the assumed 60 s) the room shrinks until a reclaim (its lost
+    work and a move) would make it late: the controller tells it to checkpoint, and its next attempt is bought
+    on-demand and resumes from that checkpoint — an interruption, not a failure."""
+    from tests.e2e.slurm.test_slurm_backend import COUNTER
+
+    (orch.tmp / "counter.py").write_text(COUNTER)
+    # first pass (the move assumed 20 s): it needs 80 s and has 120 - 20: it waits for spot, which is there; once
+    # the boot is measured (a few seconds here) a reclaim would need 60 s + 2 moves: late from ~40 s after the launch
+    path = smoke(
+        orch,
+        identity,
+        "moved",
+        command="python3 counter.py 100",  # 50 s of half-second steps
+        grid={"lr": [1]},
+        timeout_minutes=1,
+        deadline="120s",
+        aws_switch_s=20,
+    )
+    r = orch("launch", str(path), timeout=300)
+    assert r.code == 0, r.out + r.err
+    run = run_states(orch, "moved")["lr=1"]
+    assert (run["state"], run["attempt"], run["failures"], run["preemptions"]) == ("succeeded", 2, 0, 1), run
+    entries = sorted(_ledger(cloud, "moved").values(), key=lambda e: e["start"])
+    assert [e["market"] for e in entries] == ["spot", "on-demand"], entries
+    assert "resumed from step" in orch("logs", "moved/lr=1", "--attempt", "2").out
+    orch("down", "moved")

@@ -48,3 +48,13 @@ def test_behind_and_a_deadline_that_cannot_be_met_say_by_how_much():
 def test_the_run_length_is_measured_once_a_run_finished():
     assert run_length([], 600)[0] == 600 and "assumed" in run_length([], 600)[1]
     assert run_length([100, 250], 600) == (250, "measured: the longest of 2 finished run(s)")
+
+
+def test_a_run_on_on_demand_goes_back_to_spot_only_a_move_ahead_and_with_work_worth_a_move():
+    on_demand = [RunWork("a", 3000, hosted=True, on_demand=True)]
+    assert plan(on_demand, 1, deadline=NOW + 100_000, now=NOW, switch_s=60).back == {"a"}
+    # waiting again it needs 3060 s before the margin: the switch moment NOW+80 is a move (60) and a pass (10) ahead
+    assert plan(on_demand, 1, deadline=NOW + 3200, now=NOW, switch_s=60).back == {"a"}
+    assert plan(on_demand, 1, deadline=NOW + 3150, now=NOW, switch_s=60).back == frozenset()  # NOW+30: not enough
+    short = [RunWork("a", 150, hosted=True, on_demand=True)]  # under 3 moves of work left: not worth a move
+    assert plan(short, 1, deadline=NOW + 100_000, now=NOW, switch_s=60).back == frozenset()
