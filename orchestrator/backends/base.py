@@ -149,6 +149,11 @@ class Backend(Protocol):
         """The sweep's measured boot + restore of an attempt (seconds), None before one was measured."""
         ...
 
+    def spot_there(self) -> bool:
+        """Whether spot is likely there now (a `deadline:` moves a run back to spot only then: else it would wait for
+        spot and be bought on-demand again — a move wasted)."""
+        ...
+
 
 class BackendBase:
     """Defaults for the optional parts of the Backend interface."""
@@ -197,3 +202,6 @@ class BackendBase:
 
     def switch_s(self) -> float | None:
         return None
+
+    def spot_there(self) -> bool:
+        return True

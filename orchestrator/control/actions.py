@@ -38,7 +38,8 @@ def observe(sweep: Sweep, backend: Backend, store: Store, every: bool = False) -
     records of live, hosted and touched runs — O(active runs); `every` reads every record instead."""
     name = sweep.spec.name
     order = [run.run_id for run in sweep.runs]
-    views = None if every else summary.read(store, name, order, sweep.spec.target)
+    doc = summary.document(store, name) if not every or sweep.spec.deadline else None  # read once, for both
+    views = None if every else summary.rows(doc, name, order, sweep.spec.target)
     hosts, _ = live_hosts(backend)
     if views is None:
         fresh = order
@@ -59,7 +60,7 @@ def observe(sweep: Sweep, backend: Backend, store: Store, every: bool = False) -
     spend = costs.total(ledger) if costs is not None else 0.0
     with_places(list(views.values()), costs.places(ledger) if costs is not None else {})
     with_whys(list(views.values()), costs.whys(ledger) if costs is not None and costs.whys is not None else {})
-    timely = deadline.read(summary.deadline_of(store, name)) if sweep.spec.deadline else None
+    timely = deadline.read(summary.deadline_in(doc, name)) if sweep.spec.deadline else None
     return Progress(
         sweep=name,
         runs=[views[rid] for rid in order],

@@ -219,6 +219,7 @@ def _deadline(sweep: Sweep, store: Store, reader, ledger: dict | None, statuses:
     import time
 
     from orchestrator.control import deadline
+    from orchestrator.control.raised import budget_stopped
     from orchestrator.store.base import get_json
     from orchestrator.store.lifecycle import FINAL
     from orchestrator.store.status import FAILED
@@ -230,7 +231,8 @@ def _deadline(sweep: Sweep, store: Store, reader, ledger: dict | None, statuses:
     at = deadline.moment(sweep.spec, float(launched) if isinstance(launched, (int, float)) else time.time())
     done = all(st.state in FINAL or st.state == FAILED for st in statuses.values())
     ends = [st.finished_at for st in statuses.values()]
-    out = {"deadline": at, "outcome": deadline.outcome(at or 0.0, ends, done, time.time())}
+    unrun = sum(1 for st in statuses.values() if budget_stopped(st))
+    out = {"deadline": at, "outcome": deadline.outcome(at or 0.0, ends, done, time.time(), unrun)}
     if reader is not None and ledger is not None:
         out |= deadline.markets_bought(ledger, reader.on_demand)
     return out

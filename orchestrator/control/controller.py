@@ -181,7 +181,8 @@ class Controller(Verdicts):
         self.backend.buy_on_demand(plan.on_demand | plan.move)
         if plan.on_demand:
             log.info("deadline: %s on on-demand (%s)", ", ".join(sorted(plan.on_demand)), view.line(now))
-        for rid, where in [(r, "to on-demand") for r in sorted(plan.move)] + [(r, "back to spot") for r in plan.back]:
+        back = sorted(plan.back) if plan.back and self.backend.spot_there() else []  # else it would wait for spot
+        for rid, where in [(r, "to on-demand") for r in sorted(plan.move)] + [(r, "back to spot") for r in back]:
             self._move(rid, where, view.line(now))  # it checkpoints (as on a spot notice); its next host is there
         return view
 

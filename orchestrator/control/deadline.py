@@ -18,7 +18,8 @@ from orchestrator.sweep.spec import Sweep, SweepSpec
 
 log = logging.getLogger("orch.control")
 
-CLOCKS = ("elapsed_s", "elapsed")  # a run's own clock in its metrics lines: its progress, in seconds of work
+CLOCKS = ("elapsed_s", "elapsed")  # a run's own clock in its metrics lines: its work done, in seconds (host/attempt.py
+# adds `time` for a rate: a Unix timestamp measures a rate between two lines, never the work done)
 DEFAULT_SWITCH_S = 300.0  # a boot and a restore, until the sweep has measured its own (backend.switch_s())
 
 
@@ -190,14 +191,17 @@ def markets_bought(ledger: dict, on_demand_of) -> dict:
     return {"usd": spent, "hours": hours, "all_spot_usd": all_spot, "all_on_demand_usd": all_od}
 
 
-def outcome(at: float, finished: list[float | None], done: bool, now: float) -> str:
-    """Whether the deadline was met: by the last run's end, once every run is final."""
+def outcome(at: float, finished: list[float | None], done: bool, now: float, unrun: int = 0) -> str:
+    """Whether the deadline was met: by the last run's end, once every run is final; not met while runs the budget
+    stopped never ran (`budget_usd` wins over a deadline: their work was not done, however early the rest ended)."""
     if not done:
         return (
             "not yet decided (runs still going)"
             if now < at
             else f"missed: runs still going {deadlines.span(now - at)} after it"
         )
+    if unrun:
+        return f"not met: {unrun} run(s) never ran, stopped by budget_usd (the budget wins over the deadline)"
     last = max((f for f in finished if f is not None), default=None)
     if last is None:
         return "met (no run ran)"

@@ -12,10 +12,11 @@ import math
 from dataclasses import dataclass
 
 from orchestrator.control.collect import best_trial, collect
+from orchestrator.control.raised import BUDGET_STOP
 from orchestrator.control.trials import Trials
 from orchestrator.control.views import Progress, RunView, usd
 from orchestrator.store.base import Store
-from orchestrator.store.status import FAILED
+from orchestrator.store.status import CANCELLED, FAILED
 from orchestrator.sweep.notify import Event
 from orchestrator.sweep.spec import Sweep
 
@@ -151,9 +152,13 @@ def _deadline(progress: Progress) -> list[Message]:
     if not d.on_schedule:
         text = f"{d.line(d.now)}. Runs that would be late are bought on-demand."
         out.append(Message("deadline:behind", Event.DEADLINE, title_of(progress.sweep, "behind its deadline"), text))
+    unrun = [r.run_id for r in progress.runs if r.state == CANCELLED and r.reason.startswith(BUDGET_STOP)]
     if d.now > d.deadline and not progress.done:
         text = f"{d.line(d.now)}; the runs left go on as before."
         out.append(Message("deadline:missed", Event.DEADLINE, title_of(progress.sweep, "deadline missed"), text))
+    elif unrun and progress.done:  # budget_usd wins: the work of these runs is not done by the deadline
+        text = f"{len(unrun)} run(s) never ran: budget_usd was reached first (the budget wins over the deadline)."
+        out.append(Message("deadline:missed", Event.DEADLINE, title_of(progress.sweep, "deadline not met"), text))
     return out
 
 

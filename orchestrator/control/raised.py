@@ -26,12 +26,13 @@ def _raised(before: dict[str, Any], sweep: Sweep) -> tuple[bool, bool]:
     return money, isinstance(restarts, int) and sweep.spec.max_restarts > restarts
 
 
-def _budget_stopped(status: RunStatus) -> bool:
+def budget_stopped(status: RunStatus) -> bool:
+    """A run the budget cancelled before it started."""
     return status.state == CANCELLED and status.reason.startswith(BUDGET_STOP)
 
 
 def _reopen(status: RunStatus) -> RunStatus | None:
-    return life.reopen(status, "queued again: budget raised") if _budget_stopped(status) else None
+    return life.reopen(status, "queued again: budget raised") if budget_stopped(status) else None
 
 
 def give_back(store: Store, sweep: Sweep, before: dict[str, Any]) -> list[str]:
@@ -45,7 +46,7 @@ def give_back(store: Store, sweep: Sweep, before: dict[str, Any]) -> list[str]:
     records = read_many(store, name, [run.run_id for run in sweep.runs if run.run_id in present])
     back = []
     for rid, (status, _) in records.items():
-        if money and _budget_stopped(status):
+        if money and budget_stopped(status):
             if update_status(store, name, rid, _reopen) is not None:
                 back.append(rid)
         elif restarts and status.state == FAILED:

@@ -50,17 +50,25 @@ def write(store: Store, progress: Progress) -> None:
     store.put_bytes(summary_key(progress.sweep), data.encode() + b"\n")
 
 
-def deadline_of(store: Store, sweep: str) -> dict | None:
+def document(store: Store, sweep: str) -> object:
+    """summary.json as read (input: `rows` and `deadline_in` check it), None without one."""
+    return get_json(store, summary_key(sweep))
+
+
+def deadline_in(doc: object, sweep: str) -> dict | None:
     """The `deadline` the controller's last pass published (control/deadline.py reads it), None without one."""
-    doc = get_json(store, summary_key(sweep))
     return doc.get("deadline") if isinstance(doc, dict) and doc.get("sweep") == sweep else None
 
 
 def read(store: Store, sweep: str, run_ids: list[str], target=None) -> dict[str, RunView] | None:
-    """The rows of the summary, one per run of the sweep (runs it lacks show as queued), or None when
+    """The rows of the summary record: `rows` of what `document` reads."""
+    return rows(document(store, sweep), sweep, run_ids, target)
+
+
+def rows(doc: object, sweep: str, run_ids: list[str], target=None) -> dict[str, RunView] | None:
+    """The rows of a summary, one per run of the sweep (runs it lacks show as queued), or None when
     there is none or it cannot be trusted (another version, another sweep, wrong types). Marks of a
     target other than `target` (a relaunch may change it) are dropped: `reached` is None there."""
-    doc = get_json(store, summary_key(sweep))
     if (
         not isinstance(doc, dict)
         or doc.get("version") != VERSION
@@ -68,22 +76,22 @@ def read(store: Store, sweep: str, run_ids: list[str], target=None) -> dict[str,
         or not isinstance(doc.get("runs"), list)
     ):
         return None
-    rows: dict[str, RunView] = {}
+    found: dict[str, RunView] = {}
     try:
         for row in doc["runs"]:
             view = RunView(**{k: v for k, v in row.items() if k in _FIELDS})
             if not _row_ok(view):
                 return None
-            rows[view.run_id] = view
+            found[view.run_id] = view
     except (TypeError, AttributeError, ValueError):  # ValueError: a state this orch does not know
         return None
     if doc.get("target") != target_of(target):
-        for view in rows.values():
+        for view in found.values():
             view.reached = None
     from orchestrator.store.status import QUEUED
 
     return {
-        rid: rows.get(rid)
+        rid: found.get(rid)
         or RunView(run_id=rid, state=QUEUED, attempt=0, failures=0, preemptions=0, elapsed=None, metrics={})
         for rid in run_ids
     }

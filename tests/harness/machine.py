@@ -34,6 +34,7 @@ import math
 import shutil
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import yaml
@@ -43,6 +44,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from orchestrator.backends.aws.cloud.pricing import ledger_cost
 from orchestrator.backends.registry import load_sweep
 from orchestrator.contract import finite
+from orchestrator.control import deadline as deadline_view
 from orchestrator.control.actions import cancel_run, stop_sweep
 from orchestrator.control.code import with_snapshot
 from orchestrator.control.collect import PARAM_PREFIX, collect, write_outputs
@@ -76,7 +78,7 @@ CLASH_VALUE = "given-as-a-param"
 # the default events and the opt-in `interrupted`: with it a run's "interrupted" message was once delivered after
 # "ended" (a relaunch after the loop ended found a run to do again, its record corrupted); such a sweep now ends
 # again, and that end ("ended again (N)") is told after the news (control/notify_events.py: keyed_end)
-NOTIFY_EVENTS = ("ended", "failed", "target", "best", "budget", "interrupted")
+NOTIFY_EVENTS = ("ended", "failed", "target", "best", "budget", "interrupted", "deadline")
 _RECEIVER: list = []  # one JSON webhook receiver for the session (scenarios run one at a time)
 
 
@@ -116,6 +118,7 @@ class Scenario:
     value: str  # search: last | best
     clash: str | None = None  # a param named like one of collect's columns (CLASHES)
     notify: bool = False  # a `notify:` sink: the session's JSON webhook receiver on loopback (NOTIFY_EVENTS)
+    deadline: str | None = None  # `deadline:` from the launch (an aws setting: the simulated cloud buys markets)
 
     def yaml(self) -> dict:
         doc: dict = {
@@ -176,6 +179,8 @@ def scenarios(draw) -> Scenario:
         value=draw(st.sampled_from(["last", "best"])),
         clash=draw(st.sampled_from([None, None, None, *CLASHES])),
         notify=notify,  # each message a post to the session's receiver on loopback
+        # impossible from the start (every run moves to on-demand), tight (a switch moment within the scenario), easy
+        deadline=draw(st.sampled_from([None, None, "20s", "2m", "30m"])),
     )
 
 
@@ -233,6 +238,9 @@ class Harness(RuleBasedStateMachine):
         self.launched_code = sweep.snapshot.digest if sweep.snapshot else ""
         if scenario.budget is not None:  # a budget is an aws setting; the simulated cloud bills like aws
             sweep = dataclasses.replace(sweep, spec=sweep.spec.model_copy(update={"budget_usd": scenario.budget}))
+        if scenario.deadline is not None:  # assumed 60 s a run until one finished with a clock of its own
+            over = {"deadline": scenario.deadline, "timeout_minutes": 1.0}
+            sweep = dataclasses.replace(sweep, spec=sweep.spec.model_copy(update=over))
         self.sweep = sweep
         self.store = GuardedStore(Path(sweep.store_url))
         if scenario.notify:
@@ -343,7 +351,7 @@ class Harness(RuleBasedStateMachine):
     @rule(data=st.data())
     def spot_notice(self, data) -> None:
         run = data.draw(st.sampled_from(sorted({h.run_id for h in self.cloud.hosts.values()})))
-        self.backend.notify_interruption(run)
+        self.cloud.notice(run)  # the cloud's, not orch's own (a `deadline:` move: backend.notify_interruption)
         self._advance()
 
     @precondition(lambda self: self.backend is not None and self.cloud.hosts)
@@ -456,6 +464,23 @@ class Harness(RuleBasedStateMachine):
         for run in self.sweep.runs if hasattr(self, "sweep") else []:
             live = self.cloud.live_commands(run.run_id)
             assert len(live) <= 1, f"{run.run_id} has commands of attempts {live} running at once"
+
+    @invariant()
+    def deadline_moves_once_per_attempt_and_shown_as_it_reads_back(self) -> None:
+        """`deadline:` — a controller tells a run to move at most once per attempt; what a pass shows is finite and
+        reads back from its published form (summary.json); no on-demand instance without a deadline."""
+        if not hasattr(self, "cloud"):
+            return
+        told = Counter(self.cloud.moves)
+        assert all(n == 1 for n in told.values()), f"told to move more than once: {told}"
+        if self.scenario.deadline is None:
+            od = [i.iid for i in self.cloud.instances.values() if i.market != "spot"]
+            assert not od and not told, f"without a deadline: on-demand {od}, moves {told}"
+            return
+        view = self.progress.deadline if self.progress is not None else None
+        if view is not None:
+            assert deadline_view.read(dataclasses.asdict(view)) == view, view
+            assert view.work_left_s >= 0 and view.on_demand_runs <= len(self.sweep.runs), view
 
     @invariant()
     def nothing_bills_after_down(self) -> None:
@@ -741,7 +766,9 @@ class Harness(RuleBasedStateMachine):
         now = time.time()
         for iid, entry in entries.items():
             inst = self.cloud.instances[iid]
-            assert entry["price_per_h"] == PRICES[inst.itype], f"{iid} priced {entry['price_per_h']}"
+            # on-demand (a `deadline:` bought it): 3x the spot price, orch's price for a type its table lacks
+            price = PRICES[inst.itype] * (3 if inst.market == "on-demand" else 1)
+            assert (entry["price_per_h"], entry["market"]) == (price, inst.market), f"{iid}: {entry}"
             assert inst.acquired[0] <= entry["start"] <= inst.acquired[1], f"{iid} billed from {entry['start']}"
             assert entry["end"] <= (inst.ended or now), f"{iid} billed after it ended"
         assert set(entries) <= set(self.cloud.instances)

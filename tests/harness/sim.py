@@ -23,6 +23,7 @@ Nothing here replaces a function of orch's. The fakes stand where the real world
 from __future__ import annotations
 
 import builtins
+import itertools
 import json
 import math
 import shlex
@@ -46,6 +47,8 @@ from orchestrator.store.status import read_status
 from orchestrator.sweep.spec import Sweep
 from orchestrator.sweep.tasks import new_task, on_host
 
+_BACKENDS = itertools.count(1)
+SWITCH_S = 5.0  # `deadline:`: a move's boot and restore, as the sweep would have measured it (seconds)
 PRICES = {"sim.small": 3600.0, "sim.large": 14400.0}  # dollars an hour: $1 and $4 a wall second, so that a budget of
 # a few dollars is spent within a scenario that lasts a second or two
 UNWATCHABLE = (watch.WindowGone, watch.FindGroup)  # they look at tmux and processes, which a simulated command lacks
@@ -102,6 +105,7 @@ class Instance:
     itype: str
     slots: int  # runs it can hold at once (packing); 1: a run's alone
     acquired: tuple[float, float]  # wall time just before and just after the ledger was told
+    market: str = "spot"  # `deadline:`: on-demand when the controller's schedule asked for it (buy_on_demand)
     ended: float | None = None  # wall time it was terminated
     occupants: list[str] = field(default_factory=list)  # host ids on it
     seen: list[float] = field(default_factory=list)  # wall times a controller's list() saw it running
@@ -143,6 +147,7 @@ class Cloud:
         self.received: list[Received] = []
         self.now = time.time()  # the harness's clock (the watch's checks are due by it, not by the wall clock)
         self.plans: dict[tuple[str, int], Plan] = {}  # what each attempt's command will do (the harness sets it)
+        self.moves: list[tuple[str, int, int]] = []  # orch's own notices: (run, attempt, which controller's backend)
         self._n = 0
 
     def next_id(self, prefix: str) -> str:
@@ -166,6 +171,14 @@ class Cloud:
         inst.occupants.remove(host_id)
         if not inst.occupants:
             inst.ended = time.time()  # the agent of its last run terminates it (or the controller released it)
+
+    def notice(self, run_id: str) -> bool:
+        """The cloud's spot notice to a run's first agent (the file its agent polls); False without one."""
+        agents = [h.agent for h in self.hosts_of(run_id) if h.agent is not None]
+        if not agents:
+            return False
+        (agents[0].agent.ctl / NOTICE_FILE).write_text("chaos\n")
+        return True
 
     def live_commands(self, run_id: str) -> list[int]:
         """Attempts of the run whose command runs now (on any of its nodes)."""
@@ -199,6 +212,8 @@ class SimBackend(BackendBase):
 
     def __init__(self, sweep: Sweep, store, cloud: Cloud, lines: int):
         self.sweep, self.store, self.cloud, self.lines = sweep, store, cloud, lines
+        self.on_demand: frozenset[str] = frozenset()  # `deadline:`: runs whose next instance is on-demand
+        self.serial = next(_BACKENDS)  # which controller's (a relaunch makes a new one)
         book = PriceBook(lambda types, azs: {(t, a): PRICES[t] for t in types for a in azs})
         self.ledger = CostLedger(store, sweep.spec.name, book)
         self.nodes = sweep.spec.resources.nodes if sweep.spec.resources else 1
@@ -244,8 +259,9 @@ class SimBackend(BackendBase):
         if self.cloud.hosts_of(task.run_id):
             raise OrchError(f"run {task.run_id} already has a live host; not starting it twice.")
         first: SimHost | None = None
+        market = "on-demand" if task.run_id in self.on_demand else "spot"
         for node in range(self.nodes):
-            inst, slot = self._place()
+            inst, slot = self._place(market)
             host = SimHost(self.cloud.next_id("h"), task.run_id, task.attempt, node, self.nodes, inst.iid, slot)
             inst.occupants.append(host.host_id)
             self.cloud.hosts[host.host_id] = host
@@ -263,10 +279,13 @@ class SimBackend(BackendBase):
             host.agent = SimAgent(node_task, self.store, plan, self.cloud)
         return Host(run_id=task.run_id, host_id=first.host_id, address="sim", attempt=task.attempt, nodes=self.nodes)
 
-    def _place(self) -> tuple[Instance, int]:
-        """A free slot of a shared instance (packing), else a new instance; the ledger is told as AWS's is."""
+    def _place(self, market: str) -> tuple[Instance, int]:
+        """A free slot of a shared instance of the market (packing), else a new instance; the ledger is told as
+        AWS's is."""
         if self.cloud.pack > 1 and self.nodes == 1:
             for inst in self.cloud.live_instances():
+                if inst.market != market:
+                    continue
                 taken = {self.cloud.hosts[h].slot for h in inst.occupants}
                 free = [s for s in range(inst.slots) if s not in taken]
                 if free:
@@ -274,8 +293,8 @@ class SimBackend(BackendBase):
         iid = self.cloud.next_id("i")
         before = time.time()
         slots = self.cloud.pack if self.nodes == 1 else 1
-        self.ledger.acquired(iid, self.cloud.itype, "sim-1a", "spot", slots=slots if slots > 1 else 0)
-        inst = Instance(iid, self.cloud.itype, slots, (before, time.time()))
+        self.ledger.acquired(iid, self.cloud.itype, "sim-1a", market, slots=slots if slots > 1 else 0)
+        inst = Instance(iid, self.cloud.itype, slots, (before, time.time()), market=market)
         self.cloud.instances[iid] = inst
         return inst, (0 if slots > 1 else -1)
 
@@ -321,11 +340,20 @@ class SimBackend(BackendBase):
         return ended
 
     def notify_interruption(self, run_id: str) -> bool:
+        """orch's own notice (a `deadline:` move): recorded per controller, then as the cloud's."""
         agents = [h.agent for h in self.cloud.hosts_of(run_id) if h.agent is not None]
-        if not agents:
-            return False
-        (agents[0].agent.ctl / NOTICE_FILE).write_text("chaos\n")
-        return True
+        if agents:
+            self.cloud.moves.append((run_id, agents[0].agent.task.attempt, self.serial))
+        return self.cloud.notice(run_id)
+
+    def buy_on_demand(self, runs: frozenset[str]) -> None:
+        self.on_demand = runs
+
+    def markets(self) -> dict[str, str]:
+        return {h.run_id: self.cloud.instances[h.instance].market for h in self.cloud.hosts.values() if h.node == 0}
+
+    def switch_s(self) -> float | None:
+        return SWITCH_S
 
     def attach(self, run_id: str, node: int = 0) -> int:
         raise OrchError("a simulated host has no terminal")

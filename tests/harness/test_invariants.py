@@ -18,10 +18,12 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.stateful import run_state_machine_as_test
 
 from orchestrator.errors import OrchError
+from orchestrator.store.layout import CHECKPOINTS_DIR, MANIFEST_FILE
 from orchestrator.store.lifecycle import StopReason
 from orchestrator.store.status import read_status
 from tests.harness.lease_machine import LeaseHarness
 from tests.harness.machine import CLASHES, Harness, Scenario
+from tests.harness.sim import default_plan
 
 DB = DirectoryBasedExampleDatabase(str(Path(__file__).parent / "hypothesis-db"))
 _COMMON = dict(deadline=None, database=DB, suppress_health_check=list(HealthCheck), print_blob=True)
@@ -199,3 +201,43 @@ def test_a_search_space_naming_seed_is_refused_or_reaches_the_command_as_collect
     except OrchError:
         return  # refused, as `params:` and `grid:` refuse it
     pytest.fail("a space with `seed` was accepted: both seeds of a trial run with one sampled seed")
+
+
+def test_with_a_deadline_no_slot_can_meet_every_run_is_bought_on_demand():
+    def all_on_demand(m) -> None:
+        assert {i.market for i in m.cloud.instances.values()} == {"on-demand"}, m.cloud.instances
+        assert {v.state for v in m.progress.runs} == {"succeeded"}
+
+    steps = PASS_AND_TICK * 10 + ["controller_pass", "loop_ends"]
+    scripted(grid(max_parallel=1, deadline="20s"), ["ok"] * 12, steps, checked=set(), then=all_on_demand)
+
+
+def test_a_run_on_spot_that_a_reclaim_would_make_late_is_told_to_move_once_and_resumes_on_demand():
+    # 90 s, a run assumed 60 s (its lines carry no clock), 5 s a move and as margin: spot at first; from 20 s on a
+    # reclaim would make it late: it is told once, checkpoints, and its next attempt is bought on-demand
+    m = Harness()
+    try:
+        m.setup(scenario=grid(points=1, max_parallel=1, deadline="90s"), kinds=["ok"] * 12)
+        m.cloud.plans[("lr=0.1", 1)] = default_plan("lr=0.1", 1, 100)  # a line a second: longer than the steps below
+        m.controller_pass()
+        m.agents_tick(1)
+        assert [i.market for i in m.cloud.instances.values()] == ["spot"]
+        m.clock += 22  # (within its timeout: 60 s)
+        m.cloud.now = m.clock
+        m.controller_pass()
+        assert [(r, a) for r, a, _ in m.cloud.moves] == [("lr=0.1", 1)], m.cloud.moves
+        m.check_all()
+        m.agents_tick(1)  # the agent sees the notice; the command checkpoints, as a trainer does on SIGUSR1
+        [host] = m.cloud.hosts_of("lr=0.1")
+        done = host.agent.agent.run_dir / CHECKPOINTS_DIR / "23"
+        done.mkdir(parents=True)
+        (done / MANIFEST_FILE).write_text("{}")
+        for _ in range(10):
+            m.controller_pass()
+            m.agents_tick(1)
+            m.check_all()
+        status = read_status(m.store, "h", "lr=0.1")
+        assert (status.state, status.attempt, status.failures) == ("succeeded", 2, 0), (status.reason, status)
+        assert [i.market for i in m.cloud.instances.values()] == ["spot", "on-demand"]
+    finally:
+        m.teardown()

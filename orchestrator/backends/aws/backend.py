@@ -44,6 +44,7 @@ from orchestrator.sweep.tasks import new_task
 log = logging.getLogger("orch.aws")
 STOP_WAIT_S = 30.0
 AGENT_REPORT_S = 120.0  # from the agent's start until its first report (a cold volume makes the first start slow)
+SPOT_SEEN_S = 600.0  # `deadline:` moves a run back to spot only when the sweep got a spot instance this recently
 
 
 class AwsBackend(BackendBase):
@@ -271,6 +272,15 @@ class AwsBackend(BackendBase):
 
     def switch_s(self) -> float | None:
         return self.state.work.switch_s() or self.cfg.switch_s  # measured, else `aws.switch_s` (assumed)
+
+    def spot_there(self) -> bool:
+        """The sweep got a spot instance in the last SPOT_SEEN_S (its ledger: a relaunch knows it too), and not every
+        spot pool set up so far refused spot since (a capacity error blocks a pool for cloud/pools.py's BLOCK_S)."""
+        newest = self.state.ledger.newest_start("spot")
+        if newest is None or time.time() - newest > SPOT_SEEN_S:
+            return False
+        choices = [c for part in list(self.state.parts.values()) if part.setup for c in part.setup["choices"]]
+        return not choices or bool(self.state.blocklist.allowed(choices, "spot"))
 
     def run_of_instance(self, host_id: str) -> str | None:
         inst = listing.instance_of(self.state, host_id)

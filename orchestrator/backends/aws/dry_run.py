@@ -78,6 +78,7 @@ def bound_lines(plan: dict) -> list[str]:
         if est is not None
         else "estimated cost unknown: no spot price history"
     ]
+    lines += _deadline_share(plan)
     for region in plan.get("uplifted") or []:
         lines.append(
             f"  {region}: no published on-demand prices in orch's table; priced at us-east-1's x {REGION_UPLIFT} "
@@ -85,6 +86,20 @@ def bound_lines(plan: dict) -> list[str]:
             "own figures)"
         )
     return lines + transfer_lines(plan.get("transfer"))
+
+
+def _deadline_share(plan: dict) -> list[str]:
+    """`deadline:` with market spot: the bound is every hour on on-demand (spot gone from the launch on); how much of it
+    is the on-demand share, bought only when the schedule needs it (control/schedule.py)."""
+    est, spot = plan.get("estimate_usd_max"), plan.get("estimate_spot_usd_max")
+    if est is None or spot is None:
+        return []
+    share = max(0.0, est - spot)
+    return [
+        f"  with the deadline: at most {usd(spot, at_most=True)} if spot holds throughout (every hour at the dearest "
+        f"spot price); the on-demand share, up to {usd(share, at_most=True)} ({share / est:.0%} of the bound), is "
+        "bought only from the switch moment or for a run a reclaim would make late"
+    ]
 
 
 def transfer_lines(t: dict | None) -> list[str]:

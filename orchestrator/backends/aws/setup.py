@@ -331,6 +331,9 @@ def plan(state: ProvisioningState) -> dict:
     known = [r["usd_per_h"] for r in rows if r["usd_per_h"] is not None]
     hours = (sweep.spec.timeout_minutes or cfg.max_minutes) / 60
     dearest = max(known) if known else None  # a bound over whichever choice the fleet takes, in whichever region
+    spot = [r["spot_usd_per_h"] for r in rows if r["spot_usd_per_h"] is not None]
+    split = spot and sweep.spec.deadline and cfg.market != "on-demand"
+    all_spot = max(spot) * hours * len(sweep.runs) * state.nodes if split else None
     instances = len(sweep.runs) * state.nodes  # every node of a run is an instance billed (packing only lowers it)
     packing: list[str] = []
     for region in cfg.regions if packs(sweep.spec.resources, gpus) else []:  # each region by its own prices
@@ -354,6 +357,8 @@ def plan(state: ProvisioningState) -> dict:
         # unrounded: the words round it up (money.usd at_most); rounded here it fell below the dearest choice's cost
         "estimate_usd_max": dearest * hours * instances if dearest is not None else None,
         "unpriced_choices": len(rows) - len(known),
+        # `deadline:` with spot markets: the bound as if spot held throughout; the rest is the on-demand share
+        "estimate_spot_usd_max": all_spot,
         "uplifted": sorted({r["region"] for r in rows if r["on_demand_priced"] == "uplift"}),
         "transfer": transfer_plan(state, home),
         "worth": worth_plan(state, rows),

@@ -7,14 +7,25 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 
 import pytest
 
+from orchestrator.wait import retry_until
 from tests.conftest import run_states
 from tests.fakecloud import BUCKET
 from tests.fakecloud.sweeps import smoke
+from tests.unit.control.test_notify import Hook
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def receiver():
+    """A JSON webhook receiver on loopback (what Apprise's json:// posts to)."""
+    h = Hook()
+    yield h
+    h.close()
 
 
 def _ledger(cloud, name: str) -> dict:
@@ -46,6 +57,12 @@ def test_spot_refused_moves_runs_to_on_demand_only_when_the_schedule_needs_it_an
     assert dry.code == 0, dry.out + dry.err
     assert re.search(r"deadline \S+ \(\d+s from now\): 2 runs left, 0\.5 min each, assumed", dry.out), dry.out
     assert "would move to on-demand" in dry.out and "spot-then-on-demand price" in dry.out, dry.out
+    # the bound is every hour on-demand; how much of it is the on-demand share the deadline may buy
+    held = r"at most \$([\d.]+) if spot holds throughout"
+    share = re.search(held + r" .* the on-demand share, up to \$([\d.]+) \((\d+)%", dry.out)
+    bound = re.search(r"estimated cost at most \$([\d.]+)", dry.out)
+    assert share and bound, dry.out
+    assert float(share[1]) < float(bound[1]) and 0 < int(share[3]) < 100, dry.out
     r = orch("launch", str(path), timeout=300)
     assert r.code == 0, r.out + r.err
     states = run_states(orch, "due")
@@ -137,3 +154,76 @@ def test_a_run_on_spot_that_a_reclaim_would_make_late_is_moved_to_on_demand_from
     assert [e["market"] for e in entries] == ["spot", "on-demand"], entries
     assert "resumed from step" in orch("logs", "moved/lr=1", "--attempt", "2").out
     orch("down", "moved")
+
+
+@pytest.mark.timeout(500)
+def test_a_controller_killed_mid_sweep_is_relaunched_on_the_same_schedule_and_buys_nothing_twice(orch, cloud, identity):
+    """The schedule is recomputed from the store: the deadline from the first launch's `launched_at`, the run on
+    on-demand adopted where it runs (its attempt goes on), the next bought on-demand once the schedule needs it."""
+    from tests.e2e.slurm.test_slurm_backend import COUNTER
+
+    (orch.tmp / "counter.py").write_text(COUNTER)
+    cloud.gate.fleet_errors[("spot", "*", "*")] = "InsufficientInstanceCapacity"
+    path = smoke(
+        orch,
+        identity,
+        "again",
+        command="python3 counter.py 30",  # 15 s of half-second steps
+        grid={"lr": [1, 2]},
+        max_parallel=1,
+        timeout_minutes=0.5,
+        deadline="150s",  # 2 x (30 s + 10 s a move) + 10 s of margin: spot until ~60 s after the launch
+        aws_switch_s=10,
+    )
+    ctl = orch.popen("launch", str(path))
+
+    def running() -> str:
+        return next((r for r, s in run_states(orch, "again").items() if s.get("state") == "running"), "")
+
+    first = retry_until(running, 300, 0.2, "a run on on-demand to run")
+    ctl.send_signal(signal.SIGKILL)
+    ctl.wait(10)
+    at = _launched_at(cloud, "again")
+    r = orch("launch", str(path), timeout=300)
+    assert r.code == 0 and "deadline moved" not in r.out, r.out + r.err
+    assert _launched_at(cloud, "again") == at  # the deadline still counts from the first launch
+    states = run_states(orch, "again")
+    assert all(s["state"] == "succeeded" for s in states.values()), states
+    assert (states[first]["attempt"], states[first]["failures"]) == (1, 0), (states, r.out[-3000:])  # adopted
+    entries = list(_ledger(cloud, "again").values())
+    assert sorted(e["market"] for e in entries) == ["on-demand", "on-demand"], entries  # one instance per run
+    assert all(s["finished_at"] < at + 150 for s in states.values()), (at, states)
+    assert orch("down", "again").code == 0 and not any(cloud.leftovers("again").values())
+
+
+@pytest.mark.timeout(400)
+def test_the_budget_wins_over_the_deadline_and_both_are_told(orch, cloud, identity, receiver):
+    """Spot is refused and the schedule needs on-demand at once; the first run's on-demand hours spend the budget:
+    the second never starts (the budget wins), collect says the deadline was not met and why, and the `budget`
+    notification comes before the `deadline` one."""
+    cloud.gate.fleet_errors[("spot", "*", "*")] = "InsufficientInstanceCapacity"
+    path = smoke(
+        orch,
+        identity,
+        "broke",
+        command="sleep 2",
+        grid={"lr": [1, 2]},
+        max_parallel=1,
+        timeout_minutes=0.5,
+        deadline="100s",
+        aws_switch_s=10,
+        budget_usd=0.000001,
+        notify=[{"url": receiver.url, "events": ["budget", "deadline"]}],
+    )
+    r = orch("launch", str(path), timeout=300)
+    assert r.code == 0, r.out + r.err
+    states = sorted((s["state"], s.get("reason", "")) for s in run_states(orch, "broke").values())
+    assert [s for s, _ in states] == ["cancelled", "succeeded"] and "budget" in states[0][1], states
+    assert [e["market"] for e in _ledger(cloud, "broke").values()] == ["on-demand"]
+    c = orch("collect", "broke", "--out", str(orch.tmp / "broke-results"))
+    assert c.code == 0 and "deadline: not met: 1 run(s) never ran, stopped by budget_usd" in c.out, c.out + c.err
+    retry_until(lambda: "orch: sweep broke: deadline not met" in receiver.titles(), 60, 0.2, "the deadline's news")
+    titles = receiver.titles()
+    assert titles.index("orch: sweep broke: budget reached") < titles.index("orch: sweep broke: deadline not met")
+    assert titles.count("orch: sweep broke: deadline not met") == 1, titles
+    orch("down", "broke")
