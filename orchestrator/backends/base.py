@@ -149,6 +149,11 @@ class Backend(Protocol):
         """The sweep's measured boot + restore of an attempt (seconds), None before one was measured."""
         ...
 
+    def work_scale(self) -> dict[str, float]:
+        """`deadline:` — run -> how much longer its work left would take on the slowest type it may be bought on next
+        than on the type it ran on ("" : a run not started yet); {} where every host is alike or nothing is measured."""
+        ...
+
     def spot_there(self) -> bool:
         """Whether spot is likely there now (a `deadline:` moves a run back to spot only then: else it would wait for
         spot and be bought on-demand again — a move wasted)."""
@@ -205,3 +210,6 @@ class BackendBase:
 
     def spot_there(self) -> bool:
         return True
+
+    def work_scale(self) -> dict[str, float]:
+        return {}

@@ -177,7 +177,8 @@ class Controller(Verdicts):
         at = deadline_moment(self.sweep.spec, self.launched_at)
         markets = self.backend.markets()
         views = self.table.all_views()
-        plan, view = schedule(self.sweep.spec, at or now, views, hosted, markets, self.backend.switch_s(), now)
+        switch, scale = self.backend.switch_s(), self.backend.work_scale()
+        plan, view = schedule(self.sweep.spec, at or now, views, hosted, markets, switch, now, scale)
         self.backend.buy_on_demand(plan.on_demand | plan.move)
         if plan.on_demand:
             log.info("deadline: %s on on-demand (%s)", ", ".join(sorted(plan.on_demand)), view.line(now))

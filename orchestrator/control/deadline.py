@@ -77,17 +77,26 @@ def moment(spec: SweepSpec, launched_at: float) -> float | None:
     return deadlines.parse(spec.deadline).moment(launched_at) if spec.deadline else None
 
 
-def works(views: Iterable[RunView], length_s: float, hosted: set[str], markets: dict[str, str]) -> list[RunWork]:
+def works(
+    views: Iterable[RunView], length_s: float, hosted: set[str], markets: dict[str, str], scale: dict[str, float]
+) -> list[RunWork]:
+    """Each run not final, its work left: on its host at that host's pace; waiting for one, at the slowest measured
+    type's (`scale`: Backend.work_scale; a run not started yet takes the fastest type's factor, "")."""
     return [
         RunWork(
             v.run_id,
-            max(0.0, length_s - progress_s(v)),
+            max(0.0, length_s - progress_s(v)) * (1.0 if v.run_id in hosted else _factor(scale, v.run_id)),
             hosted=v.run_id in hosted,
             on_demand=markets.get(v.run_id) == "on-demand",
         )
         for v in views
         if not v.final
     ]
+
+
+def _factor(scale: dict[str, float], run_id: str) -> float:
+    found = finite(scale.get(run_id, scale.get("", 1.0)))
+    return found if found is not None and found >= 1.0 else 1.0
 
 
 def schedule(
@@ -98,12 +107,13 @@ def schedule(
     markets: dict[str, str],
     switch_s: float | None,
     now: float,
+    scale: dict[str, float] | None = None,
 ) -> tuple[Schedule, DeadlineView]:
-    """This pass's schedule, and what it shows."""
+    """This pass's schedule, and what it shows (`scale`: works)."""
     finished = [progress_s(v) for v in views if v.final and v.state == SUCCEEDED and progress_s(v) > 0]
     length, why = run_length(finished, (spec.timeout_minutes or 0) * 60)
     switch = switch_s if switch_s is not None else DEFAULT_SWITCH_S
-    s = plan(works(views, length, hosted, markets), spec.max_parallel, at, now, switch)
+    s = plan(works(views, length, hosted, markets, scale or {}), spec.max_parallel, at, now, switch)
     view = DeadlineView(
         deadline=at,
         now=now,

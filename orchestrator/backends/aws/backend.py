@@ -22,7 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from orchestrator import contract
-from orchestrator.backends.aws import listing
+from orchestrator.backends.aws import bought, listing
 from orchestrator.backends.aws.cloud import ec2 as api
 from orchestrator.backends.aws.cloud.images import ImageNotReady
 from orchestrator.backends.aws.pack import Packer
@@ -268,15 +268,18 @@ class AwsBackend(BackendBase):
         self.state.on_demand = runs  # one assignment: the provisioning threads read it (state.markets_for)
 
     def markets(self) -> dict[str, str]:
-        return self.state.ledger.markets()
+        return bought.newest(self.state.ledger.runs_entries(), "market")
 
     def switch_s(self) -> float | None:
         return self.state.work.switch_s() or self.cfg.switch_s  # measured, else `aws.switch_s` (assumed)
 
+    def work_scale(self) -> dict[str, float]:
+        return self.state.work.scale(list(self.cfg.instance_types))
+
     def spot_there(self) -> bool:
         """The sweep got a spot instance in the last SPOT_SEEN_S (its ledger: a relaunch knows it too), and not every
         spot pool set up so far refused spot since (a capacity error blocks a pool for cloud/pools.py's BLOCK_S)."""
-        newest = self.state.ledger.newest_start("spot")
+        newest = bought.newest_start(self.state.ledger.runs_entries(), "spot")
         if newest is None or time.time() - newest > SPOT_SEEN_S:
             return False
         choices = [c for part in list(self.state.parts.values()) if part.setup for c in part.setup["choices"]]

@@ -19,6 +19,7 @@ from dataclasses import replace
 from statistics import median
 from typing import Any
 
+from orchestrator.backends.aws.bought import newest
 from orchestrator.backends.aws.cloud import worth
 from orchestrator.backends.aws.cloud.pools import Choice
 from orchestrator.backends.aws.cloud.pricing import CostLedger, attempts_on
@@ -90,6 +91,19 @@ class WorkBook:
         with self.lock:
             boots = [float(b) for b in self.doc()["boots"].values() if isinstance(b, (int, float))]
         return median(boots) if boots else None
+
+    def scale(self, types: list[str]) -> dict[str, float]:
+        """`deadline:` — how much longer a run's work left would take on the slowest of `types` with a measured rate
+        than on the type of its newest attempt (run -> factor; "" -> the fastest's, for a run not started yet). {}
+        while fewer than two of `types` are measured: a type without a rate is taken as fast as the others."""
+        with self.lock:
+            measured = worth.rates(self.doc()["attempts"])
+        known = {t: measured[t].per_s for t in types if t in measured}
+        if len(known) < 2:
+            return {}
+        slowest = min(known.values())
+        on = {run: t for run, t in newest(self.ledger.runs_entries(), "type").items() if t in known}
+        return {"": max(known.values()) / slowest} | {run: known[t] / slowest for run, t in on.items()}
 
     def ranked(self, pools: list[tuple[str, str]], price_of) -> list[worth.PoolWorth]:
         """Every pool's worth now, best first (cloud/worth.py)."""

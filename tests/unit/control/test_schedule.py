@@ -58,3 +58,19 @@ def test_a_run_on_on_demand_goes_back_to_spot_only_a_move_ahead_and_with_work_wo
     assert plan(on_demand, 1, deadline=NOW + 3150, now=NOW, switch_s=60).back == frozenset()  # NOW+30: not enough
     short = [RunWork("a", 150, hosted=True, on_demand=True)]  # under 3 moves of work left: not worth a move
     assert plan(short, 1, deadline=NOW + 100_000, now=NOW, switch_s=60).back == frozenset()
+
+
+def test_a_run_waiting_for_a_host_counts_its_work_at_the_slowest_measured_types_pace():
+    from orchestrator.control.deadline import works
+    from orchestrator.control.views import RunView
+
+    def view(rid: str, elapsed: float) -> RunView:
+        return RunView(rid, "running", 1, 0, 0, None, {"elapsed_s": elapsed})
+
+    views = [view("on-host", 100), view("waiting", 100), view("new", 0)]
+    scale = {"": 2.0, "on-host": 3.0, "waiting": 1.5}
+    left = {w.run_id: w.left_s for w in works(views, 400, {"on-host"}, {}, scale)}
+    # on its host at that host's pace; waiting, at the slowest's (its last type's factor); not started: the fastest's
+    assert left == {"on-host": 300, "waiting": 450, "new": 800}
+    bad = {w.run_id: w.left_s for w in works(views, 400, set(), {}, {"": float("nan"), "waiting": 0.5})}
+    assert bad == {"on-host": 300, "waiting": 300, "new": 400}  # a factor that is no number or under 1: none

@@ -364,23 +364,10 @@ class CostLedger:
         with self.lock:
             return ledger_cost(self.entries, now=time.time())
 
-    def _runs_entries(self) -> list[dict]:
-        with self.lock:  # the instances of runs (a controller's has a role)
-            return [e for e in self.entries.values() if isinstance(e, dict) and not e.get("role")]
-
-    def markets(self) -> dict[str, str]:
-        """run -> the market of the instance of its newest attempt (a shared instance: each of its runs)."""
-        newest: dict[str, tuple[int, str]] = {}
-        for e in self._runs_entries():
-            for run, attempt in attempts_on(e):
-                if attempt >= newest.get(run, (-1, ""))[0]:
-                    newest[run] = (attempt, str(e.get("market") or ""))
-        return {run: market for run, (_, market) in newest.items()}
-
-    def newest_start(self, market: str) -> float | None:
-        """When the sweep's newest run instance in `market` was bought."""
-        found = [e.get("start") for e in self._runs_entries() if e.get("market") == market]
-        return max((s for s in found if isinstance(s, (int, float))), default=None)
+    def runs_entries(self) -> list[dict]:
+        """The entries of runs' instances (a controller's has a role), copied out under the lock."""
+        with self.lock:
+            return [dict(e) for e in self.entries.values() if isinstance(e, dict) and not e.get("role")]
 
     def places(self) -> dict[str, dict[int, str]]:
         """run -> {attempt: region} of what this ledger holds (attempt_regions)."""

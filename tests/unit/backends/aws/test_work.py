@@ -58,3 +58,12 @@ def test_weights_follow_the_rates_and_price_leaves_the_choices_as_they_are(tmp_p
     assert [(c.instance_type, c.weight) for c in weighed] == [("fast", 3.0), ("slow", 1.0)]
     by_price, _ = book(tmp_path / "price", choose="price")
     assert by_price.weigh(choices, lambda t, az: 0.3) == choices
+
+
+def test_the_deadline_scale_is_each_runs_type_against_the_slowest_measured_one(tmp_path):
+    b, _ = book(tmp_path)
+    assert b.scale(["slow", "fast"]) == {}  # nothing measured: every type alike
+    b.learn({"r": status("r", [0, 0, 4, 4]), "q": status("q", [0, 0, 12, 4])})  # slow: 1 epoch/s, fast: 3
+    assert b.scale(["slow", "fast"]) == {"": 3.0, "q": 3.0, "r": 1.0}  # q on fast: 3x longer if it moves to slow
+    assert b.scale(["fast"]) == {}  # a sweep that buys one type: nothing to convert
+    assert b.scale(["slow", "fast", "unmeasured"]) == {"": 3.0, "q": 3.0, "r": 1.0}  # (taken as fast as the others)
