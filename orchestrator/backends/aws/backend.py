@@ -123,13 +123,15 @@ class AwsBackend(BackendBase):
         return listing.hosts(self.state, instances, pending, ready, self.start_timeout_s)
 
     def notify_interruption(self, run_id: str) -> bool:
-        """The agent's view of a spot notice (IMDS cannot be faked on a real instance): its ctl file."""
+        """The agent's view of a spot notice (IMDS cannot be faked on a real instance): its ctl file — the run's own on
+        a shared instance (a `deadline:` move is one run's; the instance's tag names no run there)."""
         inst = listing.instance_of(self.state, run_id)
         if inst is None:
             return False
+        run = inst["run"] if run_id == inst["instance_id"] else run_id
         conn = connect(self.state.target(inst), timeout=30)
         try:
-            conn.put_bytes(b"chaos\n", contract.notice_path(self.state.ctl(inst["run"])), mode=0o644)
+            conn.put_bytes(b"chaos\n", contract.notice_path(self.state.ctl(run)), mode=0o644)
         finally:
             conn.close()
         return True

@@ -68,7 +68,7 @@ class Packer:
                 self.provisioner.block_reclaimed(task.replaces)
             for _ in range(5):  # an instance whose last run is just leaving is skipped
                 with st.pack_lock:
-                    found = self._free_slot()
+                    found = self._free_slot(st.markets_for(task.run_id))
                     if found is None:
                         found = self._acquire(task, setup, value)
                         new_ids = [found[0]]
@@ -128,9 +128,14 @@ class Packer:
         finally:
             conn.close()
 
-    def _free_slot(self) -> tuple[str, int, str] | None:
-        """(instance, slot, host key) of a free slot on the fullest live packed instance, or None (under pack_lock)."""
+    def _free_slot(self, markets: list[str]) -> tuple[str, int, str] | None:
+        """(instance, slot, host key) of a free slot on the fullest live packed instance, or None (under pack_lock).
+        A run whose only market is on-demand (the deadline needs it there) takes no slot of a spot instance; any other
+        run may take a slot of an on-demand one (its hours are paid for already)."""
         st = self.state
+        with st.ledger.lock:
+            bought = {iid: e.get("market") for iid, e in st.ledger.entries.items() if isinstance(e, dict)}
+        spot_too = markets != ["on-demand"]
         live = {i["instance_id"]: i for i in st.live() if i["slot_count"]}
         now = time.time()
         for iid in [i for i in st.fresh if i in live or now - st.fresh[i][2] > FRESH_S]:
@@ -145,6 +150,8 @@ class Packer:
             free = [k for k in range(n) if k not in taken]
             if not lives_long_enough(st.cfg.max_minutes, st.sweep.spec.timeout_minutes, born, now):
                 continue  # its safety-net shutdown would cut the run short: a fresh instance instead
+            if not (spot_too or bought.get(iid) == "on-demand"):
+                continue  # a spot slot for a run the deadline needs on on-demand
             if iid not in st.dead and free and (best is None or len(taken) > best[3]):
                 best = (iid, free[0], key, len(taken))
         return best[:3] if best else None

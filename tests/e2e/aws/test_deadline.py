@@ -227,3 +227,39 @@ def test_the_budget_wins_over_the_deadline_and_both_are_told(orch, cloud, identi
     assert titles.index("orch: sweep broke: budget reached") < titles.index("orch: sweep broke: deadline not met")
     assert titles.count("orch: sweep broke: deadline not met") == 1, titles
     orch("down", "broke")
+
+
+@pytest.mark.timeout(500)
+def test_a_packed_run_moved_to_on_demand_takes_no_slot_of_a_spot_instance(orch, cloud, identity):
+    """Two runs share a 4-slot spot instance; a reclaim would make them late, so each is moved: its next attempt
+    goes to an on-demand instance — never back to one of the free slots of the spot instance it just left (which
+    made the move worth nothing)."""
+    from tests.e2e.aws.test_regions_packing import attempts_on_hosts
+    from tests.e2e.slurm.test_slurm_backend import COUNTER
+
+    (orch.tmp / "counter.py").write_text(COUNTER)
+    path = smoke(
+        orch,
+        identity,
+        "packdue",
+        command="python3 counter.py 200",  # 100 s of half-second steps, lines without a clock: 120 s assumed
+        grid={"lr": [1, 2]},
+        resources={"gpus": 1},
+        aws_instance_types=["g5.12xlarge"],  # 4 GPUs: 4 slots
+        timeout_minutes=2,
+        # 120 s + a 20 s move + the margin fit: spot first; once the boot is measured (seconds) a reclaim of either
+        # run (its lost work, two moves) would make it late from about a minute after the launch
+        deadline="200s",
+        aws_switch_s=20,
+    )
+    r = orch("launch", str(path), timeout=400)
+    assert r.code == 0, r.out + r.err
+    states = run_states(orch, "packdue")
+    assert all(s["state"] == "succeeded" and s["failures"] == 0 for s in states.values()), states
+    market = {iid: e["market"] for iid, e in _ledger(cloud, "packdue").items()}
+    placed = attempts_on_hosts(cloud, "packdue")
+    first = {market[iid] for (_, attempt), ids in placed.items() if attempt == 1 for iid in ids}
+    assert first == {"spot"}, (placed, market)
+    later = {(run, attempt): market[iid] for (run, attempt), ids in placed.items() if attempt > 1 for iid in ids}
+    assert later and set(later.values()) == {"on-demand"}, (placed, market)
+    orch("down", "packdue")
