@@ -13,11 +13,13 @@ import pytest
 
 from orchestrator.wait import retry_until
 from tests.conftest import run_states
+from tests.e2e.aws import test_regions as regions
 from tests.fakecloud import BUCKET
 from tests.fakecloud.sweeps import smoke
 from tests.unit.control.test_notify import Hook
 
 pytestmark = pytest.mark.slow
+clouds = regions.clouds  # a fake cloud with two regions (us-east-1, us-west-2)
 
 
 @pytest.fixture
@@ -263,3 +265,27 @@ def test_a_packed_run_moved_to_on_demand_takes_no_slot_of_a_spot_instance(orch, 
     later = {(run, attempt): market[iid] for (run, attempt), ids in placed.items() if attempt > 1 for iid in ids}
     assert later and set(later.values()) == {"on-demand"}, (placed, market)
     orch("down", "packdue")
+
+
+@pytest.mark.timeout(500)
+def test_a_two_node_run_is_bought_on_demand_whole_in_the_region_that_has_capacity(orch, clouds, identity):
+    """us-east-1 has no capacity at all and spot is refused everywhere: at the switch moment both nodes of the run's
+    attempt are bought on-demand, together, in us-west-2, and it ends before the deadline."""
+    from tests.e2e.aws.test_regions import WEST, no_capacity, with_regions
+    from tests.fakecloud import REGION
+
+    no_capacity(clouds, REGION)
+    clouds.gate.fleet_errors[("spot", "*", "*")] = "InsufficientInstanceCapacity"
+    extra = "max_restarts: 0\ntimeout_minutes: 0.5\ndeadline: 80s\nresources:\n  nodes: 2"
+    text = clouds.sweep_yaml("wide", identity, "sleep 3", extra=extra, switch_s="10", heartbeat_s="1", sync_s="2")
+    path = orch.sweep(with_regions(text, f"[{REGION}, {WEST}]"))
+    r = orch("launch", str(path), timeout=300)
+    assert r.code == 0, r.out + r.err
+    [run] = run_states(orch, "wide").values()
+    at = _launched_at(clouds, "wide")
+    assert run["state"] == "succeeded" and run["finished_at"] < at + 80, (at, run)
+    entries = list(_ledger(clouds, "wide").values())
+    assert [(e["market"], e["region"]) for e in entries] == [("on-demand", WEST)] * 2, entries
+    # the switch moment: 80 s less the 10 s margin, the 30 s run and a 10 s move; a pass buys up to 10 s ahead
+    assert all(e["start"] - at >= 30 - 10 - 0.5 for e in entries), (at, entries)
+    orch("down", "wide")
