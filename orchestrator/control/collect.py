@@ -232,7 +232,8 @@ def _deadline(sweep: Sweep, store: Store, reader, ledger: dict | None, statuses:
     done = all(st.state in FINAL or st.state == FAILED for st in statuses.values())
     ends = [st.finished_at for st in statuses.values()]
     unrun = sum(1 for st in statuses.values() if budget_stopped(st))
-    out = {"deadline": at, "outcome": deadline.outcome(at or 0.0, ends, done, time.time(), unrun)}
+    failures = sum(1 for st in statuses.values() if st.state == FAILED)
+    out = {"deadline": at, "outcome": deadline.outcome(at or 0.0, ends, done, time.time(), unrun, failures)}
     if reader is not None and ledger is not None:
         out |= deadline.markets_bought(ledger, reader.on_demand)
     return out

@@ -69,6 +69,7 @@ class Controller(Verdicts):
         self.on_notify_wait: Callable[[int], None] | None = None  # told when a receiver keeps the loop's end waiting
         self.launched_at: float | None = None  # the sweep's first launch (`deadline:` durations count from it)
         self._moved: set[tuple[str, int]] = set()  # `deadline:`: (run, attempt) told to move to on-demand
+        self._to_on_demand: dict[str, int] = {}  # run -> the attempt told to move: its next claim is on-demand
 
     def prepare(self) -> bool:
         """Record the sweep in the store; refuse if a different sweep of that name is already there.
@@ -179,7 +180,12 @@ class Controller(Verdicts):
         views = self.table.all_views()
         switch, scale = self.backend.switch_s(), self.backend.work_scale()
         plan, view = schedule(self.sweep.spec, at or now, views, hosted, markets, switch, now, scale)
-        self.backend.buy_on_demand(plan.on_demand | plan.move)
+        self._to_on_demand = {  # until its next attempt is claimed: once its checkpoint is taken (no work lost), the
+            rid: att  # plan may no longer count it due, and it would wait for spot again
+            for rid, att in self._to_on_demand.items()
+            if (st := self.table.status.get(rid)) is not None and st.attempt == att and not views_final(views, rid)
+        }
+        self.backend.buy_on_demand(plan.on_demand | plan.move | frozenset(self._to_on_demand))
         if plan.on_demand:
             log.info("deadline: %s on on-demand (%s)", ", ".join(sorted(plan.on_demand)), view.line(now))
         back = sorted(plan.back) if plan.back and self.backend.spot_there() else []  # else it would wait for spot
@@ -200,6 +206,8 @@ class Controller(Verdicts):
             return
         if told:
             self._moved.add((rid, attempt))
+            if where == "to on-demand":
+                self._to_on_demand[rid] = attempt
             log.info("deadline: moving %s %s (%s)", rid, where, why)
 
     def _due_every(self, what: str, period: float, now: float) -> bool:
@@ -373,3 +381,7 @@ class Controller(Verdicts):
             notify.hand_off(str(self.sweep.path))
         elif left:
             log.warning("notify: %d message(s) could not be delivered before the controller ended", left)
+
+
+def views_final(views, run_id: str) -> bool:
+    return any(v.run_id == run_id and v.final for v in views)

@@ -38,17 +38,24 @@ class DeadlineView:
     run_length_s: float
     length_from: str  # measured or assumed (schedule.run_length)
     switch_s: float
+    runs_left: int = 0  # runs not final (a run past the longest finished one has no work left counted, yet goes on)
+    running: int = 0  # runs on a host now
 
     def line(self, now: float) -> str:
         """`orch status`'s line: deadline, and on schedule or behind by how much, with the on-demand runs."""
         when = deadlines.shown(self.deadline)
-        if self.deadline <= now and self.work_left_s > 0:
+        if self.deadline <= now and (self.work_left_s > 0 or self.runs_left):
             state = f"missed by {deadlines.span(now - self.deadline)}"
+        elif self.shortfall_s > 0:
+            state = f"out of reach: even all on on-demand, about {deadlines.span(self.shortfall_s)} late"
         elif self.on_schedule:
             state = "on schedule"
         else:
             state = f"behind by {deadlines.span(self.behind_s)}"
-        od = f", {self.on_demand_runs} run(s) on on-demand" if self.on_demand_runs else ", all on spot"
+        if self.on_demand_runs:
+            od = f", {self.on_demand_runs} run(s) on on-demand"
+        else:
+            od = ", all on spot" if self.running else ", none running"
         return f"deadline {when} ({deadlines.span(max(0.0, self.deadline - now))} left): {state}{od}"
 
 
@@ -56,8 +63,8 @@ def read(doc: object) -> DeadlineView | None:
     """A DeadlineView from summary.json's `deadline` (None when absent or not one: it is input)."""
     if not isinstance(doc, dict):
         return None
-    try:
-        view = DeadlineView(**{k: doc[k] for k in DeadlineView.__dataclass_fields__})
+    try:  # (a field with a default may be missing: a summary an earlier orch wrote)
+        view = DeadlineView(**{k: doc[k] for k in DeadlineView.__dataclass_fields__ if k in doc})
     except (KeyError, TypeError):
         return None
     numbers = (view.deadline, view.now, view.behind_s, view.shortfall_s, view.work_left_s, view.run_length_s)
@@ -126,6 +133,8 @@ def schedule(
         run_length_s=length,
         length_from=why,
         switch_s=switch,
+        runs_left=sum(1 for v in views if not v.final),
+        running=len(hosted),
     )
     return s, view
 
@@ -146,9 +155,11 @@ def at_launch(
     where = located(sweep.path, ("deadline",))
     lines = []
     moved = record is not None and recorded != spec.deadline
-    if moved:
-        before = f"{recorded} ({deadlines.shown(deadlines.parse(recorded).moment(launched))})" if recorded else "none"
+    if moved and recorded:
+        before = f"{recorded} ({deadlines.shown(deadlines.parse(recorded).moment(launched))})"
         lines.append(f"deadline moved: was {before}, now {spec.deadline} ({deadlines.shown(at)})")
+    elif moved:
+        lines.append(f"deadline added: {spec.deadline} ({deadlines.shown(at)})")
     checked = record is None or moved
     if at <= now:
         if checked:
@@ -156,20 +167,32 @@ def at_launch(
         lines.append(f"deadline {deadlines.shown(at)} passed {deadlines.span(now - at)} ago: the runs left go on")
         return lines, ""
     s, view = schedule(spec, at, views, set(), {}, switch_s, now)
-    length = f"{view.run_length_s / 60:.1f} min each, {view.length_from}"
+    each = f"{view.run_length_s / 60:.1f} min"
     left = sum(1 for v in views if not v.final)
-    lines.append(f"deadline {deadlines.shown(at)} ({deadlines.span(at - now)} from now): {left} runs left, {length}")
-    if s.switch_at is not None:
+    lines.append(
+        f"deadline {deadlines.shown(at)} ({deadlines.span(at - now)} from now): {left} runs left, {each} each, "
+        f"{view.length_from}"
+    )
+    if s.switch_at is not None and s.switch_at >= now:
         lines.append(
             f"  spot until {deadlines.shown(s.switch_at)}: the runs still waiting then would move to on-demand "
-            f"(max_parallel {spec.max_parallel}, {switch_s:.0f} s a move and as margin; cost bound below at the dearer "
-            "market)"
+            f"(max_parallel {spec.max_parallel}; {switch_s:.0f} s a move, and one more as margin; the cost bound is "
+            "priced at the dearer market)"
         )
+    fix = "Give a later deadline, raise max_parallel, or lower timeout_minutes"
+    shape = f"{left} runs x {each}; max_parallel {spec.max_parallel}; {switch_s:.0f} s to start each"
+    if s.shortfall_s > 0 and not checked:  # a kept deadline: the sweep goes on, told so
+        lines.append(f"  out of reach: even all on on-demand from now the last run would end about "
+                     f"{deadlines.span(s.shortfall_s)} after it; the runs go on")  # fmt: skip
     if s.shortfall_s > 0 and checked:
         return lines, (
             f"{where}: cannot be met even with every run on on-demand from now: the last would end about "
-            f"{deadlines.span(s.shortfall_s)} after it ({left} runs x {length}; max_parallel {spec.max_parallel}; "
-            f"{switch_s:.0f} s to start each). Give a later deadline, raise max_parallel, or lower timeout_minutes"
+            f"{deadlines.span(s.shortfall_s)} after it ({shape}). {fix}"
+        )
+    if s.behind_s > 0 and checked:  # it fits, but without the margin of one move for a reclaim at the last moment
+        return lines, (
+            f"{where}: leaves no margin: with every run on on-demand from now the last would end "
+            f"{deadlines.span(max(0.0, switch_s - s.behind_s))} before it, less than one more move ({shape}). {fix}"
         )
     return lines, ""
 
@@ -201,7 +224,7 @@ def markets_bought(ledger: dict, on_demand_of) -> dict:
     return {"usd": spent, "hours": hours, "all_spot_usd": all_spot, "all_on_demand_usd": all_od}
 
 
-def outcome(at: float, finished: list[float | None], done: bool, now: float, unrun: int = 0) -> str:
+def outcome(at: float, finished: list[float | None], done: bool, now: float, unrun: int = 0, failures: int = 0) -> str:
     """Whether the deadline was met: by the last run's end, once every run is final; not met while runs the budget
     stopped never ran (`budget_usd` wins over a deadline: their work was not done, however early the rest ended)."""
     if not done:
@@ -215,4 +238,6 @@ def outcome(at: float, finished: list[float | None], done: bool, now: float, unr
     last = max((f for f in finished if f is not None), default=None)
     if last is None:
         return "met (no run ran)"
-    return f"met, {deadlines.span(at - last)} to spare" if last <= at else f"missed by {deadlines.span(last - at)}"
+    failed = f" ({failures} run(s) failed)" if failures else ""
+    said = f"met, {deadlines.span(at - last)} to spare" if last <= at else f"missed by {deadlines.span(last - at)}"
+    return said + failed

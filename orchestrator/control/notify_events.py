@@ -154,7 +154,7 @@ def _deadline(progress: Progress) -> list[Message]:
         out.append(Message("deadline:behind", Event.DEADLINE, title_of(progress.sweep, "behind its deadline"), text))
     unrun = [r.run_id for r in progress.runs if r.state == CANCELLED and r.reason.startswith(BUDGET_STOP)]
     if d.now > d.deadline and not progress.done:
-        text = f"{d.line(d.now)}; the runs left go on as before."
+        text = f"{d.line(d.now)}; the runs left go on (those waiting for a host are bought on-demand)."
         out.append(Message("deadline:missed", Event.DEADLINE, title_of(progress.sweep, "deadline missed"), text))
     elif unrun and progress.done:  # budget_usd wins: the work of these runs is not done by the deadline
         text = f"{len(unrun)} run(s) never ran: budget_usd was reached first (the budget wins over the deadline)."

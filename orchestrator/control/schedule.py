@@ -63,7 +63,7 @@ class Schedule:
 
     @property
     def on_schedule(self) -> bool:
-        return self.behind_s <= 0
+        return self.behind_s <= 0 and self.shortfall_s <= 0
 
 
 def finish(runs: list[RunWork], slots: int, now: float, switch_s: float, start: float, keep: bool = False) -> float:
@@ -74,9 +74,10 @@ def finish(runs: list[RunWork], slots: int, now: float, switch_s: float, start: 
         return r.left_s + (0.0 if r.on_demand or (keep and r.hosted) else switch_s)
 
     n = max(1, slots)
-    free = sorted([now + needs(r) for r in runs if r.hosted][:n] + [now] * max(0, n - sum(r.hosted for r in runs)))
+    ends = sorted(now + needs(r) for r in runs if r.hosted)  # (more than n after a relaunch lowered max_parallel:
+    free = ends[len(ends) - n :] if len(ends) >= n else ends + [now] * (n - len(ends))  # a slot frees as they end)
     heapq.heapify(free)
-    last = max(free, default=now)
+    last = max(ends + free, default=now)
     for r in sorted((r for r in runs if not r.hosted), key=lambda r: (needs(r), r.run_id)):
         end = max(heapq.heappop(free), start) + needs(r)
         heapq.heappush(free, end)
@@ -109,8 +110,11 @@ def plan(
     due = at is not None and at <= now + PASS_SLACK_S
     waiting = frozenset(r.run_id for r in runs if not r.hosted)
     on_spot = sorted((r for r in runs if r.hosted and not r.on_demand), key=lambda r: (-r.left_s, r.run_id))
-    move = frozenset(
-        r.run_id for r in on_spot[:MOVE_CHECKS] if _late_if_reclaimed(r, runs, slots, now, switch_s, end, loss)
+    shortfall = max(0.0, finish(runs, slots, now, switch_s, now, keep=True) - deadline)
+    move = frozenset(  # (none once the deadline is out of reach: a move would only make the runs later)
+        r.run_id
+        for r in (on_spot[:MOVE_CHECKS] if shortfall <= 0 else [])
+        if _late_if_reclaimed(r, runs, slots, now, switch_s, end, loss)
     )
     return Schedule(
         deadline=deadline,
@@ -121,7 +125,7 @@ def plan(
         move=move,
         back=frozenset() if due or move else _back_to_spot(runs, slots, now, switch_s, end),
         behind_s=max(0.0, now - at) if at is not None else 0.0,
-        shortfall_s=max(0.0, finish(runs, slots, now, switch_s, now, keep=True) - deadline),
+        shortfall_s=shortfall,
     )
 
 

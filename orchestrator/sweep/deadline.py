@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _PART = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 _DURATION = re.compile(r"(?:\d+(?:\.\d+)?[smhd])+")
+LONGEST_S = 10 * 365 * 86400  # a deadline further than this is a typo (and past year 9999 no clock can show it)
 EXAMPLES = "an absolute time with its zone (2026-12-11T18:00Z, 2026-12-11T19:00+01:00) or a duration (90m, 36h, 2d)"
 
 
@@ -45,9 +46,11 @@ def parse(value: object) -> Deadline:
         seconds = sum(float(n) * UNITS[u] for n, u in _PART.findall(text))
         if seconds <= 0:
             raise BadDeadline(f"{text!r} is no time at all: a duration from the first launch is above 0, e.g. 36h")
+        if seconds > LONGEST_S:
+            raise BadDeadline(f"{text!r} is more than 10 years: a duration from the first launch, e.g. 36h")
         return Deadline(text, after_s=seconds)
-    try:
-        when = datetime.fromisoformat(text)
+    try:  # (Python 3.10's fromisoformat does not read a trailing Z)
+        when = datetime.fromisoformat(text[:-1] + "+00:00" if text[-1:] in "zZ" else text)
     except ValueError:
         raise BadDeadline(f"{text!r} is neither: a deadline is {EXAMPLES}") from None
     return _absolute(when, text)
@@ -59,6 +62,8 @@ def _absolute(when: datetime, text: str) -> Deadline:
             f"{text!r} has no zone: write it with one (Z for UTC, or +01:00), e.g. {text}Z — orch runs on machines "
             "whose clocks may be set to another zone"
         )
+    if when.year > datetime.now(timezone.utc).year + 10:
+        raise BadDeadline(f"{text!r} is more than 10 years away: a typo? e.g. 2026-12-11T18:00Z")
     return Deadline(text, at=when.astimezone(timezone.utc).timestamp())
 
 

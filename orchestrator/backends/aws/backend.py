@@ -178,6 +178,7 @@ class AwsBackend(BackendBase):
 
     def start(self, task: RunTask) -> Host:
         self.state.begin(task.run_id, task.attempt)
+        self.state.pin_market(task.run_id)  # `deadline:`: the market this pass decided, for the thread that buys
         self.pool.submit(self._dispatch, task)
         return Host(run_id=task.run_id, host_id="(acquiring)", address="")
 

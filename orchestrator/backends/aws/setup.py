@@ -332,7 +332,7 @@ def plan(state: ProvisioningState) -> dict:
     hours = (sweep.spec.timeout_minutes or cfg.max_minutes) / 60
     dearest = max(known) if known else None  # a bound over whichever choice the fleet takes, in whichever region
     spot = [r["spot_usd_per_h"] for r in rows if r["spot_usd_per_h"] is not None]
-    split = spot and sweep.spec.deadline and cfg.market != "on-demand"
+    split = spot and sweep.spec.deadline and cfg.market == "spot"  # (spot-then-on-demand buys on any refusal)
     all_spot = max(spot) * hours * len(sweep.runs) * state.nodes if split else None
     instances = len(sweep.runs) * state.nodes  # every node of a run is an instance billed (packing only lowers it)
     packing: list[str] = []

@@ -90,6 +90,7 @@ class ProvisioningState:
     work: Any = None  # the sweep's work rates (backends/aws/work.py: WorkBook), made with the state
     # `deadline:`: runs whose next host must be on-demand (the controller's schedule, replaced each pass)
     on_demand: frozenset[str] = frozenset()
+    pinned: frozenset[str] = frozenset()  # runs claimed while due for on-demand (pin_market; one assignment each)
 
     # Guarded by `pack_lock`: one placement on a shared instance at a time (pack.py).
     pack_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -122,10 +123,16 @@ class ProvisioningState:
         region = self.where.get(instance_id)
         return self.parts[region].ec2 if region in self.parts else self.ec2
 
+    def pin_market(self, run_id: str) -> None:
+        """At a run's claim: whether the deadline's schedule wants it on on-demand now, kept for this attempt's
+        acquisition (a provisioning thread asks later, when the next pass's set no longer names a run it hosts)."""
+        self.pinned = self.pinned | {run_id} if run_id in self.on_demand else self.pinned - {run_id}
+
     def markets_for(self, run_id: str) -> list[str]:
         """The markets an acquisition for `run_id` asks, in order: `aws.market`'s, or on-demand alone when the
-        deadline's schedule needs this run on on-demand now (control/schedule.py)."""
-        return ["on-demand"] if run_id in self.on_demand else fleet.markets(self.cfg.market)
+        deadline's schedule needed this run on on-demand at its claim or needs it now (control/schedule.py)."""
+        due = run_id in self.on_demand or run_id in self.pinned
+        return ["on-demand"] if due else fleet.markets(self.cfg.market)
 
     @property
     def cfg(self) -> AwsSection:

@@ -89,7 +89,7 @@ class WorkBook:
     def switch_s(self) -> float | None:
         """The median measured boot + restore of the sweep's attempts (what moving a run costs), None before one."""
         with self.lock:
-            boots = [float(b) for b in self.doc()["boots"].values() if isinstance(b, (int, float))]
+            boots = [float(b) for b in self.doc()["boots"].values() if _seconds(b)]  # (rates.json is input)
         return median(boots) if boots else None
 
     def scale(self, types: list[str]) -> dict[str, float]:
@@ -110,7 +110,7 @@ class WorkBook:
         with self.lock:
             doc = self.doc()
             measured = worth.rates(doc["attempts"])
-            boots = [float(b) for b in doc["boots"].values() if isinstance(b, (int, float))]
+            boots = [float(b) for b in doc["boots"].values() if _seconds(b)]
         with self.ledger.lock:
             entries = dict(self.ledger.entries)
         tried: dict[str, int] = {}
@@ -136,3 +136,8 @@ class WorkBook:
         weighed = [replace(c, weight=weights.get((c.instance_type, c.az))) for c in choices]
         # the best pool first: a run of several nodes asks one pool at a time, in this order (cloud/fleet.py)
         return sorted(weighed, key=lambda c: order.get((c.instance_type, c.az), len(order)))
+
+
+def _seconds(value: object) -> bool:
+    """A boot as orch records one: a number of seconds above 0 and under an hour (not NaN, not Infinity)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 3600

@@ -67,3 +67,10 @@ def test_the_deadline_scale_is_each_runs_type_against_the_slowest_measured_one(t
     assert b.scale(["slow", "fast"]) == {"": 3.0, "q": 3.0, "r": 1.0}  # q on fast: 3x longer if it moves to slow
     assert b.scale(["fast"]) == {}  # a sweep that buys one type: nothing to convert
     assert b.scale(["slow", "fast", "unmeasured"]) == {"": 3.0, "q": 3.0, "r": 1.0}  # (taken as fast as the others)
+
+
+def test_a_boot_in_rates_json_that_is_no_number_of_seconds_is_passed_over(tmp_path):
+    b, store = book(tmp_path)
+    doc = {"work_key": "epoch", "attempts": {}, "boots": {"r#1": float("inf"), "q#1": -3, "x#1": True, "y#1": 12.5}}
+    store.put_bytes("s/rates.json", json.dumps(doc).encode())  # (json.dumps writes Infinity, as a bad file may hold)
+    assert b.switch_s() == 12.5  # an Infinity made every pass's deadline line raise
