@@ -10,6 +10,7 @@ from orchestrator.backends.registry import load_sweep
 from orchestrator.control import deadline as d
 from orchestrator.control.schedule import RunWork, finish, plan
 from orchestrator.control.views import RunView
+from tests.unit.sweep.test_deadline import AWS as SWEEP
 
 NOW = 1_000_000.0
 
@@ -49,14 +50,7 @@ def test_the_plan_counts_every_hosted_run_when_more_run_than_max_parallel_and_mo
     assert late.shortfall_s > 0 and not late.on_schedule and late.move == frozenset()  # a move would only add to it
 
 
-AWS = """\
-name: due
-command: "true"
-backend: aws
-timeout_minutes: 10
-store: s3://bucket/due
-aws: {region: us-east-1, instance_types: [g5.xlarge], image: ami-12345678}
-"""
+AWS = SWEEP.replace("timeout_minutes: 30", "timeout_minutes: 10")  # one run of 10 min
 
 
 def _sweep(tmp_path, deadline: str):
