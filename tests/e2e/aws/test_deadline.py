@@ -289,3 +289,31 @@ def test_a_two_node_run_is_bought_on_demand_whole_in_the_region_that_has_capacit
     # the switch moment: 80 s less the 10 s margin, the 30 s run and a 10 s move; a pass buys up to 10 s ahead
     assert all(e["start"] - at >= 30 - 10 - 0.5 for e in entries), (at, entries)
     orch("down", "wide")
+
+
+@pytest.mark.timeout(600)
+def test_a_remote_controller_keeps_the_deadline_and_buys_on_demand_from_its_switch_moment(orch, cloud, identity):
+    """`--remote`: the controller on its own instance plans from the record the laptop's launch wrote; spot refused,
+    the run is bought on-demand no earlier than its switch moment and ends before the deadline."""
+    from tests.conftest import ENDED_GAP_S
+    from tests.e2e.aws.test_remote_launch import CONTROLLER, controller_ids
+
+    cloud.gate.fleet_errors[("spot", "*", "*")] = "InsufficientInstanceCapacity"  # (the controller is on-demand)
+    extra = "max_restarts: 0\ntimeout_minutes: 0.5\ndeadline: 180s"  # switch moment: 180 - 10 - (30 + 10) s
+    text = cloud.sweep_yaml("farout", identity, "sleep 3", extra=extra, controller=CONTROLLER, switch_s="10")
+    r = orch("launch", str(orch.sweep(text)), "--remote", timeout=600)
+    assert r.code == 0, r.out[-3000:] + r.err[-3000:]
+    retry_until(
+        lambda: run_states(orch, "farout", gap=ENDED_GAP_S).get("run", {}).get("state") == "succeeded",
+        400,
+        1.0,
+        "the run to finish",
+    )
+    at = _launched_at(cloud, "farout")
+    run = run_states(orch, "farout")["run"]
+    assert run["finished_at"] < at + 180, (at, run)
+    entries = [e for e in _ledger(cloud, "farout").values() if not e.get("role")]
+    assert [e["market"] for e in entries] == ["on-demand"], entries
+    assert entries[0]["start"] - at >= 130 - 10 - 0.5, (at, entries)  # a pass buys up to 10 s ahead
+    retry_until(lambda: not controller_ids(cloud, "farout"), 120, 0.5, "the controller to end its own instance")
+    assert orch("down", "farout").code == 0 and not any(cloud.leftovers("farout").values())
