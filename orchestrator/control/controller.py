@@ -180,10 +180,11 @@ class Controller(Verdicts):
         views = self.table.all_views()
         switch, scale = self.backend.switch_s(), self.backend.work_scale()
         plan, view = schedule(self.sweep.spec, at or now, views, hosted, markets, switch, now, scale)
+        final = {v.run_id for v in views if v.final}
         self._to_on_demand = {  # until its next attempt is claimed: once its checkpoint is taken (no work lost), the
             rid: att  # plan may no longer count it due, and it would wait for spot again
             for rid, att in self._to_on_demand.items()
-            if (st := self.table.status.get(rid)) is not None and st.attempt == att and not views_final(views, rid)
+            if (st := self.table.status.get(rid)) is not None and st.attempt == att and rid not in final
         }
         self.backend.buy_on_demand(plan.on_demand | plan.move | frozenset(self._to_on_demand))
         if plan.on_demand:
@@ -381,7 +382,3 @@ class Controller(Verdicts):
             notify.hand_off(str(self.sweep.path))
         elif left:
             log.warning("notify: %d message(s) could not be delivered before the controller ended", left)
-
-
-def views_final(views, run_id: str) -> bool:
-    return any(v.run_id == run_id and v.final for v in views)
