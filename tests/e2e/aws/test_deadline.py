@@ -291,7 +291,7 @@ def test_a_two_node_run_is_bought_on_demand_whole_in_the_region_that_has_capacit
     orch("down", "wide")
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)
 def test_a_remote_controller_keeps_the_deadline_and_buys_on_demand_from_its_switch_moment(orch, cloud, identity):
     """`--remote`: the controller on its own instance plans from the record the laptop's launch wrote; spot refused,
     the run is bought on-demand no earlier than its switch moment and ends before the deadline."""
