@@ -10,8 +10,10 @@ import re
 import click
 
 from orchestrator.backends.aws.cloud.policy import DEFAULT_IMAGE_OWNERS, boundary_policy, controller_policy
+from orchestrator.backends.aws.cloud.worth import rates
 from orchestrator.backends.aws.settings import REGION_RE
 from orchestrator.cli.common import expected_errors
+from orchestrator.cli.work_words import per_h
 from orchestrator.contract import bucket_problem
 from orchestrator.errors import OrchError
 
@@ -138,3 +140,71 @@ def aws_boundary(bucket: str | None, data_buckets: tuple, regions: tuple, owners
     _bucket_names(bucket, *data_buckets)
     doc = boundary_policy(bucket, data_buckets, (), _region_names(regions), owners or DEFAULT_IMAGE_OWNERS, vpcs)
     click.echo(_printed(doc, "boundary"))
+
+
+@aws_group.command("rates")
+@click.argument("sweep_file")
+@click.option(
+    "--forget",
+    is_flag=True,
+    help="Take this command's sweeps off the store's index: later sweeps start "
+    "unmeasured (each sweep's own rates.json stays, and with it what `orch collect` reports).",
+)
+@expected_errors
+def aws_rates(sweep_file: str, forget: bool):
+    """The work rates a launch of SWEEP_FILE starts from (`aws.choose: work`): per instance type, what earlier
+    sweeps of the same command in its store measured, and the sweep's own.
+
+    "The same command" is the same `command:` text and work key (`aws.work_key`, else `prune.at`, else epoch).
+    Reclaims count across every earlier sweep of the store, whatever its command. docs/guides/costs.md.
+
+    \b
+    Example:
+      orch aws rates sweep.yaml            # what a launch would start from
+      orch aws rates sweep.yaml --forget   # start over: later sweeps of this command measure again
+    """
+    from orchestrator.backends.aws import earlier
+    from orchestrator.backends.aws.state import work_key
+    from orchestrator.cli.common import load_sweep_arg
+    from orchestrator.store import open_store
+
+    sweep = load_sweep_arg(sweep_file)
+    if sweep.spec.backend != "aws":
+        raise OrchError(f"{sweep_file}: backend {sweep.spec.backend}: only aws sweeps measure work rates", exit_code=2)
+    store, key = open_store(sweep.store_url), earlier.command_key(sweep.spec.command, work_key(sweep))
+    if forget:
+        names = earlier.forget(store, key)
+        click.echo(
+            f"forgot {len(names)} sweep(s) of this command ({', '.join(names) or 'none in the index'}): later sweeps "
+            "of it start unmeasured; each sweep keeps its own rates.json (a relaunch of one keeps its measurements)"
+        )
+        return
+    found = earlier.gather(store, sweep.spec.name, key)
+    own = get_own_attempts(store, sweep.spec.name)
+    for line in rates_words(work_key(sweep), found.sweeps, own, found.attempts):
+        click.echo(line)
+
+
+def get_own_attempts(store, sweep: str) -> dict:
+    """The sweep's own measured attempts (its rates.json; nothing when it has none or it is not orch's)."""
+    from orchestrator.store import layout
+    from orchestrator.store.base import get_json
+
+    try:
+        found = get_json(store, layout.rates_key(sweep))
+    except Exception:  # unreadable: the controller measures again (backends/aws/work.py)
+        return {}
+    attempts = found.get("attempts") if isinstance(found, dict) else None
+    return attempts if isinstance(attempts, dict) else {}
+
+
+def rates_words(key: str, sweeps: tuple[str, ...], own: dict, before: dict) -> list[str]:
+    """`orch aws rates`: per type, the rate a launch starts from, and what it rests on."""
+    where = f"earlier sweeps of this command: {', '.join(sweeps)}" if sweeps else "no earlier sweep of this command"
+    measured = rates(own, before)
+    out = [f"work rates ({key} per hour), from this sweep's own attempts and {where}:"]
+    for t, r in sorted(measured.items()):
+        out.append(f"  {t}: {per_h(r.per_s * 3600)}/h over {r.attempts} attempt(s), {r.earlier} in earlier sweeps")
+    if not measured:
+        out.append("  none measured: each type's first attempts measure it")
+    return out

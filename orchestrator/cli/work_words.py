@@ -6,7 +6,7 @@ from __future__ import annotations
 from orchestrator.control.views import usd
 
 
-def _rate(x: float) -> str:
+def per_h(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
 
@@ -15,7 +15,7 @@ def work_words(work: dict | None) -> list[str]:
     if not work:
         return []
     out = [
-        f"work on {t['type']}: {_rate(t['units_per_h'])}/h measured ({t['attempts']} attempt(s)), {usd(t['usd'])} for "
+        f"work on {t['type']}: {per_h(t['units_per_h'])}/h measured ({t['attempts']} attempt(s)), {usd(t['usd'])} for "
         f"{t['units']:.4g} units" + (f" = {usd(t['usd_per_unit'])} per unit" if t.get("usd_per_unit") else "")
         for t in work.get("types") or []
     ]

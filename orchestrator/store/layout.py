@@ -6,6 +6,8 @@
 <sweep>/rungs.json                         pruning verdicts (the controller's)
 <sweep>/cost.json                          the cost ledger (the controller's)
 <sweep>/rates.json                         aws: measured work rates per attempt (the controller's)
+<sweep>/earlier.json                       aws: what earlier sweeps in the store measured (the launch's)
+.orch-work/<command key>/<at>.<sweep>      aws: an index of the store's sweeps by command (the launch's)
 <sweep>/controller.json                    the controller's lease on the sweep
 <sweep>/controller.log                     a remote controller's own log (`orch logs --controller`)
 <sweep>/notify.json                        `notify:`'s outbox: each message, and per sink when it was delivered
@@ -216,6 +218,37 @@ def study_key(sweep: str) -> str:
 def rates_key(sweep: str) -> str:
     """aws: the sweep's measured work rates per attempt (backends/aws/work.py; the controller's)."""
     return f"{sweep}/rates.json"
+
+
+def earlier_key(sweep: str) -> str:
+    """aws: the work rates and reclaims of earlier sweeps in the store, as the sweep's launch found them
+    (backends/aws/earlier.py)."""
+    return f"{sweep}/earlier.json"
+
+
+WORK_DIR = ".orch-work"  # no sweep's name: a name starts with a letter or digit
+
+
+def work_index_prefix(command_key: str = "") -> str:
+    """aws: the index of the store's sweeps (of one command key, when given): `orch aws rates --forget` deletes one."""
+    return f"{WORK_DIR}/{command_key}/" if command_key else f"{WORK_DIR}/"
+
+
+def work_index_key(command_key: str, at: int, sweep: str) -> str:
+    return f"{WORK_DIR}/{command_key}/{at}.{sweep}"
+
+
+def work_index_entries(keys: Iterable[str]) -> list[tuple[str, int, str]]:
+    """(command key, at, sweep) of each index key, newest first; keys that are not such entries are passed over."""
+    out = []
+    for key in keys:
+        parts = key.split("/")
+        if len(parts) != 3 or parts[0] != WORK_DIR:
+            continue
+        at, dot, sweep = parts[2].partition(".")
+        if dot and at.isdigit() and sweep and "." not in sweep:
+            out.append((parts[1], int(at), sweep))
+    return sorted(out, key=lambda e: -e[1])
 
 
 def notify_key(sweep: str) -> str:

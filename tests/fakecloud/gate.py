@@ -169,6 +169,8 @@ class Gate:
     unoffered: set = field(default_factory=set)  # (type, AZ) pools EC2 does not offer (see the module doc)
     region_capacity: dict[str, int] = field(default_factory=dict)  # region -> most live spot instances it holds
     spot_prices: dict[tuple[str, str], float] = field(default_factory=dict)  # (type, AZ) -> its price (module doc)
+    # AZ name -> its Spot placement score (GetSpotPlacementScores, which moto lacks): an AZ not named scores 5
+    placement_scores: dict[str, int] = field(default_factory=dict)
     fail_images: bool = False  # set by a test: new images end `failed` instead of `available`
     controller_policy: dict | None = (
         None  # the policy orch documents (orch aws policy): every controller call is checked
@@ -311,6 +313,8 @@ class Gate:
             # side (two concurrent CreateFleets both counted one instance free, and both launched)
             with self.fleet_lock:
                 return self._create_fleet(environ, form, role)
+        if action == "GetSpotPlacementScores":
+            return self._spot_placement_scores(form)
         if action in PLACEMENT_ACTIONS:
             answer = self.placement.answer(action, form, self._ec2_error, getattr(_HERE, "region", None) or REGION)
             if action == "CreatePlacementGroup" and answer[0].startswith("200"):
@@ -559,6 +563,33 @@ class Gate:
             f'<?xml version="1.0" encoding="UTF-8"?><CreateFleetResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">'
             f"<requestId>{uuid.uuid4()}</requestId><fleetId>fleet-{uuid.uuid4().hex[:17]}</fleetId>"
             f"<errorSet>{items}</errorSet><fleetInstanceSet/></CreateFleetResponse>"
+        )
+        return "200 OK", [("Content-Type", "text/xml")], xml.encode()
+
+    def _spot_placement_scores(self, form: dict[str, list[str]]) -> tuple:
+        """GetSpotPlacementScores as the EC2 User Guide describes it: at least three instance types (else an error),
+        per AZ id with SingleAvailabilityZone (else per region), the top 10, best first."""
+        types = {v[0] for k, v in form.items() if k.startswith("InstanceType.")}
+        if len(types) < 3:
+            return self._ec2_error("InvalidParameterValue", "You must specify at least three instance types.")
+        regions = [v[0] for k, v in sorted(form.items()) if k.startswith("RegionName.")] or [self.local.region]
+        per_az = form.get("SingleAvailabilityZone", ["false"])[0] == "true"
+        items = []
+        for region in regions:
+            zones = _ec2_backend(region).describe_availability_zones()
+            scores = [(self.placement_scores.get(z.name, 5), z.zone_id) for z in zones]
+            if per_az:
+                items += [(score, region, f"<availabilityZoneId>{zid}</availabilityZoneId>") for score, zid in scores]
+            else:
+                items.append((max(score for score, _ in scores), region, ""))
+        body = "".join(
+            f"<item><region>{region}</region>{az}<score>{score}</score></item>"
+            for score, region, az in sorted(items, key=lambda i: -i[0])[:10]
+        )
+        xml = (
+            f'<GetSpotPlacementScoresResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>'
+            f"{uuid.uuid4()}</requestId><spotPlacementScoreSet>{body}</spotPlacementScoreSet>"
+            "</GetSpotPlacementScoresResponse>"
         )
         return "200 OK", [("Content-Type", "text/xml")], xml.encode()
 

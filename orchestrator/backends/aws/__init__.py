@@ -2,7 +2,7 @@
 explicit `state.ProvisioningState`), the sweep's resources created once (`setup`), provisioned over SSH in
 worker threads (`provision`), shared by several runs when they fit on one instance (`pack`), listed as hosts
 (`listing`; what a controller that died had bought: `adopt`; what each run was bought as, for `deadline:`:
-`bought`); and image builds (`image_build`, `orch ami build`),
+`bought`; what earlier sweeps in the store measured: `earlier`); and image builds (`image_build`, `orch ami build`),
 which launch and provision a builder the same way.
 
 Composes `cloud/` (every EC2/IAM call: the subpackage below it, which imports nothing of the rest), `remote`

@@ -41,7 +41,10 @@ def worth_lines(worth: dict) -> list[str]:
         rate = f"{p.rate:.3g} {key}/h, {p.note}" if p.rate is not None else p.note
         cost = f"${p.per_unit:.4g}/{unit}" if p.per_unit is not None else "not ranked"
         out.append(f"  {k}. {p.instance_type} in {p.az}: {cost} ({price}; {rate}; {p.reclaims_per_h:.2f} reclaims/h)")
-    out.append("  spot placement scores: not asked (orch ranks by its own measurements and reclaims)")
+    out.append(f"  spot placement scores: {worth.get('scores') or 'not asked'}")
+    sweeps = worth.get("earlier") or []
+    if sweeps:
+        out.append(f"  rates measured in earlier sweeps of this command count too: {', '.join(sweeps)}")
     return out
 
 

@@ -372,7 +372,8 @@ def worth_plan(state: ProvisioningState, rows: list[dict]) -> dict:
         return {"choose": cfg.choose}
     prices = {(r["type"], r["az"]): r["usd_per_h"] for r in rows}
     ranked = state.work.ranked(list(prices), lambda t, az: prices.get((t, az)))
-    return {"choose": "work", "work_key": state.work.work_key, "pools": ranked}
+    plan = {"choose": "work", "work_key": state.work.work_key, "pools": ranked, "scores": state.work.placement().note}
+    return plan | {"earlier": list(state.work.before().sweeps)}
 
 
 def transfer_plan(state: ProvisioningState, home: str) -> dict:

@@ -18,6 +18,7 @@ from orchestrator.backends import bundle as code_bundle
 from orchestrator.backends.aws.cloud import ec2 as api
 from orchestrator.backends.aws.cloud import fleet, worth
 from orchestrator.backends.aws.cloud.pricing import CostLedger, PriceBook, region_of_az
+from orchestrator.backends.aws.cloud.scores import Scores, placement_scores
 from orchestrator.backends.aws.regions import home_region, settings
 from orchestrator.backends.aws.settings import AwsSection
 from orchestrator.backends.aws.work import WorkBook
@@ -105,8 +106,10 @@ class ProvisioningState:
         prices = PriceBook(lambda types, azs: spot_prices_by_region(types, azs, cfg.region))
         store = open_store(sweep.store_url)
         ledger = CostLedger(store, sweep.spec.name, prices, home=lambda: home_region(sweep))
-        work = WorkBook(store, sweep.spec.name, ledger, cfg.choose, work_key(sweep))
-        return cls(sweep, parts[cfg.regions[0]].ec2, ledger, parts, work=work)
+        work = WorkBook(store, sweep.spec.name, ledger, cfg.choose, work_key(sweep), sweep.spec.command)
+        state = cls(sweep, parts[cfg.regions[0]].ec2, ledger, parts, work=work)
+        work.scorer = lambda: scores_now(state)  # AWS's Spot placement scores (cloud/scores.py), when ranking
+        return state
 
     def part(self, region: str) -> RegionPart:
         """The sweep's part in `region` (one outside its list too: a --remote controller's home)."""
@@ -211,3 +214,19 @@ class ProvisioningState:
                 self.where[inst["instance_id"]] = region
                 out.append({**inst, "region": region})
         return out
+
+
+def scores_now(state: ProvisioningState) -> Scores:
+    """The sweep's Spot placement scores now: its instance types in its regions, one acquisition's instances, asked in
+    its first region for all of them, with the AZ ids its subnets name; never raises."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    cfg, names = state.cfg, {}
+    try:
+        for r in cfg.regions:
+            for s in api.resolve_subnets(state.part(r).ec2, cfg.subnet_ids if r == cfg.region else [], r):
+                names[s["AvailabilityZoneId"]] = s["AvailabilityZone"]
+    except (ClientError, BotoCoreError, OrchError) as exc:
+        return Scores(note=f"not had (the subnets' AZ ids: {exc}): ranked without them")
+    ec2 = state.part(cfg.regions[0]).ec2
+    return placement_scores(ec2, cfg.instance_types, cfg.regions, max(1, state.nodes), names)

@@ -15,12 +15,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from statistics import median
 from typing import Any
 
+from orchestrator.backends.aws import earlier
 from orchestrator.backends.aws.bought import newest
-from orchestrator.backends.aws.cloud import worth
+from orchestrator.backends.aws.cloud import scores, worth
 from orchestrator.backends.aws.cloud.pools import Choice
 from orchestrator.backends.aws.cloud.pricing import CostLedger, attempts_on
 from orchestrator.store import layout
@@ -33,11 +35,16 @@ log = logging.getLogger("orch.aws")
 class WorkBook:
     """The sweep's work rates: learned from records, kept in the store, turned into CreateFleet weights."""
 
-    def __init__(self, store: Store, sweep: str, ledger: CostLedger, choose: str, work_key: str):
+    def __init__(self, store: Store, sweep: str, ledger: CostLedger, choose: str, work_key: str, command: str = ""):
         self.store, self.key, self.ledger = store, layout.rates_key(sweep), ledger
-        self.choose, self.work_key = choose, work_key
+        self.sweep, self.choose, self.work_key = sweep, choose, work_key
+        self.command_key = earlier.command_key(command, work_key)
         self.lock = threading.Lock()
         self._doc: dict[str, Any] | None = None
+        self._earlier: earlier.Earlier | None = None  # what earlier sweeps in the store measured (earlier.py)
+        # AWS's Spot placement scores (cloud/scores.py): asked through `scorer` (set with the state), kept REFRESH_S
+        self.scorer: Callable[[], scores.Scores] | None = None
+        self._scores, self._scored_at = scores.Scores(), 0.0
         self.last: dict[tuple[str, str], str] = {}  # pool -> why it ranked where it did at the last weighing
 
     def doc(self) -> dict[str, Any]:
@@ -62,6 +69,52 @@ class WorkBook:
             log.warning("%s is not a rates record of work key %r; measuring again", self.key, self.work_key)
             return None
         return {**found, "boots": found["boots"] if isinstance(found.get("boots"), dict) else {}}
+
+    def gather(self) -> earlier.Earlier:
+        """What earlier sweeps in the store measured, read now (a launch, a dry run); once per process."""
+        with self.lock:
+            if self._earlier is None:
+                try:
+                    self._earlier = earlier.gather(self.store, self.sweep, self.command_key)
+                except Exception as exc:  # the index unreadable: this sweep starts from its own measurements
+                    log.warning("earlier sweeps' work rates could not be read (%s); starting from this sweep's", exc)
+                    self._earlier = earlier.Earlier()
+            return self._earlier
+
+    def keep(self) -> None:
+        """At a launch: what was gathered, for this sweep's controllers (a remote one reads only its prefix)."""
+        earlier.keep(self.store, self.sweep, self.command_key, self.gather())
+
+    def before(self) -> earlier.Earlier:
+        """What the launch gathered (a controller that did not launch reads the sweep's earlier.json)."""
+        with self.lock:
+            if self._earlier is None:
+                self._earlier = earlier.kept(self.store, self.sweep)
+            return self._earlier
+
+    def placement(self) -> scores.Scores:
+        """The placement scores, asked again after REFRESH_S (never again once not worth asking: too few types,
+        refused by IAM — said once, in the log)."""
+        if self.choose != "work" or self.scorer is None or self._scores.final:
+            return self._scores
+        if time.time() - self._scored_at >= scores.REFRESH_S:
+            self._scores, self._scored_at = self.scorer(), time.time()
+            (log.warning if self._scores.final and self._scores.by_az == {} else log.info)(
+                "spot placement scores: %s", self._scores.note
+            )
+        return self._scores
+
+    def measured(self) -> dict[str, worth.Rate]:
+        """Per type: the sweep's own measured attempts and those of earlier sweeps of the same command."""
+        before = self.before()
+        with self.lock:
+            return worth.rates(self.doc()["attempts"], before.attempts)
+
+    def _boots(self) -> list[float]:
+        before = self.before()
+        with self.lock:
+            boots = [*self.doc()["boots"].values(), *before.boots.values()]
+        return [float(b) for b in boots if _seconds(b)]  # (rates.json is input)
 
     def learn(self, statuses: dict[str, RunStatus]) -> None:
         """Fold the records just read into the rates; written to the store only when one changed."""
@@ -88,16 +141,14 @@ class WorkBook:
 
     def switch_s(self) -> float | None:
         """The median measured boot + restore of the sweep's attempts (what moving a run costs), None before one."""
-        with self.lock:
-            boots = [float(b) for b in self.doc()["boots"].values() if _seconds(b)]  # (rates.json is input)
+        boots = self._boots()
         return median(boots) if boots else None
 
     def scale(self, types: list[str]) -> dict[str, float]:
         """`deadline:` — how much longer a run's work left would take on the slowest of `types` with a measured rate
         than on the type of its newest attempt (run -> factor; "" -> the fastest's, for a run not started yet). {}
         while fewer than two of `types` are measured: a type without a rate is taken as fast as the others."""
-        with self.lock:
-            measured = worth.rates(self.doc()["attempts"])
+        measured = self.measured()
         known = {t: measured[t].per_s for t in types if t in measured}
         if len(known) < 2:
             return {}
@@ -107,17 +158,16 @@ class WorkBook:
 
     def ranked(self, pools: list[tuple[str, str]], price_of) -> list[worth.PoolWorth]:
         """Every pool's worth now, best first (cloud/worth.py)."""
-        with self.lock:
-            doc = self.doc()
-            measured = worth.rates(doc["attempts"])
-            boots = [float(b) for b in doc["boots"].values() if _seconds(b)]
+        measured, boots, before = self.measured(), self._boots(), self.before()
         with self.ledger.lock:
             entries = dict(self.ledger.entries)
-        tried: dict[str, int] = {}
+        tried: dict[str, int] = {}  # the sweep's own attempts per type (what exploring a type counts)
         for e in entries.values():
             if isinstance(e, dict) and isinstance(e.get("type"), str) and not e.get("role"):
                 tried[e["type"]] = tried.get(e["type"], 0) + 1
-        return worth.rank(pools, price_of, measured, tried, entries, time.time(), worth.loss_seconds(boots))
+        history = {**before.ledger, **entries}  # every pool's reclaims: this sweep's and earlier sweeps' (any command)
+        loss_s, had = worth.loss_seconds(boots), self.placement().by_az
+        return worth.rank(pools, price_of, measured, tried, history, time.time(), loss_s, had)
 
     def why(self, instance_type: str, az: str) -> str:
         """Why a pool was chosen, as the last weighing ranked it (for the controller's log)."""

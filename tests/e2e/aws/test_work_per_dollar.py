@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+from orchestrator.wait import retry_until
 from tests.conftest import run_states
 from tests.fakecloud import BUCKET
 from tests.fakecloud.cloud import AZS
@@ -32,21 +33,21 @@ with open(os.path.join(os.environ["ORCH_RUN_DIR"], "metrics.jsonl"), "a") as f:
 """
 
 
-def paced_sweep(orch, cloud, identity, name: str, **aws: str):
+def paced_sweep(orch, cloud, identity, name: str, runs: str = "[1, 2, 3, 4]", **aws: str):
     (orch.tmp / "paced.py").write_text(PACED)
     for (
         az
     ) in AZS:  # g6.xlarge: cheaper by the hour, dearer by the epoch ($0.30 a third of an epoch-rate: $0.90 per unit)
         cloud.gate.spot_prices[("g6.xlarge", az)] = 0.30
         cloud.gate.spot_prices[("g5.xlarge", az)] = 0.45
-    extra = "grid:\n  run: [1, 2, 3, 4]\nmax_parallel: 1\nmax_restarts: 0\n"
+    extra = f"grid:\n  run: {runs}\nmax_parallel: 1\nmax_restarts: 0\n"
     return orch.sweep(cloud.sweep_yaml(name, identity, "python3 paced.py", extra=extra, **aws), name=f"{name}.yaml")
 
 
-def types_run(orch, cloud, name: str) -> list[str]:
+def types_run(orch, cloud, name: str, runs: int = 4) -> list[str]:
     """Each run's instance type, in the order the runs ran (what its command read from the metadata service)."""
     out = []
-    for run in ("run=1", "run=2", "run=3", "run=4"):
+    for run in (f"run={k}" for k in range(1, runs + 1)):
         body = cloud.client("s3").get_object(Bucket=BUCKET, Key=f"sweeps/{name}/{run}/metrics.jsonl")["Body"].read()
         out.append(json.loads(body.splitlines()[-1])["itype"])
     return out
@@ -92,3 +93,111 @@ def test_later_attempts_go_to_the_lower_dollars_per_epoch_and_by_price_they_woul
     assert orch("launch", str(by_price), timeout=500).code == 0
     assert types_run(orch, cloud, "hours") == ["g6.xlarge"] * 4
     assert orch("down", "hours").code == 0
+
+
+@pytest.mark.timeout(600)
+def test_a_later_sweep_of_the_same_command_starts_from_the_rates_earlier_ones_measured(orch, cloud, identity):
+    """Rates are the command's, not only the sweep's: a second sweep of the same command in the store buys its first
+    run on the type the first sweep measured cheaper per epoch (without them: the cheaper hour, to measure it);
+    `orch aws rates --forget` makes later sweeps of it start unmeasured."""
+    first = paced_sweep(orch, cloud, identity, "first", runs="[1, 2]")
+    assert orch("launch", str(first), timeout=300).code == 0
+    assert types_run(orch, cloud, "first", runs=2) == ["g6.xlarge", "g5.xlarge"]  # nothing measured, then explored
+    later = paced_sweep(orch, cloud, identity, "later", runs="[1]")
+    dry = orch("launch", str(later), "--dry-run")
+    top = next(line for line in dry.out.splitlines() if line.strip().startswith("1. "))
+    assert "g5.xlarge" in top and "measured (1 attempt, 1 in earlier sweeps)" in top, dry.out
+    shown = orch("aws", "rates", str(later))
+    assert shown.code == 0 and "earlier sweeps of this command: first" in shown.out, shown.out + shown.err
+    assert "g5.xlarge: 10,800/h over 1 attempt(s), 1 in earlier sweeps" in shown.out, shown.out
+    assert orch("launch", str(later), timeout=300).code == 0
+    assert types_run(orch, cloud, "later", runs=1) == ["g5.xlarge"]  # measured already: no type explored again
+    forgot = orch("aws", "rates", str(later), "--forget")
+    assert forgot.code == 0 and "forgot 2 sweep(s) of this command (" in forgot.out, forgot.out + forgot.err
+    fresh = orch("launch", str(paced_sweep(orch, cloud, identity, "fresh", runs="[1]")), "--dry-run")
+    assert "no epoch rate measured yet" in fresh.out, fresh.out
+    other = orch("aws", "rates", str(later))
+    assert "no earlier sweep of this command" in other.out, other.out
+    assert "g5.xlarge: 10,800/h over 1 attempt(s), 0 in earlier sweeps" in other.out, other.out  # its own
+    for name in ("first", "later"):
+        assert orch("down", name).code == 0
+
+
+@pytest.mark.timeout(600)
+def test_a_pool_reclaimed_in_an_earlier_sweep_loses_its_rank_and_by_price_it_would_not(orch, cloud, identity):
+    """A pool's reclaims are the pool's: after the first sweep's instance in the cheapest AZ is reclaimed, a later
+    sweep (another command, its own controller: no block carried over) buys in the other AZ, and names why; ranked by
+    the hour (`choose: price`) it buys in the reclaimed one."""
+    cheap, dear = AZS
+    cloud.gate.spot_prices[("g5.xlarge", cheap)], cloud.gate.spot_prices[("g5.xlarge", dear)] = 0.30, 0.31
+
+    def sweep(name: str, command: str, **aws: str):
+        text = cloud.sweep_yaml(name, identity, command, instance_types="[g5.xlarge]", **aws)
+        return orch.sweep(text, name=f"{name}.yaml")
+
+    ctl = orch.popen("launch", str(sweep("shaky", "sleep 15")))
+    [first] = retry_until(lambda: cloud.instances("shaky"), 120, 0.2, "the first sweep's instance")
+    assert first["az"] == cheap
+    retry_until(lambda: [s["state"] for s in run_states(orch, "shaky").values()] == ["running"], 120, 0.2, "the run")
+    cloud.reclaim(first["id"])
+    out, _ = ctl.communicate(timeout=300)
+    assert ctl.returncode == 0, out[-3000:]
+    assert [s["attempt"] for s in run_states(orch, "shaky").values()] == [2]
+    later = sweep("steady", "sleep 1")
+    dry = orch("launch", str(later), "--dry-run")
+    ranks = [line for line in dry.out.splitlines() if re.match(r"\s+\d\. g5.xlarge", line)]
+    assert dear in ranks[0] and cheap in ranks[1], dry.out  # the reclaimed pool second, though cheaper by the hour
+    assert orch("launch", str(later), timeout=300).code == 0
+    why = json.loads(orch("status", "steady", "--json").out)["runs"][0]["why"]
+    assert why.startswith(f"g5.xlarge in {dear}") and "ranked 1 of 2" in why, why
+    by_price = sweep("hourly", "sleep 1", choose="price")
+    assert orch("launch", str(by_price), timeout=300).code == 0
+    assert [e["az"] for e in _ledger(cloud, "hourly")] == [cheap]
+    for name in ("shaky", "steady", "hourly"):
+        assert orch("down", name).code == 0
+
+
+def _ledger(cloud, sweep: str) -> list[dict]:
+    body = cloud.client("s3").get_object(Bucket=BUCKET, Key=f"sweeps/{sweep}/cost.json")["Body"].read()
+    return [e for e in json.loads(body).values() if not e.get("role")]
+
+
+@pytest.mark.timeout(600)
+def test_placement_scores_rank_the_likelier_az_and_refused_by_iam_the_sweep_runs_without_them(orch, cloud, identity):
+    """AWS's Spot placement scores (the fake answers GetSpotPlacementScores as the EC2 User Guide describes it, per AZ
+    id, for three types at least): at equal prices the AZ scored likelier ranks first and is bought. A user whose
+    policy predates the call: the dry run says so, the sweep runs, ranked without them, and asks once."""
+    types = ["g4dn.xlarge", "g5.xlarge", "g6.xlarge"]
+    low, high = AZS
+    for t in types:
+        for az in AZS:
+            cloud.gate.spot_prices[(t, az)] = 0.30
+    cloud.gate.placement_scores.update({low: 2, high: 9})
+
+    def sweep(name: str):
+        text = cloud.sweep_yaml(name, identity, "sleep 1", instance_types=f"[{', '.join(types)}]")
+        return orch.sweep(text, name=f"{name}.yaml")
+
+    scored = sweep("scored")
+    dry = orch("launch", str(scored), "--dry-run")
+    assert f"spot placement scores: AWS's, for {', '.join(types)} together: 2 AZ(s) scored" in dry.out, dry.out
+    top = next(line for line in dry.out.splitlines() if line.strip().startswith("1. "))
+    assert high in top and "placement score 9" in top, dry.out
+    assert orch("launch", str(scored), timeout=300).code == 0
+    assert [e["az"] for e in _ledger(cloud, "scored")] == [high]
+
+    policy = json.loads(json.dumps(cloud.gate.controller_policy))  # last month's policy: without the call
+    for statement in policy["Statement"]:
+        actions = statement.get("Action")
+        if isinstance(actions, list) and "ec2:GetSpotPlacementScores" in actions:
+            actions.remove("ec2:GetSpotPlacementScores")
+    cloud.gate.controller_policy = policy
+    unscored = sweep("unscored")
+    dry = orch("launch", str(unscored), "--dry-run")
+    assert "spot placement scores: refused by IAM: ranked without them (grant ec2:GetSpotPlacementScores" in dry.out
+    r = orch("launch", str(unscored), timeout=300)
+    assert r.code == 0 and [s["state"] for s in run_states(orch, "unscored").values()] == ["succeeded"], r.out
+    assert cloud.gate.denied == ["ec2:GetSpotPlacementScores"] * 2  # the dry run's and the launch's: once each
+    cloud.gate.denied.clear()  # (refused on purpose: the fixture fails a test whose calls the policy refused)
+    for name in ("scored", "unscored"):
+        assert orch("down", name).code == 0

@@ -1,5 +1,4 @@
-"""EC2 control-plane calls: with fleet.py, the only code (with the rest of cloud/) that talks to the EC2 API
-(IAM: iam.py).
+"""EC2 control-plane calls: with the rest of cloud/ (fleet.py; IAM: iam.py), the only code that talks to the EC2 API.
 
 Plain functions over a boto3 client; what crosses out of here is dicts of plain values, never a
 boto3 object. Throttling is retried by botocore's standard mode. EC2 is eventually consistent: an
@@ -141,7 +140,7 @@ def unusable_regions(ec2, regions: list[str]) -> list[str]:
 
 
 def resolve_subnets(ec2, subnet_ids: list[str], region: str) -> list[dict]:
-    """[{SubnetId, AvailabilityZone, VpcId}] of the configured subnets, or the default VPC's."""
+    """[{SubnetId, AvailabilityZone(Id), VpcId}] of the configured subnets, or the default VPC's."""
     from botocore.exceptions import ClientError
 
     try:
@@ -165,6 +164,7 @@ def resolve_subnets(ec2, subnet_ids: list[str], region: str) -> list[dict]:
         {
             "SubnetId": s["SubnetId"],
             "AvailabilityZone": s["AvailabilityZone"],
+            "AvailabilityZoneId": s.get("AvailabilityZoneId", ""),
             "VpcId": s["VpcId"],
             "MapPublicIpOnLaunch": bool(s.get("MapPublicIpOnLaunch")),
         }

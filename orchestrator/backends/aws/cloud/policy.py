@@ -14,8 +14,7 @@ them, so nobody can tag someone else's instance to make it terminable. Sources: 
 boundaries for IAM entities" (the delegation example); EC2 user guide, "Grant permission to tag Amazon EC2
 resources during creation"; the Service Authorization Reference (which action takes which resource and key).
 
-Other documents extend these through the functions below (instance_statements, boundary_policy's `extra`), never
-by a second copy.
+Other documents extend these through the functions below (instance_statements, boundary_policy's `extra`), only.
 """
 
 from __future__ import annotations
@@ -41,6 +40,7 @@ READ_ACTIONS = [
     "ec2:DescribeLaunchTemplate*",  # DescribeLaunchTemplates, DescribeLaunchTemplateVersions
     "ec2:DescribePlacementGroups",
     "ec2:DescribeRegions",  # which of the sweep's regions the account may use (opt-in regions)
+    "ec2:GetSpotPlacementScores",  # aws.choose: work (cloud/scores.py); no resource type: "*"
 ]
 # New resources (a launch, a group, a template): nothing of anyone else's is touched. Images: Ec2NewImages.
 CREATE_ACTIONS = [

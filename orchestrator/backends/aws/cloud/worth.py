@@ -10,8 +10,9 @@ A pool is (instance type, AZ). Its expected dollars per unit of work:
   by the hour first), so its next attempt measures it — at most EXPLORE attempts; after that, still unmeasured, it is
   ranked at the slowest measured rate. With no measurement at all, every rate is equal: the
   ranking is by price, less what each pool's reclaims are expected to lose ($ per useful hour).
-- **reclaims per hour**: reclaims (and lost hosts) per instance-hour of that pool in the sweep's ledger, with a prior
-  of PRIOR_RECLAIMS reclaims in PRIOR_HOURS hours (a pool seen for minutes is not judged on one event); plus, for
+- **reclaims per hour**: reclaims (and lost hosts) per instance-hour of that pool in the sweep's ledger and earlier
+  sweeps' in the store, with a prior of PRIOR_RECLAIMS reclaims in PRIOR_HOURS hours (a pool seen for minutes is not
+  judged on one event) — moved by AWS's Spot placement score for the AZ where had (prior_per_h); plus, for
   CLUSTER_S after a reclaim anywhere in the same AZ, CLUSTER_PER_H more, decaying linearly: reclaims cluster in a zone
   for minutes (SpotHedge, EuroSys'25: another reclaim in the same zone within 5 minutes 83-97% of the time) while
   regions are nearly independent (nothing carries across regions).
@@ -40,6 +41,7 @@ CLUSTER_PER_H = 6.0  # reclaims per hour added at once after a reclaim in the AZ
 BOOT_S = 180.0  # boot and restore, until the sweep measured its own
 CHECKPOINT_S = 600.0  # seconds between checkpoints (half of it is lost on average) when the sweep does not say
 DEFAULT_WORK_KEY = "epoch"
+SCORE_MID = 5  # a placement score this high keeps the prior as it is (prior_per_h)
 
 
 @dataclass(frozen=True)
@@ -49,11 +51,22 @@ class Rate:
     per_s: float  # units of work per second
     attempts: int  # attempts it rests on
     seconds: float  # seconds of work measured
+    earlier: int = 0  # of its attempts, those of earlier sweeps of the same command (backends/aws/earlier.py)
 
 
-def rates(measured: dict[str, dict]) -> dict[str, Rate]:
-    """Per instance type, from `rates.json`'s attempts ("run#attempt" -> {type, work, seconds}): summed work over
-    summed seconds. An entry that is not numbers is passed over (the file is input)."""
+def rates(measured: dict[str, dict], earlier: dict[str, dict] | None = None) -> dict[str, Rate]:
+    """Per instance type, from `rates.json`'s attempts ("run#attempt" -> {type, work, seconds}) and earlier sweeps'
+    of the same command: summed work over summed seconds. An entry that is not numbers is passed over (input)."""
+    own = _sums(measured)
+    before = _sums(earlier or {})
+    out = {}
+    for t in own.keys() | before.keys():
+        w, sec, n = (a + b for a, b in zip(own.get(t, [0.0, 0.0, 0]), before.get(t, [0.0, 0.0, 0])))
+        out[t] = Rate(w / sec, int(n), sec, int(before.get(t, [0, 0, 0])[2]))
+    return out
+
+
+def _sums(measured: dict[str, dict]) -> dict[str, list[float]]:
     sums: dict[str, list[float]] = {}
     for entry in measured.values():
         if not isinstance(entry, dict):
@@ -63,7 +76,7 @@ def rates(measured: dict[str, dict]) -> dict[str, Rate]:
             continue
         s = sums.setdefault(itype, [0.0, 0.0, 0])
         s[0], s[1], s[2] = s[0] + float(work), s[1] + float(seconds), s[2] + 1  # type: ignore[operator]
-    return {t: Rate(w / sec, int(n), sec) for t, (w, sec, n) in sums.items()}
+    return sums
 
 
 def _positive(x) -> bool:
@@ -105,10 +118,18 @@ def _number(x) -> float | None:
     return float(x) if ok else None
 
 
-def reclaims_per_h(pool: Reclaims | None, az_newest: float | None, now: float) -> float:
-    """The pool's expected reclaims per hour: its history over a prior, plus the AZ's recent reclaim, decaying."""
+def prior_per_h(score: int | None) -> float:
+    """Reclaims per hour a pool is expected to have before its own history: PRIOR_RECLAIMS, or with AWS's Spot
+    placement score for its AZ (cloud/scores.py) halved for every 2 points above SCORE_MID and doubled for every 2
+    below (10: 0.018/h, 5: 0.1/h, 1: 0.4/h)."""
+    return PRIOR_RECLAIMS if score is None else PRIOR_RECLAIMS * 2 ** ((SCORE_MID - score) / 2)
+
+
+def reclaims_per_h(pool: Reclaims | None, az_newest: float | None, now: float, score: int | None = None) -> float:
+    """The pool's expected reclaims per hour: its history over a prior (the AZ's placement score's, when had), plus
+    the AZ's recent reclaim, decaying."""
     count, hours = (pool.count, pool.hours) if pool else (0, 0.0)
-    rate = (count + PRIOR_RECLAIMS * PRIOR_HOURS) / (hours + PRIOR_HOURS)
+    rate = (count + prior_per_h(score) * PRIOR_HOURS) / (hours + PRIOR_HOURS)
     if az_newest is not None and 0 <= now - az_newest < CLUSTER_S:
         rate += CLUSTER_PER_H * (1 - (now - az_newest) / CLUSTER_S)
     return rate
@@ -139,7 +160,8 @@ def assumed_rate(itype: str, measured: dict[str, Rate], tried: dict[str, int]) -
     measurement at all, None (every type alike); after EXPLORE attempts without one, the slowest measured rate."""
     own = measured.get(itype)
     if own is not None:
-        return own.per_s * 3600, f"measured ({own.attempts} attempt{'s' if own.attempts != 1 else ''})"
+        before = f", {own.earlier} in earlier sweeps" if own.earlier else ""
+        return own.per_s * 3600, f"measured ({own.attempts} attempt{'s' if own.attempts != 1 else ''}{before})"
     if not measured:
         return None, "not measured"
     if tried.get(itype, 0) < EXPLORE:
@@ -155,13 +177,17 @@ def rank(
     ledger: dict[str, dict],
     now: float,
     loss_s: float,
+    scores: dict[str, int] | None = None,
 ) -> list[PoolWorth]:
-    """Every pool's worth, best (lowest expected $ per unit) first; pools without a price last."""
+    """Every pool's worth, best (lowest expected $ per unit) first; pools without a price last. `scores`: AWS's
+    placement score per AZ, where had (cloud/scores.py)."""
     pool_history, az_newest = history(ledger)
-    loss_h, out = loss_s / 3600, []
+    loss_h, out, scores = loss_s / 3600, [], scores or {}
     for itype, az in pools:
         rate, note = assumed_rate(itype, measured, tried)
-        lam = reclaims_per_h(pool_history.get((itype, az)), az_newest.get(az), now)
+        score = scores.get(az)
+        note += f"; placement score {score}" if score is not None else ""
+        lam = reclaims_per_h(pool_history.get((itype, az)), az_newest.get(az), now, score)
         price = price_of(itype, az)
         # no type measured: every rate alike (1 unit an hour), so the ranking is by price, less what reclaims lose
         per_unit = None if price is None else price / (rate or 1.0) * (1 + lam * loss_h)

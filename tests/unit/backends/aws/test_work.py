@@ -74,3 +74,68 @@ def test_a_boot_in_rates_json_that_is_no_number_of_seconds_is_passed_over(tmp_pa
     doc = {"work_key": "epoch", "attempts": {}, "boots": {"r#1": float("inf"), "q#1": -3, "x#1": True, "y#1": 12.5}}
     store.put_bytes("s/rates.json", json.dumps(doc).encode())  # (json.dumps writes Infinity, as a bad file may hold)
     assert b.switch_s() == 12.5  # an Infinity made every pass's deadline line raise
+
+
+def sweep_book(store: LocalStore, name: str, command: str = "python train.py") -> WorkBook:
+    ledger = CostLedger(store, name, PriceBook(lambda types, azs: {}))
+    return WorkBook(store, name, ledger, "work", "epoch", command)
+
+
+def measured_sweep(store: LocalStore, name: str, command: str = "python train.py", reclaimed: float = 0.0):
+    """A launched sweep (in the index) that measured `slow` at 1 epoch/s and `fast` at 3/s, its `slow` instance
+    reclaimed at `reclaimed` when given."""
+    b = sweep_book(store, name, command)
+    b.keep()
+    b.ledger.acquired("i-1", "slow", "us-east-1a", "spot", run="r", attempt=1)
+    b.ledger.acquired("i-2", "fast", "us-east-1b", "spot", run="q", attempt=1)
+    if reclaimed:
+        b.ledger.entries["i-1"].update(end=reclaimed, reclaimed=reclaimed)
+        b.ledger.entries["i-1"]["start"] = reclaimed - 60
+    b.ledger.flush()
+    b.learn({"r": status("r", [0, 0, 4, 4]), "q": status("q", [0, 0, 12, 4])})
+    return b
+
+
+def test_a_later_sweep_of_the_same_command_starts_from_the_rates_earlier_ones_measured(tmp_path):
+    store = LocalStore(str(tmp_path / "store"))
+    measured_sweep(store, "first")
+    later = sweep_book(store, "later")
+    later.keep()
+    rates = later.measured()
+    assert (rates["fast"].per_s, rates["fast"].attempts, rates["fast"].earlier) == (3.0, 1, 1)
+    [best, _] = later.ranked([("slow", "us-east-1a"), ("fast", "us-east-1b")], lambda t, az: 0.3)
+    assert best.instance_type == "fast" and best.note == "measured (1 attempt, 1 in earlier sweeps)"
+    other = sweep_book(store, "other", command="python train.py --big")  # another command: starts unmeasured
+    assert other.gather().sweeps == () and other.measured() == {}
+    # a controller that did not launch (--detach's, a remote one) reads what the launch kept
+    assert sweep_book(store, "later").measured()["fast"].earlier == 1
+
+
+def test_reclaims_count_across_sweeps_of_any_command_and_bad_records_are_passed_over(tmp_path):
+    import time
+
+    store = LocalStore(str(tmp_path / "store"))
+    measured_sweep(store, "first", reclaimed=time.time() - 30)
+    store.put_bytes("broken/cost.json", b"[1, 2")  # a sweep in the index whose records are not orch's
+    store.put_bytes("broken/rates.json", b'{"attempts": 3}')
+    store.put_bytes(".orch-work/zz/1.broken", b"{}")
+    store.put_bytes(".orch-work/zz/not-an-entry", b"{}")
+    other = sweep_book(store, "other", command="python other.py")
+    other.gather()  # (a launch or a dry run)
+    pools = [("slow", "us-east-1a"), ("slow", "us-east-1b")]
+    ranked = {w.az: w for w in other.ranked(pools, lambda t, az: 0.3)}
+    assert ranked["us-east-1a"].reclaims_per_h > 1 > ranked["us-east-1b"].reclaims_per_h  # the cluster and history
+    assert [w.az for w in other.ranked(pools, lambda t, az: 0.3)] == ["us-east-1b", "us-east-1a"]
+
+
+def test_forget_leaves_the_command_unmeasured_for_later_sweeps_and_a_relaunch_does_not_share_it_again(tmp_path):
+    from orchestrator.backends.aws import earlier
+
+    store = LocalStore(str(tmp_path / "store"))
+    first = measured_sweep(store, "first")
+    assert earlier.forget(store, first.command_key) == ["first"]
+    first_again = sweep_book(store, "first")
+    first_again.keep()  # its relaunch: measured already, it stays out of the index
+    assert first_again.measured()["fast"].earlier == 0 and first_again.measured()["fast"].attempts == 1
+    assert sweep_book(store, "later").gather().sweeps == ()
+    assert json.loads(store.get_bytes("first/rates.json") or b"")["attempts"]  # its own record is kept
