@@ -32,6 +32,7 @@ import dataclasses
 import json
 import math
 import shutil
+import signal
 import tempfile
 import time
 from collections import Counter
@@ -61,6 +62,7 @@ from orchestrator.store.status import (
     CORRUPT,
     FAILED,
     INTERRUPTED,
+    LOST,
     PRUNED,
     RUNNING,
     STARTING,
@@ -330,6 +332,11 @@ class Harness(RuleBasedStateMachine):
         host.agent.fails = True
         self._advance()
 
+    def _failing(self, run: str) -> bool:
+        """Whether a node of the run's attempt was made to fail (node_fails) and the failure may not be recorded yet:
+        an end that comes with it is the command's failure, not the scheduler's or the host's doing."""
+        return any(h.agent is not None and h.agent.fails for h in self.cloud.hosts_of(run))
+
     def _running_followers(self) -> list:
         hosts = sorted(self.cloud.hosts.values(), key=lambda h: h.host_id) if hasattr(self, "cloud") else []
         return [h for h in hosts if h.agent and h.agent.follower and h.agent.phase == SimAgent.RUNNING]
@@ -360,12 +367,27 @@ class Harness(RuleBasedStateMachine):
         """A scheduler ends a run's job (Slurm: a requeue, a preemption, a node set DOWN): its agents get SIGTERM
         and no stop file. The attempt ends interrupted (resumable), never as a failure of the command."""
         run = data.draw(st.sampled_from(sorted({h.run_id for h in self.cloud.hosts.values()})))
-        before = read_status(self.store, self.sweep.spec.name, run)
+        before, failing = read_status(self.store, self.sweep.spec.name, run), self._failing(run)
         ended = self.backend.take_back(run)
         after = read_status(self.store, self.sweep.spec.name, run)
-        if before.attempt in ended and before.state in (STARTING, RUNNING):
+        if before.attempt in ended and before.state in (STARTING, RUNNING) and not failing:
             assert after.failures == before.failures, (before, after)
             assert after.attempt != before.attempt or after.state in (INTERRUPTED, SUCCEEDED, PRUNED), (before, after)
+        self._advance()
+
+    def hang_up(self, run: str) -> None:
+        """RUN's tmux sessions end with their hosts (a step of scripted scenarios): ssh, a machine powered off or its
+        sshd gone; local, the session killed. SIGHUP to the agents, no stop file. The attempt ends lost — it counts
+        toward the quick losses that end a run whose host dies at every attempt — never `stopped` (which resets that
+        count) and never a failure of the command. (Not a rule of the random machine yet: see the docstring of
+        tests/harness/test_invariants.py's test of it.)"""
+        assert self.backend is not None
+        before, failing = read_status(self.store, self.sweep.spec.name, run), self._failing(run)
+        ended = self.backend.take_back(run, signal.SIGHUP)
+        after = read_status(self.store, self.sweep.spec.name, run)
+        if before.attempt in ended and before.state in (STARTING, RUNNING) and not failing:
+            assert after.failures == before.failures, (before, after)
+            assert after.state in (LOST, SUCCEEDED, PRUNED), (before, after)
         self._advance()
 
     @precondition(lambda self: self.controller is not None)

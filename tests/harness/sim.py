@@ -317,24 +317,27 @@ class SimBackend(BackendBase):
             self.cloud.remove_host(host.host_id)
         return True
 
-    def _terminate(self, agent: SimAgent) -> None:
-        """SIGTERM to the agent (its own handler), then tick it until it has ended."""
-        agent.agent._on_signal(signal.SIGTERM, None)
+    def _terminate(self, agent: SimAgent, signum: int = signal.SIGTERM) -> None:
+        """SIGTERM (or `signum`) to the agent (its own handler), then tick it until it has ended."""
+        agent.agent._on_signal(signum, None)
         for _ in range(50):
             if agent.phase == SimAgent.DONE:
                 break
             self.cloud.now += 0.1
             agent.tick(self.cloud.now, stopping=True)
 
-    def take_back(self, run_id: str) -> list[int]:
+    def take_back(self, run_id: str, signum: int = signal.SIGTERM) -> list[int]:
         """A scheduler ends the run's job (Slurm: a requeue, a preemption, a node set DOWN): SIGTERM to every node's
-        agent with no stop file, each ticked until it ended; then the job's hosts go. The attempts it ended."""
+        agent with no stop file, each ticked until it ended; then the job's hosts go. The attempts it ended. With
+        SIGHUP: the run's tmux session killed with its host (ssh: a machine powered off; local: the session gone)."""
         ended = []
         for host in self.cloud.hosts_of(run_id):
             agent = host.agent
             if agent is not None and agent.phase not in (SimAgent.DONE, SimAgent.BOOTING):
                 ended.append(agent.agent.task.attempt)
-                self._terminate(agent)
+                if signum == signal.SIGHUP and agent.received is not None and agent.received.ended_by is None:
+                    agent.received.ended_by = "vanished"  # its host went with what it had not synced
+                self._terminate(agent, signum)
         for host in self.cloud.hosts_of(run_id):
             self.cloud.remove_host(host.host_id)
         return ended

@@ -83,7 +83,6 @@ class AwsBackend(BackendBase):
         check_regions(self.sweep, home)
         self.state.ledger.home = home  # the store's region: what hosts elsewhere move to and from it is transfer
         public_key_of(self.cfg.ssh.identity)
-        self.state.work.keep()  # what earlier sweeps in the store measured, for this sweep's controllers (earlier.py)
         check_first_region(self.state)  # before any region's parts are made
         copy_recipe_image(self.state)  # into each region that lacks it, before the first region's resources
         ahead = prepare_regions(self.state)  # the other regions' parts, side by side with the first's
@@ -100,6 +99,7 @@ class AwsBackend(BackendBase):
         finally:
             if ahead is not None:
                 ahead.shutdown(wait=True)
+        self.state.work.keep()  # what earlier sweeps in the store measured, for this sweep's controllers (earlier.py)
 
     def plan(self) -> dict:
         """What a launch would ask for: (type, AZ) choices with their current spot price, and a cost bound."""

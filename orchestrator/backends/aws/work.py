@@ -24,7 +24,7 @@ from orchestrator.backends.aws import earlier
 from orchestrator.backends.aws.bought import newest
 from orchestrator.backends.aws.cloud import scores, worth
 from orchestrator.backends.aws.cloud.pools import Choice
-from orchestrator.backends.aws.cloud.pricing import CostLedger, attempts_on
+from orchestrator.backends.aws.cloud.pricing import GB, CostLedger, attempts_on, region_of_az, transfer_rate
 from orchestrator.store import layout
 from orchestrator.store.base import Store, get_json, put_json
 from orchestrator.store.lifecycle import RunStatus
@@ -42,13 +42,15 @@ class WorkBook:
         self.lock = threading.Lock()
         self._doc: dict[str, Any] | None = None
         self._earlier: earlier.Earlier | None = None  # what earlier sweeps in the store measured (earlier.py)
+        self._gathered = False  # read from the store's index in this process (a launch, a dry run)
         # AWS's Spot placement scores (cloud/scores.py): asked through `scorer` (set with the state), kept REFRESH_S
         self.scorer: Callable[[], scores.Scores] | None = None
         self._scores, self._scored_at = scores.Scores(), 0.0
         self.last: dict[tuple[str, str], str] = {}  # pool -> why it ranked where it did at the last weighing
 
     def doc(self) -> dict[str, Any]:
-        """rates.json: {"work_key", "attempts": {"run#attempt": {type, work, seconds}}, "boots": {"run#attempt": s}}."""
+        """rates.json: {"work_key", "attempts": {"run#attempt": {type, work, seconds}}, "boots": {"run#attempt": s},
+        "moved": {"run#attempt": [bytes up, bytes down, seconds]}}."""
         if self._doc is None:
             self._doc = self._read() or {"work_key": self.work_key, "attempts": {}, "boots": {}}
         return self._doc
@@ -68,18 +70,20 @@ class WorkBook:
         ):
             log.warning("%s is not a rates record of work key %r; measuring again", self.key, self.work_key)
             return None
-        return {**found, "boots": found["boots"] if isinstance(found.get("boots"), dict) else {}}
+        parts = {k: found[k] if isinstance(found.get(k), dict) else {} for k in ("boots", "moved")}
+        return {**found, **parts}
 
     def gather(self) -> earlier.Earlier:
         """What earlier sweeps in the store measured, read now (a launch, a dry run); once per process."""
         with self.lock:
-            if self._earlier is None:
+            if not self._gathered:  # (what before() may have read of an earlier launch is replaced)
+                self._gathered = True
                 try:
                     self._earlier = earlier.gather(self.store, self.sweep, self.command_key)
                 except Exception as exc:  # the index unreadable: this sweep starts from its own measurements
                     log.warning("earlier sweeps' work rates could not be read (%s); starting from this sweep's", exc)
                     self._earlier = earlier.Earlier()
-            return self._earlier
+            return self._earlier or earlier.Earlier()
 
     def keep(self) -> None:
         """At a launch: what was gathered, for this sweep's controllers (a remote one reads only its prefix)."""
@@ -99,9 +103,7 @@ class WorkBook:
             return self._scores
         if time.time() - self._scored_at >= scores.REFRESH_S:
             self._scores, self._scored_at = self.scorer(), time.time()
-            (log.warning if self._scores.final and self._scores.by_az == {} else log.info)(
-                "spot placement scores: %s", self._scores.note
-            )
+            (log.warning if self._scores.refused else log.info)("spot placement scores: %s", self._scores.note)
         return self._scores
 
     def measured(self) -> dict[str, worth.Rate]:
@@ -133,6 +135,7 @@ class WorkBook:
                     entry = {"type": where["type"], "work": work[2] - work[0], "seconds": work[3] - work[1]}
                     changed |= doc["attempts"].get(key) != entry
                     doc["attempts"][key] = entry
+                changed |= _moved(doc, key, status.moved.get(str(status.attempt)), where)
                 boot = (status.started_at or 0) - float(where.get("start") or 0)
                 if status.started_at and key not in doc["boots"] and 0 < boot < 3600:
                     doc["boots"][key], changed = round(boot, 1), True
@@ -167,7 +170,19 @@ class WorkBook:
                 tried[e["type"]] = tried.get(e["type"], 0) + 1
         history = {**before.ledger, **entries}  # every pool's reclaims: this sweep's and earlier sweeps' (any command)
         loss_s, had = worth.loss_seconds(boots), self.placement().by_az
-        return worth.rank(pools, price_of, measured, tried, history, time.time(), loss_s, had)
+        with self.lock:
+            up_h, down_h = worth.moved_per_h(self.doc().get("moved") or {})
+
+        def transfer_of(az: str) -> float:
+            """$/h of inter-region transfer a host in `az`'s region is expected to cost (none in the home region)."""
+            if not (up_h or down_h):
+                return 0.0
+            region, home = region_of_az(az), self.ledger.home
+            if not region or not home or region == home:
+                return 0.0
+            return (up_h * transfer_rate(region, home) + down_h * transfer_rate(home, region)) / GB
+
+        return worth.rank(pools, price_of, measured, tried, history, time.time(), loss_s, had, transfer_of)
 
     def why(self, instance_type: str, az: str) -> str:
         """Why a pool was chosen, as the last weighing ranked it (for the controller's log)."""
@@ -191,3 +206,17 @@ class WorkBook:
 def _seconds(value: object) -> bool:
     """A boot as orch records one: a number of seconds above 0 and under an hour (not NaN, not Infinity)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 3600
+
+
+def _moved(doc: dict, key: str, moved: object, where: dict) -> bool:
+    """Keep the attempt's bytes moved to and from the store with its instance's seconds so far (for the transfer a
+    pool outside the store's region adds: worth.moved_per_h), when its bytes changed. Whether they did."""
+    start = where.get("start")
+    if not (isinstance(moved, list) and len(moved) == 2 and isinstance(start, (int, float))):
+        return False
+    old = doc.setdefault("moved", {}).get(key)
+    if isinstance(old, list) and old[:2] == moved:
+        return False
+    end = where.get("end")
+    doc["moved"][key] = [*moved, round(max(0.0, (end if isinstance(end, (int, float)) else time.time()) - start), 1)]
+    return True

@@ -99,11 +99,12 @@ def test_an_easy_deadline_buys_no_on_demand_and_one_that_cannot_be_met_is_refuse
     assert [e["market"] for e in _ledger(cloud, "easy").values()] == ["spot"]
     assert "on schedule" in orch("status", "easy").out
     # 4 runs of 15 min on 2 slots need 2 x (15 min + 5 min to start) = 40 min: an hour's deadline is met...
-    fits = smoke(orch, identity, "fits", command="true", grid={"lr": [1, 2, 3, 4]}, timeout_minutes=15, deadline="1h")
+    # (another command than `easy`'s: a later sweep of the same command would start from the boot `easy` measured)
+    fits = smoke(orch, identity, "fits", command=":", grid={"lr": [1, 2, 3, 4]}, timeout_minutes=15, deadline="1h")
     ok = orch("launch", str(fits), "--dry-run")
     assert ok.code == 0 and "4 runs left, 15.0 min each" in ok.out, ok.out + ok.err
     # ... 30 minutes is not: 10 min short (the dry run says by how much, at the field's line)
-    hard = smoke(orch, identity, "hard", command="true", grid={"lr": [1, 2, 3, 4]}, timeout_minutes=15, deadline="30m")
+    hard = smoke(orch, identity, "hard", command=":", grid={"lr": [1, 2, 3, 4]}, timeout_minutes=15, deadline="30m")
     no = orch("launch", str(hard), "--dry-run")
     assert no.code == 2 and "Traceback" not in no.err, no.out + no.err
     assert re.search(r"hard\.yaml:\d+: deadline: cannot be met even with every run on on-demand", no.err), no.err

@@ -4,6 +4,8 @@ region's own security group, and `orch down` leaving nothing in any of them."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from orchestrator.wait import retry_until
@@ -144,6 +146,9 @@ def test_a_remote_controller_charges_transfer_to_the_run_outside_the_stores_regi
     assert c.code == 0, c.out + c.err
     rows = {row["run_id"]: row for row in csv.DictReader(open(tmp_path / "out" / "runs.csv"))}
     away, home = (next(run for run, region in hosts.items() if region == r) for r in (REGION, WEST))
+    # what the hosts moved is in the ranking too: the pools outside the store's region carry its transfer per hour
+    pools = [line for line in orch("launch", str(path), "--dry-run").out.splitlines() if re.match(r"\s+\d+\. ", line)]
+    assert pools and all(("/h transfer" in line) == (f" in {REGION}" in line) for line in pools), pools
     assert orch("down", "billed").code == 0
     paid = {run: (rows[run]["region"], rows[run]["transfer_gb"], rows[run]["transfer_usd"]) for run in (away, home)}
     assert float(paid[away][1]) > 0 and float(paid[away][2]) > 0, paid  # it crossed regions

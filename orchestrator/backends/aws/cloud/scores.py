@@ -31,6 +31,7 @@ class Scores:
     by_az: dict[str, int] = field(default_factory=dict)  # AZ name -> score, 1 (unlikely) to 10 (likely)
     note: str = "not asked"
     final: bool = False  # not worth asking again in this sweep (too few types, refused by IAM)
+    refused: bool = False  # IAM refused the call (said once, as a warning)
 
 
 def placement_scores(ec2, types: list[str], regions: list[str], capacity: int, zone_names: dict[str, str]) -> Scores:
@@ -57,6 +58,7 @@ def placement_scores(ec2, types: list[str], regions: list[str], capacity: int, z
                 note="refused by IAM: ranked without them (grant ec2:GetSpotPlacementScores; `orch aws policy` "
                 "prints it)",
                 final=True,
+                refused=True,
             )
         return Scores(note=f"not had ({code or 'an error'}): ranked without them")
     except BotoCoreError as exc:

@@ -2,7 +2,7 @@
 
 A pool is (instance type, AZ). Its expected dollars per unit of work:
 
-    $/unit = price per hour / (units per hour) x (1 + reclaims per hour x hours lost per reclaim)
+    $/unit = (price per hour + transfer per hour) / (units per hour) x (1 + reclaims per hour x hours lost per reclaim)
 
 - **units per hour**: measured from the sweep's own attempts on that type (their metrics lines: work key per second
   of `elapsed_s`), summed over attempts. A type never measured is neither trusted nor ignored: once some type is
@@ -16,6 +16,8 @@ A pool is (instance type, AZ). Its expected dollars per unit of work:
   CLUSTER_S after a reclaim anywhere in the same AZ, CLUSTER_PER_H more, decaying linearly: reclaims cluster in a zone
   for minutes (SpotHedge, EuroSys'25: another reclaim in the same zone within 5 minutes 83-97% of the time) while
   regions are nearly independent (nothing carries across regions).
+- **transfer**: a pool outside the store's region adds its inter-region transfer to its price per hour: the bytes an
+  hour the sweep's hosts moved up to the store and down from it (measured per attempt), at AWS's rates each way.
 - **hours lost per reclaim**: half the time between checkpoints (the work since the last one, on average) plus the
   measured boot and restore of the sweep's attempts (default BOOT_S until one was measured).
 
@@ -142,6 +144,7 @@ class PoolWorth:
     instance_type: str
     az: str
     price: float | None  # $/h in the market asked
+    transfer_per_h: float  # $/h of inter-region transfer expected in the pool's region (0 in the home region)
     rate: float | None  # units per hour it is ranked at (None: no type measured, ranked by price)
     measured: Rate | None  # the type's own measurement (None: not measured)
     reclaims_per_h: float
@@ -151,8 +154,11 @@ class PoolWorth:
 
     @property
     def effective(self) -> float:
-        """Units per hour, less what reclaims are expected to lose (no type measured: of an hour's work, 1)."""
-        return (1.0 if self.rate is None else self.rate) / (1 + self.reclaims_per_h * self.loss_h)
+        """Units per hour, less what reclaims are expected to lose (no type measured: of an hour's work, 1), and less
+        the transfer's share of the pool's dollars (EC2 divides the instance price alone by the weight)."""
+        rate = (1.0 if self.rate is None else self.rate) / (1 + self.reclaims_per_h * self.loss_h)
+        price = self.price or 0.0
+        return rate * price / (price + self.transfer_per_h) if price > 0 else rate
 
 
 def assumed_rate(itype: str, measured: dict[str, Rate], tried: dict[str, int]) -> tuple[float | None, str]:
@@ -178,6 +184,7 @@ def rank(
     now: float,
     loss_s: float,
     scores: dict[str, int] | None = None,
+    transfer_of: Callable[[str], float] | None = None,
 ) -> list[PoolWorth]:
     """Every pool's worth, best (lowest expected $ per unit) first; pools without a price last. `scores`: AWS's
     placement score per AZ, where had (cloud/scores.py)."""
@@ -188,10 +195,11 @@ def rank(
         score = scores.get(az)
         note += f"; placement score {score}" if score is not None else ""
         lam = reclaims_per_h(pool_history.get((itype, az)), az_newest.get(az), now, score)
-        price = price_of(itype, az)
+        price, moving = price_of(itype, az), transfer_of(az) if transfer_of else 0.0
+        note += f"; +${moving:.4f}/h transfer" if moving else ""
         # no type measured: every rate alike (1 unit an hour), so the ranking is by price, less what reclaims lose
-        per_unit = None if price is None else price / (rate or 1.0) * (1 + lam * loss_h)
-        out.append(PoolWorth(itype, az, price, rate, measured.get(itype), lam, loss_h, per_unit, note))
+        per_unit = None if price is None else (price + moving) / (rate or 1.0) * (1 + lam * loss_h)
+        out.append(PoolWorth(itype, az, price, moving, rate, measured.get(itype), lam, loss_h, per_unit, note))
     return _explore_first(out) if measured else _by_cost(out)
 
 
@@ -211,9 +219,19 @@ def _explore_first(worths: list[PoolWorth]) -> list[PoolWorth]:
             unpriced.append(w)
             continue
         per_unit = best * (0.98 + 0.001 * k)
-        rate = w.price / per_unit * (1 + w.reclaims_per_h * w.loss_h)
+        rate = (w.price + w.transfer_per_h) / per_unit * (1 + w.reclaims_per_h * w.loss_h)
         explore.append(dataclasses.replace(w, rate=rate, per_unit=per_unit))
     return explore + known + unpriced
+
+
+def moved_per_h(moved: dict[str, object]) -> tuple[float, float]:
+    """Bytes an hour a host moves up to the store and down from it, over the sweep's measured attempts (`rates.json`'s
+    "moved": "run#attempt" -> [up, down, seconds]); entries that are not numbers are passed over (input)."""
+    up = down = seconds = 0.0
+    for entry in moved.values() if isinstance(moved, dict) else ():
+        if isinstance(entry, list) and len(entry) == 3 and all(_number(x) is not None and x >= 0 for x in entry):
+            up, down, seconds = up + entry[0], down + entry[1], seconds + entry[2]
+    return (up / seconds * 3600, down / seconds * 3600) if seconds > 0 else (0.0, 0.0)
 
 
 def loss_seconds(boots: list[float], checkpoint_s: float = CHECKPOINT_S) -> float:

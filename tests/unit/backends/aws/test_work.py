@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from orchestrator.backends.aws.cloud.pools import Choice
 from orchestrator.backends.aws.cloud.pricing import CostLedger, PriceBook
 from orchestrator.backends.aws.work import WorkBook
@@ -139,3 +141,28 @@ def test_forget_leaves_the_command_unmeasured_for_later_sweeps_and_a_relaunch_do
     assert first_again.measured()["fast"].earlier == 0 and first_again.measured()["fast"].attempts == 1
     assert sweep_book(store, "later").gather().sweeps == ()
     assert json.loads(store.get_bytes("first/rates.json") or b"")["attempts"]  # its own record is kept
+
+
+def test_a_pool_outside_the_stores_region_adds_the_transfer_its_hosts_measured_to_its_price(tmp_path):
+    from orchestrator.backends.aws.cloud.pricing import GB, transfer_rate
+
+    store = LocalStore(str(tmp_path / "store"))
+    ledger = CostLedger(store, "s", PriceBook(lambda types, azs: {}), home="us-east-1")
+    ledger.acquired("i-1", "g5.xlarge", "us-west-2a", "spot", run="r", attempt=1)
+    ledger.entries["i-1"].update(start=1000.0, end=4600.0)  # an hour
+    b = WorkBook(store, "s", ledger, "work", "epoch")
+    moved = RunStatus(run_id="r", attempt=1, work=[0, 0, 4, 4], moved={"1": [10 * GB, 2 * GB]})
+    b.learn({"r": moved})
+    assert json.loads(store.get_bytes("s/rates.json") or b"")["moved"] == {"r#1": [10 * GB, 2 * GB, 3600.0]}
+    pools = [("g5.xlarge", "us-east-1a"), ("g5.xlarge", "us-west-2a")]
+    ranked = {w.az: w for w in b.ranked(pools, lambda t, az: 0.30)}
+    west = 10 * transfer_rate("us-west-2", "us-east-1") + 2 * transfer_rate("us-east-1", "us-west-2")
+    assert ranked["us-west-2a"].transfer_per_h == west and ranked["us-east-1a"].transfer_per_h == 0
+    assert ranked["us-west-2a"].per_unit > ranked["us-east-1a"].per_unit  # same price, same rate: the transfer
+    assert f"+${west:.4f}/h transfer" in ranked["us-west-2a"].note
+    # EC2 divides the instance price alone by the weight: the weight carries the transfer's share
+    for w in ranked.values():  # (so EC2's price per unit is the pool's expected $ per unit, transfer included)
+        assert w.price / w.effective == pytest.approx(w.per_unit)
+    store.put_bytes("s/rates.json", b'{"attempts": {}, "moved": [1, 2]}')  # input: not a map, passed over
+    again = WorkBook(store, "s", ledger, "work", "epoch")
+    assert {w.transfer_per_h for w in again.ranked(pools, lambda t, az: 0.30)} == {0.0}

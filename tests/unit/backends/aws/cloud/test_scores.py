@@ -47,12 +47,17 @@ def test_no_score_too_few_types_or_refused_is_final_another_error_is_asked_again
     ec2, stub = stubbed()
     with stub:  # no request at all: AWS wants three types at least
         few = placement_scores(ec2, TYPES[:2], ["us-east-1"], 1, NAMES)
-    assert few.final and few.by_az == {} and "at least 3 instance types" in few.note
+    assert few.final and not few.refused and few.by_az == {} and "at least 3 instance types" in few.note
     ec2, stub = stubbed()
     stub.add_client_error("get_spot_placement_scores", "UnauthorizedOperation", http_status_code=403)
     with stub:
         refused = placement_scores(ec2, TYPES, ["us-east-1"], 1, NAMES)
-    assert refused.final and "refused by IAM" in refused.note and "ec2:GetSpotPlacementScores" in refused.note
+    assert (
+        refused.final
+        and refused.refused
+        and "refused by IAM" in refused.note
+        and "ec2:GetSpotPlacementScores" in refused.note
+    )
     ec2, stub = stubbed()
     stub.add_client_error("get_spot_placement_scores", "RequestLimitExceeded")
     with stub:
