@@ -81,7 +81,7 @@ def bound_lines(plan: dict) -> list[str]:
         if est is not None
         else "estimated cost unknown: no spot price history"
     ]
-    lines += _deadline_share(plan)
+    lines += _deadline_share(plan) + _expected(plan)
     for region in plan.get("uplifted") or []:
         lines.append(
             f"  {region}: no published on-demand prices in orch's table; priced at us-east-1's x {REGION_UPLIFT} "
@@ -89,6 +89,22 @@ def bound_lines(plan: dict) -> list[str]:
             "own figures)"
         )
     return lines + transfer_lines(plan.get("transfer"))
+
+
+def _expected(plan: dict) -> list[str]:
+    """`aws.choose: work`, once runs of the command were measured: what the sweep is expected to cost at the best pool's
+    expected $ per unit (cloud/worth.py) — an estimate beside the bound, which holds whatever is measured."""
+    worth, per_run = plan.get("worth") or {}, (plan.get("worth") or {}).get("per_run")
+    best = next((p for p in worth.get("pools") or [] if p.rate is not None and p.per_unit is not None), None)
+    if not per_run or best is None:
+        return []
+    units, measured = per_run
+    key, runs = worth.get("work_key", "epoch"), plan["runs"]
+    return [
+        f"  expected about {usd(runs * units * best.per_unit)}: {runs} run(s) x ~{units:.3g} {key} each (the median of "
+        f"{measured} measured run(s) of this command) at the best pool's ${best.per_unit:.4g} per {key}, reclaims' "
+        "expected loss included; an estimate, where the bound holds whatever is measured"
+    ]
 
 
 def _deadline_share(plan: dict) -> list[str]:

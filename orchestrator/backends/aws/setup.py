@@ -373,7 +373,7 @@ def worth_plan(state: ProvisioningState, rows: list[dict]) -> dict:
     prices = {(r["type"], r["az"]): r["usd_per_h"] for r in rows}
     ranked = state.work.ranked(list(prices), lambda t, az: prices.get((t, az)))
     plan = {"choose": "work", "work_key": state.work.work_key, "pools": ranked, "scores": state.work.placement().note}
-    return plan | {"earlier": list(state.work.before().sweeps)}
+    return plan | {"earlier": list(state.work.before().sweeps), "per_run": state.work.units_per_run()}
 
 
 def transfer_plan(state: ProvisioningState, home: str) -> dict:

@@ -112,6 +112,12 @@ class WorkBook:
         with self.lock:
             return worth.rates(self.doc()["attempts"], before.attempts)
 
+    def units_per_run(self) -> tuple[float, int] | None:
+        """The median units a run of this command did (this sweep's and earlier sweeps' runs), and over how many."""
+        before = self.before()
+        with self.lock:
+            return worth.units_per_run(self.doc()["attempts"], before.attempts)
+
     def _boots(self) -> list[float]:
         before = self.before()
         with self.lock:

@@ -107,6 +107,8 @@ def test_a_later_sweep_of_the_same_command_starts_from_the_rates_earlier_ones_me
     dry = orch("launch", str(later), "--dry-run")
     top = next(line for line in dry.out.splitlines() if line.strip().startswith("1. "))
     assert "g5.xlarge" in top and "measured (1 attempt, 1 in earlier sweeps)" in top, dry.out
+    # an estimate beside the bound: each run of the command did 5 epochs (6 lines: the first is the start)
+    assert "expected about $" in dry.out and "1 run(s) x ~5 epoch each (the median of 2 measured run(s)" in dry.out
     shown = orch("aws", "rates", str(later))
     assert shown.code == 0 and "earlier sweeps of this command: first" in shown.out, shown.out + shown.err
     assert "g5.xlarge: 10,800/h over 1 attempt(s), 1 in earlier sweeps" in shown.out, shown.out

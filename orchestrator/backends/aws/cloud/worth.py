@@ -224,6 +224,19 @@ def _explore_first(worths: list[PoolWorth]) -> list[PoolWorth]:
     return explore + known + unpriced
 
 
+def units_per_run(*measured: dict[str, dict]) -> tuple[float, int] | None:
+    """(the median units of work a run did, how many runs): each run's measured attempts summed ("run#attempt" keys,
+    "<sweep>/run#attempt" for earlier sweeps'); None before any. An estimate: a run still going counts what it did."""
+    runs: dict[str, float] = {}
+    for attempts in measured:
+        for key, entry in attempts.items():
+            work = entry.get("work") if isinstance(entry, dict) else None
+            if isinstance(key, str) and _positive(work):
+                run = key.rpartition("#")[0]
+                runs[run] = runs.get(run, 0.0) + float(work)  # type: ignore[arg-type]
+    return (median(runs.values()), len(runs)) if runs else None
+
+
 def moved_per_h(moved: dict[str, object]) -> tuple[float, float]:
     """Bytes an hour a host moves up to the store and down from it, over the sweep's measured attempts (`rates.json`'s
     "moved": "run#attempt" -> [up, down, seconds]); entries that are not numbers are passed over (input)."""

@@ -89,3 +89,10 @@ def test_the_smallest_weight_is_one_so_ec2_prices_per_unit_for_a_one_instance_re
 def test_boot_and_checkpoints_make_the_loss_of_a_reclaim():
     assert worth.loss_seconds([], 600) == 300 + worth.BOOT_S
     assert worth.loss_seconds([60, 100, 80], 1200) == 600 + 80
+
+
+def test_units_per_run_sum_each_runs_attempts_over_this_and_earlier_sweeps_and_pass_over_what_is_not_work():
+    own = {"a#1": {"work": 3.0}, "a#2": {"work": 2.0}, "b#1": {"work": 9.0}, "c#1": {"work": "x"}, "d#1": [1]}
+    earlier = {"old/a#1": {"work": 4.0}, "old/e#1": {"work": float("nan")}}
+    assert worth.units_per_run(own, earlier) == (5.0, 3)  # a: 5, b: 9, old/a: 4 -> the median 5
+    assert worth.units_per_run({}, {}) is None
