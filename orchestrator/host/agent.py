@@ -86,9 +86,10 @@ class Agent:
         self.log_file = self.ctl / "logs" / f"{task.attempt}.log"  # orch's, beside the run folder (never in it)
         self.cmd_group: int | None = None  # the command's process group, to stop what it leaves behind
         self.stop_requested: StopReason | None = None
-        # the stop file said `stopped` (orch down: a checkpoint made on it is kept), `cancelled`, `pruned`, or `lost` (a
-        # node of the attempt went: the controller stops the others): orch's stop, which keeps what the command wrote
-        self.stopped_by_orch = False
+        # a stop that keeps what the command wrote: the stop file said `stopped` (orch down: a checkpoint made on it is
+        # kept), `cancelled`, `pruned`, or `lost` (a node of the attempt went: the controller stops the others); or a
+        # scheduler's SIGTERM (see _on_signal)
+        self.kept_stop = False
         self.node_failed: tuple | None = None  # (node, exit code) of a follower whose command failed
         self.stop_sent_at: float | None = None
         self.status = RunStatus(run_id=task.run_id)  # the attempt's record, once read (run())
@@ -128,8 +129,14 @@ class Agent:
     def _on_signal(self, signum, _frame) -> None:
         if self.stop_requested is None:
             path = self.ctl / STOP_REASON_FILE
-            self.stop_requested = stop_reason(path, self.task.uses(SCHEDULED), signum == signal.SIGHUP)
-            self.stopped_by_orch = self.stop_requested in KEPT_ON_STOP and path.exists()
+            scheduled = self.task.uses(SCHEDULED)
+            self.stop_requested = stop_reason(path, scheduled, signum == signal.SIGHUP)
+            self.kept_stop = self.stop_requested in KEPT_ON_STOP and path.exists()
+            # A scheduler's SIGTERM (Slurm: a requeue, a preemption; SIGKILL follows after its KillWait, 30 s by
+            # default) keeps what the command wrote on it, its checkpoint above all, as orch's own stop does: the
+            # record is still this attempt's, and no next attempt begins before this one records its end.
+            took = self.stop_requested == StopReason.INTERRUPTED and scheduled and signum == signal.SIGTERM
+            self.kept_stop = self.kept_stop or took
 
     def relay_notice(self) -> None:
         """A follower's spot notice, passed on to node 0 (which checkpoints for the run)."""
@@ -275,7 +282,7 @@ class Agent:
         return not (failures and (self.reporter.superseded or self.stop_requested))
 
     def _keeps_what_it_wrote(self) -> bool:
-        return folder.keeps_what_it_wrote(self.store, self.task, self.stopped_by_orch, self.reporter.superseded)
+        return folder.keeps_what_it_wrote(self.store, self.task, self.kept_stop, self.reporter.superseded)
 
     def _sync_on_stop(self) -> None:
         """Orch stopped the command (see _keeps_what_it_wrote): its folder and log go to the store (after `orch

@@ -105,14 +105,15 @@ def _say_links_out(run_dir: Path, log_file: Path) -> None:
     _LINKS_SAID[run_dir] = found
 
 
-def keeps_what_it_wrote(store: Store, task: RunTask, stopped_by_orch: bool, superseded: bool) -> bool:
+def keeps_what_it_wrote(store: Store, task: RunTask, kept_stop: bool, superseded: bool) -> bool:
     """Whether orch stopped this attempt in a way that keeps what its command wrote
     (docs/guides/pruning.md: a run orch stops keeps its folder and log): the run's record (read now, not the
     reporter's last write) ended with this attempt for good (pruned, cancelled: no attempt comes after it to
-    write over), or orch's stop file asked (`orch down`, `orch cancel`, a prune) while the record is still this
-    attempt's; or the record says lost and orch's stop file says so too (a node of the attempt went: the controller
-    stops the nodes left before it starts another attempt). A stop without orch's file (a host going down, someone's
-    kill), a lost or superseded attempt keep nothing: another attempt may have begun."""
+    write over), or `kept_stop`: orch's stop file asked (`orch down`, `orch cancel`, a prune) or a scheduler took the
+    job back (SIGTERM, contract.SCHEDULED) while the record is still this attempt's; or the record says lost and
+    orch's stop file says so too (a node of the attempt went: the controller stops the nodes left before it starts
+    another attempt). Another stop (a host going down, someone's kill), a lost or superseded attempt keep nothing:
+    another attempt may have begun."""
     try:
         record = read_status(store, task.sweep, task.run_id)
     except Exception as exc:
@@ -120,6 +121,6 @@ def keeps_what_it_wrote(store: Store, task: RunTask, stopped_by_orch: bool, supe
         return False
     if record.attempt != task.attempt:
         return False
-    if record.state == RunState.LOST and stopped_by_orch:  # a node went: the controller stops the others after its
+    if record.state == RunState.LOST and kept_stop:  # a node went: the controller stops the others after its
         return True  # verdict and before any next attempt, as a prune
-    return record.state in (RunState.PRUNED, RunState.CANCELLED) or (stopped_by_orch and not superseded)
+    return record.state in (RunState.PRUNED, RunState.CANCELLED) or (kept_stop and not superseded)

@@ -366,7 +366,11 @@ class Harness(RuleBasedStateMachine):
     def scheduler_takes_back(self, data) -> None:
         """A scheduler ends a run's job (Slurm: a requeue, a preemption, a node set DOWN): its agents get SIGTERM
         and no stop file. The attempt ends interrupted (resumable), never as a failure of the command."""
-        run = data.draw(st.sampled_from(sorted({h.run_id for h in self.cloud.hosts.values()})))
+        self.take_back(data.draw(st.sampled_from(sorted({h.run_id for h in self.cloud.hosts.values()}))))
+
+    def take_back(self, run: str) -> None:
+        """The scheduler ends RUN's job (the rule above; a step of scripted scenarios)."""
+        assert self.backend is not None
         before, failing = read_status(self.store, self.sweep.spec.name, run), self._failing(run)
         ended = self.backend.take_back(run)
         after = read_status(self.store, self.sweep.spec.name, run)
@@ -375,12 +379,17 @@ class Harness(RuleBasedStateMachine):
             assert after.attempt != before.attempt or after.state in (INTERRUPTED, SUCCEEDED, PRUNED), (before, after)
         self._advance()
 
+    @precondition(lambda self: self.backend is not None and self.cloud.hosts)
+    @rule(data=st.data())
+    def session_hangs_up(self, data) -> None:
+        """The ssh (and local) backend's own end of a run (see hang_up)."""
+        self.hang_up(data.draw(st.sampled_from(sorted({h.run_id for h in self.cloud.hosts.values()}))))
+
     def hang_up(self, run: str) -> None:
         """RUN's tmux sessions end with their hosts (a step of scripted scenarios): ssh, a machine powered off or its
         sshd gone; local, the session killed. SIGHUP to the agents, no stop file. The attempt ends lost — it counts
         toward the quick losses that end a run whose host dies at every attempt — never `stopped` (which resets that
-        count) and never a failure of the command. (Not a rule of the random machine yet: see the docstring of
-        tests/harness/test_invariants.py's test of it.)"""
+        count) and never a failure of the command."""
         assert self.backend is not None
         before, failing = read_status(self.store, self.sweep.spec.name, run), self._failing(run)
         ended = self.backend.take_back(run, signal.SIGHUP)

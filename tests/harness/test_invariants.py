@@ -120,9 +120,7 @@ def test_a_run_cancelled_while_its_host_boots_keeps_the_log_of_its_command():
 def test_a_run_whose_session_hung_up_with_its_host_ends_lost_and_cancelled_keeps_what_reached_the_store():
     """The ssh (and local) backend's own end: the run's tmux session goes with its host (SIGHUP, no stop file). The
     attempt ends lost, never stopped and never a failure (machine.hang_up asserts it); cancelled after, the run keeps
-    what reached the store. As a rule of the random machine it changed the fixed seed's draws enough to reach a
-    failure of another kind, named in stop 66's note (a run the budget cancels while its host boots: its agent starts
-    the command as the stop comes and the two lines it logs never reach the store); scripted until that is settled."""
+    what reached the store."""
 
     def then(m) -> None:  # (machine.hang_up asserted that attempt 1 ended lost; its next one counts it quick)
         status = read_status(m.store, "h", "lr=0.1")
@@ -134,6 +132,23 @@ def test_a_run_whose_session_hung_up_with_its_host_ends_lost_and_cancelled_keeps
 
     steps = [*PASS_AND_TICK * 2, ("hang_up", {"run": "lr=0.1"})]
     scripted(grid(points=1, max_parallel=1), ["ok"] * 12, steps, {10}, then)
+
+
+def test_a_run_a_scheduler_took_back_and_then_cancelled_keeps_the_log_of_its_last_attempt():
+    """Found by the random machine once the hang-up was one of its rules: a scheduler's SIGTERM (Slurm: a requeue, a
+    preemption) ended attempt 1 interrupted, and `orch cancel` came before attempt 2 began, so attempt 1 is the run's
+    last: its command's log (and what it wrote on the SIGTERM: its checkpoint) must be in the store. The agent kept
+    nothing on a scheduler's stop; it keeps it now, as on orch's own stop."""
+
+    def then(m) -> None:
+        assert m.backend.take_back("lr=0.1") == [1]  # the job ends; `orch cancel` before the controller's next pass
+        status = read_status(m.store, "h", "lr=0.1")
+        assert (status.state, status.attempt) == ("interrupted", 1), status
+        m.cancel_one("lr=0.1")
+        m.check_all()
+        ended("cancelled", 1)(m)
+
+    scripted(grid(points=1, max_parallel=1), ["ok"] * 12, PASS_AND_TICK * 2, {10}, then)
 
 
 def ended(state: str, attempt: int):

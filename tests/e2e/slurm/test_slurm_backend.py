@@ -81,6 +81,9 @@ def test_a_job_requeued_by_scontrol_resumes_from_its_checkpoint(orch, cluster, s
     _resumed(orch, cluster, tmp_path, "requeued", requeue, slurm_section())
     r = orch("status", "requeued")
     assert r.code == 0, r.err
+    # Slurm's SIGTERM (KillWait before its SIGKILL): the trainer checkpointed on it, and the agent kept what it wrote
+    # (its log to the end, the checkpoint) as on orch's own stop
+    assert "SIGTERM: checkpointed at step" in orch("logs", "run", "--attempt", "1").out
 
 
 COUNTER = """
