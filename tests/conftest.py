@@ -161,7 +161,18 @@ class Orch:
     def __call__(self, *args: str, timeout: float = 280, cwd: Path | None = None) -> CliResult:
         """The CLI to its end. One that outlives `timeout` (by default under pytest's own 300 s) is stopped with
         SIGABRT, so Python's faulthandler prints every thread's stack: the failure shows where it hung and what it
-        logged."""
+        logged. Forked from the worker's fork server when it fits (tests/zygote.py says why and how)."""
+        from tests.zygote import zygote_for
+
+        zygote = zygote_for(self.env)
+        if zygote is not None:
+            code, out, err, stuck = zygote.run(args, self.env, cwd or self.tmp, timeout)
+            if stuck:
+                raise AssertionError(
+                    f"orch {' '.join(args)} still running after {timeout:.0f} s; its output and stacks:\n"
+                    f"{out[-3000:]}\n{err[-12000:]}"
+                )
+            return CliResult(code, out, err)
         p = subprocess.Popen(
             self.argv(*args),
             env=self.env,

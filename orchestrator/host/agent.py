@@ -50,7 +50,7 @@ from orchestrator.host.aws.tags import RungTags
 from orchestrator.host.env import HostFacts
 from orchestrator.host.leftovers import stop_leftovers
 from orchestrator.host.nodes import FollowerReporter, Relay, await_node0, end_attempt, follower_done
-from orchestrator.host.notices import NoticeSource, stop_reason
+from orchestrator.host.notices import NoticeSource, kept_stop, stop_reason
 from orchestrator.host.policy import HostPolicy
 from orchestrator.host.reporter import Reporter
 from orchestrator.host.watch import POLL_S
@@ -67,9 +67,6 @@ FINAL_SYNC_S = 1800.0  # a finished attempt keeps trying this long to put its re
 # orch down's one sync of the checkpoint made on the stop. orch down waits for the agent's session (20 s here, 10 of
 # them the kill grace; 30 s on AWS), then ends it: an upload after that could overwrite the next attempt's.
 STOP_SYNC_S = 8.0
-# The stops that keep what the attempt wrote (docs/guides/pruning.md): `orch down`, `orch cancel`, a prune, and the
-# controller's stop of the nodes left when a node of the attempt went.
-KEPT_ON_STOP = (StopReason.STOPPED, StopReason.CANCELLED, StopReason.PRUNED, StopReason.LOST)
 
 
 class Agent:
@@ -86,10 +83,7 @@ class Agent:
         self.log_file = self.ctl / "logs" / f"{task.attempt}.log"  # orch's, beside the run folder (never in it)
         self.cmd_group: int | None = None  # the command's process group, to stop what it leaves behind
         self.stop_requested: StopReason | None = None
-        # a stop that keeps what the command wrote: the stop file said `stopped` (orch down: a checkpoint made on it is
-        # kept), `cancelled`, `pruned`, or `lost` (a node of the attempt went: the controller stops the others); or a
-        # scheduler's SIGTERM (see _on_signal)
-        self.kept_stop = False
+        self.kept_stop = False  # the stop keeps what the command wrote (notices.kept_stop)
         self.node_failed: tuple | None = None  # (node, exit code) of a follower whose command failed
         self.stop_sent_at: float | None = None
         self.status = RunStatus(run_id=task.run_id)  # the attempt's record, once read (run())
@@ -131,12 +125,7 @@ class Agent:
             path = self.ctl / STOP_REASON_FILE
             scheduled = self.task.uses(SCHEDULED)
             self.stop_requested = stop_reason(path, scheduled, signum == signal.SIGHUP)
-            self.kept_stop = self.stop_requested in KEPT_ON_STOP and path.exists()
-            # A scheduler's SIGTERM (Slurm: a requeue, a preemption; SIGKILL follows after its KillWait, 30 s by
-            # default) keeps what the command wrote on it, its checkpoint above all, as orch's own stop does: the
-            # record is still this attempt's, and no next attempt begins before this one records its end.
-            took = self.stop_requested == StopReason.INTERRUPTED and scheduled and signum == signal.SIGTERM
-            self.kept_stop = self.kept_stop or took
+            self.kept_stop = kept_stop(self.stop_requested, path.exists(), scheduled and signum == signal.SIGTERM)
 
     def relay_notice(self) -> None:
         """A follower's spot notice, passed on to node 0 (which checkpoints for the run)."""

@@ -46,6 +46,21 @@ class NoticeSource:
             return False
 
 
+# The stops of orch's that keep what the attempt wrote (docs/guides/pruning.md): `orch down`, `orch cancel`, a prune,
+# and the controller's stop of the nodes left when a node of the attempt went.
+KEPT_ON_STOP = (StopReason.STOPPED, StopReason.CANCELLED, StopReason.PRUNED, StopReason.LOST)
+
+
+def kept_stop(reason: StopReason, orchs_file: bool, scheduler_sigterm: bool) -> bool:
+    """Whether a stop keeps what the command wrote (the agent syncs it before it records the end): orch's stop file
+    asked one of KEPT_ON_STOP; or a scheduler's SIGTERM took the job back (Slurm: a requeue, a preemption; SIGKILL
+    follows after its KillWait, 30 s by default), which keeps what the command wrote on it (its checkpoint) as orch's
+    own stop does: no next attempt begins before this one records its end."""
+    if scheduler_sigterm and reason == StopReason.INTERRUPTED:
+        return True
+    return orchs_file and reason in KEPT_ON_STOP
+
+
 def stop_reason(path: Path, scheduled: bool = False, hangup: bool = False) -> StopReason:
     """Why the agent is asked to stop: the stop file's reason. No file: `lost` on a SIGHUP (its tmux session was
     killed: the host is gone, as a crash would take it, and it counts toward the quick losses that end a run), else

@@ -213,7 +213,9 @@ def test_cancel_stops_the_command_and_timeout_fails_it(orch, job):
     """)
     assert orch("launch", str(path), "--detach").code == 0
     wait_states(orch, "cancelly", {"running"})
-    assert (job.marks / "run.running").exists()  # the job holds its lock while it runs
+    # the job holds its lock while it runs (the record says `running` as its window opens: the command's first line
+    # may come a moment later)
+    retry_until(lambda: (job.marks / "run.running").exists(), 60, 0.1, "the command to hold its lock")
     c = orch("cancel", "cancelly/run")
     assert c.code == 0 and "cancelled cancelly/run" in c.out
     assert status(orch, "cancelly")["run"]["state"] == "cancelled"

@@ -123,6 +123,8 @@ def test_killing_a_runs_tmux_session_restarts_it_and_the_old_agent_leaves_the_ne
     """)
     assert orch("launch", str(path), "--detach").code == 0
     retry_until(lambda: status(orch, "killed").get("run", {}).get("state") == "running", 60, 0.3, "attempt 1 to run")
+    # (`running` is recorded as the command's window opens; its start mark comes a moment later)
+    retry_until(lambda: len(starts(job.marks)) == 1, 60, 0.1, "attempt 1's command to start")
     assert orch.tmux("kill-session", "-t", "=orch_killed_run").returncode == 0
     retry_until(
         lambda: (v := status(orch, "killed")["run"])["attempt"] == 2 and v["state"] == "running",

@@ -93,3 +93,24 @@ def test_final_status(stop, noticed, code, want):
     assert (state, failed) == want
     if stop == "timeout":
         assert reason == "timed out after 3 s"
+
+
+@pytest.mark.parametrize(
+    "reason, orchs_file, scheduler_sigterm, kept",
+    [
+        ("stopped", True, False, True),  # orch down
+        ("cancelled", True, False, True),
+        ("pruned", True, False, True),
+        ("lost", True, False, True),  # the controller stops the nodes left of an attempt a node of which went
+        ("stopped", False, False, False),  # someone's SIGTERM: another attempt may have begun
+        ("lost", False, False, False),  # a SIGHUP: the session went with its host
+        ("interrupted", False, True, True),  # a scheduler took the job back: what the command wrote on it is kept
+        ("interrupted", False, False, False),
+        ("interrupted", True, False, False),  # a spot notice is not a stop that keeps (the notice path syncs)
+    ],
+)
+def test_which_stops_keep_what_the_command_wrote(reason, orchs_file, scheduler_sigterm, kept):
+    from orchestrator.host.notices import kept_stop
+    from orchestrator.store.lifecycle import StopReason
+
+    assert kept_stop(StopReason(reason), orchs_file, scheduler_sigterm) is kept
