@@ -143,6 +143,13 @@ class CliResult:
     err: str
 
 
+def _still_running(args, timeout: float, out: str, err: str) -> AssertionError:
+    return AssertionError(
+        f"orch {' '.join(args)} still running after {timeout:.0f} s; its output and stacks:\n"
+        f"{out[-3000:]}\n{err[-12000:]}"
+    )
+
+
 class Orch:
     """The real `orch` CLI in a private home, with its own tmux socket."""
 
@@ -168,10 +175,7 @@ class Orch:
         if zygote is not None:
             code, out, err, stuck = zygote.run(args, self.env, cwd or self.tmp, timeout)
             if stuck:
-                raise AssertionError(
-                    f"orch {' '.join(args)} still running after {timeout:.0f} s; its output and stacks:\n"
-                    f"{out[-3000:]}\n{err[-12000:]}"
-                )
+                raise _still_running(args, timeout, out, err)
             return CliResult(code, out, err)
         p = subprocess.Popen(
             self.argv(*args),
@@ -186,10 +190,7 @@ class Orch:
         except subprocess.TimeoutExpired:
             p.send_signal(signal.SIGABRT)
             out, err = p.communicate()
-            raise AssertionError(
-                f"orch {' '.join(args)} still running after {timeout:.0f} s; its output and stacks:\n"
-                f"{out[-3000:]}\n{err[-12000:]}"
-            ) from None
+            raise _still_running(args, timeout, out, err) from None
         return CliResult(p.returncode, out, err)
 
     def popen(self, *args: str, **kw) -> subprocess.Popen:

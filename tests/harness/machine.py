@@ -332,6 +332,10 @@ class Harness(RuleBasedStateMachine):
         host.agent.fails = True
         self._advance()
 
+    def _hosted_run(self, data) -> str:
+        """One of the runs that have a host now, drawn."""
+        return data.draw(st.sampled_from(sorted({h.run_id for h in self.cloud.hosts.values()})))
+
     def _failing(self, run: str) -> bool:
         """Whether a node of the run's attempt was made to fail (node_fails) and the failure may not be recorded yet:
         an end that comes with it is the command's failure, not the scheduler's or the host's doing."""
@@ -357,7 +361,7 @@ class Harness(RuleBasedStateMachine):
     @precondition(lambda self: self.backend is not None and self.cloud.hosts)
     @rule(data=st.data())
     def spot_notice(self, data) -> None:
-        run = data.draw(st.sampled_from(sorted({h.run_id for h in self.cloud.hosts.values()})))
+        run = self._hosted_run(data)
         self.cloud.notice(run)  # the cloud's, not orch's own (a `deadline:` move: backend.notify_interruption)
         self._advance()
 
@@ -366,7 +370,7 @@ class Harness(RuleBasedStateMachine):
     def scheduler_takes_back(self, data) -> None:
         """A scheduler ends a run's job (Slurm: a requeue, a preemption, a node set DOWN): its agents get SIGTERM
         and no stop file. The attempt ends interrupted (resumable), never as a failure of the command."""
-        self.take_back(data.draw(st.sampled_from(sorted({h.run_id for h in self.cloud.hosts.values()}))))
+        self.take_back(self._hosted_run(data))
 
     def take_back(self, run: str) -> None:
         """The scheduler ends RUN's job (the rule above; a step of scripted scenarios)."""
@@ -383,7 +387,7 @@ class Harness(RuleBasedStateMachine):
     @rule(data=st.data())
     def session_hangs_up(self, data) -> None:
         """The ssh (and local) backend's own end of a run (see hang_up)."""
-        self.hang_up(data.draw(st.sampled_from(sorted({h.run_id for h in self.cloud.hosts.values()}))))
+        self.hang_up(self._hosted_run(data))
 
     def hang_up(self, run: str) -> None:
         """RUN's tmux sessions end with their hosts (a step of scripted scenarios): ssh, a machine powered off or its
