@@ -12,6 +12,7 @@ import os
 import shlex
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,8 +156,11 @@ class Connection(Runner):
             log.debug("closing the SSH connection: %s: %s", type(exc).__name__, exc)
 
 
-def connect(target: Target, timeout: float, interval: float = 2.0) -> Connection:
-    """Connect, retrying while sshd is not up, until `timeout`; a wrong host key fails at once."""
+def connect(
+    target: Target, timeout: float, interval: float = 2.0, between: Callable[[], None] = lambda: None
+) -> Connection:
+    """Connect, retrying while sshd is not up, until `timeout`; a wrong host key fails at once. `between` runs after
+    each refused try: it raises to stop the retries (the machine is known to be gone)."""
     import paramiko
 
     hostkey = paramiko.Ed25519Key(data=_key_blob(target.host_key))
@@ -190,6 +194,7 @@ def connect(target: Target, timeout: float, interval: float = 2.0) -> Connection
         except (TimeoutError, OSError, paramiko.SSHException, EOFError) as exc:
             client.close()
             last[0] = f"{type(exc).__name__}: {exc}"
+            between()
             return None
 
     try:

@@ -58,6 +58,7 @@ from pathlib import Path
 
 import yaml
 
+from orchestrator.wait import retry_until
 from tests.fakecloud.gate import CONTROLLER_KEY, Gate, Strictness, boundaries_from_moto, policies_from_moto
 
 REGION = "us-east-1"
@@ -743,6 +744,10 @@ class FakeCloud:
             host.stop()
             self.gone[iid] = host  # in one of the two at every moment: a test reads hosts, then gone
             del self.hosts[iid]
+
+    def gone_host(self, instance_id: str, timeout: float = 60.0) -> FakeHost:
+        """The host of an instance EC2 already calls terminated: the hypervisor lets it go at its next look."""
+        return retry_until(lambda: self.gone.get(instance_id), timeout, 0.1, f"the hypervisor to let {instance_id} go")
 
     # fault injection (spot reliability tests use these)
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.backends import bundle as code_bundle
+from orchestrator.backends.aws import boot
 from orchestrator.backends.aws.cloud import ec2 as api
 from orchestrator.backends.aws.cloud import fleet, groups
 from orchestrator.backends.aws.cloud.images import (
@@ -61,7 +62,7 @@ def build(
 def _build_once(ec2, recipe: Recipe, sha: str, recipe_dir: Path, say: Callable[[str], None]) -> str:
     """A builder instance, provisioned over SSH, snapshotted; the builder and its set-up removed whatever happens."""
     from orchestrator.backends.aws.cloud.teardown import teardown
-    from orchestrator.remote.ssh import Target, connect
+    from orchestrator.remote.ssh import Target
 
     cfg = recipe.aws
     name = builder_name(recipe)
@@ -72,12 +73,9 @@ def _build_once(ec2, recipe: Recipe, sha: str, recipe_dir: Path, say: Callable[[
             f"builder {got.instance_id} ({got.instance_type} in {got.az}, {got.market}) from {base['ImageId']} "
             f"({base['Name']})"
         )
-        address = api.wait_running(ec2, got.instance_id, cfg.ssh.address, cfg.boot_timeout_s)
-        conn = connect(
-            Target(address, cfg.ssh.port, cfg.ssh.user, cfg.ssh.identity, host_public),
-            timeout=cfg.boot_timeout_s,
-            interval=1.0,
-        )
+        address = boot.running_address(ec2, got.instance_id, cfg.ssh.address, cfg.boot_timeout_s)
+        target = Target(address, cfg.ssh.port, cfg.ssh.user, cfg.ssh.identity, host_public)
+        conn = boot.ssh_to(ec2, got.instance_id, target, cfg.boot_timeout_s)
         try:
             _provision(conn, recipe, recipe_dir, say)
             _forget_keys(conn, _builder_keys(recipe), say)

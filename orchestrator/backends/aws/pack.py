@@ -19,6 +19,7 @@ import shlex
 import time
 
 from orchestrator import contract
+from orchestrator.backends.aws import boot
 from orchestrator.backends.aws.cloud import ec2 as api
 from orchestrator.backends.aws.cloud import fleet
 from orchestrator.backends.aws.cloud.userdata import cloud_config
@@ -97,12 +98,10 @@ class Packer:
     def _start_in_slot(self, task: RunTask, iid: str, slot: int, host_key: str, value: str, tag: bool) -> bool:
         """Claim the slot on the host and start the run's agent there; False when the host refused the claim."""
         cfg = self.state.cfg
-        address = api.wait_running(self.state.ec2_of(iid), iid, cfg.ssh.address, cfg.boot_timeout_s)
-        conn = connect(
-            Target(address, cfg.ssh.port, cfg.ssh.user, cfg.ssh.identity, host_key),
-            timeout=cfg.boot_timeout_s,
-            interval=1.0,
-        )
+        ec2 = self.state.ec2_of(iid)
+        address = boot.running_address(ec2, iid, cfg.ssh.address, cfg.boot_timeout_s)
+        target = Target(address, cfg.ssh.port, cfg.ssh.user, cfg.ssh.identity, host_key)
+        conn = boot.ssh_to(ec2, iid, target, cfg.boot_timeout_s)
         try:
             code = conn.run(f"bash -c {shlex.quote(CLAIM)} claim {slot} {shlex.quote(value)}").code
             if code in (3, 4):

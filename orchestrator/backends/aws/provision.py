@@ -20,6 +20,7 @@ from typing import TypeVar
 
 from orchestrator import contract
 from orchestrator.backends import bundle as code_bundle
+from orchestrator.backends.aws import boot
 from orchestrator.backends.aws.cloud import ec2 as api
 from orchestrator.backends.aws.cloud import fleet
 from orchestrator.backends.aws.cloud.placement import ensure_group
@@ -29,7 +30,7 @@ from orchestrator.backends.aws.state import ProvisioningState
 from orchestrator.backends.base import Outcome
 from orchestrator.contract import RunTask
 from orchestrator.errors import OrchError
-from orchestrator.remote.ssh import Target, authorized_keys, connect, new_host_key
+from orchestrator.remote.ssh import Target, authorized_keys, new_host_key
 from orchestrator.store.status import FAILED, QUEUED
 from orchestrator.sweep.spec import AUTO_PYTHON
 from orchestrator.sweep.tasks import on_host
@@ -85,12 +86,12 @@ class Provisioner:
                 )
             g = got[0]
             log.info("%s: %s %s in %s (%s)%s", task.run_id, ids, g.instance_type, g.az, g.market, why and f"; {why}")
-            addresses = [api.wait_running(ec2, i, cfg.ssh.address, cfg.boot_timeout_s) for i in ids]
+            addresses = [boot.running_address(ec2, i, cfg.ssh.address, cfg.boot_timeout_s) for i in ids]
             conns = []
             try:
-                for address in addresses:
+                for i, address in zip(ids, addresses, strict=True):
                     target = Target(address, cfg.ssh.port, cfg.ssh.user, cfg.ssh.identity, host_public)
-                    conns.append(connect(target, timeout=cfg.boot_timeout_s, interval=1.0))
+                    conns.append(boot.ssh_to(ec2, i, target, cfg.boot_timeout_s))
                 self.start_agents(conns, task, ids)
             finally:
                 for c in conns:

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from orchestrator.backends import bundle as code_bundle
+from orchestrator.backends.aws import boot
 from orchestrator.backends.aws.cloud import ec2 as api
 from orchestrator.backends.aws.cloud import fleet, groups, iam
 from orchestrator.backends.aws.cloud.controller_host import DEFAULT_USER, controller_tags, controllers, default_image
@@ -39,7 +40,7 @@ from orchestrator.backends.aws.regions import home_region
 from orchestrator.backends.aws.remote_units import START_SCRIPT, start_script, units
 from orchestrator.backends.aws.setup import regions_of, shared_parts
 from orchestrator.errors import OrchError
-from orchestrator.remote.ssh import ALSO_SUFFIX, Target, connect, new_host_key, public_key_of
+from orchestrator.remote.ssh import ALSO_SUFFIX, Target, new_host_key, public_key_of
 from orchestrator.store.s3url import is_s3, parse_s3
 from orchestrator.sweep.load import located
 
@@ -160,11 +161,11 @@ def launch_controller(state, setup: dict, say=lambda _: None) -> RemoteControlle
     state.ledger.acquired(got.instance_id, got.instance_type, got.az, "on-demand", role=CONTROLLER_ROLE)
     say(f"controller instance {got.instance_id} ({got.instance_type}, on demand) in {got.az}; installing orch")
     try:
-        address = api.wait_running(ec2, got.instance_id, cfg.ssh.address, cfg.boot_timeout_s)
+        address = boot.running_address(ec2, got.instance_id, cfg.ssh.address, cfg.boot_timeout_s)
         if cfg.ssh.address == "public_ip" and not cfg.security_group:  # hosts are dialled from its public address
             admit_controller(state, home, parts["sg"], f"{address}/32", got.instance_id)
         target = Target(address, cfg.ssh.port, login_user(cfg), cfg.ssh.identity, host_public)
-        conn = connect(target, timeout=cfg.boot_timeout_s, interval=1.0)
+        conn = boot.ssh_to(ec2, got.instance_id, target, cfg.boot_timeout_s)
         try:
             _install(conn, sweep, got, home, cfg.ssh_cidr or f"{address}/32", deadline)
         finally:

@@ -131,7 +131,7 @@ def test_remote_controller_resumes_an_interrupted_run_while_the_laptop_sleeps_an
     assert log.code == 0 and "terminating this instance" in log.out, log.out + log.err
 
     # the laptop's credentials and private key appear nowhere on the controller's host
-    gone = cloud.gone[ctl]
+    gone = cloud.gone_host(ctl)
     private = identity.read_text().strip().splitlines()[3]  # (the first lines are the same in every ed25519 key)
     for secret in (cloud.secret, CONTROLLER_KEY, private):
         assert secret not in gone.user_data
@@ -188,7 +188,7 @@ def test_a_controller_instance_slow_to_answer_its_first_metadata_request_still_r
     )
     assert status(orch, "late")["run"]["attempt"] == 1
     retry_until(lambda: not controller_ids(cloud, "late"), 120, 0.5, "the controller to terminate its own instance")
-    assert cloud.gone[ctl].imds_answered  # the late answer was given
+    assert cloud.gone_host(ctl).imds_answered  # the late answer was given
     d = orch("down", "late")
     assert d.code == 0, d.out + d.err
     assert not any(cloud.leftovers("late").values()), cloud.leftovers("late")
@@ -318,16 +318,33 @@ def test_two_remote_launches_racing_leave_one_controller_and_run_each_run_once(o
     assert not controller_ids(cloud, "race", ("pending", "running", "stopping", "stopped"))
 
 
+@pytest.fixture(params=["pending", "booting"])
+def booting_cloud(request, tmp_path, orch):
+    """A fake cloud whose new instances stay `pending` (or, running, keep their sshd down) for minutes, as EC2's can:
+    `orch down` reaches the controller's instance while the launch waits for it to run (or to answer)."""
+    from tests.fakecloud import FakeCloud
+    from tests.fakecloud.gate import Strictness
+
+    slow = {"pending": {"strict": Strictness(pending_s=300)}, "booting": {"boot_s": 300}}[request.param]
+    with FakeCloud(tmp_path / "cloud", **slow) as c:
+        orch.env.update(c.env())
+        yield request.param, c
+        assert not c.all_leftovers() and not c.gate.denied
+
+
 @pytest.mark.timeout(600)
-def test_down_during_a_remote_launch_ends_the_launch_with_143(orch, cloud, identity, job):
-    """`orch down` while `orch launch --remote` installs or waits for its controller: the launch exits 143, as any
-    launch `orch down` stops does, and says so; nothing of the sweep is left."""
+def test_down_during_a_remote_launch_ends_the_launch_with_143(orch, booting_cloud, identity, job):
+    """`orch down` while `orch launch --remote` waits for its controller's instance to run, or for its sshd: the
+    launch exits 143 at once, as any launch `orch down` stops does, and says so; nothing of the sweep is left. (Before,
+    it waited out `aws.boot_timeout_s`, 600 s, for an instance that had ended.)"""
+    stage, cloud = booting_cloud
     path = remote_sweep(orch, cloud, identity, job, "downed")
     launch = orch.popen("launch", str(path), "--remote")
-    retry_until(lambda: controller_ids(cloud, "downed"), 200, 0.05, "the controller's instance")
+    states = ("pending",) if stage == "pending" else ("running",)
+    retry_until(lambda: controller_ids(cloud, "downed", states), 200, 0.05, f"the controller's instance {states}")
     down = orch("down", "downed")
     assert down.code == 0, down.out + down.err
-    out, _ = launch.communicate(timeout=200)  # not the 300 s wait for a first pass that never comes
+    out, _ = launch.communicate(timeout=120)  # not the 600 s boot allowance, nor the 300 s wait for a first pass
     assert launch.returncode == 143 and "stopped by `orch down downed`" in out, (launch.returncode, out[-3000:])
     assert "Traceback" not in out, out
     assert orch("down", "downed").code == 0  # whatever the launch made after the first down listed the instances

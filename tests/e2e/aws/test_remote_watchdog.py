@@ -75,7 +75,7 @@ def test_a_killed_supervisor_is_restarted_and_with_everything_killed_the_watchdo
     retry_until(lambda: not controller_ids(cloud, "orphan"), 420, 2.0, "the watchdog to end the instance")
     log = orch("logs", "--controller", "orphan").out
     assert "watchdog: the sweep's lease lapsed" in log and "terminating this instance" in log, log[-3000:]
-    assert not (cloud.gone[ctl].root / "shutdown").exists()  # TerminateInstances was enough
+    assert not (cloud.gone_host(ctl).root / "shutdown").exists()  # TerminateInstances was enough
 
     d = orch("down", "orphan")
     assert d.code == 0, d.out + d.err

@@ -43,6 +43,10 @@ class AwsFatal(OrchError):
     """Credentials, permission or quota: retrying cannot help, so the sweep stops with the next step."""
 
 
+class InstanceEnded(OrchError):
+    """An instance ended (or stopped) before it could serve: nothing waits for it any longer."""
+
+
 def is_permission(code: str) -> bool:
     return code in PERMISSION_ERRORS or code.startswith(PERMISSION_PREFIXES)
 
@@ -307,17 +311,6 @@ def rungs_left(tags: dict[str, str]) -> str | None:
     return ",".join(sorted(k[len(RUNG_TAG) :] for k in tags if k.startswith(RUNG_TAG)))
 
 
-def wait_running(ec2, instance_id: str, address: str, timeout_s: float) -> str:
-    """Wait until the instance runs and has its address (`address`: public_ip or private_ip); returns it."""
-    from orchestrator.wait import retry_until
-
-    def ready() -> str:
-        d = describe(ec2, instance_id)
-        return d[address] if d and d["state"] == "running" else ""
-
-    return retry_until(ready, timeout_s, 1.0, f"{instance_id} to run")
-
-
 def describe(ec2, instance_id: str) -> dict | None:
     """State and addresses of one instance; None while EC2 does not know the new id yet."""
     from botocore.exceptions import ClientError
@@ -337,6 +330,7 @@ def describe(ec2, instance_id: str) -> dict | None:
         "public_ip": i.get("PublicIpAddress", ""),
         "type": i.get("InstanceType", ""),
         "subnet_id": i.get("SubnetId", ""),
+        "reason": (i.get("StateReason") or {}).get("Message", ""),  # why it stopped or ended (EC2's words)
     }
 
 
