@@ -289,7 +289,11 @@ def serve(
         if not exc.stopped:
             raise
         on_event(Stopped(str(exc)))
-        return None
+        # `orch down` goes on as soon as it reads the lease ended: provisioning threads still in flight must not buy
+        # an instance or start an agent after it (at exit the interpreter would join them), as in Launch._stopped
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(0)  # (0: the sweep's end for a remote controller's supervisor, as before)
     return progress
 
 

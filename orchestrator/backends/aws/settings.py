@@ -141,7 +141,11 @@ class AwsSection(Strict):
             "With keep_alive: the instance terminates itself once its run ended and nobody was attached for this long."
         ),
     )
-    boot_timeout_s: Amount = Field(600, gt=0, description="How long to wait for an instance's sshd.")
+    boot_timeout_s: Amount = Field(
+        600,
+        gt=0,
+        description="How long to wait for an instance to run and its sshd to answer (one that ends first: at once).",
+    )
     switch_s: Amount = Field(
         300,
         gt=0,

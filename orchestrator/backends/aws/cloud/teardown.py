@@ -30,15 +30,20 @@ def teardown(ec2, iam, sweep: str, wait_s: float = TEARDOWN_WAIT_S) -> list[str]
     """
     from orchestrator.wait import Timeout, retry_until
 
-    removed = []
-    ids = [i["instance_id"] for i in sweep_instances(ec2, sweep)]
-    if ids:
-        terminate(ec2, ids)
-        removed += ids
+    removed: list[str] = []
+
+    def gone() -> bool:
+        """Every instance of the sweep gone; one that runs and was not terminated here yet is terminated (bought
+        after the first look, by a controller's provisioning in flight as it stopped, or not yet listed by EC2)."""
+        found = sweep_instances(ec2, sweep, NOT_GONE)
+        late = [i["instance_id"] for i in found if i["state"] in LIVE_STATES and i["instance_id"] not in removed]
+        if late:
+            terminate(ec2, late)
+            removed.extend(late)
+        return not found
+
     try:
-        retry_until(
-            lambda: not sweep_instances(ec2, sweep, NOT_GONE), wait_s, 3.0, "the sweep's instances to terminate"
-        )
+        retry_until(gone, wait_s, 3.0, "the sweep's instances to terminate")
     except Timeout:
         raise OrchError(
             f"instances of {sweep} are still shutting down after {wait_s:.0f} s; run `orch down {sweep}` again later."

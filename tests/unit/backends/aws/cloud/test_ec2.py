@@ -670,3 +670,36 @@ def test_j_reused_group_gets_the_current_cidr_and_public_ip_is_asked_for(orch, c
         from orchestrator.backends.aws.cloud.teardown import teardown
 
         teardown(ec2, cloud.client("iam"), "netw")
+
+
+def test_teardown_terminates_an_instance_of_the_sweep_that_appears_while_it_waits():
+    """`orch down` lists the sweep's instances, terminates them and waits for them to go. One that shows up meanwhile
+    (bought by a controller's CreateFleet in flight as it stopped, or not yet listed by EC2's eventually consistent
+    DescribeInstances) is terminated too, not waited for until the 900 s limit while it runs and bills (seen in a
+    fresh-clone run: `orch down` of a remote sweep hung in this wait, its worker instance running)."""
+
+    def listed(*instances: tuple[str, str]) -> dict:
+        return {
+            "Reservations": [
+                {"Instances": [{"InstanceId": iid, "State": {"Name": state}, "Tags": []} for iid, state in instances]}
+            ]
+            if instances
+            else []
+        }
+
+    ec2 = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    stub = Stubber(ec2)
+    first, late = "i-0000000000000000a", "i-0000000000000000b"
+    stub.add_response("describe_instances", listed((first, "running")), {"Filters": ANY})
+    stub.add_response("terminate_instances", {}, {"InstanceIds": [first]})
+    stub.add_response("describe_instances", listed((first, "shutting-down"), (late, "running")), {"Filters": ANY})
+    stub.add_response("terminate_instances", {}, {"InstanceIds": [late]})
+    stub.add_response("describe_instances", listed((first, "running")), {"Filters": ANY})  # (EC2: eventually)
+    stub.add_response("describe_instances", listed(), {"Filters": ANY})
+    stub.add_response("describe_launch_templates", {"LaunchTemplates": []}, {"Filters": ANY})
+    stub.add_response("describe_security_groups", {"SecurityGroups": []}, {"Filters": ANY})
+    stub.add_response("describe_placement_groups", {"PlacementGroups": []}, {"Filters": ANY})
+    with stub:
+        removed = teardown(ec2, None, "late", wait_s=60)
+    stub.assert_no_pending_responses()
+    assert removed == [first, late]  # and the first, listed `running` again by a lagging read, was not asked twice
