@@ -14,8 +14,10 @@ write ends (SCM_RIGHTS); the server forks and forgets (SIGCHLD ignored: the kern
 same connection `pid N` at once and `exit N` at its end. A connection closed without `exit` means the child died of a
 signal. The server never runs a thread of its own, so a fork never copies a lock held elsewhere.
 
-Used by tests/conftest.py's Orch for calls whose interpreter options match the server's (PYTHON* variables);
-ORCH_TEST_ZYGOTE=0 turns it off (each call a new interpreter again).
+Two kinds, a server each per worker: `orch` (tests/conftest.py's Orch) and the bundled trainer
+(tests/unit/trainer/test_train.py's run_trainer: torch imported once). A call whose shaping variables (PYTHON*; for
+the trainer also the thread and torch variables) differ from the server's gets a new interpreter;
+ORCH_TEST_ZYGOTE=0 turns both off (each call a new interpreter again).
 """
 
 from __future__ import annotations
@@ -31,23 +33,47 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-PRELOAD = (
-    "orchestrator.cli.main",
-    "orchestrator.cli.status",
-    "orchestrator.cli.launch",
-    "orchestrator.cli.ops",
-    "orchestrator.cli.runs",
-    "orchestrator.cli.aws",
-    "orchestrator.backends.aws.backend",
-    "boto3",
-    "botocore.session",
+
+@dataclass(frozen=True)
+class Kind:
+    """What a fork server runs (`python -m MODULE ARGS`), what it imports first, and which variables shape an
+    interpreter (or what it imported) before it runs anything: a call whose values differ gets a new interpreter."""
+
+    module: str
+    preload: tuple[str, ...]
+    shaping: tuple[str, ...] = ("PYTHON",)  # prefixes
+
+
+ORCH = Kind(
+    "orchestrator.cli",
+    (
+        "orchestrator.cli.main",
+        "orchestrator.cli.status",
+        "orchestrator.cli.launch",
+        "orchestrator.cli.ops",
+        "orchestrator.cli.runs",
+        "orchestrator.cli.aws",
+        "orchestrator.backends.aws.backend",
+        "boto3",
+        "botocore.session",
+    ),
 )
+# The bundled trainer (tests/unit/trainer's run_trainer): `import torch` is ~2.4 s of CPU a process. Importing it
+# starts no thread (an OpenMP pool forked mid-use would hang the child); the threads' variables and torch's own are
+# read as it is imported or first used, so they shape the server.
+TRAINER = Kind(
+    "trainer",
+    ("torch", "trainer.train", "trainer.data", "trainer.models", "trainer.checkpoint"),
+    ("PYTHON", "OMP_", "MKL_", "TORCH", "CUDA", "KMP_"),
+)
+KINDS = {"orch": ORCH, "trainer": TRAINER}
 
 
-def _child(conn: socket.socket, request: dict, fds: list[int]) -> None:
-    """In the forked child: become `python -m orchestrator.cli ARGS` and end as the interpreter would."""
+def _child(conn: socket.socket, request: dict, fds: list[int], module: str) -> None:
+    """In the forked child: become `python -m MODULE ARGS` and end as the interpreter would."""
     import atexit
     import runpy
     import threading
@@ -65,7 +91,7 @@ def _child(conn: socket.socket, request: dict, fds: list[int]) -> None:
     sys.argv = ["-m", *request["args"]]
     code = 0
     try:
-        runpy.run_module("orchestrator.cli", run_name="__main__", alter_sys=True)
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as exc:
         if exc.code is None or isinstance(exc.code, int):
             code = exc.code or 0
@@ -84,13 +110,13 @@ def _child(conn: socket.socket, request: dict, fds: list[int]) -> None:
     os._exit(code & 0xFF)
 
 
-def serve(path: str) -> None:
-    """The server: preload, then fork a child per request until the socket's file is gone or stdin closes."""
+def serve(path: str, kind: str = "orch") -> None:
+    """The server: preload, then fork a child per request until the process that started it ends."""
     import faulthandler
     import importlib
 
     faulthandler.enable()
-    for name in PRELOAD:
+    for name in KINDS[kind].preload:
         importlib.import_module(name)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -113,21 +139,28 @@ def serve(path: str) -> None:
             data += more
         if os.fork() == 0:
             server.close()
-            _child(conn, json.loads(data), fds)
+            _child(conn, json.loads(data), fds, KINDS[kind].module)
         for fd in fds:
             os.close(fd)
         conn.close()
 
 
 class Zygote:
-    """A fork server for this process's `orch` calls, started at the first one."""
+    """A fork server for this process's calls of one kind (`orch`, the trainer), started at the first one."""
 
-    def __init__(self, env: dict[str, str]):
+    def __init__(self, env: dict[str, str], kind: str = "orch"):
         self.folder = tempfile.mkdtemp(prefix="orch-zygote-")
         self.path = os.path.join(self.folder, "s")
-        self.python_env = _python_env(env)
+        self.kind = KINDS[kind]
+        self.python_env = _shaping(env, self.kind)
         self.proc = subprocess.Popen(
-            [sys.executable, "-X", "faulthandler", "-c", f"from tests.zygote import serve; serve({self.path!r})"],
+            [
+                sys.executable,
+                "-X",
+                "faulthandler",
+                "-c",
+                f"from tests.zygote import serve; serve({self.path!r}, {kind!r})",
+            ],
             env=env,
             cwd=self.folder,
             stdin=subprocess.DEVNULL,
@@ -145,7 +178,7 @@ class Zygote:
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def fits(self, env: dict[str, str]) -> bool:
-        return self.proc.poll() is None and _python_env(env) == self.python_env
+        return self.proc.poll() is None and _shaping(env, self.kind) == self.python_env
 
     def run(self, args, env: dict[str, str], cwd: Path, timeout: float) -> tuple[int, str, str, bool]:
         """(exit status, stdout, stderr, timed out); the exit status is -SIGNAL for a child a signal ended."""
@@ -199,19 +232,18 @@ def _text(chunks: list[bytes]) -> str:
     return b"".join(chunks).decode(locale.getpreferredencoding(False)).replace("\r\n", "\n").replace("\r", "\n")
 
 
-def _python_env(env: dict[str, str]) -> dict[str, str]:
-    """What shapes an interpreter before it runs anything: a call whose differs gets a new interpreter."""
-    return {k: v for k, v in env.items() if k.startswith("PYTHON")}
+def _shaping(env: dict[str, str], kind: Kind) -> dict[str, str]:
+    """What shapes an interpreter (and what the server imported) before it runs anything."""
+    return {k: v for k, v in env.items() if k.startswith(kind.shaping)}
 
 
-_ZYGOTE: Zygote | None = None
+_ZYGOTES: dict[str, Zygote] = {}
 
 
-def zygote_for(env: dict[str, str]) -> Zygote | None:
-    """This process's fork server, when it fits the call's environment (None: run a new interpreter)."""
-    global _ZYGOTE
+def zygote_for(env: dict[str, str], kind: str = "orch") -> Zygote | None:
+    """This process's fork server of the kind, when it fits the call's environment (None: run a new interpreter)."""
     if os.environ.get("ORCH_TEST_ZYGOTE") == "0":
         return None
-    if _ZYGOTE is None or _ZYGOTE.proc.poll() is not None:
-        _ZYGOTE = Zygote(env)
-    return _ZYGOTE if _ZYGOTE.fits(env) else None
+    if kind not in _ZYGOTES or _ZYGOTES[kind].proc.poll() is not None:
+        _ZYGOTES[kind] = Zygote(env, kind)
+    return _ZYGOTES[kind] if _ZYGOTES[kind].fits(env) else None

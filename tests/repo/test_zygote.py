@@ -70,3 +70,33 @@ def test_a_call_past_its_time_prints_every_threads_stack_and_is_ended(orch, zygo
         assert "Fatal Python error: Aborted" in err and "most recent call first" in err, err[-2000:]
     finally:
         assert orch("down", "slow").code == 0
+
+
+def test_a_trainer_run_through_its_fork_server_ends_bit_for_bit_as_a_new_interpreters(tmp_path):
+    """The trainer's fork server (torch imported before the fork) changes nothing a run computes: the same weights,
+    bit for bit, the same metrics but for their clocks, the same exit status."""
+    from tests.unit.trainer.test_train import SMALL, assert_same_weights, final_weights, trainer_env
+
+    args = [*SMALL, "--epochs", "1", "--synthetic-train", "256"]
+    env = trainer_env()
+    z = Zygote(env, "trainer")
+    try:
+        code, _, err, stuck = z.run([*args, "--out", str(tmp_path / "forked")], env, tmp_path, 240)
+    finally:
+        z.close()
+    fresh = subprocess.run(
+        [sys.executable, "-m", "trainer", *args, "--out", str(tmp_path / "fresh")],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert (code, stuck) == (0, False) and fresh.returncode == 0, err[-3000:] + fresh.stderr[-3000:]
+    assert_same_weights(final_weights(tmp_path / "forked"), final_weights(tmp_path / "fresh"))
+
+    def lines(out):
+        rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if not (k.endswith("_s") or "time" in k)} for r in rows]  # but clocks
+
+    assert lines(tmp_path / "forked") == lines(tmp_path / "fresh")

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from orchestrator.wait import retry_until
-from tests.unit.trainer.test_train import final_weights, metrics, run_trainer, same, trainer_env
+from tests.unit.trainer.test_train import final_weights, metrics, run_trainer, same, trainer_call, trainer_env
 from trainer import checkpoint
 from trainer.imagefolder import (
     center_box,
@@ -75,13 +75,7 @@ def test_crops_stay_inside_the_image_and_validation_shapes():
 
 def test_layout_errors_name_the_folder_and_the_fix(folder, tmp_path):
     def fails(data_dir, words):
-        p = subprocess.run(
-            [sys.executable, "-m", "trainer", *ARGS, "--data-dir", str(data_dir), "--out", str(tmp_path / "o")],
-            env=trainer_env(),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        p = trainer_call([*ARGS, "--data-dir", str(data_dir), "--out", str(tmp_path / "o")], timeout=120)
         assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr[-2000:]
         assert all(w in p.stderr for w in words), p.stderr[-2000:]
 

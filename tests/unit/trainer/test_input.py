@@ -11,18 +11,12 @@ import sys
 
 import pytest
 
-from tests.unit.trainer.test_train import SMALL, metrics, run_trainer, trainer_env
+from tests.unit.trainer.test_train import SMALL, metrics, run_trainer, trainer_call, trainer_env
 from trainer.imagefolder import write_imagefolder_like
 
 
 def trainer(args, tmp_path, timeout=120):
-    return subprocess.run(
-        [sys.executable, "-m", "trainer", *args, "--out", str(tmp_path / "out")],
-        env=trainer_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return trainer_call([*args, "--out", str(tmp_path / "out")], timeout=timeout)
 
 
 @pytest.mark.parametrize(
@@ -61,9 +55,7 @@ def test_every_bad_option_is_one_clear_line_and_exit_2(tmp_path, args, words):
 
 
 def test_help_describes_every_option_with_its_choices(tmp_path):
-    p = subprocess.run(
-        [sys.executable, "-m", "trainer", "--help"], env=trainer_env(), capture_output=True, text=True, timeout=60
-    )
+    p = trainer_call(["--help"], timeout=60)
     assert p.returncode == 0
     assert "{cifar10,synthetic,digits,imagefolder}" in p.stdout and "resnet50}" in p.stdout
     assert "progressive resizing" in p.stdout and "global batch, split evenly over DDP ranks" in p.stdout
@@ -196,13 +188,7 @@ def test_a_config_file_that_cannot_be_used_is_one_clear_line_and_exit_2(tmp_path
 
 @pytest.mark.parametrize("params", ['{"lr": 0.1', '["lr"]'])
 def test_orch_params_that_are_not_a_json_mapping_are_one_clear_line_and_exit_2(tmp_path, params):
-    p = subprocess.run(
-        [sys.executable, "-m", "trainer", *SMALL, "--out", str(tmp_path / "out")],
-        env=trainer_env(ORCH_PARAMS_JSON=params),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    p = trainer_call([*SMALL, "--out", str(tmp_path / "out")], timeout=120, ORCH_PARAMS_JSON=params)
     assert p.returncode == 2 and p.stderr.startswith("trainer: ORCH_PARAMS_JSON") and "Traceback" not in p.stderr
     assert not (tmp_path / "out").exists()
 

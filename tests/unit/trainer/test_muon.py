@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.unit.trainer.test_train import final_weights, same, trainer_env
+from tests.unit.trainer.test_train import final_weights, same, trainer_call
 from trainer.muon import Muon, orthogonalize
 
 DIGITS = [
@@ -34,9 +33,7 @@ DIGITS = [
 
 
 def trainer(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "trainer", *args], env=trainer_env(), capture_output=True, text=True, timeout=600
-    )
+    return trainer_call(list(args), timeout=600)
 
 
 def test_muon_steps_along_an_orthogonalized_update():

@@ -63,14 +63,22 @@ def trainer_env(**extra):
     return env
 
 
+def trainer_call(args, timeout=240, **env) -> subprocess.CompletedProcess:
+    """`python -m trainer ARGS` to its end, whatever its exit status; forked from the worker's trainer fork server
+    (tests/zygote.py) when it fits the environment: a process of its own, without importing torch again."""
+    from tests.zygote import zygote_for
+
+    full, argv = trainer_env(**env), [sys.executable, "-m", "trainer", *args]
+    zygote = zygote_for(full, "trainer")
+    if zygote is None:
+        return subprocess.run(argv, env=full, capture_output=True, text=True, timeout=timeout)
+    code, out, err, stuck = zygote.run(args, full, Path.cwd(), timeout)
+    assert not stuck, f"the trainer still ran after {timeout} s; its stacks:\n{err[-6000:]}"
+    return subprocess.CompletedProcess(argv, code, out, err)
+
+
 def run_trainer(args, timeout=240, **env):
-    p = subprocess.run(
-        [sys.executable, "-m", "trainer", *args],
-        env=trainer_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    p = trainer_call(args, timeout=timeout, **env)
     assert p.returncode == 0, p.stderr[-3000:]
     return p
 
@@ -237,21 +245,11 @@ def test_metrics_and_summary_schema(tmp_path):
 def test_config_precedence_and_errors(tmp_path):
     cfg_file = tmp_path / "c.yaml"
     cfg_file.write_text("epochs: 5\nlr: 0.3\n")
-    env = trainer_env(ORCH_PARAMS_JSON=json.dumps({"lr": 0.7, "seed": 3, "preset": "digits"}))
-    p = subprocess.run(
-        [sys.executable, "-m", "trainer", "--config", str(cfg_file), "--seed", "9", "--print-config"],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    params = json.dumps({"lr": 0.7, "seed": 3, "preset": "digits"})
+    p = trainer_call(["--config", str(cfg_file), "--seed", "9", "--print-config"], timeout=60, ORCH_PARAMS_JSON=params)
     cfg = json.loads(p.stdout)
     assert (cfg["preset"], cfg["dataset"], cfg["epochs"], cfg["lr"], cfg["seed"]) == ("digits", "digits", 5, 0.7, 9)
-    bad = subprocess.run(
-        [sys.executable, "-m", "trainer", "--print-config"],
-        capture_output=True,
-        text=True,
-        env=trainer_env(ORCH_PARAMS_JSON='{"learning_rate": 1}'),
-    )
+    bad = trainer_call(["--print-config"], timeout=60, ORCH_PARAMS_JSON='{"learning_rate": 1}')
     assert bad.returncode != 0 and "unknown option 'learning_rate'" in bad.stderr and "Traceback" not in bad.stderr
 
 
