@@ -375,12 +375,13 @@ def make_identity(folder: Path, comment: str) -> Path:
     return path
 
 
-@pytest.fixture
-def cloud(tmp_path, orch):
-    """A fake cloud (moto + loopback hosts); the orch fixture's CLI is pointed at it."""
+@contextlib.contextmanager
+def fake_cloud(tmp_path: Path, orch, **settings):
+    """A fake cloud (moto + loopback hosts; `settings`: FakeCloud's), the orch fixture's CLI pointed at it; at its end
+    nothing of any sweep is left and no call was refused by the documented policy."""
     from tests.fakecloud import FakeCloud
 
-    with FakeCloud(tmp_path / "cloud") as c:
+    with FakeCloud(tmp_path / "cloud", **settings) as c:
         orch.env.update(c.env())
         yield c
         # nothing of any sweep may outlive its test: instances, security groups, templates, profiles
@@ -388,6 +389,13 @@ def cloud(tmp_path, orch):
         assert not leaks, f"left behind: {leaks}"
         # a refusal orch only logged is still a call the documented policy does not allow
         assert not c.gate.denied, f"the policy `orch aws policy` prints refused: {c.gate.denied}"
+
+
+@pytest.fixture
+def cloud(tmp_path, orch):
+    """A fake cloud (moto + loopback hosts); the orch fixture's CLI is pointed at it."""
+    with fake_cloud(tmp_path, orch) as c:
+        yield c
 
 
 @pytest.fixture(params=["local", "s3"])

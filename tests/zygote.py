@@ -152,7 +152,7 @@ class Zygote:
         self.folder = tempfile.mkdtemp(prefix="orch-zygote-")
         self.path = os.path.join(self.folder, "s")
         self.kind = KINDS[kind]
-        self.python_env = _shaping(env, self.kind)
+        self.shaping = _shaping(env, self.kind)
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -178,7 +178,7 @@ class Zygote:
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def fits(self, env: dict[str, str]) -> bool:
-        return self.proc.poll() is None and _shaping(env, self.kind) == self.python_env
+        return self.proc.poll() is None and _shaping(env, self.kind) == self.shaping
 
     def run(self, args, env: dict[str, str], cwd: Path, timeout: float) -> tuple[int, str, str, bool]:
         """(exit status, stdout, stderr, timed out); the exit status is -SIGNAL for a child a signal ended."""

@@ -210,7 +210,15 @@ class Launch:
         the lock) stops the runs only once nothing of this launch can start more: provisioning threads still in
         flight would otherwise start an agent, or buy an instance, after it."""
         self.on_event(Stopped(text))
-        os._exit(STOPPED_CODE)
+        _end_now(STOPPED_CODE)
+
+
+def _end_now(code: int) -> None:
+    """End the process at once, what it printed flushed: a stopped controller's provisioning threads must not buy an
+    instance or start an agent after `orch down` went on (at exit the interpreter would join them)."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
 
 
 def _hand_off(signum, _frame):
@@ -288,12 +296,8 @@ def serve(
     except LeaseLost as exc:
         if not exc.stopped:
             raise
-        on_event(Stopped(str(exc)))
-        # `orch down` goes on as soon as it reads the lease ended: provisioning threads still in flight must not buy
-        # an instance or start an agent after it (at exit the interpreter would join them), as in Launch._stopped
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        os._exit(0)  # (0: the sweep's end for a remote controller's supervisor, as before)
+        on_event(Stopped(str(exc)))  # `orch down` goes on as soon as it reads the lease ended
+        _end_now(0)  # (0: the sweep's end for a remote controller's supervisor, as before)
     return progress
 
 

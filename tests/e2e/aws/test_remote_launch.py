@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.wait import retry_until
-from tests.conftest import ENDED_GAP_S, starts
+from tests.conftest import ENDED_GAP_S, fake_cloud, starts
 from tests.conftest import run_states as status
 from tests.fakecloud import BUCKET, IMAGE_NAME, processes_of
 from tests.fakecloud.gate import CONTROLLER_KEY
@@ -322,14 +322,11 @@ def test_two_remote_launches_racing_leave_one_controller_and_run_each_run_once(o
 def booting_cloud(request, tmp_path, orch):
     """A fake cloud whose new instances stay `pending` (or, running, keep their sshd down) for minutes, as EC2's can:
     `orch down` reaches the controller's instance while the launch waits for it to run (or to answer)."""
-    from tests.fakecloud import FakeCloud
     from tests.fakecloud.gate import Strictness
 
     slow = {"pending": {"strict": Strictness(pending_s=300)}, "booting": {"boot_s": 300}}[request.param]
-    with FakeCloud(tmp_path / "cloud", **slow) as c:
-        orch.env.update(c.env())
+    with fake_cloud(tmp_path, orch, **slow) as c:
         yield request.param, c
-        assert not c.all_leftovers() and not c.gate.denied
 
 
 @pytest.mark.timeout(600)
