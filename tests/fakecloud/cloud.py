@@ -55,6 +55,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -378,7 +379,18 @@ class _GatedMotoServer:
         )
         from werkzeug.serving import make_server
 
-        self.gate = Gate(DomainDispatcherApplication(create_backend_app), **self.gate_args)
+        class Dispatcher(DomainDispatcherApplication):
+            """moto's dispatcher, its answer for a host remembered: moto finds it by listing its own package folder
+            (~150 stat calls) for every request, 7% of a worker's CPU in the AWS tests (py-spy)."""
+
+            known: dict = {}
+
+            def get_backend_for_host(self, host):
+                if host not in self.known:
+                    self.known[host] = super().get_backend_for_host(host)
+                return self.known[host]
+
+        self.gate = Gate(Dispatcher(create_backend_app), **self.gate_args)
         self.server = make_server("127.0.0.1", self.port, self.gate, True, request_handler=MotoRequestHandler)
         self.port = self.server.socket.getsockname()[1]  # port 0: the kernel's pick, no other process can take it first
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True, name="fakecloud-moto")
@@ -419,6 +431,7 @@ class FakeCloud:
         self.subnets: list[str] = []
         self.vpcs: dict[str, str] = {}  # region -> its default VPC
         self._clients: dict[str, object] = {}  # region -> the watcher's EC2 client there
+        self._own_clients: dict[tuple[str, str], Any] = {}  # (service, region) -> the helpers' own client
         self.wrong_host_keys = False  # set by a test: new hosts answer with a different host key
         self.no_sshd = False  # set by a test: new hosts never bring sshd up
         self.imds_late_s = 0.0  # set by a test: each new host answers its first IMDS token request this late
@@ -457,14 +470,14 @@ class FakeCloud:
         self.gate = self.server.start()
         port = self.server.port
         self.endpoint = f"http://127.0.0.1:{port}"
-        self.gate.policy_source = policies_from_moto(self.endpoint, self.secret)
+        self.gate.policy_source = policies_from_moto()
         self.gate.boundary_source = boundaries_from_moto()
         from orchestrator.backends.aws.cloud.policy import BOUNDARY_NAME, boundary_policy, controller_policy
 
         # orch's own calls: exactly what docs/aws.md asks users to grant
         self.gate.controller_policy = controller_policy(BUCKET, DATA_BUCKETS)
         self._reset()  # moto keeps its state per process: every fake cloud starts empty
-        self.client("iam").create_policy(  # what the admin does once (docs/aws.md): the roles' boundary
+        self._own("iam").create_policy(  # what the admin does once (docs/aws.md): the roles' boundary
             PolicyName=BOUNDARY_NAME, PolicyDocument=json.dumps(boundary_policy(BUCKET, DATA_BUCKETS))
         )
         for k, v in self.env().items():
@@ -482,14 +495,14 @@ class FakeCloud:
         self.image_homes: dict[str, Path] = {}  # image id -> the home CreateImage took from its builder
         self.gate.images.snapshot = self._snapshot
         where = {} if self.bucket_region == REGION else {"LocationConstraint": self.bucket_region}
-        self.client("s3").create_bucket(Bucket=BUCKET, **({"CreateBucketConfiguration": where} if where else {}))
+        self._own("s3").create_bucket(Bucket=BUCKET, **({"CreateBucketConfiguration": where} if where else {}))
         self._watcher = threading.Thread(target=self._watch, name="fakecloud-watcher", daemon=True)
         self._watcher.start()
 
     def _network(self, region: str, k: int) -> None:
         """The region's default VPC gets loopback subnets instead of its own, so sweeps need no subnet ids: region k's
         AZs are 127.N.(10k+1).0/24, 127.N.(10k+2).0/24 (one /16 for the cloud, a /24 per AZ of each region)."""
-        ec2 = self.client("ec2", region)
+        ec2 = self._own("ec2", region)
         vpc = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"][0]["VpcId"]
         for sub in ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"]:
             ec2.delete_subnet(SubnetId=sub["SubnetId"])
@@ -524,7 +537,7 @@ class FakeCloud:
         snapshots)."""
         from tests.fakecloud.gate import MOTO, _ec2_backend
 
-        image_id = self.client("ec2", region).register_image(
+        image_id = self._own("ec2", region).register_image(
             Name=name, Description="fake Deep Learning AMI (OSS PyTorch, Ubuntu)"
         )["ImageId"]
         ami = _ec2_backend(region).amis[image_id]
@@ -616,11 +629,11 @@ class FakeCloud:
         name = self.gate.profile_of.get(instance_id)
         if not name:
             return None, None
-        roles = self.client("iam").get_instance_profile(InstanceProfileName=name)["InstanceProfile"]["Roles"]
+        roles = self._own("iam").get_instance_profile(InstanceProfileName=name)["InstanceProfile"]["Roles"]
         if not roles:
             return None, None
         role = roles[0]
-        c = self.client("sts").assume_role(RoleArn=role["Arn"], RoleSessionName=instance_id)["Credentials"]
+        c = self._own("sts").assume_role(RoleArn=role["Arn"], RoleSessionName=instance_id)["Credentials"]
         self.gate.delivered(c["AccessKeyId"], role["RoleName"], instance_id)
         doc = {
             "Code": "Success",
@@ -677,6 +690,15 @@ class FakeCloud:
             aws_access_key_id=HARNESS_KEY,
             aws_secret_access_key=self.secret,
         )
+
+    def _own(self, service: str, region: str = REGION):
+        """The inspection helpers' client (instances(), leftovers(), reclaim(), minting a host's credentials): made
+        once, as a boto3 client costs about as much CPU to make as a dozen calls. Never one a test got from client(),
+        which may carry the test's own event handlers."""
+        key = (service, region)
+        if key not in self._own_clients:
+            self._own_clients[key] = self.client(service, region)
+        return self._own_clients[key]
 
     # the watcher
 
@@ -775,7 +797,7 @@ class FakeCloud:
     def reclaim(self, instance_id: str) -> None:
         """The spot market takes the instance back (in whichever of this cloud's regions it runs)."""
         (region,) = {i["region"] for i in self.instances() if i["id"] == instance_id} or {REGION}
-        self.client("ec2", region).terminate_instances(InstanceIds=[instance_id])
+        self._own("ec2", region).terminate_instances(InstanceIds=[instance_id])
 
     # inspection
 
@@ -790,7 +812,7 @@ class FakeCloud:
 
     def _instances(self, sweep: str | None, states, region: str) -> list[dict]:
         out = []
-        for res in self.client("ec2", region).describe_instances()["Reservations"]:
+        for res in self._own("ec2", region).describe_instances()["Reservations"]:
             for i in res["Instances"]:
                 tags = {t["Key"]: t["Value"] for t in i.get("Tags", [])}
                 if i["State"]["Name"] in states and (sweep is None or tags.get("orch:sweep") == sweep):
@@ -808,7 +830,7 @@ class FakeCloud:
 
     def leftovers(self, sweep: str, region: str = REGION) -> dict[str, list]:
         """What of the sweep still exists in `region` (and IAM): anything here after `orch down` is a leak."""
-        ec2, iam = self.client("ec2", region), self.client("iam")
+        ec2, iam = self._own("ec2", region), self._own("iam")
         name = f"orch-{sweep}"
         return {
             "instances": [
@@ -837,9 +859,7 @@ class FakeCloud:
         from orchestrator.backends.aws.cloud.teardown import orch_profiles, orch_resources
 
         out: dict[str, list] = {}
-        for found in [orch_resources(self.client("ec2", r)) for r in self.regions] + [
-            orch_profiles(self.client("iam"))
-        ]:
+        for found in [orch_resources(self._own("ec2", r)) for r in self.regions] + [orch_profiles(self._own("iam"))]:
             for sweep, things in found.items():
                 out.setdefault(sweep, []).extend(things)
         return out
