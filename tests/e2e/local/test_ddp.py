@@ -15,6 +15,7 @@ from orchestrator.wait import retry_until
 from tests.conftest import ENDED_GAP_S
 from tests.conftest import run_states as status
 from tests.unit.trainer.test_train import (
+    EIGHT_PX,
     SMALL,
     STEPS_PER_EPOCH,
     _free_port,
@@ -103,7 +104,7 @@ def test_ddp_run_interrupted_by_a_notice_resumes_bitwise(orch, tmp_path):
 def test_two_local_nodes_of_two_processes_equal_one_node_of_four(orch):
     """`resources: nodes: 2` locally: two node process groups with a loopback rendezvous, world size 4,
     and the same final weights as one node of four processes."""
-    command = " ".join(["{torchrun}", "-m", "trainer", *SMALL, "--epochs", "1", "--synthetic-train", "512"])
+    command = " ".join(["{torchrun}", "-m", "trainer", *EIGHT_PX, "--epochs", "1", "--synthetic-train", "512"])
     for name, nodes, procs in (("nodes2", 2, 2), ("nodes1", 1, 4)):
         path = orch.sweep(
             f"""
@@ -134,7 +135,7 @@ def test_four_ranks_resumed_mid_epoch_reduce_as_the_run_they_continue(tmp_path):
     """With 3+ ranks the order of a gradient sum depends on DDP's bucket layout, which it sets by its
     first backward: a resumed run must lay them out as the run it continues (before the fix its first
     resumed step summed in another order, and the weights drifted by ~1e-8)."""
-    args = [*SMALL, "--epochs", "2", "--ckpt-keep", "100", "--synthetic-train", "512"]  # 8 steps an epoch
+    args = [*EIGHT_PX, "--epochs", "2", "--ckpt-keep", "100", "--synthetic-train", "512"]  # 8 steps an epoch
 
     def run(out, *extra):
         p = subprocess.run(

@@ -383,9 +383,9 @@ def test_a_run_of_two_nodes_is_one_job_and_trains_as_one(orch, cluster, slurm_se
     import subprocess
     import sys
 
-    from tests.unit.trainer.test_train import SMALL, _free_port, final_weights, same, trainer_env
+    from tests.unit.trainer.test_train import EIGHT_PX, _free_port, final_weights, same, trainer_env
 
-    args = [*SMALL, "--epochs", "2"]
+    args = [*EIGHT_PX, "--epochs", "2"]
     ref = tmp_path / "ref"
     p = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
