@@ -4,6 +4,11 @@ job, Slurm's own interruptions (requeue, a time limit, a node set DOWN) resumed 
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+from pathlib import Path
+
 import pytest
 
 from orchestrator.wait import retry_until
@@ -44,6 +49,16 @@ def _job_of(cluster, sweep: str, attempt: int = 1) -> dict:
     )  # fmt: skip
 
 
+def _pending(pid: int, sig: int) -> bool:
+    """Whether `sig` waits to be delivered to process `pid` (a stopped process keeps what it is sent)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    masks = [int(line.split()[1], 16) for line in status.splitlines() if line.startswith(("SigPnd:", "ShdPnd:"))]
+    return any(mask & (1 << (sig - 1)) for mask in masks)
+
+
 def _resumed(orch, cluster, tmp_path, sweep: str, hurt, extra: str = "") -> dict:
     """A trainer run, hurt through Slurm once a checkpoint is in the store: it ends with the weights of a run never
     interrupted, in a later attempt, with no failure counted."""
@@ -76,7 +91,22 @@ def _resumed(orch, cluster, tmp_path, sweep: str, hurt, extra: str = "") -> dict
 @pytest.mark.timeout(600)
 def test_a_job_requeued_by_scontrol_resumes_from_its_checkpoint(orch, cluster, slurm_section, tmp_path):
     def requeue(job):
-        assert cluster.run("scontrol", "requeue", job["id"]).returncode == 0
+        # The trainer waits (SIGSTOP) from before the requeue until Slurm's SIGTERM, passed on by its agent, waits for
+        # it: the moment is an event. Without the hold a run at full speed ended 4 s after `scontrol requeue`, before
+        # the signal reached it (seen in a fresh-clone run), and never checkpointed on it.
+        from orchestrator.host.attempt import pid_file, usr1_targets
+
+        cmd = (tmp_path / "runs" / "requeued" / "run" / "ctl" / pid_file("cmd", 1)).read_text()
+        held = usr1_targets(int(cmd))
+        for pid in held:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            assert cluster.run("scontrol", "requeue", job["id"]).returncode == 0
+            retry_until(lambda: any(_pending(pid, signal.SIGTERM) for pid in held), 120, 0.1, "the SIGTERM")
+        finally:
+            for pid in held:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
 
     _resumed(orch, cluster, tmp_path, "requeued", requeue, slurm_section())
     r = orch("status", "requeued")
