@@ -347,6 +347,35 @@ def run_states(orch: Orch, sweep: str, every: bool = False, gap: float = STATUS_
     return {run["run_id"]: run for run in json.loads(r.out)["runs"]}
 
 
+def signal_all(pids, sig) -> None:
+    """`sig` to each of `pids` that still exists."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+@contextlib.contextmanager
+def held(pids):
+    """The processes wait (SIGSTOP) for the body, whatever it raises, then go on (SIGCONT): what they are sent
+    meanwhile waits for them, so a moment a test needs is an event, not a race with their speed."""
+    signal_all(pids, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        signal_all(pids, signal.SIGCONT)
+
+
+def command_processes(ctl: Path, attempt: int = 1) -> list[int]:
+    """The processes of an attempt's command that catch SIGUSR1 (the trainer's ranks), found from the pid its agent
+    wrote in the run's `ctl` folder; [] until it is written."""
+    from orchestrator.host.attempt import pid_file, usr1_targets
+
+    try:
+        return usr1_targets(int((ctl / pid_file("cmd", attempt)).read_text()))
+    except (FileNotFoundError, ValueError):
+        return []
+
+
 def starts(marks: Path) -> list:
     f = marks / "starts.log"
     return [line.split(" ", 2)[:2] for line in f.read_text().splitlines()] if f.exists() else []

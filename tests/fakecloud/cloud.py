@@ -383,7 +383,9 @@ class _GatedMotoServer:
             """moto's dispatcher, its answer for a host remembered: moto finds it by listing its own package folder
             (~150 stat calls) for every request, 7% of a worker's CPU in the AWS tests (py-spy)."""
 
-            known: dict = {}
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                self.known: dict = {}
 
             def get_backend_for_host(self, host):
                 if host not in self.known:
@@ -430,8 +432,7 @@ class FakeCloud:
         self.seen: dict[str, float] = {}  # instance id -> when the watcher first saw it running
         self.subnets: list[str] = []
         self.vpcs: dict[str, str] = {}  # region -> its default VPC
-        self._clients: dict[str, object] = {}  # region -> the watcher's EC2 client there
-        self._own_clients: dict[tuple[str, str], Any] = {}  # (service, region) -> the helpers' own client
+        self._own_clients: dict[tuple[str, str], Any] = {}  # (service, region) -> the harness's own client
         self.wrong_host_keys = False  # set by a test: new hosts answer with a different host key
         self.no_sshd = False  # set by a test: new hosts never bring sshd up
         self.imds_late_s = 0.0  # set by a test: each new host answers its first IMDS token request this late
@@ -692,9 +693,9 @@ class FakeCloud:
         )
 
     def _own(self, service: str, region: str = REGION):
-        """The inspection helpers' client (instances(), leftovers(), reclaim(), minting a host's credentials): made
-        once, as a boto3 client costs about as much CPU to make as a dozen calls. Never one a test got from client(),
-        which may carry the test's own event handlers."""
+        """The harness's own client (the watcher, instances(), leftovers(), reclaim(), minting a host's credentials):
+        made once, as a boto3 client costs about as much CPU to make as a dozen calls. Never one a test got from
+        client(), which may carry the test's own event handlers."""
         key = (service, region)
         if key not in self._own_clients:
             self._own_clients[key] = self.client(service, region)
@@ -703,7 +704,7 @@ class FakeCloud:
     # the watcher
 
     def _watch(self) -> None:
-        ec2 = self.client("ec2")
+        ec2 = self._own("ec2")
         while not self._stop.wait(self.poll_s):
             try:
                 self.reconcile(ec2)
@@ -713,11 +714,7 @@ class FakeCloud:
     def _regional(self, ec2, az: str):
         """The harness's EC2 client of the AZ's region (`ec2`, us-east-1's, there)."""
         region = az[:-1]
-        if region == ec2.meta.region_name or region not in self.regions:
-            return ec2
-        if region not in self._clients:
-            self._clients[region] = self.client("ec2", region)
-        return self._clients[region]
+        return self._own("ec2", region) if region in self.regions else ec2
 
     def reconcile(self, ec2) -> None:
         from tests.fakecloud.gate import os_shutdown, running_instances

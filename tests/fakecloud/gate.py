@@ -1508,11 +1508,19 @@ def policies_from_moto() -> Callable[[str], list[dict]]:
             if found is None:
                 return []
             texts = list(found.policies.values())
-            for policy in found.managed_policies.values():
-                texts += [v.document for v in policy.versions if v.version_id == policy.default_version_id]
+            texts += [_default_document(policy) for policy in found.managed_policies.values()]
         return [t if isinstance(t, dict) else json.loads(t) for t in texts]
 
     return source
+
+
+def _default_document(policy) -> dict | str:
+    """A managed policy's document in force: its default version's (its newest, for one moto made without a default)."""
+    doc = policy.versions[-1].document if not policy.default_version_id else None
+    for v in policy.versions:
+        if v.version_id == policy.default_version_id:
+            doc = v.document
+    return doc
 
 
 def boundaries_from_moto() -> Callable[[str], dict | None]:
@@ -1524,11 +1532,7 @@ def boundaries_from_moto() -> Callable[[str], dict | None]:
             return None
         with MOTO:
             try:
-                policy = _iam_backend().get_policy(arn)
-                doc = policy.versions[-1].document if not policy.default_version_id else None
-                for v in policy.versions:
-                    if v.version_id == policy.default_version_id:
-                        doc = v.document
+                doc = _default_document(_iam_backend().get_policy(arn))
             except Exception:
                 return {"Version": "2012-10-17", "Statement": []}  # a boundary that does not exist allows nothing
         return doc if isinstance(doc, dict) else json.loads(doc)

@@ -5,11 +5,8 @@ that vanishes without notice ends it too; `orch down` leaves no placement group.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
-import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -18,9 +15,8 @@ import pytest
 import torch
 
 from orchestrator.contract import AGENT_LOG_FILE
-from orchestrator.host.attempt import pid_file, usr1_targets
 from orchestrator.wait import retry_until
-from tests.conftest import ENDED_GAP_S
+from tests.conftest import ENDED_GAP_S, command_processes, held
 from tests.conftest import run_states as status
 from tests.fakecloud import BUCKET
 from tests.fakecloud.cloud import AZS
@@ -33,18 +29,6 @@ pytestmark = pytest.mark.slow
 # the run's speed; the steps after it leave node 0's agent time for its next look (5 s) before the run ends.
 ARGS = [*EIGHT_PX, "--epochs", "12"]
 FAST = {"heartbeat_s": "1", "sync_s": "2"}
-
-
-def cmd_pid(cloud, iid: str) -> str:
-    """The pid of the command node `iid`'s agent started for attempt 1 of run `run` of sweep `mn` ("" until written)."""
-    f = cloud.root / "hosts" / iid / "home" / "orch" / "runs" / "mn" / "run" / "ctl" / pid_file("cmd", 1)
-    return f.read_text().strip() if f.exists() else ""
-
-
-def signal_all(pids, sig) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
 
 
 def nodes_of(cloud, sweep: str, attempt: int) -> list:
@@ -126,23 +110,17 @@ def test_two_nodes_of_two_processes_interrupted_on_node_1_end_as_one_node_of_fou
     assert len({g for g, _ in placed.values()}) == 1 and len({az for _, az in placed.values()}) == 1, (
         placed
     )  # one group, one AZ
-    ranks = [
-        pid
-        for iid in first
-        for pid in usr1_targets(int(retry_until(lambda iid=iid: cmd_pid(cloud, iid), 60, 0.2, "its command")))
-    ]
-    signal_all(ranks, signal.SIGSTOP)  # every rank waits where it is until node 0's agent has the notice
-    try:
+    ctls = [cloud.root / "hosts" / iid / "home" / "orch" / "runs" / "mn" / "run" / "ctl" for iid in first]
+    ranks = [pid for ctl in ctls for pid in retry_until(lambda ctl=ctl: command_processes(ctl), 60, 0.2, "its command")]
+    with held(ranks):  # every rank waits where it is until node 0's agent has the notice
         cloud.spot_notice(first[1])  # node 1's IMDS, as AWS gives it: node 0 must checkpoint for the run
-        log0 = cloud.root / "hosts" / first[0] / "home" / "orch" / "runs" / "mn" / "run" / "ctl" / AGENT_LOG_FILE
+        log0 = ctls[0] / AGENT_LOG_FILE
         retry_until(
             lambda: log0.exists() and "spot interruption notice" in log0.read_text(),
             120,
             0.2,
             "node 0's agent to ask its ranks to checkpoint",
         )
-    finally:
-        signal_all(ranks, signal.SIGCONT)
 
     retry_until(
         lambda: status(orch, "mn", gap=ENDED_GAP_S)["run"]["state"] in ("succeeded", "failed"),

@@ -3,7 +3,6 @@ controller gone for good, sshd never up, throttling, teardown failing halfway.""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -17,9 +16,8 @@ import torch
 
 from orchestrator.backends.aws.cloud.images import resolve_image
 from orchestrator.contract import AGENT_LOG_FILE
-from orchestrator.host.attempt import pid_file, usr1_targets
 from orchestrator.wait import retry_until
-from tests.conftest import ENDED_GAP_S, starts
+from tests.conftest import ENDED_GAP_S, command_processes, signal_all, starts
 from tests.conftest import run_states as status
 from tests.e2e.local.test_ddp import _step
 from tests.unit.trainer.test_train import SMALL, run_trainer, same
@@ -108,12 +106,6 @@ def steps_lost(cloud, key):
     return sum(a - (b - 1) for a, b in drops)
 
 
-def signal_all(pids, sig):
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-
-
 def instance_of(cloud, sweep, run, attempt):
     for i in cloud.instances(sweep):
         if i["tags"].get("orch:run") == run and i["tags"].get("orch:attempt") == str(attempt):
@@ -147,8 +139,8 @@ def test_every_run_interrupted_once_finishes_with_uninterrupted_results(orch, cl
         # The moment is an event, not the run's speed: the trainer waits (SIGSTOP) at its target step until its
         # agent has logged the notice, then goes on with the SIGUSR1 that waits for it. Without the hold, runs
         # under load ended before the agent's next look and were never interrupted at all.
-        cmd = int((ctl(iid, run) / pid_file("cmd", 1)).read_text())
-        held[run] = usr1_targets(cmd)
+        held[run] = command_processes(ctl(iid, run))
+        assert held[run], f"{run}'s command pid file"
         signal_all(held[run], signal.SIGSTOP)
         cloud.spot_notice(iid)  # through the fake IMDS, as AWS gives it
         noticed[run] = (iid, time.time())

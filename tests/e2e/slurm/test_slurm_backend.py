@@ -4,15 +4,13 @@ job, Slurm's own interruptions (requeue, a time limit, a node set DOWN) resumed 
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 from pathlib import Path
 
 import pytest
 
 from orchestrator.wait import retry_until
-from tests.conftest import no_traceback, starts
+from tests.conftest import command_processes, held, no_traceback, starts
 from tests.conftest import run_states as status
 
 pytestmark = pytest.mark.slow
@@ -94,19 +92,11 @@ def test_a_job_requeued_by_scontrol_resumes_from_its_checkpoint(orch, cluster, s
         # The trainer waits (SIGSTOP) from before the requeue until Slurm's SIGTERM, passed on by its agent, waits for
         # it: the moment is an event. Without the hold a run at full speed ended 4 s after `scontrol requeue`, before
         # the signal reached it (seen in a fresh-clone run), and never checkpointed on it.
-        from orchestrator.host.attempt import pid_file, usr1_targets
-
-        cmd = (tmp_path / "runs" / "requeued" / "run" / "ctl" / pid_file("cmd", 1)).read_text()
-        held = usr1_targets(int(cmd))
-        for pid in held:
-            os.kill(pid, signal.SIGSTOP)
-        try:
+        trainer = command_processes(tmp_path / "runs" / "requeued" / "run" / "ctl")
+        assert trainer, "the command's pid file"
+        with held(trainer):
             assert cluster.run("scontrol", "requeue", job["id"]).returncode == 0
-            retry_until(lambda: any(_pending(pid, signal.SIGTERM) for pid in held), 120, 0.1, "the SIGTERM")
-        finally:
-            for pid in held:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGCONT)
+            retry_until(lambda: any(_pending(pid, signal.SIGTERM) for pid in trainer), 120, 0.1, "the SIGTERM")
 
     _resumed(orch, cluster, tmp_path, "requeued", requeue, slurm_section())
     r = orch("status", "requeued")
