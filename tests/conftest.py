@@ -27,53 +27,43 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # The longest tests (minutes each, mostly waiting on fake boots, leases and real training) start first, so the
-# workers share them instead of one worker ending the suite alone with the last of them. The 40 slowest of a
-# fresh-clone run (stop 70, `scripts/test.sh --durations=0`), longest first, two that mostly wait (on leases,
-# boots, capacity: under 0.3 CPU-s a second, its processes' CPU sampled from /proc) taking turns with two that
-# mostly compute (training, compiling): xdist hands each worker two tests at first, so each worker starts on one
-# kind and the cores are neither idle while every worker waits nor crowded while every worker trains. A test
-# renamed or added later is ordered as the other `slow` ones are.
+# workers share them instead of one worker ending the suite alone with the last of them. The 30 slowest of a
+# fresh-clone run (stop 53, `scripts/test.sh --durations=30`), longest first, two that mostly wait (on leases,
+# boots, capacity) taking turns with two that mostly compute (training): xdist hands each worker two tests at
+# first, so each worker starts on one kind and the cores are neither idle while every worker waits nor crowded
+# while every worker trains. A test renamed or added later is ordered as the other `slow` ones are.
 LONGEST_FIRST = (
     "test_a_killed_supervisor_is_restarted_and_with_everything_killed_the_watchdog_ends_the_instance",
-    "test_a_lost_controller_instance_is_reported_and_a_second_remote_adopts_the_runs",
-    "test_every_run_interrupted_once_finishes_with_uninterrupted_results",
-    "test_ddp_run_interrupted_by_a_notice_resumes_bitwise",
     "test_the_controller_terminates_its_own_instance_at_max_hours",
-    "test_the_fake_cloud_walkthrough_of_the_docs_runs_as_written",
+    "test_every_run_interrupted_once_finishes_with_uninterrupted_results",
     "test_two_nodes_of_two_processes_interrupted_on_node_1_end_as_one_node_of_four",
-    "test_compile_trains_and_matches_eager_closely",
     "test_acceptance_three_runs_with_realistic_boot_use_exactly_three_instances",
-    "test_a_remote_controller_keeps_the_deadline_and_buys_on_demand_from_its_switch_moment",
-    "test_sweep_runs_on_fake_spot_instances_and_leaves_nothing",
-    "test_a_reclaimed_shared_instance_resumes_its_runs_in_another_region",
-    "test_host_lost_without_notice_resumes",
-    "test_a_controller_killed_mid_sweep_is_relaunched_on_the_same_schedule_and_buys_nothing_twice",
-    "test_a_run_interrupted_in_one_region_resumes_in_another_from_its_checkpoint",
-    "test_two_process_torchrun_lands_in_the_same_band",
-    "test_a_quota_reached_while_runs_go_makes_runs_wait_not_the_sweep_fail",
-    "test_a_packed_run_moved_to_on_demand_takes_no_slot_of_a_spot_instance",
-    "test_two_local_nodes_of_two_processes_equal_one_node_of_four",
-    "test_fast_muon_resumed_mid_epoch_ends_with_the_weights_of_a_run_never_stopped",
-    "test_terminated_instances_still_counting_toward_a_quota_make_the_next_run_wait_not_the_sweep_fail",
-    "test_a_host_powered_off_mid_run_loses_nothing_but_time",
-    "test_four_ranks_resumed_mid_epoch_reduce_as_the_run_they_continue",
-    "test_chaos_interrupt_resumes_to_the_same_result",
-    "test_a_run_on_spot_that_a_reclaim_would_make_late_is_moved_to_on_demand_from_its_checkpoint",
-    "test_a_crashed_remote_controller_is_restarted_by_its_supervisor_and_takes_its_own_lease_at_once",
-    "test_the_speed_table_command_runs_every_row_and_names_what_cannot_run",
-    "test_pyright_finds_no_type_errors_in_orchestrator",
-    "test_chaos_drop_and_interrupt_each_resume_the_run_on_a_host",
-    "test_a_pool_reclaimed_in_an_earlier_sweep_loses_its_rank_and_by_price_it_would_not",
-    "test_corrupted_newest_checkpoint_in_the_store_falls_back",
-    "test_a_job_requeued_by_scontrol_resumes_from_its_checkpoint",
-    "test_later_attempts_go_to_the_lower_dollars_per_epoch_and_by_price_they_would_not",
     "test_a_run_longer_than_the_time_limit_finishes_across_jobs",
-    "test_resume_after_sigusr1_then_sigkill_is_bitwise_identical",
-    "test_interrupted_mid_epoch_resumes_bitwise",
-    "test_remote_controller_resumes_an_interrupted_run_while_the_laptop_sleeps_and_ends_itself",
-    "test_an_agent_that_goes_silent_loses_its_host_and_the_run_restarts",
-    "test_a_run_of_two_nodes_is_one_job_and_trains_as_one",
+    "test_a_lost_controller_instance_is_reported_and_a_second_remote_adopts_the_runs",
+    "test_host_lost_without_notice_resumes",
+    "test_compile_trains_and_matches_eager_closely",
+    "test_a_quota_reached_while_runs_go_makes_runs_wait_not_the_sweep_fail",
+    "test_controller_killed_right_after_createfleet_is_adopted",
+    "test_a_reclaimed_shared_instance_resumes_its_runs_in_another_region",
+    "test_four_ranks_resumed_mid_epoch_reduce_as_the_run_they_continue",
+    "test_the_fake_cloud_walkthrough_of_the_docs_runs_as_written",
+    "test_terminated_instances_still_counting_toward_a_quota_make_the_next_run_wait_not_the_sweep_fail",
+    "test_a_run_interrupted_in_one_region_resumes_in_another_from_its_checkpoint",
+    "test_ddp_run_interrupted_by_a_notice_resumes_bitwise",
+    "test_sweep_runs_on_fake_spot_instances_and_leaves_nothing",
+    "test_a_crashed_remote_controller_is_restarted_by_its_supervisor_and_takes_its_own_lease_at_once",
+    "test_digits_preset_reaches_97_percent",
     "test_four_one_gpu_runs_share_one_four_gpu_instance_and_resume_together",
+    "test_an_agent_that_goes_silent_loses_its_host_and_the_run_restarts",
+    "test_remote_controller_resumes_an_interrupted_run_while_the_laptop_sleeps_and_ends_itself",
+    "test_the_speed_table_command_runs_every_row_and_names_what_cannot_run",
+    "test_a_search_with_prune_and_target_runs_its_trials_in_the_next_region",
+    "test_a_remote_controller_restarted_by_its_supervisor_is_told_once",
+    "test_an_attempt_ended_by_a_failed_node_keeps_every_nodes_log_and_the_run_folder",
+    "test_a_node_whose_command_fails_fails_the_attempt_and_counts_against_max_restarts",
+    "test_two_process_torchrun_lands_in_the_same_band",
+    "test_nodes_come_all_at_once_and_a_lost_node_ends_the_attempt_on_every_node",
+    "test_fast_muon_resumed_mid_epoch_ends_with_the_weights_of_a_run_never_stopped",
 )
 
 
