@@ -417,6 +417,8 @@ def test_fp16_trains_with_loss_scaling(tmp_path):
 
 # Its C++ compile (inductor) is the suite's heaviest single step: 54 s of the whole machine alone, and it ran past
 # pytest's 300 s beside two CPU hogs and three other workers (stop 40's loaded run). Each run gets what it needs.
+# Inductor's cache goes to the test's own folder: torch's default (/tmp/torchinductor_$USER) outlives the test, so a
+# second run on the same machine compiled nothing (48 s instead of 116-143 s): a time CI, always cold, never sees.
 @pytest.mark.timeout(900)
 @pytest.mark.slow
 def test_compile_trains_and_matches_eager_closely(tmp_path):
@@ -428,6 +430,7 @@ def test_compile_trains_and_matches_eager_closely(tmp_path):
     p = run_trainer(
         [*args, "--compile", "true", "--compile-mode", "reduce-overhead", "--out", str(tmp_path / "compiled")],
         timeout=600,
+        TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
     )
     eager = json.loads((tmp_path / "eager" / "summary.json").read_text())
     compiled = json.loads((tmp_path / "compiled" / "summary.json").read_text())
