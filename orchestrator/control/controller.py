@@ -19,6 +19,7 @@ from orchestrator.control import code, notify, raised, summary
 from orchestrator.control.deadline import DeadlineView, schedule
 from orchestrator.control.deadline import moment as deadline_moment
 from orchestrator.control.decide import DONE, REPLACE, START, WAIT, Row, decide, host_key, live_hosts
+from orchestrator.control.ended import EndedHosts
 from orchestrator.control.lease import Lease
 from orchestrator.control.notify_events import facts_of
 from orchestrator.control.prune import Rungs
@@ -70,6 +71,7 @@ class Controller(Verdicts):
         self.launched_at: float | None = None  # the sweep's first launch (`deadline:` durations count from it)
         self._moved: set[tuple[str, int]] = set()  # `deadline:`: (run, attempt) told to move to on-demand
         self._to_on_demand: dict[str, int] = {}  # run -> the attempt told to move: its next claim is on-demand
+        self.ended = EndedHosts(backend, state, self.name)  # hosts that outlive their final run (ended.py)
 
     def prepare(self) -> bool:
         """Record the sweep in the store; refuse if a different sweep of that name is already there.
@@ -129,6 +131,7 @@ class Controller(Verdicts):
             elif self.rungs is not None:
                 self._rung(row, self.rungs)
         self._release_unclaimed(every, table.status)
+        self.ended.check(every, table.status, table.final, now)
         timely = self._schedule(set(hosts), now)  # `deadline:`: which waiting runs the backend buys on-demand
         self._tell_trials()  # before any start asks: each ask knows every outcome so far (docs/guides/search.md)
         free = self.sweep.spec.max_parallel - len(hosts)
@@ -365,6 +368,8 @@ class Controller(Verdicts):
         self.notifier = notify.for_sweep(self.store, self.sweep)
         try:
             retry_until(one_pass, timeout=None, interval=interval)
+            self.ended.wait(lambda: self.table.status, lambda: set(self.table.final))  # (ended.py)
+            last[0].spend_usd = self.backend.spend()  # with what the hosts the wait still saw cost
         finally:
             self._flush()
             self._close_notifier()

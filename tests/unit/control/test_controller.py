@@ -22,7 +22,8 @@ from orchestrator.store.status import RUNNING, SUCCEEDED, RunStatus, update_stat
 
 class OneBilledHost(BackendBase):
     """One instance, billed at a dollar a second, seen at every pass (as the AWS backend's list() feeds its ledger);
-    at the second pass its run has ended, and its instance is still listed (it goes after the record is written)."""
+    at the second pass its run has ended, and its instance is still listed (it goes after the record is written: the
+    loop's end, waiting for it, lists it gone)."""
 
     name = "test"
     poll_s = 0.05
@@ -34,7 +35,7 @@ class OneBilledHost(BackendBase):
 
     def list(self) -> list[Host]:
         self.passes += 1
-        self.ledger.observe(["i-1"])
+        self.ledger.observe(["i-1"] if self.passes <= 2 else [])
         if self.passes == 2:
             update_status(
                 self.store,
@@ -42,7 +43,7 @@ class OneBilledHost(BackendBase):
                 "run",
                 lambda s: life.finish(s, Ending(SUCCEEDED, "", False), 0, "") if s.state == RUNNING else None,
             )
-        return [Host(run_id="run", host_id="i-1", address="127.0.0.1", attempt=1)]
+        return [Host(run_id="run", host_id="i-1", address="127.0.0.1", attempt=1)] if self.passes <= 2 else []
 
     def spend(self) -> float:
         return self.ledger.spend()
@@ -75,5 +76,5 @@ def test_the_dollars_the_loop_ends_with_are_the_ones_the_ledger_in_the_store_say
     controller = Controller(load_sweep(path), backend, store, State(tmp_path / "home"))
     controller.prepare()
     progress = controller.run(interval=0.05)
-    assert progress.done and backend.passes == 2
+    assert progress.done and backend.passes == 3  # two passes, then the loop's end saw the instance gone
     assert ledger_cost(get_json(store, cost_key("led"))) == progress.spend_usd > 0
