@@ -73,9 +73,14 @@ def observe(sweep: Sweep, backend: Backend, store: Store, every: bool = False) -
 def cancel_run(sweep: Sweep, backend: Backend, store: Store, run_id: str) -> str:
     """Stop one run for good. Returns what happened, in words; a finished run is left as it is."""
     status = read_status(store, sweep.spec.name, run_id)
-    if status.state in (SUCCEEDED, FAILED, CANCELLED, PRUNED) and not any(h.run_id == run_id for h in backend.list()):
-        if status.state != FAILED or status.failures > sweep.spec.max_restarts:
-            return f"{sweep.spec.name}/{run_id} already {status.state}; nothing to cancel."
+    final = status.state in (SUCCEEDED, CANCELLED, PRUNED) or (
+        status.state == FAILED and status.failures > sweep.spec.max_restarts
+    )
+    if final:  # its record stays as it ended; a host still up (kept alive, or outliving its agent) is stopped
+        hosted = any(h.run_id == run_id for h in backend.list()) and backend.stop(run_id, StopReason.CANCELLED)
+        return f"{sweep.spec.name}/{run_id} already {status.state}; " + (
+            "its host, still up, was stopped." if hosted else "nothing to cancel."
+        )
     was_running = backend.stop(run_id, StopReason.CANCELLED)
 
     def cancelled(status: RunStatus) -> RunStatus | None:

@@ -270,6 +270,9 @@ class Harness(RuleBasedStateMachine):
         self.controller = Controller(self.sweep, self.backend, self.store, self.state)
         self.controller.prepare()
         self.controller.notify_hand_off = False  # (`loop_ends`: no background sender outlives the scenario)
+        # a host left by an agent that died after its run's end is released 2 s (of the harness's clock) after a pass
+        # first saw it; at the loop's end, where `Controller.run` waits on the wall clock, 0.2 s
+        self.controller.ended.grace_s, self.controller.ended.poll_s = 2.0, 0.01
         if self.sweep.spec.notify:  # as `Controller.run` makes it, without its thread: `notifier_sends` steps it
             self.controller.notifier = Notifier(self.store, "h", resolve(self.sweep.spec.notify))
 
@@ -331,6 +334,26 @@ class Harness(RuleBasedStateMachine):
         host = data.draw(st.sampled_from(self._running_followers()))
         host.agent.fails = True
         self._advance()
+
+    @precondition(lambda self: self._running_agents())
+    @rule(data=st.data())
+    def agent_dies_after_its_end(self, data) -> None:
+        """A run's agent will record how its attempt ended and die before it ends its host (on AWS: an instance that
+        bills until the safety net): the controller ends that host (control/ended.py)."""
+        host = data.draw(st.sampled_from(self._running_agents()))
+        host.agent.dies_after_end = True
+        self._advance()
+
+    def die_after_end(self, run: str) -> None:
+        """RUN's agents record how the attempt ended, then die (a step of scripted scenarios)."""
+        for host in self.cloud.hosts_of(run):
+            if host.agent is not None:
+                host.agent.dies_after_end = True
+        self._advance()
+
+    def _running_agents(self) -> list:
+        hosts = sorted(self.cloud.hosts.values(), key=lambda h: h.host_id) if hasattr(self, "cloud") else []
+        return [h for h in hosts if h.agent and h.agent.phase == SimAgent.RUNNING and not h.agent.dies_after_end]
 
     def _hosted_run(self, data) -> str:
         """One of the runs that have a host now, drawn."""
@@ -486,6 +509,7 @@ class Harness(RuleBasedStateMachine):
         if self.store.refusing or not self.controller.step(now=self.clock).done:
             return  # (something changed since the pass that saw every run final)
         final = self.controller.run(interval=0.001)
+        self._check_no_ended_host_left()
         self._check_ledger_flushed()
         self._check_every_event_delivered(final)
         self.controller = None
@@ -516,6 +540,16 @@ class Harness(RuleBasedStateMachine):
         if view is not None:
             assert deadline_view.read(dataclasses.asdict(view)) == view, view
             assert view.work_left_s >= 0 and view.on_demand_runs <= len(self.sweep.runs), view
+
+    def _check_no_ended_host_left(self) -> None:
+        """When the loop returns (`orch launch` ends), no host is left of a run whose agent recorded its end: its
+        agent ended it, or the controller did (an agent that died after the end, `agent_dies_after_its_end`)."""
+        left = []
+        for host in self.cloud.hosts.values():
+            status = read_status(self.store, self.sweep.spec.name, host.run_id)
+            if status.state in (SUCCEEDED, FAILED) and status.exit_code is not None:
+                left.append((host.run_id, host.host_id))
+        assert not left, f"hosts of runs their agents ended still run after the loop returned: {left}"
 
     @invariant()
     def nothing_bills_after_down(self) -> None:

@@ -388,6 +388,7 @@ class SimAgent:
         self.landed = True  # its final sync landed
         self.ending: NodesEnd | None = None  # node 0 waits for the followers' last syncs
         self.since = 0.0  # when it began to wait (ENDING, AWAITING)
+        self.dies_after_end = False  # the harness's fault: it records how the attempt ended, then dies: its host stays
 
     @property
     def status(self):
@@ -530,4 +531,7 @@ class SimAgent:
 
     def _end(self) -> None:
         self.agent._finish(self.code, self.landed)
+        if self.dies_after_end:  # nothing on the host ends it now: the controller must (control/ended.py)
+            self.phase = self.DONE
+            return
         self._leave()

@@ -17,13 +17,14 @@ from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.stateful import run_state_machine_as_test
 
+from orchestrator.control.actions import cancel_run
 from orchestrator.errors import OrchError
 from orchestrator.store.layout import CHECKPOINTS_DIR, MANIFEST_FILE
 from orchestrator.store.lifecycle import StopReason
 from orchestrator.store.status import read_status
 from tests.harness.lease_machine import LeaseHarness
-from tests.harness.machine import CLASHES, Harness, Scenario
-from tests.harness.sim import default_plan
+from tests.harness.machine import CLASHES, LINES, Harness, Scenario
+from tests.harness.sim import SimBackend, default_plan
 
 DB = DirectoryBasedExampleDatabase(str(Path(__file__).parent / "hypothesis-db"))
 _COMMON = dict(deadline=None, database=DB, suppress_health_check=list(HealthCheck), print_blob=True)
@@ -159,6 +160,28 @@ def ended(state: str, attempt: int):
         assert (status.state, status.attempt) == (state, attempt), status
 
     return check
+
+
+def test_a_host_its_dead_agent_left_up_after_the_end_is_released_and_a_cancel_keeps_the_record_succeeded():
+    """The agent records the run's end and dies before its host goes (control/ended.py). `orch cancel` then stops the
+    host and leaves the record as it ended (it once turned `succeeded` into `cancelled`: found by the random machine
+    once that fault was among its rules); the loop's end releases the host."""
+
+    def then(m) -> None:
+        for _ in range(30):  # until the record says how it ended; its host is still up (nothing ended it)
+            if read_status(m.store, "h", "lr=0.1").state == "succeeded":
+                break
+            m.controller_pass()
+            m.agents_tick(1)
+        assert [h.run_id for h in m.cloud.hosts.values()] == ["lr=0.1"]
+        cancel_run(m.sweep, SimBackend(m.sweep, m.store, m.cloud, LINES), m.store, "lr=0.1")  # no pass after it
+        ended("succeeded", 1)(m)
+        m.check_all()
+        m.loop_ends()  # (it checks that no host of an ended run is left)
+        assert not m.cloud.hosts and m.controller is None
+
+    steps = ["controller_pass", ("agents_tick", {"ticks": 1}), ("die_after_end", {"run": "lr=0.1"})]
+    scripted(grid(points=1, max_parallel=1), ["ok"] * 12, steps, set(), then)
 
 
 def test_a_node_that_fails_ends_the_attempt_with_every_nodes_log_and_the_run_folder_in_the_store():
