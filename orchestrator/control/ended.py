@@ -65,7 +65,11 @@ class EndedHosts:
                 now - first,
                 host.host_id,
             )
-            self.backend.release(host)
+            try:
+                self.backend.release(host)
+            except Exception as exc:  # a backend's own error (ssh, EC2, Slurm): the next pass tries again
+                log.warning("%s: could not release host %s: %s", host.run_id, host.host_id, exc)
+                continue
             self.released.add(key)
             self.state.journal(self.sweep, "release-ended", host.run_id, host.host_id)
         return len(left)

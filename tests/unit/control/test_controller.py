@@ -78,3 +78,46 @@ def test_the_dollars_the_loop_ends_with_are_the_ones_the_ledger_in_the_store_say
     progress = controller.run(interval=0.05)
     assert progress.done and backend.passes == 3  # two passes, then the loop's end saw the instance gone
     assert ledger_cost(get_json(store, cost_key("led"))) == progress.spend_usd > 0
+
+
+class RefusingOnce(BackendBase):
+    """A host its agent left up after the run's end; the first release fails as a backend's call can (ssh down, an
+    API error), the next one works."""
+
+    name = "test"
+    poll_s = 0.05
+
+    def __init__(self):
+        self.tries, self.up = 0, True
+
+    def list(self) -> list[Host]:
+        return [Host(run_id="run", host_id="h-1", address="127.0.0.1", attempt=1)] if self.up else []
+
+    def release(self, host: Host) -> None:
+        self.tries += 1
+        if self.tries == 1:
+            raise ConnectionError("ssh: connect to host 127.0.0.1 port 22: Connection refused")
+        self.up = False
+
+
+def test_a_release_that_fails_is_tried_again_at_the_next_look_and_the_pass_goes_on(tmp_path):
+    from orchestrator.control.ended import EndedHosts
+
+    backend = RefusingOnce()
+    ended = EndedHosts(backend, State(tmp_path / "home"), "led", grace_s=10.0)
+    done = life.finish(RunStatus(run_id="run", state=RUNNING, attempt=1), Ending(SUCCEEDED, "", False), 0, "")
+    statuses, final = {"run": done}, {"run"}
+    assert ended.check(backend.list(), statuses, final, now=100.0) == 1 and backend.tries == 0  # first seen
+    assert ended.check(backend.list(), statuses, final, now=105.0) == 1 and backend.tries == 0  # within grace
+    assert ended.check(backend.list(), statuses, final, now=110.0) == 1 and backend.tries == 1  # refused: no raise
+    assert ended.check(backend.list(), statuses, final, now=111.0) == 1 and backend.tries == 2 and not backend.up
+    assert ended.check(backend.list(), statuses, final, now=112.0) == 0
+    cancelled = RunStatus(run_id="run", state="cancelled", attempt=1)  # ended by the controller: its agent may sync
+    backend.up, backend.tries = True, 1
+    assert (
+        EndedHosts(backend, State(tmp_path / "home"), "led", grace_s=0.0).check(
+            backend.list(), {"run": cancelled}, final, now=200.0
+        )
+        == 0
+        and backend.tries == 1
+    )
