@@ -368,7 +368,7 @@ class Controller(Verdicts):
         self.notifier = notify.for_sweep(self.store, self.sweep)
         try:
             retry_until(one_pass, timeout=None, interval=interval)
-            self.ended.wait(lambda: self.table.status, lambda: set(self.table.final))  # (ended.py)
+            self.ended.wait(self.table.status, self.table.final)  # (ended.py)
             last[0].spend_usd = self.backend.spend()  # with what the hosts the wait still saw cost
         finally:
             self._flush()

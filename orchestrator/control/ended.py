@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from orchestrator.backends.base import ACQUIRING, Backend, Host
@@ -74,25 +73,24 @@ class EndedHosts:
             self.state.journal(self.sweep, "release-ended", host.run_id, host.host_id)
         return len(left)
 
-    def wait(self, statuses: Callable[[], dict[str, RunStatus]], final: Callable[[], set[str]]) -> bool:
-        """Every run is final: wait until no host of a run its agent ended is listed, releasing the ones there
-        grace_s from now (the wall clock's: a pass's `now` may be another's). True when none is left; False when one
-        still was after grace_s and a few polls more (logged: `orch down` ends it)."""
+    def wait(self, statuses: dict[str, RunStatus], final: set[str]) -> None:
+        """Every run is final (no pass changes these any more): wait until no host of a run its agent ended is
+        listed, releasing the ones there grace_s from now (the wall clock's: a pass's `now` may be another's). One
+        still listed after grace_s and a few polls more is logged: `orch down` ends it."""
         if self.backend.hosts_outlive_runs:
-            return True
+            return
         self.first_seen.clear()
-
-        def gone() -> bool:
-            return self.check(self.backend.list(), statuses(), final(), time.time()) == 0
-
         try:
-            retry_until(gone, self.grace_s + 10 * self.poll_s, self.poll_s, "the ended runs' hosts to end")
-            return True
+            retry_until(
+                lambda: self.check(self.backend.list(), statuses, final, time.time()) == 0,
+                self.grace_s + 10 * self.poll_s,
+                self.poll_s,
+                "the ended runs' hosts to end",
+            )
         except Timeout:
             log.warning("hosts of ended runs are still listed; `orch down %s` ends them", self.sweep)
         except (OrchError, OSError) as exc:  # the backend cannot list them now: the next launch or `orch down` can
             log.warning("could not check that the ended runs' hosts ended: %s", exc)
-        return False
 
 
 def _agent_ended(statuses: dict[str, RunStatus], run_id: str) -> bool:
